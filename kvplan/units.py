@@ -1,0 +1,189 @@
+"""Units: byte sizes, token counts, dtypes and integer helpers.
+
+Bytes are ``int`` everywhere inside kvplan. GiB (2**30) and GB (10**9) exist only at the edges:
+parsing what a user typed and rendering what a user reads, always labelled.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from kvplan.errors import InputError
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+KB = 10**3
+MB = 10**6
+GB = 10**9
+TB = 10**12
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": KB, "kb": KB, "kib": KiB,
+    "m": MB, "mb": MB, "mib": MiB,
+    "g": GB, "gb": GB, "gib": GiB,
+    "t": TB, "tb": TB, "tib": TiB,
+}
+_TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+_NUMBER = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e([+-]?[0-9]+))?\s*([a-zA-Z]*)\s*$")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers (``-(-a // b)``)."""
+    return -(-a // b)
+
+
+def round_up(a: int, multiple: int) -> int:
+    """``a`` rounded up to a multiple of ``multiple``."""
+    return cdiv(a, multiple) * multiple
+
+
+def _split_number(text: str, what: str) -> tuple[float, str]:
+    match = _NUMBER.match(str(text))
+    if not match:
+        raise InputError(f"invalid {what} {text!r}", "write a number with an optional unit, e.g. 80GB, 24GiB, 8k")
+    value = float(match.group(1)) * (10 ** int(match.group(2)) if match.group(2) else 1)
+    if not math.isfinite(value):
+        raise InputError(f"invalid {what} {text!r}: not a finite number")
+    return value, match.group(3).lower()
+
+
+def parse_bytes(text: str | int | float, what: str = "size") -> int:
+    """Parse ``80GB`` (10**9), ``79.19GiB`` (2**30), ``512MiB``, ``1e9`` into a positive int of bytes.
+
+    A bare number is bytes. Raises :class:`InputError` for garbage, zero or negative sizes.
+    """
+    if isinstance(text, bool):
+        raise InputError(f"invalid {what} {text!r}")
+    if isinstance(text, (int, float)):
+        value, unit = float(text), ""
+        if not math.isfinite(value):
+            raise InputError(f"invalid {what} {text!r}: not a finite number")
+    else:
+        value, unit = _split_number(text, what)
+    if unit not in _SIZE_UNITS:
+        raise InputError(f"invalid {what} {text!r}: unknown unit {unit!r}", "use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
+    result = math.ceil(value * _SIZE_UNITS[unit])
+    if result <= 0:
+        raise InputError(f"invalid {what} {text!r}: must be positive")
+    return result
+
+
+def parse_gib(text: str | int | float, what: str = "size") -> int:
+    """Like :func:`parse_bytes`, but a bare number means GiB (for ``--weights-gib``, ``--kv-budget``)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return parse_bytes(f"{float(text)!r}GiB", what)
+    value, unit = _split_number(str(text), what)
+    return parse_bytes(text if unit else f"{text}GiB", what)
+
+
+def parse_tokens(text: str | int, what: str = "token count") -> int:
+    """Parse a token count: ``8192``, ``8k`` (= 8,192), ``128k`` (= 131,072), ``1m`` (= 1,048,576).
+
+    ``k`` is 1024 for token counts, as context lengths are quoted (128k = 131,072). Must be positive.
+    """
+    if isinstance(text, bool):
+        raise InputError(f"invalid {what} {text!r}")
+    if isinstance(text, int):
+        value, unit = float(text), ""
+    else:
+        value, unit = _split_number(str(text), what)
+    if unit not in _TOKEN_UNITS:
+        raise InputError(f"invalid {what} {text!r}: unknown suffix {unit!r}", "use a plain number or k/m, e.g. 8192, 8k, 128k")
+    result = value * _TOKEN_UNITS[unit]
+    if result != int(result):
+        raise InputError(f"invalid {what} {text!r}: not a whole number of tokens")
+    if result <= 0:
+        raise InputError(f"invalid {what} {text!r}: must be positive")
+    return int(result)
+
+
+def fmt_gib(n_bytes: int | float, digits: int = 2) -> str:
+    """``1073741824`` -> ``'1.00 GiB'``."""
+    return f"{n_bytes / GiB:,.{digits}f} GiB"
+
+
+def fmt_gb(n_bytes: int | float, digits: int = 2) -> str:
+    """``80000000000`` -> ``'80.00 GB'``."""
+    return f"{n_bytes / GB:,.{digits}f} GB"
+
+
+def fmt_bytes(n_bytes: int | float) -> str:
+    """Human binary size with its label: ``131072`` -> ``'128 KiB'``, ``1.5 * GiB`` -> ``'1.50 GiB'``."""
+    sign = "-" if n_bytes < 0 else ""
+    n = abs(n_bytes)
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            value = n / size
+            text = f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
+            return f"{sign}{text} {unit}"
+    return f"{sign}{int(n):,} B"
+
+
+def fmt_tokens(n: int) -> str:
+    """``131072`` -> ``'131,072'``."""
+    return f"{n:,}"
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes
+
+
+@dataclass(frozen=True)
+class DType:
+    """A storage dtype for weights or the KV cache.
+
+    ``bits`` per element; quantized formats with per-group scales add ``scale_bytes`` for every
+    ``scale_group`` elements (``0`` = no per-group scales stored in the tensor).
+    """
+
+    name: str
+    bits: int
+    scale_group: int = 0
+    scale_bytes: int = 0
+    torch_name: str | None = None
+
+    def nbytes(self, n_elements: int) -> int:
+        """Exact bytes to store ``n_elements`` (packed bits rounded up, plus group scales)."""
+        data = cdiv(n_elements * self.bits, 8)
+        scales = cdiv(n_elements, self.scale_group) * self.scale_bytes if self.scale_group else 0
+        return data + scales
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.bits < 16
+
+
+FP32 = DType("float32", 32, torch_name="float32")
+BF16 = DType("bfloat16", 16, torch_name="bfloat16")
+FP16 = DType("float16", 16, torch_name="float16")
+FP8_E4M3 = DType("fp8_e4m3", 8, torch_name="float8_e4m3fn")
+FP8_E5M2 = DType("fp8_e5m2", 8, torch_name="float8_e5m2")
+INT8 = DType("int8", 8, torch_name="int8")
+# int4 KV: two values a byte plus one fp16 scale per 32 elements along head_dim (group quantisation).
+INT4 = DType("int4", 4, scale_group=32, scale_bytes=2, torch_name="uint8")
+# int4 weights (GPTQ/AWQ style): fp16 scale and packed zero per group of 128 -> modelled as 2 B / 128.
+INT4_WEIGHTS = DType("int4", 4, scale_group=128, scale_bytes=2, torch_name="uint8")
+
+_DTYPE_ALIASES: dict[str, DType] = {
+    "float32": FP32, "fp32": FP32, "f32": FP32, "float": FP32,
+    "bfloat16": BF16, "bf16": BF16,
+    "float16": FP16, "fp16": FP16, "half": FP16, "f16": FP16,
+    "fp8": FP8_E4M3, "fp8_e4m3": FP8_E4M3, "fp8_e4m3fn": FP8_E4M3, "float8_e4m3fn": FP8_E4M3, "e4m3": FP8_E4M3,
+    "fp8_e5m2": FP8_E5M2, "float8_e5m2": FP8_E5M2, "e5m2": FP8_E5M2, "fp8_inc": FP8_E4M3,
+    "int8": INT8, "i8": INT8,
+    "int4": INT4, "i4": INT4,
+}
+
+
+def parse_dtype(name: str, what: str = "dtype", *, weights: bool = False) -> DType:
+    """Look up a dtype by any common spelling (``bf16``, ``torch.bfloat16``, ``fp8_e4m3``...)."""
+    key = str(name).strip().lower().removeprefix("torch.")
+    if key not in _DTYPE_ALIASES:
+        raise InputError(f"unknown {what} {name!r}", "use one of fp32, bf16, fp16, fp8, fp8_e5m2, int8, int4")
+    dtype = _DTYPE_ALIASES[key]
+    return INT4_WEIGHTS if weights and dtype is INT4 else dtype
