@@ -1,0 +1,239 @@
+"""Where a model's config comes from: a local path, a bundled spec, or the Hugging Face Hub.
+
+Resolution order (DESIGN.md section 2), first match wins:
+1. a local path: a directory holding ``config.json`` (optionally ``model.safetensors.index.json``), or a
+   config.json file;
+2. a bundled spec in ``model_specs/<org>/<name>.yaml``;
+3. the Hub, through :mod:`kvplan.hub` (imported lazily; it owns huggingface_hub).
+
+Everything returns a :class:`ModelSource`: the raw config dict plus weight facts and provenance. Only
+:mod:`kvplan.spec` interprets the config's keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from kvplan.errors import ConfigError, ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class WeightFacts:
+    """What is known about a checkpoint's weights, without downloading them.
+
+    ``total_bytes``: bytes of all tensors as stored (safetensors ``total_size``).
+    ``parameters``: parameter count. ``params_by_dtype``: safetensors dtype name -> parameter count.
+    """
+
+    total_bytes: int | None = None
+    parameters: int | None = None
+    dtype: str | None = None
+    params_by_dtype: Mapping[str, int] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: its raw Hub-format config and where it came from.
+
+    ``kind`` is ``"local"``, ``"bundled"`` or ``"hub"``; ``location`` the file path or repo URL.
+    """
+
+    model_id: str
+    kind: str
+    location: str
+    config: Mapping[str, Any]
+    weights: WeightFacts | None = None
+    revision: str | None = None
+    notes: str = ""
+
+    def describe(self) -> str:
+        """One line for output: ``bundled spec model_specs/meta-llama/Llama-3.1-8B.yaml``."""
+        rev = f"@{self.revision}" if self.revision and self.kind == "hub" else ""
+        label = {"local": "local config", "bundled": "bundled spec", "hub": "Hugging Face Hub"}[self.kind]
+        return f"{label} {self.location}{rev}"
+
+
+def specs_dir() -> Path:
+    """The bundled ``model_specs`` folder: inside the installed package, else the repo checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "model_specs", here.parent / "model_specs"):
+        if candidate.is_dir():
+            return candidate
+    raise ConfigError("bundled model_specs folder not found", "reinstall kvplan")
+
+
+@lru_cache(maxsize=1)
+def _bundled_index() -> dict[str, Path]:
+    """Lower-cased model id -> spec path, for every bundled spec."""
+    root = specs_dir()
+    index: dict[str, Path] = {}
+    for path in sorted(root.glob("*/*.yaml")):
+        index[f"{path.parent.name}/{path.stem}".lower()] = path
+    return index
+
+
+def bundled_ids() -> list[str]:
+    """Every bundled model id (``org/name``), sorted."""
+    return sorted(f"{p.parent.name}/{p.stem}" for p in _bundled_index().values())
+
+
+def _bundled_key(name: str) -> str | None:
+    """The index key for ``name``: exact ``org/name`` or, when unambiguous, just ``name``."""
+    index = _bundled_index()
+    key = name.strip().lower()
+    if key in index:
+        return key
+    short = [k for k in index if k.split("/", 1)[1] == key]
+    return short[0] if len(short) == 1 else None
+
+
+def _finite_json(text: str, where: str) -> Any:
+    def reject(constant: str) -> Any:
+        raise ConfigError(f"{where}: {constant} is not a valid number in a config")
+
+    try:
+        return json.loads(text, parse_constant=reject)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse a config.json file into a dict (ConfigError when it is not a JSON object)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    data = _finite_json(text, str(path))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def weights_from_index(path: Path) -> WeightFacts | None:
+    """Weight bytes from ``model.safetensors.index.json``'s ``metadata.total_size`` (None if absent)."""
+    if not path.is_file():
+        return None
+    data = _finite_json(path.read_text(encoding="utf-8"), str(path))
+    total = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
+    if total is None:
+        return None
+    if isinstance(total, str) and total.isdigit():
+        total = int(total)
+    if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+        raise ConfigError(f"{path}: metadata.total_size = {total!r} is not a positive integer")
+    return WeightFacts(total_bytes=total, source=f"{path.name} metadata.total_size")
+
+
+def _from_local(path: Path) -> ModelSource:
+    config_path = path / "config.json" if path.is_dir() else path
+    if not config_path.is_file():
+        raise ModelNotFoundError(f"{path}: no config.json in this directory")
+    config = read_config_file(config_path)
+    weights = weights_from_index(config_path.parent / "model.safetensors.index.json")
+    return ModelSource(
+        model_id=str(config.get("_name_or_path") or config_path.parent.name),
+        kind="local",
+        location=str(config_path),
+        config=config,
+        weights=weights,
+    )
+
+
+def _positive_int(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 or value != int(value):
+        raise ConfigError(f"{where} = {value!r} must be a positive integer")
+    return int(value)
+
+
+@lru_cache(maxsize=None)
+def load_bundled(model_id: str) -> ModelSource:
+    """Load one bundled spec by id (case-insensitive; ``Llama-3.1-8B`` alone works when unique)."""
+    key = _bundled_key(model_id)
+    if key is None:
+        raise ModelNotFoundError(f"no bundled spec for {model_id!r}", _closest_hint(model_id))
+    path = _bundled_index()[key]
+    where = f"model_specs/{path.parent.name}/{path.name}"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise ConfigError(f"{where}: expected a mapping with a 'config' mapping")
+    weights = None
+    w = data.get("weights")
+    if isinstance(w, dict):
+        by_dtype = w.get("params_by_dtype") or {}
+        weights = WeightFacts(
+            total_bytes=_positive_int(w.get("total_bytes"), f"{where}: weights.total_bytes"),
+            parameters=_positive_int(w.get("parameters"), f"{where}: weights.parameters"),
+            dtype=w.get("dtype"),
+            params_by_dtype=MappingProxyType({str(k): int(v) for k, v in by_dtype.items()}),
+            source=str(w.get("source", "")),
+        )
+    return ModelSource(
+        model_id=str(data.get("id") or f"{path.parent.name}/{path.stem}"),
+        kind="bundled",
+        location=where,
+        config=data["config"],
+        weights=weights,
+        revision=data.get("revision"),
+        notes=str(data.get("source", "")),
+    )
+
+
+def closest_bundled(name: str, n: int = 3) -> list[str]:
+    """The bundled ids closest to ``name`` (for 'did you mean')."""
+    ids = bundled_ids()
+    lowered = {i.lower(): i for i in ids}
+    lowered.update({i.split("/", 1)[1].lower(): i for i in ids})
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n * 2, cutoff=0.4)
+    out: list[str] = []
+    for h in hits:
+        if lowered[h] not in out:
+            out.append(lowered[h])
+    return out[:n]
+
+
+def _closest_hint(name: str) -> str:
+    near = closest_bundled(name)
+    return ("closest bundled: " + ", ".join(near)) if near else "run `kvplan models` to list bundled specs"
+
+
+def resolve_model(
+    name: str,
+    *,
+    revision: str | None = None,
+    token: str | None = None,
+    force_hub: bool = False,
+    offline: bool = False,
+) -> ModelSource:
+    """Resolve ``name`` to a :class:`ModelSource` (local path, then bundled spec, then the Hub).
+
+    ``force_hub`` skips bundled specs (``--hub``); ``offline`` never touches the network (cache only).
+    A ``revision`` other than the bundled one goes to the Hub.
+    """
+    name = str(name).strip()
+    if not name:
+        raise ModelNotFoundError("empty model name", "pass a Hub id, a bundled id or a local path")
+    path = Path(name).expanduser()
+    if not force_hub and (path.is_dir() or (path.is_file() and path.suffix == ".json")):
+        return _from_local(path)
+    if not force_hub and revision is None and _bundled_key(name) is not None:
+        return load_bundled(name)
+    if "/" not in name or name.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"model {name!r} is not a local path, a bundled spec or a Hub id", _closest_hint(name))
+    from kvplan import hub  # lazy: huggingface_hub only when the Hub is used
+
+    return hub.fetch_model(name, revision=revision, token=token, offline=offline)
