@@ -1,0 +1,218 @@
+"""The ``kvplan`` command line: one thin function per command (load, compute, render).
+
+Errors: a :class:`~kvplan.errors.KvplanError` becomes one line on stderr and its exit code
+(2: bad input); ``KVPLAN_DEBUG=1`` shows the traceback. Commands other than the core ones live in
+``kvplan/commands/<name>.py`` and register themselves (each imports its heavy modules lazily).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Annotated, Any, Callable, Optional, TypeVar
+
+import typer
+
+from kvplan import __version__
+from kvplan.cli_options import (
+    ActivationOpt, BatchOpt, BlockSizeOpt, ContextOpt, CudagraphOpt, DtypeOpt, EngineOpt, EngineVersionOpt,
+    GpuMemoryOpt, GpuOpt, GpusOpt, GpuUtilOpt, HeadDimOpt, HubOpt, JsonOpt, KvBudgetOpt, KvDtypeOpt, KvHeadsOpt,
+    LayersOpt, MaxBatchedOpt, MaxModelLenOpt, MaxSeqsOpt, ModelArg, OfflineOpt, OverheadOpt, PpOpt, PrefixCachingOpt,
+    PrefixOpt, RevisionOpt, TokenOpt, TpOpt, WeightsDtypeOpt, WeightsGibOpt, estimate_values,
+)
+from kvplan.errors import KvplanError
+
+app = typer.Typer(
+    name="kvplan",
+    help="Plan KV-cache memory for LLM serving: how many requests, at what context, fit on this GPU.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 2) -> "typer.Exit":
+    """Print ``kvplan: error: message`` on stderr and return the Exit to raise."""
+    sys.stderr.write(f"kvplan: error: {message}\n")
+    return typer.Exit(code)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn kvplan errors into one line on stderr + exit code; KVPLAN_DEBUG=1 re-raises."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KvplanError as exc:
+            if os.environ.get("KVPLAN_DEBUG"):
+                raise
+            raise fail(exc.one_line(), exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", 130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        print(f"kvplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=version_callback, is_eager=True,
+                                                    help="Show the version and exit.")] = None,
+) -> None:
+    """kvplan: KV-cache capacity planning for LLM serving."""
+
+
+@app.command(epilog="Examples: kvplan estimate meta-llama/Llama-3.1-8B --gpu H100 --context 8k  ·  "
+                    "kvplan estimate Qwen/Qwen3-32B -g a100 --tp 2 --kv-dtype fp8 --batch 32 --json")
+@handle_errors
+def estimate(
+    model: ModelArg,
+    gpu: GpuOpt = None,
+    gpu_memory: GpuMemoryOpt = None,
+    gpus: GpusOpt = None,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    context: ContextOpt = "8192",
+    batch: BatchOpt = 1,
+    max_model_len: MaxModelLenOpt = None,
+    prefix_tokens: PrefixOpt = "0",
+    prefix_caching: PrefixCachingOpt = False,
+    engine: EngineOpt = "vllm",
+    engine_version: EngineVersionOpt = None,
+    dtype: DtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    weights_dtype: WeightsDtypeOpt = None,
+    weights_gib: WeightsGibOpt = None,
+    gpu_util: GpuUtilOpt = None,
+    kv_budget: KvBudgetOpt = None,
+    activation_gib: ActivationOpt = None,
+    overhead_gib: OverheadOpt = None,
+    cudagraph_gib: CudagraphOpt = None,
+    block_size: BlockSizeOpt = None,
+    max_num_batched_tokens: MaxBatchedOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    hub: HubOpt = False,
+    offline: OfflineOpt = False,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """How many requests at what context fit: per-token bytes, memory budget, blocks, concurrency."""
+    values = estimate_values(**{k: v for k, v in locals().items() if k not in ("token", "json_out")})
+    from kvplan.plan import estimate as run_estimate, options_from_values
+
+    plan = run_estimate(options_from_values(values), token=token)
+    if json_out:
+        from kvplan.render import print_json
+
+        print_json(plan.to_dict())
+        return
+    from kvplan.render import console
+    from kvplan.render.estimate import render_plan
+
+    out = console()
+    out.print(f"[grey62]source: {plan.source}[/]")
+    out.print(render_plan(plan))
+
+
+models_app = typer.Typer(help="Bundled model specs (offline, pinned).", invoke_without_command=True, no_args_is_help=False)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+@handle_errors
+def models(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the bundled model specs (`kvplan models show MODEL` for one)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from kvplan.render.catalogue import models_rows, render_models
+
+    rows = models_rows()
+    if json_out:
+        from kvplan.render import print_json
+
+        print_json(rows)
+        return
+    from kvplan.render import console
+
+    console().print(render_models(rows))
+
+
+@models_app.command("show")
+@handle_errors
+def models_show(
+    model: ModelArg,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    hub: HubOpt = False,
+    offline: OfflineOpt = False,
+    kv_dtype: KvDtypeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One resolved spec: where it came from and what each layer group caches."""
+    from kvplan.render.catalogue import model_detail, render_model_detail
+    from kvplan.sources import resolve_model
+    from kvplan.spec import build_spec
+
+    source = resolve_model(model, revision=revision, token=token, force_hub=hub, offline=offline)
+    detail = model_detail(build_spec(source), source.describe(), kv_dtype)
+    if json_out:
+        from kvplan.render import print_json
+
+        print_json(detail)
+        return
+    from kvplan.render import console
+
+    console().print(render_model_detail(detail))
+
+
+@app.command()
+@handle_errors
+def gpus(json_out: JsonOpt = False) -> None:
+    """The GPU catalogue: memory the runtime reports, bandwidth, aliases."""
+    from kvplan.gpus import load_gpus
+
+    catalogue = load_gpus()
+    if json_out:
+        from kvplan.render import print_json
+
+        print_json([g.to_dict() for g in catalogue])
+        return
+    from kvplan.render import console
+    from kvplan.render.catalogue import render_gpus
+
+    console().print(render_gpus(catalogue))
+
+
+_PLUGGED_COMMANDS = ("validate", "check", "report", "schema", "simulate")
+
+
+def _register_commands() -> None:
+    """Commands living in kvplan/commands/<name>.py register on the app (if present)."""
+    for name in _PLUGGED_COMMANDS:
+        module_name = f"kvplan.commands.{name}"
+        if importlib.util.find_spec(module_name) is not None:
+            importlib.import_module(module_name).register(app)
+
+
+_register_commands()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="kvplan")

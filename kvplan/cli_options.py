@@ -1,0 +1,59 @@
+"""Shared typer option aliases (declared once, used by every command that takes estimate options).
+
+Values stay strings where the user may type units (``8k``, ``24GiB``); :func:`kvplan.plan.options_from_values`
+parses them, so the CLI and the YAML files accept exactly the same spellings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+_P = "plan"  # help panel names
+_B = "budget"
+_M = "model"
+_H = "hub"
+
+ModelArg = Annotated[str, typer.Argument(help="Hub id (meta-llama/Llama-3.1-8B), bundled id, or local path to a config.json / model folder.", show_default=False)]
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU from the catalogue (`kvplan gpus`), e.g. H100, a100-40gb, mi300x, cpu.", rich_help_panel=_P)]
+GpuMemoryOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help="GPU memory as the runtime reports it, e.g. 24GiB, 80GB (bare number = GiB). Overrides the catalogue.", rich_help_panel=_P)]
+GpusOpt = Annotated[Optional[int], typer.Option("--gpus", help="Number of GPUs (= tp x pp).", rich_help_panel=_P)]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights.", rich_help_panel=_P)]
+PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel size: splits layers (the largest stage decides).", rich_help_panel=_P)]
+ContextOpt = Annotated[str, typer.Option("--context", "-c", help="Tokens per request (prompt + output), e.g. 8192, 8k, 128k.", rich_help_panel=_P)]
+BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent requests for the fits verdict and max context.", rich_help_panel=_P)]
+MaxModelLenOpt = Annotated[Optional[str], typer.Option("--max-model-len", help="Engine max_model_len (default: --context).", rich_help_panel=_P)]
+PrefixOpt = Annotated[str, typer.Option("--prefix-tokens", help="Tokens of a prefix shared by every request (prefix caching).", rich_help_panel=_P)]
+PrefixCachingOpt = Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Engine prefix caching on (state layers keep checkpoint blocks).", rich_help_panel=_P)]
+EngineOpt = Annotated[str, typer.Option("--engine", help="Serving engine whose budget rules to model: vllm or sglang.", rich_help_panel=_B)]
+EngineVersionOpt = Annotated[Optional[str], typer.Option("--engine-version", help="Engine version whose rules to model (default: newest modelled).", rich_help_panel=_B)]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="Model (activation) dtype: bf16, fp16, fp32 (default: the checkpoint's).", rich_help_panel=_M)]
+KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype: auto, bf16, fp16, fp8, fp8_e5m2, int8, int4.", rich_help_panel=_M)]
+WeightsDtypeOpt = Annotated[Optional[str], typer.Option("--weights-dtype", help="Quantized weights: fp8, int8, int4 (with fp16 group scales).", rich_help_panel=_M)]
+WeightsGibOpt = Annotated[Optional[str], typer.Option("--weights-gib", help="Total weight size (all GPUs), e.g. 15, 14.96GiB.", rich_help_panel=_B)]
+GpuUtilOpt = Annotated[Optional[float], typer.Option("--gpu-util", help="gpu_memory_utilization (default: the engine version's).", rich_help_panel=_B)]
+KvBudgetOpt = Annotated[Optional[str], typer.Option("--kv-budget", help="Explicit KV budget per GPU (vLLM kv_cache_memory_bytes), e.g. 40GiB.", rich_help_panel=_B)]
+ActivationOpt = Annotated[Optional[str], typer.Option("--activation-gib", help="Override the activation peak per GPU.", rich_help_panel=_B)]
+OverheadOpt = Annotated[Optional[str], typer.Option("--overhead-gib", help="Override the non-torch runtime overhead per GPU.", rich_help_panel=_B)]
+CudagraphOpt = Annotated[Optional[str], typer.Option("--cudagraph-gib", help="Override the CUDA-graph memory per GPU.", rich_help_panel=_B)]
+BlockSizeOpt = Annotated[Optional[int], typer.Option("--block-size", help="Tokens per KV block (vLLM GPU default 16, CPU 128).", rich_help_panel=_B)]
+MaxBatchedOpt = Annotated[Optional[str], typer.Option("--max-num-batched-tokens", help="Engine max_num_batched_tokens (default: the engine's for this GPU).", rich_help_panel=_B)]
+MaxSeqsOpt = Annotated[Optional[int], typer.Option("--max-num-seqs", help="Engine max_num_seqs (default: the engine's for this GPU).", rich_help_panel=_B)]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit).", rich_help_panel=_H)]
+TokenOpt = Annotated[Optional[str], typer.Option("--token", help="Hub token for gated models (default: HF_TOKEN or the saved token). Never printed.", rich_help_panel=_H, show_default=False)]
+HubOpt = Annotated[bool, typer.Option("--hub", help="Read the model from the Hub even if a bundled spec exists.", rich_help_panel=_H)]
+OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never touch the network: local paths, bundled specs and the HF cache only.", rich_help_panel=_H)]
+LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Override the number of layers.", rich_help_panel=_M)]
+KvHeadsOpt = Annotated[Optional[int], typer.Option("--kv-heads", help="Override the number of KV heads.", rich_help_panel=_M)]
+HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="Override the head dimension.", rich_help_panel=_M)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+
+
+def estimate_values(**kw: object) -> dict[str, object]:
+    """Map CLI parameter names onto :func:`kvplan.plan.options_from_values` keys."""
+    mapping = {"gpus": "gpu_count", "max_batched": "max_num_batched_tokens", "model_name": "model"}
+    out = {mapping.get(k, k): v for k, v in kw.items()}
+    if out.get("gpu") is None and out.get("gpu_memory") is None:
+        out["gpu"] = "H100"
+    return out

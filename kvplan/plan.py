@@ -1,0 +1,427 @@
+"""Spec + GPU + budget + workload -> :class:`Plan`: the frozen numbers every output renders.
+
+``estimate(options)`` is the one entry point; ``check``, ``report`` and ``simulate`` call it (or
+``plan_for_spec``) and never recompute anything themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from enum import Enum
+from typing import Any
+
+from kvplan import memory
+from kvplan.engines import Budget, EngineDefaults, Term
+from kvplan.errors import InputError
+from kvplan.spec import LayerCache, ModelSpec, Overrides, build_spec
+from kvplan.units import DType, GiB, parse_dtype
+
+SCHEMA_VERSION = 1
+ENGINES = ("vllm", "sglang")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every estimate option, in base units (tokens, bytes). ``None`` means "the default".
+
+    The CLI, the Python API and the YAML scenario files all build one of these.
+    """
+
+    model: str
+    gpu: str | None = "H100"
+    gpu_memory_bytes: int | None = None  # --gpu-memory: overrides the catalogue's memory
+    gpu_count: int = 1
+    tp: int = 1
+    pp: int = 1
+    engine: str = "vllm"
+    engine_version: str | None = None
+    dtype: str | None = None  # model/activation dtype; default: the checkpoint's
+    kv_dtype: str | None = None  # default: the model dtype ("auto")
+    weights_dtype: str | None = None  # quantized weights (fp8, int8, int4)
+    weights_bytes: int | None = None  # --weights-gib: total weights (all GPUs)
+    gpu_util: float | None = None
+    kv_budget_bytes: int | None = None  # explicit KV budget per GPU (vLLM's kv_cache_memory_bytes)
+    activation_bytes: int | None = None
+    overhead_bytes: int | None = None
+    cudagraph_bytes: int | None = None
+    block_size: int | None = None
+    context: int = 8192  # tokens per request
+    batch: int = 1  # concurrent requests for the fits verdict / max context
+    max_model_len: int | None = None  # default: context
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    prefix_tokens: int = 0
+    prefix_caching: bool = False  # vLLM's enable_prefix_caching (changes state-layer blocks)
+    revision: str | None = None
+    hub: bool = False
+    offline: bool = False
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_count", "tp", "pp", "context", "batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"invalid {_flag(name)} {value!r}: must be a positive integer")
+        for name in ("block_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "layers", "kv_heads",
+                     "head_dim", "weights_bytes", "gpu_memory_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InputError(f"invalid {_flag(name)} {value!r}: must be a positive integer")
+        for name in ("kv_budget_bytes", "activation_bytes", "overhead_bytes", "cudagraph_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InputError(f"invalid {_flag(name)} {value!r}: must not be negative")
+        if self.prefix_tokens < 0:
+            raise InputError(f"invalid --prefix-tokens {self.prefix_tokens}: must not be negative")
+        if self.gpu_util is not None and not (isinstance(self.gpu_util, (int, float)) and math.isfinite(self.gpu_util)
+                                              and 0 < self.gpu_util <= 1):
+            raise InputError(f"invalid --gpu-util {self.gpu_util!r}: must be in (0, 1]")
+        if self.engine not in ENGINES:
+            raise InputError(f"unknown engine {self.engine!r}", "use one of: " + ", ".join(ENGINES))
+        if self.tp * self.pp != self.gpu_count:
+            if self.gpu_count == 1 and (self.tp > 1 or self.pp > 1):
+                object.__setattr__(self, "gpu_count", self.tp * self.pp)
+            else:
+                raise InputError(f"--tp {self.tp} x --pp {self.pp} = {self.tp * self.pp} does not match --gpus {self.gpu_count}",
+                                 "set --gpus to tp x pp")
+        if self.gpu is None and self.gpu_memory_bytes is None:
+            raise InputError("no GPU given", "pass --gpu NAME or --gpu-memory SIZE")
+        if self.prefix_tokens > self.context:
+            raise InputError(f"--prefix-tokens {self.prefix_tokens:,} exceeds --context {self.context:,}")
+
+
+def _flag(name: str) -> str:
+    return "--" + {"gpu_count": "gpus", "layers": "layers"}.get(name, name).replace("_", "-")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The GPU planned for: name, memory the runtime reports (bytes), HBM bandwidth (bytes/s)."""
+
+    name: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: int | None
+    memory_source: str
+    is_cpu: bool = False
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The headline answer for one GPU's pool (tokens, blocks, requests)."""
+
+    num_blocks: int
+    kv_tokens: int  # vLLM's "GPU KV cache size" at max_model_len
+    capacity_tokens: int  # num_blocks x block_size (raw slots)
+    context: int
+    blocks_per_request: int
+    max_concurrency: float  # vLLM's float: num_blocks / blocks per request at max_model_len
+    max_requests: int  # whole requests at `context` that fit at once (null block reserved)
+    batch: int
+    max_context_at_batch: int
+    fits: bool  # batch x context fits
+    fits_margin_blocks: int  # free blocks after batch x context (negative: short by)
+    engine_starts: bool  # one request at max_model_len fits (vLLM refuses to start otherwise)
+    longest_startable_len: int  # longest max_model_len that fits one request
+    fix: str | None  # the flag that would make batch x context fit
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything kvplan computed for one scenario, in bytes and tokens. Renderers only format this."""
+
+    options: Options
+    spec: ModelSpec
+    source: str
+    gpu: GpuInfo
+    engine: EngineDefaults
+    kv_dtype: str
+    model_dtype: str
+    weights_dtype: str
+    rank_layers: tuple[LayerCache, ...]
+    heads_replicated: bool
+    kv_bytes_per_token_model: int  # whole model, all layers (no window), kv dtype
+    kv_bytes_per_token_gpu: int  # one GPU's slice
+    state_bytes_per_request_gpu: int
+    weights_total_bytes: int
+    budget: Budget
+    layout: memory.PoolLayout
+    max_model_len: int
+    max_num_batched_tokens: int
+    answer: Answer
+    fragmentation: memory.Fragmentation
+    prefix: memory.PrefixSharing | None
+    roofline: memory.Roofline | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __repr__(self) -> str:
+        a = self.answer
+        return (f"Plan({self.spec.model_id} on {self.options.gpu_count}x {self.gpu.name}: "
+                f"{self.kv_bytes_per_token_gpu:,} B/token/GPU, KV budget {self.budget.kv_budget_bytes / GiB:.2f} GiB, "
+                f"{a.kv_tokens:,} KV tokens, {a.max_requests} requests at {a.context:,} tokens, "
+                f"{'fits' if a.fits else 'does not fit'} {a.batch} x {a.context:,})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready numbers under the documented schema (docs/cli.md, "JSON output")."""
+        from kvplan.serialize import plan_to_dict
+
+        return plan_to_dict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_gpu(options: Options) -> GpuInfo:
+    """The GPU from the catalogue (or ``--gpu-memory``), as the runtime reports it."""
+    from kvplan.gpus import find_gpu
+
+    gpu = find_gpu(options.gpu) if options.gpu else None
+    is_cpu = bool(gpu and gpu.is_cpu)
+    memory_bytes = options.gpu_memory_bytes or (gpu.memory_bytes if gpu else None)
+    if memory_bytes is None:
+        raise InputError(f"GPU {gpu.name if gpu else options.gpu!r} has no fixed memory", "pass --gpu-memory SIZE (e.g. 64GiB)")
+    source = "--gpu-memory" if options.gpu_memory_bytes else (gpu.memory_source if gpu else "")
+    name = gpu.name if gpu else "custom"
+    return GpuInfo(name, memory_bytes, gpu.bandwidth_bytes_per_s if gpu else None, source, is_cpu)
+
+
+def estimate(options: Options, token: str | None = None) -> Plan:
+    """Resolve the model, then :func:`plan_for_spec`. ``token`` is a Hub token (never stored or printed)."""
+    from kvplan.sources import resolve_model
+
+    source = resolve_model(options.model, revision=options.revision, token=token, force_hub=options.hub,
+                           offline=options.offline)
+    spec = build_spec(source, Overrides(options.layers, options.kv_heads, options.head_dim))
+    return plan_for_spec(spec, options, source.describe())
+
+
+def _engine_module(name: str):  # noqa: ANN202 - returns a module
+    if name == "vllm":
+        from kvplan.engines import vllm
+
+        return vllm
+    from kvplan.engines import sglang  # type: ignore[attr-defined]
+
+    return sglang
+
+
+def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) -> Plan:
+    """All the numbers for ``spec`` under ``options`` (pure: no I/O beyond the GPU catalogue)."""
+    gpu = resolve_gpu(options)
+    engine_mod = _engine_module(options.engine)
+    version = options.engine_version or engine_mod.DEFAULT_VERSION
+    if version not in engine_mod.VERSIONS:
+        raise InputError(f"unknown --engine-version {version!r} for {options.engine}",
+                         "modelled versions: " + ", ".join(engine_mod.VERSIONS))
+    engine = engine_mod.defaults(version, gpu.memory_bytes, gpu.is_cpu)
+    if options.gpu_util is not None or options.block_size or options.max_num_batched_tokens or options.max_num_seqs:
+        engine = replace(
+            engine,
+            gpu_util=options.gpu_util if options.gpu_util is not None else engine.gpu_util,
+            block_size=options.block_size or engine.block_size,
+            max_num_batched_tokens=options.max_num_batched_tokens or engine.max_num_batched_tokens,
+            max_num_seqs=options.max_num_seqs or engine.max_num_seqs,
+        )
+
+    model_dtype = parse_dtype(options.dtype, "--dtype") if options.dtype else parse_dtype(spec.dtype)
+    kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
+    weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
+
+    layers = memory.rank_layers(spec, options.tp, options.pp)
+    layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
+    weights_total, weights_source = _weights(spec, options, weights_dtype, model_dtype)
+    n_gpus = options.tp * options.pp
+    weights_term = Term("weights", math.ceil(weights_total / n_gpus),
+                        weights_source + (f", split over {n_gpus} GPUs" if n_gpus > 1 else ""))
+
+    def given(name: str, value: int | None) -> Term | None:
+        return None if value is None else Term(name, value, "--" + name.replace("_", "-") + "-gib")
+
+    budget: Budget = engine_mod.budget(
+        gpu.memory_bytes, engine.gpu_util, weights_term,
+        given("activation", options.activation_bytes), given("overhead", options.overhead_bytes),
+        given("cudagraph", options.cudagraph_bytes), options.kv_budget_bytes,
+        spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
+    )
+
+    max_model_len = options.max_model_len or options.context
+    mnbt = engine.max_num_batched_tokens
+    blocks = memory.num_blocks(budget.kv_budget_bytes, layout)
+    answer = _answer(blocks, layout, options, max_model_len, mnbt, spec)
+    frag = memory.contiguous_vs_paged(budget.kv_budget_bytes, blocks, layout, layers, options.context, max_model_len, mnbt)
+    prefix = None
+    if options.prefix_tokens:
+        prefix = memory.prefix_sharing(blocks, layout, options.context, options.prefix_tokens, mnbt, spec.parameters)
+    roofline = None
+    if gpu.bandwidth_bytes_per_s:
+        batch = max(1, min(answer.max_requests, options.batch if answer.fits else answer.max_requests) or 1)
+        roofline = memory.decode_roofline(weights_term.bytes, memory.request_kv_bytes(layout, options.context, mnbt),
+                                          batch, gpu.bandwidth_bytes_per_s)
+
+    notes = list(spec.notes)
+    replicated = memory.kv_heads_replicated(spec, options.tp)
+    if replicated:
+        notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
+    if budget.kv_budget_bytes <= 0:
+        notes.append(f"no memory left for the KV cache: weights alone take {weights_term.bytes / GiB:.2f} GiB of "
+                     f"{budget.usable_bytes / GiB:.2f} GiB usable per GPU")
+    if spec.max_position_embeddings and max_model_len > spec.max_position_embeddings:
+        notes.append(f"max_model_len {max_model_len:,} exceeds the model's max_position_embeddings {spec.max_position_embeddings:,}")
+    if layout.padding_layers:
+        notes.append(f"{layout.padding_layers} padded layer slot(s) in the last group of a kind waste "
+                     f"{layout.padding_layers}/{len(layout.groups) * layout.group_size} of each block")
+    return Plan(
+        options=options,
+        spec=spec,
+        source=source or spec.source,
+        gpu=gpu,
+        engine=engine,
+        kv_dtype=kv_dtype.name,
+        model_dtype=model_dtype.name,
+        weights_dtype=(weights_dtype or model_dtype).name,
+        rank_layers=layers,
+        heads_replicated=replicated,
+        kv_bytes_per_token_model=memory.kv_bytes_per_token(spec, kv_dtype),
+        kv_bytes_per_token_gpu=memory.kv_bytes_per_token(layers, kv_dtype),
+        state_bytes_per_request_gpu=memory.state_bytes_per_request(layers, model_dtype),
+        weights_total_bytes=weights_total,
+        budget=budget,
+        layout=layout,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=mnbt,
+        answer=answer,
+        fragmentation=frag,
+        prefix=prefix,
+        roofline=roofline,
+        notes=tuple(notes),
+    )
+
+
+def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType) -> tuple[int, str]:
+    """Total weight bytes (all GPUs) and where the number came from."""
+    if options.weights_bytes is not None:
+        return options.weights_bytes, "--weights-gib"
+    w = spec.weights
+    if weights_dtype is None:
+        if w is not None and w.total_bytes:
+            return w.total_bytes, f"checkpoint: {w.source or 'total_bytes'}"
+        if spec.parameters:
+            return memory.weight_bytes(spec.parameters, model_dtype), f"{spec.parameters:,} parameters x {model_dtype.name}"
+    elif spec.parameters:
+        return memory.weight_bytes(spec.parameters, weights_dtype), f"{spec.parameters:,} parameters x {weights_dtype.name}"
+    raise InputError(f"{spec.source}: no weight facts (parameter count or checkpoint size)",
+                     "pass --weights-gib SIZE")
+
+
+def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_len: int, mnbt: int,
+            spec: ModelSpec) -> Answer:
+    per_req_len = memory.blocks_per_request(layout, max_model_len, mnbt, options.prefix_caching)
+    per_req_ctx = memory.blocks_per_request(layout, options.context, mnbt, options.prefix_caching)
+    need = options.batch * per_req_ctx
+    usable = blocks - memory.NULL_BLOCKS
+    limit = spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
+    max_ctx = memory.max_context(blocks, layout, options.batch, mnbt, limit_tokens=max(limit, options.context))
+    fits = usable >= need
+    fix = None if fits else _fix(blocks, layout, options, per_req_ctx, max_ctx)
+    longest = memory.max_context(blocks, layout, 1, mnbt, limit_tokens=max(limit, max_model_len))
+    return Answer(
+        num_blocks=blocks,
+        kv_tokens=memory.kv_cache_tokens(blocks, per_req_len, max_model_len),
+        capacity_tokens=blocks * layout.block_size,
+        context=options.context,
+        blocks_per_request=per_req_ctx,
+        max_concurrency=memory.vllm_max_concurrency(blocks, per_req_len),
+        max_requests=memory.max_requests(blocks, per_req_ctx),
+        batch=options.batch,
+        max_context_at_batch=max_ctx,
+        fits=fits,
+        fits_margin_blocks=usable - need,
+        engine_starts=memory.fits_one_request(blocks, layout, max_model_len, mnbt),
+        longest_startable_len=(longest // layout.block_size) * layout.block_size if longest >= layout.block_size else longest,
+        fix=fix,
+    )
+
+
+def _fix(blocks: int, layout: memory.PoolLayout, options: Options, per_req: int, max_ctx: int) -> str:
+    """The smallest single change that makes ``batch x context`` fit."""
+    n = memory.max_requests(blocks, per_req)
+    options_text = []
+    if n >= 1:
+        options_text.append(f"--batch {n}")
+    if max_ctx >= 1:
+        options_text.append(f"--context {max_ctx:,}")
+    if layout.kv_dtype.bits > 8:
+        options_text.append("--kv-dtype fp8")
+    options_text.append("a bigger GPU or more --tp")
+    return " or ".join(options_text)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings -> plain JSON types (floats made finite)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, dict) or hasattr(obj, "items"):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+__all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "asdict"]
+
+
+# ---------------------------------------------------------------------------------------------
+# options from user-typed values (CLI flags and YAML scenario fields share this parser)
+
+_TOKEN_FIELDS = ("context", "max_model_len", "max_num_batched_tokens", "prefix_tokens")
+_GIB_FIELDS = {"weights_gib": "weights_bytes", "kv_budget": "kv_budget_bytes", "activation_gib": "activation_bytes",
+               "overhead_gib": "overhead_bytes", "cudagraph_gib": "cudagraph_bytes", "gpu_memory": "gpu_memory_bytes"}
+_INT_FIELDS = ("gpu_count", "tp", "pp", "batch", "block_size", "max_num_seqs", "layers", "kv_heads", "head_dim")
+
+
+def options_from_values(values: dict[str, Any]) -> Options:
+    """Build :class:`Options` from user-typed values: ``context='8k'``, ``kv_budget='12GiB'``, ``tp=2``.
+
+    Size fields (``weights_gib``, ``kv_budget``, ``activation_gib``, ``overhead_gib``, ``cudagraph_gib``,
+    ``gpu_memory``) take a number of GiB or a size with its unit (``80GB``, ``24GiB``); token fields take
+    ``8192``, ``8k``, ``128k``. ``None`` values are left at their defaults.
+    """
+    from kvplan.units import parse_gib, parse_tokens
+
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key in _GIB_FIELDS:
+            zero = value == 0 or (isinstance(value, str) and value.strip() in ("0", "0GiB", "0GB"))
+            kwargs[_GIB_FIELDS[key]] = 0 if zero and key != "gpu_memory" else parse_gib(value, "--" + key.replace("_", "-"))
+        elif key in _TOKEN_FIELDS:
+            if key == "prefix_tokens" and value in (0, "0"):
+                kwargs[key] = 0
+            else:
+                kwargs[key] = parse_tokens(value, "--" + key.replace("_", "-"))
+        elif key in _INT_FIELDS:
+            if isinstance(value, str):
+                if not value.strip().isdigit():
+                    raise InputError(f"invalid {_flag(key)} {value!r}: must be a positive integer")
+                value = int(value)
+            kwargs[key] = value
+        elif key == "gpu_util":
+            try:
+                kwargs[key] = float(value)
+            except (TypeError, ValueError):
+                raise InputError(f"invalid --gpu-util {value!r}: must be a number in (0, 1]") from None
+        else:
+            kwargs[key] = value
+    known = {f.name for f in fields(Options)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise InputError(f"unknown option {unknown[0]!r}")
+    return Options(**kwargs)

@@ -1,0 +1,113 @@
+"""Tables for ``kvplan models``, ``kvplan models show`` and ``kvplan gpus``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from kvplan import memory
+from kvplan.serialize import formula_lines, group_rows
+from kvplan.units import GiB, parse_dtype
+
+if TYPE_CHECKING:
+    from kvplan.gpus import Gpu
+    from kvplan.spec import ModelSpec
+
+
+def models_rows() -> list[dict[str, Any]]:
+    """One row per bundled spec: id, kind, layers, bf16 bytes/token, parameters."""
+    from kvplan.sources import bundled_ids, load_bundled
+    from kvplan.spec import build_spec
+
+    rows = []
+    for model_id in bundled_ids():
+        spec = build_spec(load_bundled(model_id))
+        rows.append({
+            "id": spec.model_id,
+            "kind": spec.kind_summary,
+            "layers": spec.num_layers,
+            "kv_bytes_per_token": memory.kv_bytes_per_token(spec, parse_dtype(spec.dtype)),
+            "dtype": spec.dtype,
+            "parameters": spec.parameters,
+        })
+    return rows
+
+
+def render_models(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"{len(rows)} bundled model specs", title_justify="left")
+    table.add_column("model")
+    table.add_column("kind")
+    table.add_column("layers", justify="right")
+    table.add_column("KV B/token", justify="right")
+    table.add_column("params", justify="right")
+    for r in rows:
+        params = f"{r['parameters'] / 1e9:,.1f}B" if r["parameters"] else "?"
+        table.add_row(r["id"], r["kind"], str(r["layers"]), f"{r['kv_bytes_per_token']:,}", params)
+    return table
+
+
+def model_detail(spec: "ModelSpec", source: str, kv_dtype_name: str | None = None) -> dict[str, Any]:
+    """The resolved spec: provenance and a per-group breakdown (bytes in the KV dtype)."""
+    model_dtype = parse_dtype(spec.dtype)
+    kv_dtype = parse_dtype(kv_dtype_name) if kv_dtype_name and kv_dtype_name != "auto" else model_dtype
+    return {
+        "id": spec.model_id,
+        "source": source,
+        "architecture": spec.architecture,
+        "kind": spec.kind_summary,
+        "dtype": spec.dtype,
+        "kv_dtype": kv_dtype.name,
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "num_attention_heads": spec.num_attention_heads,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "parameters": spec.parameters,
+        "weights_bytes": spec.weights.total_bytes if spec.weights else None,
+        "weights_source": spec.weights.source if spec.weights else None,
+        "num_experts": spec.num_experts,
+        "groups": group_rows(spec.layers, kv_dtype, model_dtype),
+        "kv_bytes_per_token": memory.kv_bytes_per_token(spec, kv_dtype),
+        "state_bytes_per_request": memory.state_bytes_per_request(spec, model_dtype),
+        "formula": formula_lines(spec.layers, kv_dtype, model_dtype),
+        "provenance": dict(spec.provenance),
+        "notes": list(spec.notes),
+    }
+
+
+def render_model_detail(d: dict[str, Any]) -> Group:
+    head = Text.assemble((d["id"], "bold"), f"  {d['kind']} · {d['architecture']} · {d['num_layers']} layers · {d['dtype']}\n",
+                         (f"source: {d['source']}\n", "grey62"))
+    if d["parameters"]:
+        head.append(f"parameters: {d['parameters']:,}")
+        if d["weights_bytes"]:
+            head.append(f" · weights {d['weights_bytes'] / GiB:.2f} GiB ({d['weights_source']})")
+        head.append("\n")
+    table = Table(title=f"layer groups (KV {d['kv_dtype']})", title_justify="left")
+    for col in ("kind", "layers", "kv heads", "head dim", "window", "B/token", "state B/request"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    for g in d["groups"]:
+        table.add_row(g["kind"], str(g["layers"]), str(g["kv_heads"]), str(g["head_dim"]),
+                      f"{g['window_tokens']:,}" if g["window_tokens"] else "-", f"{g['bytes_per_token']:,}",
+                      f"{g['state_bytes_per_request']:,}")
+    formula = Text("\n".join(d["formula"]) + f"\ntotal: {d['kv_bytes_per_token']:,} B/token")
+    prov = Text("provenance: " + "; ".join(f"{k} <- {v}" for k, v in d["provenance"].items()), style="grey62")
+    parts = [head, table, formula, prov]
+    parts += [Text(f"note: {n}", style="yellow") for n in d["notes"]]
+    return Group(*parts)
+
+
+def render_gpus(catalogue: "tuple[Gpu, ...]") -> Table:
+    table = Table(title=f"{len(catalogue)} GPUs (memory as the CUDA/HIP runtime reports it)", title_justify="left")
+    table.add_column("name")
+    table.add_column("memory", justify="right")
+    table.add_column("bandwidth", justify="right")
+    table.add_column("aliases")
+    for g in catalogue:
+        mem = f"{g.memory_bytes / GiB:,.2f} GiB" if g.memory_bytes else "--gpu-memory"
+        bw = f"{g.bandwidth_bytes_per_s / 1e12:,.2f} TB/s" if g.bandwidth_bytes_per_s else "-"
+        table.add_row(g.name, mem, bw, ", ".join(g.aliases[:4]))
+    return table

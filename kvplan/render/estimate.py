@@ -1,0 +1,170 @@
+"""Rich rendering of a :class:`~kvplan.plan.Plan` (``kvplan estimate``), readable at 80 columns."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from kvplan import memory
+from kvplan.serialize import formula_lines
+from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype
+
+if TYPE_CHECKING:
+    from kvplan.plan import Plan
+
+
+def _gib(n: int) -> str:
+    return fmt_gib(n)
+
+
+def memory_bar(plan: "Plan", width: int = 60) -> Text:
+    """A one-line bar of the GPU's memory: weights | activation | overhead | KV budget | headroom."""
+    b = plan.budget
+    total = b.total_bytes
+    parts = [
+        ("weights", b.weights.bytes, "magenta"),
+        ("act", b.activation.bytes, "yellow"),
+        ("ovh", b.overhead.bytes + b.cudagraph.bytes, "red"),
+        ("KV", max(0, b.kv_budget_bytes), "green"),
+        ("free", max(0, total - b.usable_bytes), "grey42"),
+    ]
+    bar = Text()
+    used = 0
+    for i, (_, size, style) in enumerate(parts):
+        cells = round(size / total * width) if total else 0
+        if i == len(parts) - 1:
+            cells = max(0, width - used)
+        cells = max(0, min(cells, width - used))
+        used += cells
+        bar.append("█" * cells, style=style)
+    legend = Text("  ")
+    for name, size, style in parts:
+        legend.append("■ ", style=style)
+        legend.append(f"{name} {size / GiB:.1f}  ")
+    return Text.assemble(bar, "\n", legend)
+
+
+def render_plan(plan: "Plan") -> Group:
+    """The estimate as rich renderables: model, memory, answer, engine report, paging, prefix, roofline."""
+    o, a, b, spec = plan.options, plan.answer, plan.budget, plan.spec
+    kv_dtype, model_dtype = parse_dtype(plan.kv_dtype), parse_dtype(plan.model_dtype)
+    prov = spec.provenance
+    parts: list = []
+
+    # model ------------------------------------------------------------------------------------
+    head = Text.assemble((spec.model_id, "bold"), f"  ({plan.source})\n")
+    full = next((layer for layer in spec.layers if layer.caches_tokens), None)
+    facts = [spec.kind_summary, f"{spec.num_layers} layers"]
+    if full is not None:
+        facts.append(f"kv_heads {full.kv_heads} ({prov.get('kv_heads', '?')})")
+        facts.append(f"head_dim {full.head_dim} ({prov.get('head_dim', '?')})")
+    facts.append(f"KV {plan.kv_dtype}")
+    head.append(" · ".join(facts) + "\n")
+    gpu_slice = f" per GPU (tp {o.tp}, pp {o.pp})" if o.tp * o.pp > 1 else ""
+    head.append(f"per token{gpu_slice}:\n", style="bold")
+    for line in formula_lines(plan.rank_layers, kv_dtype, model_dtype):
+        head.append(f"  {line}\n")
+    head.append(f"  = {plan.kv_bytes_per_token_gpu:,} B/token ({fmt_bytes(plan.kv_bytes_per_token_gpu)})"
+                f"; {fmt_bytes(plan.kv_bytes_per_token_gpu * o.context)} per {o.context:,}-token request before paging")
+    parts.append(Panel(head, title="model", title_align="left"))
+
+    # memory -----------------------------------------------------------------------------------
+    t = Table.grid(padding=(0, 2))
+    t.add_column()
+    t.add_column(justify="right")
+    t.add_column(style="grey62")
+    t.add_row("total (runtime-reported)", _gib(b.total_bytes), f"{plan.gpu.name}, {b.total_bytes / GB:.2f} GB")
+    t.add_row(f"usable (x {b.gpu_util:g})", _gib(b.usable_bytes), "ceil(total x gpu_util)")
+    for term in b.terms:
+        t.add_row(f"− {term.name}", _gib(term.bytes), _short(term.source))
+    style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
+    t.add_row(Text("= KV budget", style=style), Text(_gib(b.kv_budget_bytes), style=style), b.kv_budget_source)
+    parts.append(Panel(Group(t, memory_bar(plan)), title=f"memory per GPU ({o.gpu_count}x {plan.gpu.name})", title_align="left"))
+
+    # answer -----------------------------------------------------------------------------------
+    lay = plan.layout
+    ans = Text()
+    ans.append(f"KV cache: {a.num_blocks:,} blocks x {lay.block_size} tokens = {a.capacity_tokens:,} token slots"
+               f" ({fmt_bytes(lay.block_bytes)} per block)\n")
+    ans.append(f"at {a.context:,} tokens/request: ", style="bold")
+    ans.append(f"{a.max_requests:,} concurrent requests", style="bold cyan")
+    ans.append(f" ({a.blocks_per_request:,} blocks each)\n")
+    ans.append(f"max context at batch {a.batch}: ", style="bold")
+    ans.append(f"{a.max_context_at_batch:,} tokens\n", style="bold cyan")
+    verdict = ("fits", "bold green") if a.fits else ("does NOT fit", "bold red")
+    ans.append(f"{a.batch} x {a.context:,} tokens: ")
+    ans.append(verdict[0], style=verdict[1])
+    if a.fits:
+        ans.append(f" ({a.fits_margin_blocks:,} blocks = {a.fits_margin_blocks * lay.block_size:,} tokens spare)")
+    else:
+        ans.append(f" (short by {-a.fits_margin_blocks:,} blocks = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}); try {a.fix}")
+    parts.append(Panel(ans, title="answer", title_align="left"))
+
+    # engine -----------------------------------------------------------------------------------
+    eng = Text()
+    if a.engine_starts:
+        eng.append(f"{plan.engine.engine} {plan.engine.version} will report: ", style="bold")
+        eng.append(f"GPU KV cache size: {a.kv_tokens:,} tokens; Maximum concurrency for {plan.max_model_len:,} "
+                   f"tokens per request: {a.max_concurrency:.2f}x\n")
+    else:
+        need = memory.blocks_per_request(lay, plan.max_model_len, plan.max_num_batched_tokens) * lay.block_bytes
+        eng.append(f"{plan.engine.engine} will refuse to start: ", style="bold red")
+        eng.append(f"one {plan.max_model_len:,}-token request needs {need / GiB:.2f} GiB KV cache, "
+                   f"{max(0, b.kv_budget_bytes) / GiB:.2f} GiB available; the longest max_model_len that fits is "
+                   f"{a.longest_startable_len:,}\n")
+    eng.append("serve: ", style="bold")
+    eng.append(serve_command(plan))
+    parts.append(Panel(eng, title="engine", title_align="left"))
+
+    # paging / prefix / roofline ----------------------------------------------------------------
+    f = plan.fragmentation
+    more = Text()
+    more.append(f"contiguous (reserve max_model_len {f.max_model_len:,}): {f.contiguous_max_requests:,} requests, "
+                f"{fmt_bytes(f.contiguous_waste_bytes)} wasted each\n")
+    more.append(f"paged (block {lay.block_size}): {f.paged_max_requests:,} requests, {fmt_bytes(f.paged_waste_bytes)} slack each")
+    if lay.padding_layers:
+        more.append(f"\n{lay.padding_layers} padded layer slot(s) per block (hybrid grouping)")
+    if plan.prefix:
+        p = plan.prefix
+        more.append(f"\nprefix {p.prefix_tokens:,} tokens shared: {p.shared_blocks:,} blocks stored once; "
+                    f"{p.max_requests_unshared:,} -> {p.max_requests_shared:,} requests; "
+                    f"{p.prefill_tokens_saved:,} prefill tokens (~{p.prefill_flops_saved / 1e12:,.1f} TFLOP) not recomputed")
+    if plan.roofline:
+        r = plan.roofline
+        more.append(f"\ndecode roofline at batch {r.batch}: >= {r.step_seconds * 1e3:.2f} ms/step, <= {r.tokens_per_s:,.0f} tokens/s; "
+                    f"KV reads match weight reads at batch {r.knee_batch:,.0f}")
+    parts.append(Panel(more, title="paging, prefix, decode", title_align="left"))
+
+    if plan.notes:
+        parts.append(Text("\n".join(f"note: {n}" for n in plan.notes), style="yellow"))
+    return Group(*parts)
+
+
+def serve_command(plan: "Plan") -> str:
+    """The ``vllm serve`` command line that realises the plan."""
+    o, a = plan.options, plan.answer
+    if plan.engine.engine != "vllm":
+        return f"(see the {plan.engine.engine} docs for its flags)"
+    flags = [f"vllm serve {plan.spec.model_id}", f"--max-model-len {plan.max_model_len}",
+             f"--gpu-memory-utilization {plan.budget.gpu_util:g}"]
+    seqs = min(plan.engine.max_num_seqs, max(1, a.max_requests))
+    flags.append(f"--max-num-seqs {seqs}")
+    if plan.kv_dtype != plan.model_dtype:
+        flags.append(f"--kv-cache-dtype {'fp8' if plan.kv_dtype.startswith('fp8') else plan.kv_dtype}")
+    if o.tp > 1:
+        flags.append(f"--tensor-parallel-size {o.tp}")
+    if o.pp > 1:
+        flags.append(f"--pipeline-parallel-size {o.pp}")
+    if o.block_size:
+        flags.append(f"--block-size {plan.layout.block_size}")
+    if o.kv_budget_bytes is not None:
+        flags.append(f"--kv-cache-memory {o.kv_budget_bytes}")
+    return " ".join(flags)
+
+
+def _short(text: str, n: int = 46) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"

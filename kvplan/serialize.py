@@ -1,0 +1,165 @@
+"""Plan -> plain, stable JSON-ready dicts (the ``--json`` schema, documented in docs/cli.md).
+
+Bytes stay integers of bytes; every object carries the assumptions it was computed under.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from kvplan import memory
+from kvplan.spec import LayerCache, LayerKind
+from kvplan.units import DType, parse_dtype
+
+if TYPE_CHECKING:
+    from kvplan.plan import Plan
+
+SCHEMA_VERSION = 1
+
+
+def _finite(x: float) -> float | None:
+    return round(x, 6) if math.isfinite(x) else None
+
+
+def formula_lines(layers: tuple[LayerCache, ...], kv_dtype: DType, model_dtype: DType) -> list[str]:
+    """The per-token formula with its numbers, one line per kind of layer.
+
+    ``2 x 32 layers x 8 kv_heads x 128 head_dim x 2 B = 131,072 B/token``.
+    """
+    lines = []
+    elem = kv_dtype.nbytes(1) if not kv_dtype.scale_group else None
+    for cache, count in Counter(layers).items():
+        per_token = memory.layer_token_bytes(cache, kv_dtype) * count
+        size = f"{elem} B" if elem is not None else f"{kv_dtype.name}"
+        if cache.kind is LayerKind.MLA:
+            lines.append(f"{count} layers x {cache.head_dim} latent x {size} = {per_token:,} B/token (MLA)")
+        elif cache.caches_tokens:
+            win = f" (window {cache.window_tokens:,})" if cache.window_tokens else ""
+            lines.append(f"2 x {count} layers x {cache.kv_heads} kv_heads x {cache.head_dim} head_dim x {size} = "
+                         f"{per_token:,} B/token [{cache.kind.value}{win}]")
+        elif cache.is_state:
+            state = memory.layer_state_bytes(cache, model_dtype) * count
+            lines.append(f"{count} {cache.kind.value} layers x {state // count:,} B state = {state:,} B/request (fixed)")
+    return lines
+
+
+def group_rows(layers: tuple[LayerCache, ...], kv_dtype: DType, model_dtype: DType) -> list[dict[str, Any]]:
+    """One row per kind of layer: kind, layers, heads, head dim, window, bytes/token, state bytes."""
+    rows = []
+    for cache, count in Counter(layers).items():
+        rows.append({
+            "kind": cache.kind.value,
+            "layers": count,
+            "kv_heads": cache.kv_heads,
+            "head_dim": cache.head_dim,
+            "window_tokens": cache.window_tokens,
+            "bytes_per_token": memory.layer_token_bytes(cache, kv_dtype) * count,
+            "state_bytes_per_request": memory.layer_state_bytes(cache, model_dtype) * count,
+        })
+    return rows
+
+
+def plan_to_dict(plan: "Plan") -> dict[str, Any]:
+    """The ``--json`` document for one plan (schema_version 1)."""
+    o, a, b, lay = plan.options, plan.answer, plan.budget, plan.layout
+    kv_dtype, model_dtype = parse_dtype(plan.kv_dtype), parse_dtype(plan.model_dtype)
+    out: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "model": {
+            "id": plan.spec.model_id,
+            "source": plan.source,
+            "architecture": plan.spec.architecture,
+            "kind": plan.spec.kind_summary,
+            "num_layers": plan.spec.num_layers,
+            "parameters": plan.spec.parameters,
+            "groups": group_rows(plan.spec.layers, kv_dtype, model_dtype),
+            "provenance": dict(plan.spec.provenance),
+        },
+        "assumptions": {
+            "gpu": plan.gpu.name,
+            "gpu_memory_bytes": plan.gpu.memory_bytes,
+            "gpu_memory_source": plan.gpu.memory_source,
+            "gpu_count": o.gpu_count,
+            "tp": o.tp,
+            "pp": o.pp,
+            "engine": plan.engine.engine,
+            "engine_version": plan.engine.version,
+            "dtype": plan.model_dtype,
+            "kv_dtype": plan.kv_dtype,
+            "weights_dtype": plan.weights_dtype,
+            "block_size": lay.block_size,
+            "gpu_util": b.gpu_util,
+            "context_tokens": o.context,
+            "batch": o.batch,
+            "max_model_len": plan.max_model_len,
+            "max_num_batched_tokens": plan.max_num_batched_tokens,
+            "max_num_seqs": plan.engine.max_num_seqs,
+            "prefix_tokens": o.prefix_tokens,
+            "revision": o.revision,
+        },
+        "per_token": {
+            "kv_bytes_per_token_model": plan.kv_bytes_per_token_model,
+            "kv_bytes_per_token_gpu": plan.kv_bytes_per_token_gpu,
+            "state_bytes_per_request_gpu": plan.state_bytes_per_request_gpu,
+            "formula": formula_lines(plan.rank_layers, kv_dtype, model_dtype),
+            "heads_replicated": plan.heads_replicated,
+        },
+        "budget": {
+            "total_bytes": b.total_bytes,
+            "gpu_util": b.gpu_util,
+            "usable_bytes": b.usable_bytes,
+            "weights_total_bytes": plan.weights_total_bytes,
+            **{f"{t.name}_bytes": t.bytes for t in b.terms},
+            "kv_budget_bytes": b.kv_budget_bytes,
+            "kv_budget_source": b.kv_budget_source,
+            "sources": {t.name: t.source for t in b.terms},
+        },
+        "pool": {
+            "block_size": lay.block_size,
+            "page_bytes": lay.page_bytes,
+            "group_size": lay.group_size,
+            "num_groups": len(lay.groups),
+            "block_bytes": lay.block_bytes,
+            "padding_layers": lay.padding_layers,
+            "num_blocks": a.num_blocks,
+            "pool_bytes": memory.pool_bytes(a.num_blocks, lay),
+            "groups": [{"kind": g.cache.kind.value, "layers": g.num_layers, "window_tokens": g.cache.window_tokens}
+                       for g in lay.groups],
+        },
+        "answer": {
+            "kv_tokens": a.kv_tokens,
+            "capacity_tokens": a.capacity_tokens,
+            "context_tokens": a.context,
+            "blocks_per_request": a.blocks_per_request,
+            "max_requests": a.max_requests,
+            "max_concurrency": _finite(a.max_concurrency),
+            "batch": a.batch,
+            "max_context_at_batch": a.max_context_at_batch,
+            "fits": a.fits,
+            "fits_margin_blocks": a.fits_margin_blocks,
+            "fix": a.fix,
+        },
+        "engine_report": {
+            "engine": plan.engine.engine,
+            "version": plan.engine.version,
+            "max_model_len": plan.max_model_len,
+            "kv_cache_tokens": a.kv_tokens,
+            "max_concurrency": _finite(a.max_concurrency),
+            "starts": a.engine_starts,
+            "longest_startable_len": a.longest_startable_len,
+        },
+        "fragmentation": _plain(plan.fragmentation),
+        "prefix": _plain(plan.prefix) if plan.prefix else None,
+        "roofline": _plain(plan.roofline) if plan.roofline else None,
+        "notes": list(plan.notes),
+    }
+    return out
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    from kvplan.plan import to_jsonable
+
+    data = to_jsonable(obj)
+    return {k: (_finite(v) if isinstance(v, float) else v) for k, v in data.items()}

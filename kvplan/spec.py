@@ -1,0 +1,543 @@
+"""Hugging Face config -> :class:`ModelSpec`: what each decoder layer caches per request.
+
+This is the only module that knows Hugging Face key names (``num_key_value_heads``, ``n_head_kv``,
+``layer_types``, ``kv_lora_rank``, ``text_config``...). It normalises a config once, at the boundary,
+and records where each value came from so output can say "kv_heads 8 (num_key_value_heads)".
+
+The spec is a tuple of per-layer :class:`LayerCache` entries (one per decoder layer, in order), so
+pipeline stages are slices and hybrid models are just layers of several kinds. The byte formulas
+live in :mod:`kvplan.memory`, never here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from kvplan.errors import ConfigError
+from kvplan.sources import ModelSource, WeightFacts
+
+
+class LayerKind(str, Enum):
+    """What a layer keeps per request."""
+
+    FULL = "full"  # K and V for every token (MHA / GQA / MQA)
+    SLIDING = "sliding"  # K and V for the last ``window_tokens`` tokens
+    CHUNKED = "chunked"  # K and V within the current ``window_tokens`` chunk (Llama 4 local attention)
+    MLA = "mla"  # one compressed latent per token (DeepSeek V2/V3, Kimi K2)
+    MAMBA = "mamba"  # fixed conv + SSM state per request (Mamba / Mamba2)
+    LINEAR = "linear_attention"  # fixed conv + recurrent state per request (gated delta net, ...)
+    NONE = "none"  # caches nothing (no-op attention, reuses another layer's cache)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TOKEN_KINDS = frozenset({LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED, LayerKind.MLA})
+STATE_KINDS = frozenset({LayerKind.MAMBA, LayerKind.LINEAR})
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """The cache one decoder layer keeps for one request (whole model, before tp/pp slicing).
+
+    Attention kinds: ``kv_heads`` x ``head_dim`` elements per token for K and again for V
+    (MLA: ``kv_heads == 1`` and ``head_dim`` = ``kv_lora_rank + qk_rope_head_dim``, stored once, no V).
+    ``window_tokens``: the sliding window or attention chunk (tokens), else ``None``.
+    State kinds: ``conv_elements`` and ``ssm_elements`` per request, independent of length; the conv
+    state is stored in the model dtype and the SSM state in ``ssm_dtype`` (``None`` = model dtype).
+    ``tp_shardable``: whether tensor parallelism divides this layer's cache across ranks.
+    """
+
+    kind: LayerKind
+    kv_heads: int = 0
+    head_dim: int = 0
+    window_tokens: int | None = None
+    conv_elements: int = 0
+    ssm_elements: int = 0
+    state_kind: str = ""
+    ssm_dtype: str | None = None
+    tp_shardable: bool = True
+
+    @property
+    def caches_tokens(self) -> bool:
+        return self.kind in TOKEN_KINDS
+
+    @property
+    def is_state(self) -> bool:
+        return self.kind in STATE_KINDS
+
+    def describe(self) -> str:
+        """``full 8x128``, ``sliding(4096) 8x128``, ``mla 576``, ``mamba state``."""
+        if self.kind is LayerKind.MLA:
+            return f"mla latent {self.head_dim}"
+        if self.is_state:
+            return f"{self.kind.value} state ({self.state_kind or 'conv+ssm'})"
+        if self.kind is LayerKind.NONE:
+            return "none"
+        win = f"({self.window_tokens})" if self.window_tokens else ""
+        return f"{self.kind.value}{win} {self.kv_heads}x{self.head_dim}"
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Identical layers counted together (``num_layers`` layers caching the same thing)."""
+
+    cache: LayerCache
+    num_layers: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the memory math needs about a model, normalised from its config.
+
+    Sizes are element counts, not bytes; the dtype names are the checkpoint's (``bfloat16``...).
+    ``provenance`` maps a field name to the config key (or rule) it came from.
+    """
+
+    model_id: str
+    source: str
+    architecture: str
+    layers: tuple[LayerCache, ...]
+    dtype: str
+    hidden_size: int
+    num_attention_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    num_experts: int = 0
+    num_experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    parameters: int | None = None
+    weights: WeightFacts | None = None
+    provenance: Mapping[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def groups(self) -> tuple[LayerGroup, ...]:
+        """Layers bucketed by identical cache, in order of first appearance."""
+        counts = Counter(self.layers)
+        seen: dict[LayerCache, None] = dict.fromkeys(self.layers)
+        return tuple(LayerGroup(cache, counts[cache]) for cache in seen)
+
+    @property
+    def kind_summary(self) -> str:
+        """``gqa``, ``mha``, ``mqa``, ``mla``, ``sliding``, ``hybrid``: the headline kind."""
+        kinds = {layer.kind for layer in self.layers if layer.kind is not LayerKind.NONE}
+        if kinds & STATE_KINDS:
+            return "hybrid"
+        if kinds == {LayerKind.MLA}:
+            return "mla"
+        if LayerKind.SLIDING in kinds or LayerKind.CHUNKED in kinds:
+            return "sliding" if LayerKind.SLIDING in kinds else "chunked"
+        heads = {layer.kv_heads for layer in self.layers if layer.kind is LayerKind.FULL}
+        if heads == {1}:
+            return "mqa"
+        if heads == {self.num_attention_heads}:
+            return "mha"
+        return "gqa"
+
+
+# ---------------------------------------------------------------------------------------------
+# reading configs
+
+
+_DTYPE_KEYS = ("torch_dtype", "dtype")
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
+_KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "n_kv_heads")
+
+# Defaults that transformers' config classes fill in when a (nested) config omits a key; vLLM
+# relies on them, so we must too. Keyed by model_type.
+_MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "hidden_size": 2304, "intermediate_size": 9216,
+        "vocab_size": 262208, "max_position_embeddings": 131072,
+    },
+    "gemma2": {"sliding_window": 4096, "head_dim": 256},
+}
+
+
+class _Reader:
+    """Reads typed values from a config dict, recording provenance, raising ConfigError on bad values."""
+
+    def __init__(self, config: Mapping[str, Any], where: str, prefix: str = "") -> None:
+        self.config = config
+        self.where = where
+        self.prefix = prefix
+        self.provenance: dict[str, str] = {}
+
+    def _fail(self, key: str, value: Any, expected: str) -> ConfigError:
+        return ConfigError(f"{self.where}: field {self.prefix}{key} = {value!r} is invalid: expected {expected}")
+
+    def has(self, key: str) -> bool:
+        return self.config.get(key) is not None
+
+    def raw(self, key: str) -> Any:
+        return self.config.get(key)
+
+    def int(self, name: str, keys: tuple[str, ...], *, default: int | None = None, minimum: int = 1,
+            required: bool = True) -> int | None:
+        for key in keys:
+            value = self.config.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise self._fail(key, value, f"an integer >= {minimum}")
+            if not math.isfinite(value) or value != int(value) or value < minimum or value > 2**48:
+                raise self._fail(key, value, f"an integer >= {minimum}")
+            self.provenance[name] = f"{self.prefix}{key}"
+            return int(value)
+        if default is not None or not required:
+            if default is not None:
+                self.provenance[name] = "default"
+            return default
+        raise ConfigError(
+            f"{self.where}: config is missing {name} (looked for {', '.join(self.prefix + k for k in keys)})",
+            f"pass --{name.replace('_', '-')} to override" if name in _OVERRIDABLE else None,
+        )
+
+    def bool(self, key: str, default: bool = False) -> bool:
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._fail(key, value, "true or false")
+        return value
+
+    def str(self, key: str, default: str | None = None) -> str | None:
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._fail(key, value, "a string")
+        return value
+
+    def int_list(self, key: str, length: int | None = None) -> list[int] | None:
+        value = self.config.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self._fail(key, value, "a list of integers")
+        if length is not None and len(value) != length:
+            raise self._fail(key, f"<list of {len(value)}>", f"a list of {length} entries (one per layer)")
+        return value
+
+    def str_list(self, key: str, length: int | None = None) -> list[str] | None:
+        value = self.config.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._fail(key, value, "a list of strings")
+        if length is not None and len(value) != length:
+            raise self._fail(key, f"<list of {len(value)}>", f"a list of {length} entries (one per layer)")
+        return value
+
+
+_OVERRIDABLE = {"num_layers", "kv_heads", "head_dim"}
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """``--layers/--kv-heads/--head-dim``: replace what the config says (or supply what it lacks)."""
+
+    num_layers: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.num_layers, self.kv_heads, self.head_dim))
+
+
+_DTYPE_NAMES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+}
+
+
+def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
+    """The language model's config (following ``text_config``/``llm_config``) with model-type defaults."""
+    prefix = ""
+    text: Mapping[str, Any] = config
+    for key in ("text_config", "llm_config", "language_config"):
+        nested = config.get(key)
+        if nested is None:
+            continue
+        if not isinstance(nested, dict):
+            raise ConfigError(f"{where}: field {key} = {nested!r} is invalid: expected a mapping")
+        text, prefix = nested, f"{key}."
+        break
+    merged = dict(_MODEL_TYPE_DEFAULTS.get(str(text.get("model_type", "")), {}))
+    merged.update({k: v for k, v in text.items() if v is not None})
+    if prefix:
+        for key in _DTYPE_KEYS:  # the checkpoint dtype usually sits at the top level
+            if key not in merged and config.get(key) is not None:
+                merged[key] = config[key]
+    return merged, prefix
+
+
+def _model_dtype(r: _Reader) -> str:
+    for key in _DTYPE_KEYS:
+        value = r.raw(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or value.lower().removeprefix("torch.") not in _DTYPE_NAMES:
+            raise r._fail(key, value, "one of float32, bfloat16, float16")
+        r.provenance["dtype"] = r.prefix + key
+        return _DTYPE_NAMES[value.lower().removeprefix("torch.")]
+    r.provenance["dtype"] = "default (no torch_dtype in config)"
+    return "bfloat16"
+
+
+def _pattern_layer_kinds(r: _Reader, num_layers: int, model_type: str) -> list[str]:
+    """Per-layer ``"full"``/``"sliding"``/``"chunked"``/``"linear_attention"``/``"mamba"`` from the config's pattern keys."""
+    types = r.str_list("layer_types", num_layers)
+    if types is not None:
+        mapping = {
+            "full_attention": "full", "attention": "full", "global": "full", "global_attention": "full",
+            "sliding_attention": "sliding", "sliding_window": "sliding", "local": "sliding", "local_attention": "sliding",
+            "chunked_attention": "chunked",
+            "linear_attention": "linear_attention", "mamba": "mamba", "mamba2": "mamba",
+        }
+        unknown = sorted({t for t in types if t not in mapping})
+        if unknown:
+            raise r._fail("layer_types", unknown[0], "one of " + ", ".join(sorted(mapping)))
+        r.provenance["layer_pattern"] = r.prefix + "layer_types"
+        return [mapping[t] for t in types]
+
+    window = r.raw("sliding_window")
+    if r.has("use_sliding_window") and not r.bool("use_sliding_window"):
+        r.provenance["layer_pattern"] = r.prefix + "use_sliding_window = false"
+        return ["full"] * num_layers
+
+    pattern = r.raw("sliding_window_pattern")
+    if isinstance(pattern, str) and window is not None:
+        if not pattern or set(pattern.upper()) - {"L", "G"}:
+            raise r._fail("sliding_window_pattern", pattern, "a string of L (local) and G (global)")
+        r.provenance["layer_pattern"] = r.prefix + "sliding_window_pattern"
+        p = pattern.upper()
+        return ["sliding" if p[i % len(p)] == "L" else "full" for i in range(num_layers)]
+    if pattern is not None and window is not None:
+        period = r.int("sliding_window_pattern", ("sliding_window_pattern",))
+        r.provenance["layer_pattern"] = r.prefix + f"sliding_window_pattern (every {period}th layer global)"
+        return ["sliding" if (i + 1) % period else "full" for i in range(num_layers)]
+
+    if model_type == "gemma2" and window is not None:
+        r.provenance["layer_pattern"] = "gemma2: even layers sliding, odd layers global"
+        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
+
+    if r.has("use_sliding_window") and r.bool("use_sliding_window") and window is not None:
+        max_window_layers = r.int("max_window_layers", ("max_window_layers",), default=0, minimum=0)
+        r.provenance["layer_pattern"] = r.prefix + "use_sliding_window + max_window_layers"
+        return ["sliding" if i >= max_window_layers else "full" for i in range(num_layers)]
+
+    chunk = r.raw("attention_chunk_size")
+    if chunk is not None:
+        no_rope = r.int_list("no_rope_layers", num_layers)
+        if no_rope is None:
+            interval = r.int("no_rope_layer_interval", ("no_rope_layer_interval",), default=4)
+            no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
+        r.provenance["layer_pattern"] = r.prefix + "attention_chunk_size + no_rope_layers (NoPE layers global)"
+        return ["chunked" if flag else "full" for flag in no_rope]
+
+    if window is not None:
+        r.provenance["layer_pattern"] = r.prefix + "sliding_window (every layer)"
+        return ["sliding"] * num_layers
+    r.provenance["layer_pattern"] = "every layer full attention"
+    return ["full"] * num_layers
+
+
+def _attention_layers(r: _Reader, num_layers: int, model_type: str, num_heads: int, hidden: int,
+                      overrides: Overrides) -> list[LayerCache]:
+    """Per-layer caches for attention-only (dense, GQA/MQA, sliding, chunked, MLA) models."""
+    kv_lora_rank = r.raw("kv_lora_rank")
+    if kv_lora_rank is not None and not overrides.kv_heads:
+        rank = r.int("kv_lora_rank", ("kv_lora_rank",))
+        rope = r.int("qk_rope_head_dim", ("qk_rope_head_dim",))
+        r.provenance["kv_heads"] = "MLA: one latent per token (num_key_value_heads is not the cache width)"
+        r.provenance["head_dim"] = f"MLA: {r.prefix}kv_lora_rank {rank} + {r.prefix}qk_rope_head_dim {rope}"
+        dim = overrides.head_dim or rank + rope
+        return [LayerCache(LayerKind.MLA, kv_heads=1, head_dim=dim, tp_shardable=False)] * num_layers
+
+    if overrides.kv_heads:
+        kv_heads = overrides.kv_heads
+        r.provenance["kv_heads"] = "--kv-heads"
+    elif model_type in ("falcon", "RefinedWeb", "RefinedWebModel") and r.bool("new_decoder_architecture"):
+        kv_heads = r.int("kv_heads", ("num_kv_heads", "n_head_kv", "num_key_value_heads"))
+    elif r.bool("multi_query"):
+        kv_heads = 1
+        r.provenance["kv_heads"] = r.prefix + "multi_query = true"
+    else:
+        kv_heads = r.int("kv_heads", _KV_HEAD_KEYS, required=False)
+        if kv_heads is None:
+            kv_heads = num_heads
+            r.provenance["kv_heads"] = f"{r.provenance.get('num_attention_heads', 'num_attention_heads')} (no KV-head key: MHA)"
+    if kv_heads > num_heads and not overrides.kv_heads:
+        raise r._fail(r.provenance["kv_heads"].removeprefix(r.prefix), kv_heads, f"at most num_attention_heads ({num_heads})")
+
+    if overrides.head_dim:
+        head_dim = overrides.head_dim
+        r.provenance["head_dim"] = "--head-dim"
+    elif r.has("head_dim"):
+        head_dim = r.int("head_dim", ("head_dim",))
+    else:
+        if hidden % num_heads:
+            raise ConfigError(
+                f"{r.where}: hidden_size {hidden} is not divisible by num_attention_heads {num_heads} and there is no head_dim",
+                "pass --head-dim to override",
+            )
+        head_dim = hidden // num_heads
+        r.provenance["head_dim"] = f"{r.prefix}hidden_size // {r.prefix}num_attention_heads = {hidden} // {num_heads}"
+
+    kinds = _pattern_layer_kinds(r, num_layers, model_type)
+    window = None
+    if "sliding" in kinds:
+        window = r.int("sliding_window", ("sliding_window",))
+    chunk = r.int("attention_chunk_size", ("attention_chunk_size",)) if "chunked" in kinds else None
+    unsupported = sorted(set(kinds) - {"full", "sliding", "chunked"})
+    if unsupported:
+        raise ConfigError(
+            f"{r.where}: layer kind {unsupported[0]!r} needs state-layer dims this config does not give",
+            "hybrid state layers need their mamba_*/linear_* keys",
+        )
+    full = LayerCache(LayerKind.FULL, kv_heads, head_dim)
+    sliding = LayerCache(LayerKind.SLIDING, kv_heads, head_dim, window_tokens=window)
+    chunked = LayerCache(LayerKind.CHUNKED, kv_heads, head_dim, window_tokens=chunk)
+    by_name = {"full": full, "sliding": sliding, "chunked": chunked}
+    return [by_name[k] for k in kinds]
+
+
+_ENCODER_DECODER_TYPES = {"t5", "mt5", "bart", "mbart", "pegasus", "marian", "whisper", "umt5", "longt5"}
+
+
+def spec_from_config(
+    config: Mapping[str, Any],
+    *,
+    model_id: str,
+    where: str,
+    weights: WeightFacts | None = None,
+    overrides: Overrides = Overrides(),
+) -> ModelSpec:
+    """Normalise a Hugging Face ``config.json`` dict into a :class:`ModelSpec`.
+
+    ``where`` names the file in error messages. Raises :class:`ConfigError` naming the field and value
+    for anything it cannot interpret; never guesses silently.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(config).__name__}")
+    text, prefix = _text_config(config, where)
+    r = _Reader(text, where, prefix)
+    model_type = r.str("model_type", "") or ""
+    top_type = config.get("model_type") if isinstance(config.get("model_type"), str) else model_type
+    if top_type in _ENCODER_DECODER_TYPES or r.bool("is_encoder_decoder"):
+        raise ConfigError(
+            f"{where}: model_type {top_type!r} is an encoder-decoder model; kvplan plans decoder-only KV caches",
+            "its cross-attention cache depends on the encoder length, which kvplan does not model",
+        )
+    architectures = config.get("architectures")
+    arch = architectures[0] if isinstance(architectures, list) and architectures and isinstance(architectures[0], str) else model_type
+
+    num_layers = overrides.num_layers or r.int("num_layers", _LAYER_KEYS)
+    if overrides.num_layers:
+        r.provenance["num_layers"] = "--layers"
+    num_heads = r.int("num_attention_heads", _HEAD_KEYS)
+    hidden = r.int("hidden_size", _HIDDEN_KEYS)
+    assert num_layers is not None and num_heads is not None and hidden is not None
+
+    layers = _hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
+    if layers is None:
+        layers = _attention_layers(r, num_layers, model_type, num_heads, hidden, overrides)
+
+    intermediate = r.int("intermediate_size", ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
+                         required=False) or 4 * hidden
+    vocab = r.int("vocab_size", ("vocab_size", "padded_vocab_size"), required=False) or 0
+    max_pos = r.int("max_position_embeddings", ("max_position_embeddings", "n_positions", "max_sequence_length",
+                                                 "seq_length", "n_ctx"), required=False)
+    num_experts = r.int("num_experts", ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts"),
+                        required=False, minimum=0) or 0
+    experts_per_tok = r.int("num_experts_per_token", ("num_experts_per_tok", "moe_topk", "num_experts_per_token",
+                                                      "top_k"), required=False, minimum=0) or 0
+    moe_inter = r.int("moe_intermediate_size", ("moe_intermediate_size", "expert_intermediate_size"),
+                      required=False, minimum=0) or (intermediate if num_experts else 0)
+    dtype = _model_dtype(r)
+
+    notes: list[str] = []
+    if prefix:
+        notes.append(f"multimodal config: the language model ({prefix.rstrip('.')}) is planned; vision encoder memory is not modelled")
+    if r.has("num_nextn_predict_layers") and r.raw("num_nextn_predict_layers"):
+        notes.append("multi-token-prediction (MTP) layers are not counted in the KV cache")
+
+    spec = ModelSpec(
+        model_id=model_id,
+        source=where,
+        architecture=str(arch),
+        layers=tuple(layers),
+        dtype=dtype,
+        hidden_size=hidden,
+        num_attention_heads=num_heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_position_embeddings=max_pos,
+        num_experts=num_experts,
+        num_experts_per_token=experts_per_tok,
+        moe_intermediate_size=moe_inter,
+        weights=weights,
+        provenance=MappingProxyType(dict(r.provenance)),
+        notes=tuple(notes),
+    )
+    return replace(spec, parameters=_parameter_count(spec, r))
+
+
+def _hybrid_layers(r: _Reader, config: Mapping[str, Any], num_layers: int, model_type: str, num_heads: int,
+                   hidden: int, overrides: Overrides) -> list[LayerCache] | None:
+    """Per-layer caches for hybrid (attention + state) models, or ``None`` for attention-only models."""
+    from kvplan import hybrid  # hybrid architectures live in their own module
+
+    return hybrid.hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
+
+
+def _parameter_count(spec: ModelSpec, r: _Reader) -> int | None:
+    """Total parameters from the weight facts, else computed from the config (dense or MoE)."""
+    w = spec.weights
+    if w is not None and w.parameters:
+        return w.parameters
+    if w is not None and w.params_by_dtype:
+        return sum(w.params_by_dtype.values())
+    if not spec.vocab_size:
+        return None
+    h = spec.hidden_size
+    heads = spec.num_attention_heads
+    q_dim = heads * (r.int("head_dim", ("head_dim",), required=False) or h // heads)
+    attn = 0
+    for layer in spec.layers:
+        if layer.kind is LayerKind.MLA:
+            attn += 4 * h * q_dim // 2 + h * layer.head_dim  # rough: q, o and latent projections
+        elif layer.caches_tokens:
+            attn += 2 * h * q_dim + 2 * h * layer.kv_heads * layer.head_dim
+        elif layer.is_state:
+            attn += 3 * h * h  # rough in/out projections of a state layer
+    if spec.num_experts:
+        mlp = spec.num_layers * (spec.num_experts * 3 * h * spec.moe_intermediate_size + h * spec.num_experts)
+    else:
+        mlp = spec.num_layers * 3 * h * spec.intermediate_size
+    embed = spec.vocab_size * h
+    tied = r.bool("tie_word_embeddings", default=False)
+    return attn + mlp + embed * (1 if tied else 2) + (2 * spec.num_layers + 1) * h
+
+
+def build_spec(source: ModelSource, overrides: Overrides = Overrides()) -> ModelSpec:
+    """The :class:`ModelSpec` for a resolved model source."""
+    return spec_from_config(
+        source.config, model_id=source.model_id, where=source.location, weights=source.weights, overrides=overrides
+    )
