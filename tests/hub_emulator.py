@@ -13,7 +13,8 @@ A threaded stdlib HTTP server on 127.0.0.1 that answers the calls huggingface_hu
   generated on demand, so tests never hold weights.
 * Errors as the Hub sends them (``X-Error-Code``): ``RepoNotFound`` (401 without a token, 404 with one),
   ``GatedRepo`` (401 without a token, 403 with a token not granted), ``RevisionNotFound`` (404),
-  ``EntryNotFound`` (404 with ``X-Repo-Commit``).
+  ``EntryNotFound`` (404 with ``X-Repo-Commit``); an unknown token (when ``valid_tokens`` is set) gets
+  401 "Invalid credentials in Authorization header".
 * Modes: ``"ok"``, ``"error500"`` (every request answers 500) and ``"drop"`` (the connection is closed
   without a response).
 
@@ -126,6 +127,8 @@ class HubEmulator:
     def __init__(self) -> None:
         self.repos: dict[str, EmulatedRepo] = {}
         self.mode = "ok"
+        # Tokens the Hub knows; None accepts any token as a valid (if not necessarily granted) one.
+        self.valid_tokens: set[str] | None = None
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -244,6 +247,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve_resolve(self, repo_id: str, revision: str, filename: str, body: bool) -> None:
         repo = self.hub.repos.get(repo_id)
         token = self._token()
+        if token is not None and self.hub.valid_tokens is not None and token not in self.hub.valid_tokens:
+            self._reply(401, b"Invalid credentials", body=body, headers={
+                "X-Error-Message": "Invalid credentials in Authorization header"})
+            return
         if repo is None:
             status = 404 if token else 401  # the Hub hides whether a repo exists from anonymous callers
             self._reply(status, b"Repository not found", body=body, headers={

@@ -283,6 +283,15 @@ def test_token_never_in_error_text(hub: HubEmulator) -> None:
         assert TOKEN not in _all_text(info.value)
 
 
+def test_invalid_token_is_reported_without_echoing_it(hub: HubEmulator) -> None:
+    hub.add_repo(REPO, _single_file_repo())
+    hub.valid_tokens = {"hf_known"}
+    with pytest.raises(HubError) as info:
+        kvhub.fetch_model(REPO, token=TOKEN)
+    assert info.value.message == f"the Hub at {hub.url} rejected the token (HTTP 401) for {REPO}"
+    assert TOKEN not in _all_text(info.value)
+
+
 def test_repo_not_found(hub: HubEmulator) -> None:
     with pytest.raises(ModelNotFoundError) as info:
         kvhub.fetch_model("acme/does-not-exist")
