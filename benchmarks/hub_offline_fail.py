@@ -66,7 +66,11 @@ def cold_run(offline: bool, env: dict[str, str]) -> float:
 
 
 def main() -> None:
-    home = tempfile.mkdtemp(prefix="kvplan-hf-home-")
+    with tempfile.TemporaryDirectory(prefix="kvplan-hf-home-") as home:
+        run(home)
+
+
+def run(home: str) -> None:
     endpoint = f"http://127.0.0.1:{closed_port()}"
     # Before huggingface_hub is imported: it reads these into its constants at import time.
     os.environ.update({"HF_HOME": home, "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"})
