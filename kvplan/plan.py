@@ -321,7 +321,7 @@ def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_
     per_req_len = memory.blocks_per_request(layout, max_model_len, mnbt, options.prefix_caching)
     per_req_ctx = memory.blocks_per_request(layout, options.context, mnbt, options.prefix_caching)
     need = options.batch * per_req_ctx
-    usable = blocks - memory.NULL_BLOCKS
+    usable = max(0, blocks - memory.NULL_BLOCKS)
     limit = spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
     max_ctx = memory.max_context(blocks, layout, options.batch, mnbt, limit_tokens=max(limit, options.context))
     fits = usable >= need

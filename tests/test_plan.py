@@ -1,0 +1,217 @@
+"""The core planner, checked against numbers derived by hand (DESIGN.md sections 3-4)."""
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvplan import memory
+from kvplan.errors import InputError
+from kvplan.plan import Options, estimate, options_from_values, plan_for_spec
+from kvplan.sources import load_bundled
+from kvplan.spec import LayerKind, build_spec
+from kvplan.units import GiB, parse_dtype
+
+LLAMA = "meta-llama/Llama-3.1-8B"
+BF16 = parse_dtype("bf16")
+
+
+def plan(**kw):
+    kw.setdefault("model", LLAMA)
+    kw.setdefault("gpu", "H100")
+    return estimate(Options(**kw))
+
+
+def test_llama_31_8b_costs_128_kib_per_token():
+    # 2 (K and V) x 32 layers x 8 kv heads x 128 head_dim x 2 B (bf16) = 131,072 B = 128 KiB
+    p = plan()
+    assert p.kv_bytes_per_token_gpu == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert p.spec.provenance["kv_heads"] == "num_key_value_heads"
+    assert p.spec.kind_summary == "gqa"
+
+
+def test_one_8k_request_is_one_gib():
+    # 131,072 B/token x 8,192 tokens = 2^30 B; 8,192 / 16 = 512 blocks of 16 x 128 KiB = 2 MiB each
+    p = plan(context=8192)
+    assert p.answer.blocks_per_request == 512
+    assert memory.request_kv_bytes(p.layout, 8192, p.max_num_batched_tokens) == GiB
+    assert p.layout.block_bytes == 16 * 131_072
+
+
+def test_fp8_kv_halves_the_token():
+    assert plan(kv_dtype="fp8").kv_bytes_per_token_gpu == 131_072 // 2
+
+
+def test_tp2_halves_the_per_gpu_slice_and_tp16_keeps_one_head():
+    # tp 2: 8 kv heads -> 4 per rank; tp 16 > 8 heads: max(1, 8 // 16) = 1 head per rank (replicated)
+    assert plan(tp=2).kv_bytes_per_token_gpu == 131_072 // 2
+    p16 = plan(tp=16)
+    assert p16.kv_bytes_per_token_gpu == 2 * 32 * 1 * 128 * 2
+    assert p16.heads_replicated and any("replicated" in n for n in p16.notes)
+
+
+def test_qwen3_32b_uses_its_explicit_head_dim():
+    # hidden 5120 / 64 heads = 80, but head_dim is 128: 2 x 64 layers x 8 x 128 x 2 = 262,144
+    p = plan(model="Qwen/Qwen3-32B")
+    assert p.kv_bytes_per_token_gpu == 262_144
+    assert p.spec.provenance["head_dim"] == "head_dim"
+
+
+def test_falcon_7b_is_multi_query():
+    # one KV head: 2 x 32 layers x 1 x (4544 / 71 = 64) x 2 B = 8,192 B/token
+    p = plan(model="tiiuae/falcon-7b")
+    assert p.spec.kind_summary == "mqa"
+    assert p.kv_bytes_per_token_gpu == 2 * 32 * 1 * 64 * 2
+    assert "multi_query" in p.spec.provenance["kv_heads"]
+
+
+def test_budget_terms_add_up():
+    p = plan()
+    b = p.budget
+    assert b.usable_bytes == math.ceil(b.total_bytes * b.gpu_util)
+    assert b.kv_budget_bytes == b.usable_bytes - sum(t.bytes for t in b.terms)
+    assert b.weights.bytes == p.spec.weights.total_bytes  # 1 GPU holds all of it
+    assert p.answer.num_blocks == b.kv_budget_bytes // (16 * 131_072)
+
+
+def test_every_budget_term_can_be_overridden():
+    p = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "weights_gib": "15", "activation_gib": "1",
+                                      "overhead_gib": 0, "cudagraph_gib": "0.5", "gpu_util": 0.9}))
+    b = p.budget
+    assert (b.weights.bytes, b.activation.bytes, b.overhead.bytes, b.cudagraph.bytes) == (15 * GiB, GiB, 0, GiB // 2)
+    assert b.kv_budget_bytes == math.ceil(b.total_bytes * 0.9) - 16.5 * GiB
+
+
+def test_explicit_kv_budget_sets_the_pool():
+    # 1 GiB / 2 MiB per block = 512 blocks; one 8k request needs 512 blocks but block 0 is the null block
+    p = plan(kv_budget_bytes=GiB, context=8192)
+    assert p.answer.num_blocks == 512
+    assert p.answer.max_requests == 0 and not p.answer.fits
+    assert not p.answer.engine_starts
+    assert p.answer.longest_startable_len == 511 * 16
+    assert p.answer.max_concurrency == 1.0  # what vLLM would log: 512 / 512
+
+
+def test_tp_splits_the_weights_and_pp_takes_the_largest_stage():
+    p = plan(model="meta-llama/Llama-3.1-70B", tp=2, pp=3)
+    assert p.options.gpu_count == 6
+    assert p.budget.weights.bytes == math.ceil(p.spec.weights.total_bytes / 6)
+    # 80 layers over 3 stages: [27, 27, 26]; 8 heads / tp 2 = 4: 2 x 27 x 4 x 128 x 2
+    assert memory.pp_layer_counts(80, 3) == [27, 27, 26]
+    assert p.kv_bytes_per_token_gpu == 2 * 27 * 4 * 128 * 2
+
+
+def test_quantized_weights_use_the_parameter_count():
+    spec = build_spec(load_bundled(LLAMA))
+    p = plan(weights_dtype="int4")
+    # int4: half a byte per parameter + one fp16 scale per 128 parameters
+    assert p.weights_total_bytes == math.ceil(spec.parameters / 2) + math.ceil(spec.parameters / 128) * 2
+    assert plan(weights_dtype="fp8").weights_total_bytes == spec.parameters
+
+
+def test_weights_beyond_memory_is_an_answer_not_a_crash():
+    p = plan(model="meta-llama/Llama-3.1-405B", gpu="A100-40GB")
+    assert p.budget.kv_budget_bytes < 0
+    assert p.answer.num_blocks == 0 and not p.answer.fits and not p.answer.engine_starts
+    assert any("weights alone" in n for n in p.notes)
+
+
+def test_prefix_sharing_stores_the_prefix_once():
+    # 2,000-token prefix, block 16: floor(2000 / 16) = 125 full blocks shared
+    p = plan(context=4096, prefix_tokens=2000)
+    pre = p.prefix
+    assert pre.shared_blocks == 125
+    assert pre.blocks_per_request_shared == 256 - 125
+    assert pre.max_requests_shared > pre.max_requests_unshared
+    assert pre.prefill_tokens_saved == (pre.max_requests_shared - 1) * 125 * 16
+
+
+def test_contiguous_reservation_wastes_what_paging_keeps():
+    p = plan(context=1000, max_model_len=32768)
+    f = p.fragmentation
+    assert f.contiguous_request_bytes == 32768 * 131_072
+    assert f.raw_request_bytes == 1000 * 131_072
+    assert f.paged_request_bytes == 63 * 16 * 131_072  # ceil(1000 / 16) = 63 blocks
+    assert f.paged_max_requests > 30 * f.contiguous_max_requests
+
+
+def test_roofline_reads_weights_and_kv():
+    p = plan(batch=4)
+    r = p.roofline
+    assert r.batch == 4
+    expected = (p.budget.weights.bytes + 4 * GiB) / r.bandwidth_bytes_per_s
+    assert r.step_seconds == pytest.approx(expected)
+    assert r.tokens_per_s == pytest.approx(4 / expected)
+
+
+def test_fit_failure_names_a_fix():
+    p = plan(batch=1000, context=32768)
+    assert not p.answer.fits
+    assert "--batch" in p.answer.fix and "--kv-dtype fp8" in p.answer.fix
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"tp": 3}, "--tp 3"),
+    ({"gpu_count": 4, "tp": 2}, "--gpus"),
+    ({"context": 0}, "--context"),
+    ({"gpu_util": 1.5}, "--gpu-util"),
+    ({"engine": "tgi"}, "engine"),
+    ({"prefix_tokens": 9000, "context": 8192}, "prefix"),
+])
+def test_bad_options_are_input_errors(kw, needle):
+    with pytest.raises(InputError, match=needle.replace("-", r"\-")):
+        plan(**kw)
+
+
+# --- properties ------------------------------------------------------------------------------
+
+SPEC = build_spec(load_bundled(LLAMA))
+
+
+@settings(max_examples=60, deadline=None)
+@given(context=st.integers(1, 200_000), budget_mib=st.integers(1, 60_000))
+def test_max_requests_is_exact(context, budget_mib):
+    """N = max_requests fits in (num_blocks - 1) blocks; N + 1 does not."""
+    p = plan_for_spec(SPEC, Options(model=LLAMA, context=context, kv_budget_bytes=budget_mib << 20))
+    a, usable = p.answer, max(0, p.answer.num_blocks - memory.NULL_BLOCKS)
+    assert a.max_requests * a.blocks_per_request <= usable
+    assert (a.max_requests + 1) * a.blocks_per_request > usable
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 64), budget_mib=st.integers(64, 60_000))
+def test_max_context_is_exact(batch, budget_mib):
+    p = plan_for_spec(SPEC, Options(model=LLAMA, batch=batch, kv_budget_bytes=budget_mib << 20))
+    a = p.answer
+    per = lambda tokens: memory.blocks_per_request(p.layout, tokens, p.max_num_batched_tokens)  # noqa: E731
+    if a.max_context_at_batch:
+        assert batch * per(a.max_context_at_batch) <= a.num_blocks - 1
+    if a.max_context_at_batch < SPEC.max_position_embeddings:
+        assert batch * per(a.max_context_at_batch + 1) > a.num_blocks - 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(c1=st.integers(1, 100_000), c2=st.integers(1, 100_000), b1=st.integers(1, 64), b2=st.integers(1, 64))
+def test_monotone_in_context_and_batch(c1, c2, b1, b2):
+    lo_c, hi_c = sorted((c1, c2))
+    lo_b, hi_b = sorted((b1, b2))
+    small = plan_for_spec(SPEC, Options(model=LLAMA, context=lo_c, batch=lo_b))
+    large = plan_for_spec(SPEC, Options(model=LLAMA, context=hi_c, batch=hi_b))
+    assert large.answer.max_requests <= small.answer.max_requests
+    assert large.answer.fits_margin_blocks <= small.answer.fits_margin_blocks
+    assert large.answer.max_context_at_batch <= small.answer.max_context_at_batch
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.integers(1, 300_000))
+def test_paged_within_one_block_per_group_of_raw(tokens):
+    p = plan_for_spec(SPEC, Options(model=LLAMA, context=tokens))
+    raw = memory.raw_request_bytes(p.rank_layers, tokens, BF16, BF16)
+    paged = memory.request_kv_bytes(p.layout, tokens, p.max_num_batched_tokens)
+    assert raw <= paged < raw + len(p.layout.groups) * p.layout.block_bytes
+
+
+def test_sliding_layers_are_all_sliding_in_mistral_v01():
+    spec = build_spec(load_bundled("mistralai/Mistral-7B-v0.1"))
+    assert {layer.kind for layer in spec.layers} == {LayerKind.SLIDING}
+    assert spec.layers[0].window_tokens == 4096

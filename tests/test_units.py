@@ -1,0 +1,63 @@
+"""Units: sizes (GB vs GiB), token counts (k = 1024), dtype byte counts."""
+
+import pytest
+
+from kvplan.errors import InputError
+from kvplan.units import (BF16, FP8_E4M3, INT4, INT4_WEIGHTS, GB, GiB, cdiv, fmt_bytes, parse_bytes, parse_dtype,
+                          parse_gib, parse_tokens)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("80GB", 80 * 10**9),
+    ("80GiB", 80 * 2**30),
+    ("24gib", 24 * 2**30),
+    ("512MiB", 512 * 2**20),
+    ("1.5GiB", 3 * 2**29),
+    ("1000", 1000),
+    ("1e9", 10**9),
+])
+def test_parse_bytes_knows_gb_from_gib(text, expected):
+    assert parse_bytes(text) == expected
+
+
+def test_parse_gib_treats_bare_numbers_as_gib():
+    assert parse_gib("15") == 15 * GiB
+    assert parse_gib(0.5) == GiB // 2
+    assert parse_gib("80GB") == 80 * GB
+
+
+@pytest.mark.parametrize("text,expected", [("8192", 8192), ("8k", 8192), ("128k", 131072), ("1m", 1 << 20), (4096, 4096)])
+def test_parse_tokens_k_is_1024(text, expected):
+    assert parse_tokens(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "-1", "0", "8q", "nan", "inf", "1.5"])
+def test_bad_token_counts_are_input_errors(bad):
+    with pytest.raises(InputError):
+        parse_tokens(bad)
+
+
+@pytest.mark.parametrize("bad", ["", "lots", "-5GB", "0", "12XB", float("nan"), True])
+def test_bad_sizes_are_input_errors(bad):
+    with pytest.raises(InputError):
+        parse_bytes(bad)
+
+
+def test_dtype_bytes():
+    assert BF16.nbytes(128) == 256
+    assert FP8_E4M3.nbytes(128) == 128
+    # int4 KV: 128 values = 64 bytes packed + 128/32 = 4 fp16 scales = 8 bytes
+    assert INT4.nbytes(128) == 72
+    # int4 weights: 1,000,000 params = 500,000 B + ceil(1e6 / 128) = 7,813 scales x 2 B
+    assert INT4_WEIGHTS.nbytes(1_000_000) == 500_000 + 7_813 * 2
+    assert parse_dtype("torch.bfloat16") is BF16
+    assert parse_dtype("fp8") is FP8_E4M3
+    with pytest.raises(InputError):
+        parse_dtype("fp7")
+
+
+def test_cdiv_and_format():
+    assert cdiv(8192, 16) == 512 and cdiv(8193, 16) == 513
+    assert fmt_bytes(131072) == "128 KiB"
+    assert fmt_bytes(GiB) == "1 GiB"
+    assert fmt_bytes(1536 * 2**20) == "1.50 GiB"
