@@ -215,3 +215,14 @@ def test_sliding_layers_are_all_sliding_in_mistral_v01():
     spec = build_spec(load_bundled("mistralai/Mistral-7B-v0.1"))
     assert {layer.kind for layer in spec.layers} == {LayerKind.SLIDING}
     assert spec.layers[0].window_tokens == 4096
+
+
+def test_python_api_returns_the_same_plan_as_options():
+    import kvplan
+
+    p = kvplan.estimate(LLAMA, gpu="H100", context="8k", kv_dtype="fp8")
+    assert p.kv_bytes_per_token_gpu == 65_536
+    assert "Llama-3.1-8B" in repr(p) and "65,536 B/token" in repr(p)
+    assert p.to_dict()["answer"]["max_requests"] == p.answer.max_requests
+    with pytest.raises(InputError):
+        kvplan.estimate(LLAMA, gpu="H100", context="lots")

@@ -19,12 +19,18 @@ if TYPE_CHECKING:
 
 def models_rows() -> list[dict[str, Any]]:
     """One row per bundled spec: id, kind, layers, bf16 bytes/token, parameters."""
+    from kvplan.errors import KvplanError
     from kvplan.sources import bundled_ids, load_bundled
     from kvplan.spec import build_spec
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for model_id in bundled_ids():
-        spec = build_spec(load_bundled(model_id))
+        try:
+            spec = build_spec(load_bundled(model_id))
+        except KvplanError as exc:  # one broken spec must not hide the others
+            rows.append({"id": model_id, "kind": "error", "layers": None, "kv_bytes_per_token": None, "dtype": None,
+                         "parameters": None, "error": exc.one_line()})
+            continue
         rows.append({
             "id": spec.model_id,
             "kind": spec.kind_summary,
@@ -44,6 +50,9 @@ def render_models(rows: list[dict[str, Any]]) -> Table:
     table.add_column("KV B/token", justify="right")
     table.add_column("params", justify="right")
     for r in rows:
+        if r.get("error"):
+            table.add_row(r["id"], Text("error", style="red"), "", "", "", end_section=False)
+            continue
         params = f"{r['parameters'] / 1e9:,.1f}B" if r["parameters"] else "?"
         table.add_row(r["id"], r["kind"], str(r["layers"]), f"{r['kv_bytes_per_token']:,}", params)
     return table

@@ -56,7 +56,7 @@ def render_plan(plan: "Plan") -> Group:
     parts: list = []
 
     # model ------------------------------------------------------------------------------------
-    head = Text.assemble((spec.model_id, "bold"), f"  ({plan.source})\n")
+    head = Text.assemble((spec.model_id, "bold"), "\n")
     full = next((layer for layer in spec.layers if layer.caches_tokens), None)
     facts = [spec.kind_summary, f"{spec.num_layers} layers"]
     if full is not None:
@@ -76,11 +76,11 @@ def render_plan(plan: "Plan") -> Group:
     t = Table.grid(padding=(0, 2))
     t.add_column()
     t.add_column(justify="right")
-    t.add_column(style="grey62")
+    t.add_column(style="grey62", no_wrap=True, overflow="ellipsis", max_width=36)
     t.add_row("total (runtime-reported)", _gib(b.total_bytes), f"{plan.gpu.name}, {b.total_bytes / GB:.2f} GB")
     t.add_row(f"usable (x {b.gpu_util:g})", _gib(b.usable_bytes), "ceil(total x gpu_util)")
     for term in b.terms:
-        t.add_row(f"− {term.name}", _gib(term.bytes), _short(term.source))
+        t.add_row(f"− {term.name}", _gib(term.bytes), term.source)
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
     t.add_row(Text("= KV budget", style=style), Text(_gib(b.kv_budget_bytes), style=style), b.kv_budget_source)
     parts.append(Panel(Group(t, memory_bar(plan)), title=f"memory per GPU ({o.gpu_count}x {plan.gpu.name})", title_align="left"))

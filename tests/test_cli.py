@@ -1,0 +1,143 @@
+"""The CLI through typer's runner: exit codes, --json schema, one-line errors."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from typer.testing import CliRunner
+
+from kvplan.cli import app
+
+runner = CliRunner()
+
+
+def run(*args, **kw):
+    return runner.invoke(app, list(args), **kw)
+
+
+def test_estimate_prints_the_answer():
+    r = run("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100")
+    assert r.exit_code == 0, r.output
+    assert "131,072 B/token" in r.output
+    assert "KV budget" in r.output and "GiB" in r.output
+    assert "will report: GPU KV cache size" in r.output
+    assert "vllm serve meta-llama/Llama-3.1-8B" in r.output
+
+
+def test_estimate_json_schema():
+    r = run("estimate", "meta-llama/Llama-3.1-8B", "-g", "h100", "--context", "8k", "--batch", "4", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1
+    assert set(doc) >= {"model", "assumptions", "per_token", "budget", "pool", "answer", "engine_report",
+                        "fragmentation", "prefix", "roofline", "notes"}
+    assert doc["per_token"]["kv_bytes_per_token_gpu"] == 131_072
+    assert doc["assumptions"]["context_tokens"] == 8192 and doc["assumptions"]["batch"] == 4
+    assert doc["assumptions"]["kv_dtype"] == "bfloat16" and doc["assumptions"]["block_size"] == 16
+    b = doc["budget"]
+    assert b["kv_budget_bytes"] == b["usable_bytes"] - b["weights_bytes"] - b["activation_bytes"] - b["overhead_bytes"] - b["cudagraph_bytes"]
+    assert doc["pool"]["num_blocks"] == b["kv_budget_bytes"] // (16 * 131_072)
+    assert doc["answer"]["fits"] is True
+    assert doc["model"]["source"].startswith("bundled spec")
+
+
+def test_units_in_flags():
+    r = run("estimate", "meta-llama/Llama-3.1-8B", "--gpu-memory", "80GB", "--kv-budget", "1GiB", "--context", "4k", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["assumptions"]["gpu_memory_bytes"] == 80 * 10**9
+    assert doc["budget"]["kv_budget_bytes"] == 2**30
+    assert doc["answer"]["blocks_per_request"] == 256
+
+
+def test_prefix_flag_reports_savings():
+    r = run("estimate", "meta-llama/Llama-3.1-8B", "--context", "4096", "--prefix-tokens", "2000", "--json")
+    assert json.loads(r.stdout)["prefix"]["shared_blocks"] == 125
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["estimate", "no-such-model"], "kvplan models"),
+    (["estimate", "Llama-3.1-8C"], "closest bundled: meta-llama/Llama-3.1-8B"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H1000"], "unknown GPU"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--context", "-5"], "--context"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--context", "eight"], "--context"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--batch", "0"], "--batch"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--tp", "3"], "--tp 3"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--tp", "2", "--gpus", "4"], "--gpus"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--gpu-util", "0"], "--gpu-util"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--kv-dtype", "fp7"], "kv-dtype"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--gpu-memory", "lots"], "gpu-memory"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--engine-version", "0.0.1"], "engine-version"),
+])
+def test_errors_are_one_line_and_exit_2(args, needle):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("kvplan: error:") and "\n" not in err and needle in err
+    assert "Traceback" not in r.output
+
+
+def test_debug_shows_the_traceback(monkeypatch):
+    monkeypatch.setenv("KVPLAN_DEBUG", "1")
+    r = run("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H1000")
+    assert r.exit_code != 0 and r.exception is not None
+
+
+def test_local_config_path(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "hidden_size": 256, "intermediate_size": 512, "vocab_size": 1000, "torch_dtype": "float16"}))
+    r = run("estimate", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["model"]["source"].startswith("local config")
+    assert doc["per_token"]["kv_bytes_per_token_gpu"] == 2 * 2 * 2 * 64 * 2  # 2 x layers x kv heads x 256/4 x 2 B
+
+
+def test_models_and_gpus_list():
+    r = run("models", "--json")
+    ids = [m["id"] for m in json.loads(r.stdout)]
+    assert "meta-llama/Llama-3.1-8B" in ids and len(ids) >= 15
+    r = run("gpus", "--json")
+    assert any(g["name"].startswith("H100") for g in json.loads(r.stdout))
+    assert run("gpus").exit_code == 0 and run("models").exit_code == 0
+
+
+def test_models_show_breaks_down_groups():
+    r = run("models", "show", "openai/gpt-oss-20b", "--json")
+    assert r.exit_code == 0, r.output
+    kinds = {g["kind"]: g for g in json.loads(r.stdout)["groups"]}
+    assert kinds["sliding"]["window_tokens"] == 128 and kinds["full"]["layers"] == 12
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=8,
+)
+KEYS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim", "torch_dtype",
+        "sliding_window", "layer_types", "kv_lora_rank", "qk_rope_head_dim", "text_config", "multi_query",
+        "intermediate_size", "vocab_size", "use_sliding_window", "sliding_window_pattern", "max_position_embeddings"]
+GOOD = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "hidden_size": 512, "vocab_size": 1000, "torch_dtype": "bfloat16"}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(broken=st.dictionaries(st.sampled_from(KEYS), JSONISH, min_size=1, max_size=4), drop=st.sets(st.sampled_from(sorted(GOOD))))
+def test_malformed_configs_give_one_line_errors(tmp_path_factory, broken, drop):
+    """Missing keys, wrong types, null, negative, zero, huge, NaN, nested garbage: exit 0 or 2, never a traceback."""
+    config = {k: v for k, v in GOOD.items() if k not in drop}
+    config.update(broken)
+    folder = tmp_path_factory.mktemp("cfg")
+    try:
+        text = json.dumps(config)
+    except ValueError:
+        return
+    (folder / "config.json").write_text(text)
+    r = run("estimate", str(folder), "--weights-gib", "1", "--json")
+    assert r.exit_code in (0, 2), r.output
+    if r.exit_code == 2:
+        err = r.stderr.strip()
+        assert err.startswith("kvplan: error:") and "\n" not in err, err
+        assert r.exception is None or isinstance(r.exception, SystemExit)
+    else:
+        json.loads(r.stdout)

@@ -1,0 +1,74 @@
+"""Packaging and start-up: the wheel ships model_specs; the CLI imports no heavy module."""
+
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import kvplan
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "matplotlib", "huggingface_hub", "pydantic_settings")
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_cli_import_is_light():
+    code = "import sys, kvplan.cli; print([m for m in {!r} if m in sys.modules])".format(HEAVY)
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_estimate_imports_no_torch_or_matplotlib():
+    code = (
+        "import sys\n"
+        "from kvplan.cli import main\n"
+        "sys.argv = ['kvplan', 'estimate', 'meta-llama/Llama-3.1-8B', '--gpu', 'H100', '--json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "sys.stderr.write(repr([m for m in {!r} if m in sys.modules]))\n".format(HEAVY)
+    )
+    r = _python(code)
+    assert json.loads(r.stdout)["per_token"]["kv_bytes_per_token_gpu"] == 131_072
+    assert r.stderr.strip() == "[]"
+
+
+def test_python_dash_m_works():
+    r = subprocess.run([sys.executable, "-m", "kvplan", "--version"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and r.stdout.startswith("kvplan ")
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    names = [m.name for m in pkgutil.walk_packages(kvplan.__path__, "kvplan.")]
+    assert "kvplan.memory" in names and "kvplan.cli" in names
+    for name in names:
+        r = _python(f"import {name}")
+        assert r.returncode == 0, f"{name}: {r.stderr[-500:]}"
+
+
+def test_wheel_contains_model_specs_and_finds_them(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(REPO)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    wheel = next(tmp_path.glob("kvplan-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    specs = [n for n in names if n.startswith("kvplan/model_specs/") and n.endswith(".yaml")]
+    repo_specs = list((REPO / "model_specs").glob("*/*.yaml"))
+    assert len(specs) == len(repo_specs) > 0
+    assert "kvplan/data/gpus.yaml" in names
+    # installed from the wheel (unpacked, no checkout on the path), the bundled specs are found
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = "import kvplan.sources as s; print(s.specs_dir()); print(len(s.bundled_ids()))"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    where, count = out.stdout.split()
+    assert Path(where).is_relative_to(site) and int(count) == len(repo_specs)
