@@ -1,0 +1,473 @@
+"""Check a :class:`~kvplan.plan.Plan` against a real paged KV cache on a real device.
+
+:func:`validate_plan` allocates the pool the plan says (torch tensors shaped like an engine's), measures
+it with the device's own accounting, fills it through the plain-Python allocator with requests at the
+planned context until the planned concurrency, tries one more, runs paged-vs-contiguous attention on a
+sample, optionally probes how many blocks really fit in free memory, and releases everything (also on
+error, Ctrl-C or out of memory). It never prints: progress goes to a callback, results are data.
+
+This module imports torch only inside functions, so ``import kvplan.paged.validate`` works without it;
+:func:`require_torch` raises :class:`~kvplan.errors.TorchMissingError` with the install line.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable
+
+from kvplan import memory
+from kvplan.errors import InputError, TorchMissingError
+from kvplan.paged.allocator import BlockAllocator, GroupSpec
+from kvplan.spec import LayerKind
+from kvplan.units import GiB, fmt_bytes, round_up
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvplan.plan import Plan
+
+Progress = Callable[[int, int], None]  # (requests filled, requests planned)
+
+CUDA_ROUNDING_BYTES = 512  # the CUDA caching allocator rounds every allocation up to 512 B
+MLA_ROPE_DIM = 64  # qk_rope_head_dim of every released MLA model: the latent's last 64 elements are rope keys
+PROBE_CHUNK_BYTES = 1 * GiB
+MEMORY_HEADROOM = 0.95  # refuse pools above this fraction of the device's available memory
+
+
+def require_torch() -> Any:
+    """``import torch``, or a one-line :class:`TorchMissingError` saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise TorchMissingError("kvplan validate needs torch", "pip install 'kvplan[torch]'") from None
+    return torch
+
+
+def resolve_device(name: str | None, local_rank: int = 0) -> str:
+    """``cuda`` (``cuda:N`` under torchrun) when available and not told otherwise, else ``cpu``."""
+    torch = require_torch()
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    name = name.lower()
+    if name not in ("cuda", "cpu"):
+        raise InputError(f"unknown --device {name!r}", "use cuda or cpu")
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: this torch build sees no CUDA device", "use --device cpu with a small --kv-budget")
+        return f"cuda:{local_rank % torch.cuda.device_count()}"
+    return "cpu"
+
+
+def group_spec(group: memory.KVGroup) -> GroupSpec:
+    """The allocator's view of a KV-cache group (chunked local attention is kept as a window of one chunk)."""
+    cache = group.cache
+    if cache.kind in (LayerKind.SLIDING, LayerKind.CHUNKED):
+        return GroupSpec("sliding", window_tokens=cache.window_tokens)
+    if cache.is_state:
+        return GroupSpec("state", state_blocks=1)
+    return GroupSpec("full")
+
+
+def exact_layout(layout: memory.PoolLayout) -> bool:
+    """True when every group keeps every token (full attention, MLA): the allocator's demand then equals
+    the plan's per-request blocks exactly, so one request beyond the plan must not fit."""
+    return all(g.cache.kind in (LayerKind.FULL, LayerKind.MLA) for g in layout.groups)
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass(frozen=True)
+class PoolMeasure:
+    """The pool's bytes: the estimate and what the device says (``None``: not measured on this device).
+
+    ``storage_bytes``: sum of the tensors' ``untyped_storage().nbytes()``. ``device_bytes``: the device's
+    accounting (CUDA ``memory_allocated`` delta; CPU: the storages). ``expected_device_bytes``: the estimate
+    plus the CUDA allocator's 512-byte rounding per tensor (0 extra on CPU).
+    """
+
+    estimate_bytes: int
+    storage_bytes: int
+    device_bytes: int
+    device_source: str
+    expected_device_bytes: int
+    num_tensors: int
+    driver_bytes: int | None = None  # CUDA mem_get_info free-memory delta (2 MiB segments)
+    rss_bytes: int | None = None  # CPU: resident-set delta from /proc/self/statm after zero-filling
+    released_bytes: int | None = None  # device bytes still held after release (0 expected)
+
+    @property
+    def difference_bytes(self) -> int:
+        return self.device_bytes - self.estimate_bytes
+
+    @property
+    def difference_pct(self) -> float:
+        return 100.0 * self.difference_bytes / self.estimate_bytes if self.estimate_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class FillResult:
+    """Filling the pool with requests at ``context_tokens`` (chunked prefill of ``chunk_tokens``).
+
+    ``peak_blocks``: the most blocks any one request held at once (a sliding window drops old blocks).
+    ``one_more_fits``: whether the allocator admitted request ``planned + 1`` to its full context.
+    ``exact``: the layout keeps every token, so ``one_more_fits`` must be False.
+    """
+
+    context_tokens: int
+    chunk_tokens: int
+    planned_requests: int
+    filled_requests: int
+    planned_blocks_per_request: int
+    peak_blocks: int
+    resident_blocks_per_request: int
+    free_blocks: int
+    one_more_fits: bool | None
+    exact: bool
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """CUDA only: block ids that really fit in the device's free memory, allocated in chunks until OOM."""
+
+    free_bytes: int
+    block_bytes: int
+    blocks_fit: int
+    blocks_by_free_memory: int  # free_bytes // block_bytes
+    planned_blocks: int
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One device's validation of one plan (``rank`` of ``world_size`` under torchrun)."""
+
+    model_id: str
+    device: str
+    rank: int
+    world_size: int
+    pp_stage: int
+    num_layers: int
+    block_size: int
+    num_blocks: int
+    block_bytes: int
+    page_bytes: int
+    group_size: int
+    num_groups: int
+    kv_dtype: str
+    torch_kv_dtype: str
+    measure: PoolMeasure | None
+    fill: FillResult | None
+    attention: tuple[Any, ...] = ()  # AttentionCheck
+    probe: ProbeResult | None = None
+    error: str | None = None
+    failures: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        from kvplan.plan import to_jsonable
+
+        data = to_jsonable(self)
+        data["ok"] = self.ok
+        if self.measure is not None:
+            data["measure"]["difference_bytes"] = self.measure.difference_bytes
+            data["measure"]["difference_pct"] = self.measure.difference_pct
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# device accounting
+
+
+def _rss_bytes() -> int | None:
+    """Resident set size of this process (bytes), from /proc/self/statm; None where there is no /proc."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _available_bytes(torch: Any, device: str) -> int | None:
+    if device.startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _device_allocated(torch: Any, device: str) -> int:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.memory_allocated(device))
+    return 0
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, (MemoryError,)) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+# ---------------------------------------------------------------------------------------------
+# the validation
+
+
+def rank_layout(plan: "Plan", rank: int) -> tuple[memory.PoolLayout, int]:
+    """The pool layout of global ``rank`` (tp innermost, as vLLM orders ranks) and its pipeline stage.
+
+    A tp rank holds ``shard_layer`` of its stage's layers; the plan's own layout is the largest stage's.
+    """
+    tp, pp = plan.options.tp, plan.options.pp
+    stage = rank // tp
+    if pp == 1:
+        return plan.layout, 0
+    layers = tuple(memory.shard_layer(layer, tp) for layer in memory.pp_stages(plan.spec.layers, pp)[stage])
+    layout = memory.pool_layout(layers, plan.layout.block_size, plan.layout.kv_dtype, plan.layout.model_dtype)
+    return layout, stage
+
+
+def validate_plan(plan: "Plan", device: str | None = None, *, probe: bool = False, rank: int = 0,
+                  world_size: int = 1, progress: Progress | None = None, attention_samples: int = 2) -> ValidationResult:
+    """Allocate, measure, fill and check the pool ``plan`` describes on ``device`` (see the module doc).
+
+    Raises :class:`InputError` when the plan has no blocks or the pool would not fit in the device's
+    available memory (scale it with ``--kv-budget``); out of memory during the run becomes a failed result.
+    """
+    torch = require_torch()
+    from kvplan.paged import pool as pool_mod
+
+    device = device or resolve_device(None)
+    if probe and not device.startswith("cuda"):
+        raise InputError("--probe needs a CUDA device", "drop --probe, or run on a GPU")
+    layout, stage = rank_layout(plan, rank)
+    num_blocks = plan.answer.num_blocks
+    if num_blocks < 1 + memory.NULL_BLOCKS:
+        raise InputError(f"the plan leaves {num_blocks} KV block(s) on this GPU: nothing to validate",
+                         plan.answer.fix or "give the KV cache more memory (--kv-budget, --gpu-util)")
+    estimate = memory.pool_bytes(num_blocks, layout)
+    available = _available_bytes(torch, device)
+    if available is not None and estimate > available * MEMORY_HEADROOM:
+        raise InputError(f"the planned pool of {fmt_bytes(estimate)} does not fit in the {fmt_bytes(available)} "
+                         f"available on {device}",
+                         "scale it down with --kv-budget (e.g. --kv-budget 0.25GiB) or use a bigger device")
+
+    base: dict[str, Any] = dict(
+        model_id=plan.spec.model_id, device=device, rank=rank, world_size=world_size, pp_stage=stage,
+        num_layers=layout.num_layers, block_size=layout.block_size, num_blocks=num_blocks,
+        block_bytes=layout.block_bytes, page_bytes=layout.page_bytes, group_size=layout.group_size,
+        num_groups=len(layout.groups), kv_dtype=layout.kv_dtype.name,
+        torch_kv_dtype=str(pool_mod.torch_dtype(layout.kv_dtype)).removeprefix("torch."),
+    )
+    failures: list[str] = []
+    notes: list[str] = []
+    measure = fill = None
+    checks: tuple[Any, ...] = ()
+    error = None
+    pool = None
+    allocated_before = _device_allocated(torch, device)
+    try:
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            free_before = int(torch.cuda.mem_get_info(torch.device(device))[0])
+        rss_before = _rss_bytes() if device == "cpu" else None
+        stage_name = "allocating the pool"
+        pool = pool_mod.allocate_pool(layout, num_blocks, device, zero=True, check=False)
+        storage = pool.storage_bytes
+        if device.startswith("cuda"):
+            device_bytes = _device_allocated(torch, device) - allocated_before
+            driver = free_before - int(torch.cuda.mem_get_info(torch.device(device))[0])
+            expected = sum(round_up(t.untyped_storage().nbytes(), CUDA_ROUNDING_BYTES) for t in pool.slots)
+            measure = PoolMeasure(estimate, storage, device_bytes, "torch.cuda.memory_allocated delta",
+                                  expected - storage + estimate, len(pool.slots), driver_bytes=driver)
+        else:
+            rss = _rss_bytes()
+            measure = PoolMeasure(estimate, storage, storage, "untyped_storage().nbytes()", estimate, len(pool.slots),
+                                  rss_bytes=None if rss is None or rss_before is None else rss - rss_before)
+        if storage != estimate:
+            failures.append(f"the torch pool holds {storage:,} B, the estimate is {estimate:,} B")
+        if measure.device_bytes != measure.expected_device_bytes:
+            failures.append(f"the device accounts {measure.device_bytes:,} B for the pool, expected "
+                            f"{measure.expected_device_bytes:,} B")
+
+        stage_name = "filling the pool"
+        fill, allocator = _fill(plan, layout, num_blocks, progress)
+        if fill.filled_requests < fill.planned_requests:
+            failures.append(f"only {fill.filled_requests} of the planned {fill.planned_requests} requests at "
+                            f"{fill.context_tokens:,} tokens fit")
+        if fill.peak_blocks > fill.planned_blocks_per_request:
+            failures.append(f"a request held {fill.peak_blocks} blocks at once, the plan allows "
+                            f"{fill.planned_blocks_per_request}")
+        if fill.exact and fill.one_more_fits:
+            failures.append(f"request {fill.planned_requests + 1} also fits: the plan underestimates the concurrency")
+        if not fill.exact and fill.one_more_fits:
+            notes.append(f"request {fill.planned_requests + 1} fits once sliding windows have dropped old blocks "
+                         f"({fill.resident_blocks_per_request} resident vs {fill.planned_blocks_per_request} planned "
+                         f"blocks per request): the plan reserves the chunked-prefill peak, as vLLM does")
+
+        stage_name = "checking attention"
+        checks = _attention_sample(plan, pool, allocator, fill, attention_samples)
+        failures.extend(f"attention over scattered blocks differs from contiguous attention ({c.case}: max |diff| "
+                        f"{c.max_abs_error:.3g} > {c.atol:g})" for c in checks if not c.ok)
+    except Exception as exc:  # out of memory (or a broken device) mid-way: report how far it got
+        if not _is_oom(exc):
+            raise
+        got = pool.storage_bytes if pool is not None else 0
+        error = f"out of memory while {stage_name}: {fmt_bytes(got)} of {fmt_bytes(estimate)} allocated"
+        failures.append(error)
+    finally:
+        released = _release(torch, device, pool, allocated_before)
+        pool = None
+    if measure is not None:
+        measure = replace(measure, released_bytes=released)
+    probe_result = None
+    if probe and error is None:
+        probe_result = _probe(torch, device, layout.block_bytes, num_blocks)
+    return ValidationResult(**base, measure=measure, fill=fill, attention=checks, probe=probe_result, error=error,
+                            failures=tuple(failures), notes=tuple(notes))
+
+
+def _release(torch: Any, device: str, pool: Any, allocated_before: int) -> int | None:
+    """Free the pool's tensors and the CUDA cache; returns the device bytes still held (CUDA), else None."""
+    if pool is not None:
+        pool.release()
+    del pool
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        return _device_allocated(torch, device) - allocated_before
+    _malloc_trim()
+    return None
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap pages back to the OS (glibc), so the next run's resident-set delta counts its pool."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _fill(plan: "Plan", layout: memory.PoolLayout, num_blocks: int,
+          progress: Progress | None) -> tuple[FillResult, BlockAllocator]:
+    """Admit ``plan.answer.max_requests`` requests at the planned context, chunk by chunk, then one more."""
+    context = plan.answer.context
+    chunk = plan.max_num_batched_tokens
+    allocator = BlockAllocator(num_blocks, layout.block_size, [group_spec(g) for g in layout.groups],
+                               reserve_null_block=True, enable_prefix_caching=False)
+    planned = plan.answer.max_requests
+    per_request = memory.blocks_per_request(layout, context, chunk, plan.options.prefix_caching)
+    peak = filled = 0
+    for i in range(planned):
+        got = _prefill(allocator, i, context, chunk)
+        if got is None:
+            break
+        peak = max(peak, got)
+        filled += 1
+        if progress is not None:
+            progress(filled, planned)
+    resident = allocator.num_blocks_of(0) if filled else 0
+    one_more = None
+    if filled == planned:
+        one_more = _prefill(allocator, planned, context, chunk) is not None
+        if planned in allocator:
+            allocator.free(planned)
+    fill = FillResult(context, chunk, planned, filled, per_request, peak, resident, allocator.num_free_blocks,
+                      one_more, exact_layout(layout))
+    return fill, allocator
+
+
+def _prefill(allocator: BlockAllocator, req_id: int, tokens: int, chunk: int) -> int | None:
+    """Prefill ``tokens`` in chunks of ``chunk`` (vLLM's chunked prefill); the peak blocks held, or None
+    (the request is removed) when it does not fit."""
+    first = min(chunk, tokens)
+    if allocator.allocate(req_id, first) is None:
+        return None
+    peak, done = allocator.num_blocks_of(req_id), first
+    while done < tokens:
+        step = min(chunk, tokens - done)
+        if not allocator.append_tokens(req_id, step):
+            allocator.free(req_id)
+            return None
+        done += step
+        peak = max(peak, allocator.num_blocks_of(req_id))
+    return peak
+
+
+def _attention_sample(plan: "Plan", pool: Any, allocator: BlockAllocator, fill: FillResult, samples: int) -> tuple[Any, ...]:
+    """Paged vs contiguous decode for up to ``samples`` filled requests, one layer of each distinct cache kind."""
+    import torch
+
+    from kvplan.paged.attention import check_decode
+
+    if not fill.filled_requests:
+        return ()
+    tp = plan.options.tp
+    requests = sorted({0, fill.filled_requests - 1})[:samples]
+    seen, checks = set(), []
+    gen = torch.Generator(device=pool.device).manual_seed(0)
+    for g, group in enumerate(pool.layout.groups):
+        cache = group.cache
+        if cache in seen or not cache.caches_tokens:
+            continue
+        seen.add(cache)
+        view = pool.group_layers(g)[0]
+        kv_heads = 1 if cache.kind is LayerKind.MLA else cache.kv_heads
+        q_heads = max(1, plan.spec.num_attention_heads // tp)
+        q_heads = kv_heads * max(1, q_heads // kv_heads)
+        for req in requests:
+            table = allocator.block_table(req, g)
+            tokens = allocator.num_tokens(req)
+            window = None
+            if cache.kind is LayerKind.SLIDING:
+                window = cache.window_tokens
+            elif cache.kind is LayerKind.CHUNKED:
+                window = (tokens - 1) % cache.window_tokens + 1  # attends within the current chunk only
+            case = _case_name(cache, kv_heads, q_heads)
+            if cache.kind is LayerKind.MLA:
+                checks.append(check_decode(case, view.tensors["latent"], None, table, tokens, pool.layout.block_size,
+                                           q_heads, value_dim=max(1, cache.head_dim - MLA_ROPE_DIM), generator=gen,
+                                           null_block=allocator.null_block))
+            else:
+                checks.append(check_decode(case, view.k, view.v, table, tokens, pool.layout.block_size, q_heads,
+                                           window=window, generator=gen, null_block=allocator.null_block))
+    return tuple(checks)
+
+
+def _case_name(cache: Any, kv_heads: int, q_heads: int) -> str:
+    if cache.kind is LayerKind.MLA:
+        return "mla"
+    if cache.kind in (LayerKind.SLIDING, LayerKind.CHUNKED):
+        return f"{cache.kind.value}({cache.window_tokens})"
+    return "mqa" if kv_heads == 1 else ("mha" if kv_heads == q_heads else "gqa")
+
+
+def _probe(torch: Any, device: str, block_bytes: int, planned_blocks: int) -> ProbeResult:
+    """Allocate blocks in chunks (1 GiB, halving on OOM down to one block) until nothing more fits; free all."""
+    torch.cuda.empty_cache()
+    free = int(torch.cuda.mem_get_info(torch.device(device))[0])
+    held, blocks = [], 0
+    chunk = max(1, PROBE_CHUNK_BYTES // block_bytes)
+    try:
+        while chunk >= 1:
+            try:
+                held.append(torch.empty(chunk * block_bytes, dtype=torch.uint8, device=device))
+                blocks += chunk
+            except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
+                if not _is_oom(exc):
+                    raise
+                chunk //= 2
+    finally:
+        held.clear()
+        gc.collect()
+        torch.cuda.empty_cache()
+    return ProbeResult(free, block_bytes, blocks, free // block_bytes, planned_blocks)
