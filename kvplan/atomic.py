@@ -1,0 +1,64 @@
+"""Atomic file writes: a file is either its old content or its complete new content, never half-written.
+
+Each file is written to a temporary file in the same folder (same filesystem), flushed and fsynced, then
+moved over the target with ``os.replace`` (atomic on POSIX and Windows). :func:`write_files` does this
+in two phases for a set of files: every temporary file is complete before the first is moved into place,
+so an error while rendering or writing leaves every target untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Mapping
+
+from kvplan.errors import InputError
+
+
+def _temp_beside(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a new temporary file in ``path``'s folder; returns its path."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(name, 0o644)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> None:
+    """Replace ``path`` with ``data`` atomically (str is written as UTF-8)."""
+    write_files({Path(path): data})
+
+
+def write_files(files: Mapping[Path, bytes | str]) -> None:
+    """Write every file atomically, all-or-nothing as far as the filesystem allows.
+
+    Phase 1 writes all temporary files (any failure removes them and leaves the targets untouched);
+    phase 2 moves each into place with ``os.replace``. Raises :class:`InputError` naming the path when a
+    folder is missing or not writable.
+    """
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            if not path.parent.is_dir():
+                raise InputError(f"cannot write {path}: folder {path.parent} does not exist", "create it first")
+            payload = data.encode("utf-8") if isinstance(data, str) else data
+            try:
+                temps.append((_temp_beside(path, payload), path))
+            except OSError as exc:
+                raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        for temp, path in temps:
+            try:
+                os.replace(temp, path)
+            except OSError as exc:
+                raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        for temp, _ in temps:
+            temp.unlink(missing_ok=True)

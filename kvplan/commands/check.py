@@ -1,0 +1,70 @@
+"""``kvplan check capacity.yaml``: capacity requirements that gate CI (exit 0 pass, 1 fail, 2 bad input)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from kvplan.cli_options import JsonOpt, OfflineOpt, TokenOpt
+
+EPILOG = ("Examples: kvplan check docs/examples/capacity.yaml  ·  "
+          "kvplan check capacity.yaml --offline --junit-xml kvplan-junit.xml  ·  kvplan check capacity.yaml --json")
+
+
+def _in_github_actions() -> bool:
+    return os.environ.get("GITHUB_ACTIONS", "").lower() == "true"
+
+
+def register(app: typer.Typer) -> None:
+    from kvplan.cli import handle_errors
+
+    @app.command("check", epilog=EPILOG)
+    @handle_errors
+    def check(
+        path: Annotated[str, typer.Argument(help="Capacity file (YAML): defaults + checks, each with require.",
+                                            show_default=False)],
+        junit_xml: Annotated[Optional[str], typer.Option("--junit-xml", help="Also write JUnit XML here (one test case per check).")] = None,
+        offline: OfflineOpt = False,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Check capacity requirements (concurrency, context, KV tokens, headroom) for CI: exit 0 when all hold, 1 when any fails, 2 for bad input."""
+        from kvplan.check import run_checks
+        from kvplan.scenario import ScenarioFileError, load_capacity
+
+        try:
+            report = run_checks(load_capacity(path), offline=offline, token=token)
+        except ScenarioFileError as exc:
+            if _in_github_actions():
+                from kvplan.render.check import github_annotation
+
+                w = exc.where
+                print(github_annotation(w.file, w.line, w.col, "kvplan: invalid capacity file", exc.one_line()),
+                      file=sys.stderr if json_out else sys.stdout)
+            raise
+        from kvplan.render.check import github_annotations, junit_xml as to_junit, report_to_dict
+
+        if junit_xml:
+            from kvplan.atomic import write_atomic
+
+            write_atomic(junit_xml, to_junit(report))
+        if _in_github_actions():
+            for line in github_annotations(report):
+                print(line, file=sys.stderr if json_out else sys.stdout)
+        if json_out:
+            from kvplan.render import print_json
+
+            print_json(report_to_dict(report))
+        else:
+            from kvplan.render import console
+            from kvplan.render.check import render_check
+
+            console().print(render_check(report))
+        raise typer.Exit(0 if report.passed else 1)
+
+    _ = check  # registered on the app
+
+

@@ -1,0 +1,183 @@
+"""Rendering of capacity-check results: rich table, JSON, JUnit XML, GitHub Actions annotations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvplan.check import CheckReport, CheckResult, Outcome
+
+SCHEMA_VERSION = 1
+
+
+def _fmt_value(value: Any, unit: str) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if unit == "%":
+        return f"{value:.1f}%"
+    return f"{value:,} {unit}".strip()
+
+
+def _fmt_margin(o: "Outcome", short: bool = False) -> str:
+    if o.margin is None:
+        return ""
+    if o.unit == "%":
+        return f"{o.margin:+.1f} pts"
+    return f"{o.margin:+,}" if short else f"{o.margin:+,} {o.unit}".strip()
+
+
+def _setup(result: "CheckResult") -> str:
+    p = result.plan
+    o = p.options
+    par = f" tp{o.tp}" + (f" pp{o.pp}" if o.pp > 1 else "") if o.gpu_count > 1 else ""
+    return f"{p.spec.model_id} on {o.gpu_count}x {p.gpu.name}{par}, KV {p.kv_dtype}"
+
+
+def render_check(report: "CheckReport"):  # noqa: ANN201 - rich renderable
+    """The table (check, requirement, actual, margin, verdict) and, per failure, what would make it pass."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"capacity checks: {report.file}", title_justify="left", show_lines=False)
+    table.add_column("check", overflow="fold")
+    table.add_column("requirement", overflow="fold")
+    table.add_column("actual", justify="right")
+    table.add_column("margin", justify="right")
+    table.add_column("verdict")
+    for r in report.results:
+        for i, o in enumerate(r.outcomes):
+            from kvplan.check import describe_requirement
+
+            verdict = Text("pass", style="bold green") if o.passed else Text("FAIL", style="bold red")
+            table.add_row(r.name if i == 0 else "", f"{o.requirement} {describe_requirement(o.requirement, o.required, r.plan)}",
+                          _fmt_value(o.actual, o.unit if o.unit == "%" else ""), _fmt_margin(o, short=True), verdict)
+        table.add_section()
+    parts: list[Any] = [table]
+    for r in report.results:
+        if r.passed:
+            continue
+        text = Text()
+        text.append(f"✗ {r.name}", style="bold red")
+        text.append(f"  ({r.where}; {_setup(r)})\n", style="grey62")
+        for o in r.outcomes:
+            if o.passed:
+                continue
+            text.append(f"  {o.message}\n")
+            if o.suggestions:
+                text.append("  to pass, any one of:\n", style="bold")
+                for s in o.suggestions:
+                    text.append(f"    - {s}\n")
+            else:
+                text.append("  no single change found (tried fewer requests, shorter context, fp8 KV, tp x2/x4/x8, "
+                            "every larger catalogue GPU)\n", style="yellow")
+        parts.append(text)
+    n, failed = len(report.results), report.num_failed
+    summary = Text(f"{n - failed} of {n} checks passed", style="bold green" if not failed else "bold red")
+    parts.append(summary)
+    return Group(*parts)
+
+
+def report_to_dict(report: "CheckReport") -> dict[str, Any]:
+    """The ``--json`` document: every check, its requirements and its full plan (with assumptions)."""
+    checks = []
+    for r in report.results:
+        checks.append({
+            "name": r.name,
+            "description": r.description,
+            "file": r.where.file,
+            "line": r.where.line,
+            "passed": r.passed,
+            "requirements": [{
+                "requirement": o.requirement,
+                "required": o.required,
+                "actual": round(o.actual, 3) if isinstance(o.actual, float) else o.actual,
+                "margin": o.margin,
+                "unit": o.unit,
+                "passed": o.passed,
+                "message": o.message,
+                "suggestions": list(o.suggestions),
+            } for o in r.outcomes],
+            "plan": r.plan.to_dict(),
+        })
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "file": report.file,
+        "passed": report.passed,
+        "summary": {"checks": len(report.results), "passed": len(report.results) - report.num_failed,
+                    "failed": report.num_failed},
+        "checks": checks,
+    }
+
+
+def _failure_text(r: "CheckResult") -> tuple[str, str]:
+    failed = [o for o in r.outcomes if not o.passed]
+    message = "; ".join(o.message for o in failed)
+    lines = [f"{r.where}: {_setup(r)}"]
+    for o in failed:
+        lines.append(o.message)
+        lines.extend(f"  to pass: {s}" for s in o.suggestions)
+    return message, "\n".join(lines)
+
+
+def junit_xml(report: "CheckReport") -> str:
+    """JUnit XML: one ``testsuite``, one ``testcase`` per check, a ``failure`` with message and details."""
+    import xml.etree.ElementTree as ET
+
+    n, failed = len(report.results), report.num_failed
+    suites = ET.Element("testsuites", name="kvplan check", tests=str(n), failures=str(failed), errors="0")
+    suite = ET.SubElement(suites, "testsuite", name=f"kvplan check {report.file}", tests=str(n), failures=str(failed),
+                          errors="0", skipped="0", time="0")
+    for r in report.results:
+        case = ET.SubElement(suite, "testcase", classname=f"kvplan.capacity.{Path(report.file).stem}", name=r.name,
+                             file=r.where.file, line=str(r.where.line), time="0")
+        if not r.passed:
+            message, details = _failure_text(r)
+            failure = ET.SubElement(case, "failure", message=message, type="CapacityCheckFailed")
+            failure.text = details
+        out = ET.SubElement(case, "system-out")
+        out.text = "\n".join([_setup(r)] + [f"{'pass' if o.passed else 'FAIL'}: {o.message}" for o in r.outcomes])
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation_path(file: str) -> str:
+    """The file as GitHub expects it: relative to ``GITHUB_WORKSPACE`` when inside it."""
+    workspace = os.environ.get("GITHUB_WORKSPACE")
+    if workspace:
+        try:
+            return str(Path(file).resolve().relative_to(Path(workspace).resolve()))
+        except ValueError:
+            pass
+    return file
+
+
+def github_annotation(file: str, line: int, col: int | None, title: str, message: str) -> str:
+    """One ``::error file=...,line=...,title=...::message`` workflow command (escaped)."""
+    props = f"file={_escape_property(annotation_path(file))},line={line}"
+    if col:
+        props += f",col={col}"
+    return f"::error {props},title={_escape_property(title)}::{_escape_data(message)}"
+
+
+def github_annotations(report: "CheckReport") -> list[str]:
+    """One annotation per failed check, pointing at the check's entry in the file."""
+    out = []
+    for r in report.results:
+        if r.passed:
+            continue
+        message, details = _failure_text(r)
+        fixes = [s for o in r.outcomes if not o.passed for s in o.suggestions[:3]]
+        body = message + (("\nto pass: " + " | ".join(fixes)) if fixes else "")
+        out.append(github_annotation(r.where.file, r.where.line, r.where.col, f"kvplan check failed: {r.name}", body))
+    return out
