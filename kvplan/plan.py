@@ -215,7 +215,9 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
     if version not in engine_mod.VERSIONS:
         raise InputError(f"unknown --engine-version {version!r} for {options.engine}",
                          "modelled versions: " + ", ".join(engine_mod.VERSIONS))
-    engine = engine_mod.defaults(version, gpu.memory_bytes, gpu.is_cpu)
+    engine = engine_mod.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
+                                 max_model_len=options.max_model_len or options.context,
+                                 usage_context=getattr(options, "usage_context", "serve"), tp=options.tp, pp=options.pp)
     if options.gpu_util is not None or options.block_size or options.max_num_batched_tokens or options.max_num_seqs:
         engine = replace(
             engine,
@@ -245,6 +247,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
         given("cudagraph", options.cudagraph_bytes), options.kv_budget_bytes,
         spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
+        version=engine.version, pp=options.pp,
     )
 
     max_model_len = options.max_model_len or options.context

@@ -2,11 +2,20 @@
 
 An engine model turns (spec, GPU, options) into a :class:`Budget` whose every term is shown and can
 be overridden, plus the engine's defaults (utilisation, block size, batching limits).
+
+Two engines are modelled: :mod:`kvplan.engines.vllm` (the default; several releases, selectable by
+``--engine-version``) and :mod:`kvplan.engines.sglang`. Both expose ``ENGINE``, ``VERSIONS``,
+``DEFAULT_VERSION``, ``defaults(version, gpu_memory_bytes, is_cpu, **context)`` and
+``budget(total_bytes, gpu_util, weights, activation, overhead, cudagraph, kv_budget_override, **context)``.
+The derivations and their sources are in docs/engines.md.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from kvplan.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -22,8 +31,11 @@ class Term:
 class Budget:
     """Per-GPU memory budget (bytes).
 
-    ``usable = ceil(total x gpu_util)``; ``kv_budget = usable - weights - activation - overhead - cudagraph``,
+    ``usable = ceil(total x gpu_util)`` (vLLM >= 0.19; ``floor`` of the float product before, which
+    gives the same block count); ``kv_budget = usable - weights - activation - overhead - cudagraph``,
     or the explicit ``--kv-budget`` when given (then the other terms are informational).
+    ``activation_forward_bytes`` / ``activation_sampler_bytes`` are the two candidates whose maximum
+    is the activation term (both 0 when the term was given by the user or the engine has none).
     """
 
     total_bytes: int
@@ -35,6 +47,10 @@ class Budget:
     cudagraph: Term
     kv_budget_bytes: int
     kv_budget_source: str
+    requested_rounding: str = "ceil"  # how usable was rounded: "ceil" or "floor" (vLLM's float product)
+    activation_forward_bytes: int = 0
+    activation_sampler_bytes: int = 0
+    notes: tuple[str, ...] = ()
 
     @property
     def terms(self) -> tuple[Term, ...]:
@@ -43,7 +59,17 @@ class Budget:
 
 @dataclass(frozen=True)
 class EngineDefaults:
-    """Engine settings that change capacity: utilisation, block size, batching limits."""
+    """Engine settings that change capacity: utilisation, block size, batching limits.
+
+    ``mode``: vLLM's ``V0``/``V1`` engine or ``sglang``. ``usage_context``: ``serve`` (``vllm serve``,
+    the OpenAI server) or ``llm`` (the ``LLM`` class), which have different batching defaults.
+    ``refusal``: how the engine decides that one request at ``max_model_len`` does not fit:
+    ``tokens`` (V0: ``max_model_len > num_blocks x block_size``), ``bytes`` (V1: needed bytes >
+    available bytes), ``null_block`` (``num_blocks - 1`` blocks must hold it) or ``pool`` (SGLang:
+    the request is capped by the pool instead of refusing to start).
+    ``kv_tokens_rule``: how the engine prints its token capacity: ``blocks`` (``num_blocks x
+    block_size``) or ``concurrency`` (``int(max_concurrency x max_model_len)``).
+    """
 
     engine: str
     version: str
@@ -51,3 +77,56 @@ class EngineDefaults:
     block_size: int
     max_num_batched_tokens: int
     max_num_seqs: int
+    mode: str = ""
+    usage_context: str = "serve"
+    cudagraph_profiled: bool = False
+    refusal: str = "null_block"
+    kv_tokens_rule: str = "concurrency"
+    notes: tuple[str, ...] = ()
+
+
+USAGE_CONTEXTS = ("serve", "llm")
+
+
+# ---------------------------------------------------------------------------------------------
+# the activation estimate shared by the engine models
+
+
+def _per_rank(n: int, tp: int) -> int:
+    return math.ceil(n / tp) if n else 0
+
+
+def forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
+    """Peak live activation bytes per batched token of one decoder layer's forward pass, per GPU.
+
+    Eager layer, MLP stage (the larger one for dense models): the residual, the normed input, the
+    gate/up output (2 x intermediate), the activation output (1 x intermediate) and the down
+    projection's output are alive at once: ``(3 x hidden + 3 x intermediate / tp) x act_bytes``.
+    MoE (fused experts): each token is routed to ``top_k`` experts, each holding its gate/up/act
+    rows and a hidden-sized output: ``(3 x hidden + top_k x (3 x moe_intermediate / tp + hidden))``.
+    Attention stage: residual + normed input + q/k/v + attention output; the larger stage wins.
+    Llama-3-8B (4096 hidden, 14336 intermediate, bf16): (3 x 4096 + 3 x 14336) x 2 = 110,592 B.
+    """
+    h = spec.hidden_size
+    if spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size:
+        mlp = 3 * h + spec.num_experts_per_token * (3 * _per_rank(spec.moe_intermediate_size, tp) + h)
+    else:
+        mlp = 3 * h + 3 * _per_rank(spec.intermediate_size, tp)
+    heads = spec.num_attention_heads or 1
+    attn_layer = next((layer for layer in spec.layers if layer.kv_heads and layer.head_dim), None)
+    head_dim = attn_layer.head_dim if attn_layer else h // heads
+    kv_heads = attn_layer.kv_heads if attn_layer else heads
+    q = _per_rank(heads * head_dim, tp)
+    kv = max(1, kv_heads // tp) * head_dim
+    attn = 2 * h + q + 2 * kv + q
+    return max(mlp, attn) * act_bytes
+
+
+def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
+    """vLLM pads the vocab (embedding / LM head rows) to a multiple of 64."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def sampler_bytes(rows: int, vocab_size: int, copies: int) -> int:
+    """``copies`` fp32 tensors of ``[rows, padded vocab]`` alive at the sampler's peak (bytes)."""
+    return copies * rows * padded_vocab(vocab_size) * 4
