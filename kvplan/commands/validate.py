@@ -1,0 +1,101 @@
+"""``kvplan validate``: allocate the pool the plan says on a real device and compare (torch, lazily)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from kvplan.cli_options import (
+    ActivationOpt, BatchOpt, BlockSizeOpt, ContextOpt, CudagraphOpt, DtypeOpt, EngineOpt, EngineVersionOpt,
+    GpuMemoryOpt, GpuOpt, GpusOpt, GpuUtilOpt, HeadDimOpt, HubOpt, JsonOpt, KvBudgetOpt, KvDtypeOpt, KvHeadsOpt,
+    LayersOpt, MaxBatchedOpt, MaxModelLenOpt, MaxSeqsOpt, ModelArg, OfflineOpt, OverheadOpt, PpOpt, PrefixCachingOpt,
+    PrefixOpt, RevisionOpt, TokenOpt, TpOpt, WeightsDtypeOpt, WeightsGibOpt, estimate_values,
+)
+
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="Where to allocate: cuda or cpu (default: cuda if available).",
+                                                  rich_help_panel="validate")]
+ProbeOpt = Annotated[bool, typer.Option("--probe", help="CUDA only: allocate blocks until out of memory and compare with the plan.",
+                                        rich_help_panel="validate")]
+
+EPILOG = ("Examples: kvplan validate meta-llama/Llama-3.1-8B --gpu H200  ·  "
+          "kvplan validate Qwen/Qwen3-8B --gpu cpu --gpu-memory 8GiB --kv-budget 0.25GiB --context 2k  ·  "
+          "torchrun --nproc-per-node 2 -m kvplan validate meta-llama/Llama-3.1-70B --gpu H100 --tp 2")
+
+
+def register(app: typer.Typer) -> None:
+    from kvplan.cli import handle_errors
+
+    @app.command(epilog=EPILOG)
+    @handle_errors
+    def validate(
+        model: ModelArg,
+        gpu: GpuOpt = None,
+        gpu_memory: GpuMemoryOpt = None,
+        gpus: GpusOpt = None,
+        tp: TpOpt = 1,
+        pp: PpOpt = 1,
+        context: ContextOpt = "8192",
+        batch: BatchOpt = 1,
+        max_model_len: MaxModelLenOpt = None,
+        prefix_tokens: PrefixOpt = "0",
+        prefix_caching: PrefixCachingOpt = False,
+        engine: EngineOpt = "vllm",
+        engine_version: EngineVersionOpt = None,
+        dtype: DtypeOpt = None,
+        kv_dtype: KvDtypeOpt = None,
+        weights_dtype: WeightsDtypeOpt = None,
+        weights_gib: WeightsGibOpt = None,
+        gpu_util: GpuUtilOpt = None,
+        kv_budget: KvBudgetOpt = None,
+        activation_gib: ActivationOpt = None,
+        overhead_gib: OverheadOpt = None,
+        cudagraph_gib: CudagraphOpt = None,
+        block_size: BlockSizeOpt = None,
+        max_num_batched_tokens: MaxBatchedOpt = None,
+        max_num_seqs: MaxSeqsOpt = None,
+        revision: RevisionOpt = None,
+        token: TokenOpt = None,
+        hub: HubOpt = False,
+        offline: OfflineOpt = False,
+        layers: LayersOpt = None,
+        kv_heads: KvHeadsOpt = None,
+        head_dim: HeadDimOpt = None,
+        device: DeviceOpt = None,
+        probe: ProbeOpt = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Prove the estimate: allocate the planned KV pool in torch, measure it, fill it to the planned
+        concurrency, check paged attention; exit 1 if the bytes or the concurrency disagree."""
+        values = estimate_values(**{k: v for k, v in locals().items() if k not in ("token", "json_out", "device", "probe")})
+        from kvplan.paged.validate import require_torch
+
+        require_torch()
+        from kvplan.paged.distributed import validate_distributed, world_from_env
+        from kvplan.paged.validate import validate_plan
+        from kvplan.plan import estimate, options_from_values
+        from kvplan.render import console, print_json
+        from kvplan.render.validate import fill_progress, ranks_json, render_ranks, render_result, result_json
+
+        plan = estimate(options_from_values(values), token=token)
+        world = world_from_env()
+        with fill_progress() as progress:
+            if world is not None and world.size > 1:
+                results = validate_distributed(plan, world, device, probe=probe, progress=progress)
+            else:
+                results = [validate_plan(plan, device, probe=probe, progress=progress)]
+        ok = all(r.ok for r in results)
+        if world is not None and world.size > 1 and world.rank != 0:
+            raise typer.Exit(0 if ok else 1)
+        if json_out:
+            print_json(result_json(results[0], plan) if len(results) == 1 else ranks_json(results, plan))
+        else:
+            out = console()
+            out.print(f"[grey62]source: {plan.source}[/]")
+            if len(results) == 1:
+                out.print(render_result(results[0], plan))
+            else:  # rank 0's detail, then every rank in one table
+                out.print(render_result(results[0], plan))
+                out.print(render_ranks(results))
+        if not ok:
+            raise typer.Exit(1)
