@@ -118,10 +118,19 @@ def tp_kv_heads(kv_heads: int, tp: int) -> int:
 
 
 def shard_layer(layer: LayerCache, tp: int) -> LayerCache:
-    """One tensor-parallel rank's share of a layer's cache (MLA latents are replicated)."""
+    """One tensor-parallel rank's share of a layer's cache.
+
+    Attention: ``max(1, kv_heads // tp)`` heads; MLA latents are replicated; state layers as vLLM's
+    ``MambaStateShapeCalculator`` (Mamba2 groups replicated up to tp when tp does not divide them).
+    """
     if tp == 1 or not layer.tp_shardable or layer.kind is LayerKind.NONE:
         return layer
     if layer.is_state:
+        if layer.state_dims:
+            from kvplan.hybrid import state_elements
+
+            conv, ssm = state_elements(layer.state_kind, layer.state_dims, tp)
+            return replace(layer, conv_elements=conv, ssm_elements=ssm)
         return replace(layer, conv_elements=cdiv(layer.conv_elements, tp), ssm_elements=cdiv(layer.ssm_elements, tp))
     return replace(layer, kv_heads=tp_kv_heads(layer.kv_heads, tp))
 
@@ -150,20 +159,29 @@ _BF16 = parse_dtype("bf16")
 class KVGroup:
     """One KV-cache group: up to ``group_size`` layers of one kind that share block ids.
 
-    ``num_layers`` real layers; the group is padded to the pool's ``group_size``.
+    ``num_layers`` real layers; the group is padded to the pool's ``group_size``. ``block_size``: tokens
+    per block of this group when it differs from the pool's (0 = the pool's ``block_size``).
+    ``page_bytes``: one block of one layer of this group, summed over its layers when they differ
+    (vLLM's UniformTypeKVCacheSpecs: one group of full-attention layers with different KV heads).
     """
 
     cache: LayerCache
     num_layers: int
+    block_size: int = 0
+    page_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class PoolLayout:
     """How one GPU's KV pool is laid out.
 
+    ``block_size``: tokens per block (raised for hybrids so one attention page holds a state page).
     ``page_bytes``: one block of one layer. ``group_size``: layers per group (padded).
-    ``block_bytes`` = ``group_size x page_bytes``: what one block id costs.
+    ``block_bytes`` = ``group_size x page_bytes``: what one block id costs (or the explicit
+    ``bytes_per_block`` when layers of one group differ in page size).
     ``padding_layers``: layer slots added to fill the last group of each kind (wasted pages).
+    ``base_block_size``: the block size asked for; ``state_page_bytes``: one state layer's unpadded state
+    (0 without state layers) - padded up to ``page_bytes`` in the pool.
     """
 
     block_size: int
@@ -172,10 +190,14 @@ class PoolLayout:
     groups: tuple[KVGroup, ...]
     kv_dtype: DType
     model_dtype: DType
+    bytes_per_block: int = 0
+    base_block_size: int = 0
+    state_page_bytes: int = 0
+    promoted_layers: int = 0  # chunked/sliding layers allocated as full attention (vLLM's promotion)
 
     @property
     def block_bytes(self) -> int:
-        return self.group_size * self.page_bytes
+        return self.bytes_per_block or self.group_size * self.page_bytes
 
     @property
     def num_layers(self) -> int:
@@ -183,35 +205,108 @@ class PoolLayout:
 
     @property
     def padding_layers(self) -> int:
+        if self.bytes_per_block:
+            return 0
         return len(self.groups) * self.group_size - self.num_layers
 
+    @property
+    def state_padding_bytes(self) -> int:
+        """Bytes each state page is padded by to match the attention page (0 without state layers)."""
+        return self.page_bytes - self.state_page_bytes if self.state_page_bytes else 0
 
-def group_size_for(counts: list[int], ratio: float = 1.5) -> int:
+    def group_block_size(self, group: KVGroup) -> int:
+        return group.block_size or self.block_size
+
+
+GROUP_RATIO = 1.5  # vLLM 0.32 kv_cache_utils: max count < 1.5 x min count -> group size = max count
+
+
+def group_size_for(counts: list[int], ratio: float = GROUP_RATIO) -> int:
     """vLLM's group size: the smallest kind's layer count, or the largest's if below ``ratio`` x smallest."""
     smallest, largest = min(counts), max(counts)
     return largest if largest < smallest * ratio else smallest
 
 
-def pool_layout(layers: tuple[LayerCache, ...], block_size: int, kv_dtype: DType, model_dtype: DType) -> PoolLayout:
-    """Bucket one GPU's layers into vLLM KV-cache groups sharing one block pool.
+def hybrid_block_size(block_size: int, attention_token_bytes: int, state_bytes: int, is_mla: bool = False) -> int:
+    """vLLM's attention block size for hybrids: the smallest multiple of ``block_size`` whose attention
+    page (``block x attention bytes per token per layer``) holds one state page.
 
-    A uniform model is one group of all its layers. Mixed kinds (full + sliding, attention + state)
-    are split into groups of ``group_size`` layers; each kind's last group is padded.
-    Raises :class:`InputError` when the page sizes of the kinds differ (vLLM cannot pool them either).
+    ``block_size x ceil(state / (block_size x token bytes))``, never below ``block_size``
+    (MLA hybrids align to at least 128 tokens).
+    """
+    base = max(block_size, 128) if is_mla else block_size
+    raised = base * cdiv(state_bytes, base * attention_token_bytes)
+    return max(block_size, raised)
+
+
+def _promote_local(cached: list[LayerCache]) -> tuple[list[LayerCache], int]:
+    """vLLM 0.32 turns its hybrid KV manager off for models with chunked local attention and then
+    allocates chunked (and sliding) layers like full attention when full layers are present."""
+    kinds = {layer.kind for layer in cached}
+    if LayerKind.CHUNKED not in kinds or not kinds & {LayerKind.FULL, LayerKind.MLA}:
+        return cached, 0
+    local = (LayerKind.CHUNKED, LayerKind.SLIDING)
+    promoted = [replace(x, kind=LayerKind.FULL, window_tokens=None) if x.kind in local else x for x in cached]
+    return promoted, sum(1 for x in cached if x.kind in local)
+
+
+def pool_layout(layers: tuple[LayerCache, ...], block_size: int, kv_dtype: DType, model_dtype: DType) -> PoolLayout:
+    """Bucket one GPU's layers into vLLM KV-cache groups sharing one block pool (vLLM 0.32 rules).
+
+    - a uniform model is one group of all its layers;
+    - layers of one kind that differ only in KV heads (Nemotron-NAS) are one group whose block costs
+      the sum of their pages;
+    - hybrids with state layers raise the block size (:func:`hybrid_block_size`) and pad the state
+      page up to the attention page;
+    - mixed kinds are split into groups of ``group_size`` layers (``layers[i::num_groups]``), each
+      kind's last group padded; a kind with a smaller page gets a proportionally larger block size.
     """
     if block_size < 1:
         raise InputError(f"invalid --block-size {block_size}: must be at least 1")
     cached = [layer for layer in layers if layer.kind is not LayerKind.NONE]
     if not cached:
         raise InputError("the model caches nothing on this GPU (no attention or state layers)")
+    cached, promoted = _promote_local(cached)
+    token_layers = [x for x in cached if x.caches_tokens]
+    state_layers = [x for x in cached if x.is_state]
+    if not token_layers:
+        raise InputError("the model has no attention layer on this GPU (state layers only)",
+                         "kvplan plans paged attention caches; attention-free models are not modelled")
+    base = block_size
+    state_page = max((layer_state_bytes(x, model_dtype) for x in state_layers), default=0)
+    if state_layers:
+        first = token_layers[0]  # vLLM sizes the block from the model-level attention shape
+        block_size = hybrid_block_size(base, layer_token_bytes(first, kv_dtype), state_page, first.kind is LayerKind.MLA)
     counts = Counter(cached)
     kinds = list(dict.fromkeys(cached))
-    pages = {layer: layer_page_bytes(layer, block_size, kv_dtype, model_dtype) for layer in kinds}
-    if len(set(pages.values())) > 1:
-        sizes = ", ".join(f"{k.describe()}: {p:,} B" for k, p in pages.items())
-        raise InputError(f"layer kinds have different page sizes ({sizes})", "kvplan pools only equal page sizes, as vLLM does")
+
+    def page(layer: LayerCache, bs: int) -> int:
+        # a state page is padded up to the attention page (vLLM's mamba_page_size_padded)
+        if layer.is_state:
+            return block_size * layer_token_bytes(token_layers[0], kv_dtype)
+        return bs * layer_token_bytes(layer, kv_dtype)
+
+    extra = dict(base_block_size=base, state_page_bytes=state_page, promoted_layers=promoted)
     if len(kinds) == 1:
-        return PoolLayout(block_size, pages[kinds[0]], counts[kinds[0]], (KVGroup(kinds[0], counts[kinds[0]]),), kv_dtype, model_dtype)
+        kind = kinds[0]
+        p = page(kind, block_size)
+        return PoolLayout(block_size, p, counts[kind], (KVGroup(kind, counts[kind]),), kv_dtype, model_dtype, **extra)
+    if not state_layers and _uniform_type(kinds):
+        # one group; each layer keeps its own page (vLLM's UniformTypeKVCacheSpecs)
+        total = sum(page(k, block_size) * counts[k] for k in kinds)
+        group = KVGroup(kinds[0], len(cached), page_bytes=total)
+        return PoolLayout(block_size, page(kinds[0], block_size), len(cached), (group,), kv_dtype, model_dtype,
+                          bytes_per_block=total, **extra)
+    pages = {k: page(k, block_size) for k in kinds}
+    max_page = max(pages.values())
+    block_sizes: dict[LayerCache, int] = {}
+    for kind in kinds:  # vLLM's unify_kv_cache_spec_page_size
+        if pages[kind] == max_page or kind.is_state:
+            block_sizes[kind] = 0
+        elif max_page % pages[kind] == 0:
+            block_sizes[kind] = block_size * (max_page // pages[kind])
+        else:
+            block_sizes[kind] = 0  # padded up to the largest page
     size = group_size_for([counts[k] for k in kinds])
     groups: list[KVGroup] = []
     for kind in kinds:
@@ -219,8 +314,16 @@ def pool_layout(layers: tuple[LayerCache, ...], block_size: int, kv_dtype: DType
         num_groups = cdiv(n, size)
         # vLLM slices layers[i::num_groups]: the groups differ by at most one layer
         for i in range(num_groups):
-            groups.append(KVGroup(kind, len(range(i, n, num_groups))))
-    return PoolLayout(block_size, pages[kinds[0]], size, tuple(groups), kv_dtype, model_dtype)
+            groups.append(KVGroup(kind, len(range(i, n, num_groups)), block_sizes[kind]))
+    return PoolLayout(block_size, max_page, size, tuple(groups), kv_dtype, model_dtype, **extra)
+
+
+def _uniform_type(kinds: list[LayerCache]) -> bool:
+    """All layers need the same token slots: all full/MLA, or all sliding (one window), or all chunked."""
+    first = kinds[0]
+    if first.kind in (LayerKind.FULL, LayerKind.MLA):
+        return all(k.kind is first.kind for k in kinds)
+    return all(k.kind is first.kind and k.window_tokens == first.window_tokens for k in kinds)
 
 
 def num_blocks(kv_budget_bytes: int, layout: PoolLayout) -> int:
@@ -237,30 +340,34 @@ def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, max_n
                              prefix_caching: bool = False) -> int:
     """Blocks one request of ``tokens`` tokens needs in one group (vLLM's max_memory_usage_bytes / page).
 
-    full / MLA: ``ceil(L / bs)``; sliding(W): ``ceil(min(W - 1 + max_num_batched_tokens, L) / bs) + 1``;
-    chunked(C): ``ceil(min(C + max_num_batched_tokens, L) / bs)``; state: 1 block
-    (with prefix caching: 3 for mamba2, 2 for gated delta net).
+    full / MLA: ``ceil(L / bs)``; sliding(W): ``ceil(min(W - 1 + T, L) / bs) + 1``;
+    chunked(C): ``ceil(min(C + T, L) / bs)`` where T = ``max_num_batched_tokens`` is the tokens in
+    flight (vLLM: max_num_batched_tokens x concurrent batches; 2 x with async scheduling on GPUs,
+    1 x on CPU); state: 1 block, or with prefix caching (vLLM's mamba "align" mode) 2 + prefill
+    checkpoint blocks: 3 for Mamba2, 2 for Mamba1 and gated delta net.
     """
     cache = group.cache
+    bs = group.block_size or block_size
     if cache.kind in (LayerKind.FULL, LayerKind.MLA):
-        return cdiv(tokens, block_size)
+        return cdiv(tokens, bs)
     if cache.kind is LayerKind.SLIDING:
         assert cache.window_tokens
-        return cdiv(min(cache.window_tokens - 1 + max_num_batched_tokens, tokens), block_size) + 1
+        return cdiv(min(cache.window_tokens - 1 + max_num_batched_tokens, tokens), bs) + 1
     if cache.kind is LayerKind.CHUNKED:
         assert cache.window_tokens
-        return cdiv(min(cache.window_tokens + max_num_batched_tokens, tokens), block_size)
+        return cdiv(min(cache.window_tokens + max_num_batched_tokens, tokens), bs)
     if cache.is_state:
         if not prefix_caching:
             return 1
-        return 2 if cache.kind is LayerKind.LINEAR else 3
+        return 3 if cache.state_kind == "mamba2" else 2
     return 0
 
 
 def blocks_per_request(layout: PoolLayout, tokens: int, max_num_batched_tokens: int,
                        prefix_caching: bool = False) -> int:
     """Block ids one request at ``tokens`` tokens needs, summed over the pool's groups."""
-    return sum(group_blocks_per_request(g, tokens, layout.block_size, max_num_batched_tokens, prefix_caching) for g in layout.groups)
+    return sum(group_blocks_per_request(g, tokens, layout.block_size, max_num_batched_tokens, prefix_caching)
+               for g in layout.groups)
 
 
 def request_kv_bytes(layout: PoolLayout, tokens: int, max_num_batched_tokens: int) -> int:
@@ -297,10 +404,14 @@ def max_requests(blocks: int, per_request_blocks: int) -> int:
 
 
 def kv_cache_tokens(blocks: int, per_request_blocks: int, max_model_len: int) -> int:
-    """vLLM's "GPU KV cache size: N tokens" = ``floor(max_concurrency x max_model_len)``."""
+    """vLLM's "GPU KV cache size: N tokens" = ``int(max_concurrency x max_model_len)``.
+
+    Computed in floating point exactly as vLLM does (``int(num_blocks / per_request * L)``), so the
+    last digit agrees even where the float product falls just below an integer.
+    """
     if per_request_blocks <= 0:
         return 0
-    return blocks * max_model_len // per_request_blocks
+    return int(blocks / per_request_blocks * max_model_len)
 
 
 def fits_one_request(blocks: int, layout: PoolLayout, tokens: int, max_num_batched_tokens: int) -> bool:

@@ -50,6 +50,8 @@ class LayerCache:
     ``window_tokens``: the sliding window or attention chunk (tokens), else ``None``.
     State kinds: ``conv_elements`` and ``ssm_elements`` per request, independent of length; the conv
     state is stored in the model dtype and the SSM state in ``ssm_dtype`` (``None`` = model dtype).
+    ``state_kind`` (``mamba1``, ``mamba2``, ``gated_delta_net``) and ``state_dims`` keep the config's
+    dimensions so a tensor-parallel slice can be recomputed exactly (see :func:`kvplan.hybrid.state_elements`).
     ``tp_shardable``: whether tensor parallelism divides this layer's cache across ranks.
     """
 
@@ -62,6 +64,7 @@ class LayerCache:
     state_kind: str = ""
     ssm_dtype: str | None = None
     tp_shardable: bool = True
+    state_dims: tuple[int, ...] = ()
 
     @property
     def caches_tokens(self) -> bool:
@@ -116,10 +119,16 @@ class ModelSpec:
     weights: WeightFacts | None = None
     provenance: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    decoder_layers: int = 0  # decoder layers when some hold two caches (Falcon-H1); 0: one entry per layer
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def num_layers_decoder(self) -> int:
+        """Decoder layers (``len(layers)`` except for parallel hybrids with two caches per layer)."""
+        return self.decoder_layers or len(self.layers)
 
     @property
     def groups(self) -> tuple[LayerGroup, ...]:
@@ -156,16 +165,23 @@ _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
 _KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "n_kv_heads")
 
-# Defaults that transformers' config classes fill in when a (nested) config omits a key; vLLM
-# relies on them, so we must too. Keyed by model_type.
+# Defaults that transformers' config classes fill in when a config omits a key (absent, not null);
+# vLLM loads configs through those classes and relies on them, so we must too. Keyed by model_type.
 _MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {
         "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
         "num_hidden_layers": 26, "num_attention_heads": 8, "hidden_size": 2304, "intermediate_size": 9216,
-        "vocab_size": 262208, "max_position_embeddings": 131072,
+        "vocab_size": 262208, "max_position_embeddings": 131072, "tie_word_embeddings": True,
     },
-    "gemma2": {"sliding_window": 4096, "head_dim": 256},
+    "gemma2": {"sliding_window": 4096, "head_dim": 256, "tie_word_embeddings": True},
+    "mistral": {"sliding_window": 4096},  # MistralConfig's default: every layer slides unless null
+    "gpt_oss": {"sliding_window": 128},
+    "llama4_text": {"attention_chunk_size": 8192, "no_rope_layer_interval": 4, "head_dim": 128},
+    "qwen3_next": {"full_attention_interval": 4},
 }
+# A nested text_config without its own model_type takes the text model type of its parent.
+_NESTED_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen2_5_vl": "qwen2_5_vl_text",
+                       "mistral3": "mistral"}
 
 
 class _Reader:
@@ -178,7 +194,7 @@ class _Reader:
         self.provenance: dict[str, str] = {}
 
     def _fail(self, key: str, value: Any, expected: str) -> ConfigError:
-        return ConfigError(f"{self.where}: field {self.prefix}{key} = {value!r} is invalid: expected {expected}")
+        return ConfigError(f"{self.where}: field {self.prefix}{key} = {_short(value)} is invalid: expected {expected}")
 
     def has(self, key: str) -> bool:
         return self.config.get(key) is not None
@@ -204,7 +220,8 @@ class _Reader:
             return default
         raise ConfigError(
             f"{self.where}: config is missing {name} (looked for {', '.join(self.prefix + k for k in keys)})",
-            f"pass --{name.replace('_', '-')} to override" if name in _OVERRIDABLE else None,
+            f"pass --{_OVERRIDABLE[name]} to override" if name in _OVERRIDABLE else
+            "describe the cache with --layers, --kv-heads and --head-dim",
         )
 
     def bool(self, key: str, default: bool = False) -> bool:
@@ -244,7 +261,7 @@ class _Reader:
         return value
 
 
-_OVERRIDABLE = {"num_layers", "kv_heads", "head_dim"}
+_OVERRIDABLE = {"num_layers": "layers", "kv_heads": "kv-heads", "head_dim": "head-dim"}
 
 
 @dataclass(frozen=True)
@@ -267,7 +284,11 @@ _DTYPE_NAMES = {
 
 
 def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
-    """The language model's config (following ``text_config``/``llm_config``) with model-type defaults."""
+    """The language model's config (following ``text_config``/``llm_config``) with model-type defaults.
+
+    Defaults fill only keys the config does not have at all; an explicit ``null`` stays null (as in
+    transformers, where ``sliding_window: null`` turns Mistral's default window off).
+    """
     prefix = ""
     text: Mapping[str, Any] = config
     for key in ("text_config", "llm_config", "language_config"):
@@ -275,16 +296,28 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
         if nested is None:
             continue
         if not isinstance(nested, dict):
-            raise ConfigError(f"{where}: field {key} = {nested!r} is invalid: expected a mapping")
+            raise ConfigError(f"{where}: field {key} = {_short(nested)} is invalid: expected a mapping")
         text, prefix = nested, f"{key}."
         break
-    merged = dict(_MODEL_TYPE_DEFAULTS.get(str(text.get("model_type", "")), {}))
-    merged.update({k: v for k, v in text.items() if v is not None})
+    model_type = text.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        top = config.get("model_type")
+        model_type = _NESTED_MODEL_TYPES.get(top, top) if prefix and isinstance(top, str) else model_type
+    merged = dict(_MODEL_TYPE_DEFAULTS.get(str(model_type or ""), {}))
+    merged.update(text)
+    if isinstance(model_type, str) and model_type:
+        merged["model_type"] = model_type
     if prefix:
         for key in _DTYPE_KEYS:  # the checkpoint dtype usually sits at the top level
-            if key not in merged and config.get(key) is not None:
+            if merged.get(key) is None and config.get(key) is not None:
                 merged[key] = config[key]
     return merged, prefix
+
+
+def _short(value: Any) -> str:
+    """``repr`` of a config value, cut to a readable length for error messages."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _model_dtype(r: _Reader) -> str:
@@ -317,6 +350,10 @@ def _pattern_layer_kinds(r: _Reader, num_layers: int, model_type: str) -> list[s
         return [mapping[t] for t in types]
 
     window = r.raw("sliding_window")
+    if window == 0:  # vLLM: a window of 0 means no sliding window
+        window = None
+        r.provenance["layer_pattern"] = r.prefix + "sliding_window = 0 (off)"
+        return ["full"] * num_layers
     if r.has("use_sliding_window") and not r.bool("use_sliding_window"):
         r.provenance["layer_pattern"] = r.prefix + "use_sliding_window = false"
         return ["full"] * num_layers
@@ -332,6 +369,10 @@ def _pattern_layer_kinds(r: _Reader, num_layers: int, model_type: str) -> list[s
         period = r.int("sliding_window_pattern", ("sliding_window_pattern",))
         r.provenance["layer_pattern"] = r.prefix + f"sliding_window_pattern (every {period}th layer global)"
         return ["sliding" if (i + 1) % period else "full" for i in range(num_layers)]
+
+    if model_type == "gpt_oss" and window is not None:
+        r.provenance["layer_pattern"] = "gpt_oss: even layers sliding, odd layers full"
+        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
 
     if model_type == "gemma2" and window is not None:
         r.provenance["layer_pattern"] = "gemma2: even layers sliding, odd layers global"
@@ -369,6 +410,10 @@ def _attention_layers(r: _Reader, num_layers: int, model_type: str, num_heads: i
         r.provenance["head_dim"] = f"MLA: {r.prefix}kv_lora_rank {rank} + {r.prefix}qk_rope_head_dim {rope}"
         dim = overrides.head_dim or rank + rope
         return [LayerCache(LayerKind.MLA, kv_heads=1, head_dim=dim, tp_shardable=False)] * num_layers
+
+    block_configs = r.raw("block_configs")
+    if block_configs is not None and not overrides.kv_heads:
+        return _nas_layers(r, block_configs, num_layers, num_heads, hidden, overrides)
 
     if overrides.kv_heads:
         kv_heads = overrides.kv_heads
@@ -418,6 +463,40 @@ def _attention_layers(r: _Reader, num_layers: int, model_type: str, num_heads: i
     return [by_name[k] for k in kinds]
 
 
+def _nas_layers(r: _Reader, block_configs: Any, num_layers: int, num_heads: int, hidden: int,
+                overrides: Overrides) -> list[LayerCache]:
+    """Nemotron-NAS (DeciLM) layers: ``block_configs[i].attention`` is a no-op (caches nothing) or keeps
+    ``num_attention_heads // n_heads_in_group`` KV heads, so layers may differ in KV heads."""
+    if not isinstance(block_configs, list) or len(block_configs) != num_layers:
+        raise r._fail("block_configs", block_configs, f"a list of {num_layers} per-layer mappings")
+    head_dim = overrides.head_dim or r.int("head_dim", ("head_dim",), required=False)
+    if head_dim is None:
+        if hidden % num_heads:
+            raise ConfigError(f"{r.where}: hidden_size {hidden} is not divisible by num_attention_heads {num_heads}",
+                              "pass --head-dim to override")
+        head_dim = hidden // num_heads
+    layers: list[LayerCache] = []
+    for i, block in enumerate(block_configs):
+        attention = block.get("attention") if isinstance(block, dict) else None
+        if not isinstance(attention, dict):
+            raise r._fail(f"block_configs[{i}].attention", attention, "a mapping")
+        no_op = attention.get("no_op", False)
+        if not isinstance(no_op, bool):
+            raise r._fail(f"block_configs[{i}].attention.no_op", no_op, "true or false")
+        if no_op:
+            layers.append(LayerCache(LayerKind.NONE))
+            continue
+        group = attention.get("n_heads_in_group")
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1 or num_heads % group:
+            raise r._fail(f"block_configs[{i}].attention.n_heads_in_group", group,
+                          f"a positive divisor of num_attention_heads ({num_heads})")
+        layers.append(LayerCache(LayerKind.FULL, num_heads // group, head_dim))
+    r.provenance["kv_heads"] = (f"{r.prefix}num_attention_heads // {r.prefix}block_configs[i].attention.n_heads_in_group "
+                                "(no_op layers cache nothing)")
+    r.provenance["layer_pattern"] = r.prefix + "block_configs"
+    return layers
+
+
 _ENCODER_DECODER_TYPES = {"t5", "mt5", "bart", "mbart", "pegasus", "marian", "whisper", "umt5", "longt5"}
 
 
@@ -451,8 +530,10 @@ def spec_from_config(
     num_layers = overrides.num_layers or r.int("num_layers", _LAYER_KEYS)
     if overrides.num_layers:
         r.provenance["num_layers"] = "--layers"
-    num_heads = r.int("num_attention_heads", _HEAD_KEYS)
-    hidden = r.int("hidden_size", _HIDDEN_KEYS)
+    described = bool(overrides.kv_heads and overrides.head_dim)  # the overrides alone describe the cache
+    num_heads = r.int("num_attention_heads", _HEAD_KEYS, required=not described) or overrides.kv_heads
+    hidden = r.int("hidden_size", _HIDDEN_KEYS, required=not described) or (
+        (overrides.kv_heads or 0) * (overrides.head_dim or 0))
     assert num_layers is not None and num_heads is not None and hidden is not None
 
     layers = _hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
@@ -476,7 +557,18 @@ def spec_from_config(
     if prefix:
         notes.append(f"multimodal config: the language model ({prefix.rstrip('.')}) is planned; vision encoder memory is not modelled")
     if r.has("num_nextn_predict_layers") and r.raw("num_nextn_predict_layers"):
-        notes.append("multi-token-prediction (MTP) layers are not counted in the KV cache")
+        notes.append("multi-token-prediction (MTP) layers are not counted in the KV cache (vLLM adds them only "
+                     "with speculative decoding)")
+    kinds = {layer.kind for layer in layers}
+    if LayerKind.CHUNKED in kinds and kinds & {LayerKind.FULL, LayerKind.MLA}:
+        notes.append("chunked local attention: vLLM 0.32 disables its hybrid KV manager for attention_chunk_size "
+                     "models, so chunked layers are allocated like full attention (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_"
+                     "WITH_HYBRID_KV_CACHE=1 turns the chunk bound back on)")
+    if any(layer.is_state for layer in layers):
+        ssm = {layer.ssm_dtype for layer in layers if layer.is_state}
+        notes.append("state layers: conv state in the model dtype, SSM state in "
+                     + ", ".join(sorted(d or "the model dtype" for d in ssm)) + " (vLLM's mamba_ssm_cache_dtype)")
+    decoder_layers = num_layers if len(layers) != num_layers else 0
 
     spec = ModelSpec(
         model_id=model_id,
@@ -495,6 +587,7 @@ def spec_from_config(
         weights=weights,
         provenance=MappingProxyType(dict(r.provenance)),
         notes=tuple(notes),
+        decoder_layers=decoder_layers,
     )
     return replace(spec, parameters=_parameter_count(spec, r))
 
@@ -507,8 +600,76 @@ def _hybrid_layers(r: _Reader, config: Mapping[str, Any], num_layers: int, model
     return hybrid.hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
 
 
+_UNGATED_MLP_TYPES = {"gpt2", "opt", "falcon", "RefinedWeb", "RefinedWebModel", "phi", "gpt_neox", "gptj", "bloom",
+                      "gpt_bigcode", "starcoder2", "mpt", "codegen", "gpt_neo"}
+
+
+def _moe_layer(r: _Reader, i: int, num_layers: int, model_type: str) -> bool:
+    """Whether decoder layer ``i`` has routed experts (DeepSeek, Qwen-MoE, Jamba, Llama 4 key conventions)."""
+    opt = lambda key, default: r.int(key, (key,), required=False, minimum=0) if r.has(key) else default  # noqa: E731
+    if r.has("first_k_dense_replace") or r.has("moe_layer_freq"):
+        k, freq = opt("first_k_dense_replace", 0), max(1, opt("moe_layer_freq", 1))
+        return i >= k and i % freq == 0
+    mlp_only = r.raw("mlp_only_layers")
+    if isinstance(mlp_only, list) and i in mlp_only:
+        return False
+    if r.has("decoder_sparse_step"):
+        step = max(1, opt("decoder_sparse_step", 1))
+        return (i + 1) % step == 0
+    if r.has("expert_layer_period"):
+        period, offset = max(1, opt("expert_layer_period", 1)), opt("expert_layer_offset", 0)
+        return i % period == offset
+    moe_layers = r.raw("moe_layers")
+    if isinstance(moe_layers, list):
+        return i in moe_layers
+    if model_type.startswith("llama4"):
+        step = max(1, opt("interleave_moe_layer_step", 1))
+        return (i + 1) % step == 0
+    return True
+
+
+def _attention_params(r: _Reader, spec: ModelSpec, layer: LayerCache) -> int:
+    """Parameters of one layer's attention / mixer (projections, norms of the latent)."""
+    h, heads = spec.hidden_size, spec.num_attention_heads
+    if layer.kind is LayerKind.MLA:
+        get = lambda key, default=0: r.int(key, (key,), required=False, minimum=0) or default  # noqa: E731
+        nope, rope, v_dim = get("qk_nope_head_dim"), get("qk_rope_head_dim"), get("v_head_dim")
+        q_lora, kv_lora = get("q_lora_rank"), get("kv_lora_rank")
+        q = (h * q_lora + q_lora + q_lora * heads * (nope + rope)) if q_lora else h * heads * (nope + rope)
+        kv = h * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+        return q + kv + heads * v_dim * h
+    if layer.caches_tokens:
+        head_dim = layer.head_dim
+        return 2 * h * heads * head_dim + 2 * h * layer.kv_heads * head_dim
+    if layer.is_state and layer.state_dims:
+        return _state_params(h, layer)
+    return 0
+
+
+def _state_params(h: int, layer: LayerCache) -> int:
+    """Parameters of a Mamba1 / Mamba2 / gated-delta-net mixer from its dims."""
+    d = layer.state_dims
+    if layer.state_kind == "mamba1":
+        inner, state, kernel, dt_rank = d
+        return (h * 2 * inner + inner * kernel + inner + inner * (dt_rank + 2 * state) + dt_rank * inner + inner
+                + inner * state + inner + inner * h)
+    if layer.state_kind == "mamba2":
+        heads, _head_dim, groups, state, kernel, inner = d
+        conv = inner + 2 * groups * state
+        return h * (2 * inner + 2 * groups * state + heads) + conv * kernel + conv + 3 * heads + inner + inner * h
+    k_heads, v_heads, k_dim, v_dim, kernel = d
+    conv = 2 * k_heads * k_dim + v_heads * v_dim
+    return (h * (2 * k_heads * k_dim + 2 * v_heads * v_dim) + h * 2 * v_heads + conv * kernel + 2 * v_heads + v_dim
+            + v_heads * v_dim * h)
+
+
 def _parameter_count(spec: ModelSpec, r: _Reader) -> int | None:
-    """Total parameters from the weight facts, else computed from the config (dense or MoE)."""
+    """Total parameters from the weight facts, else computed from the config (dense or MoE).
+
+    Counted: embeddings (+ an untied LM head), each layer's attention or mixer (MLA projections, Mamba /
+    gated-delta-net mixers), its MLP (dense, or routed experts x 3 x hidden x expert size + router +
+    shared experts), norms. Not counted: biases, multi-token-prediction layers, vision towers.
+    """
     w = spec.weights
     if w is not None and w.parameters:
         return w.parameters
@@ -517,23 +678,30 @@ def _parameter_count(spec: ModelSpec, r: _Reader) -> int | None:
     if not spec.vocab_size:
         return None
     h = spec.hidden_size
-    heads = spec.num_attention_heads
-    q_dim = heads * (r.int("head_dim", ("head_dim",), required=False) or h // heads)
-    attn = 0
-    for layer in spec.layers:
-        if layer.kind is LayerKind.MLA:
-            attn += 4 * h * q_dim // 2 + h * layer.head_dim  # rough: q, o and latent projections
-        elif layer.caches_tokens:
-            attn += 2 * h * q_dim + 2 * h * layer.kv_heads * layer.head_dim
-        elif layer.is_state:
-            attn += 3 * h * h  # rough in/out projections of a state layer
-    if spec.num_experts:
-        mlp = spec.num_layers * (spec.num_experts * 3 * h * spec.moe_intermediate_size + h * spec.num_experts)
-    else:
-        mlp = spec.num_layers * 3 * h * spec.intermediate_size
+    model_type = r.str("model_type", "") or ""
+    gated = model_type not in _UNGATED_MLP_TYPES
+    dense_mlp = (3 if gated else 2) * h * spec.intermediate_size
+    n_shared = r.int("n_shared_experts", ("n_shared_experts", "num_shared_experts"), required=False, minimum=0) or 0
+    shared_inter = r.int("shared_expert_intermediate_size", ("shared_expert_intermediate_size",), required=False,
+                         minimum=0) or 0
+    if model_type.startswith("llama4"):
+        dense_mlp = 3 * h * (r.int("intermediate_size_mlp", ("intermediate_size_mlp",), required=False)
+                             or spec.intermediate_size)
+        n_shared = max(n_shared, 1)
+    expert = 3 * h * spec.moe_intermediate_size
+    moe_mlp = spec.num_experts * expert + h * spec.num_experts + n_shared * expert
+    if shared_inter:
+        moe_mlp += 3 * h * shared_inter + h  # Qwen-MoE shared expert and its gate
+    total = 0
+    mixers = [_attention_params(r, spec, layer) for layer in spec.layers]
+    total += sum(mixers)
+    for i in range(spec.num_layers_decoder):
+        moe = spec.num_experts and _moe_layer(r, i, spec.num_layers_decoder, model_type)
+        total += moe_mlp if moe else dense_mlp
+        total += 2 * h
     embed = spec.vocab_size * h
     tied = r.bool("tie_word_embeddings", default=False)
-    return attn + mlp + embed * (1 if tied else 2) + (2 * spec.num_layers + 1) * h
+    return total + embed * (1 if tied else 2) + h
 
 
 def build_spec(source: ModelSource, overrides: Overrides = Overrides()) -> ModelSpec:
