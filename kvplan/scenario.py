@@ -643,6 +643,10 @@ class WhatIfFile:
     outputs: tuple[Path, ...]
     plots: tuple[str, ...]
     where: Where  # the sweep (or the file) for errors found while planning
+    locations: Mapping[str, Where] = field(default_factory=dict)  # option -> where it was set (defaults/sweep)
+
+    def where_of(self, key: str) -> Where:
+        return self.locations.get(key, self.where)
 
     @property
     def num_rows(self) -> int:
@@ -725,4 +729,5 @@ def load_whatif(path: str | Path) -> WhatIfFile:
         outputs=outputs,
         plots=plots,
         where=doc.where(("sweep",)) if model.sweep is not None else doc.where(()),  # type: ignore[attr-defined]
+        locations=_locations(doc, [("defaults",), ("sweep",)], OPTION_FIELDS),
     )

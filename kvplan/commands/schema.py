@@ -1,0 +1,27 @@
+"""``kvplan schema [capacity|whatif]``: the JSON Schema of a YAML file (for editors and CI linters)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+EPILOG = ("Examples: kvplan schema capacity > kvplan-capacity.schema.json  ·  kvplan schema whatif  ·  "
+          "then put `# yaml-language-server: $schema=kvplan-capacity.schema.json` on a YAML file's first line")
+
+
+def register(app: typer.Typer) -> None:
+    from kvplan.cli import handle_errors
+
+    @app.command("schema", epilog=EPILOG)
+    @handle_errors
+    def schema(
+        kind: Annotated[str, typer.Argument(help="Which file: capacity (kvplan check) or whatif (kvplan report).")] = "capacity",
+    ) -> None:
+        """Print the JSON Schema of a capacity or what-if file (generated from the validating models)."""
+        from kvplan.render import print_json
+        from kvplan.scenario import json_schema
+
+        print_json(json_schema(kind))
+
+    _ = schema

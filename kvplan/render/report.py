@@ -1,0 +1,479 @@
+"""Rendering of what-if reports: rich table, Markdown, self-contained HTML, CSV, JSON, plots (matplotlib, lazily).
+
+Every renderer returns text or bytes; the command writes them (atomically, all at once).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from kvplan.units import GiB, fmt_bytes
+
+if TYPE_CHECKING:
+    from kvplan.report import Pool, Report, Row
+
+TERMINAL_ROWS = 40  # rows shown in the terminal before truncating (head + tail)
+DOCUMENT_ROWS = 2000  # rows in the Markdown / HTML table (CSV and JSON hold them all)
+MAX_SERIES = 12  # lines in the concurrency plot
+MAX_BARS = 24  # bars in the memory plot
+
+_LABEL_TITLES = {
+    "name": "scenario", "model": "model", "gpu": "GPU", "gpus": "GPUs", "tp": "tp", "pp": "pp", "engine": "engine",
+    "dtype": "dtype", "kv_dtype": "KV dtype", "weights_dtype": "weights", "block_size": "block", "gpu_util": "util",
+    "context": "context", "batch": "batch", "max_model_len": "max_model_len",
+}
+# figure columns: (title, getter, formatter, right-aligned)
+_FIGURES: list[tuple[str, str]] = [
+    ("KV/token/GPU", "kv_bytes_per_token"),
+    ("weights/GPU", "weights_bytes"),
+    ("KV budget", "kv_budget_bytes"),
+    ("KV tokens", "kv_tokens"),
+    ("max req @ctx", "max_requests"),
+    ("max ctx @batch", "max_context_at_batch"),
+    ("fits", "fits"),
+    ("decode tok/s ≤", "decode_tokens_per_s"),
+]
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "kv_bytes_per_token":
+        return fmt_bytes(value)
+    if key.endswith("_bytes"):
+        return f"{value / GiB:,.2f} GiB" if value > 0 else ("none" if key == "kv_budget_bytes" else "0")
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key == "decode_tokens_per_s":
+        return f"{value:,.0f}"
+    if key == "model" and isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def columns(report: "Report") -> list[str]:
+    """Label columns shown in tables: those that vary (max_model_len only when it differs from context)."""
+    cols = [c for c in report.varying if c != "max_model_len"]
+    if "max_model_len" in report.varying and any(r.max_model_len != r.context for r in report.rows):
+        cols.append("max_model_len")
+    return cols or ["model"]
+
+
+def constants(report: "Report") -> list[tuple[str, str]]:
+    """(title, value) of the label columns that are the same in every row."""
+    if not report.rows:
+        return []
+    first = report.rows[0].to_dict()
+    shown = set(columns(report))
+    out = []
+    for key in ("model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size",
+                "gpu_util", "context", "batch", "max_model_len"):
+        if key in shown or key in report.varying or (key == "max_model_len" and "context" in report.varying):
+            continue
+        out.append((_LABEL_TITLES[key], _fmt(key, first[key])))
+    return out
+
+
+def _table_rows(report: "Report", cols: list[str], limit: int) -> tuple[list[list[str]], int]:
+    """Formatted cells for at most ``limit`` rows (head and tail); returns (rows, number hidden)."""
+    rows = report.rows
+    if len(rows) <= limit:
+        chosen: list[Row | None] = list(rows)
+    else:
+        head = limit - max(1, limit // 8)
+        chosen = list(rows[:head]) + [None] + list(rows[len(rows) - (limit - head):])
+    out = []
+    for row in chosen:
+        if row is None:
+            out.append(["…"] * (len(cols) + len(_FIGURES)))
+            continue
+        d = row.to_dict()
+        out.append([_fmt(c, d[c]) for c in cols] + [_fmt(k, d[k]) for _, k in _FIGURES])
+    return out, max(0, len(rows) - limit)
+
+
+_SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8_e5m2"}
+_TERMINAL_TITLES = {
+    "kv_bytes_per_token": "KiB\n/tok", "weights_bytes": "wts\nGiB", "kv_budget_bytes": "KV\nGiB",
+    "kv_tokens": "KV\ntokens", "max_requests": "reqs\n@ctx", "max_context_at_batch": "ctx\n@batch",
+    "fits": "fits", "decode_tokens_per_s": "tok/s\n≤",
+    "kv_dtype": "KV\ndtype", "weights_dtype": "wts\ndtype", "context": "ctx", "max_model_len": "max\nlen",
+    "block_size": "block", "gpu_util": "util",
+}
+
+
+def _tokens_short(n: int) -> str:
+    return f"{n // 1024:,}k" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
+
+
+def _terminal_cell(key: str, value: Any) -> str:
+    """Compact cells for the terminal (the documents and CSV keep full figures)."""
+    if value is None:
+        return "-"
+    if key in ("dtype", "kv_dtype", "weights_dtype"):
+        return _SHORT_DTYPES.get(value, value)
+    if key == "model":
+        return str(value).split("/")[-1]
+    if key in ("context", "max_model_len"):
+        return _tokens_short(value)
+    if key == "kv_bytes_per_token":
+        return f"{value / 1024:,.4g}"
+    if key in ("weights_bytes", "kv_budget_bytes"):
+        return f"{value / GiB:,.1f}" if value > 0 else ("none" if key == "kv_budget_bytes" else "0")
+    return _fmt(key, value)
+
+
+def render_report(report: "Report", written: list[str] | None = None, limit: int = TERMINAL_ROWS):  # noqa: ANN201
+    """The rich table (long sweeps truncated, and said so), constants and notes."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    cols = columns(report)
+    rows = report.rows
+    if len(rows) <= limit:
+        chosen: list[Row | None] = list(rows)
+    else:
+        head = limit - max(1, limit // 8)
+        chosen = list(rows[:head]) + [None] + list(rows[len(rows) - (limit - head):])
+    table = Table(title=f"{report.title} ({len(rows):,} scenarios)", title_justify="left", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), collapse_padding=True, pad_edge=False, show_edge=False)
+    for c in cols:
+        table.add_column(_TERMINAL_TITLES.get(c, _LABEL_TITLES[c]), no_wrap=c != "name",
+                         justify="right" if c in ("context", "batch", "tp", "gpus", "pp", "max_model_len") else "left")
+    for _, key in _FIGURES:
+        table.add_column(_TERMINAL_TITLES[key], justify="right", no_wrap=True)
+    for row in chosen:
+        if row is None:
+            table.add_row(*(["…"] * (len(cols) + len(_FIGURES))))
+            continue
+        d = row.to_dict()
+        cells: list[Any] = [_terminal_cell(c, d[c]) for c in cols]
+        for _, key in _FIGURES:
+            text = _terminal_cell(key, d[key])
+            cells.append(Text(text, style="green" if text == "yes" else "red") if key == "fits" else text)
+        table.add_row(*cells)
+    parts: list[Any] = []
+    const = constants(report)
+    if const:
+        parts.append(Text("for every row: " + ", ".join(f"{k} {v}" for k, v in const), style="grey62"))
+    parts.append(table)
+    parts.append(Text("KiB/tok: KV bytes per token per GPU · wts, KV: weights and KV budget per GPU · reqs@ctx: requests that "
+                      "fit at the context · ctx@batch: longest context at the batch · tok/s: decode ceiling", style="grey62"))
+    hidden = max(0, len(rows) - limit)
+    if hidden:
+        parts.append(Text(f"… {hidden:,} of {len(rows):,} rows not shown (--rows N shows more); every row goes to the "
+                          f"CSV/JSON outputs and --json", style="yellow"))
+    for note in report.notes:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    for path in written or []:
+        parts.append(Text(f"wrote {path}", style="grey62"))
+    return Group(*parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV / JSON
+
+
+def to_csv(report: "Report") -> str:
+    """Every row, every figure (bytes as integers, per GPU)."""
+    from kvplan.report import ROW_FIELDS
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(ROW_FIELDS), lineterminator="\n")
+    writer.writeheader()
+    for row in report.rows:
+        writer.writerow(row.to_dict())
+    return buf.getvalue()
+
+
+def to_json(report: "Report") -> str:
+    return json.dumps(report.to_dict(), indent=1) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+
+
+class PlotsUnavailable(Exception):
+    """matplotlib is not installed (the reports are written without plots)."""
+
+
+def _pyplot():  # noqa: ANN202 - the pyplot module
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotsUnavailable("matplotlib is not installed: reports written without plots "
+                               "(pip install 'kvplan[plot]' to add them)") from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series_label(pool: "Pool", keys: list[str]) -> str:
+    labels = pool.labels()
+    parts = []
+    for k in keys:
+        v = labels[k]
+        parts.append(str(v).split("/")[-1] if k == "model" else (f"{k} {v}" if k in ("tp", "pp", "gpus", "block_size", "gpu_util") else str(v)))
+    return " · ".join(parts) or labels["model"].split("/")[-1]
+
+
+def _pool_keys(report: "Report") -> list[str]:
+    from kvplan.report import Pool
+
+    return [k for k in report.varying if k in Pool.LABELS]
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def plot_concurrency(report: "Report") -> tuple[bytes | None, str | None]:
+    """Max concurrent requests vs context, one line per pool (model/GPU/dtype...). (png, caption note)."""
+    keys = _pool_keys(report)
+    series: dict[int, tuple[Pool, dict[int, int]]] = {}
+    for row in report.rows:
+        series.setdefault(id(row.pool), (row.pool, {}))[1][row.context] = row.max_requests
+    if not any(len(points) > 1 for _, points in series.values()):
+        return None, "the concurrency plot needs more than one context (sweep context)"
+    plt = _pyplot()
+    shown = list(series.values())[:MAX_SERIES]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for pool, points in shown:
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, linewidth=1.5, label=_series_label(pool, keys))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xlabel("context (tokens per request)")
+    ax.set_ylabel("max concurrent requests")
+    ax.set_title("Max concurrency vs context")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x / 1024:g}k" if x >= 1024 else f"{x:g}"))
+    ax.legend(fontsize=8, loc="upper right", framealpha=0.85)
+    data = _png(fig)
+    plt.close(fig)
+    note = f"{len(shown)} of {len(series)} configurations plotted" if len(series) > len(shown) else None
+    return data, note
+
+
+def plot_memory(report: "Report") -> tuple[bytes | None, str | None]:
+    """Per-GPU memory breakdown as stacked bars, one per configuration. (png, caption note)."""
+    keys = _pool_keys(report)
+    pools = report.pools
+    shown = pools[:MAX_BARS]
+    plt = _pyplot()
+    parts = [
+        ("weights", lambda b: b.weights.bytes, "#8e44ad"),
+        ("activation", lambda b: b.activation.bytes, "#f39c12"),
+        ("overhead + CUDA graphs", lambda b: b.overhead.bytes + b.cudagraph.bytes, "#c0392b"),
+        ("KV cache budget", lambda b: max(0, b.kv_budget_bytes), "#27ae60"),
+        ("not used (1 - gpu_util)", lambda b: max(0, b.total_bytes - b.usable_bytes), "#bdc3c7"),
+    ]
+    height = max(2.5, 0.42 * len(shown) + 1.4)
+    fig, ax = plt.subplots(figsize=(9, height))
+    labels = [_series_label(p, keys) for p in shown]
+    left = [0.0] * len(shown)
+    for name, get, color in parts:
+        values = [get(p.plan.budget) / GiB for p in shown]
+        ax.barh(labels, values, left=left, color=color, label=name, edgecolor="white", linewidth=0.5)
+        left = [a + b for a, b in zip(left, values)]
+    for i, p in enumerate(shown):
+        if p.plan.budget.kv_budget_bytes <= 0:
+            ax.text(left[i], i, "  no KV budget", va="center", fontsize=8, color="#c0392b")
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB per GPU (as the runtime reports it)")
+    ax.set_title("Memory per GPU")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 if len(shown) > 3 else -0.3), ncol=3, frameon=False)
+    ax.grid(True, axis="x", alpha=0.3)
+    data = _png(fig)
+    plt.close(fig)
+    note = f"{len(shown)} of {len(pools)} configurations shown" if len(pools) > len(shown) else None
+    return data, note
+
+
+PLOT_TITLES = {"concurrency": "Max concurrency vs context", "memory": "Memory per GPU"}
+_PLOTTERS: dict[str, Callable[["Report"], tuple[bytes | None, str | None]]] = {
+    "concurrency": plot_concurrency, "memory": plot_memory,
+}
+
+
+def make_plots(report: "Report", which: tuple[str, ...]) -> tuple[dict[str, bytes], list[str]]:
+    """PNG bytes per plot name, and notes (plots skipped or truncated). Raises PlotsUnavailable."""
+    plots: dict[str, bytes] = {}
+    notes: list[str] = []
+    for name in which:
+        data, note = _PLOTTERS[name](report)
+        if data is not None:
+            plots[name] = data
+        if note:
+            notes.append(note)
+    return plots, notes
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown / HTML
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def to_markdown(report: "Report", images: dict[str, str], notes: list[str]) -> str:
+    """Markdown with a table (at most DOCUMENT_ROWS rows) and links to PNGs written beside it."""
+    cols = columns(report)
+    cells, hidden = _table_rows(report, cols, DOCUMENT_ROWS)
+    lines = [f"# {report.title}", ""]
+    if report.description:
+        lines += [report.description, ""]
+    lines += [f"{len(report.rows):,} scenarios from `{report.file}`, generated by kvplan.", ""]
+    const = constants(report)
+    if const:
+        lines += ["For every row: " + ", ".join(f"**{k}** {v}" for k, v in const) + ".", ""]
+    for name, path in images.items():
+        lines += [f"![{PLOT_TITLES[name]}]({path})", ""]
+    header = [_LABEL_TITLES[c] for c in cols] + [t for t, _ in _FIGURES]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join("---" if i < len(cols) else "---:" for i in range(len(header))) + "|")
+    for row in cells:
+        lines.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
+    lines.append("")
+    if hidden:
+        lines += [f"*{hidden:,} rows not shown; the CSV and JSON outputs hold all {len(report.rows):,}.*", ""]
+    for note in list(report.notes) + notes:
+        lines.append(f"- note: {note}")
+    lines += ["", _footnote(), ""]
+    return "\n".join(lines)
+
+
+def _footnote() -> str:
+    return ("Bytes are per GPU, GiB = 2^30 bytes. *max req @ctx*: whole requests of *context* tokens that fit at once; "
+            "*max ctx @batch*: the longest context that fits *batch* requests; *KV tokens*: vLLM's \"GPU KV cache size\" at "
+            "max_model_len; *decode tok/s*: HBM-bandwidth ceiling at the batch that fits.")
+
+
+_CSS = """
+body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:2rem auto;max-width:1200px;
+padding:0 1rem;color:#1f2328;line-height:1.45}
+h1{font-size:1.6rem;margin-bottom:.2rem}.meta{color:#57606a;margin-top:0}.const{background:#f6f8fa;border:1px solid #d0d7de;
+border-radius:6px;padding:.5rem .8rem;font-size:.9rem}.plots{display:flex;flex-wrap:wrap;gap:1rem;margin:1rem 0}
+figure{margin:0;flex:1 1 520px;border:1px solid #d0d7de;border-radius:6px;padding:.5rem;background:#fff}
+figure img{width:100%;height:auto}figcaption{font-size:.85rem;color:#57606a;text-align:center}
+.wrap{overflow-x:auto;max-height:75vh;border:1px solid #d0d7de;border-radius:6px}
+table{border-collapse:collapse;font-size:.82rem;width:100%}th,td{padding:.3rem .55rem;border-bottom:1px solid #eaeef2;
+white-space:nowrap}th{position:sticky;top:0;background:#f6f8fa;text-align:left;border-bottom:1px solid #d0d7de}
+td.n{text-align:right;font-variant-numeric:tabular-nums}tr:nth-child(even) td{background:#fbfcfd}
+td.yes{color:#1a7f37;font-weight:600}td.no{color:#cf222e;font-weight:600}.note{color:#9a6700}
+.foot{color:#57606a;font-size:.8rem;margin-top:1rem}
+"""
+
+
+def to_html(report: "Report", plots: dict[str, bytes], notes: list[str]) -> str:
+    """One self-contained HTML file: inline CSS, plots as base64 PNG, no external resources."""
+    esc = html.escape
+    cols = columns(report)
+    cells, hidden = _table_rows(report, cols, DOCUMENT_ROWS)
+    numeric = {"context", "batch", "tp", "pp", "gpus", "max_model_len", "block_size", "gpu_util"}
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
+           f"<title>{esc(report.title)}</title><style>{_CSS}</style></head><body>",
+           f"<h1>{esc(report.title)}</h1>",
+           f'<p class="meta">{len(report.rows):,} scenarios from <code>{esc(report.file)}</code>, generated by kvplan.</p>']
+    if report.description:
+        out.append(f"<p>{esc(report.description)}</p>")
+    const = constants(report)
+    if const:
+        out.append('<p class="const">For every row: ' + ", ".join(f"<b>{esc(k)}</b> {esc(v)}" for k, v in const) + "</p>")
+    if plots:
+        out.append('<div class="plots">')
+        for name, data in plots.items():
+            b64 = base64.b64encode(data).decode("ascii")
+            out.append(f'<figure><img alt="{esc(PLOT_TITLES[name])}" src="data:image/png;base64,{b64}">'
+                       f"<figcaption>{esc(PLOT_TITLES[name])}</figcaption></figure>")
+        out.append("</div>")
+    for note in list(report.notes) + notes:
+        out.append(f'<p class="note">note: {esc(note)}</p>')
+    out.append('<div class="wrap"><table><thead><tr>')
+    out.extend(f"<th>{esc(_LABEL_TITLES[c])}</th>" for c in cols)
+    out.extend(f"<th>{esc(t)}</th>" for t, _ in _FIGURES)
+    out.append("</tr></thead><tbody>")
+    keys = cols + [k for _, k in _FIGURES]
+    for row in cells:
+        tds = []
+        for key, cell in zip(keys, row):
+            cls = cell if key == "fits" and cell in ("yes", "no") else ("n" if key in numeric or key in dict(_FIGURES).values() else "")
+            if key == "fits":
+                cls = cell if cell in ("yes", "no") else ""
+            tds.append(f'<td class="{cls}">{esc(cell)}</td>' if cls else f"<td>{esc(cell)}</td>")
+        out.append("<tr>" + "".join(tds) + "</tr>")
+    out.append("</tbody></table></div>")
+    if hidden:
+        out.append(f'<p class="note">{hidden:,} rows not shown; the CSV and JSON outputs hold all {len(report.rows):,}.</p>')
+    out.append(f'<p class="foot">{esc(_footnote()).replace("*", "")}</p>')
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+def render_outputs(report: "Report", outputs: tuple[Path, ...], plot_names: tuple[str, ...]) -> tuple[dict[Path, bytes | str], list[str]]:
+    """Every output file's content (nothing written here) and warnings to show (e.g. no matplotlib)."""
+    files: dict[Path, bytes | str] = {}
+    warnings: list[str] = []
+    plots: dict[str, bytes] = {}
+    plot_notes: list[str] = []
+    if plot_names and any(p.suffix.lower() in (".md", ".html") for p in outputs):
+        try:
+            plots, plot_notes = make_plots(report, plot_names)
+        except PlotsUnavailable as exc:
+            warnings.append(str(exc))
+    for path in outputs:
+        suffix = path.suffix.lower()
+        if suffix == ".csv":
+            files[path] = to_csv(report)
+        elif suffix == ".json":
+            files[path] = to_json(report)
+        elif suffix == ".html":
+            files[path] = to_html(report, plots, plot_notes)
+        elif suffix == ".md":
+            images = {}
+            for name, data in plots.items():
+                png = path.with_name(f"{path.stem}-{name}.png")
+                files[png] = data
+                images[name] = png.name
+            files[path] = to_markdown(report, images, plot_notes)
+    return files, warnings
+
+
+@contextmanager
+def progress_bar(total: int, threshold: int = 20_000) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar on stderr for large sweeps, only when stderr is a terminal (else None)."""
+    if total < threshold or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvplan.render import console
+
+    with Progress(TextColumn("sweeping"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task("sweep", total=total)
+
+        def update(done: int, _total: int) -> None:
+            bar.update(task, completed=done)
+
+        yield update
