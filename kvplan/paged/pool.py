@@ -80,6 +80,7 @@ class LayerView:
     group: int
     slot: int
     cache: LayerCache
+    block_size: int  # tokens per block of this layer's group
     tensors: dict[str, torch.Tensor]
 
     @property
@@ -121,36 +122,50 @@ class KVPool:
         self.slots.clear()
 
 
-def _slot_parts(layout: memory.PoolLayout, num_blocks: int) -> list[list[tuple[int, LayerCache]]]:
-    """For each slot, the (group index, layer cache) pairs of the real layers sharing it."""
-    slots: list[list[tuple[int, LayerCache]]] = [[] for _ in range(layout.group_size)]
+Member = tuple[int, LayerCache, int]  # (group index, layer cache, tokens per block of its group)
+
+
+def _slot_members(layout: memory.PoolLayout, layers: tuple[LayerCache, ...] | None) -> list[list[Member]]:
+    """For each slot, the real layers sharing it: layer ``i`` of every group sits in slot ``i``.
+
+    A layout whose one group mixes page sizes (``bytes_per_block``: full-attention layers with different
+    KV heads, vLLM's UniformTypeKVCacheSpecs) has one tensor per layer; it needs the real ``layers``.
+    """
+    if layout.bytes_per_block:
+        if layers is None:
+            raise ValueError("a layout with per-layer page sizes needs its layers to build the pool")
+        cached = [layer for layer in layers if layer.kind is not LayerKind.NONE]
+        assert len(cached) == layout.num_layers, f"{len(cached)} layers for a layout of {layout.num_layers}"
+        return [[(0, layer, layout.block_size)] for layer in cached]
+    slots: list[list[Member]] = [[] for _ in range(layout.group_size)]
     for g, group in enumerate(layout.groups):
         for i in range(group.num_layers):
-            slots[i].append((g, group.cache))
+            slots[i].append((g, group.cache, layout.group_block_size(group)))
     return slots
 
 
 def allocate_pool(layout: memory.PoolLayout, num_blocks: int, device: str | torch.device = "cpu",
-                  zero: bool = True, check: bool = True) -> KVPool:
+                  zero: bool = True, check: bool = True, layers: tuple[LayerCache, ...] | None = None) -> KVPool:
     """Allocate the pool of ``num_blocks`` block ids for ``layout`` on ``device``.
 
     One tensor per slot, its shape and dtype taken from the slot's first layer; ``zero`` writes zeros so
     every page is touched (the OS then counts it in the resident set). Asserts that the storage bytes
     equal :func:`kvplan.memory.pool_bytes` (``check=False``: the caller compares and reports) and that every
-    sharing layer's views fit the slot exactly.
-    May raise ``torch.cuda.OutOfMemoryError`` / ``RuntimeError`` (out of memory); nothing stays allocated then.
+    sharing layer's views fit the slot exactly. ``layers``: the GPU's layers, needed only when one group
+    mixes page sizes. May raise ``torch.cuda.OutOfMemoryError`` / ``RuntimeError`` (out of memory);
+    nothing stays allocated then.
     """
     device = torch.device(device)
     pool = KVPool(layout, num_blocks, device, [])
     try:
-        for members in _slot_parts(layout, num_blocks):
-            _, owner = members[0]
-            parts = _owner_parts(owner, layout, num_blocks)
+        for members in _slot_members(layout, layers):
+            _, owner, owner_bs = members[0]
+            parts = _owner_parts(owner, owner_bs, layout, num_blocks)
             nbytes = sum(p.nbytes for p in parts)
             buf = (torch.zeros if zero else torch.empty)(nbytes, dtype=torch.uint8, device=device)
             pool.slots.append(buf)
-            for g, cache in members:
-                pool.layers.append(LayerView(g, len(pool.slots) - 1, cache, _views(buf, cache, layout, num_blocks)))
+            for g, cache, bs in members:
+                pool.layers.append(LayerView(g, len(pool.slots) - 1, cache, bs, _views(buf, cache, bs, layout, num_blocks)))
         storage = pool.storage_bytes
         expected = memory.pool_bytes(num_blocks, layout)
         assert not check or storage == expected, f"torch pool holds {storage:,} B but memory.pool_bytes says {expected:,} B"
@@ -160,20 +175,21 @@ def allocate_pool(layout: memory.PoolLayout, num_blocks: int, device: str | torc
         raise
 
 
-def _owner_parts(owner: LayerCache, layout: memory.PoolLayout, num_blocks: int) -> tuple[Part, ...]:
+def _owner_parts(owner: LayerCache, block_size: int, layout: memory.PoolLayout, num_blocks: int) -> tuple[Part, ...]:
     """The parts of a slot's owner; a state page smaller than the pool's page is padded up (hybrid pools
     raise the attention block size so one page holds a state; the padding is pool memory too)."""
-    parts = layer_parts(owner, num_blocks, layout.block_size, layout.kv_dtype, layout.model_dtype)
+    parts = layer_parts(owner, num_blocks, block_size, layout.kv_dtype, layout.model_dtype)
     if owner.is_state:
-        one_block = sum(p.nbytes for p in layer_parts(owner, 1, layout.block_size, layout.kv_dtype, layout.model_dtype))
+        one_block = sum(p.nbytes for p in layer_parts(owner, 1, block_size, layout.kv_dtype, layout.model_dtype))
         if layout.page_bytes > one_block:
             parts += (Part("pad", (num_blocks, layout.page_bytes - one_block), torch.uint8),)
     return parts
 
 
-def _views(buf: torch.Tensor, cache: LayerCache, layout: memory.PoolLayout, num_blocks: int) -> dict[str, torch.Tensor]:
+def _views(buf: torch.Tensor, cache: LayerCache, block_size: int, layout: memory.PoolLayout,
+           num_blocks: int) -> dict[str, torch.Tensor]:
     """Typed views of ``cache``'s parts over the flat byte buffer ``buf`` (parts laid end to end)."""
-    parts = layer_parts(cache, num_blocks, layout.block_size, layout.kv_dtype, layout.model_dtype)
+    parts = layer_parts(cache, num_blocks, block_size, layout.kv_dtype, layout.model_dtype)
     total = sum(p.nbytes for p in parts)
     assert total <= buf.numel(), f"{cache.describe()} needs {total:,} B but its slot holds {buf.numel():,} B"
     if not cache.is_state:
