@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from kvplan.engines import (USAGE_CONTEXTS, Budget, EngineDefaults, Term, forward_bytes_per_token, padded_vocab,
                             sampler_bytes)
 from kvplan.errors import InputError
-from kvplan.spec import ModelSpec
+from kvplan.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, MiB
 
 ENGINE = "vllm"
@@ -47,10 +47,10 @@ class Profile:
     gpu_util_verified: bool = True
 
 
-# Non-torch increase (NCCL / cuBLAS / attention workspaces created after the baseline snapshot):
-# observed 0.10 (A100-40GB), 0.35 (RTX 3090) at tp 1 and 0.20, 0.25 GiB on 24 GB cards at tp 2
-# (engine_reports.yaml); 0.25 GiB is their median. H100 logs of Dec 2024 show 1.79 / 3.58 GiB.
-NON_TORCH_BYTES = 256 * MiB
+# Non-torch increase (NCCL / cuBLAS / attention workspaces created after the baseline snapshot).
+# Logged values (engine_reports.yaml), one per machine: 0.10 (A100-40GB), 0.35 (RTX 3090), 1.79 (H100)
+# at tp 1; 0.25, 0.20 (24 GB cards), 3.58 (H100) at tp 2. kvplan uses their median, 0.30 GiB.
+NON_TORCH_BYTES = round(0.30 * GiB)
 
 PROFILES: dict[str, Profile] = {
     "0.6": Profile("0.6", "0.6.5 - 0.7.x, V0 engine (memory_profiling of PR #10511)", "V0", 0.9, "floor", "v0",
@@ -165,6 +165,21 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     return forward, sampler_bytes(rows, spec.vocab_size, p.sampler_copies)
 
 
+def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
+    """The rotary embedding's cos/sin cache vLLM allocates while loading (counted in "weights").
+
+    One ``[max_position_embeddings, rotary_dim]`` tensor in the model dtype, shared by all layers and
+    replicated on every rank: Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are
+    14.9888 GiB against a 14.9577 GiB checkpoint; Llama-3-8B at 8,192 positions: 2 MiB, 14.9595 GiB).
+    MLA models rotate only ``qk_rope_head_dim`` and are not counted (a few MiB).
+    """
+    attn = next((layer for layer in spec.layers if layer.kind is LayerKind.FULL or layer.kind is LayerKind.SLIDING
+                 or layer.kind is LayerKind.CHUNKED), None)
+    if attn is None or not spec.max_position_embeddings:
+        return 0
+    return spec.max_position_embeddings * attn.head_dim * act_bytes
+
+
 def capture_sizes(max_size: int) -> list[int]:
     """CUDA-graph batch sizes vLLM captures up to ``max_size``: 1, 2, 4, 8..256 by 8, 272..512 by 16."""
     sizes = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, MAX_CUDAGRAPH_CAPTURE_SIZE + 1, 16))
@@ -216,6 +231,10 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
             kv, source = CPU_KVCACHE_SPACE_BYTES, "VLLM_CPU_KVCACHE_SPACE unset: vLLM's CPU default 4 GiB"
         return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                       p.rounding, 0, 0, tuple(notes))
+    rope = rope_cache_bytes(spec, act_bytes)
+    if rope and not weights.source.startswith("--"):
+        weights = Term("weights", weights.bytes + rope,
+                       f"{weights.source} + rotary cos/sin cache {rope / MiB:.1f} MiB (replicated)")
     if activation is None:
         forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version)
         rows = min(max_num_seqs, max_num_batched_tokens)
@@ -226,7 +245,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                           f"{p.sampler_copies} = {sampler / GiB:.2f} GiB)")
     if overhead is None:
         overhead = Term("overhead", p.non_torch_bytes,
-                        "estimate: non-torch memory (NCCL, cuBLAS, attention workspaces), median of logged values")
+                        "estimate: non-torch memory (NCCL, cuBLAS, attention workspaces): median of 6 logged values")
     if cudagraph is None:
         estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes)
         what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"

@@ -1,0 +1,325 @@
+"""How close kvplan's engine model comes to what real vLLM / SGLang start-ups printed.
+
+Runs ``kvplan.plan.plan_for_spec`` on every report of ``benchmarks/engine_reports.yaml`` that names a
+model kvplan can build and a GPU whose memory is known, and prints one row per report:
+
+- ``reported``: the engine's capacity as logged (KV tokens, blocks x block size, the refusal's token
+  count, the estimated max model length, or KV tokens derived from the printed "Available KV cache
+  memory" GiB), next to kvplan's prediction from the inputs alone (``model``);
+- ``+log terms``: the prediction again with every per-term number the log printed (weights,
+  activation peak, non-torch, CUDA graphs) put in place of kvplan's estimate;
+- ``gap from``: the term whose estimate differs most from the log (GiB, estimate minus log).
+
+A gap is *explained* when substituting the logged terms closes it; ``unexplained`` is the error left
+after that substitution. Reports that cannot be run are listed with the reason.
+
+    PYTHONPATH=. python3 benchmarks/engine_agreement.py [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvplan import memory
+from kvplan.plan import Options, plan_for_spec
+from kvplan.sources import WeightFacts, load_bundled
+from kvplan.spec import ModelSpec, build_spec, spec_from_config
+
+GIB = 2**30
+REPORTS = Path(__file__).with_name("engine_reports.yaml")
+
+
+@dataclass(frozen=True)
+class Case:
+    """How to run one report: the model kvplan builds, the GPU, the modelled engine version."""
+
+    model: str  # bundled id, or a key of INLINE_MODELS
+    version: str
+    gpu: str | None = None  # catalogue name; None: the report's total_memory_gib / gpu_memory_gib
+    gpu_memory_gib: float | None = None  # when the report gives no total and the catalogue has no such GPU
+    weights_dtype: str | None = None
+    compare: str = "tokens"  # tokens | blocks | refusal | max_len | kv_gib | concurrency
+    use_activation: bool = True  # False: the logged activation is another worker's (not the minimum)
+    budget_from_log: bool = False  # True: kvplan cannot model the budget (EP, unknown GPU): block math only
+    in_scope: bool = True  # False: a release older than the modelled ones (shown, not summarised)
+    why: str = ""
+
+
+# Minimal specs for models that are not bundled, built from the numbers the report itself states
+# (engine_reports.yaml notes) plus the public config values named here.
+INLINE_MODELS: dict[str, tuple[dict[str, Any], WeightFacts, str]] = {
+    "Qwen3-14B": (
+        {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 40,
+         "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 5120,
+         "intermediate_size": 17408, "vocab_size": 151936, "max_position_embeddings": 40960, "torch_dtype": "bfloat16"},
+        WeightFacts(parameters=14_768_307_200, dtype="bfloat16"),
+        "KV shape from the report (40 layers, 8 KV heads, 128 head dim); only the KV arithmetic is used",
+    ),
+    "gemma-7b": (
+        {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "num_hidden_layers": 28,
+         "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "hidden_size": 3072,
+         "intermediate_size": 24576, "vocab_size": 256000, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"},
+        WeightFacts(parameters=8_537_680_896, dtype="bfloat16"),
+        "KV shape from the report (28 layers x 16 KV heads x 256); hidden/intermediate/vocab/params from the "
+        "public gemma-7b config",
+    ),
+}
+
+CASES: dict[str, Case] = {
+    "vllm-10517-3090-llama31-8b-20k": Case("meta-llama/Llama-3.1-8B-Instruct", "0.6", compare="blocks",
+                                           why="V0 0.6.3/0.6.4 log format; total from the log"),
+    "vllm-10517-3090-llama31-8b-29k-refused": Case("meta-llama/Llama-3.1-8B-Instruct", "0.6", compare="refusal",
+                                                   why="V0 refusal: max_model_len > num_blocks x 16"),
+    "vllm-12330-a100-40-llama3-8b": Case("meta-llama/Meta-Llama-3-8B", "0.6", compare="blocks",
+                                         why="V0 0.6.5/0.6.6 (`vllm serve`)"),
+    "vllm-pr10511-h100-llama3-8b-tp1": Case("meta-llama/Meta-Llama-3-8B", "0.6", compare="kv_gib",
+                                            why="V0 main Dec 2024, `vllm serve`, max_model_len = 8192 (config)"),
+    "vllm-21348-qwen3-235b-fp8-4xh100": Case("Qwen/Qwen3-235B-A22B", "0.10", gpu="H100-SXM-80GB", weights_dtype="fp8",
+                                             why="V1 July 2025 (~0.9.2/0.10), serve defaults, fp8 weights"),
+    "sglang-21348-qwen3-235b-fp8-4xh100": Case("Qwen/Qwen3-235B-A22B", "0.4", gpu="H100-SXM-80GB", weights_dtype="fp8",
+                                               why="SGLang July 2025 (0.4.x formula), mem_fraction_static 0.93"),
+    "lmcache-1739-qwen3-14b-v1": Case("Qwen3-14B", "0.10", gpu_memory_gib=80.0, compare="tokens", budget_from_log=True,
+                                      why="GPU unknown (its memory does not matter here): block math from the "
+                                          "logged KV GiB only"),
+    "recipes-12-qwen3-coder-480b-fp8-8xh20-util-default": Case(
+        "Qwen/Qwen3-Coder-480B-A35B-Instruct", "0.10", gpu_memory_gib=139.8, weights_dtype="fp8", compare="max_len",
+        budget_from_log=True,
+        why="dp 8 + expert parallel (not modelled): block math from the logged KV GiB; H20 141GB total derived "
+            "from the two utilisations"),
+    "recipes-12-qwen3-coder-480b-fp8-8xh20-util095": Case(
+        "Qwen/Qwen3-Coder-480B-A35B-Instruct", "0.10", gpu_memory_gib=139.8, weights_dtype="fp8", compare="max_len",
+        budget_from_log=True,
+        why="as above, util 0.95"),
+    "vllm-13061-2x4090-r1-distill-qwen-14b-refused": Case(
+        "Qwen/Qwen2.5-14B-Instruct", "0.6", gpu_memory_gib=23.55, compare="refusal", use_activation=False,
+        why="R1-Distill-Qwen-14B has Qwen2.5-14B's architecture; total 23.55 GiB = (8.69+13.95+0.25+0.19)/0.98; "
+            "the logged activation is a non-driver worker's (no sampler), the refusal is the driver's minimum"),
+    "vllm-9802-4xa100-llama31-8b-tp4": Case("meta-llama/Llama-3.1-8B", "0.6", gpu="A100-PCIe-80GB",
+                                            compare="concurrency", why="V0 Oct 2024, chunked prefill on, 512 seqs"),
+    "vllm-2418-4090-gemma-7b-refused": Case("gemma-7b", "0.6", gpu="RTX-4090-24GB", compare="refusal",
+                                            in_scope=False, why="V0 Jan 2024 (0.2.x; modelled with the 0.6 profile); 4090 total "
+                                                "varies 23.52-23.68 GiB by driver"),
+    "myoceane-a100-gpt-oss-20b-v0190": Case("openai/gpt-oss-20b", "0.19", gpu="A100-SXM-80GB", compare="kv_gib",
+                                            why="vLLM 0.19.0 `vllm serve` on an A100 80GB, util 0.65"),
+}
+
+
+def _spec(case: Case) -> ModelSpec:
+    if case.model in INLINE_MODELS:
+        config, weights, _ = INLINE_MODELS[case.model]
+        return spec_from_config(config, model_id=case.model, where="engine_agreement.py", weights=weights)
+    return build_spec(load_bundled(case.model))
+
+
+def _options(report: dict[str, Any], case: Case, spec: ModelSpec, **terms: int | None) -> Options:
+    r = report.get("reported") or {}
+    tp, pp = report.get("tp") or 1, report.get("pp") or 1
+    max_model_len = report.get("max_model_len") or spec.max_position_embeddings
+    total = r.get("total_memory_gib") or case.gpu_memory_gib
+    gpu_memory = round(total * GIB) if total and not case.gpu else None
+    util = report.get("gpu_memory_utilization") if report["engine"] == "vllm" else report.get("mem_fraction_static")
+    return Options(
+        model=spec.model_id, gpu=case.gpu if case.gpu else None, gpu_memory_bytes=gpu_memory, gpu_count=tp * pp,
+        tp=tp, pp=pp, engine=report["engine"], engine_version=case.version, weights_dtype=case.weights_dtype,
+        gpu_util=util, context=max_model_len, max_model_len=max_model_len,
+        max_num_seqs=report.get("max_num_seqs"), max_num_batched_tokens=report.get("max_num_batched_tokens"),
+        **{k: v for k, v in terms.items() if v is not None},
+    )
+
+
+def _logged_terms(report: dict[str, Any], case: Case) -> dict[str, float]:
+    """Per-GPU terms the log printed (GiB)."""
+    r = report.get("reported") or {}
+    out: dict[str, float] = {}
+    if r.get("weights_gib") is not None:
+        out["weights"] = r["weights_gib"]
+    if case.use_activation:
+        if r.get("activation_peak_gib") is not None:
+            out["activation"] = r["activation_peak_gib"]
+        elif r.get("peak_torch_memory_gib") is not None and r.get("weights_gib") is not None:
+            out["activation"] = r["peak_torch_memory_gib"] - r["weights_gib"]  # 0.6.3/0.6.4: peak includes weights
+    if r.get("non_torch_gib") is not None:
+        out["overhead"] = r["non_torch_gib"]
+    if r.get("cudagraph_gib") is not None:
+        out["cudagraph"] = r["cudagraph_gib"]
+    return out
+
+
+def _measure(plan: Any, case: Case) -> float:
+    """The number comparable to the report's, from a plan."""
+    a, lay = plan.answer, plan.layout
+    if case.compare == "max_len":
+        return a.longest_startable_len
+    if case.compare in ("blocks", "refusal") or (case.compare == "tokens" and plan.engine.kv_tokens_rule == "blocks"):
+        return a.num_blocks * lay.block_size
+    if case.compare == "kv_gib":
+        return plan.budget.kv_budget_bytes / GIB
+    if case.compare == "concurrency":
+        return a.max_concurrency * plan.max_model_len
+    return a.kv_tokens
+
+
+def _reported(report: dict[str, Any], case: Case) -> float | None:
+    r = report.get("reported") or {}
+    if case.compare == "blocks":
+        return r["num_gpu_blocks"] * 16
+    if case.compare == "refusal":
+        return r["refusal_kv_tokens"]
+    if case.compare == "max_len":
+        return r["estimated_max_model_len"]
+    if case.compare == "kv_gib":
+        return r["available_kv_gib"]
+    if case.compare == "concurrency":
+        return r["max_concurrency"] * report["max_model_len"]
+    return r.get("kv_cache_tokens")
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    engine: str
+    compare: str
+    reported: float | None
+    model: float | None
+    with_terms: float | None
+    err_model: float | None
+    err_final: float | None
+    gap: str
+    note: str
+    in_scope: bool = True
+
+
+def run_case(report: dict[str, Any], case: Case) -> Row:
+    spec = _spec(case)
+    r = report.get("reported") or {}
+    base = _options(report, case, spec)
+    model_plan = plan_for_spec(spec, base)
+    logged = _logged_terms(report, case)
+    n = base.tp * base.pp
+    subs = {
+        "weights_bytes": round(logged["weights"] * GIB) * n if "weights" in logged else None,
+        "activation_bytes": round(logged["activation"] * GIB) if "activation" in logged else None,
+        "overhead_bytes": round(logged["overhead"] * GIB) if "overhead" in logged else None,
+        "cudagraph_bytes": round(logged["cudagraph"] * GIB) if "cudagraph" in logged else None,
+    }
+    b = model_plan.budget
+    logged_kv = r.get("available_kv_gib")
+    kv_plan = plan_for_spec(spec, replace(base, kv_budget_bytes=round(logged_kv * GIB))) if logged_kv else None
+    if case.budget_from_log:  # the budget cannot be modelled here: check the block arithmetic from the log's
+        assert kv_plan is not None
+        model_value = final_value = _measure(kv_plan, case)
+        gap = "KV budget from the log (block math only)"
+    else:
+        model_value = _measure(model_plan, case)
+        estimates = {"weights": b.weights.bytes, "activation": b.activation.bytes, "overhead": b.overhead.bytes,
+                     "cudagraph": b.cudagraph.bytes}
+        if logged:
+            final_value = _measure(plan_for_spec(spec, replace(base, **{k: v for k, v in subs.items() if v is not None})),
+                                   case)
+            deltas = {k: estimates[k] / GIB - v for k, v in logged.items()}
+            ranked = sorted(deltas.items(), key=lambda kv: -abs(kv[1]))
+            gap = f"{ranked[0][0]}: " + ", ".join(f"{k} {d:+.2f}" for k, d in ranked)
+        elif kv_plan is not None:
+            final_value = _measure(kv_plan, case)
+            gap = f"KV budget (sum of terms): {b.kv_budget_bytes / GIB - logged_kv:+.2f}; log gives no per-term numbers"
+        else:
+            final_value = model_value
+            gap = "no per-term numbers in the log"
+    reported = _reported(report, case)
+
+    def err(x: float | None) -> float | None:
+        return None if x is None or not reported else (x - reported) / reported * 100
+
+    return Row(report["id"], f"{report['engine']} {case.version}", case.compare, reported, model_value, final_value,
+               err(model_value), err(final_value), gap, case.why, case.in_scope)
+
+
+def skip_reason(report: dict[str, Any]) -> str:
+    r = report.get("reported") or {}
+    model = str(report.get("model", "unknown"))
+    gpu = str(report.get("gpu", "unknown"))
+    if model.startswith("unknown"):
+        return "model not stated"
+    if gpu.startswith("unknown") and not r.get("total_memory_gib"):
+        return "GPU not stated"
+    if not any(k in r for k in ("kv_cache_tokens", "num_gpu_blocks", "refusal_kv_tokens", "estimated_max_model_len",
+                                "available_kv_gib", "max_concurrency", "max_total_num_tokens")):
+        return "no KV capacity in the log (terms or settings only)"
+    return f"model {model} not bundled and its architecture (hybrid / MoE / new) is not in the report"
+
+
+def rows() -> tuple[list[Row], list[tuple[str, str]]]:
+    reports = yaml.safe_load(REPORTS.read_text())
+    done, skipped = [], []
+    for report in reports:
+        case = CASES.get(report["id"])
+        if case is None:
+            skipped.append((report["id"], skip_reason(report)))
+        else:
+            done.append(run_case(report, case))
+    return done, skipped
+
+
+def _fmt(x: float | None, compare: str) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2f} GiB" if compare == "kv_gib" else f"{x:,.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def summary(done: list[Row]) -> dict[str, float | int]:
+    model = [abs(r.err_model) for r in done if r.err_model is not None and r.in_scope]
+    final = [abs(r.err_final) for r in done if r.err_final is not None and r.in_scope]
+    return {
+        "reports_run": len(done),
+        "reports_summarised": len(model),
+        "median_abs_err_model_pct": statistics.median(model),
+        "median_abs_err_final_pct": statistics.median(final),
+        "over_10pct_model": sum(1 for e in model if e > 10),
+        "over_10pct_unexplained": sum(1 for e in final if e > 10),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table (for docs/engines.md)")
+    args = parser.parse_args(argv)
+    done, skipped = rows()
+    out = sys.stdout
+    if args.markdown:
+        out.write("| report | engine | compares | reported | kvplan | err | + log terms | err | gap from (GiB, estimate - log) |\n")
+        out.write("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
+        for r in done:
+            out.write(f"| {r.id} | {r.engine} | {r.compare} | {_fmt(r.reported, r.compare)} | {_fmt(r.model, r.compare)} | "
+                      f"{_pct(r.err_model)} | {_fmt(r.with_terms, r.compare)} | {_pct(r.err_final)} | {r.gap} |\n")
+    else:
+        for r in done:
+            out.write(f"{r.id:52} {r.engine:12} {r.compare:11} rep {_fmt(r.reported, r.compare):>12} "
+                      f"kvplan {_fmt(r.model, r.compare):>12} {_pct(r.err_model):>8}  +terms "
+                      f"{_fmt(r.with_terms, r.compare):>12} {_pct(r.err_final):>7}  {r.gap}\n")
+    s = summary(done)
+    out.write(f"\n{s['reports_run']} reports run, {s['reports_summarised']} in the modelled releases; median |error| {s['median_abs_err_model_pct']:.2f}% from the inputs "
+              f"alone, {s['median_abs_err_final_pct']:.2f}% with the logged terms; over 10%: {s['over_10pct_model']} "
+              f"from the inputs, {s['over_10pct_unexplained']} unexplained\n")
+    for r in done:
+        if r.err_model is not None and abs(r.err_model) > 10:
+            scope = "" if r.in_scope else " [release older than the modelled ones]"
+            out.write(f"- over 10% from the inputs: {r.id} ({r.err_model:+.1f}%){scope}: {r.gap}\n")
+    out.write(f"\n{len(skipped)} reports skipped:\n")
+    for rid, why in skipped:
+        out.write(f"- {rid}: {why}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""SGLang's KV pool: ``mem_fraction_static`` defaults and the token pool it allocates.
+
+SGLang does not profile activations. It measures free memory around weight loading and gives the
+pool everything inside ``mem_fraction_static`` that the weights (and what was allocated before them)
+do not use; activations and CUDA graphs live in ``1 - mem_fraction_static``.
+
+- ``0.4`` (2024 - mid 2025, ``ModelRunner.profile_max_num_token``): ``rest = free_after_load -
+  total x (1 - mem_fraction_static)``, i.e. ``pool = total x frac - weights - used_before_load``;
+  ``mem_fraction_static`` by tp x pp: 0.88, 0.87 (>= 2), 0.85 (>= 4), 0.81 (>= 8), 0.79 (>= 16);
+  ``chunked_prefill_size`` 2048 below 25,000 MiB of GPU memory, else 8192.
+- ``0.5`` (late 2025 / 2026, ``_handle_gpu_memory_settings``): ``pool = (total - used_before_load) x
+  frac - weights`` (measured against the free memory before loading), with ``frac = round((gpu_mem -
+  reserved) / gpu_mem, 3)`` and ``reserved = 512 + max(chunked_prefill_size, 2048) x 1.5 +
+  cuda_graph_max_bs x 2 + (tp x pp / 8) x 1024`` MiB, at least 10 GiB above 60 GiB of GPU memory.
+
+``max_total_num_tokens = pool // cell_size`` where ``cell_size`` is the KV bytes of one token over
+all of this GPU's layers (MLA: ``(kv_lora_rank + qk_rope_head_dim) x layers x bytes``); page size 1,
+so kvplan expresses the pool as blocks of one token and the shared block math applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvplan import memory
+from kvplan.engines import USAGE_CONTEXTS, Budget, EngineDefaults, Term
+from kvplan.errors import InputError
+from kvplan.spec import LayerCache, ModelSpec
+from kvplan.units import DType, GiB, MiB
+
+ENGINE = "sglang"
+VERSIONS = ("0.4", "0.5")
+DEFAULT_VERSION = "0.5"
+PAGE_SIZE = 1  # --page-size default: one token per page
+MAX_RUNNING_REQUESTS_CEILING = 4096
+
+# Memory in use before the weights load (CUDA context, NCCL communicators, custom all-reduce
+# buffers), which SGLang's free-memory arithmetic charges to the pool. Calibrated on one report
+# (Qwen3-235B-A22B-FP8, tp 4 on H100: ~2.2 GiB); the 0.75 GiB CUDA context is the usual size of a
+# context with cuBLAS / NCCL kernels loaded.
+CONTEXT_BYTES = 768 * MiB
+NCCL_BYTES_PER_DOUBLING = 512 * MiB
+
+# 0.5: (chunked_prefill_size, cuda_graph_max_bs) by GPU memory (MiB upper bound). The 24 GB and
+# 80 GB tiers are the anchors in docs/dev/engine_budget_notes.md (RTX 4090: 2048 / 24 -> ~0.847;
+# H100: 8192 / 256 -> ~0.836); the other tiers are recalled, not re-read (docs/engines.md).
+_TIERS_05 = (
+    (20 * 1024, 2048, 8),
+    (35 * 1024, 2048, 24),
+    (60 * 1024, 4096, 32),
+    (160 * 1024, 8192, 256),
+    (math.inf, 16384, 512),
+)
+
+
+def _check(version: str) -> None:
+    if version not in VERSIONS:
+        raise InputError(f"unknown --engine-version {version!r} for sglang",
+                         "modelled versions: " + ", ".join(VERSIONS))
+
+
+def _mib(n_bytes: int | None) -> float:
+    return (n_bytes or 0) / MiB
+
+
+def chunked_prefill_size(version: str, gpu_memory_bytes: int | None) -> int:
+    """SGLang's default ``--chunked-prefill-size`` (tokens) for this GPU."""
+    _check(version)
+    mib = _mib(gpu_memory_bytes)
+    if version == "0.4":
+        return 2048 if mib < 25_000 else 8192
+    return next(chunk for limit, chunk, _ in _TIERS_05 if mib < limit)
+
+
+def cuda_graph_max_bs(version: str, gpu_memory_bytes: int | None) -> int:
+    """SGLang 0.5's default ``--cuda-graph-max-bs`` for this GPU (160 in 0.4)."""
+    _check(version)
+    if version == "0.4":
+        return 160
+    mib = _mib(gpu_memory_bytes)
+    return next(bs for limit, _, bs in _TIERS_05 if mib < limit)
+
+
+def mem_fraction_static(version: str, gpu_memory_bytes: int | None, tp: int = 1, pp: int = 1) -> float:
+    """SGLang's default ``--mem-fraction-static``.
+
+    0.4: by world size ``tp x pp``: 0.79 (>= 16), 0.81 (>= 8), 0.85 (>= 4), 0.87 (>= 2), else 0.88.
+    0.5: ``round((gpu_mib - reserved_mib) / gpu_mib, 3)``; reserved = ``512 + max(chunk, 2048) x 1.5
+    + cuda_graph_max_bs x 2 + world / 8 x 1024`` MiB, raised to 10 GiB above 60 GiB (0.88 when the
+    GPU memory is unknown). H100 (81,106 MiB): 512 + 12288 + 512 + 128 = 13,440 -> 0.834.
+    """
+    _check(version)
+    world = tp * pp
+    if version == "0.4":
+        return 0.79 if world >= 16 else 0.81 if world >= 8 else 0.85 if world >= 4 else 0.87 if world >= 2 else 0.88
+    mib = _mib(gpu_memory_bytes)
+    if mib <= 0:
+        return 0.88
+    reserved = (512 + max(chunked_prefill_size(version, gpu_memory_bytes), 2048) * 1.5
+                + cuda_graph_max_bs(version, gpu_memory_bytes) * 2 + world / 8 * 1024)
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((mib - reserved) / mib, 3)
+
+
+def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
+             max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
+             pp: int = 1) -> EngineDefaults:
+    """SGLang's defaults: ``mem_fraction_static`` as ``gpu_util``, page size 1 as ``block_size``,
+    ``chunked_prefill_size`` as ``max_num_batched_tokens``; ``max_num_seqs`` is the 4096 ceiling of
+    ``max_running_requests`` (the real value follows the pool: :func:`max_running_requests`)."""
+    _check(version)
+    if is_cpu:
+        raise InputError("SGLang's CPU backend is not modelled", "use --engine vllm for a CPU plan")
+    if usage_context not in USAGE_CONTEXTS:
+        raise InputError(f"unknown usage context {usage_context!r}", "use serve or llm")
+    return EngineDefaults(ENGINE, version, mem_fraction_static(version, gpu_memory_bytes, tp, pp), PAGE_SIZE,
+                          chunked_prefill_size(version, gpu_memory_bytes), MAX_RUNNING_REQUESTS_CEILING,
+                          mode="sglang", usage_context=usage_context, cudagraph_profiled=False, refusal="pool",
+                          kv_tokens_rule="blocks")
+
+
+def cell_size_bytes(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType) -> int:
+    """SGLang's ``cell_size``: KV bytes of one token over all (this GPU's) layers.
+
+    GQA/MHA: ``kv_heads x head_dim x layers x 2 x bytes``; MLA: ``(kv_lora_rank + qk_rope_head_dim) x
+    layers x bytes`` (one latent, no separate V).
+    """
+    return memory.kv_bytes_per_token(layers, kv_dtype)
+
+
+def max_total_num_tokens(kv_budget_bytes: int, cell_size: int) -> int:
+    """``max_total_num_tokens = pool bytes // cell_size`` (0 when the pool is negative)."""
+    return max(0, kv_budget_bytes // cell_size) if cell_size > 0 else 0
+
+
+def max_running_requests(total_num_tokens: int, context_len: int) -> int:
+    """0.4's default: ``min(max(int(max_total_num_tokens / context_len x 512), 2048), 4096)``.
+
+    (sglang#4090; newer releases derive it differently - a 2026 log shows 33 - and are not modelled.)
+    """
+    if context_len <= 0:
+        raise InputError(f"invalid context length {context_len}")
+    return min(max(int(total_num_tokens / context_len * 512), 2048), MAX_RUNNING_REQUESTS_CEILING)
+
+
+def pre_load_bytes(tp: int, pp: int) -> int:
+    """Estimated memory in use before the weights load: CUDA context + 0.5 GiB per doubling of ranks."""
+    world = tp * pp
+    return CONTEXT_BYTES + NCCL_BYTES_PER_DOUBLING * max(0, math.ceil(math.log2(world))) if world > 1 else CONTEXT_BYTES
+
+
+def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
+           cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
+           max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
+           version: str = DEFAULT_VERSION, pp: int = 1) -> Budget:
+    """SGLang's pool budget per GPU: ``total x mem_fraction_static - weights - overhead``.
+
+    ``overhead`` is the memory in use before loading (0.4: all of it; 0.5: that times the fraction,
+    since the fraction applies to the free memory before loading). No activation or CUDA-graph term:
+    both live in ``1 - mem_fraction_static``. ``--kv-budget`` (like ``--max-total-tokens`` x cell
+    size) replaces the result.
+    """
+    _check(version)
+    if is_cpu:
+        raise InputError("SGLang's CPU backend is not modelled", "use --engine vllm for a CPU plan")
+    usable = math.floor(total_bytes * gpu_util)
+    if activation is None:
+        activation = Term("activation", 0, "none: SGLang keeps activations in 1 - mem_fraction_static")
+    if cudagraph is None:
+        cudagraph = Term("cudagraph", 0, "none: SGLang captures CUDA graphs in 1 - mem_fraction_static")
+    if overhead is None:
+        before = pre_load_bytes(tp, pp)
+        if version == "0.4":
+            overhead = Term("overhead", before, f"estimate: {before / GiB:.2f} GiB in use before loading "
+                                                 "(CUDA context, NCCL), charged to the pool")
+        else:
+            charged = math.floor(before * gpu_util)
+            overhead = Term("overhead", charged, f"estimate: {before / GiB:.2f} GiB in use before loading x "
+                                                  f"mem_fraction_static {gpu_util}")
+    if kv_budget_override is not None:
+        kv, source = kv_budget_override, "--kv-budget"
+    else:
+        kv = usable - weights.bytes - activation.bytes - overhead.bytes - cudagraph.bytes
+        source = "total x mem_fraction_static - weights - overhead"
+    return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source, "floor")
