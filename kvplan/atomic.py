@@ -40,15 +40,22 @@ def write_files(files: Mapping[Path, bytes | str]) -> None:
     """Write every file atomically, all-or-nothing as far as the filesystem allows.
 
     Phase 1 writes all temporary files (any failure removes them and leaves the targets untouched);
-    phase 2 moves each into place with ``os.replace``. Raises :class:`InputError` naming the path when a
-    folder is missing or not writable.
+    phase 2 moves each into place with ``os.replace``. Missing folders are created (and removed again on
+    failure). Raises :class:`InputError` naming the path when a folder cannot be created or written.
     """
     temps: list[tuple[Path, Path]] = []
+    made: list[Path] = []  # folders created here, removed again if anything fails
+    done = False
     try:
         for path, data in files.items():
             path = Path(path)
             if not path.parent.is_dir():
-                raise InputError(f"cannot write {path}: folder {path.parent} does not exist", "create it first")
+                missing = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise InputError(f"cannot write {path}: cannot create {path.parent} ({exc.strerror or exc})") from None
+                made.extend(reversed(missing))
             payload = data.encode("utf-8") if isinstance(data, str) else data
             try:
                 temps.append((_temp_beside(path, payload), path))
@@ -59,6 +66,13 @@ def write_files(files: Mapping[Path, bytes | str]) -> None:
                 os.replace(temp, path)
             except OSError as exc:
                 raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        done = True
     finally:
         for temp, _ in temps:
             temp.unlink(missing_ok=True)
+        if not done:
+            for folder in reversed(made):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass

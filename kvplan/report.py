@@ -162,7 +162,7 @@ def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, na
     per_req_len = per_req_ctx if mml == context else pool.blocks_per_request(mml)
     limit = p.spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
     n = memory.max_requests(blocks, per_req_ctx)
-    fits = blocks - memory.NULL_BLOCKS >= batch * per_req_ctx
+    fits = max(0, blocks - memory.NULL_BLOCKS) >= batch * per_req_ctx
     return Row(
         name=name,
         pool=pool,

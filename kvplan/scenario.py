@@ -61,7 +61,8 @@ def _expect(kind: str, check: Callable[[Any], Any]) -> Callable[[Any], Any]:
         try:
             out = check(value)
         except KvplanError as exc:
-            raise ValueError(f"{exc.message}; expected {kind}") from None
+            hint = f" ({exc.hint})" if exc.hint else ""
+            raise ValueError(f"{exc.message}; expected {kind}{hint}") from None
         except (TypeError, ValueError):
             raise ValueError(f"expected {kind}") from None
         return out

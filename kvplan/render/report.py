@@ -45,7 +45,7 @@ _FIGURES: list[tuple[str, str]] = [
 
 def _fmt(key: str, value: Any) -> str:
     if value is None:
-        return "-"
+        return "" if key == "name" else "-"
     if key == "kv_bytes_per_token":
         return fmt_bytes(value)
     if key.endswith("_bytes"):
@@ -65,7 +65,7 @@ def _fmt(key: str, value: Any) -> str:
 
 def columns(report: "Report") -> list[str]:
     """Label columns shown in tables: those that vary (max_model_len only when it differs from context)."""
-    cols = [c for c in report.varying if c != "max_model_len"]
+    cols = [c for c in report.varying if c not in ("max_model_len", "gpus")]  # gpus = tp x pp, shown by those
     if "max_model_len" in report.varying and any(r.max_model_len != r.context for r in report.rows):
         cols.append("max_model_len")
     return cols or ["model"]
@@ -121,7 +121,7 @@ def _tokens_short(n: int) -> str:
 def _terminal_cell(key: str, value: Any) -> str:
     """Compact cells for the terminal (the documents and CSV keep full figures)."""
     if value is None:
-        return "-"
+        return "" if key == "name" else "-"
     if key in ("dtype", "kv_dtype", "weights_dtype"):
         return _SHORT_DTYPES.get(value, value)
     if key == "model":

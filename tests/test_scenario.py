@@ -1,0 +1,229 @@
+"""YAML scenario files: every mistake is ONE line with file:line:col, the key path, the value and what was expected;
+exit 2 and nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvplan.cli import app
+from kvplan.scenario import ScenarioFileError, load_capacity, load_whatif
+
+runner = CliRunner()
+
+GOOD_CHECK = """\
+defaults:
+  model: meta-llama/Llama-3.1-8B
+  gpu: H100
+checks:
+  - name: chat
+    require: {concurrency: 4}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "file.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def check_error(tmp_path: Path, text: str) -> str:
+    """Run `kvplan check` on ``text`` with --junit-xml; assert exit 2, one line, no XML written; return the line."""
+    path = write(tmp_path, text)
+    junit = tmp_path / "junit.xml"
+    r = runner.invoke(app, ["check", str(path), "--offline", "--junit-xml", str(junit)])
+    assert r.exit_code == 2, r.output
+    assert not junit.exists()
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def report_error(tmp_path: Path, text: str) -> str:
+    """Run `kvplan report` on ``text`` (outputs under out/); assert exit 2, one line, nothing written."""
+    path = write(tmp_path, text)
+    r = runner.invoke(app, ["report", str(path), "--offline"])
+    assert r.exit_code == 2, r.output
+    assert not (tmp_path / "out").exists()
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_a_good_file_loads_with_parsed_values(tmp_path):
+    path = write(tmp_path, """\
+        defaults:
+          model: meta-llama/Llama-3.1-8B
+          context: 8k
+          kv_budget: 24GiB
+          gpus: 2
+          tp: 2
+        checks:
+          - name: a
+            context: 32k
+            require: {concurrency: 3, headroom_pct: 5}
+        """)
+    cap = load_capacity(path)
+    (c,) = cap.checks
+    assert c.values["context"] == 32 * 1024  # '32k' = 32 x 1024 tokens, the check overrides the default 8k
+    assert c.values["kv_budget"] == "24GiB"  # sizes stay as typed; options_from_values parses them
+    assert c.values["gpu_count"] == 2 and c.values["gpu"] == "H100"  # `gpus` is --gpus; the GPU defaults to H100
+    assert c.require.concurrency == 3 and c.require.headroom_pct == 5.0
+    assert (c.where.line, c.where.col) == (8, 5)  # the check's entry: line 8, column 5 ("- name" dash + 2)
+
+
+def test_typo_in_require_names_line_column_and_suggests(tmp_path):
+    line = check_error(tmp_path, GOOD_CHECK.replace("concurrency: 4", "concurency: 4"))
+    assert "file.yaml:6:15:" in line  # `require: {concurency` -> the key starts at column 15 of line 6
+    assert "checks[0].require.concurency" in line and "did you mean 'concurrency'?" in line
+
+
+def test_unknown_top_level_and_option_keys(tmp_path):
+    line = check_error(tmp_path, GOOD_CHECK.replace("  gpu: H100", "  gpu: H100\n  kv_dtyp: fp8"))
+    assert "file.yaml:4:3:" in line and "defaults.kv_dtyp" in line and "did you mean 'kv_dtype'?" in line
+    line = check_error(tmp_path, GOOD_CHECK + "extra: 1\n")
+    assert "file.yaml:7:1:" in line and "unknown key 'extra'" in line
+
+
+def test_wrong_type_says_value_and_expectation(tmp_path):
+    line = check_error(tmp_path, GOOD_CHECK.replace("concurrency: 4", "concurrency: many"))
+    assert "file.yaml:6:28:" in line and "checks[0].require.concurrency" in line
+    assert "'many'" in line and "expected a positive integer" in line
+
+
+@pytest.mark.parametrize("value, expect", [("-8", "expected a token count"), ("0", "expected a token count"),
+                                            ("8q", "unknown suffix")])
+def test_bad_token_counts(tmp_path, value, expect):
+    line = check_error(tmp_path, GOOD_CHECK.replace("  gpu: H100", f"  gpu: H100\n  context: {value}"))
+    assert "file.yaml:4:12:" in line and "defaults.context" in line and expect in line
+
+
+@pytest.mark.parametrize("value", ["-24GiB", "0", "0GiB", "-3"])
+def test_negative_or_zero_sizes(tmp_path, value):
+    line = check_error(tmp_path, GOOD_CHECK.replace("  gpu: H100", f"  gpu: H100\n  kv_budget: {value}"))
+    assert "file.yaml:4:14:" in line and "defaults.kv_budget" in line and "expected a positive size" in line
+
+
+def test_unknown_gpu_lists_the_closest(tmp_path):
+    line = check_error(tmp_path, GOOD_CHECK.replace("gpu: H100", "gpu: H1000"))
+    assert "file.yaml:3:8:" in line and "unknown GPU 'H1000'" in line and "H100-SXM-80GB" in line
+
+
+def test_unknown_model_lists_the_closest(tmp_path):
+    line = check_error(tmp_path, GOOD_CHECK.replace("model: meta-llama/Llama-3.1-8B", "model: Llama-3.1-8C"))
+    assert "file.yaml:2:10:" in line and "'Llama-3.1-8C'" in line and "meta-llama/Llama-3.1-8B" in line
+
+
+def test_unknown_hub_model_offline_is_exit_2_with_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    line = check_error(tmp_path, GOOD_CHECK + "  - name: other\n    model: some-org/NoSuchModel-7B\n    require: {fits: true}\n")
+    assert "file.yaml:8:12:" in line and "some-org/NoSuchModel-7B" in line
+
+
+def test_duplicate_check_names(tmp_path):
+    line = check_error(tmp_path, GOOD_CHECK + "  - name: chat\n    require: {fits: true}\n")
+    assert "file.yaml:7:11:" in line and "duplicate check name 'chat'" in line and "line 5" in line
+
+
+def test_duplicate_yaml_keys(tmp_path):
+    line = check_error(tmp_path, GOOD_CHECK.replace("  gpu: H100", "  gpu: H100\n  gpu: A100"))
+    assert "file.yaml:4:3:" in line and "duplicate key 'gpu' (first at line 3)" in line
+
+
+def test_not_yaml_and_empty_and_not_a_mapping(tmp_path):
+    line = check_error(tmp_path, "defaults:\n  model: [unclosed\nchecks: x\n")
+    assert "file.yaml:3:" in line and "not valid YAML" in line
+    line = check_error(tmp_path, "")
+    assert "file.yaml:1:1:" in line and "empty" in line
+    line = check_error(tmp_path, "# only a comment\n")
+    assert "file.yaml:1:1:" in line and "empty" in line
+    line = check_error(tmp_path, "- a\n- b\n")
+    assert "file.yaml:1:1:" in line and "expected a mapping" in line
+
+
+def test_missing_and_empty_requirements(tmp_path):
+    line = check_error(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n  - name: a\n")
+    assert "file.yaml:3:5:" in line and "checks[0].require: required key missing" in line
+    line = check_error(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n  - name: a\n    require: {}\n")
+    assert "file.yaml:4:14:" in line and "nothing required" in line
+    line = check_error(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nchecks: []\n")
+    assert "file.yaml:2:9:" in line and "at least one" in line
+    line = check_error(tmp_path, "checks:\n  - name: a\n    require: {fits: true}\n")
+    assert "file.yaml:2:5:" in line and "names no model" in line
+
+
+def test_option_contradiction_points_at_the_check(tmp_path):
+    line = check_error(tmp_path, GOOD_CHECK + "  - name: bad-tp\n    tp: 3\n    require: {fits: true}\n")
+    assert "file.yaml:7:5:" in line and "bad-tp" in line and "--tp 3" in line
+
+
+WHATIF = """\
+defaults:
+  model: meta-llama/Llama-3.1-8B
+sweep:
+  gpu: [H100, L4]
+  context: [4k, 8k]
+outputs: [out/r.csv, out/r.html]
+"""
+
+
+def test_whatif_errors(tmp_path):
+    line = report_error(tmp_path, WHATIF.replace("  gpu: [H100, L4]\n  context: [4k, 8k]\n", "  {}\n").replace("sweep:\n  {}", "sweep: {}"))
+    assert "file.yaml:3:8:" in line and "empty sweep" in line
+    line = report_error(tmp_path, WHATIF.replace("context: [4k, 8k]", "context: []"))
+    assert "file.yaml:5:12:" in line and "sweep.context" in line and "non-empty list" in line
+    line = report_error(tmp_path, WHATIF.replace("context: [4k, 8k]", "context: 8k"))
+    assert "file.yaml:5:12:" in line and "non-empty list" in line
+    line = report_error(tmp_path, WHATIF.replace("context: [4k, 8k]", "contxt: [4k, 8k]"))
+    assert "file.yaml:5:3:" in line and "did you mean 'context'?" in line
+    line = report_error(tmp_path, WHATIF.replace("out/r.html", "out/r.pdf"))
+    assert "file.yaml:6:22:" in line and "outputs[1]" in line and ".md, .html, .csv or .json" in line
+    line = report_error(tmp_path, WHATIF.replace("gpu: [H100, L4]", "gpu: [H100, L44]"))
+    assert "file.yaml:4:15:" in line and "sweep.gpu[1]" in line and "unknown GPU 'L44'" in line
+    line = report_error(tmp_path, WHATIF + "zip: [[gpu, context2]]\n")
+    assert "file.yaml:7:13:" in line and "'context2' is not a sweep axis" in line
+    line = report_error(tmp_path, WHATIF.replace("context: [4k, 8k]", "context: [4k, 8k, 16k]") + "zip: [[gpu, context]]\n")
+    assert "file.yaml:7:7:" in line and "differ in length" in line
+    line = report_error(tmp_path, "title: x\n")
+    assert "nothing to report" in line
+    line = report_error(tmp_path, WHATIF.replace("gpu: [H100, L4]", "tp: [1, 3]"))
+    assert "file.yaml:3:1:" in line or "file.yaml:4:" in line
+    assert "--tp 3" in line
+
+
+def test_schema_command_prints_json_schema():
+    r = runner.invoke(app, ["schema", "capacity"])
+    assert r.exit_code == 0, r.output
+    schema = json.loads(r.stdout)
+    assert schema["additionalProperties"] is False and set(schema["required"]) == {"checks"}
+    check = schema["$defs"]["Check"]
+    assert check["additionalProperties"] is False and "require" in check["properties"] and "kv_budget" in check["properties"]
+    assert "concurrency" in schema["$defs"]["RequireModel"]["properties"]
+    r = runner.invoke(app, ["schema", "whatif"])
+    assert r.exit_code == 0 and "sweep" in json.loads(r.stdout)["properties"]
+    r = runner.invoke(app, ["schema", "workload"])
+    assert r.exit_code == 2 and "unknown schema 'workload'" in r.stderr
+
+
+def test_scenario_errors_are_located(tmp_path):
+    path = write(tmp_path, GOOD_CHECK.replace("gpu: H100", "gpu: 7"))
+    with pytest.raises(ScenarioFileError) as info:
+        load_capacity(path)
+    assert (info.value.where.line, info.value.where.col) == (3, 8)
+    path = write(tmp_path, WHATIF.replace("context: [4k, 8k]", "context: [4k, -1]"))
+    with pytest.raises(ScenarioFileError) as info:
+        load_whatif(path)
+    assert (info.value.where.line, info.value.where.col) == (5, 17)
+
+
+def test_import_cli_does_not_import_pydantic():
+    code = "import sys, kvplan.cli; bad = [m for m in ('pydantic', 'matplotlib', 'torch') if m in sys.modules]; print(bad)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]"
