@@ -1,0 +1,266 @@
+"""Engine models: every budget term with hand-derived numbers, versions, defaults, SGLang's pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvplan.engines import Term, forward_bytes_per_token, padded_vocab, sampler_bytes
+from kvplan.engines import sglang, vllm
+from kvplan.errors import InputError
+from kvplan.plan import Options, plan_for_spec
+from kvplan.sources import load_bundled
+from kvplan.spec import build_spec
+from kvplan.units import GiB, MiB
+
+H100 = 85_045_477_376  # catalogue: CUDA total of an H100 SXM (81,106 MiB)
+RTX4090 = 25_250_627_584  # 24,081 MiB
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    return build_spec(load_bundled("meta-llama/Meta-Llama-3-8B"))
+
+
+@pytest.fixture(scope="module")
+def llama31():
+    return build_spec(load_bundled("meta-llama/Llama-3.1-8B-Instruct"))
+
+
+@pytest.fixture(scope="module")
+def qwen3_8b():
+    return build_spec(load_bundled("Qwen/Qwen3-8B"))
+
+
+def _weights(n: int) -> Term:
+    return Term("weights", n, "test")
+
+
+# --------------------------------------------------------------------------------- activation
+
+
+def test_forward_bytes_dense(llama3):
+    # MLP stage: (3 x hidden 4096 + 3 x intermediate 14336) x 2 B = (12,288 + 43,008) x 2 = 110,592
+    assert forward_bytes_per_token(llama3, 1, 2) == 110_592
+    # tp 2 splits the intermediate only: (12,288 + 3 x 7,168) x 2 = 67,584
+    assert forward_bytes_per_token(llama3, 2, 2) == 67_584
+
+
+def test_forward_bytes_moe_uses_active_experts():
+    spec = build_spec(load_bundled("Qwen/Qwen3-30B-A3B"))
+    # hidden 2048, top-8 experts of moe_intermediate 768 (not the dense 6144):
+    # 3 x 2048 + 8 x (3 x 768 + 2048) = 6,144 + 34,816 = 40,960 elements x 2 B = 81,920
+    assert forward_bytes_per_token(spec, 1, 2) == 81_920
+
+
+def test_sampler_bytes_fp32_rows_over_padded_vocab():
+    assert padded_vocab(128_256) == 128_256  # already a multiple of 64
+    assert padded_vocab(32_001) == 32_064  # 501 x 64
+    # 10 copies x 256 rows x 128,256 x 4 B = 1,313,341,440
+    assert sampler_bytes(256, 128_256, 10) == 1_313_341_440
+
+
+def test_activation_is_max_of_forward_and_sampler(llama3):
+    # V0, 8192-token profile: forward 8192 x 110,592 = 905,969,664 < sampler 1,313,341,440 (10 copies)
+    forward, sampler = vllm.activation_parts(llama3, 1, 8192, 256, 2, "0.6")
+    assert (forward, sampler) == (905_969_664, 1_313_341_440)
+    # V1 keeps 5 copies: 5 x 256 x 128,256 x 4 = 656,670,720; forward 2048 x 110,592 = 226,492,416
+    assert vllm.activation_parts(llama3, 1, 2048, 256, 2, "0.32") == (226_492_416, 656_670_720)
+    # sampler rows are min(max_num_seqs, max_num_batched_tokens): 100 rows x 128,256 x 4 x 5 = 256,512,000
+    assert vllm.activation_parts(llama3, 1, 100, 256, 2, "0.32")[1] == 256_512_000
+    b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, spec=llama3, tp=1, max_num_batched_tokens=20_000,
+                    max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.6")
+    # 20,000 x 110,592 = 2,211,840,000 > sampler: the forward wins
+    assert b.activation.bytes == 2_211_840_000 == b.activation_forward_bytes
+    assert b.activation_sampler_bytes == 1_313_341_440
+
+
+def test_rope_cache_added_to_checkpoint_weights(llama31, llama3):
+    # Llama-3.1: 131,072 positions x 128 head_dim x 2 B = 33,554,432 (32 MiB); Llama-3: 8,192 x 128 x 2 = 2 MiB
+    assert vllm.rope_cache_bytes(llama31, 2) == 33_554_432
+    assert vllm.rope_cache_bytes(llama3, 2) == 2 * MiB
+    b = vllm.budget(H100, 0.9, Term("weights", 1000, "checkpoint"), None, None, None, None, spec=llama3, tp=1,
+                    max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
+    assert b.weights.bytes == 1000 + 2 * MiB
+    user = vllm.budget(H100, 0.9, Term("weights", 1000, "--weights-gib"), None, None, None, None, spec=llama3, tp=1,
+                       max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
+    assert user.weights.bytes == 1000  # a user's number is taken as given
+
+
+# --------------------------------------------------------------------------------- budget
+
+
+def test_requested_rounding_per_version():
+    # 85,045,477,376 x 0.9 = 76,540,929,638.4
+    assert vllm.requested_bytes(H100, 0.9, "floor") == 76_540_929_638
+    assert vllm.requested_bytes(H100, 0.9, "ceil") == 76_540_929_639
+    assert vllm.profile("0.11").rounding == "floor"
+    assert vllm.profile("0.19").rounding == "ceil"
+
+
+def test_v0_budget_end_to_end(llama31):
+    # 24 GiB card, V0 profile, util 0.9, LLM at max_model_len 20,000 (no chunked prefill below 32K):
+    # usable   = floor(25,769,803,776 x 0.9)            = 23,192,823,398
+    # weights  = 16,060,522,496 + rope 33,554,432       = 16,094,076,928
+    # activation = 20,000 x 110,592                     =  2,211,840,000
+    # overhead = round(0.30 x 2**30)                    =    322,122,547
+    # kv = 23,192,823,398 - 16,094,076,928 - 2,211,840,000 - 322,122,547 = 4,564,783,923
+    plan = plan_for_spec(llama31, Options(model="x", gpu=None, gpu_memory_bytes=24 * GiB, engine_version="0.6",
+                                          gpu_util=0.9, context=20_000))
+    b = plan.budget
+    assert plan.engine.max_num_batched_tokens == 20_000
+    assert b.usable_bytes == 23_192_823_398
+    assert b.weights.bytes == 16_094_076_928
+    assert b.activation.bytes == 2_211_840_000
+    assert b.overhead.bytes == 322_122_547
+    assert b.cudagraph.bytes == 0
+    assert b.kv_budget_bytes == 4_564_783_923
+    # 2 MiB blocks (32 layers x 16 tokens x 4 KiB): 4,564,783,923 // 2,097,152 = 2,176
+    assert plan.answer.num_blocks == 2_176
+
+
+def test_cudagraph_only_subtracted_from_021(llama3):
+    assert len(vllm.capture_sizes(512)) == 51  # 1, 2, 4 + 8..256 by 8 (32) + 272..512 by 16 (16)
+    assert len(vllm.capture_sizes(256)) == 35
+    assert vllm.capture_sizes(16) == [1, 2, 4, 8, 16]
+    # max_num_seqs 256: piecewise up to min(512, 512, 2048) = 512 (51), FULL up to 256 (35);
+    # shared = 512 x 110,592 = 56,623,104; extra = (50 + 34) x 32 layers x 300 KiB = 825,753,600
+    est, n_pw, n_full = vllm.cudagraph_bytes(llama3, 1, 1, 256, 2048, 2)
+    assert (est, n_pw, n_full) == (56_623_104 + 825_753_600, 51, 35)
+    common = dict(spec=llama3, tp=1, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
+    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.32", **common).cudagraph.bytes == est
+    logged = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.19", **common).cudagraph
+    assert logged.bytes == 0 and "only logged" in logged.source
+    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.11", **common).cudagraph.bytes == 0
+
+
+def test_user_terms_and_kv_budget_replace_estimates(llama3):
+    b = vllm.budget(H100, 0.9, Term("weights", 10 * GiB, "--weights-gib"), Term("activation", GiB, "--activation-gib"),
+                    Term("overhead", 0, "--overhead-gib"), Term("cudagraph", 0, "--cudagraph-gib"), None, spec=llama3,
+                    tp=1, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.32")
+    # ceil(85,045,477,376 x 0.9) - 10 GiB - 1 GiB = 76,540,929,639 - 11,811,160,064 = 64,729,769,575
+    assert b.kv_budget_bytes == 64_729_769_575
+    fixed = vllm.budget(H100, 0.9, _weights(10 * GiB), None, None, None, 5 * GiB, spec=llama3, tp=1,
+                        max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
+    assert fixed.kv_budget_bytes == 5 * GiB and fixed.kv_budget_source == "--kv-budget"
+
+
+def test_negative_budget_is_an_answer():
+    spec = build_spec(load_bundled("meta-llama/Llama-3.1-70B"))
+    plan = plan_for_spec(spec, Options(model="x", gpu="RTX-4090-24GB"))
+    assert plan.budget.kv_budget_bytes < 0
+    assert plan.answer.num_blocks == 0 and not plan.answer.engine_starts
+
+
+def test_cpu_backend(llama3):
+    plan = plan_for_spec(llama3, Options(model="x", gpu="cpu", gpu_memory_bytes=64 * GiB))
+    assert (plan.engine.block_size, plan.engine.max_num_batched_tokens) == (128, 4096)
+    # VLLM_CPU_KVCACHE_SPACE unset: 4 GiB; 128-token blocks of 32 layers x 4 KiB = 16 MiB -> 256 blocks
+    assert plan.budget.kv_budget_bytes == 4 * GiB and plan.answer.num_blocks == 256
+    given = plan_for_spec(llama3, Options(model="x", gpu="cpu", gpu_memory_bytes=64 * GiB, kv_budget_bytes=40 * GiB))
+    assert given.answer.num_blocks == 2560  # 40 GiB / 16 MiB
+
+
+# --------------------------------------------------------------------------------- versions and defaults
+
+
+def test_versions_and_default_utilisation():
+    assert vllm.DEFAULT_VERSION == "0.32" and vllm.VERSIONS[-1] == "0.32"
+    utils = {v: vllm.defaults(v, H100, False).gpu_util for v in vllm.VERSIONS}
+    assert utils == {"0.6": 0.9, "0.10": 0.9, "0.11": 0.9, "0.19": 0.9, "0.21": 0.92, "0.32": 0.92}
+    assert vllm.defaults("0.6", H100, False).mode == "V0"
+    assert vllm.defaults("0.21", H100, False).notes  # 0.92 at 0.21 is flagged unverified
+    with pytest.raises(InputError, match="0.99"):
+        vllm.defaults("0.99", H100, False)
+
+
+def test_plan_selects_version(llama3):
+    plan = plan_for_spec(llama3, Options(model="x", gpu="h100", engine_version="0.6", context=8192))
+    assert plan.engine.version == "0.6" and plan.budget.requested_rounding == "floor"
+    assert plan.engine.max_num_batched_tokens == 8192  # V0: max(max_model_len, 2048)
+    with pytest.raises(InputError):
+        plan_for_spec(llama3, Options(model="x", gpu="h100", engine_version="7.0"))
+
+
+@pytest.mark.parametrize(("version", "memory", "name", "context", "usage", "expected"), [
+    ("0.32", H100, "H100-SXM-80GB", "serve", "serve", (8192, 1024)),
+    ("0.32", H100, "H100-SXM-80GB", "serve", "llm", (16384, 1024)),
+    ("0.32", 84_987_740_160, "A100-SXM-80GB", "serve", "serve", (2048, 256)),  # >= 70 GiB but an A100
+    ("0.32", 84_987_740_160, "A100-SXM-80GB", "serve", "llm", (8192, 256)),
+    ("0.32", RTX4090, "RTX-4090-24GB", "serve", "serve", (2048, 256)),
+    ("0.32", 191_514_017_792, "B200-180GB", "serve", "serve", (16384, 1024)),  # >= 160 GiB tier
+    ("0.21", 191_514_017_792, "B200-180GB", "serve", "serve", (8192, 1024)),  # no such tier before 0.32
+])
+def test_batch_defaults_by_gpu(version, memory, name, context, usage, expected):
+    assert vllm.batch_defaults(version, memory, gpu_name=name, usage_context=usage) == expected
+
+
+def test_v0_batch_defaults_follow_max_model_len():
+    assert vllm.batch_defaults("0.6", H100, max_model_len=8192) == (8192, 256)
+    assert vllm.batch_defaults("0.6", H100, max_model_len=1000) == (2048, 256)
+    assert vllm.batch_defaults("0.6", H100, max_model_len=40_000) == (2048, 256)  # serve: chunked prefill
+    assert vllm.batch_defaults("0.6", H100, max_model_len=40_000, usage_context="llm") == (40_000, 256)
+    with pytest.raises(InputError):
+        vllm.batch_defaults("0.6", H100, usage_context="batch")
+
+
+# --------------------------------------------------------------------------------- SGLang
+
+
+def test_sglang_cell_size_gqa_and_mla(qwen3_8b):
+    from kvplan import memory
+    from kvplan.units import parse_dtype
+
+    bf16 = parse_dtype("bfloat16")
+    # GQA: 8 KV heads x 128 x 36 layers x 2 (K, V) x 2 B = 147,456; tp 4 -> 2 heads = 36,864
+    assert sglang.cell_size_bytes(qwen3_8b, bf16) == 147_456
+    assert sglang.cell_size_bytes(memory.rank_layers(qwen3_8b, 4, 1), bf16) == 36_864
+    # MLA: (kv_lora_rank 512 + qk_rope_head_dim 64) x 27 layers x 2 B = 31,104 (no x2 for V)
+    mla = build_spec(load_bundled("deepseek-ai/DeepSeek-V2-Lite-Chat"))
+    assert sglang.cell_size_bytes(mla, bf16) == 31_104
+    assert sglang.max_total_num_tokens(31_104 * 1000 + 5, 31_104) == 1000
+    assert sglang.max_total_num_tokens(-1, 31_104) == 0
+
+
+def test_sglang_mem_fraction_defaults():
+    assert [sglang.mem_fraction_static("0.4", H100, tp) for tp in (1, 2, 4, 8, 16)] == [0.88, 0.87, 0.85, 0.81, 0.79]
+    # 0.5, H100 81,106 MiB: reserved 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 = 13,440 -> 67,666 / 81,106 = 0.834
+    assert sglang.mem_fraction_static("0.5", H100, 1) == 0.834
+    # RTX 4090 24,081 MiB: 512 + 2048 x 1.5 + 24 x 2 + 128 = 3,760 -> 20,321 / 24,081 = 0.844
+    assert sglang.mem_fraction_static("0.5", RTX4090, 1) == 0.844
+    # tp 8 on an H100: 13,440 + 7/8 x 1024 = 14,336 -> 66,770 / 81,106 = 0.823
+    assert sglang.mem_fraction_static("0.5", H100, 8) == 0.823
+    assert sglang.chunked_prefill_size("0.4", RTX4090) == 2048 and sglang.chunked_prefill_size("0.4", H100) == 8192
+
+
+def test_sglang_running_requests():
+    assert sglang.max_running_requests(400_000, 8192) == 4096  # int(400,000 / 8192 x 512) = 25,000 -> cap 4096
+    assert sglang.max_running_requests(100_000, 131_072) == 2048  # 390 -> floor 2048
+    assert sglang.max_running_requests(1_000_000, 131_072) == 3906  # int(3906.25)
+
+
+def test_sglang_plan_page_size_one(qwen3_8b):
+    plan = plan_for_spec(qwen3_8b, Options(model="x", gpu="h100", engine="sglang", engine_version="0.4"))
+    assert plan.engine.block_size == 1 and plan.engine.gpu_util == 0.88
+    # usable = floor(85,045,477,376 x 0.88) = 74,840,020,090; weights 16,381,470,720 (checkpoint);
+    # overhead 768 MiB = 805,306,368; kv = 57,653,243,002 -> // 147,456 B per token = 390,986 tokens
+    assert plan.budget.kv_budget_bytes == 74_840_020_090 - 16_381_470_720 - 805_306_368
+    assert plan.budget.activation.bytes == 0 and plan.budget.cudagraph.bytes == 0
+    assert plan.answer.num_blocks == 390_986 == plan.answer.capacity_tokens
+    with pytest.raises(InputError):
+        plan_for_spec(qwen3_8b, Options(model="x", gpu="cpu", gpu_memory_bytes=64 * GiB, engine="sglang"))
+
+
+# --------------------------------------------------------------------------------- JSON
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_json_budget_carries_every_term(llama3, engine):
+    plan = plan_for_spec(llama3, Options(model="x", gpu="h100", engine=engine))
+    budget = plan.to_dict()["budget"]
+    b = plan.budget
+    for term in b.terms:
+        assert budget[f"{term.name}_bytes"] == term.bytes
+        assert budget["sources"][term.name] == term.source
+    assert {"weights", "activation", "overhead", "cudagraph"} == set(budget["sources"])
+    assert budget["total_bytes"] == H100 and budget["usable_bytes"] == b.usable_bytes
+    assert budget["kv_budget_bytes"] == b.usable_bytes - sum(t.bytes for t in b.terms)
