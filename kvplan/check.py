@@ -23,7 +23,7 @@ from typing import Any, Callable
 from kvplan import memory
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.plan import Options, Plan, options_from_values, plan_for_spec
-from kvplan.scenario import CapacityFile, CheckScenario, Where
+from kvplan.scenario import CapacityFile, CheckScenario, Where, model_error
 from kvplan.spec import ModelSpec, Overrides, build_spec
 
 
@@ -259,7 +259,7 @@ def spec_resolver(offline: bool = False, token: str | None = None) -> SpecResolv
                                        offline=offline or bool(v.get("offline")))
                 spec = build_spec(source, Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
             except KvplanError as exc:
-                raise _located(check.where_of("model"), f"check {check.name!r}: model {v['model']!r}: {exc.message}", exc.hint) from None
+                raise model_error(check.where_of("model"), f"check {check.name!r}: ", v["model"], exc) from None
             cache[key] = (spec, source.describe())
         return cache[key]
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from kvplan import memory
 from kvplan.errors import KvplanError
 from kvplan.plan import Plan, options_from_values, plan_for_spec
-from kvplan.scenario import ROW_AXES, ScenarioFileError, WhatIfFile, Where
+from kvplan.scenario import ROW_AXES, ScenarioFileError, WhatIfFile, Where, model_error
 from kvplan.spec import ModelSpec, Overrides, build_spec
 
 SCHEMA_VERSION = 1
@@ -237,7 +237,7 @@ class _Planner:
                                        force_hub=bool(v.get("hub")), offline=self.offline or bool(v.get("offline")))
                 spec = build_spec(source, Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
             except KvplanError as exc:
-                raise ScenarioFileError(where, f"model {v['model']!r}: {exc.message}", exc.hint) from None
+                raise model_error(where, "", v["model"], exc) from None
             self.specs[key] = (spec, source.describe())
         return self.specs[key]
 

@@ -50,6 +50,17 @@ class ScenarioFileError(ScenarioError):
         self.detail = message
 
 
+def model_error(where: Where, prefix: str, name: str, exc: KvplanError) -> ScenarioFileError:
+    """A model that cannot be resolved, located at its ``model:`` line, with the closest bundled ids."""
+    from kvplan.sources import closest_bundled
+
+    hint = exc.hint
+    near = closest_bundled(str(name).split("/")[-1]) if not (hint and "closest" in hint) else []
+    if near:
+        hint = (f"{hint}; " if hint else "") + "closest bundled: " + ", ".join(near)
+    return ScenarioFileError(where, f"{prefix}model {name!r}: {exc.message}", hint)
+
+
 # ---------------------------------------------------------------------------------------------
 # value types (one validator each; the message says what was expected)
 

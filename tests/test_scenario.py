@@ -122,8 +122,9 @@ def test_unknown_model_lists_the_closest(tmp_path):
 
 def test_unknown_hub_model_offline_is_exit_2_with_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    line = check_error(tmp_path, GOOD_CHECK + "  - name: other\n    model: some-org/NoSuchModel-7B\n    require: {fits: true}\n")
-    assert "file.yaml:8:12:" in line and "some-org/NoSuchModel-7B" in line
+    line = check_error(tmp_path, GOOD_CHECK + "  - name: other\n    model: meta-llama/Llama-3.1-8C\n    require: {fits: true}\n")
+    assert "file.yaml:8:12:" in line and "'meta-llama/Llama-3.1-8C'" in line and "not in the Hugging Face cache" in line
+    assert "closest bundled: meta-llama/Llama-3.1-8B" in line
 
 
 def test_duplicate_check_names(tmp_path):

@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
                 from kvplan.render.check import github_annotation
 
                 w = exc.where
-                print(github_annotation(w.file, w.line, w.col, "kvplan: invalid capacity file", exc.one_line()),
+                print(github_annotation(w.file, w.line, w.col, "kvplan: invalid capacity file",
+                                        f"{exc.detail} ({exc.hint})" if exc.hint else exc.detail),
                       file=sys.stderr if json_out else sys.stdout)
             raise
         from kvplan.render.check import github_annotations, junit_xml as to_junit, report_to_dict

@@ -1,0 +1,191 @@
+"""Capacity checks: verdicts with hand-derived numbers, suggestions found by re-planning, exit codes,
+JUnit XML, JSON and GitHub annotations."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from kvplan.check import run_checks
+from kvplan.gpus import find_gpu, load_gpus
+from kvplan.plan import estimate, options_from_values
+from kvplan.cli import app
+from kvplan.scenario import load_capacity
+
+runner = CliRunner()
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+
+# Llama-3.1-8B in bf16: 32 layers x 8 kv heads x 128 x 2 B x 2 (K and V) = 131,072 B/token; a 16-token block
+# is 2 MiB. An explicit KV budget of 10 GiB holds 10 GiB / 2 MiB = 5,120 blocks (one is vLLM's null block).
+# An 8k request needs 8,192 / 16 = 512 blocks: (5,120 - 1) // 512 = 9 requests fit.
+BASE = """\
+defaults:
+  model: meta-llama/Llama-3.1-8B
+  gpu: H100
+  kv_budget: 10GiB
+  context: 8k
+checks:
+"""
+
+
+def write(tmp_path: Path, checks: str) -> Path:
+    path = tmp_path / "capacity.yaml"
+    path.write_text(BASE + textwrap.indent(textwrap.dedent(checks), "  "), encoding="utf-8")
+    return path
+
+
+def results(tmp_path: Path, checks: str):
+    return run_checks(load_capacity(write(tmp_path, checks)), offline=True).results
+
+
+def test_concurrency_verdict_and_suggestions(tmp_path):
+    (ok, short) = results(tmp_path, """\
+        - name: nine
+          require: {concurrency: 9}
+        - name: ten
+          require: {concurrency: 10}
+        """)
+    assert ok.passed and ok.outcomes[0].actual == 9 and ok.outcomes[0].margin == 0
+    o = short.outcomes[0]
+    assert not short.passed and (o.actual, o.margin) == (9, -1)
+    text = "\n".join(o.suggestions)
+    # 10 requests fit when each needs <= 5,119 // 10 = 511 blocks: context <= 511 x 16 = 8,176 tokens
+    assert "shorter context: 8,176 tokens" in text
+    # fp8 halves the block to 1 MiB: 10,240 blocks, (10,240 - 1) // 512 = 19 requests
+    assert "kv_dtype: fp8 (concurrency 19 requests)" in text
+    # tp 2 halves the KV heads per GPU (the budget is per GPU): also 19 requests
+    assert "tp: 2 on 2 GPUs (concurrency 19 requests)" in text
+    # an explicit per-GPU KV budget does not grow with the GPU: no GPU helps
+    assert "another GPU" not in text
+
+
+def test_headroom_context_kv_tokens_and_engine_start(tmp_path):
+    head9, head8, ctx, ctx_short, kv, start = results(tmp_path, """\
+        - name: head9
+          batch: 9
+          require: {headroom_pct: 10}
+        - name: head8
+          batch: 8
+          require: {headroom_pct: 10}
+        - name: ctx
+          batch: 2
+          require: {context: 40944}
+        - name: ctx-short
+          batch: 2
+          require: {context: 40945}
+        - name: kv
+          require: {kv_tokens: 81920}
+        - name: start
+          context: 128k
+          require: {engine_starts: true}
+        """)
+    # 9 x 512 = 4,608 of 5,119 usable blocks: 511 free = 9.98% < 10%; fewer requests: 8 leave 1,023 = 19.98%
+    assert not head9.passed and round(head9.outcomes[0].actual, 2) == 9.98
+    assert "fewer requests: batch 8 (was 9)" in head9.outcomes[0].suggestions
+    assert head8.passed and round(head8.outcomes[0].actual, 2) == 19.98
+    # 2 requests of L tokens: 2 x ceil(L / 16) <= 5,119 -> ceil(L / 16) <= 2,559 -> L <= 40,944
+    assert ctx.passed and ctx.outcomes[0].actual == 40_944
+    assert not ctx_short.passed and ctx_short.outcomes[0].margin == -1
+    assert "fewer requests: batch 1 (was 2)" in ctx_short.outcomes[0].suggestions
+    # vLLM's KV cache size: 5,120 blocks x 8,192 tokens // 512 blocks per request = 81,920 tokens
+    assert kv.passed and kv.outcomes[0].actual == 81_920
+    # one 128k request needs 8,192 blocks > 5,119; the longest that starts is 5,119 x 16 = 81,904 tokens
+    assert not start.passed and "81,904" in start.outcomes[0].message
+    assert "shorter max_model_len: 81,904 (was 131,072)" in start.outcomes[0].suggestions
+
+
+def test_suggested_gpu_is_the_smallest_that_passes(tmp_path):
+    (r,) = run_checks(load_capacity(_no_budget(tmp_path)), offline=True).results
+    gpu = [s for s in r.outcomes[0].suggestions if s.startswith("another GPU")]
+    assert len(gpu) == 1
+    name = gpu[0].split("gpu: ")[1].split(" (")[0]
+
+    def requests(gpu_name: str) -> int:
+        values = {"model": "meta-llama/Llama-3.1-8B", "gpu": gpu_name, "context": "8k", "batch": 64}
+        return estimate(options_from_values(values)).answer.max_requests
+
+    # re-planning on the suggested GPU passes; every catalogue GPU with more memory than the H100 but less
+    # than the suggested one fails
+    assert requests(name) >= 64
+    h100, chosen = find_gpu("H100").memory_bytes, find_gpu(name).memory_bytes
+    smaller = [g for g in load_gpus() if g.memory_bytes and not g.is_cpu and h100 < g.memory_bytes < chosen]
+    assert all(requests(g.name) < 64 for g in smaller)
+
+
+def _no_budget(tmp_path: Path) -> Path:
+    path = tmp_path / "nobudget.yaml"
+    path.write_text("defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100, context: 8k}\n"
+                    "checks:\n  - name: big\n    require: {concurrency: 64}\n", encoding="utf-8")
+    return path
+
+
+def test_example_passes_as_is(tmp_path):
+    shutil.copy(EXAMPLES / "capacity.yaml", tmp_path / "capacity.yaml")
+    junit = tmp_path / "junit.xml"
+    r = runner.invoke(app, ["check", str(tmp_path / "capacity.yaml"), "--offline", "--junit-xml", str(junit)])
+    assert r.exit_code == 0, r.output
+    assert "4 of 4 checks passed" in r.stdout
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("tests") == "4" and suite.get("failures") == "0"
+    assert [c.get("name") for c in suite.iter("testcase")] == [
+        "chat-48-at-8k", "long-context-128k", "fp8-kv-doubles-the-pool", "qwen3-32b-on-two-a100s"]
+
+
+def test_failing_check_exits_1_with_junit_json_and_suggestion(tmp_path):
+    path = write(tmp_path, """\
+        - name: fits
+          require: {concurrency: 9}
+        - name: too-many
+          require: {concurrency: 10}
+        """)
+    junit = tmp_path / "junit.xml"
+    r = runner.invoke(app, ["check", str(path), "--offline", "--junit-xml", str(junit)])
+    assert r.exit_code == 1, r.output
+    assert "FAIL" in r.stdout and "to pass, any one of" in r.stdout and "kv_dtype: fp8" in r.stdout
+    assert "1 of 2 checks passed" in r.stdout
+    root = ET.parse(junit).getroot()
+    assert root.tag == "testsuites" and root.get("tests") == "2" and root.get("failures") == "1"
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert cases["fits"].find("failure") is None
+    failure = cases["too-many"].find("failure")
+    assert "got 9 requests" in failure.get("message") and "shorter context: 8,176 tokens" in failure.text
+    assert cases["too-many"].get("line") == "9" and cases["too-many"].get("file").endswith("capacity.yaml")
+
+    r = runner.invoke(app, ["check", str(path), "--offline", "--json"])
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert doc["passed"] is False and doc["summary"] == {"checks": 2, "passed": 1, "failed": 1}
+    req = doc["checks"][1]["requirements"][0]
+    assert (req["requirement"], req["required"], req["actual"], req["margin"], req["passed"]) == ("concurrency", 10, 9, -1, False)
+    assert any("fp8" in s for s in req["suggestions"])
+    assert doc["checks"][1]["plan"]["pool"]["num_blocks"] == 5120
+
+
+def test_github_annotations_point_at_the_failing_check(tmp_path):
+    path = write(tmp_path, """\
+        - name: fits
+          require: {concurrency: 9}
+        - name: too-many
+          require: {concurrency: 10}
+        """)
+    r = runner.invoke(app, ["check", str(path), "--offline"], env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(tmp_path)})
+    assert r.exit_code == 1
+    lines = [line for line in r.stdout.splitlines() if line.startswith("::")]
+    assert len(lines) == 1
+    # file relative to the workspace, the check's line (9), title with ':' escaped as %3A, message after '::'
+    assert lines[0].startswith("::error file=capacity.yaml,line=9,col=5,title=kvplan check failed%3A too-many::")
+    assert "got 9 requests" in lines[0] and "\n" not in lines[0]
+    r = runner.invoke(app, ["check", str(path), "--offline"], env={"GITHUB_ACTIONS": ""})
+    assert "::error" not in r.stdout
+
+
+def test_invalid_file_annotation_in_github_actions(tmp_path):
+    path = write(tmp_path, "- name: x\n  require: {concurrenc: 1}\n")
+    r = runner.invoke(app, ["check", str(path), "--offline"], env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(tmp_path)})
+    assert r.exit_code == 2
+    assert r.stdout.startswith("::error file=capacity.yaml,line=8,col=15,title=kvplan%3A invalid capacity file::checks[0].require.concurrenc")
