@@ -1,0 +1,186 @@
+"""What-if reports: sweep rows equal full plans, the example runs as-is, every output format parses,
+plots are embedded, writes are atomic."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvplan.cli import app
+from kvplan.plan import estimate, options_from_values
+from kvplan.report import ROW_FIELDS, build_report
+from kvplan.scenario import load_whatif
+
+runner = CliRunner()
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+
+
+def write(tmp_path: Path, text: str, name: str = "whatif.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def test_rows_equal_full_plans(tmp_path):
+    """Every sweep row (pool planned once, rows from memory.py) equals plan_for_spec for that scenario."""
+    path = write(tmp_path, """\
+        defaults: {prefix_caching: false}
+        sweep:
+          model: [meta-llama/Llama-3.1-8B, google/gemma-2-9b-it, Qwen/Qwen3-Next-80B-A3B-Thinking]
+          gpu: [H100, A100-40GB]
+          tp: [1, 2]
+          kv_dtype: [auto, fp8]
+          max_model_len: [32k, 128k]
+          context: [1000, 8k, 32k]
+          batch: [1, 7, 64]
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    assert len(report.rows) == 3 * 2 * 2 * 2 * 2 * 3 * 3
+    figures = ("kv_bytes_per_token", "weights_bytes", "kv_budget_bytes", "num_blocks", "kv_tokens", "max_requests",
+               "max_concurrency", "max_context_at_batch", "fits", "engine_starts", "decode_tokens_per_s")
+    for row in report.rows[::7]:
+        d = row.to_dict()
+        plan = estimate(options_from_values({
+            "model": d["model"], "gpu": d["gpu"], "tp": d["tp"], "kv_dtype": d["kv_dtype"], "context": d["context"],
+            "batch": d["batch"], "max_model_len": d["max_model_len"], "offline": True}))
+        a = plan.answer
+        expected = {
+            "kv_bytes_per_token": plan.kv_bytes_per_token_gpu, "weights_bytes": plan.budget.weights.bytes,
+            "kv_budget_bytes": plan.budget.kv_budget_bytes, "num_blocks": a.num_blocks, "kv_tokens": a.kv_tokens,
+            "max_requests": a.max_requests, "max_concurrency": round(a.max_concurrency, 4),
+            "max_context_at_batch": a.max_context_at_batch, "fits": a.fits, "engine_starts": a.engine_starts,
+            "decode_tokens_per_s": round(plan.roofline.tokens_per_s, 1),
+        }
+        assert {k: d[k] for k in figures} == expected, d
+
+
+def test_hand_derived_row(tmp_path):
+    # Llama-3.1-8B bf16: 131,072 B/token, 2 MiB blocks; a 10 GiB KV budget = 5,120 blocks.
+    path = write(tmp_path, """\
+        defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100, kv_budget: 10GiB}
+        sweep:
+          context: [8k, 16k]
+          batch: [2]
+        """)
+    rows = [r.to_dict() for r in build_report(load_whatif(path), offline=True).rows]
+    # 8k: 512 blocks/request -> (5,120 - 1) // 512 = 9; 16k: 1,024 blocks -> 4
+    assert [r["max_requests"] for r in rows] == [9, 4]
+    # KV cache size at max_model_len = context: 5,120 x 8,192 // 512 = 81,920 tokens (both lengths)
+    assert [r["kv_tokens"] for r in rows] == [81_920, 81_920]
+    # batch 2: 2 x ceil(L/16) <= 5,119 -> L <= 40,944 (independent of the context axis)
+    assert [r["max_context_at_batch"] for r in rows] == [40_944, 40_944]
+    assert rows[0]["num_blocks"] == 5120 and rows[0]["kv_bytes_per_token"] == 131_072
+
+
+def test_zip_and_explicit_scenarios(tmp_path):
+    path = write(tmp_path, """\
+        defaults: {model: meta-llama/Llama-3.1-8B}
+        sweep:
+          gpu: [H100, A100-40GB, L4]
+          tp: [1, 2, 4]
+          context: [4k, 8k]
+        zip: [[gpu, tp]]
+        scenarios:
+          - {name: big, model: meta-llama/Llama-3.1-70B, tp: 4, context: 8k}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    pairs = [(r.to_dict()["gpu"], r.to_dict()["tp"]) for r in report.rows]
+    # zipped: 3 (gpu, tp) pairs x 2 contexts, then the explicit row
+    assert pairs == [("H100-SXM-80GB", 1)] * 2 + [("A100-SXM-40GB", 2)] * 2 + [("L4-24GB", 4)] * 2 + [("H100-SXM-80GB", 4)]
+    assert report.rows[-1].name == "big" and report.rows[-1].to_dict()["model"] == "meta-llama/Llama-3.1-70B"
+
+
+def test_example_runs_as_is_and_writes_every_format(tmp_path):
+    shutil.copy(EXAMPLES / "whatif.yaml", tmp_path / "whatif.yaml")
+    r = runner.invoke(app, ["report", str(tmp_path / "whatif.yaml"), "--offline"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "whatif-report"
+    n = 2 * 3 * 2 * 7 + 1  # models x GPUs x KV dtypes x contexts + one explicit scenario
+    assert f"({n} scenarios)" in r.stdout and "rows not shown" in r.stdout  # 85 rows > 40 in the terminal
+
+    with open(out / "report.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == n and tuple(rows[0]) == ROW_FIELDS
+    assert rows[-1]["name"] == "70B on 4x H100, fp8 KV" and rows[-1]["tp"] == "4"
+
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["num_rows"] == n and len(doc["rows"]) == n
+    assert doc["rows"][0]["kv_bytes_per_token"] == 131_072 and doc["rows"][0]["context"] == 2048
+    assert {"model", "gpu", "kv_dtype", "context"} <= set(doc["varying"])
+
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 2
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # nothing fetched from the network
+    md = (out / "report.md").read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert links == ["report-concurrency.png", "report-memory.png"]
+    for link in links:
+        assert (out / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob(".*.tmp"))  # no temporary files left behind
+
+
+def test_json_on_stdout(tmp_path):
+    path = write(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nsweep: {gpu: [H100, L4]}\n")
+    r = runner.invoke(app, ["report", str(path), "--offline", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [row["gpu"] for row in doc["rows"]] == ["H100-SXM-80GB", "L4-24GB"]
+
+
+def test_error_leaves_existing_reports_untouched(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "r.csv").write_text("OLD")
+    path = write(tmp_path, """\
+        defaults: {model: meta-llama/Llama-3.1-8B}
+        sweep: {tp: [1, 3]}
+        outputs: [out/r.csv, out/r.html]
+        """)
+    r = runner.invoke(app, ["report", str(path), "--offline"])
+    assert r.exit_code == 2 and "--tp 3" in r.stderr
+    assert (out / "r.csv").read_text() == "OLD" and not (out / "r.html").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["r.csv"]
+
+
+def test_missing_matplotlib_is_one_line_and_reports_still_written(tmp_path, monkeypatch):
+    from kvplan.render import report as render_report
+
+    def no_pyplot():
+        raise render_report.PlotsUnavailable("matplotlib is not installed: reports written without plots")
+
+    monkeypatch.setattr(render_report, "_pyplot", no_pyplot)
+    path = write(tmp_path, """\
+        defaults: {model: meta-llama/Llama-3.1-8B}
+        sweep: {context: [4k, 8k]}
+        outputs: [out/r.html, out/r.md]
+        """)
+    r = runner.invoke(app, ["report", str(path), "--offline"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip() == "kvplan: warning: matplotlib is not installed: reports written without plots"
+    assert "data:image/png" not in (tmp_path / "out" / "r.html").read_text()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["r.html", "r.md"]
+
+
+def test_progress_callback_reaches_the_total(tmp_path):
+    path = write(tmp_path, """\
+        defaults: {model: meta-llama/Llama-3.1-8B}
+        sweep: {gpu: [H100, L4, A100], context: [4k, 8k]}
+        """)
+    calls = []
+    build_report(load_whatif(path), offline=True, progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1] == (6, 6) and [c[0] for c in calls] == sorted(c[0] for c in calls)
+
+
+@pytest.mark.parametrize("rows", [5, 40])
+def test_terminal_truncation_says_so(tmp_path, rows):
+    path = write(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nsweep: {context: [1k, 2k, 3k, 4k, 5k, 6k, 7k, 8k]}\n")
+    r = runner.invoke(app, ["report", str(path), "--offline", "--rows", str(rows)])
+    assert r.exit_code == 0
+    assert ("3 of 8 rows not shown" in r.stdout) == (rows == 5)
