@@ -63,7 +63,7 @@ def hybrid_layers(r: "_Reader", config: Mapping[str, Any], num_layers: int, mode
     types = r.raw("layer_types")
     if types is None:
         types = r.raw("layers_block_type")
-    has_state_types = isinstance(types, list) and any(t in _STATE_TYPES for t in types)
+    has_state_types = isinstance(types, list) and any(isinstance(t, str) and t in _STATE_TYPES for t in types)
     if not has_state_types and not any(r.has(key) for key in _HYBRID_MARKERS):
         return None
 

@@ -556,6 +556,9 @@ def spec_from_config(
     notes: list[str] = []
     if prefix:
         notes.append(f"multimodal config: the language model ({prefix.rstrip('.')}) is planned; vision encoder memory is not modelled")
+    elif isinstance(config.get("vision_config"), dict):
+        notes.append("multimodal config: the language model is planned; the vision encoder (vision_config) and its "
+                     "memory are not modelled")
     if r.has("num_nextn_predict_layers") and r.raw("num_nextn_predict_layers"):
         notes.append("multi-token-prediction (MTP) layers are not counted in the KV cache (vLLM adds them only "
                      "with speculative decoding)")
@@ -602,6 +605,12 @@ def _hybrid_layers(r: _Reader, config: Mapping[str, Any], num_layers: int, model
 
 _UNGATED_MLP_TYPES = {"gpt2", "opt", "falcon", "RefinedWeb", "RefinedWebModel", "phi", "gpt_neox", "gptj", "bloom",
                       "gpt_bigcode", "starcoder2", "mpt", "codegen", "gpt_neo"}
+
+
+# transformers' config classes that tie the LM head to the embeddings unless the config says otherwise
+_TIED_BY_DEFAULT = {"gpt2", "opt", "falcon", "RefinedWeb", "RefinedWebModel", "gpt_neo", "gpt_bigcode", "bloom", "mpt",
+                    "gemma", "gemma2", "gemma3_text"}
+_LEARNED_POSITIONS = {"gpt2", "opt", "gpt_bigcode", "gpt_neo", "codegen"}
 
 
 def _moe_layer(r: _Reader, i: int, num_layers: int, model_type: str) -> bool:
@@ -700,7 +709,9 @@ def _parameter_count(spec: ModelSpec, r: _Reader) -> int | None:
         total += moe_mlp if moe else dense_mlp
         total += 2 * h
     embed = spec.vocab_size * h
-    tied = r.bool("tie_word_embeddings", default=False)
+    tied = r.bool("tie_word_embeddings", default=model_type in _TIED_BY_DEFAULT)
+    if model_type in _LEARNED_POSITIONS and spec.max_position_embeddings:
+        embed += spec.max_position_embeddings * h
     return total + embed * (1 if tied else 2) + h
 
 
