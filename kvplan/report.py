@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from itertools import product
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from kvplan import memory
 from kvplan.errors import KvplanError
@@ -82,14 +82,26 @@ class Pool:
                                                                p.options.prefix_caching)
         return n
 
-    def max_context(self, batch: int, limit_tokens: int) -> int:
-        key = (batch, limit_tokens)
-        n = self._ctx.get(key)
+    def max_context(self, batch: int, context: int) -> int:
+        """``memory.max_context`` at ``batch``, limited as plan_for_spec limits it: ``max(max_position, context)``.
+
+        Searched once per batch up to the model's limit; a context beyond the limit needs its own search only
+        when everything up to the limit fits (blocks per request never shrink as tokens grow).
+        """
+        p = self.plan
+        limit = p.spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
+        n = self._ctx.get((batch, limit))
         if n is None:
-            p = self.plan
-            n = self._ctx[key] = memory.max_context(p.answer.num_blocks, p.layout, batch, p.max_num_batched_tokens,
-                                                    limit_tokens=limit_tokens)
-        return n
+            n = self._ctx[(batch, limit)] = memory.max_context(p.answer.num_blocks, p.layout, batch,
+                                                               p.max_num_batched_tokens, limit_tokens=limit)
+        if context <= limit or n < limit:
+            return n
+        key = (batch, context)
+        m = self._ctx.get(key)
+        if m is None:
+            m = self._ctx[key] = memory.max_context(p.answer.num_blocks, p.layout, batch, p.max_num_batched_tokens,
+                                                    limit_tokens=context)
+        return m
 
     def engine_starts(self, max_model_len: int) -> bool:
         ok = self._starts.get(max_model_len)
@@ -120,9 +132,12 @@ class Pool:
             self._validated.add(context)
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One scenario's key figures (tokens, requests; bytes per GPU in ``pool.plan``)."""
+class Row(NamedTuple):
+    """One scenario's key figures (tokens, requests; bytes per GPU in ``pool.plan``).
+
+    Immutable like the frozen dataclasses elsewhere; a NamedTuple because a sweep makes 100,000 of them
+    and a frozen dataclass's ``__init__`` costs four times as much.
+    """
 
     name: str | None
     pool: Pool
@@ -154,29 +169,21 @@ class Row:
 
 def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, name: str | None = None) -> Row:
     """The figures of one (context, batch, max_model_len) on ``pool``, combined as ``plan_for_spec`` does."""
-    p = pool.plan
+    blocks = pool.plan.answer.num_blocks
     pool.validate_context(context)
-    blocks = p.answer.num_blocks
     mml = max_model_len or context
     per_req_ctx = pool.blocks_per_request(context)
     per_req_len = per_req_ctx if mml == context else pool.blocks_per_request(mml)
-    limit = p.spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
     n = memory.max_requests(blocks, per_req_ctx)
     fits = max(0, blocks - memory.NULL_BLOCKS) >= batch * per_req_ctx
-    return Row(
-        name=name,
-        pool=pool,
-        context=context,
-        batch=batch,
-        max_model_len=mml,
-        kv_tokens=memory.kv_cache_tokens(blocks, per_req_len, mml),
-        max_requests=n,
-        max_concurrency=memory.vllm_max_concurrency(blocks, per_req_len),
-        max_context_at_batch=pool.max_context(batch, max(limit, context)),
-        fits=fits,
-        engine_starts=pool.engine_starts(mml),
-        decode_tokens_per_s=pool.decode_tokens_per_s(context, max(1, min(n, batch if fits else n) or 1)),
-    )
+    return Row(name, pool, context, batch, mml,
+               memory.kv_cache_tokens(blocks, per_req_len, mml),
+               n,
+               memory.vllm_max_concurrency(blocks, per_req_len),
+               pool.max_context(batch, context),
+               fits,
+               pool.engine_starts(mml),
+               pool.decode_tokens_per_s(context, max(1, min(n, batch if fits else n) or 1)))
 
 
 @dataclass(frozen=True)
@@ -281,6 +288,7 @@ def build_report(whatif: WhatIfFile, *, offline: bool = False, token: str | None
     total = whatif.num_rows
     rows: list[Row] = []
     append = rows.append
+    row_triples: dict[tuple[Any, ...], list[tuple[int, int, int | None]]] = {}
     if whatif.axes:
         for combo in product(*(a.values for a in pool_axes)):
             values = dict(whatif.defaults)
@@ -289,9 +297,12 @@ def build_report(whatif: WhatIfFile, *, offline: bool = False, token: str | None
             if values.get("gpu") is None and values.get("gpu_memory") is None:
                 values["gpu"] = "H100"
             pool = planner.pool(values, {**{k: values[k] for k in ROW_AXES if k in values}, **row_assigns[0]}, whatif.where)
+            row_key = tuple(values.get(k) for k in ROW_AXES)
+            triples = row_triples.get(row_key)
+            if triples is None:
+                triples = row_triples[row_key] = [_row_values({**values, **assign}) for assign in row_assigns]
             try:
-                for assign in row_assigns:
-                    context, batch, mml = _row_values({**values, **assign} if assign else values)
+                for context, batch, mml in triples:
                     append(make_row(pool, context, batch, mml))
             except KvplanError as exc:
                 raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
