@@ -74,16 +74,14 @@ def test_activation_is_max_of_forward_and_sampler(llama3):
     assert b.activation_sampler_bytes == 1_313_341_440
 
 
-def test_rope_cache_added_to_checkpoint_weights(llama31, llama3):
+def test_rope_cache_counted_in_overhead(llama31, llama3):
     # Llama-3.1: 131,072 positions x 128 head_dim x 2 B = 33,554,432 (32 MiB); Llama-3: 8,192 x 128 x 2 = 2 MiB
     assert vllm.rope_cache_bytes(llama31, 2) == 33_554_432
     assert vllm.rope_cache_bytes(llama3, 2) == 2 * MiB
     b = vllm.budget(H100, 0.9, Term("weights", 1000, "checkpoint"), None, None, None, None, spec=llama3, tp=1,
                     max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
-    assert b.weights.bytes == 1000 + 2 * MiB
-    user = vllm.budget(H100, 0.9, Term("weights", 1000, "--weights-gib"), None, None, None, None, spec=llama3, tp=1,
-                       max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
-    assert user.weights.bytes == 1000  # a user's number is taken as given
+    assert b.weights.bytes == 1000  # the checkpoint, untouched
+    assert b.overhead.bytes == vllm.NON_TORCH_BYTES + 2 * MiB
 
 
 # --------------------------------------------------------------------------------- budget
@@ -100,18 +98,18 @@ def test_requested_rounding_per_version():
 def test_v0_budget_end_to_end(llama31):
     # 24 GiB card, V0 profile, util 0.9, LLM at max_model_len 20,000 (no chunked prefill below 32K):
     # usable   = floor(25,769,803,776 x 0.9)            = 23,192,823,398
-    # weights  = 16,060,522,496 + rope 33,554,432       = 16,094,076,928
+    # weights  = 16,060,522,496 (checkpoint)
     # activation = 20,000 x 110,592                     =  2,211,840,000
-    # overhead = round(0.30 x 2**30)                    =    322,122,547
-    # kv = 23,192,823,398 - 16,094,076,928 - 2,211,840,000 - 322,122,547 = 4,564,783,923
+    # overhead = round(0.30 x 2**30) + rope 33,554,432  =    355,676,979
+    # kv = 23,192,823,398 - 16,060,522,496 - 2,211,840,000 - 355,676,979 = 4,564,783,923
     plan = plan_for_spec(llama31, Options(model="x", gpu=None, gpu_memory_bytes=24 * GiB, engine_version="0.6",
                                           gpu_util=0.9, context=20_000))
     b = plan.budget
     assert plan.engine.max_num_batched_tokens == 20_000
     assert b.usable_bytes == 23_192_823_398
-    assert b.weights.bytes == 16_094_076_928
+    assert b.weights.bytes == 16_060_522_496
     assert b.activation.bytes == 2_211_840_000
-    assert b.overhead.bytes == 322_122_547
+    assert b.overhead.bytes == 355_676_979
     assert b.cudagraph.bytes == 0
     assert b.kv_budget_bytes == 4_564_783_923
     # 2 MiB blocks (32 layers x 16 tokens x 4 KiB): 4,564,783,923 // 2,097,152 = 2,176
@@ -134,7 +132,7 @@ def test_cudagraph_only_subtracted_from_021(llama3):
 
 
 def test_user_terms_and_kv_budget_replace_estimates(llama3):
-    b = vllm.budget(H100, 0.9, Term("weights", 10 * GiB, "--weights-gib"), Term("activation", GiB, "--activation-gib"),
+    b = vllm.budget(H100, 0.9, _weights(10 * GiB), Term("activation", GiB, "--activation-gib"),
                     Term("overhead", 0, "--overhead-gib"), Term("cudagraph", 0, "--cudagraph-gib"), None, spec=llama3,
                     tp=1, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.32")
     # ceil(85,045,477,376 x 0.9) - 10 GiB - 1 GiB = 76,540,929,639 - 11,811,160,064 = 64,729,769,575

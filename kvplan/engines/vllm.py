@@ -166,7 +166,7 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
 
 
 def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
-    """The rotary embedding's cos/sin cache vLLM allocates while loading (counted in "weights").
+    """The rotary embedding's cos/sin cache vLLM allocates while loading (kvplan: in "overhead").
 
     One ``[max_position_embeddings, rotary_dim]`` tensor in the model dtype, shared by all layers and
     replicated on every rank: Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are
@@ -231,10 +231,6 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
             kv, source = CPU_KVCACHE_SPACE_BYTES, "VLLM_CPU_KVCACHE_SPACE unset: vLLM's CPU default 4 GiB"
         return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                       p.rounding, 0, 0, tuple(notes))
-    rope = rope_cache_bytes(spec, act_bytes)
-    if rope and not weights.source.startswith("--"):
-        weights = Term("weights", weights.bytes + rope,
-                       f"{weights.source} + rotary cos/sin cache {rope / MiB:.1f} MiB (replicated)")
     if activation is None:
         forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version)
         rows = min(max_num_seqs, max_num_batched_tokens)
@@ -244,8 +240,10 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                           f"sampler {rows:,} rows x {padded_vocab(spec.vocab_size):,} vocab x 4 B x "
                           f"{p.sampler_copies} = {sampler / GiB:.2f} GiB)")
     if overhead is None:
-        overhead = Term("overhead", p.non_torch_bytes,
-                        "estimate: non-torch memory (NCCL, cuBLAS, attention workspaces): median of 6 logged values")
+        rope = rope_cache_bytes(spec, act_bytes)
+        overhead = Term("overhead", p.non_torch_bytes + rope,
+                        f"estimate: non-torch memory {p.non_torch_bytes / GiB:.2f} GiB (NCCL, cuBLAS, workspaces: median "
+                        f"of 6 logged values) + rotary cos/sin cache {rope / MiB:.0f} MiB (vLLM logs it with the weights)")
     if cudagraph is None:
         estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes)
         what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
