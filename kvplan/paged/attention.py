@@ -87,19 +87,17 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 def contiguous_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
                       scale: float | None = None) -> torch.Tensor:
     """The reference: attention of ``q`` ``[q_heads, d]`` over contiguous ``k`` ``[T, kv_heads, d]`` and
-    ``v`` ``[T, kv_heads, dv]`` in float32, one query head at a time, positions outside the window masked."""
+    ``v`` ``[T, kv_heads, dv]`` in float32 with an explicit softmax; query head ``h`` reads KV head
+    ``h x kv_heads // q_heads`` (an index, not repeat_interleave); positions outside the window masked."""
     num_tokens, kv_heads = k.shape[0], k.shape[1]
     q_heads = q.shape[0]
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    positions = torch.arange(num_tokens, device=k.device)
-    masked = positions < num_tokens - window if window else torch.zeros(num_tokens, dtype=torch.bool, device=k.device)
-    out = []
-    for h in range(q_heads):
-        kv_head = h * kv_heads // q_heads  # query head h reads KV head floor(h / (q_heads / kv_heads))
-        scores = (k[:, kv_head].float() @ q[h].float()) * scale
-        weights = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=0)
-        out.append(weights @ v[:, kv_head].float())
-    return torch.stack(out)
+    kv_index = torch.arange(q_heads, device=k.device) * kv_heads // q_heads
+    k32, v32 = k.float()[:, kv_index], v.float()[:, kv_index]  # [T, q_heads, d]
+    scores = torch.einsum("thd,hd->ht", k32, q.float()) * scale
+    if window:
+        scores[:, : max(0, num_tokens - window)] = float("-inf")
+    return torch.einsum("ht,thd->hd", torch.softmax(scores, dim=-1), v32)
 
 
 @dataclass(frozen=True)
