@@ -27,7 +27,6 @@ from typing import Any
 
 import yaml
 
-from kvplan import memory
 from kvplan.plan import Options, plan_for_spec
 from kvplan.sources import WeightFacts, load_bundled
 from kvplan.spec import ModelSpec, build_spec, spec_from_config
