@@ -236,7 +236,7 @@ def _series_label(pool: "Pool", keys: list[str]) -> str:
 def _pool_keys(report: "Report") -> list[str]:
     from kvplan.report import Pool
 
-    return [k for k in report.varying if k in Pool.LABELS]
+    return [k for k in report.varying if k in Pool.LABELS and k != "gpus"]  # gpus = tp x pp
 
 
 def _png(fig: Any) -> bytes:
@@ -251,32 +251,45 @@ def plot_concurrency(report: "Report") -> tuple[bytes | None, str | None]:
     series: dict[int, tuple[Pool, dict[int, int]]] = {}
     for row in report.rows:
         series.setdefault(id(row.pool), (row.pool, {}))[1][row.context] = row.max_requests
-    if not any(len(points) > 1 for _, points in series.values()):
+    lines = [(pool, points) for pool, points in series.values() if len(points) > 1]
+    if not lines:
         return None, "the concurrency plot needs more than one context (sweep context)"
     plt = _pyplot()
-    shown = list(series.values())[:MAX_SERIES]
-    fig, ax = plt.subplots(figsize=(9, 5))
-    for pool, points in shown:
+    shown = lines[:MAX_SERIES]
+    colors = plt.get_cmap("tab20").colors if len(shown) > 10 else plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    for i, (pool, points) in enumerate(shown):
         xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, linewidth=1.5, label=_series_label(pool, keys))
+        ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, linewidth=1.6, color=colors[i % len(colors)],
+                linestyle="-" if i < len(colors) else "--", label=_series_label(pool, keys))
     ax.set_xscale("log", base=2)
     ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("context (tokens per request)")
-    ax.set_ylabel("max concurrent requests")
+    ax.set_ylabel("max concurrent requests (0 = none fits)")
     ax.set_title("Max concurrency vs context")
     ax.grid(True, which="both", alpha=0.3)
     ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x / 1024:g}k" if x >= 1024 else f"{x:g}"))
-    ax.legend(fontsize=8, loc="upper right", framealpha=0.85)
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     data = _png(fig)
     plt.close(fig)
-    note = f"{len(shown)} of {len(series)} configurations plotted" if len(series) > len(shown) else None
+    note = f"{len(shown)} of {len(lines)} configurations plotted" if len(lines) > len(shown) else None
     return data, note
 
 
 def plot_memory(report: "Report") -> tuple[bytes | None, str | None]:
     """Per-GPU memory breakdown as stacked bars, one per configuration. (png, caption note)."""
-    keys = _pool_keys(report)
-    pools = report.pools
+    # the KV dtype and block size change no budget term: one bar per distinct breakdown
+    keys = [k for k in _pool_keys(report) if k not in ("kv_dtype", "block_size")]
+    pools, seen = [], set()
+    for pool in report.pools:
+        b = pool.plan.budget
+        key = (tuple(pool.labels()[k] for k in keys), b.total_bytes, b.usable_bytes, b.weights.bytes, b.activation.bytes,
+               b.overhead.bytes, b.cudagraph.bytes, b.kv_budget_bytes)
+        if key not in seen:
+            seen.add(key)
+            pools.append(pool)
     shown = pools[:MAX_BARS]
     plt = _pyplot()
     parts = [
