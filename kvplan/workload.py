@@ -1,0 +1,468 @@
+"""Workload files for ``kvplan simulate``: a pydantic schema, file:line:col errors, request streams.
+
+A workload names the deployment with the same option keys as ``kvplan estimate`` (or points at a check
+of a capacity file with ``plan: capacity.yaml#check-name``) and describes the traffic::
+
+    model: meta-llama/Llama-3.1-8B-Instruct
+    gpu: H100
+    kv_budget: 8GiB
+    max_model_len: 4096
+    arrivals: {rate: 10}                  # Poisson, requests/s; or {users: 64, think_s: 2}
+    prefixes: [{name: system, tokens: 2000, share: 1.0}]
+    prompt_tokens: {dist: uniform, min: 50, max: 200}   # after the prefix
+    output_tokens: {dist: uniform, min: 100, max: 300}
+    duration_s: 3600                      # and/or num_requests
+    seed: 0
+
+or replaces the length fields with ``trace: requests.jsonl`` (one JSON object per line: ``prompt_tokens``,
+``output_tokens``, optional ``prefix_id``, ``prefix_tokens``, ``arrival_s``). The YAML reader, the option
+types and the error formatting are :mod:`kvplan.scenario`'s (one loader for every kvplan file).
+
+Only the ``simulate`` command imports this module (pydantic is not imported by ``import kvplan.cli``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Union
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from kvplan.errors import ScenarioError
+from kvplan.scenario import (
+    OPTION_FIELDS, ScenarioFileError, Where, YamlDoc, _validate, display_path, finish_values, option_values, read_yaml,
+)
+from kvplan.simulate import POLICIES, ClosedLoop, Request, RequestSource
+
+# estimate options that make no sense for a simulation (the policies decide prefix caching; the
+# workload decides the batch and the prefix)
+_NOT_HERE = ("batch", "prefix_tokens", "prefix_caching")
+WORKLOAD_OPTIONS = {k: v for k, v in OPTION_FIELDS.items() if k not in _NOT_HERE}
+_FORBID = ConfigDict(extra="forbid")
+_NonNegative = Field(ge=0)
+
+
+class Fixed(BaseModel):
+    model_config = _FORBID
+    dist: Literal["fixed"]
+    value: int = Field(ge=1, description="tokens")
+
+
+class Uniform(BaseModel):
+    model_config = _FORBID
+    dist: Literal["uniform"]
+    min: int = Field(ge=0, description="tokens (inclusive)")
+    max: int = Field(ge=0, description="tokens (inclusive)")
+
+
+class Normal(BaseModel):
+    model_config = _FORBID
+    dist: Literal["normal", "lognormal"]
+    mean: float = Field(gt=0, description="tokens")
+    std: float = Field(ge=0, description="tokens")
+    min: int = Field(0, ge=0, description="clamp below (tokens)")
+    max: int | None = Field(None, ge=1, description="clamp above (tokens)")
+
+
+LengthModel = Union[int, Fixed, Uniform, Normal]
+
+
+class ArrivalsModel(BaseModel):
+    """Poisson arrivals at ``rate`` requests/s, or a closed loop of ``users`` with ``think_s`` mean think time."""
+
+    model_config = _FORBID
+    rate: float | None = Field(None, gt=0, description="requests per second (Poisson)")
+    users: int | None = Field(None, ge=1, description="closed loop: concurrent users")
+    think_s: float = Field(0.0, ge=0, description="closed loop: mean think time between a reply and the next request (s)")
+
+
+class PrefixModel(BaseModel):
+    """A prompt prefix shared by a share of the traffic (e.g. a system prompt)."""
+
+    model_config = _FORBID
+    name: str | None = Field(None, description="label")
+    tokens: int = Field(ge=1, description="prefix length (tokens)")
+    share: float = Field(gt=0, le=1, description="fraction of requests that carry it")
+
+
+class TimingModel(BaseModel):
+    """Overrides of the step-time model."""
+
+    model_config = _FORBID
+    prefill_s_per_token: float | None = Field(None, ge=0, description="seconds per prompt token computed")
+    decode_step_s: float | None = Field(None, gt=0, description="fixed seconds per decode step (replaces the roofline)")
+    prefill_efficiency: float = Field(0.5, gt=0, le=1, description="fraction of the fp16 peak a prefill reaches")
+
+
+WorkloadModel = create_model(
+    "Workload", __config__=_FORBID, __doc__="A workload file: `kvplan simulate workload.yaml`.",
+    name=(str | None, Field(None, description="label")),
+    description=(str | None, Field(None, description="free text")),
+    plan=(str | None, Field(None, description="take the deployment from a capacity check: file.yaml#check-name")),
+    seed=(int, Field(0, description="random seed (same seed, same result)")),
+    duration_s=(float | None, Field(None, gt=0, description="simulated seconds of traffic")),
+    num_requests=(int | None, Field(None, ge=1, description="requests to send (drained to the end without duration_s)")),
+    arrivals=(ArrivalsModel | None, Field(None, description="how requests arrive")),
+    prompt_tokens=(LengthModel | None, Field(None, description="prompt tokens after the prefix")),
+    output_tokens=(LengthModel | None, Field(None, description="output tokens")),
+    prefixes=(list[PrefixModel], Field(default_factory=list, description="shared prefixes")),
+    trace=(str | None, Field(None, description="JSONL trace of requests (relative to this file)")),
+    policies=(list[Literal[POLICIES]] | None, Field(None, min_length=1, description="policies to compare (default: all)")),  # type: ignore[valid-type]
+    timing=(TimingModel, Field(default_factory=TimingModel, description="step-time overrides")),
+    **{k: (t, Field(None, description=d)) for k, (t, d) in WORKLOAD_OPTIONS.items()},
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# lengths
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A token-length distribution: ``fixed``, ``uniform`` (inclusive), ``normal`` or ``lognormal``
+    (with the given mean and std of the result), rounded and clamped to ``[low, high]``."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+    low: int = 0
+    high: int | None = None
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return rng.randint(int(self.a), int(self.b))
+        if self.kind == "normal":
+            x = rng.gauss(self.a, self.b)
+        else:  # lognormal with mean a and std b
+            sigma2 = math.log(1 + (self.b / self.a) ** 2)
+            x = rng.lognormvariate(math.log(self.a) - sigma2 / 2, math.sqrt(sigma2))
+        n = max(self.low, round(x))
+        return min(n, self.high) if self.high is not None else n
+
+    def describe(self) -> str:
+        if self.kind == "fixed":
+            return f"{int(self.a)}"
+        if self.kind == "uniform":
+            return f"uniform {int(self.a)}-{int(self.b)}"
+        return f"{self.kind} mean {self.a:g} std {self.b:g}"
+
+
+def _length(value: Any, doc: YamlDoc, loc: tuple[Any, ...]) -> LengthDist | None:
+    if value is None:
+        return None
+    if isinstance(value, int):
+        if value < 0:
+            raise doc.error(loc, f"got {value}: expected a token count >= 0")
+        return LengthDist("fixed", value)
+    if isinstance(value, Fixed):
+        return LengthDist("fixed", value.value)
+    if isinstance(value, Uniform):
+        if value.min > value.max:
+            raise doc.error(loc, f"uniform min {value.min} exceeds max {value.max}")
+        return LengthDist("uniform", value.min, value.max)
+    if value.max is not None and value.max < value.min:
+        raise doc.error(loc, f"max {value.max} is below min {value.min}")
+    return LengthDist(value.dist, value.mean, value.std, value.min, value.max)
+
+
+# ---------------------------------------------------------------------------------------------
+# the validated workload
+
+
+@dataclass(frozen=True)
+class Prefix:
+    name: str
+    tokens: int
+    share: float
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A validated workload file. ``values``: estimate options (``options_from_values`` keys)."""
+
+    path: Path
+    display: str
+    name: str
+    description: str | None
+    values: Mapping[str, Any]
+    seed: int
+    duration_s: float | None
+    num_requests: int | None
+    rate: float | None
+    closed_loop: ClosedLoop | None
+    prompt: LengthDist | None
+    output: LengthDist | None
+    prefixes: tuple[Prefix, ...]
+    trace: tuple[Request, ...] | None
+    trace_path: str | None
+    policies: tuple[str, ...]
+    prefill_s_per_token: float | None
+    decode_step_s: float | None
+    prefill_efficiency: float
+    where: Where
+    locations: Mapping[str, Where] = field(default_factory=dict)
+
+    def where_of(self, key: str) -> Where:
+        return self.locations.get(key, self.where)
+
+    def describe_traffic(self) -> str:
+        """One line: how requests arrive and how long they are."""
+        if self.closed_loop:
+            arrive = f"closed loop of {self.closed_loop.users} users, think {self.closed_loop.think_s:g} s"
+        elif self.rate:
+            arrive = f"Poisson {self.rate:g} req/s"
+        else:
+            arrive = "trace arrival times"
+        if self.trace is not None:
+            lengths = f"{len(self.trace):,} requests from {self.trace_path}"
+        else:
+            pre = " + ".join(f"{p.tokens:,}-token {p.name} ({p.share:.0%})" for p in self.prefixes)
+            lengths = f"prompt {pre + ' + ' if pre else ''}{self.prompt.describe()}, output {self.output.describe()}"  # type: ignore[union-attr]
+        stop = []
+        if self.duration_s:
+            stop.append(f"{self.duration_s:g} s")
+        if self.num_requests:
+            stop.append(f"{self.num_requests:,} requests")
+        return f"{arrive}; {lengths}; {' or '.join(stop) or 'the whole trace'}; seed {self.seed}"
+
+    def source(self) -> RequestSource:
+        """The request stream (deterministic for the seed)."""
+        if self.trace is not None:
+            reqs = self.trace
+            if self.rate:
+                state = {"t": 0.0}
+
+                def make_trace(rng: random.Random, i: int) -> Request | None:
+                    if i >= len(reqs):
+                        return None
+                    state["t"] += rng.expovariate(self.rate)  # type: ignore[arg-type]
+                    if self.duration_s is not None and state["t"] >= self.duration_s:
+                        return None
+                    r = reqs[i]
+                    return Request(r.prompt_tokens, r.output_tokens, state["t"], r.prefix_id, r.prefix_tokens)
+
+                return RequestSource(make_trace, self.seed, self.num_requests)
+            if self.closed_loop is None:
+                limit = self.num_requests
+                items = [r for r in reqs if self.duration_s is None or (r.arrival_s or 0.0) < self.duration_s]
+                return RequestSource(lambda rng, i: items[i] if i < len(items) else None, self.seed, limit)
+            return RequestSource(lambda rng, i: reqs[i] if i < len(reqs) else None, self.seed, self.num_requests)
+
+        prompt, output, prefixes = self.prompt, self.output, self.prefixes
+        state = {"t": 0.0}
+        rate, duration, open_loop = self.rate, self.duration_s, self.closed_loop is None
+
+        def make(rng: random.Random, i: int) -> Request | None:
+            at = None
+            if open_loop:
+                state["t"] += rng.expovariate(rate)  # type: ignore[arg-type]
+                if duration is not None and state["t"] >= duration:
+                    return None
+                at = state["t"]
+            pid, ptoks, u, acc = -1, 0, rng.random(), 0.0
+            for j, p in enumerate(prefixes):
+                acc += p.share
+                if u < acc:
+                    pid, ptoks = j, p.tokens
+                    break
+            n = ptoks + prompt.sample(rng)  # type: ignore[union-attr]
+            return Request(max(1, n), max(1, output.sample(rng)), at, pid, ptoks)  # type: ignore[union-attr]
+
+        return RequestSource(make, self.seed, self.num_requests)
+
+
+def _locations(doc: YamlDoc, keys: Any) -> dict[str, Where]:
+    import yaml
+
+    out: dict[str, Where] = {}
+    if isinstance(doc.root, yaml.MappingNode):
+        for k, v in doc.root.value:
+            if isinstance(k, yaml.ScalarNode) and k.value in keys:
+                out["gpu_count" if k.value == "gpus" else k.value] = Where(doc.display, v.start_mark.line + 1, v.start_mark.column + 1)
+    return out
+
+
+def _plan_values(ref: str, doc: YamlDoc) -> dict[str, Any]:
+    """Option values of ``file.yaml#check-name`` (a capacity file, relative to the workload)."""
+    from kvplan.scenario import load_capacity
+
+    file, _, name = ref.partition("#")
+    path = (doc.path.resolve().parent / file) if not Path(file).is_absolute() else Path(file)
+    capacity = load_capacity(path)
+    if not name:
+        if len(capacity.checks) != 1:
+            raise doc.error(("plan",), f"{file} has {len(capacity.checks)} checks: name one",
+                            "write plan: FILE#CHECK-NAME; checks: " + ", ".join(c.name for c in capacity.checks))
+        return dict(capacity.checks[0].values)
+    for check in capacity.checks:
+        if check.name == name:
+            return dict(check.values)
+    raise doc.error(("plan",), f"no check named {name!r} in {file}", "checks: " + ", ".join(c.name for c in capacity.checks))
+
+
+def load_trace(path: Path, display: str) -> tuple[Request, ...]:
+    """Requests from a JSONL trace; errors name ``file:line``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ScenarioError(f"{display}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{display}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    ids: dict[Any, int] = {}
+    out: list[Request] = []
+    allowed = {"prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens", "arrival_s"}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = Where(display, n, 1)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ScenarioFileError(Where(display, n, exc.colno), f"not valid JSON: {exc.msg}") from None
+        if not isinstance(rec, dict):
+            raise ScenarioFileError(where, "expected a JSON object per line")
+        unknown = sorted(set(rec) - allowed)
+        if unknown:
+            raise ScenarioFileError(where, f"unknown key {unknown[0]!r}", "allowed: " + ", ".join(sorted(allowed)))
+
+        def count(key: str, minimum: int, required: bool = True) -> int:
+            v = rec.get(key)
+            if v is None and not required:
+                return 0
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise ScenarioFileError(where, f"{key}: got {v!r}, expected an integer >= {minimum}")
+            return v
+
+        prompt, output = count("prompt_tokens", 1), count("output_tokens", 1)
+        ptoks = count("prefix_tokens", 0, required=False)
+        pid = -1
+        if rec.get("prefix_id") is not None:
+            pid = ids.setdefault(json.dumps(rec["prefix_id"]), len(ids))
+            if not ptoks:
+                raise ScenarioFileError(where, "prefix_id without prefix_tokens")
+        if ptoks > prompt:
+            raise ScenarioFileError(where, f"prefix_tokens {ptoks} exceeds prompt_tokens {prompt}")
+        at = rec.get("arrival_s")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at < 0):
+            raise ScenarioFileError(where, f"arrival_s: got {at!r}, expected seconds >= 0")
+        out.append(Request(prompt, output, None if at is None else float(at), pid, ptoks))
+    if not out:
+        raise ScenarioFileError(Where(display, 1, 1), "the trace has no requests")
+    timed = sum(r.arrival_s is not None for r in out)
+    if 0 < timed < len(out):
+        first = next(n for n, r in enumerate(out, 1) if r.arrival_s is None)
+        raise ScenarioFileError(Where(display, first, 1), "arrival_s on some requests but not on this one",
+                                "give arrival_s on every line or on none")
+    if timed:
+        out.sort(key=lambda r: r.arrival_s)  # type: ignore[arg-type, return-value]
+    return tuple(out)
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a workload file; raises :class:`ScenarioFileError` (file:line:col) on any mistake."""
+    doc = read_yaml(path)
+    model: Any = _validate(doc, WorkloadModel)
+    values: dict[str, Any] = {}
+    if model.plan:
+        values.update(_plan_values(model.plan, doc))
+    values.update(option_values({k: getattr(model, k) for k in model.model_fields_set if k in WORKLOAD_OPTIONS}))
+    if not values.get("model"):
+        raise doc.error((), "no model", "set model (e.g. model: meta-llama/Llama-3.1-8B) or plan: capacity.yaml#check")
+    if "context" in values and "max_model_len" not in values:
+        values["max_model_len"] = values["context"]
+    if "max_model_len" in values and "context" not in values:
+        values["context"] = values["max_model_len"]
+    trace = trace_path = None
+    if model.trace:
+        for key in ("prompt_tokens", "output_tokens", "prefixes"):
+            if key in model.model_fields_set:
+                raise doc.error((key,), f"{key} and trace are exclusive", "lengths come from the trace")
+        tpath = Path(model.trace) if Path(model.trace).is_absolute() else doc.path.resolve().parent / model.trace
+        trace_path = display_path(tpath)
+        trace = load_trace(tpath, trace_path)
+    else:
+        for key in ("prompt_tokens", "output_tokens"):
+            if getattr(model, key) is None:
+                raise doc.error((), f"{key} is required (or a trace)", "e.g. prompt_tokens: {dist: uniform, min: 50, max: 200}")
+    timed_trace = trace is not None and trace[0].arrival_s is not None
+    arrivals = model.arrivals
+    rate = closed = None
+    if arrivals is not None:
+        if (arrivals.rate is None) == (arrivals.users is None):
+            raise doc.error(("arrivals",), "give exactly one of rate (Poisson) or users (closed loop)")
+        if timed_trace:
+            raise doc.error(("arrivals",), "the trace has arrival_s: arrivals would replace them", "remove arrivals or the trace's arrival_s")
+        rate = arrivals.rate
+        if arrivals.users is not None:
+            closed = ClosedLoop(arrivals.users, arrivals.think_s)
+        elif "think_s" in arrivals.model_fields_set:
+            raise doc.error(("arrivals", "think_s"), "think_s applies to a closed loop (users)")
+    elif not timed_trace:
+        raise doc.error((), "arrivals is required", "e.g. arrivals: {rate: 10} or arrivals: {users: 32, think_s: 2}")
+    if model.duration_s is None and model.num_requests is None and trace is None:
+        raise doc.error((), "say how much traffic: duration_s and/or num_requests")
+    if closed is not None and model.duration_s is None and model.num_requests is None:
+        raise doc.error(("arrivals",), "a closed loop needs duration_s or num_requests")
+    total_share = sum(p.share for p in model.prefixes)
+    if total_share > 1 + 1e-9:
+        raise doc.error(("prefixes",), f"shares add up to {total_share:g}, more than 1")
+    prefixes = tuple(Prefix(p.name or f"prefix {i + 1}", p.tokens, p.share) for i, p in enumerate(model.prefixes))
+    return Workload(
+        path=doc.path,
+        display=doc.display,
+        name=model.name or doc.path.stem,
+        description=model.description,
+        values=finish_values(values),
+        seed=model.seed,
+        duration_s=model.duration_s,
+        num_requests=model.num_requests,
+        rate=rate,
+        closed_loop=closed,
+        prompt=_length(model.prompt_tokens, doc, ("prompt_tokens",)),
+        output=_length(model.output_tokens, doc, ("output_tokens",)),
+        prefixes=prefixes,
+        trace=trace,
+        trace_path=trace_path,
+        policies=tuple(dict.fromkeys(model.policies)) if model.policies else POLICIES,
+        prefill_s_per_token=model.timing.prefill_s_per_token,
+        decode_step_s=model.timing.decode_step_s,
+        prefill_efficiency=model.timing.prefill_efficiency,
+        where=doc.where(()),
+        locations=_locations(doc, WORKLOAD_OPTIONS),
+    )
+
+
+@dataclass(frozen=True)
+class WorkloadRun:
+    """A simulated workload: the plan it ran on and the per-policy results."""
+
+    workload: Workload
+    plan: Any  # kvplan.plan.Plan
+    result: Any  # kvplan.simulate.SimResult
+    notes: tuple[str, ...] = ()
+
+
+def run_workload(workload: Workload, token: str | None = None, record_series: bool = True) -> WorkloadRun:
+    """Plan the deployment (as ``kvplan estimate`` would), then simulate every policy."""
+    from kvplan.errors import KvplanError
+    from kvplan.plan import estimate, options_from_values
+    from kvplan.simulate import config_from_plan, simulate
+
+    try:
+        plan = estimate(options_from_values(dict(workload.values)), token=token)
+    except ScenarioError:
+        raise
+    except KvplanError as exc:  # name the file (the option's line is unknown once values are merged)
+        raise ScenarioFileError(workload.where, exc.message, exc.hint) from None
+    config, notes = config_from_plan(plan, prefill_s_per_token=workload.prefill_s_per_token,
+                                     decode_step_s=workload.decode_step_s,
+                                     prefill_efficiency=workload.prefill_efficiency)
+    result = simulate(config, workload.source(), policies=workload.policies, duration_s=workload.duration_s,
+                      closed_loop=workload.closed_loop, seed=workload.seed, record_series=record_series)
+    return WorkloadRun(workload, plan, result, notes + result.notes)
