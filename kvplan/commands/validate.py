@@ -71,6 +71,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.paged.validate import require_torch
 
         require_torch()
+        from kvplan.errors import KvplanError
         from kvplan.paged.distributed import validate_distributed, world_from_env
         from kvplan.paged.validate import validate_plan
         from kvplan.plan import estimate, options_from_values
@@ -81,7 +82,12 @@ def register(app: typer.Typer) -> None:
         world = world_from_env()
         with fill_progress() as progress:
             if world is not None and world.size > 1:
-                results = validate_distributed(plan, world, device, probe=probe, progress=progress)
+                try:
+                    results = validate_distributed(plan, world, device, probe=probe, progress=progress)
+                except KvplanError as exc:  # every rank raises the same error: rank 0 alone says it
+                    if world.rank != 0:
+                        raise typer.Exit(exc.exit_code) from None
+                    raise
             else:
                 results = [validate_plan(plan, device, probe=probe, progress=progress)]
         ok = all(r.ok for r in results)
