@@ -382,15 +382,16 @@ def _footnote() -> str:
 
 
 _CSS = """
-body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:2rem auto;max-width:1200px;
+body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:2rem auto;max-width:1400px;
 padding:0 1rem;color:#1f2328;line-height:1.45}
 h1{font-size:1.6rem;margin-bottom:.2rem}.meta{color:#57606a;margin-top:0}.const{background:#f6f8fa;border:1px solid #d0d7de;
 border-radius:6px;padding:.5rem .8rem;font-size:.9rem}.plots{display:flex;flex-wrap:wrap;gap:1rem;margin:1rem 0}
-figure{margin:0;flex:1 1 520px;border:1px solid #d0d7de;border-radius:6px;padding:.5rem;background:#fff}
-figure img{width:100%;height:auto}figcaption{font-size:.85rem;color:#57606a;text-align:center}
+figure{margin:0;flex:1 1 100%;border:1px solid #d0d7de;border-radius:6px;padding:.5rem;background:#fff}
+figure img{display:block;margin:0 auto;max-width:100%;height:auto}figcaption{font-size:.85rem;color:#57606a;text-align:center}
 .wrap{overflow-x:auto;max-height:75vh;border:1px solid #d0d7de;border-radius:6px}
-table{border-collapse:collapse;font-size:.82rem;width:100%}th,td{padding:.3rem .55rem;border-bottom:1px solid #eaeef2;
-white-space:nowrap}th{position:sticky;top:0;background:#f6f8fa;text-align:left;border-bottom:1px solid #d0d7de}
+table{border-collapse:collapse;font-size:.8rem;width:100%}th,td{padding:.28rem .45rem;border-bottom:1px solid #eaeef2;
+white-space:nowrap}th{position:sticky;top:0;background:#f6f8fa;text-align:left;border-bottom:1px solid #d0d7de;
+white-space:normal;vertical-align:bottom}th.n{text-align:right}td.name{white-space:normal;min-width:8rem;max-width:14rem}
 td.n{text-align:right;font-variant-numeric:tabular-nums}tr:nth-child(even) td{background:#fbfcfd}
 td.yes{color:#1a7f37;font-weight:600}td.no{color:#cf222e;font-weight:600}.note{color:#9a6700}
 .foot{color:#57606a;font-size:.8rem;margin-top:1rem}
@@ -423,16 +424,21 @@ def to_html(report: "Report", plots: dict[str, bytes], notes: list[str]) -> str:
     for note in list(report.notes) + notes:
         out.append(f'<p class="note">note: {esc(note)}</p>')
     out.append('<div class="wrap"><table><thead><tr>')
-    out.extend(f"<th>{esc(_LABEL_TITLES[c])}</th>" for c in cols)
-    out.extend(f"<th>{esc(t)}</th>" for t, _ in _FIGURES)
+    out.extend(f'<th class="n">{esc(_LABEL_TITLES[c])}</th>' if c in numeric else f"<th>{esc(_LABEL_TITLES[c])}</th>"
+               for c in cols)
+    out.extend(f"<th>{esc(t)}</th>" if k == "fits" else f'<th class="n">{esc(t)}</th>' for t, k in _FIGURES)
     out.append("</tr></thead><tbody>")
+    figure_keys = {k for _, k in _FIGURES}
     keys = cols + [k for _, k in _FIGURES]
     for row in cells:
         tds = []
         for key, cell in zip(keys, row):
-            cls = cell if key == "fits" and cell in ("yes", "no") else ("n" if key in numeric or key in dict(_FIGURES).values() else "")
             if key == "fits":
                 cls = cell if cell in ("yes", "no") else ""
+            elif key == "name":
+                cls = "name"
+            else:
+                cls = "n" if key in numeric or key in figure_keys else ""
             tds.append(f'<td class="{cls}">{esc(cell)}</td>' if cls else f"<td>{esc(cell)}</td>")
         out.append("<tr>" + "".join(tds) + "</tr>")
     out.append("</tbody></table></div>")
