@@ -197,3 +197,22 @@ def test_benchmark_script_runs_on_cpu(tmp_path):
     assert doc["ok"] is True and len(doc["scenarios"]) == 4 and len(doc["attention"]) == 6
     for s in doc["scenarios"]:
         assert s["validation"]["measure"]["difference_bytes"] == 0
+
+
+def test_out_of_memory_while_allocating_reports_how_far_it_got(monkeypatch):
+    calls = {"n": 0}
+    real_zeros = torch.zeros
+
+    def zeros_until_oom(*args, **kwargs):  # the third slot tensor does not fit
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 MiB")
+        return real_zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", zeros_until_oom)
+    r = run("meta-llama/Llama-3.1-8B", *CPU, "--kv-budget", "0.5GiB", "--context", "1k", "--device", "cpu", "--json")
+    assert r.exit_code == 1
+    v = json.loads(r.stdout)["validation"]
+    # two of 32 slot tensors of 32 blocks x 512 KiB (16 MiB each) were allocated, then released
+    assert v["error"] == "out of memory while allocating the pool: 32 MiB of 512 MiB allocated"
+    assert v["measure"] is None and v["fill"] is None

@@ -132,8 +132,8 @@ def check_decode(case: str, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
     gen = generator or torch.Generator(device="cpu").manual_seed(0)
     dtype = compute_dtype(k_cache.dtype)
 
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(device)
+    def rand(*shape: int) -> torch.Tensor:  # drawn where the generator lives (CPU or the GPU itself)
+        return torch.randn(*shape, generator=gen, device=gen.device).to(device)
 
     k = rand(num_tokens, *tail).to(k_cache.dtype)
     v = k if mla else rand(num_tokens, *v_cache.shape[2:]).to(v_cache.dtype)

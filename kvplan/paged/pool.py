@@ -170,7 +170,8 @@ def allocate_pool(layout: memory.PoolLayout, num_blocks: int, device: str | torc
         expected = memory.pool_bytes(num_blocks, layout)
         assert not check or storage == expected, f"torch pool holds {storage:,} B but memory.pool_bytes says {expected:,} B"
         return pool
-    except BaseException:
+    except BaseException as exc:
+        exc.kvplan_allocated_bytes = pool.storage_bytes  # type: ignore[attr-defined]  # how far it got
         pool.release()
         raise
 

@@ -214,7 +214,10 @@ def _device_allocated(torch: Any, device: str) -> int:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, (MemoryError,)) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+    """torch.cuda.OutOfMemoryError, a RuntimeError saying "out of memory", or the CPU allocator's failure."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and
+                                            ("out of memory" in text or "can't allocate memory" in text))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +330,7 @@ def validate_plan(plan: "Plan", device: str | None = None, *, probe: bool = Fals
     except Exception as exc:  # out of memory (or a broken device) mid-way: report how far it got
         if not _is_oom(exc):
             raise
-        got = pool.storage_bytes if pool is not None else 0
+        got = pool.storage_bytes if pool is not None else getattr(exc, "kvplan_allocated_bytes", 0)
         error = f"out of memory while {stage_name}: {fmt_bytes(got)} of {fmt_bytes(estimate)} allocated"
         failures.append(error)
     finally:
