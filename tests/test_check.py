@@ -189,3 +189,26 @@ def test_invalid_file_annotation_in_github_actions(tmp_path):
     r = runner.invoke(app, ["check", str(path), "--offline"], env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(tmp_path)})
     assert r.exit_code == 2
     assert r.stdout.startswith("::error file=capacity.yaml,line=8,col=15,title=kvplan%3A invalid capacity file::checks[0].require.concurrenc")
+
+
+def test_per_check_revision_is_honoured(tmp_path, hub):
+    """Two checks on one Hub repo at two revisions plan two different specs (4 vs 6 layers)."""
+    try:
+        from tests.hub_emulator import VirtualFile
+    except ImportError:  # pragma: no cover - depends on how pytest was started
+        from hub_emulator import VirtualFile
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+              "torch_dtype": "bfloat16", "vocab_size": 1000, "intermediate_size": 512}
+    weights = VirtualFile.safetensors({"model.embed_tokens.weight": ("BF16", [1000, 256])}, {"format": "pt"})
+    hub.add_repo("acme/tiny", {"config.json": config, "model.safetensors": weights}, refs=("main", "v1"))
+    hub.add_commit("acme/tiny", {"config.json": {**config, "num_hidden_layers": 6}, "model.safetensors": weights}, refs=("v2",))
+    path = tmp_path / "capacity.yaml"
+    path.write_text("defaults: {model: acme/tiny, gpu: H100, kv_budget: 1GiB, context: 1k}\nchecks:\n"
+                    "  - {name: v1, revision: v1, require: {fits: true}}\n"
+                    "  - {name: v2, revision: v2, require: {fits: true}}\n", encoding="utf-8")
+    r = runner.invoke(app, ["check", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    per_token = [c["plan"]["per_token"]["kv_bytes_per_token_gpu"] for c in json.loads(r.stdout)["checks"]]
+    # 2 kv heads x (256 / 8 = 32) head_dim x 2 B x 2 (K, V) = 256 B per layer: 4 layers = 1,024; 6 layers = 1,536
+    assert per_token == [1024, 1536]
