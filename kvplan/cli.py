@@ -21,7 +21,7 @@ from kvplan.cli_options import (
     ActivationOpt, BatchOpt, BlockSizeOpt, ContextOpt, CudagraphOpt, DtypeOpt, EngineOpt, EngineVersionOpt,
     GpuMemoryOpt, GpuOpt, GpusOpt, GpuUtilOpt, HeadDimOpt, HubOpt, JsonOpt, KvBudgetOpt, KvDtypeOpt, KvHeadsOpt,
     LayersOpt, MaxBatchedOpt, MaxModelLenOpt, MaxSeqsOpt, ModelArg, OfflineOpt, OverheadOpt, PpOpt, PrefixCachingOpt,
-    PrefixOpt, RevisionOpt, TokenOpt, TpOpt, WeightsDtypeOpt, WeightsGibOpt, estimate_values,
+    PrefixOpt, RevisionOpt, TokenOpt, TpOpt, UsageContextOpt, WeightsDtypeOpt, WeightsGibOpt, estimate_values,
 )
 from kvplan.errors import KvplanError
 
@@ -91,6 +91,7 @@ def estimate(
     prefix_caching: PrefixCachingOpt = False,
     engine: EngineOpt = "vllm",
     engine_version: EngineVersionOpt = None,
+    usage_context: UsageContextOpt = "serve",
     dtype: DtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     weights_dtype: WeightsDtypeOpt = None,

@@ -49,6 +49,8 @@ class Options:
     context: int = 8192  # tokens per request
     batch: int = 1  # concurrent requests for the fits verdict / max context
     max_model_len: int | None = None  # default: context
+    auto_max_model_len: bool = False  # --max-model-len auto: the longest that fits (vLLM's "auto")
+    usage_context: str = "serve"  # vLLM defaults differ for `vllm serve` ("serve") and the LLM class ("llm")
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     prefix_tokens: int = 0
@@ -79,6 +81,8 @@ class Options:
         if self.gpu_util is not None and not (isinstance(self.gpu_util, (int, float)) and math.isfinite(self.gpu_util)
                                               and 0 < self.gpu_util <= 1):
             raise InputError(f"invalid --gpu-util {self.gpu_util!r}: must be in (0, 1]")
+        if self.usage_context not in ("serve", "llm"):
+            raise InputError(f"invalid --usage-context {self.usage_context!r}", "use serve or llm")
         if self.engine not in ENGINES:
             raise InputError(f"unknown engine {self.engine!r}", "use one of: " + ", ".join(ENGINES))
         if self.tp * self.pp != self.gpu_count:
@@ -217,7 +221,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
                          "modelled versions: " + ", ".join(engine_mod.VERSIONS))
     engine = engine_mod.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
                                  max_model_len=options.max_model_len or options.context,
-                                 usage_context=getattr(options, "usage_context", "serve"), tp=options.tp, pp=options.pp)
+                                 usage_context=options.usage_context, tp=options.tp, pp=options.pp)
     if options.gpu_util is not None or options.block_size or options.max_num_batched_tokens or options.max_num_seqs:
         engine = replace(
             engine,
@@ -250,10 +254,13 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
         version=engine.version, pp=options.pp,
     )
 
-    max_model_len = options.max_model_len or options.context
     mnbt = engine.max_num_batched_tokens
     blocks = memory.num_blocks(budget.kv_budget_bytes, layout)
-    answer = _answer(blocks, layout, options, max_model_len, mnbt, spec)
+    max_model_len = options.max_model_len or options.context
+    auto_note = None
+    if options.auto_max_model_len:
+        max_model_len, auto_note = _auto_max_model_len(blocks, layout, engine, mnbt, spec)
+    answer = _answer(blocks, layout, options, max_model_len, mnbt, spec, engine)
     frag = memory.contiguous_vs_paged(budget.kv_budget_bytes, blocks, layout, layers, options.context, max_model_len, mnbt)
     prefix = None
     if options.prefix_tokens:
@@ -264,7 +271,9 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
         roofline = memory.decode_roofline(weights_term.bytes, memory.request_kv_bytes(layout, options.context, mnbt),
                                           batch, gpu.bandwidth_bytes_per_s)
 
-    notes = list(spec.notes)
+    notes = list(spec.notes) + list(engine.notes) + list(budget.notes)
+    if auto_note:
+        notes.append(auto_note)
     replicated = memory.kv_heads_replicated(spec, options.tp)
     if replicated:
         notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
@@ -319,8 +328,33 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
                      "pass --weights-gib SIZE")
 
 
+def _startup_blocks(blocks: int, engine: EngineDefaults) -> int:
+    """Blocks the engine's start-up check may use for one request: all but the null block from vLLM
+    0.21 (``refusal == "null_block"``), all of them before; SGLang never refuses (``"pool"``)."""
+    return blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
+
+
+def _longest_len(blocks: int, layout: memory.PoolLayout, engine: EngineDefaults, mnbt: int, limit: int) -> int:
+    """The longest max_model_len (block-aligned) whose one request passes the engine's start-up check."""
+    # memory.max_context keeps the null block out; hand it one more block where the engine counts it
+    extra = memory.NULL_BLOCKS if engine.refusal != "null_block" else 0
+    longest = memory.max_context(blocks + extra, layout, 1, mnbt, limit_tokens=limit)
+    return (longest // layout.block_size) * layout.block_size if longest >= layout.block_size else longest
+
+
+def _auto_max_model_len(blocks: int, layout: memory.PoolLayout, engine: EngineDefaults, mnbt: int,
+                        spec: ModelSpec) -> tuple[int, str]:
+    """``--max-model-len auto``: the longest length that starts, capped at max_position_embeddings."""
+    cap = spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
+    longest = _longest_len(blocks, layout, engine, mnbt, cap)
+    if longest < 1:
+        raise InputError("--max-model-len auto: not even one block fits in the KV budget",
+                         "lower --gpu-util headroom, use --kv-dtype fp8, quantized weights or more --tp")
+    return longest, f"max_model_len auto: {longest:,} tokens (the longest that fits, capped at the model's {cap:,})"
+
+
 def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_len: int, mnbt: int,
-            spec: ModelSpec) -> Answer:
+            spec: ModelSpec, engine: EngineDefaults) -> Answer:
     per_req_len = memory.blocks_per_request(layout, max_model_len, mnbt, options.prefix_caching)
     per_req_ctx = memory.blocks_per_request(layout, options.context, mnbt, options.prefix_caching)
     need = options.batch * per_req_ctx
@@ -329,10 +363,13 @@ def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_
     max_ctx = memory.max_context(blocks, layout, options.batch, mnbt, limit_tokens=max(limit, options.context))
     fits = usable >= need
     fix = None if fits else _fix(blocks, layout, options, per_req_ctx, max_ctx)
-    longest = memory.max_context(blocks, layout, 1, mnbt, limit_tokens=max(limit, max_model_len))
+    if engine.kv_tokens_rule == "blocks":  # V0 / early V1 and SGLang print the raw pool in tokens
+        kv_tokens = blocks * layout.block_size
+    else:
+        kv_tokens = memory.kv_cache_tokens(blocks, per_req_len, max_model_len)
     return Answer(
         num_blocks=blocks,
-        kv_tokens=memory.kv_cache_tokens(blocks, per_req_len, max_model_len),
+        kv_tokens=kv_tokens,
         capacity_tokens=blocks * layout.block_size,
         context=options.context,
         blocks_per_request=per_req_ctx,
@@ -342,8 +379,8 @@ def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_
         max_context_at_batch=max_ctx,
         fits=fits,
         fits_margin_blocks=usable - need,
-        engine_starts=memory.fits_one_request(blocks, layout, max_model_len, mnbt),
-        longest_startable_len=(longest // layout.block_size) * layout.block_size if longest >= layout.block_size else longest,
+        engine_starts=engine.refusal == "pool" or _startup_blocks(blocks, engine) >= per_req_len,
+        longest_startable_len=_longest_len(blocks, layout, engine, mnbt, max(limit, max_model_len)),
         fix=fix,
     )
 
@@ -401,6 +438,9 @@ def options_from_values(values: dict[str, Any]) -> Options:
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if value is None:
+            continue
+        if key == "max_model_len" and isinstance(value, str) and value.strip().lower() == "auto":
+            kwargs["auto_max_model_len"] = True
             continue
         if key in _GIB_FIELDS:
             zero = value == 0 or (isinstance(value, str) and value.strip() in ("0", "0GiB", "0GB"))

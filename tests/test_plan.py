@@ -226,3 +226,33 @@ def test_python_api_returns_the_same_plan_as_options():
     assert p.to_dict()["answer"]["max_requests"] == p.answer.max_requests
     with pytest.raises(InputError):
         kvplan.estimate(LLAMA, gpu="H100", context="lots")
+
+
+def test_max_model_len_auto_is_the_longest_that_starts():
+    # 1 GiB = 512 blocks of 2 MiB; vLLM 0.32 keeps the null block: 511 blocks x 16 = 8,176 tokens
+    p = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto"}))
+    assert p.max_model_len == 511 * 16
+    assert p.answer.engine_starts and any("auto" in n for n in p.notes)
+    # capped at max_position_embeddings when memory is plentiful
+    big = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "max_model_len": "auto"}))
+    assert big.max_model_len == big.spec.max_position_embeddings == 131_072
+
+
+def test_refusal_rule_follows_the_engine_version():
+    # 512 blocks, one 8,192-token request needs 512: vLLM 0.32 refuses (null block), 0.11 starts
+    new = plan(kv_budget_bytes=GiB, context=8192, engine_version="0.32")
+    old = plan(kv_budget_bytes=GiB, context=8192, engine_version="0.11")
+    assert not new.answer.engine_starts and old.answer.engine_starts
+    assert (new.answer.longest_startable_len, old.answer.longest_startable_len) == (511 * 16, 512 * 16)
+
+
+def test_early_v1_prints_the_raw_pool_in_tokens():
+    p = plan(kv_budget_bytes=GiB, context=4096, engine_version="0.10")
+    assert p.answer.kv_tokens == 512 * 16
+    assert plan(kv_budget_bytes=GiB, context=4096).answer.kv_tokens == 512 * 4096 // 256  # floor(2.0 x 4,096)
+
+
+def test_usage_context_is_validated():
+    with pytest.raises(InputError, match="usage-context"):
+        plan(usage_context="batch")
+    assert plan(usage_context="llm").engine.usage_context == "llm"

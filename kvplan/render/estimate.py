@@ -106,7 +106,14 @@ def render_plan(plan: "Plan") -> Group:
 
     # engine -----------------------------------------------------------------------------------
     eng = Text()
-    if a.engine_starts:
+    if plan.engine.engine == "sglang":
+        from kvplan.engines import sglang
+
+        running = sglang.max_running_requests(a.kv_tokens, plan.max_model_len)
+        eng.append(f"sglang {plan.engine.version} will report: ", style="bold")
+        eng.append(f"max_total_num_tokens={a.kv_tokens:,}, max_running_requests={running:,} "
+                   f"(context_len {plan.max_model_len:,}; mem_fraction_static {b.gpu_util:g})\n")
+    elif a.engine_starts:
         eng.append(f"{plan.engine.engine} {plan.engine.version} will report: ", style="bold")
         eng.append(f"GPU KV cache size: {a.kv_tokens:,} tokens; Maximum concurrency for {plan.max_model_len:,} "
                    f"tokens per request: {a.max_concurrency:.2f}x\n")
@@ -147,8 +154,14 @@ def render_plan(plan: "Plan") -> Group:
 def serve_command(plan: "Plan") -> str:
     """The ``vllm serve`` command line that realises the plan."""
     o, a = plan.options, plan.answer
-    if plan.engine.engine != "vllm":
-        return f"(see the {plan.engine.engine} docs for its flags)"
+    if plan.engine.engine == "sglang":
+        flags = [f"python -m sglang.launch_server --model-path {plan.spec.model_id}",
+                 f"--context-length {plan.max_model_len}", f"--mem-fraction-static {plan.budget.gpu_util:g}"]
+        if o.tp > 1:
+            flags.append(f"--tp {o.tp}")
+        if plan.kv_dtype != plan.model_dtype:
+            flags.append(f"--kv-cache-dtype {'fp8_e4m3' if plan.kv_dtype == 'fp8_e4m3' else plan.kv_dtype}")
+        return " ".join(flags)
     flags = [f"vllm serve {plan.spec.model_id}", f"--max-model-len {plan.max_model_len}",
              f"--gpu-memory-utilization {plan.budget.gpu_util:g}"]
     seqs = min(plan.engine.max_num_seqs, max(1, a.max_requests))
