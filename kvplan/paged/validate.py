@@ -382,13 +382,14 @@ def _fill(plan: "Plan", layout: memory.PoolLayout, num_blocks: int,
     planned = plan.answer.max_requests
     per_request = memory.blocks_per_request(layout, context, chunk, plan.options.prefix_caching)
     peak = filled = 0
+    step = max(1, planned // 200)  # at most ~200 progress updates
     for i in range(planned):
         got = _prefill(allocator, i, context, chunk)
         if got is None:
             break
         peak = max(peak, got)
         filled += 1
-        if progress is not None:
+        if progress is not None and (filled % step == 0 or filled == planned):
             progress(filled, planned)
     resident = allocator.num_blocks_of(0) if filled else 0
     one_more = None
