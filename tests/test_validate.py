@@ -216,3 +216,15 @@ def test_out_of_memory_while_allocating_reports_how_far_it_got(monkeypatch):
     # two of 32 slot tensors of 32 blocks x 512 KiB (16 MiB each) were allocated, then released
     assert v["error"] == "out of memory while allocating the pool: 32 MiB of 512 MiB allocated"
     assert v["measure"] is None and v["fill"] is None
+
+
+def test_validate_takes_every_estimate_option():
+    import inspect
+
+    import typer.main
+
+    from kvplan import cli
+
+    estimate_options = set(inspect.signature(cli.estimate).parameters) - {"json_out"}
+    validate = typer.main.get_command(app).commands["validate"]
+    assert estimate_options <= {p.name for p in validate.params}

@@ -10,7 +10,7 @@ from kvplan.cli_options import (
     ActivationOpt, BatchOpt, BlockSizeOpt, ContextOpt, CudagraphOpt, DtypeOpt, EngineOpt, EngineVersionOpt,
     GpuMemoryOpt, GpuOpt, GpusOpt, GpuUtilOpt, HeadDimOpt, HubOpt, JsonOpt, KvBudgetOpt, KvDtypeOpt, KvHeadsOpt,
     LayersOpt, MaxBatchedOpt, MaxModelLenOpt, MaxSeqsOpt, ModelArg, OfflineOpt, OverheadOpt, PpOpt, PrefixCachingOpt,
-    PrefixOpt, RevisionOpt, TokenOpt, TpOpt, WeightsDtypeOpt, WeightsGibOpt, estimate_values,
+    PrefixOpt, RevisionOpt, TokenOpt, TpOpt, UsageContextOpt, WeightsDtypeOpt, WeightsGibOpt, estimate_values,
 )
 
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="Where to allocate: cuda or cpu (default: cuda if available).",
@@ -42,6 +42,7 @@ def register(app: typer.Typer) -> None:
         prefix_caching: PrefixCachingOpt = False,
         engine: EngineOpt = "vllm",
         engine_version: EngineVersionOpt = None,
+        usage_context: UsageContextOpt = "serve",
         dtype: DtypeOpt = None,
         kv_dtype: KvDtypeOpt = None,
         weights_dtype: WeightsDtypeOpt = None,
