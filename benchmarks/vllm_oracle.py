@@ -189,6 +189,16 @@ def markdown(rows: list[list[str]], version: str) -> str:
              "| " + " | ".join(HEADER) + " |",
              "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["",
+              "What the probes confirmed about vLLM 0.32 (and kvplan now models):",
+              "- sliding layers hold `ceil(min(W - 1 + T, L) / bs) + 1` blocks, chunked layers `ceil(min(C + T, L) / bs)`,",
+              "  with T = max_num_batched_tokens on CPU (async scheduling off; on GPUs it is on and T doubles);",
+              "- Llama 4 chunked layers keep their chunk bound (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE",
+              "  defaults to 1), grouped 2 full : 6 chunked -> group size 2;",
+              "- hybrids raise the block size to hold one state page (granite: 128 -> 1,152; qwen3-next: 128 -> 256),",
+              "  pad state pages to the attention page, and with prefix caching on (the default) a Mamba2 group",
+              "  needs 3 blocks per request, a gated-delta-net group 2;",
+              "- the CPU backend keeps SSM state in float32 on AVX-512-BF16 machines (set on kvplan's side here)."]
     return "\n".join(lines) + "\n"
 
 

@@ -193,7 +193,6 @@ class PoolLayout:
     bytes_per_block: int = 0
     base_block_size: int = 0
     state_page_bytes: int = 0
-    promoted_layers: int = 0  # chunked/sliding layers allocated as full attention (vLLM's promotion)
 
     @property
     def block_bytes(self) -> int:
@@ -239,17 +238,6 @@ def hybrid_block_size(block_size: int, attention_token_bytes: int, state_bytes: 
     return max(block_size, raised)
 
 
-def _promote_local(cached: list[LayerCache]) -> tuple[list[LayerCache], int]:
-    """vLLM 0.32 turns its hybrid KV manager off for models with chunked local attention and then
-    allocates chunked (and sliding) layers like full attention when full layers are present."""
-    kinds = {layer.kind for layer in cached}
-    if LayerKind.CHUNKED not in kinds or not kinds & {LayerKind.FULL, LayerKind.MLA}:
-        return cached, 0
-    local = (LayerKind.CHUNKED, LayerKind.SLIDING)
-    promoted = [replace(x, kind=LayerKind.FULL, window_tokens=None) if x.kind in local else x for x in cached]
-    return promoted, sum(1 for x in cached if x.kind in local)
-
-
 def pool_layout(layers: tuple[LayerCache, ...], block_size: int, kv_dtype: DType, model_dtype: DType) -> PoolLayout:
     """Bucket one GPU's layers into vLLM KV-cache groups sharing one block pool (vLLM 0.32 rules).
 
@@ -266,7 +254,6 @@ def pool_layout(layers: tuple[LayerCache, ...], block_size: int, kv_dtype: DType
     cached = [layer for layer in layers if layer.kind is not LayerKind.NONE]
     if not cached:
         raise InputError("the model caches nothing on this GPU (no attention or state layers)")
-    cached, promoted = _promote_local(cached)
     token_layers = [x for x in cached if x.caches_tokens]
     state_layers = [x for x in cached if x.is_state]
     if not token_layers:
@@ -286,7 +273,7 @@ def pool_layout(layers: tuple[LayerCache, ...], block_size: int, kv_dtype: DType
             return block_size * layer_token_bytes(token_layers[0], kv_dtype)
         return bs * layer_token_bytes(layer, kv_dtype)
 
-    extra = dict(base_block_size=base, state_page_bytes=state_page, promoted_layers=promoted)
+    extra = dict(base_block_size=base, state_page_bytes=state_page)
     if len(kinds) == 1:
         kind = kinds[0]
         p = page(kind, block_size)

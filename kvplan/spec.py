@@ -562,11 +562,10 @@ def spec_from_config(
     if r.has("num_nextn_predict_layers") and r.raw("num_nextn_predict_layers"):
         notes.append("multi-token-prediction (MTP) layers are not counted in the KV cache (vLLM adds them only "
                      "with speculative decoding)")
-    kinds = {layer.kind for layer in layers}
-    if LayerKind.CHUNKED in kinds and kinds & {LayerKind.FULL, LayerKind.MLA}:
-        notes.append("chunked local attention: vLLM 0.32 disables its hybrid KV manager for attention_chunk_size "
-                     "models, so chunked layers are allocated like full attention (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_"
-                     "WITH_HYBRID_KV_CACHE=1 turns the chunk bound back on)")
+    if any(layer.kind is LayerKind.CHUNKED for layer in layers):
+        notes.append("chunked local attention: a request holds at most chunk + max_num_batched_tokens tokens in the "
+                     "chunked layers (vLLM 0.32 keeps its hybrid KV manager on for them by default; with "
+                     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0 they are allocated like full attention)")
     if any(layer.is_state for layer in layers):
         ssm = {layer.ssm_dtype for layer in layers if layer.is_state}
         notes.append("state layers: conv state in the model dtype, SSM state in "

@@ -127,14 +127,16 @@ def test_sliding_window_zero_means_off():
 # --- chunked local attention -----------------------------------------------------------------------
 
 
-def test_llama4_chunked_layers_and_promotion():
+def test_llama4_chunked_layers_keep_the_chunk_bound():
     # Llama 4 text: no_rope_layer_interval 4 -> layers 3, 7 global (NoPE), the rest chunked(8192).
-    # vLLM 0.32 turns its hybrid KV manager off for attention_chunk_size models: all 8 layers pool as full.
+    # vLLM 0.32 (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 1) groups 2 full + 6 chunked:
+    # group size 2, 1 full + 3 chunked groups. At 16,384 tokens, 4,096 batched, bs 128:
+    # full ceil(16384 / 128) = 128; chunked ceil(min(8192 + 4096, 16384) / 128) = 96 each -> 128 + 3 x 96 = 416
     spec = spec_of(load("llama4_text.json"))
     assert kinds(spec) == ["chunked"] * 3 + ["full"] + ["chunked"] * 3 + ["full"]
     layout = memory.pool_layout(spec.layers, 128, BF16, BF16)
-    assert len(layout.groups) == 1 and layout.groups[0].num_layers == 8 and layout.promoted_layers == 6
-    assert memory.blocks_per_request(layout, 16384, 4096) == 16384 // 128
+    assert layout.group_size == 2 and len(layout.groups) == 4
+    assert memory.blocks_per_request(layout, 16384, 4096) == 416
     assert any("chunked" in note for note in spec.notes)
 
 
