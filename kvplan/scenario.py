@@ -182,6 +182,12 @@ def _engine(value: Any) -> str:
     return value
 
 
+def _usage(value: Any) -> str:
+    if value not in ("serve", "llm"):
+        raise ValueError
+    return value
+
+
 def _t(kind: str, check: Callable[[Any], Any], schema: dict[str, Any]) -> Any:
     return Annotated[Any, PlainValidator(_expect(kind, check)), WithJsonSchema({**schema, "description": kind})]
 
@@ -204,6 +210,7 @@ KvDType = _t("a KV dtype: auto, bf16, fp16, fp8, fp8_e5m2, int8, int4", _dtype(T
 WeightsDType = _t("a weights dtype: bf16, fp16, fp8, int8, int4", _dtype(False, weights=True), {"type": "string"})
 GpuName = _t("a GPU from the catalogue (`kvplan gpus`)", _gpu, {"type": "string"})
 Engine = _t("an engine: vllm or sglang", _engine, {"type": "string", "enum": ["vllm", "sglang"]})
+UsageContext = _t("serve (`vllm serve`) or llm (the LLM class)", _usage, {"type": "string", "enum": ["serve", "llm"]})
 
 # Every estimate option a scenario may set: name -> (type, description). Keys are those of
 # kvplan.plan.options_from_values (the CLI flags with underscores), except `gpus` (= --gpus).
@@ -222,6 +229,7 @@ OPTION_FIELDS: dict[str, tuple[Any, str]] = {
     "pp": (PositiveInt, "pipeline-parallel size"),
     "engine": (Engine, "serving engine whose budget rules to model"),
     "engine_version": (Text, "engine version whose rules to model"),
+    "usage_context": (UsageContext, "vLLM defaults of `vllm serve` (serve) or the LLM class (llm)"),
     "dtype": (ModelDType, "model (activation) dtype"),
     "weights_dtype": (WeightsDType, "quantized weights dtype"),
     "weights_gib": (Size, "total weight size (all GPUs)"),
