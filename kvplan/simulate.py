@@ -42,6 +42,7 @@ import random
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
+from operator import mul
 from dataclasses import dataclass, field
 
 from kvplan.errors import InputError
@@ -314,6 +315,7 @@ class _Run:
             groups = tuple(GroupSpec("state", state_blocks=next(it)) if g.kind == "state" else g for g in groups)
         self.alloc = BlockAllocator(pool.num_blocks, pool.block_size, groups, enable_prefix_caching=self.caching)
         self.n_attn = sum(1 for g in groups if g.kind != "state")
+        self.sliding = any(g.kind == "sliding" for g in groups)
         self.reserve_tokens = pool.max_model_len  # contiguous: what each request reserves (a count)
         self.reserve_slots = cdiv(pool.max_model_len, self.bs) * self.bs
         self.think_rng = random.Random(seed * 7919 + 17)
@@ -336,6 +338,9 @@ class _Run:
         self.prefilling: dict[int, int] = {}  # request -> prompt tokens still to compute
         self.waiting: deque[int] = deque()
         self.buckets: list[set[int]] = [set() for _ in range(self.bs)]  # decoders by off % bs
+        self.bcount = [0] * self.bs  # len() of each bucket
+        # _fill[p][b]: unused slots of a decoder in bucket b when D % bs == p
+        self._fill = [[-(p + b) % self.bs for b in range(self.bs)] for p in range(self.bs)]
         self.heap: list[tuple[int, int, int]] = []  # (finish D, request, epoch)
         self.n_dec = 0
         self.s_off = 0
@@ -348,7 +353,7 @@ class _Run:
         self.arrivals: list[tuple[float, int]] = []  # heap of (time, request index) not yet arrived
         self.prefix_lists: dict[int, list[int]] = {}
         # metrics
-        self.finished = self.rejected = self.preemptions = self.generated = 0
+        self.finished = self.rejected = self.preemptions = self.generated = self.num_arrived = 0
         self.prefill_tokens = 0
         self.num_steps = self.num_events = 0
         self.conc_hist: dict[int, float] = {}
@@ -390,14 +395,18 @@ class _Run:
             if self.closed is None:
                 self._push_open_arrival()
             req = self.source.get(i)
-            assert req is not None and i == len(self.arrival), "requests arrive in index order"
-            self.arrival.append(at)
-            self.prompt.append(req.prompt_tokens)
-            self.out.append(min(req.output_tokens, mml - req.prompt_tokens))
-            for lst, value in ((self.gen, 0), (self.first_sched, -1.0), (self.first_token, -1.0), (self.off, 0),
-                               (self.fin_d, 0), (self.synced, 0), (self.epoch, 0), (self.pf_tokens, 0)):
-                lst.append(value)
-            self.prefix_of.append((req.prefix_id, req.prefix_tokens))
+            assert req is not None
+            grow = i + 1 - len(self.arrival)  # a closed loop's first requests arrive out of index order
+            if grow > 0:
+                for lst, value in ((self.arrival, -1.0), (self.prompt, 0), (self.out, 0), (self.gen, 0),
+                                   (self.first_sched, -1.0), (self.first_token, -1.0), (self.off, 0), (self.fin_d, 0),
+                                   (self.synced, 0), (self.epoch, 0), (self.pf_tokens, 0), (self.prefix_of, (-1, 0))):
+                    lst.extend([value] * grow)  # type: ignore[attr-defined]
+            self.num_arrived += 1
+            self.arrival[i] = at
+            self.prompt[i] = req.prompt_tokens
+            self.out[i] = min(req.output_tokens, mml - req.prompt_tokens)
+            self.prefix_of[i] = (req.prefix_id, req.prefix_tokens)
             if req.prompt_tokens >= mml:
                 self.rejected += 1
                 self._user_done(at)
@@ -430,7 +439,9 @@ class _Run:
         return plist[:plen] + list(range(base, base + n - plen))
 
     def _remove_decoder(self, i: int) -> None:
-        self.buckets[self.off[i] % self.bs].discard(i)
+        b = self.off[i] % self.bs
+        self.buckets[b].discard(i)
+        self.bcount[b] -= 1
         self.n_dec -= 1
         self.s_off -= self.off[i]
 
@@ -457,8 +468,23 @@ class _Run:
         self._user_done(self.t)
 
     def _sync(self, i: int, tokens: int) -> bool:
-        """Tell the allocator request ``i`` now holds ``tokens`` tokens (False: no room, nothing changed)."""
-        if not self.alloc.append_tokens(i, tokens - self.synced[i]):
+        """Tell the allocator request ``i`` now holds ``tokens`` tokens (False: no room for the next block).
+
+        With sliding groups the tokens go in up to each block boundary first, so the blocks that left
+        the window are released before the next block is taken (as vLLM does at that step)."""
+        append, s = self.alloc.append_tokens, self.synced[i]
+        if self.sliding:
+            bs = self.bs
+            edge = cdiv(s, bs) * bs  # appending token edge + 1 takes a new block
+            while edge < tokens:
+                if edge > s:
+                    append(i, edge - s)
+                    s = self.synced[i] = edge
+                if not append(i, 1):
+                    return False
+                s = self.synced[i] = edge + 1
+                edge += bs
+        if tokens > s and not append(i, tokens - s):
             return False
         self.synced[i] = tokens
         return True
@@ -469,11 +495,7 @@ class _Run:
         if self.reserve:
             live = self.n_dec * self.D + self.s_off + sum(self.pf_tokens[i] for i in self.prefilling)
             return self.n_attn * (len(self.running) * self.reserve_slots - live)
-        bs, D, total = self.bs, self.D, self.pf_unused
-        for b, members in enumerate(self.buckets):
-            if members:
-                total += len(members) * (-(D + b) % bs)
-        return self.n_attn * total
+        return self.n_attn * (self.pf_unused + sum(map(mul, self.bcount, self._fill[self.D % self.bs])))
 
     def _sample(self, dt: float, n_running: int) -> None:
         """Account an interval of ``dt`` seconds that ends now (before finishes are freed)."""
@@ -609,6 +631,7 @@ class _Run:
             o = self.off[i] = n - D
             self.fin_d[i] = D + self.out[i] - self.gen[i]
             self.buckets[o % bs].add(i)
+            self.bcount[o % bs] += 1
             self.n_dec += 1
             self.s_off += o
             heapq.heappush(self.heap, (self.fin_d[i], i, self.epoch[i]))
@@ -642,12 +665,10 @@ class _Run:
         """Blocks the decoders need over the next ``k`` steps."""
         if self.reserve:
             return 0
-        bs, D, total = self.bs, self.D, 0
-        for b, members in enumerate(self.buckets):
-            if members:
-                first = -(D + b) % bs
-                if first < k:
-                    total += len(members) * ((k - 1 - first) // bs + 1)
+        bs, total = self.bs, 0
+        for n, first in zip(self.bcount, self._fill[self.D % bs]):
+            if n and first < k:
+                total += n * ((k - 1 - first) // bs + 1)
         return total * self.n_attn
 
     def _steps_before(self, gap: float, k_max: int) -> int:
@@ -747,14 +768,15 @@ class _Run:
 
     def _result(self) -> PolicyResult:
         t = self.t
-        delays = sorted(self.first_sched[i] - self.arrival[i] for i in range(len(self.arrival)) if self.first_sched[i] >= 0)
-        ttft = sorted(self.first_token[i] - self.arrival[i] for i in range(len(self.arrival)) if self.first_token[i] >= 0)
+        n = len(self.arrival)
+        delays = sorted(self.first_sched[i] - self.arrival[i] for i in range(n) if self.first_sched[i] >= 0)
+        ttft = sorted(self.first_token[i] - self.arrival[i] for i in range(n) if self.first_token[i] >= 0)
         hist = self.conc_hist
         total_time = sum(hist.values())
         return PolicyResult(
             policy=self.policy,
             duration_s=t,
-            arrived=len(self.arrival),
+            arrived=self.num_arrived,
             finished=self.finished,
             queued=len(self.waiting),
             running=len(self.running),

@@ -1,0 +1,73 @@
+"""``kvplan simulate workload.yaml``: the KV pool under a workload, contiguous vs paged vs prefix caching."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from kvplan.cli_options import JsonOpt, OfflineOpt, TokenOpt
+
+EPILOG = ("Examples: kvplan simulate docs/examples/shared_prompt.yaml  ·  "
+          "kvplan simulate workload.yaml --policy paged --policy prefix_caching --json  ·  "
+          "kvplan simulate workload.yaml --plot pool.png")
+
+
+def register(app: typer.Typer) -> None:
+    from kvplan.cli import handle_errors
+
+    @app.command("simulate", epilog=EPILOG)
+    @handle_errors
+    def simulate(
+        path: Annotated[str, typer.Argument(help="Workload file (YAML): deployment options + traffic.", show_default=False)],
+        policy: Annotated[Optional[list[str]], typer.Option(
+            "--policy", help="Policy to run (repeatable): contiguous, paged, prefix_caching (default: the file's, else all).")] = None,
+        duration: Annotated[Optional[float], typer.Option("--duration", help="Override duration_s (simulated seconds).")] = None,
+        seed: Annotated[Optional[int], typer.Option("--seed", help="Override the file's random seed.")] = None,
+        plot: Annotated[Optional[str], typer.Option("--plot", help="Write a time-series plot (pool used, running) here (.png, .svg, .pdf).")] = None,
+        offline: OfflineOpt = False,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Simulate a continuous-batching server's KV pool under a workload: throughput, concurrency, utilisation, fragmentation, prefix hits, preemptions, queueing."""
+        from dataclasses import replace
+
+        from kvplan.errors import InputError
+        from kvplan.simulate import POLICIES
+        from kvplan.workload import load_workload, run_workload
+
+        workload = load_workload(path)
+        changes: dict = {}
+        if policy:
+            bad = [p for p in policy if p not in POLICIES]
+            if bad:
+                raise InputError(f"unknown --policy {bad[0]!r}", "use one of: " + ", ".join(POLICIES))
+            changes["policies"] = tuple(dict.fromkeys(policy))
+        if duration is not None:
+            if duration <= 0:
+                raise InputError(f"invalid --duration {duration}: must be positive")
+            changes["duration_s"] = duration
+        if seed is not None:
+            changes["seed"] = seed
+        if offline:
+            changes["values"] = {**workload.values, "offline": True}
+        if changes:
+            workload = replace(workload, **changes)
+        run = run_workload(workload, token=token, record_series=plot is not None)
+        if plot:
+            from kvplan.render.simulate import write_plot
+
+            write_plot(run, plot)
+        if json_out:
+            from kvplan.render import print_json
+            from kvplan.render.simulate import simulate_to_dict
+
+            print_json(simulate_to_dict(run))
+            return
+        from kvplan.render import console
+        from kvplan.render.simulate import render_simulation
+
+        out = console()
+        out.print(render_simulation(run))
+        if plot:
+            out.print(f"[grey62]plot: {plot}[/]")
