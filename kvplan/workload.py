@@ -456,13 +456,13 @@ def run_workload(workload: Workload, token: str | None = None, record_series: bo
 
     try:
         plan = estimate(options_from_values(dict(workload.values)), token=token)
+        config, notes = config_from_plan(plan, prefill_s_per_token=workload.prefill_s_per_token,
+                                         decode_step_s=workload.decode_step_s,
+                                         prefill_efficiency=workload.prefill_efficiency)
+        result = simulate(config, workload.source(), policies=workload.policies, duration_s=workload.duration_s,
+                          closed_loop=workload.closed_loop, seed=workload.seed, record_series=record_series)
     except ScenarioError:
         raise
-    except KvplanError as exc:  # name the file (the option's line is unknown once values are merged)
+    except KvplanError as exc:  # name the file (a merged option has no single line)
         raise ScenarioFileError(workload.where, exc.message, exc.hint) from None
-    config, notes = config_from_plan(plan, prefill_s_per_token=workload.prefill_s_per_token,
-                                     decode_step_s=workload.decode_step_s,
-                                     prefill_efficiency=workload.prefill_efficiency)
-    result = simulate(config, workload.source(), policies=workload.policies, duration_s=workload.duration_s,
-                      closed_loop=workload.closed_loop, seed=workload.seed, record_series=record_series)
     return WorkloadRun(workload, plan, result, notes + result.notes)
