@@ -48,6 +48,7 @@ class Case:
     use_activation: bool = True  # False: the logged activation is another worker's (not the minimum)
     budget_from_log: bool = False  # True: kvplan cannot model the budget (EP, unknown GPU): block math only
     in_scope: bool = True  # False: a release older than the modelled ones (shown, not summarised)
+    usage_context: str = "serve"  # "llm" when the report used the LLM class (other batch defaults)
     why: str = ""
 
 
@@ -68,6 +69,15 @@ INLINE_MODELS: dict[str, tuple[dict[str, Any], WeightFacts, str]] = {
         WeightFacts(parameters=8_537_680_896, dtype="bfloat16"),
         "KV shape from the report (28 layers x 16 KV heads x 256); hidden/intermediate/vocab/params from the "
         "public gemma-7b config",
+    ),
+    "Qwen2.5-1.5B-Instruct": (
+        {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 28,
+         "num_attention_heads": 12, "num_key_value_heads": 2, "hidden_size": 1536, "intermediate_size": 8960,
+         "vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+         "torch_dtype": "bfloat16"},
+        WeightFacts(parameters=1_543_714_304, dtype="bfloat16"),
+        "public Qwen2.5-1.5B-Instruct config; parameters from the report (1,548,989,952 - 5,275,648 LoRA); "
+        "its KV blocks (5517 x 16 x 28,672 B = 2.357 GiB) confirm the KV shape",
     ),
 }
 
@@ -107,6 +117,22 @@ CASES: dict[str, Case] = {
                                                 "varies 23.52-23.68 GiB by driver"),
     "myoceane-a100-gpt-oss-20b-v0190": Case("openai/gpt-oss-20b", "0.19", gpu="A100-SXM-80GB", compare="kv_gib",
                                             why="vLLM 0.19.0 `vllm serve` on an A100 80GB, util 0.65"),
+    # Qwen2-7B-Instruct has Qwen2.5-7B-Instruct's tensors (same config numbers, 32,768 positions).
+    "dennislee-a100-80-qwen2-7b-util025": Case("Qwen/Qwen2.5-7B-Instruct", "0.10", compare="tokens",
+                                               why="vLLM 0.10.1.1 `vllm serve`, A100 80GB, util 0.25"),
+    "dennislee-a100-80-qwen2-7b-util05": Case("Qwen/Qwen2.5-7B-Instruct", "0.10", compare="tokens",
+                                              why="as above, util 0.5"),
+    "dennislee-2xa100-80-qwen2-7b-tp2": Case("Qwen/Qwen2.5-7B-Instruct", "0.10", compare="tokens",
+                                             why="tp 2 on one node, no P2P"),
+    "dennislee-2xa100-40-qwen2-7b-tp2-two-nodes": Case("Qwen/Qwen2.5-7B-Instruct", "0.10", compare="tokens",
+                                                       why="tp 2 across two nodes (Ray), A100 40GB"),
+    "dennislee-4xa100-80-gpt-oss-120b-tp4": Case("openai/gpt-oss-120b", "0.10", compare="kv_gib",
+                                                 why="tp 4 across four nodes (Ray), MXFP4 checkpoint"),
+    "xinyuwei-phi4-gptq-80gb-v0-llm": Case("microsoft/phi-4", "0.6", weights_dtype="int4", compare="blocks",
+                                           usage_context="llm",
+                                           why="LLM class, V0 0.6.5/0.6.6, GPTQ 4-bit checkpoint (int4 weights)"),
+    "unsloth-grpo-t4-qwen25-15b-v072": Case("Qwen2.5-1.5B-Instruct", "0.6", compare="blocks", usage_context="llm",
+                                            why="V0 0.7.2 LLM class on a T4, fp16, chunked prefill off"),
 }
 
 
@@ -117,15 +143,36 @@ def _spec(case: Case) -> ModelSpec:
     return build_spec(load_bundled(case.model))
 
 
+def report_gpu(report: dict[str, Any], case: Case) -> str | None:
+    """The catalogue GPU for a report: the case's, else the report's ``gpu`` field if the catalogue knows it.
+
+    The logged total (``total_memory_gib``) wins over the catalogue; ``find_gpu`` knows marketing and
+    torch device names ("A100-80GB", "NVIDIA A100-SXM4-80GB", "T4").
+    """
+    if case.gpu:
+        return case.gpu
+    r = report.get("reported") or {}
+    name = str(report.get("gpu") or "")
+    if r.get("total_memory_gib") or case.gpu_memory_gib or not name or name.startswith("unknown"):
+        return None
+    from kvplan.errors import KvplanError
+    from kvplan.gpus import find_gpu
+    try:
+        return find_gpu(name).name
+    except KvplanError:
+        return None
+
+
 def _options(report: dict[str, Any], case: Case, spec: ModelSpec, **terms: int | None) -> Options:
     r = report.get("reported") or {}
     tp, pp = report.get("tp") or 1, report.get("pp") or 1
     max_model_len = report.get("max_model_len") or spec.max_position_embeddings
+    gpu = report_gpu(report, case)
     total = r.get("total_memory_gib") or case.gpu_memory_gib
-    gpu_memory = round(total * GIB) if total and not case.gpu else None
+    gpu_memory = round(total * GIB) if total and not gpu else None
     util = report.get("gpu_memory_utilization") if report["engine"] == "vllm" else report.get("mem_fraction_static")
     return Options(
-        model=spec.model_id, gpu=case.gpu if case.gpu else None, gpu_memory_bytes=gpu_memory, gpu_count=tp * pp,
+        model=spec.model_id, gpu=gpu, gpu_memory_bytes=gpu_memory, gpu_count=tp * pp, usage_context=case.usage_context,
         tp=tp, pp=pp, engine=report["engine"], engine_version=case.version, weights_dtype=case.weights_dtype,
         gpu_util=util, context=max_model_len, max_model_len=max_model_len,
         max_num_seqs=report.get("max_num_seqs"), max_num_batched_tokens=report.get("max_num_batched_tokens"),
@@ -220,11 +267,16 @@ def run_case(report: dict[str, Any], case: Case) -> Row:
         estimates = {"weights": b.weights.bytes, "activation": b.activation.bytes, "overhead": b.overhead.bytes,
                      "cudagraph": b.cudagraph.bytes}
         if logged:
-            final_value = _measure(plan_for_spec(spec, replace(base, **{k: v for k, v in subs.items() if v is not None})),
-                                   case)
             deltas = {k: estimates[k] / GIB - v for k, v in logged.items()}
             ranked = sorted(deltas.items(), key=lambda kv: -abs(kv[1]))
             gap = f"{ranked[0][0]}: " + ", ".join(f"{k} {d:+.2f}" for k, d in ranked)
+            if kv_plan is not None and case.use_activation and not {"activation", "overhead"} <= logged.keys():
+                # the log names some terms but not all: its budget line says more than the substitution
+                final_value = _measure(kv_plan, case)
+                gap += f"; KV budget (sum of terms): {b.kv_budget_bytes / GIB - logged_kv:+.2f}, block math from the log's"
+            else:
+                final_value = _measure(plan_for_spec(spec, replace(base, **{k: v for k, v in subs.items()
+                                                                            if v is not None})), case)
         elif kv_plan is not None:
             final_value = _measure(kv_plan, case)
             gap = f"KV budget (sum of terms): {b.kv_budget_bytes / GIB - logged_kv:+.2f}; log gives no per-term numbers"
