@@ -18,10 +18,7 @@ import typer
 
 from kvplan import __version__
 from kvplan.cli_options import (
-    ActivationOpt, BatchOpt, BlockSizeOpt, ContextOpt, CudagraphOpt, DtypeOpt, EngineOpt, EngineVersionOpt,
-    GpuMemoryOpt, GpuOpt, GpusOpt, GpuUtilOpt, HeadDimOpt, HubOpt, JsonOpt, KvBudgetOpt, KvDtypeOpt, KvHeadsOpt,
-    LayersOpt, MaxBatchedOpt, MaxModelLenOpt, MaxSeqsOpt, ModelArg, OfflineOpt, OverheadOpt, PpOpt, PrefixCachingOpt,
-    PrefixOpt, RevisionOpt, TokenOpt, TpOpt, UsageContextOpt, WeightsDtypeOpt, WeightsGibOpt, estimate_values,
+    HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RevisionOpt, TokenOpt, with_estimate_options,
 )
 from kvplan.errors import KvplanError
 
@@ -77,47 +74,12 @@ def _root(
 @app.command(epilog="Examples: kvplan estimate meta-llama/Llama-3.1-8B --gpu H100 --context 8k  ·  "
                     "kvplan estimate Qwen/Qwen3-32B -g a100 --tp 2 --kv-dtype fp8 --batch 32 --json")
 @handle_errors
-def estimate(
-    model: ModelArg,
-    gpu: GpuOpt = None,
-    gpu_memory: GpuMemoryOpt = None,
-    gpus: GpusOpt = None,
-    tp: TpOpt = 1,
-    pp: PpOpt = 1,
-    context: ContextOpt = "8192",
-    batch: BatchOpt = 1,
-    max_model_len: MaxModelLenOpt = None,
-    prefix_tokens: PrefixOpt = "0",
-    prefix_caching: PrefixCachingOpt = False,
-    engine: EngineOpt = "vllm",
-    engine_version: EngineVersionOpt = None,
-    usage_context: UsageContextOpt = "serve",
-    dtype: DtypeOpt = None,
-    kv_dtype: KvDtypeOpt = None,
-    weights_dtype: WeightsDtypeOpt = None,
-    weights_gib: WeightsGibOpt = None,
-    gpu_util: GpuUtilOpt = None,
-    kv_budget: KvBudgetOpt = None,
-    activation_gib: ActivationOpt = None,
-    overhead_gib: OverheadOpt = None,
-    cudagraph_gib: CudagraphOpt = None,
-    block_size: BlockSizeOpt = None,
-    max_num_batched_tokens: MaxBatchedOpt = None,
-    max_num_seqs: MaxSeqsOpt = None,
-    revision: RevisionOpt = None,
-    token: TokenOpt = None,
-    hub: HubOpt = False,
-    offline: OfflineOpt = False,
-    layers: LayersOpt = None,
-    kv_heads: KvHeadsOpt = None,
-    head_dim: HeadDimOpt = None,
-    json_out: JsonOpt = False,
-) -> None:
+@with_estimate_options
+def estimate(model: ModelArg, json_out: JsonOpt = False, *, values: dict[str, Any], token: str | None) -> None:
     """How many requests at what context fit: per-token bytes, memory budget, blocks, concurrency."""
-    values = estimate_values(**{k: v for k, v in locals().items() if k not in ("token", "json_out")})
     from kvplan.plan import estimate as run_estimate, options_from_values
 
-    plan = run_estimate(options_from_values(values), token=token)
+    plan = run_estimate(options_from_values({"model": model, **values}), token=token)
     if json_out:
         from kvplan.render import print_json
 

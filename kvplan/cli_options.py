@@ -6,7 +6,10 @@ parses them, so the CLI and the YAML files accept exactly the same spellings.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import functools
+import inspect
+import typing
+from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 
@@ -26,7 +29,8 @@ BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent request
 MaxModelLenOpt = Annotated[Optional[str], typer.Option("--max-model-len", help="Engine max_model_len (default: --context); `auto` = the longest that fits.", rich_help_panel=_P)]
 UsageContextOpt = Annotated[str, typer.Option("--usage-context", help="vLLM defaults for `vllm serve` (serve) or the LLM class (llm).", rich_help_panel=_B)]
 PrefixOpt = Annotated[str, typer.Option("--prefix-tokens", help="Tokens of a prefix shared by every request (prefix caching).", rich_help_panel=_P)]
-PrefixCachingOpt = Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Engine prefix caching on (state layers keep checkpoint blocks).", rich_help_panel=_P)]
+PrefixCachingOpt = Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching", help="Engine prefix caching (default: the engine's; vLLM V1: on). Changes the blocks state layers keep.", rich_help_panel=_P, show_default=False)]
+SsmDtypeOpt = Annotated[Optional[str], typer.Option("--ssm-dtype", help="SSM state dtype of hybrid models (vLLM --mamba-ssm-cache-dtype), e.g. float32.", rich_help_panel=_M)]
 EngineOpt = Annotated[str, typer.Option("--engine", help="Serving engine whose budget rules to model: vllm or sglang.", rich_help_panel=_B)]
 EngineVersionOpt = Annotated[Optional[str], typer.Option("--engine-version", help="Engine version whose rules to model (default: newest modelled).", rich_help_panel=_B)]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="Model (activation) dtype: bf16, fp16, fp32 (default: the checkpoint's).", rich_help_panel=_M)]
@@ -49,6 +53,77 @@ LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Override the
 KvHeadsOpt = Annotated[Optional[int], typer.Option("--kv-heads", help="Override the number of KV heads.", rich_help_panel=_M)]
 HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="Override the head dimension.", rich_help_panel=_M)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+
+
+def _estimate_signature(
+    gpu: GpuOpt = None,
+    gpu_memory: GpuMemoryOpt = None,
+    gpus: GpusOpt = None,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    context: ContextOpt = "8192",
+    batch: BatchOpt = 1,
+    max_model_len: MaxModelLenOpt = None,
+    prefix_tokens: PrefixOpt = "0",
+    prefix_caching: PrefixCachingOpt = None,
+    engine: EngineOpt = "vllm",
+    engine_version: EngineVersionOpt = None,
+    usage_context: UsageContextOpt = "serve",
+    dtype: DtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    weights_dtype: WeightsDtypeOpt = None,
+    ssm_dtype: SsmDtypeOpt = None,
+    weights_gib: WeightsGibOpt = None,
+    gpu_util: GpuUtilOpt = None,
+    kv_budget: KvBudgetOpt = None,
+    activation_gib: ActivationOpt = None,
+    overhead_gib: OverheadOpt = None,
+    cudagraph_gib: CudagraphOpt = None,
+    block_size: BlockSizeOpt = None,
+    max_num_batched_tokens: MaxBatchedOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    hub: HubOpt = False,
+    offline: OfflineOpt = False,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+) -> None:
+    """Every estimate option, declared once (see :func:`with_estimate_options`)."""
+
+
+def _resolved_params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
+    """``fn``'s parameters with their annotations evaluated (typer reads them from ``__signature__``)."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    return [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()]
+
+
+ESTIMATE_PARAMS = tuple(_resolved_params(_estimate_signature))
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_estimate_options(fn: F) -> F:
+    """Give a command every estimate option without repeating them.
+
+    ``fn`` declares ``model`` first, its own options, and two plain parameters the decorator fills:
+    ``values`` (a dict for :func:`kvplan.plan.options_from_values`) and ``token`` (the Hub token).
+    typer sees ``model``, the estimate options, then ``fn``'s own options.
+    """
+    own = [p for p in _resolved_params(fn) if p.name not in ("values", "token")]
+    names = {p.name for p in ESTIMATE_PARAMS}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        token = values.pop("token", None)
+        return fn(*args, values=estimate_values(**values), token=token, **kwargs)
+
+    params = own[:1] + list(ESTIMATE_PARAMS) + own[1:]
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    del wrapper.__wrapped__  # typer must read __signature__, not fn's
+    return wrapper  # type: ignore[return-value]
 
 
 def estimate_values(**kw: object) -> dict[str, object]:

@@ -54,7 +54,8 @@ class Options:
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     prefix_tokens: int = 0
-    prefix_caching: bool = False  # vLLM's enable_prefix_caching (changes state-layer blocks)
+    prefix_caching: bool | None = None  # engine's enable_prefix_caching; None = the engine default (vLLM V1: on)
+    ssm_dtype: str | None = None  # state layers' SSM cache dtype (vLLM --mamba-ssm-cache-dtype); None = the config's
     revision: str | None = None
     hub: bool = False
     offline: bool = False
@@ -154,6 +155,8 @@ class Plan:
     layout: memory.PoolLayout
     max_model_len: int
     max_num_batched_tokens: int
+    inflight_tokens: int  # tokens scheduled but not yet computed: max_num_batched_tokens x concurrent batches
+    prefix_caching: bool
     answer: Answer
     fragmentation: memory.Fragmentation
     prefix: memory.PrefixSharing | None
@@ -236,6 +239,9 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
     weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
 
     layers = memory.rank_layers(spec, options.tp, options.pp)
+    if options.ssm_dtype:
+        ssm = parse_dtype(options.ssm_dtype, "--ssm-dtype").name
+        layers = tuple(replace(layer, ssm_dtype=ssm) if layer.is_state else layer for layer in layers)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
     weights_total, weights_source = _weights(spec, options, weights_dtype, model_dtype)
     n_gpus = options.tp * options.pp
@@ -254,7 +260,10 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
         version=engine.version, pp=options.pp,
     )
 
-    mnbt = engine.max_num_batched_tokens
+    mnbt = inflight_tokens(engine, options.pp, gpu.is_cpu)
+    prefix_caching = engine_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
+    if prefix_caching != options.prefix_caching:
+        options = replace(options, prefix_caching=prefix_caching)
     blocks = memory.num_blocks(budget.kv_budget_bytes, layout)
     max_model_len = options.max_model_len or options.context
     auto_note = None
@@ -303,7 +312,9 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
         budget=budget,
         layout=layout,
         max_model_len=max_model_len,
-        max_num_batched_tokens=mnbt,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        inflight_tokens=mnbt,
+        prefix_caching=prefix_caching,
         answer=answer,
         fragmentation=frag,
         prefix=prefix,
@@ -328,10 +339,38 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
                      "pass --weights-gib SIZE")
 
 
-def _startup_blocks(blocks: int, engine: EngineDefaults) -> int:
-    """Blocks the engine's start-up check may use for one request: all but the null block from vLLM
-    0.21 (``refusal == "null_block"``), all of them before; SGLang never refuses (``"pool"``)."""
-    return blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
+def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
+    """Tokens a request may have scheduled but not yet computed, which windowed layers must also hold:
+    ``max_num_batched_tokens`` x the batches in flight (pp stages; 2 with vLLM 0.32's async scheduling
+    on GPUs; 1 on CPU and in older releases)."""
+    if pp > 1:
+        return engine.max_num_batched_tokens * pp
+    if engine.engine == "vllm" and engine.version == "0.32" and not is_cpu:
+        return engine.max_num_batched_tokens * 2
+    return engine.max_num_batched_tokens
+
+
+def engine_prefix_caching(engine: EngineDefaults) -> bool:
+    """The engine's default ``enable_prefix_caching``: on in vLLM V1 and SGLang (radix cache), off in V0."""
+    return engine.mode != "V0"
+
+
+def engine_starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
+    """The engine's start-up check for one request of ``per_request_blocks`` blocks: all blocks but the
+    null one from vLLM 0.21 (``refusal == "null_block"``), all of them before; SGLang never refuses."""
+    if engine.refusal == "pool":
+        return True
+    usable = blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
+    return usable >= per_request_blocks
+
+
+def engine_kv_tokens(engine: EngineDefaults, blocks: int, block_size: int, per_request_blocks: int,
+                     max_model_len: int) -> int:
+    """The token capacity the engine prints: ``num_blocks x block_size`` (vLLM V0 / 0.10, SGLang) or
+    ``int(max_concurrency x max_model_len)`` (vLLM 0.11 and later)."""
+    if engine.kv_tokens_rule == "blocks":
+        return blocks * block_size
+    return memory.kv_cache_tokens(blocks, per_request_blocks, max_model_len)
 
 
 def _longest_len(blocks: int, layout: memory.PoolLayout, engine: EngineDefaults, mnbt: int, limit: int) -> int:
@@ -363,13 +402,9 @@ def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_
     max_ctx = memory.max_context(blocks, layout, options.batch, mnbt, limit_tokens=max(limit, options.context))
     fits = usable >= need
     fix = None if fits else _fix(blocks, layout, options, per_req_ctx, max_ctx)
-    if engine.kv_tokens_rule == "blocks":  # V0 / early V1 and SGLang print the raw pool in tokens
-        kv_tokens = blocks * layout.block_size
-    else:
-        kv_tokens = memory.kv_cache_tokens(blocks, per_req_len, max_model_len)
     return Answer(
         num_blocks=blocks,
-        kv_tokens=kv_tokens,
+        kv_tokens=engine_kv_tokens(engine, blocks, layout.block_size, per_req_len, max_model_len),
         capacity_tokens=blocks * layout.block_size,
         context=options.context,
         blocks_per_request=per_req_ctx,
@@ -379,7 +414,7 @@ def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_
         max_context_at_batch=max_ctx,
         fits=fits,
         fits_margin_blocks=usable - need,
-        engine_starts=engine.refusal == "pool" or _startup_blocks(blocks, engine) >= per_req_len,
+        engine_starts=engine_starts(engine, blocks, per_req_len),
         longest_startable_len=_longest_len(blocks, layout, engine, mnbt, max(limit, max_model_len)),
         fix=fix,
     )

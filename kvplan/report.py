@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from kvplan import memory
 from kvplan.errors import KvplanError
-from kvplan.plan import Plan, options_from_values, plan_for_spec
+from kvplan.plan import Plan, engine_kv_tokens, engine_starts, options_from_values, plan_for_spec
 from kvplan.scenario import ROW_AXES, ScenarioFileError, WhatIfFile, Where, model_error
 from kvplan.spec import ModelSpec, Overrides, build_spec
 
@@ -78,8 +78,8 @@ class Pool:
         n = self._bpr.get(tokens)
         if n is None:
             p = self.plan
-            n = self._bpr[tokens] = memory.blocks_per_request(p.layout, tokens, p.max_num_batched_tokens,
-                                                               p.options.prefix_caching)
+            n = self._bpr[tokens] = memory.blocks_per_request(p.layout, tokens, p.inflight_tokens,
+                                                               p.prefix_caching)
         return n
 
     def max_context(self, batch: int, context: int) -> int:
@@ -93,13 +93,13 @@ class Pool:
         n = self._ctx.get((batch, limit))
         if n is None:
             n = self._ctx[(batch, limit)] = memory.max_context(p.answer.num_blocks, p.layout, batch,
-                                                               p.max_num_batched_tokens, limit_tokens=limit)
+                                                               p.inflight_tokens, limit_tokens=limit)
         if context <= limit or n < limit:
             return n
         key = (batch, context)
         m = self._ctx.get(key)
         if m is None:
-            m = self._ctx[key] = memory.max_context(p.answer.num_blocks, p.layout, batch, p.max_num_batched_tokens,
+            m = self._ctx[key] = memory.max_context(p.answer.num_blocks, p.layout, batch, p.inflight_tokens,
                                                     limit_tokens=context)
         return m
 
@@ -107,8 +107,8 @@ class Pool:
         ok = self._starts.get(max_model_len)
         if ok is None:
             p = self.plan
-            ok = self._starts[max_model_len] = memory.fits_one_request(p.answer.num_blocks, p.layout, max_model_len,
-                                                                       p.max_num_batched_tokens)
+            ok = self._starts[max_model_len] = engine_starts(p.engine, p.answer.num_blocks,
+                                                             self.blocks_per_request(max_model_len))
         return ok
 
     def decode_tokens_per_s(self, context: int, batch: int) -> float | None:
@@ -120,7 +120,7 @@ class Pool:
         if tps is None:
             rkv = self._rkv.get(context)
             if rkv is None:
-                rkv = self._rkv[context] = memory.request_kv_bytes(p.layout, context, p.max_num_batched_tokens)
+                rkv = self._rkv[context] = memory.request_kv_bytes(p.layout, context, p.inflight_tokens)
             tps = self._tps[key] = memory.decode_roofline(p.budget.weights.bytes, rkv, batch,
                                                           p.gpu.bandwidth_bytes_per_s).tokens_per_s
         return tps
@@ -177,7 +177,7 @@ def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, na
     n = memory.max_requests(blocks, per_req_ctx)
     fits = max(0, blocks - memory.NULL_BLOCKS) >= batch * per_req_ctx
     return Row(name, pool, context, batch, mml,
-               memory.kv_cache_tokens(blocks, per_req_len, mml),
+               engine_kv_tokens(pool.plan.engine, blocks, pool.plan.layout.block_size, per_req_len, mml),
                n,
                memory.vllm_max_concurrency(blocks, per_req_len),
                pool.max_context(batch, context),

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from kvplan.cli_options import (
-    ActivationOpt, BatchOpt, BlockSizeOpt, ContextOpt, CudagraphOpt, DtypeOpt, EngineOpt, EngineVersionOpt,
-    GpuMemoryOpt, GpuOpt, GpusOpt, GpuUtilOpt, HeadDimOpt, HubOpt, JsonOpt, KvBudgetOpt, KvDtypeOpt, KvHeadsOpt,
-    LayersOpt, MaxBatchedOpt, MaxModelLenOpt, MaxSeqsOpt, ModelArg, OfflineOpt, OverheadOpt, PpOpt, PrefixCachingOpt,
-    PrefixOpt, RevisionOpt, TokenOpt, TpOpt, UsageContextOpt, WeightsDtypeOpt, WeightsGibOpt, estimate_values,
-)
+from kvplan.cli_options import JsonOpt, ModelArg, with_estimate_options
 
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="Where to allocate: cuda or cpu (default: cuda if available).",
                                                   rich_help_panel="validate")]
@@ -28,47 +23,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command(epilog=EPILOG)
     @handle_errors
-    def validate(
-        model: ModelArg,
-        gpu: GpuOpt = None,
-        gpu_memory: GpuMemoryOpt = None,
-        gpus: GpusOpt = None,
-        tp: TpOpt = 1,
-        pp: PpOpt = 1,
-        context: ContextOpt = "8192",
-        batch: BatchOpt = 1,
-        max_model_len: MaxModelLenOpt = None,
-        prefix_tokens: PrefixOpt = "0",
-        prefix_caching: PrefixCachingOpt = False,
-        engine: EngineOpt = "vllm",
-        engine_version: EngineVersionOpt = None,
-        usage_context: UsageContextOpt = "serve",
-        dtype: DtypeOpt = None,
-        kv_dtype: KvDtypeOpt = None,
-        weights_dtype: WeightsDtypeOpt = None,
-        weights_gib: WeightsGibOpt = None,
-        gpu_util: GpuUtilOpt = None,
-        kv_budget: KvBudgetOpt = None,
-        activation_gib: ActivationOpt = None,
-        overhead_gib: OverheadOpt = None,
-        cudagraph_gib: CudagraphOpt = None,
-        block_size: BlockSizeOpt = None,
-        max_num_batched_tokens: MaxBatchedOpt = None,
-        max_num_seqs: MaxSeqsOpt = None,
-        revision: RevisionOpt = None,
-        token: TokenOpt = None,
-        hub: HubOpt = False,
-        offline: OfflineOpt = False,
-        layers: LayersOpt = None,
-        kv_heads: KvHeadsOpt = None,
-        head_dim: HeadDimOpt = None,
-        device: DeviceOpt = None,
-        probe: ProbeOpt = False,
-        json_out: JsonOpt = False,
-    ) -> None:
+    @with_estimate_options
+    def validate(model: ModelArg, device: DeviceOpt = None, probe: ProbeOpt = False, json_out: JsonOpt = False, *,
+                 values: dict[str, Any], token: Optional[str]) -> None:
         """Prove the estimate: allocate the planned KV pool in torch, measure it, fill it to the planned
         concurrency, check paged attention; exit 1 if the bytes or the concurrency disagree."""
-        values = estimate_values(**{k: v for k, v in locals().items() if k not in ("token", "json_out", "device", "probe")})
+        values = {"model": model, **values}
         from kvplan.paged.validate import require_torch
 
         require_torch()

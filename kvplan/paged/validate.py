@@ -377,10 +377,10 @@ def _fill(plan: "Plan", layout: memory.PoolLayout, num_blocks: int,
     """Admit ``plan.answer.max_requests`` requests at the planned context, chunk by chunk, then one more."""
     context = plan.answer.context
     chunk = plan.max_num_batched_tokens
-    allocator = BlockAllocator(num_blocks, layout.block_size, [group_spec(g, plan.options.prefix_caching) for g in layout.groups],
+    allocator = BlockAllocator(num_blocks, layout.block_size, [group_spec(g, plan.prefix_caching) for g in layout.groups],
                                reserve_null_block=True, enable_prefix_caching=False)
     planned = plan.answer.max_requests
-    per_request = memory.blocks_per_request(layout, context, chunk, plan.options.prefix_caching)
+    per_request = memory.blocks_per_request(layout, context, plan.inflight_tokens, plan.prefix_caching)
     peak = filled = 0
     step = max(1, planned // 200)  # at most ~200 progress updates
     for i in range(planned):

@@ -118,7 +118,7 @@ def render_plan(plan: "Plan") -> Group:
         eng.append(f"GPU KV cache size: {a.kv_tokens:,} tokens; Maximum concurrency for {plan.max_model_len:,} "
                    f"tokens per request: {a.max_concurrency:.2f}x\n")
     else:
-        need = memory.blocks_per_request(lay, plan.max_model_len, plan.max_num_batched_tokens) * lay.block_bytes
+        need = memory.blocks_per_request(lay, plan.max_model_len, plan.inflight_tokens, plan.prefix_caching) * lay.block_bytes
         eng.append(f"{plan.engine.engine} will refuse to start: ", style="bold red")
         eng.append(f"one {plan.max_model_len:,}-token request needs {need / GiB:.2f} GiB KV cache, "
                    f"{max(0, b.kv_budget_bytes) / GiB:.2f} GiB available; the longest max_model_len that fits is "
