@@ -74,6 +74,19 @@ def test_activation_is_max_of_forward_and_sampler(llama3):
     assert b.activation_sampler_bytes == 1_313_341_440
 
 
+def test_v0_10_sampler_two_copies_calibrated_on_flashinfer_logs():
+    # vLLM 0.10 keeps 2 fp32 [rows, vocab] copies (FlashInfer top-k/top-p, no torch sort); 0.11+ keep 5.
+    # Qwen2(.5)-7B, `vllm serve` on an A100: 2048 tokens, 256 rows; vocab 152,064 is a multiple of 64.
+    qwen = build_spec(load_bundled("Qwen/Qwen2.5-7B-Instruct"))
+    forward, sampler = vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.10")
+    assert forward == 2048 * (3 * 3584 + 3 * 18944) * 2 == 276_824_064
+    assert sampler == 256 * 152_064 * 4 * 2 == 311_427_072
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11")[1] == 256 * 152_064 * 4 * 5 == 778_567_680
+    # dennislee-a100-80-qwen2-7b-util025: 0.25 x 79.151 GiB - 14.2488 - 5.01 = 0.53 GiB for activation +
+    # non-torch; kvplan's 0.29 GiB activation + 0.31 GiB overhead is within 0.1 GiB of it.
+    assert max(forward, sampler) + vllm.NON_TORCH_BYTES < 0.63 * GiB
+
+
 def test_rope_cache_counted_in_overhead(llama31, llama3):
     # Llama-3.1: 131,072 positions x 128 head_dim x 2 B = 33,554,432 (32 MiB); Llama-3: 8,192 x 128 x 2 = 2 MiB
     assert vllm.rope_cache_bytes(llama31, 2) == 33_554_432
