@@ -28,14 +28,37 @@ def estimate(model: str, *, token: str | None = None, **options: Any) -> "Plan":
     return _estimate(options_from_values({"model": model, **options}), token=token)
 
 
-def __getattr__(name: str) -> Any:
-    # sweep / check live in their own modules; import them only when asked for
-    if name == "sweep":
-        from kvplan.report import sweep
+def _doc(source: Any, kind: str) -> Any:
+    """A what-if / capacity document from a path or from a mapping (validated the same way)."""
+    from pathlib import Path
 
-        return sweep
-    if name == "check":
-        from kvplan.check import check
+    from kvplan.scenario import parse_yaml
 
-        return check
-    raise AttributeError(f"module 'kvplan' has no attribute {name!r}")
+    if isinstance(source, (str, Path)):
+        return source
+    import yaml
+
+    return parse_yaml(yaml.safe_dump(dict(source), sort_keys=False), Path.cwd() / f"<{kind}>.yaml", f"<{kind}>")
+
+
+def sweep(whatif: Any, *, offline: bool = False, token: str | None = None) -> Any:
+    """Expand a what-if sweep into rows: ``whatif`` is a YAML path or the same structure as a mapping,
+    e.g. ``{"defaults": {"context": "8k"}, "sweep": {"model": [...], "gpu": ["H100", "A100-40GB"]}}``.
+
+    Returns the frozen :class:`kvplan.report.Report` (``.rows``, ``.to_dict()``); writes nothing.
+    """
+    from kvplan.report import build_report
+    from kvplan.scenario import load_whatif
+
+    return build_report(load_whatif(_doc(whatif, "sweep")), offline=offline, token=token)
+
+
+def check(capacity: Any, *, offline: bool = False, token: str | None = None) -> Any:
+    """Run capacity checks: ``capacity`` is a YAML path or a mapping with ``defaults`` and ``checks``.
+
+    Returns the frozen :class:`kvplan.check.CheckReport` (each result's verdict, margin, suggestions).
+    """
+    from kvplan.check import run_checks
+    from kvplan.scenario import load_capacity
+
+    return run_checks(load_capacity(_doc(capacity, "capacity")), offline=offline, token=token)

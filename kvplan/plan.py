@@ -111,6 +111,7 @@ class GpuInfo:
     bandwidth_bytes_per_s: int | None
     memory_source: str
     is_cpu: bool = False
+    fp16_tflops: float | None = None  # dense fp16/bf16 peak, for prefill-cost estimates
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,8 @@ def resolve_gpu(options: Options) -> GpuInfo:
         raise InputError(f"GPU {gpu.name if gpu else options.gpu!r} has no fixed memory", "pass --gpu-memory SIZE (e.g. 64GiB)")
     source = "--gpu-memory" if options.gpu_memory_bytes else (gpu.memory_source if gpu else "")
     name = gpu.name if gpu else "custom"
-    return GpuInfo(name, memory_bytes, gpu.bandwidth_bytes_per_s if gpu else None, source, is_cpu)
+    return GpuInfo(name, memory_bytes, gpu.bandwidth_bytes_per_s if gpu else None, source, is_cpu,
+                   gpu.fp16_tflops if gpu else None)
 
 
 def estimate(options: Options, token: str | None = None) -> Plan:

@@ -416,6 +416,11 @@ def read_yaml(path: str | Path) -> YamlDoc:
         raise ScenarioError(f"{display}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{display}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    return parse_yaml(text, path, display)
+
+
+def parse_yaml(text: str, path: Path, display: str) -> YamlDoc:
+    """Parse YAML ``text`` (named ``display`` in errors; ``path`` anchors relative outputs)."""
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
@@ -463,7 +468,7 @@ def _reject_duplicates(node: yaml.Node, display: str, seen_nodes: set[int] | Non
             _reject_duplicates(item, display, seen_nodes)
 
 
-def _validate(doc: YamlDoc, model: type[BaseModel]) -> BaseModel:
+def validate_doc(doc: YamlDoc, model: type[BaseModel]) -> BaseModel:
     """Validate ``doc.data`` against ``model``; the first error (in file order) as one located line."""
     try:
         return model.model_validate(doc.data)
@@ -599,10 +604,10 @@ def _locations(doc: YamlDoc, prefixes: list[tuple[Any, ...]], keys: Any) -> dict
     return out
 
 
-def load_capacity(path: str | Path) -> CapacityFile:
+def load_capacity(path: str | Path | YamlDoc) -> CapacityFile:
     """Read and validate a capacity file; raises :class:`ScenarioFileError` (file:line:col) on any mistake."""
-    doc = read_yaml(path)
-    model = _validate(doc, CapacityModel)
+    doc = path if isinstance(path, YamlDoc) else read_yaml(path)
+    model = validate_doc(doc, CapacityModel)
     defaults = _set_fields(model.defaults)  # type: ignore[attr-defined]
     checks: list[CheckScenario] = []
     names: dict[str, int] = {}
@@ -680,10 +685,10 @@ class WhatIfFile:
 AXIS_ORDER = tuple(OPTION_FIELDS)
 
 
-def load_whatif(path: str | Path) -> WhatIfFile:
+def load_whatif(path: str | Path | YamlDoc) -> WhatIfFile:
     """Read and validate a what-if file; raises :class:`ScenarioFileError` (file:line:col) on any mistake."""
-    doc = read_yaml(path)
-    model = _validate(doc, WhatIfModel)
+    doc = path if isinstance(path, YamlDoc) else read_yaml(path)
+    model = validate_doc(doc, WhatIfModel)
     defaults = option_values(_set_fields(model.defaults))  # type: ignore[attr-defined]
     axes_values: dict[str, list[Any]] = {}
     if model.sweep is not None:  # type: ignore[attr-defined]

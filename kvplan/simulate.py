@@ -892,9 +892,7 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
         else:
             full += per_token
     if prefill_s_per_token is None:
-        from kvplan.gpus import find_gpu
-
-        tflops = find_gpu(plan.options.gpu).fp16_tflops if plan.options.gpu else None
+        tflops = plan.gpu.fp16_tflops
         active = active_parameters(plan.spec)
         if not tflops or not active:
             raise InputError(f"no FP16 peak for GPU {plan.gpu.name!r} or no parameter count for {plan.spec.model_id}",

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from kvplan.errors import ScenarioError
 from kvplan.scenario import (
-    OPTION_FIELDS, ScenarioFileError, Where, YamlDoc, _validate, display_path, finish_values, option_values, read_yaml,
+    OPTION_FIELDS, ScenarioFileError, Where, YamlDoc, validate_doc, display_path, finish_values, option_values, read_yaml,
 )
 from kvplan.simulate import POLICIES, ClosedLoop, Request, RequestSource
 
@@ -367,7 +367,7 @@ def load_trace(path: Path, display: str) -> tuple[Request, ...]:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a workload file; raises :class:`ScenarioFileError` (file:line:col) on any mistake."""
     doc = read_yaml(path)
-    model: Any = _validate(doc, WorkloadModel)
+    model: Any = validate_doc(doc, WorkloadModel)
     values: dict[str, Any] = {}
     if model.plan:
         values.update(_plan_values(model.plan, doc))
