@@ -1,3 +1,5 @@
-"""The real paged KV cache: a plain-Python block allocator (``allocator``), and later the torch pool,
-attention over scattered blocks and the validator. Imported only by ``validate`` and ``simulate``;
-this file imports nothing so that ``import kvplan.paged.allocator`` stays torch-free."""
+"""The real paged KV cache: the plain-Python block allocator (``allocator``; shared with the workload
+simulator), the torch block pool (``pool``), attention over scattered blocks (``attention``), the
+validator (``validate``) and its torch.distributed runner (``distributed``). Imported only by the
+``validate`` and ``simulate`` commands; this file imports nothing so that ``import
+kvplan.paged.allocator`` stays torch-free."""
