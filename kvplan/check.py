@@ -104,7 +104,8 @@ def _holds(key: str, required: Any, plan: Plan) -> bool:
     return actual == required if isinstance(required, bool) else actual >= required
 
 
-def _fmt(value: Any, unit: str) -> str:
+def format_value(value: Any, unit: str) -> str:
+    """A measured value with its unit: ``54 requests``, ``12.5%``, ``yes``."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if unit == "%":
@@ -136,7 +137,7 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
     margin = None if isinstance(required, bool) else actual - required
     if isinstance(margin, float):
         margin = round(margin, 3)
-    message = f"{key}: required {describe_requirement(key, required, plan)}, got {_fmt(actual, unit)}"
+    message = f"{key}: required {describe_requirement(key, required, plan)}, got {format_value(actual, unit)}"
     if not passed and key in ("fits", "engine_starts") and required:
         if key == "fits":
             short = -plan.answer.fits_margin_blocks
@@ -176,7 +177,7 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
         return p is not None and _holds(key, required, p)
 
     def gives(p: Plan) -> str:
-        return f"{key} {_fmt(measure(p), unit)}"
+        return f"{key} {format_value(measure(p), unit)}"
 
     out: list[str] = []
     if key == "concurrency":

@@ -336,7 +336,12 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
         if spec.parameters:
             return memory.weight_bytes(spec.parameters, model_dtype), f"{spec.parameters:,} parameters x {model_dtype.name}"
     elif spec.parameters:
-        return memory.weight_bytes(spec.parameters, weights_dtype), f"{spec.parameters:,} parameters x {weights_dtype.name}"
+        # GPTQ / AWQ / fp8 checkpoints quantize the decoder's linear layers; embeddings and the LM head stay 16-bit
+        embed = min(spec.embedding_parameters, spec.parameters)
+        quantized = spec.parameters - embed
+        total = memory.weight_bytes(quantized, weights_dtype) + memory.weight_bytes(embed, model_dtype)
+        return total, (f"{quantized:,} parameters x {weights_dtype.name} + {embed:,} embedding/LM-head "
+                       f"parameters x {model_dtype.name}")
     raise InputError(f"{spec.source}: no weight facts (parameter count or checkpoint size)",
                      "pass --weights-gib SIZE")
 

@@ -120,6 +120,7 @@ class ModelSpec:
     provenance: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     decoder_layers: int = 0  # decoder layers when some hold two caches (Falcon-H1); 0: one entry per layer
+    embedding_parameters: int = 0  # token embeddings + an untied LM head (kept 16-bit by weight quantizers)
 
     @property
     def num_layers(self) -> int:
@@ -591,7 +592,9 @@ def spec_from_config(
         notes=tuple(notes),
         decoder_layers=decoder_layers,
     )
-    return replace(spec, parameters=_parameter_count(spec, r))
+    tied = r.bool("tie_word_embeddings", default=model_type in _TIED_BY_DEFAULT)
+    embedding = spec.vocab_size * hidden * (1 if tied else 2)
+    return replace(spec, parameters=_parameter_count(spec, r), embedding_parameters=embedding)
 
 
 def _hybrid_layers(r: _Reader, config: Mapping[str, Any], num_layers: int, model_type: str, num_heads: int,

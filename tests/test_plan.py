@@ -104,9 +104,13 @@ def test_tp_splits_the_weights_and_pp_takes_the_largest_stage():
 def test_quantized_weights_use_the_parameter_count():
     spec = build_spec(load_bundled(LLAMA))
     p = plan(weights_dtype="int4")
+    # embeddings and the untied LM head stay bf16: 2 x 128,256 vocab x 4,096 hidden
+    embed = 2 * 128_256 * 4096
+    assert spec.embedding_parameters == embed
+    q = spec.parameters - embed
     # int4: half a byte per parameter + one fp16 scale per 128 parameters
-    assert p.weights_total_bytes == math.ceil(spec.parameters / 2) + math.ceil(spec.parameters / 128) * 2
-    assert plan(weights_dtype="fp8").weights_total_bytes == spec.parameters
+    assert p.weights_total_bytes == math.ceil(q / 2) + math.ceil(q / 128) * 2 + 2 * embed
+    assert plan(weights_dtype="fp8").weights_total_bytes == q + 2 * embed
 
 
 def test_weights_beyond_memory_is_an_answer_not_a_crash():

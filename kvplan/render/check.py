@@ -9,15 +9,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kvplan.check import CheckReport, CheckResult, Outcome
 
+from kvplan.check import format_value
+
 SCHEMA_VERSION = 1
-
-
-def _fmt_value(value: Any, unit: str) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if unit == "%":
-        return f"{value:.1f}%"
-    return f"{value:,} {unit}".strip()
 
 
 def _fmt_margin(o: "Outcome", short: bool = False) -> str:
@@ -53,7 +47,7 @@ def render_check(report: "CheckReport"):  # noqa: ANN201 - rich renderable
 
             verdict = Text("pass", style="bold green") if o.passed else Text("FAIL", style="bold red")
             table.add_row(r.name if i == 0 else "", f"{o.requirement} {describe_requirement(o.requirement, o.required, r.plan)}",
-                          _fmt_value(o.actual, o.unit if o.unit == "%" else ""), _fmt_margin(o, short=True), verdict)
+                          format_value(o.actual, o.unit if o.unit == "%" else ""), _fmt_margin(o, short=True), verdict)
         table.add_section()
     parts: list[Any] = [table]
     for r in report.results:
