@@ -56,9 +56,9 @@ def sweep(whatif: Any, *, offline: bool = False, token: str | None = None) -> An
 def check(capacity: Any, *, offline: bool = False, token: str | None = None) -> Any:
     """Run capacity checks: ``capacity`` is a YAML path or a mapping with ``defaults`` and ``checks``.
 
-    Returns the frozen :class:`kvplan.check.CheckReport` (each result's verdict, margin, suggestions).
+    Returns the frozen :class:`kvplan.capacity.CheckReport` (each result's verdict, margin, suggestions).
     """
-    from kvplan.check import run_checks
+    from kvplan.capacity import run_checks
     from kvplan.scenario import load_capacity
 
     return run_checks(load_capacity(_doc(capacity, "capacity")), offline=offline, token=token)

@@ -30,3 +30,15 @@ def test_check_from_a_mapping():
 def test_api_errors_are_kvplan_errors_with_locations():
     with pytest.raises(KvplanError, match=r"<sweep>:2:3: defaults.contxt: unknown key"):
         kvplan.sweep({"defaults": {"contxt": "8k"}, "sweep": {"model": [LLAMA]}})
+
+
+def test_api_functions_survive_submodule_imports():
+    """Importing every submodule must not shadow kvplan.estimate / sweep / check."""
+    import importlib
+    import pkgutil
+
+    for mod in pkgutil.walk_packages(kvplan.__path__, "kvplan."):
+        if not mod.name.startswith(("kvplan.paged.", "kvplan.commands.")):
+            importlib.import_module(mod.name)
+    assert all(callable(getattr(kvplan, name)) and not isinstance(getattr(kvplan, name), type(kvplan))
+               for name in ("estimate", "sweep", "check"))

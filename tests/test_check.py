@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from kvplan.check import run_checks
+from kvplan.capacity import run_checks
 from kvplan.gpus import find_gpu, load_gpus
 from kvplan.plan import estimate, options_from_values
 from kvplan.cli import app

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """Check capacity requirements (concurrency, context, KV tokens, headroom) for CI: exit 0 when all hold, 1 when any fails, 2 for bad input."""
-        from kvplan.check import run_checks
+        from kvplan.capacity import run_checks
         from kvplan.scenario import ScenarioFileError, load_capacity
 
         try:

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvplan.check import CheckReport, CheckResult, Outcome
+    from kvplan.capacity import CheckReport, CheckResult, Outcome
 
-from kvplan.check import format_value
+from kvplan.capacity import format_value
 
 SCHEMA_VERSION = 1
 
@@ -43,7 +43,7 @@ def render_check(report: "CheckReport"):  # noqa: ANN201 - rich renderable
     table.add_column("verdict")
     for r in report.results:
         for i, o in enumerate(r.outcomes):
-            from kvplan.check import describe_requirement
+            from kvplan.capacity import describe_requirement
 
             verdict = Text("pass", style="bold green") if o.passed else Text("FAIL", style="bold red")
             table.add_row(r.name if i == 0 else "", f"{o.requirement} {describe_requirement(o.requirement, o.required, r.plan)}",
