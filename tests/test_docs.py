@@ -34,6 +34,6 @@ def test_worked_example_matches_kvplan():
     assert f"{roof.step_seconds * 1e3:.2f} ms -> <= {roof.tokens_per_s:,.0f} tokens/s" in MATH
 
 
-def test_cli_reference_is_current():
+def test_cli_reference_and_readme_sample_are_current():
     r = subprocess.run([sys.executable, str(REPO / "docs" / "gen_cli_reference.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
