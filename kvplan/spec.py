@@ -706,6 +706,11 @@ def _parameter_count(spec: ModelSpec, r: _Reader) -> int | None:
     total = 0
     mixers = [_attention_params(r, spec, layer) for layer in spec.layers]
     total += sum(mixers)
+    pattern = r.raw("hybrid_override_pattern")
+    if isinstance(pattern, str) and len(pattern) == spec.num_layers_decoder:
+        # Nemotron-H: each block is one norm + one sublayer; only '-' (squared-ReLU MLP) and 'E' (MoE) have an MLP
+        return total + sum({"-": 2 * h * spec.intermediate_size, "E": moe_mlp}.get(c, 0) + h for c in pattern) + (
+            spec.vocab_size * h * (1 if r.bool("tie_word_embeddings", default=False) else 2) + h)
     for i in range(spec.num_layers_decoder):
         moe = spec.num_experts and _moe_layer(r, i, spec.num_layers_decoder, model_type)
         total += moe_mlp if moe else dense_mlp
