@@ -133,6 +133,28 @@ CASES: dict[str, Case] = {
                                            why="LLM class, V0 0.6.5/0.6.6, GPTQ 4-bit checkpoint (int4 weights)"),
     "unsloth-grpo-t4-qwen25-15b-v072": Case("Qwen2.5-1.5B-Instruct", "0.6", compare="blocks", usage_context="llm",
                                             why="V0 0.7.2 LLM class on a T4, fp16, chunked prefill off"),
+    # Third pass: a second H100 machine (vllm/vllm-openai:latest, 0.11+ DEBUG memory line, block size 128).
+    "h100-k8s-llama31-8b-tp1": Case("meta-llama/Llama-3.1-8B-Instruct", "0.11", compare="kv_gib",
+                                    why="`vllm serve` on an H100 (79.18 GiB), 0.11+ format"),
+    "h100-k8s-gpt-oss-20b-tp1": Case("openai/gpt-oss-20b", "0.11", compare="kv_gib", why="as above, MXFP4"),
+    "h100-k8s-llama33-70b-fp8-tp2": Case("meta-llama/Llama-3.3-70B-Instruct", "0.11", weights_dtype="fp8",
+                                         compare="kv_gib", why="RedHatAI FP8-dynamic checkpoint, tp 2"),
+    "h100-k8s-qwen3-32b-tp1": Case("Qwen/Qwen3-32B", "0.11", compare="kv_gib", why="as above, tp 1"),
+    "h100-k8s-qwen3-32b-tp2": Case("Qwen/Qwen3-32B", "0.11", compare="kv_gib", why="as above, tp 2"),
+    # DeepSeek-V2-Lite has the Chat release's architecture (MLA, 27 layers, 64 experts).
+    "vllm-pr20665-4xl4-deepseek-v2-lite-tp2-pp2": Case(
+        "deepseek-ai/DeepSeek-V2-Lite-Chat", "0.10", gpu="L4-24GB", compare="tokens",
+        why="V1 main July 2025 (0.9.2 - 0.10), tp 2 x pp 2 on L4s, enforce-eager"),
+    # R1-Distill-Qwen-14B has Qwen2.5-14B's architecture; the GPU (MI300X) is inferred from the budget.
+    "rocm-blog-r1-distill-qwen-14b-tp2-v092": Case(
+        "Qwen/Qwen2.5-14B-Instruct", "0.10", gpu="MI300X-192GB", compare="tokens",
+        why="vLLM 0.9.2 on ROCm (native sampler, no FlashInfer), tp 2; MI300X inferred"),
+    "rocm-blog-r1-distill-qwen-14b-tp2-v0111": Case(
+        "Qwen/Qwen2.5-14B-Instruct", "0.11", gpu="MI300X-192GB", compare="tokens",
+        why="vLLM 0.11.1 on ROCm, tp 2; MI300X inferred"),
+    "eole-gemma-3-1b-it-v0130-llm": Case(
+        "google/gemma-3-1b-it", "0.11", gpu_memory_gib=32.0, compare="tokens", budget_from_log=True,
+        usage_context="llm", why="vLLM 0.13.0 LLM class, GPU not named: sliding-window block math from the logged GiB"),
 }
 
 
@@ -176,6 +198,7 @@ def _options(report: dict[str, Any], case: Case, spec: ModelSpec, **terms: int |
         tp=tp, pp=pp, engine=report["engine"], engine_version=case.version, weights_dtype=case.weights_dtype,
         gpu_util=util, context=max_model_len, max_model_len=max_model_len,
         max_num_seqs=report.get("max_num_seqs"), max_num_batched_tokens=report.get("max_num_batched_tokens"),
+        block_size=report.get("block_size"),
         **{k: v for k, v in terms.items() if v is not None},
     )
 
@@ -295,6 +318,8 @@ def run_case(report: dict[str, Any], case: Case) -> Row:
 SKIP_REASONS = {
     "lmcache-1241-2x4090-qwen25-32b-fp8": "paraphrased by the reporter (not a log line); tp not stated",
     "lmcache-1241-2x4090-qwen3-30b-fp8": "paraphrased by the reporter (not a log line); tp not stated",
+    "h100-k8s-gpt-oss-120b-tp1-inconsistent": "the write-up's row does not add up (71.26 - 64.38 - 7.38 - 0.13 < 0, "
+                                              "logged KV 3.33 GiB): its activation / non-torch cells repeat another row's",
 }
 
 

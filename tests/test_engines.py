@@ -75,13 +75,15 @@ def test_activation_is_max_of_forward_and_sampler(llama3):
 
 
 def test_v0_10_sampler_two_copies_calibrated_on_flashinfer_logs():
-    # vLLM 0.10 keeps 2 fp32 [rows, vocab] copies (FlashInfer top-k/top-p, no torch sort); 0.11+ keep 5.
+    # vLLM 0.10 keeps 2 fp32 [rows, vocab] copies (FlashInfer top-k/top-p, no torch sort); 0.11 keeps 10 (native
+    # top-k/top-p sort, as V0); 0.19+ keep 5.
     # Qwen2(.5)-7B, `vllm serve` on an A100: 2048 tokens, 256 rows; vocab 152,064 is a multiple of 64.
     qwen = build_spec(load_bundled("Qwen/Qwen2.5-7B-Instruct"))
     forward, sampler = vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.10")
     assert forward == 2048 * (3 * 3584 + 3 * 18944) * 2 == 276_824_064
     assert sampler == 256 * 152_064 * 4 * 2 == 311_427_072
-    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11")[1] == 256 * 152_064 * 4 * 5 == 778_567_680
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11")[1] == 256 * 152_064 * 4 * 10 == 1_557_135_360
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.19")[1] == 256 * 152_064 * 4 * 5 == 778_567_680
     # dennislee-a100-80-qwen2-7b-util025: 0.25 x 79.151 GiB - 14.2488 - 5.01 = 0.53 GiB for activation +
     # non-torch; kvplan's 0.29 GiB activation + 0.31 GiB overhead is within 0.1 GiB of it.
     assert max(forward, sampler) + vllm.NON_TORCH_BYTES < 0.63 * GiB
@@ -95,6 +97,23 @@ def test_rope_cache_counted_in_overhead(llama31, llama3):
                     max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
     assert b.weights.bytes == 1000  # the checkpoint, untouched
     assert b.overhead.bytes == vllm.NON_TORCH_BYTES + 2 * MiB
+
+
+def test_v0_11_sampler_ten_copies_calibrated_on_h100_and_rocm_logs(llama31):
+    # h100-k8s-llama31-8b-tp1 (engine_reports.yaml): `vllm serve` on an H100 -> 8192 tokens, 1024 rows.
+    # sampler 10 x 1,024 x 128,256 x 4 B = 5,253,365,760 (4.89 GiB); logged activation peak 4.76 GiB.
+    # forward 8,192 x 110,592 B = 905,969,664 is smaller, so the sampler is the term.
+    forward, sampler = vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.11")
+    assert (forward, sampler) == (905_969_664, 5_253_365_760)
+    assert abs(sampler / GiB - 4.76) < 0.15
+    # The whole budget: floor(79.18 GiB x 0.9) - weights 14.99 GiB - 4.89 - 0.30 - 32 MiB rope = 51.05 GiB,
+    # against the logged 51.38 GiB (kvplan's 0.30 GiB non-torch vs the logged 0.13).
+    total = round(79.18 * GiB)
+    b = vllm.budget(total, 0.9, Term("weights", round(14.99 * GiB), "log"), None, None, None, None, spec=llama31, tp=1,
+                    max_num_batched_tokens=8192, max_num_seqs=1024, act_bytes=2, is_cpu=False, version="0.11")
+    assert b.activation.bytes == 5_253_365_760
+    assert b.cudagraph.bytes == 0  # 0.11 captures graphs after the KV cache
+    assert abs(b.kv_budget_bytes / GiB - 51.38) < 0.4
 
 
 # --------------------------------------------------------------------------------- budget

@@ -62,7 +62,12 @@ PROFILES: dict[str, Profile] = {
     # docs/engines.md ("Calibration") has the arithmetic.
     "0.10": Profile("0.10", "0.8 - 0.10, V1 engine", "V1", 0.9, "floor", "v1", 2, "none", "bytes", "blocks",
                     NON_TORCH_BYTES),
-    "0.11": Profile("0.11", "0.11 - 0.18, V1 engine (hybrid-aware token report)", "V1", 0.9, "floor", "v1", 5, "none",
+    # 0.11: 10 sampler copies (the native top-k/top-p path, as V0), calibrated on two independent sources: five
+    # H100 logs of vllm/vllm-openai (0.11+ DEBUG line) print the activation peak at 1,024 rows as 9.6 - 9.9 copies
+    # of rows x vocab x 4 B (Llama-3.1-8B 4.76 GiB, gpt-oss-20b 7.38, Qwen3-32B 5.64 at tp 1 and 2, Llama-3.3-70B
+    # tp 2 4.84); vLLM 0.11.1 on ROCm (R1-Distill-Qwen-14B, tp 2) leaves 6.71 GiB for activation + non-torch,
+    # ~10 copies of 1,024 x 152,064 x 4 B. The 0.19+ profiles keep 5 (one 0.19 log). docs/engines.md, Calibration.
+    "0.11": Profile("0.11", "0.11 - 0.18, V1 engine (hybrid-aware token report)", "V1", 0.9, "floor", "v1", 10, "none",
                     "bytes", "concurrency", NON_TORCH_BYTES),
     "0.19": Profile("0.19", "0.19 - 0.20, V1: ceil(total x util); CUDA-graph estimate logged, not subtracted", "V1",
                     0.9, "ceil", "v1", 5, "logged", "bytes", "concurrency", NON_TORCH_BYTES),
