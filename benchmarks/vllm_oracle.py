@@ -90,6 +90,11 @@ CASES: tuple[Case, ...] = (
     Case("llama4-chunked", "chunked local 3:1", "fixture:llama4_text.json", 0.5, 16384),
     Case("granite4-mamba2", "hybrid mamba2 + attention", "fixture:granite_hybrid.json", 0.5, 4096),
     Case("qwen3-next", "hybrid gated delta net", "fixture:qwen3_next.json", 0.5, 4096),
+    # bundled hybrids: hidden shrunk (attention head_dim and Mamba inner sizes are explicit, so unchanged)
+    Case("falcon-h1-7b", "parallel hybrid 44 x (attn + mamba2)", "bundled:tiiuae/Falcon-H1-7B-Instruct", 2.0, 8192,
+         patch={**SMALL, "hidden_size": 512}),
+    Case("nemotron-nano-9b-v2", "hybrid 27 mamba2 : 4 attn : 25 MLP", "bundled:nvidia/NVIDIA-Nemotron-Nano-9B-v2", 1.0,
+         8192, patch={**SMALL, "hidden_size": 512}),
 )
 
 
@@ -195,7 +200,8 @@ def markdown(rows: list[list[str]], version: str) -> str:
               "  with T = max_num_batched_tokens on CPU (async scheduling off; on GPUs it is on and T doubles);",
               "- Llama 4 chunked layers keep their chunk bound (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE",
               "  defaults to 1), grouped 2 full : 6 chunked -> group size 2;",
-              "- hybrids raise the block size to hold one state page (granite: 128 -> 1,152; qwen3-next: 128 -> 256),",
+              "- hybrids raise the block size to hold one state page (granite: 128 -> 1,152; qwen3-next: 128 -> 256;",
+              "  Falcon-H1-7B: 3,200; Nemotron Nano 9B v2: 1,408), the bundled Falcon-H1 and Nemotron specs included,",
               "  pad state pages to the attention page, and with prefix caching on (the default) a Mamba2 group",
               "  needs 3 blocks per request, a gated-delta-net group 2;",
               "- the CPU backend keeps SSM state in float32 on AVX-512-BF16 machines (set on kvplan's side here)."]
