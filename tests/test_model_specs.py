@@ -172,3 +172,68 @@ def test_plain_attention_kv_bytes_match_manifest(entry):
     kv_heads = c.get("num_key_value_heads", heads)
     head_dim = c.get("head_dim") or c.get("hidden_size", c.get("n_embd")) // heads
     assert 2 * layers * kv_heads * head_dim * 2 == entry["kv_bytes_per_token_bf16"]
+
+
+def _bundled_spec(model_id: str):
+    from kvplan.spec import build_spec
+
+    return build_spec(load_bundled(model_id))
+
+
+def test_hybrid_falcon_h1_7b_hand_checked():
+    from kvplan.memory import kv_bytes_per_token, state_bytes_per_request
+    from kvplan.units import parse_dtype
+
+    bf16 = parse_dtype("bfloat16")
+    spec = _bundled_spec("tiiuae/Falcon-H1-7B-Instruct")
+    # parallel hybrid: 44 decoder layers, each with an attention cache and a Mamba2 state
+    assert sum(1 for x in spec.layers if x.is_state) == 44
+    assert sum(1 for x in spec.layers if x.caches_tokens) == 44
+    # KV: 44 layers x 2 KV heads x 128 head_dim x 2 (K, V) x 2 bytes = 45,056 bytes per token
+    assert kv_bytes_per_token(spec, bf16) == 44 * 2 * 128 * 2 * 2 == 45_056
+    # Mamba2 state, inner = mamba_d_ssm 3072 (not mamba_expand 2 x hidden 3072 = 6144):
+    #   conv (4 - 1) x (3072 + 2 x 1 group x 256 state) = 10,752 elements x 2 bytes = 21,504
+    #   SSM 24 heads x 128 head_dim x 256 state = 786,432 elements x 2 bytes (model dtype) = 1,572,864
+    #   44 layers x (21,504 + 1,572,864) = 70,152,192 bytes per request
+    assert state_bytes_per_request(spec, bf16) == 44 * (3 * 3584 * 2 + 24 * 128 * 256 * 2) == 70_152_192
+
+
+def test_hybrid_nemotron_nano_9b_v2_hand_checked():
+    from kvplan.memory import kv_bytes_per_token, state_bytes_per_request
+    from kvplan.units import parse_dtype
+
+    bf16 = parse_dtype("bfloat16")
+    spec = _bundled_spec("nvidia/NVIDIA-Nemotron-Nano-9B-v2")
+    # hybrid_override_pattern: 27 'M' (Mamba2), 4 '*' (attention), 25 '-' (MLP only, no cache)
+    pattern = load_bundled("nvidia/NVIDIA-Nemotron-Nano-9B-v2").config["hybrid_override_pattern"]
+    assert (pattern.count("M"), pattern.count("*"), pattern.count("-")) == (27, 4, 25)
+    assert sum(1 for x in spec.layers if x.is_state) == 27
+    assert sum(1 for x in spec.layers if x.caches_tokens) == 4
+    # KV: 4 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 16,384 bytes per token
+    assert kv_bytes_per_token(spec, bf16) == 4 * 8 * 128 * 2 * 2 == 16_384
+    # Mamba2 state, inner = mamba_num_heads 128 x mamba_head_dim 80 = 10,240:
+    #   conv (4 - 1) x (10,240 + 2 x 8 groups x 128 state) = 36,864 elements x 2 bytes = 73,728
+    #   SSM 128 x 80 x 128 = 1,310,720 elements x 4 bytes (NemotronH keeps it in float32) = 5,242,880
+    #   27 layers x (73,728 + 5,242,880) = 143,548,416 bytes per request
+    assert state_bytes_per_request(spec, bf16) == 27 * (3 * 12_288 * 2 + 128 * 80 * 128 * 4) == 143_548_416
+    # parameter count follows the pattern (MLP only on '-' blocks): NVIDIA publishes 8.89 B
+    assert spec.parameters == 8_888_227_328
+
+
+def test_new_dense_specs_hand_checked():
+    from kvplan.memory import kv_bytes_per_token
+    from kvplan.units import parse_dtype
+
+    bf16 = parse_dtype("bfloat16")
+    # Qwen3-14B: 40 layers x 8 KV heads x 128 x 2 x 2 bytes = 163,840 bytes per token
+    assert kv_bytes_per_token(_bundled_spec("Qwen/Qwen3-14B"), bf16) == 163_840
+    # Qwen3-0.6B: 28 x 8 x 128 x 2 x 2 = 114,688 (head_dim 128 explicit, not 1024 / 16 = 64)
+    assert kv_bytes_per_token(_bundled_spec("Qwen/Qwen3-0.6B"), bf16) == 114_688
+    # gemma-3-12b-it: 48 layers, every 6th global -> 8 full + 40 sliding (window 1024), 8 KV heads x 256
+    g12 = _bundled_spec("google/gemma-3-12b-it")
+    assert sum(1 for x in g12.layers if x.window_tokens == 1024) == 40
+    assert kv_bytes_per_token(g12, bf16) == 48 * 8 * 256 * 2 * 2 == 393_216
+    # gemma-3-4b-it relies on Gemma3TextConfig defaults: 4 KV heads x 256; 34 layers -> 5 global, 29 local
+    g4 = _bundled_spec("google/gemma-3-4b-it")
+    assert sum(1 for x in g4.layers if x.window_tokens is None) == 5
+    assert kv_bytes_per_token(g4, bf16) == 34 * 4 * 256 * 2 * 2 == 139_264
