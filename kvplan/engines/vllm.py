@@ -166,8 +166,9 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     forward: ``max_num_batched_tokens x`` :func:`~kvplan.engines.forward_bytes_per_token`.
     sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` fp32 logit rows over the padded
     vocab, ``sampler_copies`` times (V0: 10, the sort / softmax / top-p / scatter / log-softmax copies
-    of its top-k/top-p dummy run, on the driver rank whose budget is the minimum; V1: 2 in 0.10 (FlashInfer), 10 in 0.11 (native), 5 from 0.19). The logits
-    are gathered to the full vocab, so this part does not shrink with tp.
+    of its top-k/top-p dummy run, on the driver rank whose budget is the minimum; V1: 2 in 0.10
+    (FlashInfer), 10 in 0.11 (native path), 5 from 0.19). The logits are gathered to the full vocab,
+    so this part does not shrink with tp.
     """
     p = profile(version)
     forward = max_num_batched_tokens * forward_bytes_per_token(spec, tp, act_bytes)
