@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -17,7 +17,6 @@ from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec, Overrides, build_spec
 from kvplan.units import DType, GiB, parse_dtype
 
-SCHEMA_VERSION = 1
 ENGINES = ("vllm", "sglang")
 
 
@@ -456,7 +455,7 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "asdict"]
+__all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]
 
 
 # ---------------------------------------------------------------------------------------------
