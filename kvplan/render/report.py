@@ -86,14 +86,18 @@ def constants(report: "Report") -> list[tuple[str, str]]:
     return out
 
 
+def _head_and_tail(rows: "tuple[Row, ...]", limit: int) -> "list[Row | None]":
+    """At most ``limit`` rows: all of them, or the head and the tail around a ``None`` gap marker."""
+    if len(rows) <= limit:
+        return list(rows)
+    head = limit - max(1, limit // 8)
+    return list(rows[:head]) + [None] + list(rows[len(rows) - (limit - head):])
+
+
 def _table_rows(report: "Report", cols: list[str], limit: int) -> tuple[list[list[str]], int]:
     """Formatted cells for at most ``limit`` rows (head and tail); returns (rows, number hidden)."""
     rows = report.rows
-    if len(rows) <= limit:
-        chosen: list[Row | None] = list(rows)
-    else:
-        head = limit - max(1, limit // 8)
-        chosen = list(rows[:head]) + [None] + list(rows[len(rows) - (limit - head):])
+    chosen = _head_and_tail(rows, limit)
     out = []
     for row in chosen:
         if row is None:
@@ -144,11 +148,7 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
 
     cols = columns(report)
     rows = report.rows
-    if len(rows) <= limit:
-        chosen: list[Row | None] = list(rows)
-    else:
-        head = limit - max(1, limit // 8)
-        chosen = list(rows[:head]) + [None] + list(rows[len(rows) - (limit - head):])
+    chosen = _head_and_tail(rows, limit)
     table = Table(title=f"{report.title} ({len(rows):,} scenarios)", title_justify="left", box=box.SIMPLE_HEAD,
                   padding=(0, 1), collapse_padding=True, pad_edge=False, show_edge=False)
     for c in cols:
