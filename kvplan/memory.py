@@ -401,10 +401,6 @@ def kv_cache_tokens(blocks: int, per_request_blocks: int, max_model_len: int) ->
     return int(blocks / per_request_blocks * max_model_len)
 
 
-def fits_one_request(blocks: int, layout: PoolLayout, tokens: int, max_num_batched_tokens: int) -> bool:
-    """vLLM starts only if ``num_blocks - 1`` blocks hold one request at ``tokens`` tokens."""
-    return blocks - NULL_BLOCKS >= blocks_per_request(layout, tokens, max_num_batched_tokens)
-
 
 UNBOUNDED_TOKENS = 1 << 40  # a context beyond any model's; returned when only windows are cached
 

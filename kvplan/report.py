@@ -8,8 +8,9 @@ Structure of a sweep (so that 100,000 rows take well under two seconds):
   that gives the budget, the pool layout and ``num_blocks``, which do not depend on the per-request axes;
 - each (context, batch, max_model_len) row then uses only the cheap functions of :mod:`kvplan.memory`
   (``blocks_per_request``, ``max_requests``, ``kv_cache_tokens``, ``vllm_max_concurrency``, ``max_context``,
-  ``fits_one_request``, ``request_kv_bytes``, ``decode_roofline``), memoised per pool, combined exactly as
-  ``plan_for_spec`` combines them (a test compares rows with full plans).
+  ``request_kv_bytes``, ``decode_roofline``) and the engine rules of :mod:`kvplan.plan` (``engine_starts``,
+  ``engine_kv_tokens``), memoised per pool, combined exactly as ``plan_for_spec`` combines them (a test
+  compares rows with full plans).
 """
 
 from __future__ import annotations

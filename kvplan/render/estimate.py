@@ -177,7 +177,3 @@ def serve_command(plan: "Plan") -> str:
     if o.kv_budget_bytes is not None:
         flags.append(f"--kv-cache-memory {o.kv_budget_bytes}")
     return " ".join(flags)
-
-
-def _short(text: str, n: int = 46) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
