@@ -161,8 +161,8 @@ def _state_cache(r: "_Reader", model_type: str, hidden: int, kinds: set[str]) ->
         expand = need("mamba_expand", ("mamba_expand", "expand"))
         state = need("mamba_d_state", ("mamba_d_state", "state_size"))
         kernel = need("mamba_d_conv", ("mamba_d_conv", "conv_kernel"))
-        dt_rank = r.raw("mamba_dt_rank")
-        dt = dt_rank if isinstance(dt_rank, int) and not isinstance(dt_rank, bool) else math.ceil(hidden / 16)
+        dt_rank = r.raw("mamba_dt_rank")  # "auto" (or absent): ceil(hidden / 16), as in transformers
+        dt = math.ceil(hidden / 16) if dt_rank in (None, "auto") else r.int("mamba_dt_rank", ("mamba_dt_rank",))
         dims = (expand * hidden, state, kernel, dt)
         name, layer_kind = "mamba1", LayerKind.MAMBA
     elif kind == "gdn":

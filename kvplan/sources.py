@@ -13,7 +13,6 @@ Everything returns a :class:`ModelSource`: the raw config dict plus weight facts
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -24,6 +23,7 @@ from typing import Any, Mapping
 import yaml
 
 from kvplan.errors import ConfigError, ModelNotFoundError
+from kvplan.files import read_json, read_json_object, read_text
 
 
 @dataclass(frozen=True)
@@ -97,34 +97,18 @@ def _bundled_key(name: str) -> str | None:
     return short[0] if len(short) == 1 else None
 
 
-def _finite_json(text: str, where: str) -> Any:
-    def reject(constant: str) -> Any:
-        raise ConfigError(f"{where}: {constant} is not a valid number in a config")
-
-    try:
-        return json.loads(text, parse_constant=reject)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-
-
 def read_config_file(path: Path) -> dict[str, Any]:
-    """Parse a config.json file into a dict (ConfigError when it is not a JSON object)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    data = _finite_json(text, str(path))
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    """Parse a config.json file into a dict (ConfigError naming the file for anything else)."""
+    return read_json_object(path, "config.json")
 
 
 def weights_from_index(path: Path) -> WeightFacts | None:
     """Weight bytes from ``model.safetensors.index.json``'s ``metadata.total_size`` (None if absent)."""
     if not path.is_file():
         return None
-    data = _finite_json(path.read_text(encoding="utf-8"), str(path))
-    total = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
+    data = read_json(path, "safetensors index")
+    metadata = data.get("metadata") if isinstance(data, dict) else None
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
     if total is None:
         return None
     if isinstance(total, str) and total.isdigit():
@@ -166,7 +150,7 @@ def load_bundled(model_id: str) -> ModelSource:
     path = _bundled_index()[key]
     where = f"model_specs/{path.parent.name}/{path.name}"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text(path, "model spec", display=where))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
@@ -179,7 +163,8 @@ def load_bundled(model_id: str) -> ModelSource:
             total_bytes=_positive_int(w.get("total_bytes"), f"{where}: weights.total_bytes"),
             parameters=_positive_int(w.get("parameters"), f"{where}: weights.parameters"),
             dtype=w.get("dtype"),
-            params_by_dtype=MappingProxyType({str(k): int(v) for k, v in by_dtype.items()}),
+            params_by_dtype=MappingProxyType({str(k): _positive_int(v, f"{where}: weights.params_by_dtype.{k}") or 0
+                                              for k, v in by_dtype.items()}),
             source=str(w.get("source", "")),
         )
     return ModelSource(

@@ -211,7 +211,9 @@ class _Reader:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise self._fail(key, value, f"an integer >= {minimum}")
-            if not math.isfinite(value) or value != int(value) or value < minimum or value > 2**48:
+            if not math.isfinite(value):  # Infinity / NaN: fine in fields kvplan ignores, never in a size
+                raise self._fail(key, value, f"a finite integer >= {minimum} (this field sizes the cache or weights)")
+            if value != int(value) or value < minimum or value > 2**48:
                 raise self._fail(key, value, f"an integer >= {minimum}")
             self.provenance[name] = f"{self.prefix}{key}"
             return int(value)
