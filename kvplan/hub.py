@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvplan.errors import HubError, KvplanError, ModelNotFoundError
-from kvplan.sources import ModelSource, WeightFacts, read_config_file, weights_from_index
+from kvplan.model_source import ModelSource, WeightFacts, read_config_file, weights_from_index
 from kvplan.units import cdiv
 
 CONFIG_FILE = "config.json"

@@ -16,12 +16,11 @@ dtype unless the config or the model says otherwise: Nemotron-H defaults to floa
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
+from kvplan.config_reader import KV_HEAD_KEYS, ConfigReader, Overrides
 from kvplan.errors import ConfigError, InputError
-
-if TYPE_CHECKING:
-    from kvplan.spec import LayerCache, Overrides, _Reader
+from kvplan.modelspec import LayerCache, LayerKind
 
 _HYBRID_MARKERS = ("attn_layer_period", "hybrid_override_pattern", "mamba_d_state", "mamba_d_ssm", "layers_block_type",
                    "linear_num_value_heads", "full_attention_interval", "ssm_cfg", "mamba_n_heads", "mamba_num_heads")
@@ -57,8 +56,8 @@ def state_elements(state_kind: str, dims: tuple[int, ...], tp: int = 1) -> tuple
     raise AssertionError(f"unknown state kind {state_kind!r}")
 
 
-def hybrid_layers(r: "_Reader", config: Mapping[str, Any], num_layers: int, model_type: str, num_heads: int,
-                  hidden: int, overrides: "Overrides") -> "list[LayerCache] | None":
+def hybrid_layers(r: ConfigReader, config: Mapping[str, Any], num_layers: int, model_type: str, num_heads: int,
+                  hidden: int, overrides: Overrides) -> list[LayerCache] | None:
     """Per-layer caches of a hybrid model, or ``None`` when no state layers are described."""
     types = r.raw("layer_types")
     if types is None:
@@ -70,8 +69,6 @@ def hybrid_layers(r: "_Reader", config: Mapping[str, Any], num_layers: int, mode
     kinds = _layer_kinds(r, num_layers, model_type)  # "attention" / "mamba1" / "mamba2" / "gdn" / "none" / "both"
     state = _state_cache(r, model_type, hidden, {k for k in kinds if k not in ("attention", "none")})
     attention = _attention_cache(r, num_heads, hidden, overrides) if {"attention", "both"} & set(kinds) else None
-    from kvplan.spec import LayerCache, LayerKind
-
     layers: list[LayerCache] = []
     for kind in kinds:
         if kind == "attention":
@@ -88,7 +85,7 @@ def hybrid_layers(r: "_Reader", config: Mapping[str, Any], num_layers: int, mode
     return layers
 
 
-def _layer_kinds(r: "_Reader", num_layers: int, model_type: str) -> list[str]:
+def _layer_kinds(r: ConfigReader, num_layers: int, model_type: str) -> list[str]:
     """Per-layer kinds from the config's pattern keys (see the module docstring for the families)."""
     if model_type == "falcon_h1":
         r.provenance["layer_pattern"] = "falcon_h1: attention and mamba2 side by side in every layer"
@@ -96,7 +93,7 @@ def _layer_kinds(r: "_Reader", num_layers: int, model_type: str) -> list[str]:
     pattern = r.raw("hybrid_override_pattern")
     if pattern is not None:
         if not isinstance(pattern, str) or set(pattern) - set("M*-E") or len(pattern) != num_layers:
-            raise r._fail("hybrid_override_pattern", pattern,
+            raise r.fail("hybrid_override_pattern", pattern,
                           f"a string of {num_layers} characters from M (mamba2), * (attention), - (MLP), E (MoE)")
         r.provenance["layer_pattern"] = r.prefix + "hybrid_override_pattern"
         return [{"M": "mamba2", "*": "attention"}.get(c, "none") for c in pattern]
@@ -112,7 +109,7 @@ def _layer_kinds(r: "_Reader", num_layers: int, model_type: str) -> list[str]:
                    "linear_attention": state, "mlp": "none", "moe": "none"}
         unknown = sorted({t for t in names if t not in mapping})
         if unknown:
-            raise r._fail(key, unknown[0], "one of " + ", ".join(sorted(mapping)))
+            raise r.fail(key, unknown[0], "one of " + ", ".join(sorted(mapping)))
         r.provenance["layer_pattern"] = r.prefix + key
         return [mapping[t] for t in names]
     if r.has("attn_layer_period"):
@@ -131,13 +128,13 @@ def _layer_kinds(r: "_Reader", num_layers: int, model_type: str) -> list[str]:
                       "expected layer_types, layers_block_type, hybrid_override_pattern or attn_layer_period")
 
 
-def _ssm_dtype(r: "_Reader", model_type: str) -> str | None:
+def _ssm_dtype(r: ConfigReader, model_type: str) -> str | None:
     for key in ("mamba_ssm_cache_dtype", "mamba_ssm_dtype"):
         value = r.raw(key)
         if value is None or value == "auto":
             continue
         if not isinstance(value, str) or value.removeprefix("torch.") not in _SSM_DTYPES:
-            raise r._fail(key, value, "one of " + ", ".join(_SSM_DTYPES))
+            raise r.fail(key, value, "one of " + ", ".join(_SSM_DTYPES))
         r.provenance["ssm_dtype"] = r.prefix + key
         return _SSM_DTYPES[value.removeprefix("torch.")]
     if model_type.startswith("nemotron_h"):
@@ -146,10 +143,8 @@ def _ssm_dtype(r: "_Reader", model_type: str) -> str | None:
     return None
 
 
-def _state_cache(r: "_Reader", model_type: str, hidden: int, kinds: set[str]) -> "LayerCache | None":
+def _state_cache(r: ConfigReader, model_type: str, hidden: int, kinds: set[str]) -> LayerCache | None:
     """The one state-layer cache of this model (hybrids use a single state layout)."""
-    from kvplan.spec import LayerCache, LayerKind
-
     if not kinds:
         return None
     if len(kinds - {"both"}) > 1:
@@ -196,11 +191,9 @@ def _state_cache(r: "_Reader", model_type: str, hidden: int, kinds: set[str]) ->
                       state_dims=dims)
 
 
-def _attention_cache(r: "_Reader", num_heads: int, hidden: int, overrides: "Overrides") -> "LayerCache":
+def _attention_cache(r: ConfigReader, num_heads: int, hidden: int, overrides: Overrides) -> LayerCache:
     """The full-attention layer of a hybrid (GQA; head_dim from the config or hidden // heads)."""
-    from kvplan.spec import _KV_HEAD_KEYS, LayerCache, LayerKind
-
-    kv_heads = overrides.kv_heads or r.int("kv_heads", _KV_HEAD_KEYS, required=False) or num_heads
+    kv_heads = overrides.kv_heads or r.int("kv_heads", KV_HEAD_KEYS, required=False) or num_heads
     if overrides.head_dim:
         head_dim = overrides.head_dim
     else:
@@ -212,5 +205,5 @@ def _attention_cache(r: "_Reader", num_heads: int, hidden: int, overrides: "Over
             head_dim = hidden // num_heads
             r.provenance["head_dim"] = f"{r.prefix}hidden_size // {r.prefix}num_attention_heads"
     if kv_heads > num_heads and not overrides.kv_heads:
-        raise r._fail("num_key_value_heads", kv_heads, f"at most num_attention_heads ({num_heads})")
+        raise r.fail("num_key_value_heads", kv_heads, f"at most num_attention_heads ({num_heads})")
     return LayerCache(LayerKind.FULL, kv_heads, head_dim)

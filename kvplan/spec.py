@@ -1,159 +1,30 @@
 """Hugging Face config -> :class:`ModelSpec`: what each decoder layer caches per request.
 
-This is the only module that knows Hugging Face key names (``num_key_value_heads``, ``n_head_kv``,
-``layer_types``, ``kv_lora_rank``, ``text_config``...). It normalises a config once, at the boundary,
-and records where each value came from so output can say "kv_heads 8 (num_key_value_heads)".
+This module (with :mod:`kvplan.hybrid` for attention + state hybrids and :mod:`kvplan.params` for parameter
+counts, all reading through :class:`~kvplan.config_reader.ConfigReader`) is where Hugging Face key names
+(``num_key_value_heads``, ``n_head_kv``, ``layer_types``, ``kv_lora_rank``, ``text_config``...) are known.
+It normalises a config once, at the boundary, and records where each value came from so output can say
+"kv_heads 8 (num_key_value_heads)".
 
-The spec is a tuple of per-layer :class:`LayerCache` entries (one per decoder layer, in order), so
-pipeline stages are slices and hybrid models are just layers of several kinds. The byte formulas
-live in :mod:`kvplan.memory`, never here.
+The data types (:class:`ModelSpec`, :class:`LayerCache`, :class:`LayerKind`) live in :mod:`kvplan.modelspec`
+and are re-exported here. The byte formulas live in :mod:`kvplan.memory`, never here.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from kvplan import hybrid
+from kvplan.config_reader import KV_HEAD_KEYS, ConfigReader, Overrides, short_repr
 from kvplan.errors import ConfigError
-from kvplan.sources import ModelSource, WeightFacts
+from kvplan.model_source import ModelSource, WeightFacts
+from kvplan.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
+from kvplan.params import TIED_BY_DEFAULT, parameter_count
 
-
-class LayerKind(str, Enum):
-    """What a layer keeps per request."""
-
-    FULL = "full"  # K and V for every token (MHA / GQA / MQA)
-    SLIDING = "sliding"  # K and V for the last ``window_tokens`` tokens
-    CHUNKED = "chunked"  # K and V within the current ``window_tokens`` chunk (Llama 4 local attention)
-    MLA = "mla"  # one compressed latent per token (DeepSeek V2/V3, Kimi K2)
-    MAMBA = "mamba"  # fixed conv + SSM state per request (Mamba / Mamba2)
-    LINEAR = "linear_attention"  # fixed conv + recurrent state per request (gated delta net, ...)
-    NONE = "none"  # caches nothing (no-op attention, reuses another layer's cache)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-TOKEN_KINDS = frozenset({LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED, LayerKind.MLA})
-STATE_KINDS = frozenset({LayerKind.MAMBA, LayerKind.LINEAR})
-
-
-@dataclass(frozen=True)
-class LayerCache:
-    """The cache one decoder layer keeps for one request (whole model, before tp/pp slicing).
-
-    Attention kinds: ``kv_heads`` x ``head_dim`` elements per token for K and again for V
-    (MLA: ``kv_heads == 1`` and ``head_dim`` = ``kv_lora_rank + qk_rope_head_dim``, stored once, no V).
-    ``window_tokens``: the sliding window or attention chunk (tokens), else ``None``.
-    State kinds: ``conv_elements`` and ``ssm_elements`` per request, independent of length; the conv
-    state is stored in the model dtype and the SSM state in ``ssm_dtype`` (``None`` = model dtype).
-    ``state_kind`` (``mamba1``, ``mamba2``, ``gated_delta_net``) and ``state_dims`` keep the config's
-    dimensions so a tensor-parallel slice can be recomputed exactly (see :func:`kvplan.hybrid.state_elements`).
-    ``tp_shardable``: whether tensor parallelism divides this layer's cache across ranks.
-    """
-
-    kind: LayerKind
-    kv_heads: int = 0
-    head_dim: int = 0
-    window_tokens: int | None = None
-    conv_elements: int = 0
-    ssm_elements: int = 0
-    state_kind: str = ""
-    ssm_dtype: str | None = None
-    tp_shardable: bool = True
-    state_dims: tuple[int, ...] = ()
-
-    @property
-    def caches_tokens(self) -> bool:
-        return self.kind in TOKEN_KINDS
-
-    @property
-    def is_state(self) -> bool:
-        return self.kind in STATE_KINDS
-
-    def describe(self) -> str:
-        """``full 8x128``, ``sliding(4096) 8x128``, ``mla 576``, ``mamba state``."""
-        if self.kind is LayerKind.MLA:
-            return f"mla latent {self.head_dim}"
-        if self.is_state:
-            return f"{self.kind.value} state ({self.state_kind or 'conv+ssm'})"
-        if self.kind is LayerKind.NONE:
-            return "none"
-        win = f"({self.window_tokens})" if self.window_tokens else ""
-        return f"{self.kind.value}{win} {self.kv_heads}x{self.head_dim}"
-
-
-@dataclass(frozen=True)
-class LayerGroup:
-    """Identical layers counted together (``num_layers`` layers caching the same thing)."""
-
-    cache: LayerCache
-    num_layers: int
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything the memory math needs about a model, normalised from its config.
-
-    Sizes are element counts, not bytes; the dtype names are the checkpoint's (``bfloat16``...).
-    ``provenance`` maps a field name to the config key (or rule) it came from.
-    """
-
-    model_id: str
-    source: str
-    architecture: str
-    layers: tuple[LayerCache, ...]
-    dtype: str
-    hidden_size: int
-    num_attention_heads: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int | None
-    num_experts: int = 0
-    num_experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    parameters: int | None = None
-    weights: WeightFacts | None = None
-    provenance: Mapping[str, str] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-    decoder_layers: int = 0  # decoder layers when some hold two caches (Falcon-H1); 0: one entry per layer
-    embedding_parameters: int = 0  # token embeddings + an untied LM head (kept 16-bit by weight quantizers)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    @property
-    def num_layers_decoder(self) -> int:
-        """Decoder layers (``len(layers)`` except for parallel hybrids with two caches per layer)."""
-        return self.decoder_layers or len(self.layers)
-
-    @property
-    def groups(self) -> tuple[LayerGroup, ...]:
-        """Layers bucketed by identical cache, in order of first appearance."""
-        counts = Counter(self.layers)
-        seen: dict[LayerCache, None] = dict.fromkeys(self.layers)
-        return tuple(LayerGroup(cache, counts[cache]) for cache in seen)
-
-    @property
-    def kind_summary(self) -> str:
-        """``gqa``, ``mha``, ``mqa``, ``mla``, ``sliding``, ``hybrid``: the headline kind."""
-        kinds = {layer.kind for layer in self.layers if layer.kind is not LayerKind.NONE}
-        if kinds & STATE_KINDS:
-            return "hybrid"
-        if kinds == {LayerKind.MLA}:
-            return "mla"
-        if LayerKind.SLIDING in kinds or LayerKind.CHUNKED in kinds:
-            return "sliding" if LayerKind.SLIDING in kinds else "chunked"
-        heads = {layer.kv_heads for layer in self.layers if layer.kind is LayerKind.FULL}
-        if heads == {1}:
-            return "mqa"
-        if heads == {self.num_attention_heads}:
-            return "mha"
-        return "gqa"
+__all__ = ["STATE_KINDS", "TOKEN_KINDS", "LayerCache", "LayerGroup", "LayerKind", "ModelSpec", "Overrides",
+           "build_spec", "spec_from_config"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +35,6 @@ _DTYPE_KEYS = ("torch_dtype", "dtype")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
-_KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "n_kv_heads")
 
 # Defaults that transformers' config classes fill in when a config omits a key (absent, not null);
 # vLLM loads configs through those classes and relies on them, so we must too. Keyed by model_type.
@@ -183,100 +53,6 @@ _MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
 # A nested text_config without its own model_type takes the text model type of its parent.
 _NESTED_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen2_5_vl": "qwen2_5_vl_text",
                        "mistral3": "mistral"}
-
-
-class _Reader:
-    """Reads typed values from a config dict, recording provenance, raising ConfigError on bad values."""
-
-    def __init__(self, config: Mapping[str, Any], where: str, prefix: str = "") -> None:
-        self.config = config
-        self.where = where
-        self.prefix = prefix
-        self.provenance: dict[str, str] = {}
-
-    def _fail(self, key: str, value: Any, expected: str) -> ConfigError:
-        return ConfigError(f"{self.where}: field {self.prefix}{key} = {_short(value)} is invalid: expected {expected}")
-
-    def has(self, key: str) -> bool:
-        return self.config.get(key) is not None
-
-    def raw(self, key: str) -> Any:
-        return self.config.get(key)
-
-    def int(self, name: str, keys: tuple[str, ...], *, default: int | None = None, minimum: int = 1,
-            required: bool = True) -> int | None:
-        for key in keys:
-            value = self.config.get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise self._fail(key, value, f"an integer >= {minimum}")
-            if not math.isfinite(value):  # Infinity / NaN: fine in fields kvplan ignores, never in a size
-                raise self._fail(key, value, f"a finite integer >= {minimum} (this field sizes the cache or weights)")
-            if value != int(value) or value < minimum or value > 2**48:
-                raise self._fail(key, value, f"an integer >= {minimum}")
-            self.provenance[name] = f"{self.prefix}{key}"
-            return int(value)
-        if default is not None or not required:
-            if default is not None:
-                self.provenance[name] = "default"
-            return default
-        raise ConfigError(
-            f"{self.where}: config is missing {name} (looked for {', '.join(self.prefix + k for k in keys)})",
-            f"pass --{_OVERRIDABLE[name]} to override" if name in _OVERRIDABLE else
-            "describe the cache with --layers, --kv-heads and --head-dim",
-        )
-
-    def bool(self, key: str, default: bool = False) -> bool:
-        value = self.config.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self._fail(key, value, "true or false")
-        return value
-
-    def str(self, key: str, default: str | None = None) -> str | None:
-        value = self.config.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise self._fail(key, value, "a string")
-        return value
-
-    def int_list(self, key: str, length: int | None = None) -> list[int] | None:
-        value = self.config.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise self._fail(key, value, "a list of integers")
-        if length is not None and len(value) != length:
-            raise self._fail(key, f"<list of {len(value)}>", f"a list of {length} entries (one per layer)")
-        return value
-
-    def str_list(self, key: str, length: int | None = None) -> list[str] | None:
-        value = self.config.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self._fail(key, value, "a list of strings")
-        if length is not None and len(value) != length:
-            raise self._fail(key, f"<list of {len(value)}>", f"a list of {length} entries (one per layer)")
-        return value
-
-
-_OVERRIDABLE = {"num_layers": "layers", "kv_heads": "kv-heads", "head_dim": "head-dim"}
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """``--layers/--kv-heads/--head-dim``: replace what the config says (or supply what it lacks)."""
-
-    num_layers: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-
-    def any(self) -> bool:
-        return any(v is not None for v in (self.num_layers, self.kv_heads, self.head_dim))
 
 
 _DTYPE_NAMES = {
@@ -299,7 +75,7 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
         if nested is None:
             continue
         if not isinstance(nested, dict):
-            raise ConfigError(f"{where}: field {key} = {_short(nested)} is invalid: expected a mapping")
+            raise ConfigError(f"{where}: field {key} = {short_repr(nested)} is invalid: expected a mapping")
         text, prefix = nested, f"{key}."
         break
     model_type = text.get("model_type")
@@ -317,26 +93,20 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
     return merged, prefix
 
 
-def _short(value: Any) -> str:
-    """``repr`` of a config value, cut to a readable length for error messages."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _model_dtype(r: _Reader) -> str:
+def _model_dtype(r: ConfigReader) -> str:
     for key in _DTYPE_KEYS:
         value = r.raw(key)
         if value is None:
             continue
         if not isinstance(value, str) or value.lower().removeprefix("torch.") not in _DTYPE_NAMES:
-            raise r._fail(key, value, "one of float32, bfloat16, float16")
+            raise r.fail(key, value, "one of float32, bfloat16, float16")
         r.provenance["dtype"] = r.prefix + key
         return _DTYPE_NAMES[value.lower().removeprefix("torch.")]
     r.provenance["dtype"] = "default (no torch_dtype in config)"
     return "bfloat16"
 
 
-def _pattern_layer_kinds(r: _Reader, num_layers: int, model_type: str) -> list[str]:
+def _pattern_layer_kinds(r: ConfigReader, num_layers: int, model_type: str) -> list[str]:
     """Per-layer ``"full"``/``"sliding"``/``"chunked"``/``"linear_attention"``/``"mamba"`` from the config's pattern keys."""
     types = r.str_list("layer_types", num_layers)
     if types is not None:
@@ -348,7 +118,7 @@ def _pattern_layer_kinds(r: _Reader, num_layers: int, model_type: str) -> list[s
         }
         unknown = sorted({t for t in types if t not in mapping})
         if unknown:
-            raise r._fail("layer_types", unknown[0], "one of " + ", ".join(sorted(mapping)))
+            raise r.fail("layer_types", unknown[0], "one of " + ", ".join(sorted(mapping)))
         r.provenance["layer_pattern"] = r.prefix + "layer_types"
         return [mapping[t] for t in types]
 
@@ -364,7 +134,7 @@ def _pattern_layer_kinds(r: _Reader, num_layers: int, model_type: str) -> list[s
     pattern = r.raw("sliding_window_pattern")
     if isinstance(pattern, str) and window is not None:
         if not pattern or set(pattern.upper()) - {"L", "G"}:
-            raise r._fail("sliding_window_pattern", pattern, "a string of L (local) and G (global)")
+            raise r.fail("sliding_window_pattern", pattern, "a string of L (local) and G (global)")
         r.provenance["layer_pattern"] = r.prefix + "sliding_window_pattern"
         p = pattern.upper()
         return ["sliding" if p[i % len(p)] == "L" else "full" for i in range(num_layers)]
@@ -402,7 +172,7 @@ def _pattern_layer_kinds(r: _Reader, num_layers: int, model_type: str) -> list[s
     return ["full"] * num_layers
 
 
-def _attention_layers(r: _Reader, num_layers: int, model_type: str, num_heads: int, hidden: int,
+def _attention_layers(r: ConfigReader, num_layers: int, model_type: str, num_heads: int, hidden: int,
                       overrides: Overrides) -> list[LayerCache]:
     """Per-layer caches for attention-only (dense, GQA/MQA, sliding, chunked, MLA) models."""
     kv_lora_rank = r.raw("kv_lora_rank")
@@ -427,12 +197,12 @@ def _attention_layers(r: _Reader, num_layers: int, model_type: str, num_heads: i
         kv_heads = 1
         r.provenance["kv_heads"] = r.prefix + "multi_query = true"
     else:
-        kv_heads = r.int("kv_heads", _KV_HEAD_KEYS, required=False)
+        kv_heads = r.int("kv_heads", KV_HEAD_KEYS, required=False)
         if kv_heads is None:
             kv_heads = num_heads
             r.provenance["kv_heads"] = f"{r.provenance.get('num_attention_heads', 'num_attention_heads')} (no KV-head key: MHA)"
     if kv_heads > num_heads and not overrides.kv_heads:
-        raise r._fail(r.provenance["kv_heads"].removeprefix(r.prefix), kv_heads, f"at most num_attention_heads ({num_heads})")
+        raise r.fail(r.provenance["kv_heads"].removeprefix(r.prefix), kv_heads, f"at most num_attention_heads ({num_heads})")
 
     if overrides.head_dim:
         head_dim = overrides.head_dim
@@ -466,12 +236,12 @@ def _attention_layers(r: _Reader, num_layers: int, model_type: str, num_heads: i
     return [by_name[k] for k in kinds]
 
 
-def _nas_layers(r: _Reader, block_configs: Any, num_layers: int, num_heads: int, hidden: int,
+def _nas_layers(r: ConfigReader, block_configs: Any, num_layers: int, num_heads: int, hidden: int,
                 overrides: Overrides) -> list[LayerCache]:
     """Nemotron-NAS (DeciLM) layers: ``block_configs[i].attention`` is a no-op (caches nothing) or keeps
     ``num_attention_heads // n_heads_in_group`` KV heads, so layers may differ in KV heads."""
     if not isinstance(block_configs, list) or len(block_configs) != num_layers:
-        raise r._fail("block_configs", block_configs, f"a list of {num_layers} per-layer mappings")
+        raise r.fail("block_configs", block_configs, f"a list of {num_layers} per-layer mappings")
     head_dim = overrides.head_dim or r.int("head_dim", ("head_dim",), required=False)
     if head_dim is None:
         if hidden % num_heads:
@@ -482,16 +252,16 @@ def _nas_layers(r: _Reader, block_configs: Any, num_layers: int, num_heads: int,
     for i, block in enumerate(block_configs):
         attention = block.get("attention") if isinstance(block, dict) else None
         if not isinstance(attention, dict):
-            raise r._fail(f"block_configs[{i}].attention", attention, "a mapping")
+            raise r.fail(f"block_configs[{i}].attention", attention, "a mapping")
         no_op = attention.get("no_op", False)
         if not isinstance(no_op, bool):
-            raise r._fail(f"block_configs[{i}].attention.no_op", no_op, "true or false")
+            raise r.fail(f"block_configs[{i}].attention.no_op", no_op, "true or false")
         if no_op:
             layers.append(LayerCache(LayerKind.NONE))
             continue
         group = attention.get("n_heads_in_group")
         if isinstance(group, bool) or not isinstance(group, int) or group < 1 or num_heads % group:
-            raise r._fail(f"block_configs[{i}].attention.n_heads_in_group", group,
+            raise r.fail(f"block_configs[{i}].attention.n_heads_in_group", group,
                           f"a positive divisor of num_attention_heads ({num_heads})")
         layers.append(LayerCache(LayerKind.FULL, num_heads // group, head_dim))
     r.provenance["kv_heads"] = (f"{r.prefix}num_attention_heads // {r.prefix}block_configs[i].attention.n_heads_in_group "
@@ -519,7 +289,7 @@ def spec_from_config(
     if not isinstance(config, Mapping):
         raise ConfigError(f"{where}: expected a JSON object, got {type(config).__name__}")
     text, prefix = _text_config(config, where)
-    r = _Reader(text, where, prefix)
+    r = ConfigReader(text, where, prefix)
     model_type = r.str("model_type", "") or ""
     top_type = config.get("model_type") if isinstance(config.get("model_type"), str) else model_type
     if top_type in _ENCODER_DECODER_TYPES or r.bool("is_encoder_decoder"):
@@ -539,7 +309,7 @@ def spec_from_config(
         (overrides.kv_heads or 0) * (overrides.head_dim or 0))
     assert num_layers is not None and num_heads is not None and hidden is not None
 
-    layers = _hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
+    layers = hybrid.hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
     if layers is None:
         layers = _attention_layers(r, num_layers, model_type, num_heads, hidden, overrides)
 
@@ -594,134 +364,9 @@ def spec_from_config(
         notes=tuple(notes),
         decoder_layers=decoder_layers,
     )
-    tied = r.bool("tie_word_embeddings", default=model_type in _TIED_BY_DEFAULT)
+    tied = r.bool("tie_word_embeddings", default=model_type in TIED_BY_DEFAULT)
     embedding = spec.vocab_size * hidden * (1 if tied else 2)
-    return replace(spec, parameters=_parameter_count(spec, r), embedding_parameters=embedding)
-
-
-def _hybrid_layers(r: _Reader, config: Mapping[str, Any], num_layers: int, model_type: str, num_heads: int,
-                   hidden: int, overrides: Overrides) -> list[LayerCache] | None:
-    """Per-layer caches for hybrid (attention + state) models, or ``None`` for attention-only models."""
-    from kvplan import hybrid  # hybrid architectures live in their own module
-
-    return hybrid.hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
-
-
-_UNGATED_MLP_TYPES = {"gpt2", "opt", "falcon", "RefinedWeb", "RefinedWebModel", "phi", "gpt_neox", "gptj", "bloom",
-                      "gpt_bigcode", "starcoder2", "mpt", "codegen", "gpt_neo"}
-
-
-# transformers' config classes that tie the LM head to the embeddings unless the config says otherwise
-_TIED_BY_DEFAULT = {"gpt2", "opt", "falcon", "RefinedWeb", "RefinedWebModel", "gpt_neo", "gpt_bigcode", "bloom", "mpt",
-                    "gemma", "gemma2", "gemma3_text"}
-_LEARNED_POSITIONS = {"gpt2", "opt", "gpt_bigcode", "gpt_neo", "codegen"}
-
-
-def _moe_layer(r: _Reader, i: int, num_layers: int, model_type: str) -> bool:
-    """Whether decoder layer ``i`` has routed experts (DeepSeek, Qwen-MoE, Jamba, Llama 4 key conventions)."""
-    opt = lambda key, default: r.int(key, (key,), required=False, minimum=0) if r.has(key) else default  # noqa: E731
-    if r.has("first_k_dense_replace") or r.has("moe_layer_freq"):
-        k, freq = opt("first_k_dense_replace", 0), max(1, opt("moe_layer_freq", 1))
-        return i >= k and i % freq == 0
-    mlp_only = r.raw("mlp_only_layers")
-    if isinstance(mlp_only, list) and i in mlp_only:
-        return False
-    if r.has("decoder_sparse_step"):
-        step = max(1, opt("decoder_sparse_step", 1))
-        return (i + 1) % step == 0
-    if r.has("expert_layer_period"):
-        period, offset = max(1, opt("expert_layer_period", 1)), opt("expert_layer_offset", 0)
-        return i % period == offset
-    moe_layers = r.raw("moe_layers")
-    if isinstance(moe_layers, list):
-        return i in moe_layers
-    if model_type.startswith("llama4"):
-        step = max(1, opt("interleave_moe_layer_step", 1))
-        return (i + 1) % step == 0
-    return True
-
-
-def _attention_params(r: _Reader, spec: ModelSpec, layer: LayerCache) -> int:
-    """Parameters of one layer's attention / mixer (projections, norms of the latent)."""
-    h, heads = spec.hidden_size, spec.num_attention_heads
-    if layer.kind is LayerKind.MLA:
-        get = lambda key, default=0: r.int(key, (key,), required=False, minimum=0) or default  # noqa: E731
-        nope, rope, v_dim = get("qk_nope_head_dim"), get("qk_rope_head_dim"), get("v_head_dim")
-        q_lora, kv_lora = get("q_lora_rank"), get("kv_lora_rank")
-        q = (h * q_lora + q_lora + q_lora * heads * (nope + rope)) if q_lora else h * heads * (nope + rope)
-        kv = h * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
-        return q + kv + heads * v_dim * h
-    if layer.caches_tokens:
-        head_dim = layer.head_dim
-        return 2 * h * heads * head_dim + 2 * h * layer.kv_heads * head_dim
-    if layer.is_state and layer.state_dims:
-        return _state_params(h, layer)
-    return 0
-
-
-def _state_params(h: int, layer: LayerCache) -> int:
-    """Parameters of a Mamba1 / Mamba2 / gated-delta-net mixer from its dims."""
-    d = layer.state_dims
-    if layer.state_kind == "mamba1":
-        inner, state, kernel, dt_rank = d
-        return (h * 2 * inner + inner * kernel + inner + inner * (dt_rank + 2 * state) + dt_rank * inner + inner
-                + inner * state + inner + inner * h)
-    if layer.state_kind == "mamba2":
-        heads, _head_dim, groups, state, kernel, inner = d
-        conv = inner + 2 * groups * state
-        return h * (2 * inner + 2 * groups * state + heads) + conv * kernel + conv + 3 * heads + inner + inner * h
-    k_heads, v_heads, k_dim, v_dim, kernel = d
-    conv = 2 * k_heads * k_dim + v_heads * v_dim
-    return (h * (2 * k_heads * k_dim + 2 * v_heads * v_dim) + h * 2 * v_heads + conv * kernel + 2 * v_heads + v_dim
-            + v_heads * v_dim * h)
-
-
-def _parameter_count(spec: ModelSpec, r: _Reader) -> int | None:
-    """Total parameters from the weight facts, else computed from the config (dense or MoE).
-
-    Counted: embeddings (+ an untied LM head), each layer's attention or mixer (MLA projections, Mamba /
-    gated-delta-net mixers), its MLP (dense, or routed experts x 3 x hidden x expert size + router +
-    shared experts), norms. Not counted: biases, multi-token-prediction layers, vision towers.
-    """
-    w = spec.weights
-    if w is not None and w.parameters:
-        return w.parameters
-    if w is not None and w.params_by_dtype:
-        return sum(w.params_by_dtype.values())
-    if not spec.vocab_size:
-        return None
-    h = spec.hidden_size
-    model_type = r.str("model_type", "") or ""
-    gated = model_type not in _UNGATED_MLP_TYPES
-    dense_mlp = (3 if gated else 2) * h * spec.intermediate_size
-    n_shared = r.int("n_shared_experts", ("n_shared_experts", "num_shared_experts"), required=False, minimum=0) or 0
-    shared_inter = r.int("shared_expert_intermediate_size", ("shared_expert_intermediate_size",), required=False,
-                         minimum=0) or 0
-    if model_type.startswith("llama4"):
-        dense_mlp = 3 * h * (r.int("intermediate_size_mlp", ("intermediate_size_mlp",), required=False)
-                             or spec.intermediate_size)
-        n_shared = max(n_shared, 1)
-    expert = 3 * h * spec.moe_intermediate_size
-    moe_mlp = spec.num_experts * expert + h * spec.num_experts + n_shared * expert
-    if shared_inter:
-        moe_mlp += 3 * h * shared_inter + h  # Qwen-MoE shared expert and its gate
-    total = 0
-    mixers = [_attention_params(r, spec, layer) for layer in spec.layers]
-    total += sum(mixers)
-    pattern = r.raw("hybrid_override_pattern")
-    if isinstance(pattern, str) and len(pattern) == spec.num_layers_decoder:
-        # Nemotron-H: each block is one norm + one sublayer; only '-' (squared-ReLU MLP) and 'E' (MoE) have an MLP
-        return total + sum({"-": 2 * h * spec.intermediate_size, "E": moe_mlp}.get(c, 0) + h for c in pattern) + (
-            spec.vocab_size * h * (1 if r.bool("tie_word_embeddings", default=False) else 2) + h)
-    for i in range(spec.num_layers_decoder):
-        moe = spec.num_experts and _moe_layer(r, i, spec.num_layers_decoder, model_type)
-        total += moe_mlp if moe else dense_mlp
-        total += 2 * h
-    embed = spec.vocab_size * h
-    tied = r.bool("tie_word_embeddings", default=model_type in _TIED_BY_DEFAULT)
-    if model_type in _LEARNED_POSITIONS and spec.max_position_embeddings:
-        embed += spec.max_position_embeddings * h
-    return total + embed * (1 if tied else 2) + h
+    return replace(spec, parameters=parameter_count(spec, r), embedding_parameters=embedding)
 
 
 def build_spec(source: ModelSource, overrides: Overrides = Overrides()) -> ModelSpec:

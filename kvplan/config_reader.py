@@ -1,0 +1,117 @@
+"""Typed reads from a Hugging Face config dict, with provenance and one-line errors.
+
+:class:`ConfigReader` is what :mod:`kvplan.spec`, :mod:`kvplan.hybrid` and :mod:`kvplan.params` read config
+values through: each read checks the type and range (a sizing field must be a finite integer; ``Infinity``
+and ``NaN`` are only acceptable in fields kvplan does not read), records which key the value came from, and
+raises :class:`~kvplan.errors.ConfigError` naming the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kvplan.errors import ConfigError
+
+KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "n_kv_heads")
+
+
+class ConfigReader:
+    """Reads typed values from a config dict, recording provenance, raising ConfigError on bad values."""
+
+    def __init__(self, config: Mapping[str, Any], where: str, prefix: str = "") -> None:
+        self.config = config
+        self.where = where
+        self.prefix = prefix
+        self.provenance: dict[str, str] = {}
+
+    def fail(self, key: str, value: Any, expected: str) -> ConfigError:
+        return ConfigError(f"{self.where}: field {self.prefix}{key} = {short_repr(value)} is invalid: expected {expected}")
+
+    def has(self, key: str) -> bool:
+        return self.config.get(key) is not None
+
+    def raw(self, key: str) -> Any:
+        return self.config.get(key)
+
+    def int(self, name: str, keys: tuple[str, ...], *, default: int | None = None, minimum: int = 1,
+            required: bool = True) -> int | None:
+        for key in keys:
+            value = self.config.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise self.fail(key, value, f"an integer >= {minimum}")
+            if not math.isfinite(value):  # Infinity / NaN: fine in fields kvplan ignores, never in a size
+                raise self.fail(key, value, f"a finite integer >= {minimum} (this field sizes the cache or weights)")
+            if value != int(value) or value < minimum or value > 2**48:
+                raise self.fail(key, value, f"an integer >= {minimum}")
+            self.provenance[name] = f"{self.prefix}{key}"
+            return int(value)
+        if default is not None or not required:
+            if default is not None:
+                self.provenance[name] = "default"
+            return default
+        raise ConfigError(
+            f"{self.where}: config is missing {name} (looked for {', '.join(self.prefix + k for k in keys)})",
+            f"pass --{_OVERRIDABLE[name]} to override" if name in _OVERRIDABLE else
+            "describe the cache with --layers, --kv-heads and --head-dim",
+        )
+
+    def bool(self, key: str, default: bool = False) -> bool:
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(key, value, "true or false")
+        return value
+
+    def str(self, key: str, default: str | None = None) -> str | None:
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self.fail(key, value, "a string")
+        return value
+
+    def int_list(self, key: str, length: int | None = None) -> list[int] | None:
+        value = self.config.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.fail(key, value, "a list of integers")
+        if length is not None and len(value) != length:
+            raise self.fail(key, f"<list of {len(value)}>", f"a list of {length} entries (one per layer)")
+        return value
+
+    def str_list(self, key: str, length: int | None = None) -> list[str] | None:
+        value = self.config.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, value, "a list of strings")
+        if length is not None and len(value) != length:
+            raise self.fail(key, f"<list of {len(value)}>", f"a list of {length} entries (one per layer)")
+        return value
+
+
+_OVERRIDABLE = {"num_layers": "layers", "kv_heads": "kv-heads", "head_dim": "head-dim"}
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """``--layers/--kv-heads/--head-dim``: replace what the config says (or supply what it lacks)."""
+
+    num_layers: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.num_layers, self.kv_heads, self.head_dim))
+
+
+def short_repr(value: Any) -> str:
+    """``repr`` of a config value, cut to a readable length for error messages."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,72 @@
+"""A resolved model: its raw Hub-format config, weight facts and provenance (no interpretation).
+
+Produced by :mod:`kvplan.sources` (local paths, bundled specs) and :mod:`kvplan.hub`; only
+:mod:`kvplan.spec` interprets the config's keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from kvplan.errors import ConfigError
+from kvplan.files import read_json, read_json_object
+
+
+@dataclass(frozen=True)
+class WeightFacts:
+    """What is known about a checkpoint's weights, without downloading them.
+
+    ``total_bytes``: bytes of all tensors as stored (safetensors ``total_size``).
+    ``parameters``: parameter count. ``params_by_dtype``: safetensors dtype name -> parameter count.
+    """
+
+    total_bytes: int | None = None
+    parameters: int | None = None
+    dtype: str | None = None
+    params_by_dtype: Mapping[str, int] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: its raw Hub-format config and where it came from.
+
+    ``kind`` is ``"local"``, ``"bundled"`` or ``"hub"``; ``location`` the file path or repo URL.
+    """
+
+    model_id: str
+    kind: str
+    location: str
+    config: Mapping[str, Any]
+    weights: WeightFacts | None = None
+    revision: str | None = None
+    notes: str = ""
+
+    def describe(self) -> str:
+        """One line for output: ``bundled spec model_specs/meta-llama/Llama-3.1-8B.yaml``."""
+        rev = f"@{self.revision}" if self.revision and self.kind == "hub" else ""
+        label = {"local": "local config", "bundled": "bundled spec", "hub": "Hugging Face Hub"}[self.kind]
+        return f"{label} {self.location}{rev}"
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse a config.json file into a dict (ConfigError naming the file for anything else)."""
+    return read_json_object(path, "config.json")
+
+
+def weights_from_index(path: Path) -> WeightFacts | None:
+    """Weight bytes from ``model.safetensors.index.json``'s ``metadata.total_size`` (None if absent)."""
+    if not path.is_file():
+        return None
+    data = read_json(path, "safetensors index")
+    metadata = data.get("metadata") if isinstance(data, dict) else None
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    if total is None:
+        return None
+    if isinstance(total, str) and total.isdigit():
+        total = int(total)
+    if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+        raise ConfigError(f"{path}: metadata.total_size = {total!r} is not a positive integer")
+    return WeightFacts(total_bytes=total, source=f"{path.name} metadata.total_size")

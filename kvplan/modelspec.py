@@ -1,0 +1,150 @@
+"""The model spec's data types: what each decoder layer caches per request (whole model, before tp/pp).
+
+Built by :mod:`kvplan.spec` (the config reader); read by the memory math, the engines and the paged pool.
+A :class:`ModelSpec` is a tuple of per-layer :class:`LayerCache` entries (one per decoder layer, in order),
+so pipeline stages are slices and hybrid models are just layers of several kinds. The byte formulas live
+in :mod:`kvplan.memory`, never here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping
+
+from kvplan.model_source import WeightFacts
+
+
+class LayerKind(str, Enum):
+    """What a layer keeps per request."""
+
+    FULL = "full"  # K and V for every token (MHA / GQA / MQA)
+    SLIDING = "sliding"  # K and V for the last ``window_tokens`` tokens
+    CHUNKED = "chunked"  # K and V within the current ``window_tokens`` chunk (Llama 4 local attention)
+    MLA = "mla"  # one compressed latent per token (DeepSeek V2/V3, Kimi K2)
+    MAMBA = "mamba"  # fixed conv + SSM state per request (Mamba / Mamba2)
+    LINEAR = "linear_attention"  # fixed conv + recurrent state per request (gated delta net, ...)
+    NONE = "none"  # caches nothing (no-op attention, reuses another layer's cache)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TOKEN_KINDS = frozenset({LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED, LayerKind.MLA})
+STATE_KINDS = frozenset({LayerKind.MAMBA, LayerKind.LINEAR})
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """The cache one decoder layer keeps for one request (whole model, before tp/pp slicing).
+
+    Attention kinds: ``kv_heads`` x ``head_dim`` elements per token for K and again for V
+    (MLA: ``kv_heads == 1`` and ``head_dim`` = ``kv_lora_rank + qk_rope_head_dim``, stored once, no V).
+    ``window_tokens``: the sliding window or attention chunk (tokens), else ``None``.
+    State kinds: ``conv_elements`` and ``ssm_elements`` per request, independent of length; the conv
+    state is stored in the model dtype and the SSM state in ``ssm_dtype`` (``None`` = model dtype).
+    ``state_kind`` (``mamba1``, ``mamba2``, ``gated_delta_net``) and ``state_dims`` keep the config's
+    dimensions so a tensor-parallel slice can be recomputed exactly (see :func:`kvplan.hybrid.state_elements`).
+    ``tp_shardable``: whether tensor parallelism divides this layer's cache across ranks.
+    """
+
+    kind: LayerKind
+    kv_heads: int = 0
+    head_dim: int = 0
+    window_tokens: int | None = None
+    conv_elements: int = 0
+    ssm_elements: int = 0
+    state_kind: str = ""
+    ssm_dtype: str | None = None
+    tp_shardable: bool = True
+    state_dims: tuple[int, ...] = ()
+
+    @property
+    def caches_tokens(self) -> bool:
+        return self.kind in TOKEN_KINDS
+
+    @property
+    def is_state(self) -> bool:
+        return self.kind in STATE_KINDS
+
+    def describe(self) -> str:
+        """``full 8x128``, ``sliding(4096) 8x128``, ``mla 576``, ``mamba state``."""
+        if self.kind is LayerKind.MLA:
+            return f"mla latent {self.head_dim}"
+        if self.is_state:
+            return f"{self.kind.value} state ({self.state_kind or 'conv+ssm'})"
+        if self.kind is LayerKind.NONE:
+            return "none"
+        win = f"({self.window_tokens})" if self.window_tokens else ""
+        return f"{self.kind.value}{win} {self.kv_heads}x{self.head_dim}"
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Identical layers counted together (``num_layers`` layers caching the same thing)."""
+
+    cache: LayerCache
+    num_layers: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the memory math needs about a model, normalised from its config.
+
+    Sizes are element counts, not bytes; the dtype names are the checkpoint's (``bfloat16``...).
+    ``provenance`` maps a field name to the config key (or rule) it came from.
+    """
+
+    model_id: str
+    source: str
+    architecture: str
+    layers: tuple[LayerCache, ...]
+    dtype: str
+    hidden_size: int
+    num_attention_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    num_experts: int = 0
+    num_experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    parameters: int | None = None
+    weights: WeightFacts | None = None
+    provenance: Mapping[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    decoder_layers: int = 0  # decoder layers when some hold two caches (Falcon-H1); 0: one entry per layer
+    embedding_parameters: int = 0  # token embeddings + an untied LM head (kept 16-bit by weight quantizers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_layers_decoder(self) -> int:
+        """Decoder layers (``len(layers)`` except for parallel hybrids with two caches per layer)."""
+        return self.decoder_layers or len(self.layers)
+
+    @property
+    def groups(self) -> tuple[LayerGroup, ...]:
+        """Layers bucketed by identical cache, in order of first appearance."""
+        counts = Counter(self.layers)
+        seen: dict[LayerCache, None] = dict.fromkeys(self.layers)
+        return tuple(LayerGroup(cache, counts[cache]) for cache in seen)
+
+    @property
+    def kind_summary(self) -> str:
+        """``gqa``, ``mha``, ``mqa``, ``mla``, ``sliding``, ``hybrid``: the headline kind."""
+        kinds = {layer.kind for layer in self.layers if layer.kind is not LayerKind.NONE}
+        if kinds & STATE_KINDS:
+            return "hybrid"
+        if kinds == {LayerKind.MLA}:
+            return "mla"
+        if LayerKind.SLIDING in kinds or LayerKind.CHUNKED in kinds:
+            return "sliding" if LayerKind.SLIDING in kinds else "chunked"
+        heads = {layer.kv_heads for layer in self.layers if layer.kind is LayerKind.FULL}
+        if heads == {1}:
+            return "mqa"
+        if heads == {self.num_attention_heads}:
+            return "mha"
+        return "gqa"
