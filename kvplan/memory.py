@@ -323,15 +323,16 @@ def pool_bytes(blocks: int, layout: PoolLayout) -> int:
     return blocks * layout.block_bytes
 
 
-def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, max_num_batched_tokens: int,
+def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, inflight_tokens: int,
                              prefix_caching: bool = False) -> int:
     """Blocks one request of ``tokens`` tokens needs in one group (vLLM's max_memory_usage_bytes / page).
 
     full / MLA: ``ceil(L / bs)``; sliding(W): ``ceil(min(W - 1 + T, L) / bs) + 1``;
-    chunked(C): ``ceil(min(C + T, L) / bs)`` where T = ``max_num_batched_tokens`` is the tokens in
-    flight (vLLM: max_num_batched_tokens x concurrent batches; 2 x with async scheduling on GPUs,
-    1 x on CPU); state: 1 block, or with prefix caching (vLLM's mamba "align" mode) 2 + prefill
+    chunked(C): ``ceil(min(C + T, L) / bs)`` where T = ``inflight_tokens`` is the tokens scheduled but
+    not yet computed (vLLM: max_num_batched_tokens x concurrent batches; 2 x with async scheduling on
+    GPUs, 1 x on CPU); state: 1 block, or with prefix caching (vLLM's mamba "align" mode) 2 + prefill
     checkpoint blocks: 3 for Mamba2, 2 for Mamba1 and gated delta net.
+    Callers go through :class:`Demand`, which fixes T and the prefix-caching flag once per plan.
     """
     cache = group.cache
     bs = group.block_size or block_size
@@ -339,10 +340,10 @@ def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, max_n
         return cdiv(tokens, bs)
     if cache.kind is LayerKind.SLIDING:
         assert cache.window_tokens
-        return cdiv(min(cache.window_tokens - 1 + max_num_batched_tokens, tokens), bs) + 1
+        return cdiv(min(cache.window_tokens - 1 + inflight_tokens, tokens), bs) + 1
     if cache.kind is LayerKind.CHUNKED:
         assert cache.window_tokens
-        return cdiv(min(cache.window_tokens + max_num_batched_tokens, tokens), bs)
+        return cdiv(min(cache.window_tokens + inflight_tokens, tokens), bs)
     if cache.is_state:
         if not prefix_caching:
             return 1
@@ -350,16 +351,41 @@ def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, max_n
     return 0
 
 
-def blocks_per_request(layout: PoolLayout, tokens: int, max_num_batched_tokens: int,
-                       prefix_caching: bool = False) -> int:
-    """Block ids one request at ``tokens`` tokens needs, summed over the pool's groups."""
-    return sum(group_blocks_per_request(g, tokens, layout.block_size, max_num_batched_tokens, prefix_caching)
-               for g in layout.groups)
+@dataclass(frozen=True)
+class Demand:
+    """What one request holds in each group of ``layout`` under one engine's rules (built once per plan).
 
+    ``inflight_tokens``: tokens scheduled but not yet computed, which sliding and chunked groups hold
+    on top of their window (the engine's ``inflight_tokens`` rule). ``prefix_caching``: whether the
+    engine runs with prefix caching, which makes state groups keep checkpoint blocks. Every consumer
+    (the answer, max context, the engine's start-up check, paging, prefix sharing, the roofline,
+    reports, simulate, validate) asks this one object, so they all count the same blocks.
+    """
 
-def request_kv_bytes(layout: PoolLayout, tokens: int, max_num_batched_tokens: int) -> int:
-    """Pool bytes one request at ``tokens`` tokens holds (paged, including window and padding slack)."""
-    return blocks_per_request(layout, tokens, max_num_batched_tokens) * layout.block_bytes
+    layout: PoolLayout
+    inflight_tokens: int
+    prefix_caching: bool = False
+
+    def group_blocks(self, group: KVGroup, tokens: int) -> int:
+        """Blocks a request of ``tokens`` tokens holds in ``group`` (see :func:`group_blocks_per_request`)."""
+        return group_blocks_per_request(group, tokens, self.layout.block_size, self.inflight_tokens,
+                                        self.prefix_caching)
+
+    def blocks(self, tokens: int) -> int:
+        """Block ids one request of ``tokens`` tokens holds, summed over the pool's groups."""
+        return sum(self.group_blocks(g, tokens) for g in self.layout.groups)
+
+    def bytes(self, tokens: int) -> int:
+        """Pool bytes one request of ``tokens`` tokens holds (paged: window, padding and state slack included)."""
+        return self.blocks(tokens) * self.layout.block_bytes
+
+    def state_blocks(self, group: KVGroup) -> int:
+        """Blocks a request holds in a state group, whatever its length (0 for attention groups)."""
+        return self.group_blocks(group, 1) if group.cache.is_state else 0
+
+    def with_layout(self, layout: PoolLayout) -> "Demand":
+        """The same engine rules over another layout (another pipeline stage's pool)."""
+        return replace(self, layout=layout)
 
 
 def raw_request_bytes(layers: tuple[LayerCache, ...], tokens: int, kv_dtype: DType, model_dtype: DType) -> int:
@@ -405,19 +431,21 @@ def kv_cache_tokens(blocks: int, per_request_blocks: int, max_model_len: int) ->
 UNBOUNDED_TOKENS = 1 << 40  # a context beyond any model's; returned when only windows are cached
 
 
-def max_context(blocks: int, layout: PoolLayout, batch: int, max_num_batched_tokens: int,
-                limit_tokens: int = UNBOUNDED_TOKENS) -> int:
-    """Longest context (tokens) such that ``batch`` requests fit in ``num_blocks - 1`` blocks.
+def max_context(blocks: int, demand: Demand, batch: int, limit_tokens: int = UNBOUNDED_TOKENS,
+                null_blocks: int = NULL_BLOCKS) -> int:
+    """Longest context (tokens, at most ``limit_tokens``) such that ``batch`` requests fit in
+    ``num_blocks - null_blocks`` blocks.
 
-    Binary search over the non-decreasing blocks-per-request function; 0 when not even one token
-    fits; ``limit_tokens`` when the pool is bounded only by windows/state (no full-attention layer).
+    Binary search over the non-decreasing ``demand.blocks``; 0 when not even one token fits;
+    ``limit_tokens`` when everything up to it fits (always, when only windows and state are cached).
+    Below the limit the result is block-aligned by construction (demand steps at block boundaries).
     """
     if batch < 1:
         raise InputError(f"invalid batch {batch}: must be at least 1")
-    usable = blocks - NULL_BLOCKS
+    usable = blocks - null_blocks
 
     def ok(tokens: int) -> bool:
-        return batch * blocks_per_request(layout, tokens, max_num_batched_tokens) <= usable
+        return batch * demand.blocks(tokens) <= usable
 
     if not ok(1):
         return 0
@@ -448,7 +476,7 @@ class PrefixSharing:
     prefill_flops_saved: int
 
 
-def prefix_sharing(blocks: int, layout: PoolLayout, tokens: int, prefix_tokens: int, max_num_batched_tokens: int,
+def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
                    parameters: int | None) -> PrefixSharing:
     """N requests of ``tokens`` tokens sharing a ``prefix_tokens`` prefix store its full blocks once.
 
@@ -457,10 +485,11 @@ def prefix_sharing(blocks: int, layout: PoolLayout, tokens: int, prefix_tokens: 
     """
     if prefix_tokens > tokens:
         raise InputError(f"--prefix-tokens {prefix_tokens:,} exceeds the context {tokens:,}")
+    layout = demand.layout
     per_full = prefix_tokens // layout.block_size
     growing = sum(1 for g in layout.groups if g.cache.kind in (LayerKind.FULL, LayerKind.MLA))
     shared = per_full * growing
-    per_req = blocks_per_request(layout, tokens, max_num_batched_tokens)
+    per_req = demand.blocks(tokens)
     per_req_shared = per_req - shared
     usable = max(0, blocks - NULL_BLOCKS)
     unshared_n = usable // per_req if per_req else 0
@@ -500,13 +529,18 @@ class Fragmentation:
     paged_waste_bytes: int
 
 
-def contiguous_vs_paged(kv_budget_bytes: int, blocks: int, layout: PoolLayout, layers: tuple[LayerCache, ...],
-                        tokens: int, max_model_len: int, max_num_batched_tokens: int) -> Fragmentation:
-    """Compare a worst-case contiguous reservation of ``max_model_len`` per request with paging."""
+def contiguous_vs_paged(kv_budget_bytes: int, blocks: int, demand: Demand, layers: tuple[LayerCache, ...],
+                        tokens: int, max_model_len: int) -> Fragmentation:
+    """Compare a worst-case contiguous reservation of ``max_model_len`` per request with paging.
+
+    The paged side is the engine's own demand (the answer's ``max_requests``); the contiguous side
+    reserves the raw bytes of ``max_model_len`` tokens (windows applied) plus one unpadded state.
+    """
+    layout = demand.layout
     raw = raw_request_bytes(layers, tokens, layout.kv_dtype, layout.model_dtype)
     contiguous = raw_request_bytes(layers, max_model_len, layout.kv_dtype, layout.model_dtype)
-    paged = request_kv_bytes(layout, tokens, max_num_batched_tokens)
-    per_req = blocks_per_request(layout, tokens, max_num_batched_tokens)
+    per_req = demand.blocks(tokens)
+    paged = per_req * layout.block_bytes
     return Fragmentation(
         tokens=tokens,
         max_model_len=max_model_len,

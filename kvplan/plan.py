@@ -152,11 +152,9 @@ class Plan:
     state_bytes_per_request_gpu: int
     weights_total_bytes: int
     budget: Budget
-    layout: memory.PoolLayout
+    demand: memory.Demand  # the pool layout and what one request holds in it under the engine's rules
     max_model_len: int
-    max_num_batched_tokens: int
-    inflight_tokens: int  # tokens scheduled but not yet computed: max_num_batched_tokens x concurrent batches
-    prefix_caching: bool
+    max_num_batched_tokens: int  # the engine's scheduler token budget per step
     answer: Answer
     fragmentation: memory.Fragmentation
     prefix: memory.PrefixSharing | None
@@ -169,6 +167,21 @@ class Plan:
                 f"{self.kv_bytes_per_token_gpu:,} B/token/GPU, KV budget {self.budget.kv_budget_bytes / GiB:.2f} GiB, "
                 f"{a.kv_tokens:,} KV tokens, {a.max_requests} requests at {a.context:,} tokens, "
                 f"{'fits' if a.fits else 'does not fit'} {a.batch} x {a.context:,})")
+
+    @property
+    def layout(self) -> memory.PoolLayout:
+        """The pool layout (``demand.layout``)."""
+        return self.demand.layout
+
+    @property
+    def inflight_tokens(self) -> int:
+        """Tokens scheduled but not yet computed, which windowed groups also hold (``demand.inflight_tokens``)."""
+        return self.demand.inflight_tokens
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the engine runs with prefix caching (``demand.prefix_caching``)."""
+        return self.demand.prefix_caching
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready numbers under the documented schema (docs/cli.md, "JSON output")."""
@@ -215,10 +228,26 @@ def _engine_module(name: str):  # noqa: ANN202 - returns a module
     return sglang
 
 
-def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) -> Plan:
-    """All the numbers for ``spec`` under ``options`` (pure: no I/O beyond the GPU catalogue)."""
-    gpu = resolve_gpu(options)
-    engine_mod = _engine_module(options.engine)
+@dataclass(frozen=True)
+class _Pool:
+    """The per-GPU pool of one scenario: everything that does not depend on context, batch or max_model_len
+    (except the V0 batch default). ``options`` has ``prefix_caching`` resolved to the engine's default."""
+
+    options: Options
+    gpu: GpuInfo
+    engine: EngineDefaults
+    model_dtype: DType
+    kv_dtype: DType
+    weights_dtype: DType | None
+    layers: tuple[LayerCache, ...]
+    demand: memory.Demand
+    weights_total_bytes: int
+    budget: Budget
+    blocks: int
+
+
+def _engine_defaults(engine_mod: Any, options: Options, gpu: GpuInfo) -> EngineDefaults:
+    """The engine's defaults for this GPU, with the user's utilisation / block size / batching limits."""
     version = options.engine_version or engine_mod.DEFAULT_VERSION
     if version not in engine_mod.VERSIONS:
         raise InputError(f"unknown --engine-version {version!r} for {options.engine}",
@@ -234,7 +263,14 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
             max_num_batched_tokens=options.max_num_batched_tokens or engine.max_num_batched_tokens,
             max_num_seqs=options.max_num_seqs or engine.max_num_seqs,
         )
+    return engine
 
+
+def _pool(spec: ModelSpec, options: Options) -> _Pool:
+    """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
+    gpu = resolve_gpu(options)
+    engine_mod = _engine_module(options.engine)
+    engine = _engine_defaults(engine_mod, options, gpu)
     model_dtype = parse_dtype(options.dtype, "--dtype") if options.dtype else parse_dtype(spec.dtype)
     kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
     weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
@@ -244,6 +280,11 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
         ssm = parse_dtype(options.ssm_dtype, "--ssm-dtype").name
         layers = tuple(replace(layer, ssm_dtype=ssm) if layer.is_state else layer for layer in layers)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
+    prefix_caching = engine_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
+    if prefix_caching != options.prefix_caching:
+        options = replace(options, prefix_caching=prefix_caching)
+    demand = memory.Demand(layout, inflight_tokens(engine, options.pp, gpu.is_cpu), prefix_caching)
+
     weights_total, weights_source = _weights(spec, options, weights_dtype, model_dtype)
     n_gpus = options.tp * options.pp
     weights_term = Term("weights", math.ceil(weights_total / n_gpus),
@@ -260,68 +301,78 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
         version=engine.version, pp=options.pp,
     )
+    return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
+                 memory.num_blocks(budget.kv_budget_bytes, layout))
 
-    mnbt = inflight_tokens(engine, options.pp, gpu.is_cpu)
-    prefix_caching = engine_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
-    if prefix_caching != options.prefix_caching:
-        options = replace(options, prefix_caching=prefix_caching)
-    blocks = memory.num_blocks(budget.kv_budget_bytes, layout)
+
+def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) -> Plan:
+    """All the numbers for ``spec`` under ``options`` (pure: no I/O beyond the GPU catalogue).
+
+    :func:`_pool` sizes the pool once; :func:`_answer` and every other section read the same
+    :class:`~kvplan.memory.Demand`, so they count the same blocks.
+    """
+    pool = _pool(spec, options)
+    options, demand, blocks = pool.options, pool.demand, pool.blocks
     max_model_len = options.max_model_len or options.context
     auto_note = None
     if options.auto_max_model_len:
-        max_model_len, auto_note = _auto_max_model_len(blocks, layout, engine, mnbt, spec)
-    answer = _answer(blocks, layout, options, max_model_len, mnbt, spec, engine)
-    frag = memory.contiguous_vs_paged(budget.kv_budget_bytes, blocks, layout, layers, options.context, max_model_len, mnbt)
+        max_model_len, auto_note = _auto_max_model_len(blocks, demand, pool.engine, spec)
+    answer = _answer(pool, spec, max_model_len)
+    frag = memory.contiguous_vs_paged(pool.budget.kv_budget_bytes, blocks, demand, pool.layers, options.context,
+                                      max_model_len)
     prefix = None
     if options.prefix_tokens:
-        prefix = memory.prefix_sharing(blocks, layout, options.context, options.prefix_tokens, mnbt, spec.parameters)
+        prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters)
     roofline = None
-    if gpu.bandwidth_bytes_per_s:
+    if pool.gpu.bandwidth_bytes_per_s:
         batch = max(1, min(answer.max_requests, options.batch if answer.fits else answer.max_requests) or 1)
-        roofline = memory.decode_roofline(weights_term.bytes, memory.request_kv_bytes(layout, options.context, mnbt),
-                                          batch, gpu.bandwidth_bytes_per_s)
+        roofline = memory.decode_roofline(pool.budget.weights.bytes, demand.bytes(options.context), batch,
+                                          pool.gpu.bandwidth_bytes_per_s)
+    replicated = memory.kv_heads_replicated(spec, options.tp)
+    return Plan(
+        options=options,
+        spec=spec,
+        source=source or spec.source,
+        gpu=pool.gpu,
+        engine=pool.engine,
+        kv_dtype=pool.kv_dtype.name,
+        model_dtype=pool.model_dtype.name,
+        weights_dtype=(pool.weights_dtype or pool.model_dtype).name,
+        rank_layers=pool.layers,
+        heads_replicated=replicated,
+        kv_bytes_per_token_model=memory.kv_bytes_per_token(spec, pool.kv_dtype),
+        kv_bytes_per_token_gpu=memory.kv_bytes_per_token(pool.layers, pool.kv_dtype),
+        state_bytes_per_request_gpu=memory.state_bytes_per_request(pool.layers, pool.model_dtype),
+        weights_total_bytes=pool.weights_total_bytes,
+        budget=pool.budget,
+        demand=demand,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=pool.engine.max_num_batched_tokens,
+        answer=answer,
+        fragmentation=frag,
+        prefix=prefix,
+        roofline=roofline,
+        notes=_notes(pool, spec, max_model_len, auto_note, replicated),
+    )
 
-    notes = list(spec.notes) + list(engine.notes) + list(budget.notes)
+
+def _notes(pool: _Pool, spec: ModelSpec, max_model_len: int, auto_note: str | None, replicated: bool) -> tuple[str, ...]:
+    """What the reader should know: the spec's, the engine's and the budget's notes, plus the plan's own."""
+    options, budget, layout = pool.options, pool.budget, pool.demand.layout
+    notes = list(spec.notes) + list(pool.engine.notes) + list(budget.notes)
     if auto_note:
         notes.append(auto_note)
-    replicated = memory.kv_heads_replicated(spec, options.tp)
     if replicated:
         notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
     if budget.kv_budget_bytes <= 0:
-        notes.append(f"no memory left for the KV cache: weights alone take {weights_term.bytes / GiB:.2f} GiB of "
+        notes.append(f"no memory left for the KV cache: weights alone take {budget.weights.bytes / GiB:.2f} GiB of "
                      f"{budget.usable_bytes / GiB:.2f} GiB usable per GPU")
     if spec.max_position_embeddings and max_model_len > spec.max_position_embeddings:
         notes.append(f"max_model_len {max_model_len:,} exceeds the model's max_position_embeddings {spec.max_position_embeddings:,}")
     if layout.padding_layers:
         notes.append(f"{layout.padding_layers} padded layer slot(s) in the last group of a kind waste "
                      f"{layout.padding_layers}/{len(layout.groups) * layout.group_size} of each block")
-    return Plan(
-        options=options,
-        spec=spec,
-        source=source or spec.source,
-        gpu=gpu,
-        engine=engine,
-        kv_dtype=kv_dtype.name,
-        model_dtype=model_dtype.name,
-        weights_dtype=(weights_dtype or model_dtype).name,
-        rank_layers=layers,
-        heads_replicated=replicated,
-        kv_bytes_per_token_model=memory.kv_bytes_per_token(spec, kv_dtype),
-        kv_bytes_per_token_gpu=memory.kv_bytes_per_token(layers, kv_dtype),
-        state_bytes_per_request_gpu=memory.state_bytes_per_request(layers, model_dtype),
-        weights_total_bytes=weights_total,
-        budget=budget,
-        layout=layout,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        inflight_tokens=mnbt,
-        prefix_caching=prefix_caching,
-        answer=answer,
-        fragmentation=frag,
-        prefix=prefix,
-        roofline=roofline,
-        notes=tuple(notes),
-    )
+    return tuple(notes)
 
 
 def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType) -> tuple[int, str]:
@@ -362,12 +413,11 @@ def engine_prefix_caching(engine: EngineDefaults) -> bool:
 
 
 def engine_starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
-    """The engine's start-up check for one request of ``per_request_blocks`` blocks: all blocks but the
-    null one from vLLM 0.21 (``refusal == "null_block"``), all of them before; SGLang never refuses."""
+    """The engine's start-up check for one request of ``per_request_blocks`` blocks (see
+    :func:`start_blocks`); SGLang never refuses."""
     if engine.refusal == "pool":
         return True
-    usable = blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
-    return usable >= per_request_blocks
+    return start_blocks(engine, blocks) >= per_request_blocks
 
 
 def engine_kv_tokens(engine: EngineDefaults, blocks: int, block_size: int, per_request_blocks: int,
@@ -379,39 +429,52 @@ def engine_kv_tokens(engine: EngineDefaults, blocks: int, block_size: int, per_r
     return memory.kv_cache_tokens(blocks, per_request_blocks, max_model_len)
 
 
-def _longest_len(blocks: int, layout: memory.PoolLayout, engine: EngineDefaults, mnbt: int, limit: int) -> int:
-    """The longest max_model_len (block-aligned) whose one request passes the engine's start-up check."""
-    # memory.max_context keeps the null block out; hand it one more block where the engine counts it
-    extra = memory.NULL_BLOCKS if engine.refusal != "null_block" else 0
-    longest = memory.max_context(blocks + extra, layout, 1, mnbt, limit_tokens=limit)
-    return (longest // layout.block_size) * layout.block_size if longest >= layout.block_size else longest
+def start_blocks(engine: EngineDefaults, blocks: int) -> int:
+    """Blocks the engine's start-up check lets one request use: all but the null block from vLLM 0.21
+    (``refusal == "null_block"``), all of them before (and in SGLang, which caps instead of refusing)."""
+    return blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
 
 
-def _auto_max_model_len(blocks: int, layout: memory.PoolLayout, engine: EngineDefaults, mnbt: int,
+def longest_startable_len(blocks: int, demand: memory.Demand, engine: EngineDefaults, limit: int) -> int:
+    """The longest max_model_len (at most ``limit``) whose one request passes the engine's start-up check.
+
+    Block-aligned when the pool is what limits it (the demand steps at block boundaries); ``limit``
+    itself when one request at ``limit`` fits.
+    """
+    return memory.max_context(start_blocks(engine, blocks), demand, 1, limit_tokens=limit, null_blocks=0)
+
+
+def _auto_max_model_len(blocks: int, demand: memory.Demand, engine: EngineDefaults,
                         spec: ModelSpec) -> tuple[int, str]:
     """``--max-model-len auto``: the longest length that starts, capped at max_position_embeddings."""
     cap = spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
-    longest = _longest_len(blocks, layout, engine, mnbt, cap)
+    longest = longest_startable_len(blocks, demand, engine, cap)
     if longest < 1:
         raise InputError("--max-model-len auto: not even one block fits in the KV budget",
                          "lower --gpu-util headroom, use --kv-dtype fp8, quantized weights or more --tp")
     return longest, f"max_model_len auto: {longest:,} tokens (the longest that fits, capped at the model's {cap:,})"
 
 
-def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_len: int, mnbt: int,
-            spec: ModelSpec, engine: EngineDefaults) -> Answer:
-    per_req_len = memory.blocks_per_request(layout, max_model_len, mnbt, options.prefix_caching)
-    per_req_ctx = memory.blocks_per_request(layout, options.context, mnbt, options.prefix_caching)
+def _answer(pool: _Pool, spec: ModelSpec, max_model_len: int) -> Answer:
+    """The headline numbers at ``options.context`` x ``options.batch``, all from ``pool.demand``.
+
+    ``max_context_at_batch`` searches up to ``max(max_position_embeddings, context)``; the longest
+    startable length up to that or ``max_model_len``, over at least as many blocks, so the max context
+    at batch 1 never exceeds what the engine starts with.
+    """
+    options, demand, blocks, engine = pool.options, pool.demand, pool.blocks, pool.engine
+    per_req_len = demand.blocks(max_model_len)
+    per_req_ctx = demand.blocks(options.context)
     need = options.batch * per_req_ctx
     usable = max(0, blocks - memory.NULL_BLOCKS)
-    limit = spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
-    max_ctx = memory.max_context(blocks, layout, options.batch, mnbt, limit_tokens=max(limit, options.context))
+    limit = max(spec.max_position_embeddings or memory.UNBOUNDED_TOKENS, options.context)
+    max_ctx = memory.max_context(blocks, demand, options.batch, limit_tokens=limit)
     fits = usable >= need
-    fix = None if fits else _fix(blocks, layout, options, per_req_ctx, max_ctx)
+    fix = None if fits else _fix(blocks, demand.layout, options, per_req_ctx, max_ctx)
     return Answer(
         num_blocks=blocks,
-        kv_tokens=engine_kv_tokens(engine, blocks, layout.block_size, per_req_len, max_model_len),
-        capacity_tokens=blocks * layout.block_size,
+        kv_tokens=engine_kv_tokens(engine, blocks, demand.layout.block_size, per_req_len, max_model_len),
+        capacity_tokens=blocks * demand.layout.block_size,
         context=options.context,
         blocks_per_request=per_req_ctx,
         max_concurrency=memory.vllm_max_concurrency(blocks, per_req_len),
@@ -421,7 +484,7 @@ def _answer(blocks: int, layout: memory.PoolLayout, options: Options, max_model_
         fits=fits,
         fits_margin_blocks=usable - need,
         engine_starts=engine_starts(engine, blocks, per_req_len),
-        longest_startable_len=_longest_len(blocks, layout, engine, mnbt, max(limit, max_model_len)),
+        longest_startable_len=longest_startable_len(blocks, demand, engine, max(limit, max_model_len)),
         fix=fix,
     )
 

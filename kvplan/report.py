@@ -6,9 +6,9 @@ Structure of a sweep (so that 100,000 rows take well under two seconds):
 - every combination of the *pool* options (model, GPU, parallelism, dtypes, engine settings: everything
   but ``context``, ``batch`` and ``max_model_len``) is planned ONCE with :func:`kvplan.plan.plan_for_spec`:
   that gives the budget, the pool layout and ``num_blocks``, which do not depend on the per-request axes;
-- each (context, batch, max_model_len) row then uses only the cheap functions of :mod:`kvplan.memory`
-  (``blocks_per_request``, ``max_requests``, ``kv_cache_tokens``, ``vllm_max_concurrency``, ``max_context``,
-  ``request_kv_bytes``, ``decode_roofline``) and the engine rules of :mod:`kvplan.plan` (``engine_starts``,
+- each (context, batch, max_model_len) row then uses only the pool's :class:`kvplan.memory.Demand`
+  (``blocks``, ``bytes``) and the cheap functions of :mod:`kvplan.memory` (``max_requests``,
+  ``kv_cache_tokens``, ``vllm_max_concurrency``, ``max_context``, ``decode_roofline``) and the engine rules of :mod:`kvplan.plan` (``engine_starts``,
   ``engine_kv_tokens``), memoised per pool, combined exactly as ``plan_for_spec`` combines them (a test
   compares rows with full plans).
 """
@@ -78,9 +78,7 @@ class Pool:
     def blocks_per_request(self, tokens: int) -> int:
         n = self._bpr.get(tokens)
         if n is None:
-            p = self.plan
-            n = self._bpr[tokens] = memory.blocks_per_request(p.layout, tokens, p.inflight_tokens,
-                                                               p.prefix_caching)
+            n = self._bpr[tokens] = self.plan.demand.blocks(tokens)
         return n
 
     def max_context(self, batch: int, context: int) -> int:
@@ -93,15 +91,13 @@ class Pool:
         limit = p.spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
         n = self._ctx.get((batch, limit))
         if n is None:
-            n = self._ctx[(batch, limit)] = memory.max_context(p.answer.num_blocks, p.layout, batch,
-                                                               p.inflight_tokens, limit_tokens=limit)
+            n = self._ctx[(batch, limit)] = memory.max_context(p.answer.num_blocks, p.demand, batch, limit_tokens=limit)
         if context <= limit or n < limit:
             return n
         key = (batch, context)
         m = self._ctx.get(key)
         if m is None:
-            m = self._ctx[key] = memory.max_context(p.answer.num_blocks, p.layout, batch, p.inflight_tokens,
-                                                    limit_tokens=context)
+            m = self._ctx[key] = memory.max_context(p.answer.num_blocks, p.demand, batch, limit_tokens=context)
         return m
 
     def engine_starts(self, max_model_len: int) -> bool:
@@ -121,7 +117,7 @@ class Pool:
         if tps is None:
             rkv = self._rkv.get(context)
             if rkv is None:
-                rkv = self._rkv[context] = memory.request_kv_bytes(p.layout, context, p.inflight_tokens)
+                rkv = self._rkv[context] = p.demand.bytes(context)
             tps = self._tps[key] = memory.decode_roofline(p.budget.weights.bytes, rkv, batch,
                                                           p.gpu.bandwidth_bytes_per_s).tokens_per_s
         return tps

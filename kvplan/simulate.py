@@ -856,33 +856,28 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
                      prefill_efficiency: float = DEFAULT_PREFILL_EFFICIENCY) -> tuple[SimConfig, tuple[str, ...]]:
     """The pool, scheduler limits and step timing of a :class:`kvplan.plan.Plan` (one GPU's view).
 
-    Layout groups map onto allocator groups: full / MLA / chunked -> ``full`` (chunked conservatively),
-    sliding -> ``sliding`` with its window, state -> ``state`` (1 block; with prefix caching the blocks
-    vLLM keeps then). The prefill cost per token is ``2 x active parameters / (GPUs x fp16 peak x
+    Layout groups map onto allocator groups as :func:`kvplan.paged.groups.allocator_groups` maps them (the
+    mapping validate uses): the ``paged`` policy runs the plan's demand without prefix caching, the
+    ``prefix_caching`` policy with it (state groups then keep vLLM's checkpoint blocks). The prefill cost per token is ``2 x active parameters / (GPUs x fp16 peak x
     prefill_efficiency)`` unless ``prefill_s_per_token`` is given.
     """
+    from dataclasses import replace
+
     from kvplan import memory
+    from kvplan.paged.groups import allocator_groups
     from kvplan.spec import LayerKind
 
     layout, notes = plan.layout, []
     bs, mnbt = layout.block_size, plan.max_num_batched_tokens
-    groups, prefix_state = [], []
-    for g in layout.groups:
-        kind = g.cache.kind
-        if g.block_size and g.block_size != bs:
-            notes.append(f"a {kind.value} group uses {g.block_size}-token blocks; simulated with {bs}-token blocks")
-        if kind is LayerKind.SLIDING and g.cache.window_tokens:
-            groups.append(GroupSpec("sliding", window_tokens=g.cache.window_tokens))
-        elif g.cache.is_state:
-            groups.append(GroupSpec("state", state_blocks=memory.group_blocks_per_request(g, 1, bs, mnbt, False)))
-            prefix_state.append(memory.group_blocks_per_request(g, 1, bs, mnbt, True))
-        else:
-            groups.append(GroupSpec("full"))
+    notes.extend(f"a {g.cache.kind.value} group uses {g.block_size}-token blocks; simulated with {bs}-token blocks"
+                 for g in layout.groups if g.block_size and g.block_size != bs)
+    groups = allocator_groups(replace(plan.demand, prefix_caching=False))
+    prefix_state = tuple(g.state_blocks for g in allocator_groups(replace(plan.demand, prefix_caching=True))
+                         if g.kind == "state")
     if plan.answer.num_blocks < 2:
         raise InputError(f"the KV pool has {plan.answer.num_blocks} blocks: nothing to simulate",
                          "raise kv_budget, use a bigger GPU or lower the weights")
-    pool = Pool(plan.answer.num_blocks, bs, tuple(groups), plan.max_model_len, plan.engine.max_num_seqs, mnbt,
-                tuple(prefix_state))
+    pool = Pool(plan.answer.num_blocks, bs, groups, plan.max_model_len, plan.engine.max_num_seqs, mnbt, prefix_state)
     kv_dtype, model_dtype = layout.kv_dtype, layout.model_dtype
     full, windows = 0, {}
     for layer in plan.rank_layers:

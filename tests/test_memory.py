@@ -126,8 +126,8 @@ def test_hybrid_block_size_and_state_padding():
     # 6 linear + 2 full: group size 2, 3 state groups + 1 full group = 4 groups, 2 pages per block id
     assert len(layout.groups) == 4 and layout.block_bytes == 2 * 81_920
     # one request at 4,096 tokens: ceil(4096 / 80) = 52 + 3 state blocks; prefix caching: 52 + 3 x 2
-    assert memory.blocks_per_request(layout, 4096, 2048) == 55
-    assert memory.blocks_per_request(layout, 4096, 2048, prefix_caching=True) == 58
+    assert memory.Demand(layout, 2048).blocks(4096) == 55
+    assert memory.Demand(layout, 2048, prefix_caching=True).blocks(4096) == 58
 
 
 def test_fp8_kv_grows_the_hybrid_block_and_gains_less_than_2x():
@@ -139,9 +139,9 @@ def test_fp8_kv_grows_the_hybrid_block_and_gains_less_than_2x():
     # requests at 32,768 tokens in 4 GiB: bf16 26,214 blocks / (410 + 3) = 63.47;
     # fp8 29,127 blocks / (228 + 3) = 126.09 -> 1.99x, not 2x (the padded state pages do not shrink)
     budget = 4 << 30
-    c16 = memory.vllm_max_concurrency(memory.num_blocks(budget, bf16), memory.blocks_per_request(bf16, 32768, 2048))
-    c8 = memory.vllm_max_concurrency(memory.num_blocks(budget, fp8), memory.blocks_per_request(fp8, 32768, 2048))
-    assert memory.num_blocks(budget, fp8) == 29_127 and memory.blocks_per_request(fp8, 32768, 2048) == 231
+    c16 = memory.vllm_max_concurrency(memory.num_blocks(budget, bf16), memory.Demand(bf16, 2048).blocks(32768))
+    c8 = memory.vllm_max_concurrency(memory.num_blocks(budget, fp8), memory.Demand(fp8, 2048).blocks(32768))
+    assert memory.num_blocks(budget, fp8) == 29_127 and memory.Demand(fp8, 2048).blocks(32768) == 231
     assert c16 < c8 < 2 * c16
 
 
@@ -175,7 +175,7 @@ mnbt = st.sampled_from([512, 2048, 8192])
 def test_blocks_monotone_in_tokens(name, a, b, t):
     layout = LAYOUTS[name]
     lo, hi = sorted((a, b))
-    assert memory.blocks_per_request(layout, lo, t) <= memory.blocks_per_request(layout, hi, t)
+    assert memory.Demand(layout, t).blocks(lo) <= memory.Demand(layout, t).blocks(hi)
 
 
 @settings(max_examples=200, deadline=None)
@@ -184,7 +184,7 @@ def test_paged_bytes_bound_raw_bytes(name, n):
     # full attention only: raw <= paged < raw + one block per group
     layout, layers = LAYOUTS[name], LAYERS[name]
     raw = memory.raw_request_bytes(layers, n, BF16, BF16)
-    paged = memory.request_kv_bytes(layout, n, 2048)
+    paged = memory.Demand(layout, 2048).bytes(n)
     assert raw <= paged < raw + len(layout.groups) * layout.block_bytes
 
 
@@ -193,7 +193,7 @@ def test_paged_bytes_bound_raw_bytes(name, n):
 def test_paged_bytes_cover_raw_bytes(name, n):
     # any layout: what a request holds in the pool covers its raw cache (windows and state included)
     layout, layers = LAYOUTS[name], LAYERS[name]
-    assert memory.request_kv_bytes(layout, n, 2048) >= memory.raw_request_bytes(layers, n, BF16, BF16)
+    assert memory.Demand(layout, 2048).bytes(n) >= memory.raw_request_bytes(layers, n, BF16, BF16)
 
 
 @settings(max_examples=200, deadline=None)
@@ -201,15 +201,16 @@ def test_paged_bytes_cover_raw_bytes(name, n):
 def test_max_context_solves_exactly(name, blocks, batch, t):
     layout = LAYOUTS[name]
     limit = 1 << 20
-    best = memory.max_context(blocks, layout, batch, t, limit_tokens=limit)
+    demand = memory.Demand(layout, t)
+    best = memory.max_context(blocks, demand, batch, limit_tokens=limit)
     usable = blocks - memory.NULL_BLOCKS
     if best == 0:
-        assert batch * memory.blocks_per_request(layout, 1, t) > usable
+        assert batch * demand.blocks(1) > usable
         return
-    assert batch * memory.blocks_per_request(layout, best, t) <= usable
+    assert batch * demand.blocks(best) <= usable
     if best < limit:
-        assert batch * memory.blocks_per_request(layout, best + 1, t) > usable
-        assert batch * memory.blocks_per_request(layout, best + layout.block_size, t) > usable
+        assert batch * demand.blocks(best + 1) > usable
+        assert batch * demand.blocks(best + layout.block_size) > usable
 
 
 @settings(max_examples=200, deadline=None)
@@ -218,7 +219,7 @@ def test_capacity_monotone_in_budget_and_batch(name, budget, more, n):
     layout = LAYOUTS[name]
     small, big = memory.num_blocks(budget, layout), memory.num_blocks(budget + more, layout)
     assert small <= big
-    per = memory.blocks_per_request(layout, n, 2048)
+    per = memory.Demand(layout, 2048).blocks(n)
     assert memory.max_requests(small, per) <= memory.max_requests(big, per)
     # a batch that fits still fits with one request fewer
     fit = memory.max_requests(big, per)

@@ -34,7 +34,7 @@ def test_one_8k_request_is_one_gib():
     # 131,072 B/token x 8,192 tokens = 2^30 B; 8,192 / 16 = 512 blocks of 16 x 128 KiB = 2 MiB each
     p = plan(context=8192)
     assert p.answer.blocks_per_request == 512
-    assert memory.request_kv_bytes(p.layout, 8192, p.max_num_batched_tokens) == GiB
+    assert p.demand.bytes(8192) == GiB
     assert p.layout.block_bytes == 16 * 131_072
 
 
@@ -187,7 +187,7 @@ def test_max_requests_is_exact(context, budget_mib):
 def test_max_context_is_exact(batch, budget_mib):
     p = plan_for_spec(SPEC, Options(model=LLAMA, batch=batch, kv_budget_bytes=budget_mib << 20))
     a = p.answer
-    per = lambda tokens: memory.blocks_per_request(p.layout, tokens, p.max_num_batched_tokens)  # noqa: E731
+    per = p.demand.blocks
     if a.max_context_at_batch:
         assert batch * per(a.max_context_at_batch) <= a.num_blocks - 1
     if a.max_context_at_batch < SPEC.max_position_embeddings:
@@ -211,7 +211,7 @@ def test_monotone_in_context_and_batch(c1, c2, b1, b2):
 def test_paged_within_one_block_per_group_of_raw(tokens):
     p = plan_for_spec(SPEC, Options(model=LLAMA, context=tokens))
     raw = memory.raw_request_bytes(p.rank_layers, tokens, BF16, BF16)
-    paged = memory.request_kv_bytes(p.layout, tokens, p.max_num_batched_tokens)
+    paged = p.demand.bytes(tokens)
     assert raw <= paged < raw + len(p.layout.groups) * p.layout.block_bytes
 
 

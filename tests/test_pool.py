@@ -161,7 +161,7 @@ def test_shared_prefix_uses_floor_p_over_bs_fewer_blocks_each_after_the_first():
     expected = per_request + (n - 1) * (per_request - saved)  # 7 + 3 x 5 = 22 (unshared: 28)
     assert alloc.num_used_blocks == expected == 22
     assert used_blocks(pool) == expected  # measured on the tensor: 22 distinct blocks hold K/V
-    sharing = memory.prefix_sharing(64, layout, length, prefix, 2048, None)
+    sharing = memory.prefix_sharing(64, memory.Demand(layout, 2048), length, prefix, None)
     assert sharing.shared_blocks == saved and sharing.blocks_per_request_shared == per_request - saved
 
 

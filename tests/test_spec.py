@@ -136,7 +136,7 @@ def test_llama4_chunked_layers_keep_the_chunk_bound():
     assert kinds(spec) == ["chunked"] * 3 + ["full"] + ["chunked"] * 3 + ["full"]
     layout = memory.pool_layout(spec.layers, 128, BF16, BF16)
     assert layout.group_size == 2 and len(layout.groups) == 4
-    assert memory.blocks_per_request(layout, 16384, 4096) == 416
+    assert memory.Demand(layout, 4096).blocks(16384) == 416
     assert any("chunked" in note for note in spec.notes)
 
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from kvplan import memory
 from kvplan.errors import InputError, TorchMissingError
-from kvplan.paged.allocator import BlockAllocator, GroupSpec
+from kvplan.paged.allocator import BlockAllocator
+from kvplan.paged.groups import allocator_groups
 from kvplan.spec import LayerKind
 from kvplan.units import GiB, fmt_bytes, round_up
 
@@ -56,17 +57,6 @@ def resolve_device(name: str | None, local_rank: int = 0) -> str:
             raise InputError("--device cuda: this torch build sees no CUDA device", "use --device cpu with a small --kv-budget")
         return f"cuda:{local_rank % torch.cuda.device_count()}"
     return "cpu"
-
-
-def group_spec(group: memory.KVGroup, prefix_caching: bool = False) -> GroupSpec:
-    """The allocator's view of a KV-cache group (chunked local attention is kept as a window of one chunk;
-    a state group holds the blocks :func:`kvplan.memory.group_blocks_per_request` gives it)."""
-    cache = group.cache
-    if cache.kind in (LayerKind.SLIDING, LayerKind.CHUNKED):
-        return GroupSpec("sliding", window_tokens=cache.window_tokens)
-    if cache.is_state:
-        return GroupSpec("state", state_blocks=memory.group_blocks_per_request(group, 1, 1, 1, prefix_caching))
-    return GroupSpec("full")
 
 
 def exact_layout(layout: memory.PoolLayout) -> bool:
@@ -372,15 +362,23 @@ def _malloc_trim() -> None:
         pass
 
 
+def plan_allocator(plan: "Plan", layout: memory.PoolLayout, num_blocks: int) -> tuple[BlockAllocator, memory.Demand]:
+    """The allocator the fill runs on: the plan's demand over ``layout`` (this rank's), its groups from
+    :func:`kvplan.paged.groups.allocator_groups`, the null block reserved, no prefix hits."""
+    demand = plan.demand.with_layout(layout)
+    allocator = BlockAllocator(num_blocks, layout.block_size, allocator_groups(demand),
+                               reserve_null_block=True, enable_prefix_caching=False)
+    return allocator, demand
+
+
 def _fill(plan: "Plan", layout: memory.PoolLayout, num_blocks: int,
           progress: Progress | None) -> tuple[FillResult, BlockAllocator]:
     """Admit ``plan.answer.max_requests`` requests at the planned context, chunk by chunk, then one more."""
     context = plan.answer.context
     chunk = plan.max_num_batched_tokens
-    allocator = BlockAllocator(num_blocks, layout.block_size, [group_spec(g, plan.prefix_caching) for g in layout.groups],
-                               reserve_null_block=True, enable_prefix_caching=False)
+    allocator, demand = plan_allocator(plan, layout, num_blocks)
     planned = plan.answer.max_requests
-    per_request = memory.blocks_per_request(layout, context, plan.inflight_tokens, plan.prefix_caching)
+    per_request = demand.blocks(context)
     peak = filled = 0
     step = max(1, planned // 200)  # at most ~200 progress updates
     for i in range(planned):

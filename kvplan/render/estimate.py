@@ -9,7 +9,6 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvplan import memory
 from kvplan.serialize import formula_lines
 from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype
 
@@ -78,7 +77,7 @@ def render_plan(plan: "Plan") -> Group:
     t.add_column(justify="right")
     t.add_column(style="grey62", no_wrap=True, overflow="ellipsis", max_width=36)
     t.add_row("total (runtime-reported)", _gib(b.total_bytes), f"{plan.gpu.name}, {b.total_bytes / GB:.2f} GB")
-    t.add_row(f"usable (x {b.gpu_util:g})", _gib(b.usable_bytes), "ceil(total x gpu_util)")
+    t.add_row(f"usable (x {b.gpu_util:g})", _gib(b.usable_bytes), f"{b.requested_rounding}(total x gpu_util)")
     for term in b.terms:
         t.add_row(f"− {term.name}", _gib(term.bytes), term.source)
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
@@ -88,8 +87,9 @@ def render_plan(plan: "Plan") -> Group:
     # answer -----------------------------------------------------------------------------------
     lay = plan.layout
     ans = Text()
+    shared = f", each block one page in each of {len(lay.groups)} groups" if len(lay.groups) > 1 else ""
     ans.append(f"KV cache: {a.num_blocks:,} blocks x {lay.block_size} tokens = {a.capacity_tokens:,} token slots"
-               f" ({fmt_bytes(lay.block_bytes)} per block)\n")
+               f" ({fmt_bytes(lay.block_bytes)} per block{shared})\n")
     ans.append(f"at {a.context:,} tokens/request: ", style="bold")
     ans.append(f"{a.max_requests:,} concurrent requests", style="bold cyan")
     ans.append(f" ({a.blocks_per_request:,} blocks each)\n")
@@ -117,8 +117,12 @@ def render_plan(plan: "Plan") -> Group:
         eng.append(f"{plan.engine.engine} {plan.engine.version} will report: ", style="bold")
         eng.append(f"GPU KV cache size: {a.kv_tokens:,} tokens; Maximum concurrency for {plan.max_model_len:,} "
                    f"tokens per request: {a.max_concurrency:.2f}x\n")
+        if a.kv_tokens != a.capacity_tokens:
+            eng.append(f"  (its KV cache size is max concurrency x max_model_len: the tokens whole "
+                       f"{plan.max_model_len:,}-token requests hold, not the {a.capacity_tokens:,} token slots)\n",
+                       style="grey62")
     else:
-        need = memory.blocks_per_request(lay, plan.max_model_len, plan.inflight_tokens, plan.prefix_caching) * lay.block_bytes
+        need = plan.demand.bytes(plan.max_model_len)
         eng.append(f"{plan.engine.engine} will refuse to start: ", style="bold red")
         eng.append(f"one {plan.max_model_len:,}-token request needs {need / GiB:.2f} GiB KV cache, "
                    f"{max(0, b.kv_budget_bytes) / GiB:.2f} GiB available; the longest max_model_len that fits is "
@@ -133,6 +137,10 @@ def render_plan(plan: "Plan") -> Group:
     more.append(f"contiguous (reserve max_model_len {f.max_model_len:,}): {f.contiguous_max_requests:,} requests, "
                 f"{fmt_bytes(f.contiguous_waste_bytes)} wasted each\n")
     more.append(f"paged (block {lay.block_size}): {f.paged_max_requests:,} requests, {fmt_bytes(f.paged_waste_bytes)} slack each")
+    state_blocks = sum(plan.demand.state_blocks(g) for g in lay.groups)
+    if state_blocks > sum(1 for g in lay.groups if g.cache.is_state):
+        more.append(f" (with prefix caching the state groups keep {state_blocks} blocks per request, checkpoints "
+                    "included)")
     if lay.padding_layers:
         more.append(f"\n{lay.padding_layers} padded layer slot(s) per block (hybrid grouping)")
     if plan.prefix:
