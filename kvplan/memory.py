@@ -427,6 +427,16 @@ def kv_cache_tokens(blocks: int, per_request_blocks: int, max_model_len: int) ->
     return int(blocks / per_request_blocks * max_model_len)
 
 
+def grouped_kv_tokens(blocks: int, num_groups: int, block_size: int) -> int:
+    """vLLM 0.9.1 - 0.20.0's "GPU KV cache size": ``num_blocks // num_groups x block_size`` (tokens).
+
+    Every group is assumed to get an equal share of the block ids, whatever its need per request:
+    Gemma-3-27B (52 sliding + 10 full layers in 7 groups) with 15,999 blocks prints
+    15,999 // 7 x 16 = 36,560. A single-group model prints ``num_blocks x block_size``.
+    """
+    return blocks // max(1, num_groups) * block_size
+
+
 
 UNBOUNDED_TOKENS = 1 << 40  # a context beyond any model's; returned when only windows are cached
 

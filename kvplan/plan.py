@@ -111,6 +111,12 @@ class GpuInfo:
     memory_source: str
     is_cpu: bool = False
     fp16_tflops: float | None = None  # dense fp16/bf16 peak, for prefill-cost estimates
+    vendor: str = ""  # nvidia, amd, any (the catalogue's), "" for --gpu-memory alone
+
+    @property
+    def platform(self) -> str:
+        """The engine's platform: ``rocm`` for AMD GPUs, else ``cuda``."""
+        return "rocm" if self.vendor == "amd" else "cuda"
 
 
 @dataclass(frozen=True)
@@ -205,7 +211,7 @@ def resolve_gpu(options: Options) -> GpuInfo:
     source = "--gpu-memory" if options.gpu_memory_bytes else (gpu.memory_source if gpu else "")
     name = gpu.name if gpu else "custom"
     return GpuInfo(name, memory_bytes, gpu.bandwidth_bytes_per_s if gpu else None, source, is_cpu,
-                   gpu.fp16_tflops if gpu else None)
+                   gpu.fp16_tflops if gpu else None, gpu.vendor if gpu else "")
 
 
 def estimate(options: Options, token: str | None = None) -> Plan:
@@ -248,13 +254,12 @@ class _Pool:
 
 def _engine_defaults(engine_mod: Any, options: Options, gpu: GpuInfo) -> EngineDefaults:
     """The engine's defaults for this GPU, with the user's utilisation / block size / batching limits."""
-    version = options.engine_version or engine_mod.DEFAULT_VERSION
-    if version not in engine_mod.VERSIONS:
-        raise InputError(f"unknown --engine-version {version!r} for {options.engine}",
-                         "modelled versions: " + ", ".join(engine_mod.VERSIONS))
+    version, version_note = engine_mod.resolve_version(options.engine_version)
     engine = engine_mod.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
                                  max_model_len=options.max_model_len or options.context,
                                  usage_context=options.usage_context, tp=options.tp, pp=options.pp)
+    if version_note:
+        engine = replace(engine, requested_version=options.engine_version or "", notes=(version_note,) + engine.notes)
     if options.gpu_util is not None or options.block_size or options.max_num_batched_tokens or options.max_num_seqs:
         engine = replace(
             engine,
@@ -299,7 +304,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
         given("cudagraph", options.cudagraph_bytes), options.kv_budget_bytes,
         spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
-        version=engine.version, pp=options.pp,
+        version=engine.version, pp=options.pp, platform=gpu.platform,
     )
     return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
                  memory.num_blocks(budget.kv_budget_bytes, layout))
@@ -398,13 +403,11 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
 
 def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
     """Tokens a request may have scheduled but not yet computed, which windowed layers must also hold:
-    ``max_num_batched_tokens`` x the batches in flight (pp stages; 2 with vLLM 0.32's async scheduling
-    on GPUs; 1 on CPU and in older releases)."""
+    ``max_num_batched_tokens`` x the batches in flight (pp stages; ``engine.concurrent_batches``: 2 with
+    vLLM >= 0.26's async scheduling on GPUs; 1 on CPU and in older releases)."""
     if pp > 1:
         return engine.max_num_batched_tokens * pp
-    if engine.engine == "vllm" and engine.version == "0.32" and not is_cpu:
-        return engine.max_num_batched_tokens * 2
-    return engine.max_num_batched_tokens
+    return engine.max_num_batched_tokens * (1 if is_cpu else engine.concurrent_batches)
 
 
 def engine_prefix_caching(engine: EngineDefaults) -> bool:
@@ -420,17 +423,21 @@ def engine_starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) 
     return start_blocks(engine, blocks) >= per_request_blocks
 
 
-def engine_kv_tokens(engine: EngineDefaults, blocks: int, block_size: int, per_request_blocks: int,
+def engine_kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
                      max_model_len: int) -> int:
-    """The token capacity the engine prints: ``num_blocks x block_size`` (vLLM V0 / 0.10, SGLang) or
-    ``int(max_concurrency x max_model_len)`` (vLLM 0.11 and later)."""
+    """The token capacity the engine prints (``engine.kv_tokens_rule``): ``num_blocks x block_size``
+    (vLLM V0 / 0.8, SGLang), ``num_blocks // num_groups x block_size`` (vLLM 0.9 - 0.20.0) or
+    ``int(max_concurrency x max_model_len)`` (vLLM 0.20.1 and later)."""
     if engine.kv_tokens_rule == "blocks":
-        return blocks * block_size
+        return blocks * layout.block_size
+    if engine.kv_tokens_rule == "groups":
+        smallest = min((g.block_size or layout.block_size for g in layout.groups), default=layout.block_size)
+        return memory.grouped_kv_tokens(blocks, len(layout.groups), smallest)
     return memory.kv_cache_tokens(blocks, per_request_blocks, max_model_len)
 
 
 def start_blocks(engine: EngineDefaults, blocks: int) -> int:
-    """Blocks the engine's start-up check lets one request use: all but the null block from vLLM 0.21
+    """Blocks the engine's start-up check lets one request use: all but the null block from vLLM 0.29
     (``refusal == "null_block"``), all of them before (and in SGLang, which caps instead of refusing)."""
     return blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
 
@@ -473,7 +480,7 @@ def _answer(pool: _Pool, spec: ModelSpec, max_model_len: int) -> Answer:
     fix = None if fits else _fix(blocks, demand.layout, options, per_req_ctx, max_ctx)
     return Answer(
         num_blocks=blocks,
-        kv_tokens=engine_kv_tokens(engine, blocks, demand.layout.block_size, per_req_len, max_model_len),
+        kv_tokens=engine_kv_tokens(engine, blocks, demand.layout, per_req_len, max_model_len),
         capacity_tokens=blocks * demand.layout.block_size,
         context=options.context,
         blocks_per_request=per_req_ctx,

@@ -174,7 +174,7 @@ def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, na
     n = memory.max_requests(blocks, per_req_ctx)
     fits = max(0, blocks - memory.NULL_BLOCKS) >= batch * per_req_ctx
     return Row(name, pool, context, batch, mml,
-               engine_kv_tokens(pool.plan.engine, blocks, pool.plan.layout.block_size, per_req_len, mml),
+               engine_kv_tokens(pool.plan.engine, blocks, pool.plan.layout, per_req_len, mml),
                n,
                memory.vllm_max_concurrency(blocks, per_req_len),
                pool.max_context(batch, context),

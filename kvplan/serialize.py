@@ -86,6 +86,8 @@ def plan_to_dict(plan: "Plan") -> dict[str, Any]:
             "pp": o.pp,
             "engine": plan.engine.engine,
             "engine_version": plan.engine.version,
+            "engine_version_requested": plan.engine.requested_version or None,
+            "engine_releases": plan.engine.release_range,
             "dtype": plan.model_dtype,
             "kv_dtype": plan.kv_dtype,
             "weights_dtype": plan.weights_dtype,
@@ -150,6 +152,9 @@ def plan_to_dict(plan: "Plan") -> dict[str, Any]:
         "engine_report": {
             "engine": plan.engine.engine,
             "version": plan.engine.version,
+            "version_requested": plan.engine.requested_version or None,
+            "releases": plan.engine.release_range,
+            "token_rule": plan.engine.kv_tokens_rule,
             "max_model_len": plan.max_model_len,
             "kv_cache_tokens": a.kv_tokens,
             "max_concurrency": _finite(a.max_concurrency),

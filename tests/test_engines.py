@@ -75,14 +75,17 @@ def test_activation_is_max_of_forward_and_sampler(llama3):
 
 
 def test_v0_10_sampler_two_copies_calibrated_on_flashinfer_logs():
-    # vLLM 0.10 keeps 2 fp32 [rows, vocab] copies (FlashInfer top-k/top-p, no torch sort); 0.11 keeps 10 (native
-    # top-k/top-p sort, as V0); 0.19+ keep 5.
+    # vLLM 0.8 - 0.11 keep 2 fp32 [rows, vocab] copies on CUDA (FlashInfer top-k/top-p, no torch sort);
+    # 0.12 - 0.16 keep 10 (FlashInfer opt-in: native top-k/top-p sort, as V0), and so does ROCm before 0.12
+    # (no FlashInfer there); 0.17+ keep 5.
     # Qwen2(.5)-7B, `vllm serve` on an A100: 2048 tokens, 256 rows; vocab 152,064 is a multiple of 64.
     qwen = build_spec(load_bundled("Qwen/Qwen2.5-7B-Instruct"))
     forward, sampler = vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.10")
     assert forward == 2048 * (3 * 3584 + 3 * 18944) * 2 == 276_824_064
     assert sampler == 256 * 152_064 * 4 * 2 == 311_427_072
-    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11")[1] == 256 * 152_064 * 4 * 10 == 1_557_135_360
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11.2")[1] == 311_427_072
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.12")[1] == 256 * 152_064 * 4 * 10 == 1_557_135_360
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11.1", "rocm")[1] == 1_557_135_360
     assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.19")[1] == 256 * 152_064 * 4 * 5 == 778_567_680
     # dennislee-a100-80-qwen2-7b-util025: 0.25 x 79.151 GiB - 14.2488 - 5.01 = 0.53 GiB for activation +
     # non-torch; kvplan's 0.29 GiB activation + 0.31 GiB overhead is within 0.1 GiB of it.
@@ -99,20 +102,20 @@ def test_rope_cache_counted_in_overhead(llama31, llama3):
     assert b.overhead.bytes == vllm.NON_TORCH_BYTES + 2 * MiB
 
 
-def test_v0_11_sampler_ten_copies_calibrated_on_h100_and_rocm_logs(llama31):
+def test_native_sampler_ten_copies_calibrated_on_h100_and_rocm_logs(llama31):
     # h100-k8s-llama31-8b-tp1 (engine_reports.yaml): `vllm serve` on an H100 -> 8192 tokens, 1024 rows.
     # sampler 10 x 1,024 x 128,256 x 4 B = 5,253,365,760 (4.89 GiB); logged activation peak 4.76 GiB.
     # forward 8,192 x 110,592 B = 905,969,664 is smaller, so the sampler is the term.
-    forward, sampler = vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.11")
+    forward, sampler = vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.12")
     assert (forward, sampler) == (905_969_664, 5_253_365_760)
     assert abs(sampler / GiB - 4.76) < 0.15
     # The whole budget: floor(79.18 GiB x 0.9) - weights 14.99 GiB - 4.89 - 0.30 - 32 MiB rope = 51.05 GiB,
     # against the logged 51.38 GiB (kvplan's 0.30 GiB non-torch vs the logged 0.13).
     total = round(79.18 * GiB)
     b = vllm.budget(total, 0.9, Term("weights", round(14.99 * GiB), "log"), None, None, None, None, spec=llama31, tp=1,
-                    max_num_batched_tokens=8192, max_num_seqs=1024, act_bytes=2, is_cpu=False, version="0.11")
+                    max_num_batched_tokens=8192, max_num_seqs=1024, act_bytes=2, is_cpu=False, version="0.12")
     assert b.activation.bytes == 5_253_365_760
-    assert b.cudagraph.bytes == 0  # 0.11 captures graphs after the KV cache
+    assert b.cudagraph.bytes == 0  # 0.12 captures graphs after the KV cache
     assert abs(b.kv_budget_bytes / GiB - 51.38) < 0.4
 
 
@@ -123,8 +126,8 @@ def test_requested_rounding_per_version():
     # 85,045,477,376 x 0.9 = 76,540,929,638.4
     assert vllm.requested_bytes(H100, 0.9, "floor") == 76_540_929_638
     assert vllm.requested_bytes(H100, 0.9, "ceil") == 76_540_929_639
-    assert vllm.profile("0.11").rounding == "floor"
-    assert vllm.profile("0.19").rounding == "ceil"
+    assert vllm.profile("0.13.0").rounding == "floor"
+    assert vllm.profile("0.14.0").rounding == "ceil"  # request_memory: math.ceil from 0.14
 
 
 def test_v0_budget_end_to_end(llama31):
@@ -148,7 +151,7 @@ def test_v0_budget_end_to_end(llama31):
     assert plan.answer.num_blocks == 2_176
 
 
-def test_cudagraph_only_subtracted_from_021(llama3):
+def test_cudagraph_logged_from_018_subtracted_from_020(llama3):
     assert len(vllm.capture_sizes(512)) == 51  # 1, 2, 4 + 8..256 by 8 (32) + 272..512 by 16 (16)
     assert len(vllm.capture_sizes(256)) == 35
     assert vllm.capture_sizes(16) == [1, 2, 4, 8, 16]
@@ -157,10 +160,10 @@ def test_cudagraph_only_subtracted_from_021(llama3):
     est, n_pw, n_full = vllm.cudagraph_bytes(llama3, 1, 1, 256, 2048, 2)
     assert (est, n_pw, n_full) == (56_623_104 + 825_753_600, 51, 35)
     common = dict(spec=llama3, tp=1, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
-    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.32", **common).cudagraph.bytes == est
-    logged = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.19", **common).cudagraph
+    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.20.0", **common).cudagraph.bytes == est
+    logged = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.19.1", **common).cudagraph
     assert logged.bytes == 0 and "only logged" in logged.source
-    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.11", **common).cudagraph.bytes == 0
+    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.17.1", **common).cudagraph.bytes == 0
 
 
 def test_user_terms_and_kv_budget_replace_estimates(llama3):
@@ -194,21 +197,53 @@ def test_cpu_backend(llama3):
 
 
 def test_versions_and_default_utilisation():
-    assert vllm.DEFAULT_VERSION == "0.32" and vllm.VERSIONS[-1] == "0.32"
+    assert vllm.DEFAULT_VERSION == "0.29" == vllm.VERSIONS[-1]
     utils = {v: vllm.defaults(v, H100, False).gpu_util for v in vllm.VERSIONS}
-    assert utils == {"0.6": 0.9, "0.10": 0.9, "0.11": 0.9, "0.19": 0.9, "0.21": 0.92, "0.32": 0.92}
+    # CacheConfig.gpu_memory_utilization: Field(default=0.9) through 0.19.x, 0.92 from 0.20.0
+    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.26", "0.28", "0.29"}
     assert vllm.defaults("0.6", H100, False).mode == "V0"
-    assert vllm.defaults("0.21", H100, False).notes  # 0.92 at 0.21 is flagged unverified
-    with pytest.raises(InputError, match="0.99"):
-        vllm.defaults("0.99", H100, False)
+    assert vllm.defaults("0.19.1", H100, False).gpu_util == 0.9 and vllm.defaults("0.20.0", H100, False).gpu_util == 0.92
+    with pytest.raises(InputError, match="older than every modelled"):
+        vllm.defaults("0.5.5", H100, False)
+
+
+@pytest.mark.parametrize(("typed", "release", "covers"), [
+    ("0.19.0", "0.18", "0.18.0 - 0.19.x"),
+    ("0.10.1.1", "0.9", "0.9.0 - 0.11.x"),
+    ("0.15.2rc1.dev93+g11a4c9d30", "0.14", "0.14.0 - 0.16.x"),
+    ("0.29.1rc1.dev17+gd2d649e67", "0.29", "0.29.0 and later"),
+    ("0.10.1.dev101+gbda9d0535", "0.9", "0.9.0 - 0.11.x"),  # a dev build before 0.10.1 is 0.10.x code
+    ("v0.20.0", "0.20", "0.20.0"),
+    ("0.20.1", "0.20.1", "0.20.1 - 0.25.x"),
+])
+def test_any_pep440_version_maps_to_the_release_that_covers_it(typed, release, covers):
+    key, note = vllm.resolve_version(typed)
+    assert key == release and vllm.RANGES[key] == covers
+    assert typed in note and f"release {release} (covers {covers})" in note
+
+
+def test_versions_outside_every_range_are_refused_with_the_ranges():
+    with pytest.raises(InputError, match="older than every modelled") as err:
+        vllm.resolve_version("0.1.dev7548+gbaba038")
+    assert "0.6: 0.6.0 - 0.7.x" in err.value.hint and "0.29: 0.29.0 and later" in err.value.hint
+    with pytest.raises(InputError, match="invalid --engine-version 'next'"):
+        vllm.resolve_version("next")
+    assert "newer than the newest release checked" in vllm.resolve_version("0.40.0")[1]
+    assert sglang.resolve_version("0.4.6.post1")[0] == "0.4" and sglang.resolve_version("0.5.3")[0] == "0.5"
+    assert sglang.resolve_version("0.5.2")[0] == "0.4"  # memory-tier mem_fraction_static arrived in 0.5.3
+    with pytest.raises(InputError, match="older than every modelled sglang"):
+        sglang.resolve_version("0.3.6")
 
 
 def test_plan_selects_version(llama3):
     plan = plan_for_spec(llama3, Options(model="x", gpu="h100", engine_version="0.6", context=8192))
     assert plan.engine.version == "0.6" and plan.budget.requested_rounding == "floor"
     assert plan.engine.max_num_batched_tokens == 8192  # V0: max(max_model_len, 2048)
+    typed = plan_for_spec(llama3, Options(model="x", gpu="h100", engine_version="0.19.0"))
+    assert typed.engine.version == "0.18" and typed.engine.requested_version == "0.19.0"
+    assert "vllm 0.19.0: rules of modelled release 0.18 (covers 0.18.0 - 0.19.x)" in typed.notes
     with pytest.raises(InputError):
-        plan_for_spec(llama3, Options(model="x", gpu="h100", engine_version="7.0"))
+        plan_for_spec(llama3, Options(model="x", gpu="h100", engine_version="0.5"))
 
 
 @pytest.mark.parametrize(("version", "memory", "name", "context", "usage", "expected"), [
@@ -217,8 +252,9 @@ def test_plan_selects_version(llama3):
     ("0.32", 84_987_740_160, "A100-SXM-80GB", "serve", "serve", (2048, 256)),  # >= 70 GiB but an A100
     ("0.32", 84_987_740_160, "A100-SXM-80GB", "serve", "llm", (8192, 256)),
     ("0.32", RTX4090, "RTX-4090-24GB", "serve", "serve", (2048, 256)),
-    ("0.32", 191_514_017_792, "B200-180GB", "serve", "serve", (16384, 1024)),  # >= 160 GiB tier
-    ("0.21", 191_514_017_792, "B200-180GB", "serve", "serve", (8192, 1024)),  # no such tier before 0.32
+    ("0.32", 191_514_017_792, "B200-180GB", "serve", "serve", (16384, 1024)),  # >= 160 GiB tier (from 0.28)
+    ("0.27", 191_514_017_792, "B200-180GB", "serve", "serve", (8192, 1024)),  # no such tier before 0.28
+    ("0.8.5", 84_987_740_160, "A100-SXM-80GB", "serve", "serve", (8192, 1024)),  # 0.8.x: A100s in the 70 GiB tier
 ])
 def test_batch_defaults_by_gpu(version, memory, name, context, usage, expected):
     assert vllm.batch_defaults(version, memory, gpu_name=name, usage_context=usage) == expected
@@ -294,3 +330,33 @@ def test_json_budget_carries_every_term(llama3, engine):
     assert {"weights", "activation", "overhead", "cudagraph"} == set(budget["sources"])
     assert budget["total_bytes"] == H100 and budget["usable_bytes"] == b.usable_bytes
     assert budget["kv_budget_bytes"] == b.usable_bytes - sum(t.bytes for t in b.terms)
+
+
+# --------------------------------------------------------------------------------- the token line per release
+
+
+def test_token_line_of_multi_group_models_per_release():
+    # vLLM 0.11.0 - 0.20.0 print num_blocks // len(kv_cache_groups) x min block size; 0.20.1+ print
+    # int(max_concurrency x max_model_len); 0.8.x printed num_blocks x block_size.
+    # Gemma-3-27B on one H100 at util 0.95 (vLLM 0.19.0): 52 sliding + 10 full layers in groups of 10 ->
+    # 6 + 1 = 7 groups; block = 10 layers x 16 tokens x 2 x 16 KV heads x 128 x 2 B = 1,310,720 B.
+    gemma = build_spec(load_bundled("google/gemma-3-27b-it"))
+    budget = 15_999 * 1_310_720
+    p = plan_for_spec(gemma, Options(model="x", gpu="H100", gpu_util=0.95, engine_version="0.19.0",
+                                     kv_budget_bytes=budget))
+    assert (p.answer.num_blocks, len(p.layout.groups), p.layout.block_bytes) == (15_999, 7, 1_310_720)
+    assert p.answer.kv_tokens == 15_999 // 7 * 16 == 36_560
+    newer = plan_for_spec(gemma, Options(model="x", gpu="H100", gpu_util=0.95, engine_version="0.20.1",
+                                         kv_budget_bytes=budget))
+    assert newer.answer.kv_tokens == int(newer.answer.max_concurrency * newer.max_model_len) != 36_560
+    # gpt-oss-20b at tp 2: 12 sliding + 12 full layers -> 2 groups of 12; 4 KV heads x 64 per rank:
+    # block = 12 x 16 x 2 x 4 x 64 x 2 B = 196,608 B; 323,972 blocks -> 323,972 // 2 x 16 = 2,591,776 tokens.
+    oss = build_spec(load_bundled("openai/gpt-oss-20b"))
+    q = plan_for_spec(oss, Options(model="x", gpu="H100", tp=2, engine_version="0.19.0",
+                                   kv_budget_bytes=323_972 * 196_608))
+    assert (q.answer.num_blocks, len(q.layout.groups)) == (323_972, 2)
+    assert q.answer.kv_tokens == 2_591_776
+    # a single-group model prints num_blocks x block_size in every release that uses the group rule
+    llama = build_spec(load_bundled("meta-llama/Llama-3.1-8B-Instruct"))
+    r = plan_for_spec(llama, Options(model="x", gpu="H100", engine_version="0.13.0", kv_budget_bytes=GiB))
+    assert r.answer.kv_tokens == 512 * 16

@@ -23,14 +23,19 @@ from __future__ import annotations
 import math
 
 from kvplan import memory
-from kvplan.engines import USAGE_CONTEXTS, Budget, EngineDefaults, Term
+from kvplan.engines import USAGE_CONTEXTS, Budget, EngineDefaults, Term, release_ranges, resolve_release
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec
 from kvplan.units import DType, GiB, MiB
 
 ENGINE = "sglang"
-VERSIONS = ("0.4", "0.5")
+# The first release each modelled version covers. 0.5.3 brought ServerArgs._handle_gpu_memory_settings
+# (the memory-tier mem_fraction_static); 0.4.0 - 0.5.2 pick the fraction by world size (read in the
+# released sglang wheels 0.4.0, 0.4.10, 0.5.1, 0.5.2 and 0.5.3).
+FIRSTS: dict[str, tuple[int, ...]] = {"0.4": (0, 4, 0), "0.5": (0, 5, 3)}
+VERSIONS = tuple(FIRSTS)
 DEFAULT_VERSION = "0.5"
+RANGES = release_ranges(FIRSTS)
 PAGE_SIZE = 1  # --page-size default: one token per page
 MAX_RUNNING_REQUESTS_CEILING = 4096
 
@@ -53,10 +58,18 @@ _TIERS_05 = (
 )
 
 
+def resolve_version(text: str | None) -> tuple[str, str]:
+    """``(modelled version, note)`` for any PEP 440 SGLang version (``0.4.6.post1``, ``0.5.3rc0``);
+    ``None`` is the newest modelled one. Versions before 0.4 are refused, with the ranges."""
+    if text is None:
+        return DEFAULT_VERSION, ""
+    return resolve_release(ENGINE, text, FIRSTS)
+
+
 def _check(version: str) -> None:
     if version not in VERSIONS:
         raise InputError(f"unknown --engine-version {version!r} for sglang",
-                         "modelled versions: " + ", ".join(VERSIONS))
+                         "modelled versions: " + ", ".join(f"{k} ({r})" for k, r in RANGES.items()))
 
 
 def _mib(n_bytes: int | None) -> float:
@@ -117,7 +130,7 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
     return EngineDefaults(ENGINE, version, mem_fraction_static(version, gpu_memory_bytes, tp, pp), PAGE_SIZE,
                           chunked_prefill_size(version, gpu_memory_bytes), MAX_RUNNING_REQUESTS_CEILING,
                           mode="sglang", usage_context=usage_context, cudagraph_profiled=False, refusal="pool",
-                          kv_tokens_rule="blocks")
+                          kv_tokens_rule="blocks", release_range=RANGES[version])
 
 
 def cell_size_bytes(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType) -> int:
@@ -153,7 +166,7 @@ def pre_load_bytes(tp: int, pp: int) -> int:
 def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-           version: str = DEFAULT_VERSION, pp: int = 1) -> Budget:
+           version: str = DEFAULT_VERSION, pp: int = 1, platform: str = "cuda") -> Budget:
     """SGLang's pool budget per GPU: ``total x mem_fraction_static - weights - overhead``.
 
     ``overhead`` is the memory in use before loading (0.4: all of it; 0.5: that times the fraction,

