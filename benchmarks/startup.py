@@ -1,18 +1,28 @@
-"""Start-up benchmark: wall time of `kvplan estimate` on a bundled model (median of N runs).
+"""Start-up benchmark: wall time of `kvplan estimate` on a bundled model (median of N runs), and the
+Hub path with a warm HF cache against the bundled path (a paired ratio).
 
     python3 benchmarks/startup.py [--runs 20]
 
 Prints the median, min and max wall time of a fresh `python -m kvplan estimate ...` process, plus
 `python -c pass` as the interpreter's own floor. The target is a median under 0.25 s on the dev
 machine (2 cores, shared): compare medians, never single runs.
+
+Hub path: a local Hub emulator (tests/hub_emulator.py) serves Llama-3.1-8B's bundled config and a
+safetensors header with its parameter count; one `--hub` run fills a private HF cache, then the emulator
+is stopped (so any network attempt would fail) and `kvplan estimate acme/Llama-3.1-8B --hub --json` runs
+from the warm cache, alternating with the bundled `--json` run. Reported: the median of the per-pair
+ratios hub / bundled (target <= 1.3), which cancels the load of the shared machine better than a ratio
+of medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +44,37 @@ def measure(cmd: list[str], runs: int) -> list[float]:
     return times
 
 
+def _timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def hub_warm_cache_ratio(runs: int) -> tuple[float, float, float]:
+    """(median hub s, median bundled s, median of paired hub/bundled ratios) for a warm HF cache."""
+    import yaml
+
+    sys.path.insert(0, str(REPO))
+    from tests.hub_emulator import HubEmulator, VirtualFile
+
+    spec = yaml.safe_load((REPO / "model_specs" / "meta-llama" / "Llama-3.1-8B.yaml").read_text(encoding="utf-8"))
+    files = {"config.json": spec["config"],
+             "model.safetensors": VirtualFile.safetensors({"w": ("BF16", [spec["weights"]["parameters"]])})}
+    bundled = [sys.executable, "-m", "kvplan", "estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--json"]
+    hub_cmd = [sys.executable, "-m", "kvplan", "estimate", "acme/Llama-3.1-8B", "--hub", "--gpu", "H100", "--json"]
+    with tempfile.TemporaryDirectory() as home, HubEmulator() as hub:
+        hub.add_repo("acme/Llama-3.1-8B", files)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+        env.update(HF_HOME=home, HF_ENDPOINT=hub.url, PYTHONPATH=str(REPO))
+        _timed(hub_cmd, env)  # fills the cache: config.json + kvplan's header summary
+        hub.stop()  # from here on a network attempt would fail the run (check=True)
+        for _ in range(2):
+            _timed(bundled, env), _timed(hub_cmd, env)  # warm the file cache
+        pairs = [(_timed(hub_cmd, env), _timed(bundled, env)) for _ in range(runs)]
+    hub_t, bundled_t = [h for h, _ in pairs], [b for _, b in pairs]
+    return statistics.median(hub_t), statistics.median(bundled_t), statistics.median(h / b for h, b in pairs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
@@ -43,6 +84,9 @@ def main() -> None:
         measure(cmd, 2)  # warm the file cache
         t = measure(cmd, args.runs)
         print(f"{name:28} {statistics.median(t):8.3f} {min(t):8.3f} {max(t):8.3f}")
+    hub_s, bundled_s, ratio = hub_warm_cache_ratio(args.runs)
+    print(f"--hub, warm HF cache: {hub_s:.3f} s vs bundled {bundled_s:.3f} s (--json, medians); "
+          f"paired ratio hub/bundled {ratio:.2f} (target <= 1.30)")
 
 
 if __name__ == "__main__":

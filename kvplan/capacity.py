@@ -24,7 +24,7 @@ from kvplan import memory
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.plan import Options, Plan, options_from_values, plan_for_spec
 from kvplan.scenario import CapacityFile, CheckScenario, Where, model_error
-from kvplan.spec import ModelSpec, Overrides, build_spec
+from kvplan.spec import ModelSpec, Overrides
 
 
 @dataclass(frozen=True)
@@ -246,23 +246,20 @@ SpecResolver = Callable[[CheckScenario], tuple[ModelSpec, str]]
 
 
 def spec_resolver(offline: bool = False, token: str | None = None) -> SpecResolver:
-    """Resolve each (model, revision, overrides) once; errors point at the file line of ``model``."""
-    from kvplan.sources import resolve_model
-
-    cache: dict[tuple[Any, ...], tuple[ModelSpec, str]] = {}
+    """Resolve each (model, revision, overrides) once (:func:`kvplan.sources.load_spec` keeps them);
+    errors point at the file line of ``model``."""
+    from kvplan.sources import load_spec
 
     def resolve(check: CheckScenario) -> tuple[ModelSpec, str]:
         v = check.values
-        key = (v["model"], v.get("revision"), bool(v.get("hub")), v.get("layers"), v.get("kv_heads"), v.get("head_dim"))
-        if key not in cache:
-            try:
-                source = resolve_model(str(v["model"]), revision=v.get("revision"), token=token, force_hub=bool(v.get("hub")),
-                                       offline=offline or bool(v.get("offline")))
-                spec = build_spec(source, Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
-            except KvplanError as exc:
-                raise model_error(check.where_of("model"), f"check {check.name!r}: ", v["model"], exc) from None
-            cache[key] = (spec, source.describe())
-        return cache[key]
+        try:
+            spec, source = load_spec(str(v["model"]), revision=v.get("revision"), token=token,
+                                     force_hub=bool(v.get("hub")), offline=offline or bool(v.get("offline")),
+                                     refresh=bool(v.get("refresh")),
+                                     overrides=Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
+        except KvplanError as exc:
+            raise model_error(check.where_of("model"), f"check {check.name!r}: ", v["model"], exc) from None
+        return spec, source.describe()
 
     return resolve
 

@@ -18,7 +18,7 @@ import typer
 
 from kvplan import __version__
 from kvplan.cli_options import (
-    HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RevisionOpt, TokenOpt, with_estimate_options,
+    HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_estimate_options,
 )
 from kvplan.errors import KvplanError
 
@@ -124,16 +124,16 @@ def models_show(
     token: TokenOpt = None,
     hub: HubOpt = False,
     offline: OfflineOpt = False,
+    refresh: RefreshOpt = False,
     kv_dtype: KvDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """One resolved spec: where it came from and what each layer group caches."""
     from kvplan.render.catalogue import model_detail, render_model_detail
-    from kvplan.sources import resolve_model
-    from kvplan.spec import build_spec
+    from kvplan.sources import load_spec
 
-    source = resolve_model(model, revision=revision, token=token, force_hub=hub, offline=offline)
-    detail = model_detail(build_spec(source), source.describe(), kv_dtype)
+    spec, source = load_spec(model, revision=revision, token=token, force_hub=hub, offline=offline, refresh=refresh)
+    detail = model_detail(spec, source.describe(), kv_dtype)
     if json_out:
         from kvplan.render import print_json
 

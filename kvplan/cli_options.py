@@ -49,6 +49,7 @@ RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revi
 TokenOpt = Annotated[Optional[str], typer.Option("--token", help="Hub token for gated models (default: HF_TOKEN or the saved token). Never printed.", rich_help_panel=_H, show_default=False)]
 HubOpt = Annotated[bool, typer.Option("--hub", help="Read the model from the Hub even if a bundled spec exists.", rich_help_panel=_H)]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never touch the network: local paths, bundled specs and the HF cache only.", rich_help_panel=_H)]
+RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ask the Hub for the revision even when the HF cache holds it (default: a cached model is answered from the cache, its commit stated).", rich_help_panel=_H)]
 LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Override the number of layers.", rich_help_panel=_M)]
 KvHeadsOpt = Annotated[Optional[int], typer.Option("--kv-heads", help="Override the number of KV heads.", rich_help_panel=_M)]
 HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="Override the head dimension.", rich_help_panel=_M)]
@@ -86,6 +87,7 @@ def _estimate_signature(
     token: TokenOpt = None,
     hub: HubOpt = False,
     offline: OfflineOpt = False,
+    refresh: RefreshOpt = False,
     layers: LayersOpt = None,
     kv_heads: KvHeadsOpt = None,
     head_dim: HeadDimOpt = None,

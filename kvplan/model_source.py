@@ -34,6 +34,7 @@ class ModelSource:
     """A resolved model: its raw Hub-format config and where it came from.
 
     ``kind`` is ``"local"``, ``"bundled"`` or ``"hub"``; ``location`` the file path or repo URL.
+    ``cached``: for a Hub model answered from the local HF cache, how (``HF cache, commit <sha>``).
     """
 
     model_id: str
@@ -43,12 +44,16 @@ class ModelSource:
     weights: WeightFacts | None = None
     revision: str | None = None
     notes: str = ""
+    cached: str = ""
 
     def describe(self) -> str:
-        """One line for output: ``bundled spec model_specs/meta-llama/Llama-3.1-8B.yaml``."""
+        """One line for output: ``bundled spec model_specs/meta-llama/Llama-3.1-8B.yaml``, or for the Hub
+        ``Hugging Face Hub https://huggingface.co/org/name@<commit>`` plus ``(HF cache, commit ...)`` when
+        the answer came from the local cache (``cached``) without asking the Hub."""
         rev = f"@{self.revision}" if self.revision and self.kind == "hub" else ""
         label = {"local": "local config", "bundled": "bundled spec", "hub": "Hugging Face Hub"}[self.kind]
-        return f"{label} {self.location}{rev}"
+        how = f" ({self.cached}; --refresh asks the Hub)" if self.cached else ""
+        return f"{label} {self.location}{rev}{how}"
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

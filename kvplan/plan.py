@@ -14,7 +14,7 @@ from typing import Any
 from kvplan import memory
 from kvplan.engines import Budget, EngineDefaults, Term
 from kvplan.errors import InputError
-from kvplan.spec import LayerCache, ModelSpec, Overrides, build_spec
+from kvplan.spec import LayerCache, ModelSpec, Overrides
 from kvplan.units import DType, GiB, parse_dtype
 
 ENGINES = ("vllm", "sglang")
@@ -58,6 +58,7 @@ class Options:
     revision: str | None = None
     hub: bool = False
     offline: bool = False
+    refresh: bool = False  # ask the Hub even when the HF cache holds the model
     layers: int | None = None
     kv_heads: int | None = None
     head_dim: int | None = None
@@ -216,11 +217,11 @@ def resolve_gpu(options: Options) -> GpuInfo:
 
 def estimate(options: Options, token: str | None = None) -> Plan:
     """Resolve the model, then :func:`plan_for_spec`. ``token`` is a Hub token (never stored or printed)."""
-    from kvplan.sources import resolve_model
+    from kvplan.sources import load_spec
 
-    source = resolve_model(options.model, revision=options.revision, token=token, force_hub=options.hub,
-                           offline=options.offline)
-    spec = build_spec(source, Overrides(options.layers, options.kv_heads, options.head_dim))
+    spec, source = load_spec(options.model, revision=options.revision, token=token, force_hub=options.hub,
+                             offline=options.offline, refresh=options.refresh,
+                             overrides=Overrides(options.layers, options.kv_heads, options.head_dim))
     return plan_for_spec(spec, options, source.describe())
 
 

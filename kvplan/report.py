@@ -23,7 +23,7 @@ from kvplan import memory
 from kvplan.errors import KvplanError
 from kvplan.plan import Plan, engine_kv_tokens, engine_starts, options_from_values, plan_for_spec
 from kvplan.scenario import ROW_AXES, ScenarioFileError, WhatIfFile, Where, model_error
-from kvplan.spec import ModelSpec, Overrides, build_spec
+from kvplan.spec import ModelSpec, Overrides
 
 SCHEMA_VERSION = 1
 
@@ -228,22 +228,20 @@ class _Planner:
         self.whatif = whatif
         self.offline = offline
         self.token = token
-        self.specs: dict[tuple[Any, ...], tuple[ModelSpec, str]] = {}
         self.pools: dict[tuple[Any, ...], Pool] = {}
 
     def spec(self, v: Mapping[str, Any], where: Where) -> tuple[ModelSpec, str]:
-        key = (v.get("model"), v.get("revision"), bool(v.get("hub")), v.get("layers"), v.get("kv_heads"), v.get("head_dim"))
-        if key not in self.specs:
-            from kvplan.sources import resolve_model
+        """The model's spec, resolved once per process (:func:`kvplan.sources.load_spec`)."""
+        from kvplan.sources import load_spec
 
-            try:
-                source = resolve_model(str(v["model"]), revision=v.get("revision"), token=self.token,
-                                       force_hub=bool(v.get("hub")), offline=self.offline or bool(v.get("offline")))
-                spec = build_spec(source, Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
-            except KvplanError as exc:
-                raise model_error(where, "", v["model"], exc) from None
-            self.specs[key] = (spec, source.describe())
-        return self.specs[key]
+        try:
+            spec, source = load_spec(str(v["model"]), revision=v.get("revision"), token=self.token,
+                                     force_hub=bool(v.get("hub")), offline=self.offline or bool(v.get("offline")),
+                                     refresh=bool(v.get("refresh")),
+                                     overrides=Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
+        except KvplanError as exc:
+            raise model_error(where, "", v["model"], exc) from None
+        return spec, source.describe()
 
     def pool(self, values: Mapping[str, Any], first_row: Mapping[str, Any], where: Where) -> Pool:
         pool_values = {k: v for k, v in values.items() if k not in ROW_AXES}

@@ -219,6 +219,7 @@ OPTION_FIELDS: dict[str, tuple[Any, str]] = {
     "revision": (Revision, "Hub revision (branch, tag or commit)"),
     "hub": (Bool, "read the model from the Hub even if a bundled spec exists"),
     "offline": (Bool, "never touch the network"),
+    "refresh": (Bool, "ask the Hub even when the HF cache holds the model"),
     "layers": (PositiveInt, "override the number of layers"),
     "kv_heads": (PositiveInt, "override the number of KV heads"),
     "head_dim": (PositiveInt, "override the head dimension"),

@@ -6,8 +6,9 @@ Resolution order (DESIGN.md section 2), first match wins:
 2. a bundled spec in ``model_specs/<org>/<name>.yaml``;
 3. the Hub, through :mod:`kvplan.hub` (imported lazily; it owns huggingface_hub).
 
-Everything returns a :class:`ModelSource`: the raw config dict plus weight facts and provenance. Only
-:mod:`kvplan.spec` interprets the config's keys.
+:func:`resolve_model` returns a :class:`ModelSource`: the raw config dict plus weight facts and provenance;
+only :mod:`kvplan.spec` interprets the config's keys. :func:`load_spec` is the one cache of resolved specs:
+estimate, check, report and ``models show`` resolve each (model, revision, overrides) once per process.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import yaml
 from kvplan.errors import ConfigError, ModelNotFoundError
 from kvplan.files import read_text
 from kvplan.model_source import ModelSource, WeightFacts, read_config_file, weights_from_index
+from kvplan.spec import ModelSpec, Overrides, build_spec
 
 
 def specs_dir() -> Path:
@@ -83,7 +85,6 @@ def _positive_int(value: Any, where: str) -> int | None:
     return int(value)
 
 
-@lru_cache(maxsize=None)
 def load_bundled(model_id: str) -> ModelSource:
     """Load one bundled spec by id (case-insensitive; ``Llama-3.1-8B`` alone works when unique)."""
     key = _bundled_key(model_id)
@@ -145,11 +146,13 @@ def resolve_model(
     token: str | None = None,
     force_hub: bool = False,
     offline: bool = False,
+    refresh: bool = False,
 ) -> ModelSource:
     """Resolve ``name`` to a :class:`ModelSource` (local path, then bundled spec, then the Hub).
 
     ``force_hub`` skips bundled specs (``--hub``); ``offline`` never touches the network (cache only).
-    A ``revision`` other than the bundled one goes to the Hub.
+    A ``revision`` other than the bundled one goes to the Hub. A Hub model already in the HF cache is
+    answered from it without a network round trip unless ``refresh`` (``--refresh``) asks the Hub.
     """
     name = str(name).strip()
     if not name:
@@ -163,4 +166,43 @@ def resolve_model(
         raise ModelNotFoundError(f"model {name!r} is not a local path, a bundled spec or a Hub id", _closest_hint(name))
     from kvplan import hub  # lazy: huggingface_hub only when the Hub is used
 
-    return hub.fetch_model(name, revision=revision, token=token, offline=offline)
+    return hub.fetch_model(name, revision=revision, token=token, offline=offline, refresh=refresh)
+
+
+_SPECS: dict[tuple[Any, ...], tuple[ModelSpec, ModelSource]] = {}
+
+
+def load_spec(name: str, *, overrides: Overrides | None = None, token: str | None = None,
+              **where: Any) -> tuple[ModelSpec, ModelSource]:
+    """The :class:`ModelSpec` of ``name`` and the source it came from, resolved once per process.
+
+    ``where``: the keyword arguments of :func:`resolve_model` (``revision``, ``force_hub``, ``offline``,
+    ``refresh``); ``overrides`` are ``--layers/--kv-heads/--head-dim``. A local config is re-read when its
+    file changes (size or modification time); ``refresh`` asks the Hub once per process (a report's rows
+    share that answer). Errors are not cached. The token is not part of the key: it grants access, it does
+    not change content.
+    """
+    overrides = overrides or Overrides()
+    name = str(name).strip()
+    key = (name, tuple(sorted(where.items())), overrides, _local_stamp(name))
+    hit = _SPECS.get(key)
+    if hit is None:
+        source = resolve_model(name, token=token, **where)
+        hit = _SPECS[key] = (build_spec(source, overrides), source)
+    return hit
+
+
+def clear_spec_cache() -> None:
+    """Forget every spec :func:`load_spec` resolved (a notebook that edited a bundled spec, tests)."""
+    _SPECS.clear()
+
+
+def _local_stamp(name: str) -> tuple[int, int] | None:
+    """``(size, mtime_ns)`` of a local config named ``name`` (None when it is not a local path)."""
+    path = Path(name).expanduser()
+    config = path / "config.json" if path.is_dir() else path
+    try:
+        stat = config.stat()
+    except (OSError, ValueError):
+        return None
+    return stat.st_size, stat.st_mtime_ns

@@ -356,7 +356,7 @@ def point_huggingface_hub_at(monkeypatch: Any, endpoint: str, hf_home: str) -> N
     token_path = os.path.join(hf_home, "token")
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
     monkeypatch.setenv("HF_HOME", hf_home)
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH",
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH",
                  "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "HF_OIDC_RESOURCE"):
         monkeypatch.delenv(name, raising=False)
     overrides = {
@@ -365,6 +365,7 @@ def point_huggingface_hub_at(monkeypatch: Any, endpoint: str, hf_home: str) -> N
         "HF_HOME": hf_home,
         "HF_HUB_CACHE": hub_cache,
         "HUGGINGFACE_HUB_CACHE": hub_cache,
+        "HF_ASSETS_CACHE": os.path.join(hf_home, "assets"),
         "HF_TOKEN_PATH": token_path,
         "HF_STORED_TOKENS_PATH": os.path.join(hf_home, "stored_tokens"),
         "HF_HUB_OFFLINE": False,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvplan import hub as kvhub
-from kvplan.errors import HubError, KvplanError, ModelNotFoundError
+from kvplan.errors import ConfigError, HubError, KvplanError, ModelNotFoundError
 from kvplan.sources import resolve_model
 
 try:
@@ -131,17 +131,92 @@ def test_sharded_repo_sums_every_shard(hub: HubEmulator, capfd: pytest.CaptureFi
     assert "2 files" in w.source
 
 
-def test_second_fetch_uses_cache_when_hub_is_gone(hub: HubEmulator) -> None:
+def test_second_fetch_answers_from_the_cache_without_a_request(hub: HubEmulator) -> None:
+    """The Hub fast path: a cached model costs no network round trip, and the answer equals the online one."""
+    commit = hub.add_repo(REPO, _sharded_repo())
+    online = kvhub.fetch_model(REPO)
+    seen = len(hub.requests)
+    cached = kvhub.fetch_model(REPO)
+    assert len(hub.requests) == seen  # not one request
+    assert dict(cached.config) == CONFIG_V1 and cached.revision == commit
+    assert cached.weights is not None and online.weights is not None
+    assert (cached.weights.parameters, cached.weights.total_bytes, dict(cached.weights.params_by_dtype)) == (
+        online.weights.parameters, online.weights.total_bytes, dict(online.weights.params_by_dtype))
+    assert cached.describe() == (f"Hugging Face Hub {hub.url}/{REPO}@{commit} "
+                                 f"(HF cache, commit {commit}; --refresh asks the Hub)")
+    assert online.describe() == f"Hugging Face Hub {hub.url}/{REPO}@{commit}"
+    # --refresh asks the Hub again: a branch that moved is seen.
+    commit2 = hub.add_commit(REPO, {**_sharded_repo(), "config.json": CONFIG_V2}, refs=("main",))
+    assert kvhub.fetch_model(REPO).revision == commit  # the cache still answers
+    refreshed = kvhub.fetch_model(REPO, refresh=True)
+    assert refreshed.revision == commit2 and refreshed.config["num_hidden_layers"] == 6
+    assert len(hub.requests) > seen
+
+
+def test_refresh_uses_cache_when_hub_is_gone(hub: HubEmulator) -> None:
     commit = hub.add_repo(REPO, _sharded_repo())
     kvhub.fetch_model(REPO)
     hub.stop()  # connection refused from now on
-    source = kvhub.fetch_model(REPO)
+    source = kvhub.fetch_model(REPO, refresh=True)
     assert dict(source.config) == CONFIG_V1
     assert source.revision == commit
     assert source.notes == f"used the cached config.json: cannot reach the Hugging Face Hub at {hub.url} (ConnectError)"
-    # The index was cached by get_safetensors_metadata, the shards were never downloaded: total_size.
+    # The shards were never downloaded; kvplan kept the summary of the headers it read online.
     assert source.weights is not None and source.weights.total_bytes == 775_318
-    assert source.weights.parameters is None
+    assert source.weights.parameters == 453_164
+    assert source.weights.source.endswith("(kvplan's summary)")
+
+
+def test_without_the_summary_the_cached_index_gives_total_size(hub: HubEmulator, hf_home: Path) -> None:
+    hub.add_repo(REPO, _sharded_repo())
+    kvhub.fetch_model(REPO)
+    for summary in (hf_home / "assets" / "kvplan").rglob("*.json"):
+        summary.unlink()
+    w = kvhub.fetch_model(REPO, offline=True).weights
+    # The index was cached by get_safetensors_metadata, the shards were never downloaded: total_size.
+    assert w is not None and w.total_bytes == 775_318 and w.parameters is None
+
+
+def test_cache_lookup_agrees_with_huggingface_hub(hub: HubEmulator, hf_home: Path) -> None:
+    """kvplan reads the cache layout itself (no HTTP client import); huggingface_hub must agree."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    c1 = hub.add_repo(REPO, _sharded_repo(), refs=("main", "v1"))
+    kvhub.fetch_model(REPO)
+    c2 = hub.add_commit(REPO, {**_sharded_repo(), "config.json": CONFIG_V2}, refs=("v2",))
+    kvhub.fetch_model(REPO, revision="v2")
+    req = kvhub._Request(REPO, None, None, hub.url, str(constants.HF_HUB_CACHE))
+    for revision in (None, "main", "v1", "v2", c1, c2, "no-such-ref", "0" * 40):
+        for filename in ("config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"):
+            theirs = try_to_load_from_cache(REPO, filename, cache_dir=req.cache_dir, revision=revision)
+            ours = kvhub.cached_file(req, filename, revision)
+            assert (str(ours) if ours else None) == (theirs if isinstance(theirs, str) else None), (revision, filename)
+
+
+@pytest.mark.parametrize("body", [b'{"model_type": "llama\xff"}', b"\x00\x01binary", b"[" * 3000 + b"]" * 3000])
+def test_a_config_that_does_not_parse_is_not_kept_in_the_cache(hub: HubEmulator, body: bytes) -> None:
+    """Before: the bad file stayed cached, so every later --offline run failed on it (and with a traceback)."""
+    commit = hub.add_repo(REPO, {"config.json": body})
+    with pytest.raises(ConfigError) as info:
+        kvhub.fetch_model(REPO)
+    line = info.value.one_line()
+    assert line.startswith(f"{hub.url}/{REPO}/config.json@{commit}: ") and "removed it from the HF cache" in line
+    with pytest.raises(HubError, match="is not in the Hugging Face cache"):
+        kvhub.fetch_model(REPO, offline=True)
+    fixed = hub.add_commit(REPO, {"config.json": CONFIG_V1}, refs=("main",))
+    assert kvhub.fetch_model(REPO).revision == fixed  # the next online run asks the Hub again
+
+
+def test_cli_hub_config_not_utf8_is_one_line_exit_2(hub: HubEmulator) -> None:
+    from typer.testing import CliRunner
+
+    from kvplan.cli import app
+
+    hub.add_repo(REPO, {"config.json": b'{"model_type": "llama\xff", "num_hidden_layers": 2}'})
+    r = CliRunner().invoke(app, ["estimate", REPO, "--json"])
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit))
+    err = r.stderr.strip()
+    assert err.startswith("kvplan: error: ") and "\n" not in err and "not valid UTF-8 (byte 0xff at offset 21)" in err
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
@@ -156,9 +231,20 @@ def test_offline_after_caching(hub: HubEmulator, monkeypatch: pytest.MonkeyPatch
     assert dict(source.config) == CONFIG_V1
     assert source.revision == commit
     by = "--offline" if how == "flag" else "HF_HUB_OFFLINE"
-    # Single-file repo with the weights not downloaded: nothing cached to read them from.
+    assert source.notes == f"config.json from the HF cache ({by}: no network)"
+    # Single-file repo, weights never downloaded: the header summary kvplan kept online answers.
+    assert source.weights is not None and source.weights.parameters == 321_792
+    assert source.weights.total_bytes == 644_096 and source.weights.source.endswith("(kvplan's summary)")
+
+
+def test_offline_without_any_cached_weight_facts(hub: HubEmulator, hf_home: Path) -> None:
+    hub.add_repo(REPO, _single_file_repo())
+    kvhub.fetch_model(REPO)
+    for summary in (hf_home / "assets" / "kvplan").rglob("*.json"):
+        summary.unlink()
+    source = kvhub.fetch_model(REPO, offline=True)
     assert source.weights is None
-    assert source.notes == (f"offline ({by}): config.json from the cache; "
+    assert source.notes == ("config.json from the HF cache (--offline: no network); "
                             "weight size unknown (no safetensors header or index cached)")
 
 
@@ -330,7 +416,7 @@ def test_server_error_falls_back_to_cache(hub: HubEmulator) -> None:
     hub.add_repo(REPO, _single_file_repo())
     kvhub.fetch_model(REPO)
     hub.mode = "error500"
-    source = kvhub.fetch_model(REPO)
+    source = kvhub.fetch_model(REPO, refresh=True)
     assert source.config["hidden_size"] == 256
     assert source.notes == f"used the cached config.json: the Hub at {hub.url} answered HTTP 500 (server error) for {REPO}"
 
