@@ -12,12 +12,11 @@ from enum import Enum
 from typing import Any
 
 from kvplan import memory
-from kvplan.engines import Budget, EngineDefaults, Term
+from kvplan.engines import Budget, Engine, EngineDefaults, Launch, Term
+from kvplan.engines.registry import NAMES as ENGINES, engine as engine_rules
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec, Overrides
 from kvplan.units import DType, GiB, parse_dtype
-
-ENGINES = ("vllm", "sglang")
 
 
 @dataclass(frozen=True)
@@ -181,6 +180,20 @@ class Plan:
         return self.demand.layout
 
     @property
+    def rules(self) -> Engine:
+        """The engine's rules (``kvplan.engines.vllm`` or ``kvplan.engines.sglang``), for this plan's ``engine``."""
+        return engine_rules(self.engine.engine)
+
+    @property
+    def launch(self) -> Launch:
+        """What the engine's start-up log and command line need (``rules.report`` / ``rules.serve_command``)."""
+        o, a = self.options, self.answer
+        return Launch(self.spec.model_id, self.max_model_len, self.budget.gpu_util, o.tp, o.pp, self.model_dtype,
+                      self.kv_dtype, self.engine.max_num_seqs, a.max_requests, a.kv_tokens, a.capacity_tokens,
+                      a.max_concurrency, self.engine.kv_tokens_rule, self.layout.block_size if o.block_size else None,
+                      o.kv_budget_bytes)
+
+    @property
     def inflight_tokens(self) -> int:
         """Tokens scheduled but not yet computed, which windowed groups also hold (``demand.inflight_tokens``)."""
         return self.demand.inflight_tokens
@@ -225,16 +238,6 @@ def estimate(options: Options, token: str | None = None) -> Plan:
     return plan_for_spec(spec, options, source.describe())
 
 
-def _engine_module(name: str):  # noqa: ANN202 - returns a module
-    if name == "vllm":
-        from kvplan.engines import vllm
-
-        return vllm
-    from kvplan.engines import sglang  # type: ignore[attr-defined]
-
-    return sglang
-
-
 @dataclass(frozen=True)
 class _Pool:
     """The per-GPU pool of one scenario: everything that does not depend on context, batch or max_model_len
@@ -253,10 +256,10 @@ class _Pool:
     blocks: int
 
 
-def _engine_defaults(engine_mod: Any, options: Options, gpu: GpuInfo) -> EngineDefaults:
+def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo) -> EngineDefaults:
     """The engine's defaults for this GPU, with the user's utilisation / block size / batching limits."""
-    version, version_note = engine_mod.resolve_version(options.engine_version)
-    engine = engine_mod.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
+    version, version_note = rules.resolve_version(options.engine_version)
+    engine = rules.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
                                  max_model_len=options.max_model_len or options.context,
                                  usage_context=options.usage_context, tp=options.tp, pp=options.pp)
     if version_note:
@@ -275,8 +278,8 @@ def _engine_defaults(engine_mod: Any, options: Options, gpu: GpuInfo) -> EngineD
 def _pool(spec: ModelSpec, options: Options) -> _Pool:
     """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
     gpu = resolve_gpu(options)
-    engine_mod = _engine_module(options.engine)
-    engine = _engine_defaults(engine_mod, options, gpu)
+    rules = engine_rules(options.engine)
+    engine = _engine_defaults(rules, options, gpu)
     model_dtype = parse_dtype(options.dtype, "--dtype") if options.dtype else parse_dtype(spec.dtype)
     kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
     weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
@@ -286,10 +289,10 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
         ssm = parse_dtype(options.ssm_dtype, "--ssm-dtype").name
         layers = tuple(replace(layer, ssm_dtype=ssm) if layer.is_state else layer for layer in layers)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
-    prefix_caching = engine_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
+    prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
     if prefix_caching != options.prefix_caching:
         options = replace(options, prefix_caching=prefix_caching)
-    demand = memory.Demand(layout, inflight_tokens(engine, options.pp, gpu.is_cpu), prefix_caching)
+    demand = memory.Demand(layout, rules.inflight_tokens(engine, options.pp, gpu.is_cpu), prefix_caching)
 
     weights_total, weights_source = _weights(spec, options, weights_dtype, model_dtype)
     n_gpus = options.tp * options.pp
@@ -299,7 +302,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     def given(name: str, value: int | None) -> Term | None:
         return None if value is None else Term(name, value, "--" + name.replace("_", "-") + "-gib")
 
-    budget: Budget = engine_mod.budget(
+    budget: Budget = rules.budget(
         gpu.memory_bytes, engine.gpu_util, weights_term,
         given("activation", options.activation_bytes), given("overhead", options.overhead_bytes),
         given("cudagraph", options.cudagraph_bytes), options.kv_budget_bytes,
@@ -402,54 +405,15 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
                      "pass --weights-gib SIZE")
 
 
-def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
-    """Tokens a request may have scheduled but not yet computed, which windowed layers must also hold:
-    ``max_num_batched_tokens`` x the batches in flight (pp stages; ``engine.concurrent_batches``: 2 with
-    vLLM >= 0.26's async scheduling on GPUs; 1 on CPU and in older releases)."""
-    if pp > 1:
-        return engine.max_num_batched_tokens * pp
-    return engine.max_num_batched_tokens * (1 if is_cpu else engine.concurrent_batches)
-
-
-def engine_prefix_caching(engine: EngineDefaults) -> bool:
-    """The engine's default ``enable_prefix_caching``: on in vLLM V1 and SGLang (radix cache), off in V0."""
-    return engine.mode != "V0"
-
-
-def engine_starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
-    """The engine's start-up check for one request of ``per_request_blocks`` blocks (see
-    :func:`start_blocks`); SGLang never refuses."""
-    if engine.refusal == "pool":
-        return True
-    return start_blocks(engine, blocks) >= per_request_blocks
-
-
-def engine_kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
-                     max_model_len: int) -> int:
-    """The token capacity the engine prints (``engine.kv_tokens_rule``): ``num_blocks x block_size``
-    (vLLM V0 / 0.8, SGLang), ``num_blocks // num_groups x block_size`` (vLLM 0.9 - 0.20.0) or
-    ``int(max_concurrency x max_model_len)`` (vLLM 0.20.1 and later)."""
-    if engine.kv_tokens_rule == "blocks":
-        return blocks * layout.block_size
-    if engine.kv_tokens_rule == "groups":
-        smallest = min((g.block_size or layout.block_size for g in layout.groups), default=layout.block_size)
-        return memory.grouped_kv_tokens(blocks, len(layout.groups), smallest)
-    return memory.kv_cache_tokens(blocks, per_request_blocks, max_model_len)
-
-
-def start_blocks(engine: EngineDefaults, blocks: int) -> int:
-    """Blocks the engine's start-up check lets one request use: all but the null block from vLLM 0.29
-    (``refusal == "null_block"``), all of them before (and in SGLang, which caps instead of refusing)."""
-    return blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
-
-
 def longest_startable_len(blocks: int, demand: memory.Demand, engine: EngineDefaults, limit: int) -> int:
-    """The longest max_model_len (at most ``limit``) whose one request passes the engine's start-up check.
+    """The longest max_model_len (at most ``limit``) whose one request passes the engine's start-up check
+    (it may use the engine's ``start_blocks``).
 
     Block-aligned when the pool is what limits it (the demand steps at block boundaries); ``limit``
     itself when one request at ``limit`` fits.
     """
-    return memory.max_context(start_blocks(engine, blocks), demand, 1, limit_tokens=limit, null_blocks=0)
+    usable = engine_rules(engine.engine).start_blocks(engine, blocks)
+    return memory.max_context(usable, demand, 1, limit_tokens=limit, null_blocks=0)
 
 
 def _auto_max_model_len(blocks: int, demand: memory.Demand, engine: EngineDefaults,
@@ -471,6 +435,7 @@ def _answer(pool: _Pool, spec: ModelSpec, max_model_len: int) -> Answer:
     at batch 1 never exceeds what the engine starts with.
     """
     options, demand, blocks, engine = pool.options, pool.demand, pool.blocks, pool.engine
+    rules = engine_rules(engine.engine)
     per_req_len = demand.blocks(max_model_len)
     per_req_ctx = demand.blocks(options.context)
     need = options.batch * per_req_ctx
@@ -481,7 +446,7 @@ def _answer(pool: _Pool, spec: ModelSpec, max_model_len: int) -> Answer:
     fix = None if fits else _fix(blocks, demand.layout, options, per_req_ctx, max_ctx)
     return Answer(
         num_blocks=blocks,
-        kv_tokens=engine_kv_tokens(engine, blocks, demand.layout, per_req_len, max_model_len),
+        kv_tokens=rules.kv_tokens(engine, blocks, demand.layout, per_req_len, max_model_len),
         capacity_tokens=blocks * demand.layout.block_size,
         context=options.context,
         blocks_per_request=per_req_ctx,
@@ -491,7 +456,7 @@ def _answer(pool: _Pool, spec: ModelSpec, max_model_len: int) -> Answer:
         max_context_at_batch=max_ctx,
         fits=fits,
         fits_margin_blocks=usable - need,
-        engine_starts=engine_starts(engine, blocks, per_req_len),
+        engine_starts=rules.starts(engine, blocks, per_req_len),
         longest_startable_len=longest_startable_len(blocks, demand, engine, max(limit, max_model_len)),
         fix=fix,
     )

@@ -8,9 +8,9 @@ Structure of a sweep (so that 100,000 rows take well under two seconds):
   that gives the budget, the pool layout and ``num_blocks``, which do not depend on the per-request axes;
 - each (context, batch, max_model_len) row then uses only the pool's :class:`kvplan.memory.Demand`
   (``blocks``, ``bytes``) and the cheap functions of :mod:`kvplan.memory` (``max_requests``,
-  ``kv_cache_tokens``, ``vllm_max_concurrency``, ``max_context``, ``decode_roofline``) and the engine rules of :mod:`kvplan.plan` (``engine_starts``,
-  ``engine_kv_tokens``), memoised per pool, combined exactly as ``plan_for_spec`` combines them (a test
-  compares rows with full plans).
+  ``kv_cache_tokens``, ``vllm_max_concurrency``, ``max_context``, ``decode_roofline``) and the engine's
+  rules (``plan.rules.starts``, ``plan.rules.kv_tokens``), memoised per pool, combined exactly as
+  ``plan_for_spec`` combines them (a test compares rows with full plans).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from kvplan import memory
 from kvplan.errors import KvplanError
-from kvplan.plan import Plan, engine_kv_tokens, engine_starts, options_from_values, plan_for_spec
+from kvplan.plan import Plan, options_from_values, plan_for_spec
 from kvplan.scenario import ROW_AXES, ScenarioFileError, WhatIfFile, Where, model_error
 from kvplan.spec import ModelSpec, Overrides
 
@@ -104,8 +104,8 @@ class Pool:
         ok = self._starts.get(max_model_len)
         if ok is None:
             p = self.plan
-            ok = self._starts[max_model_len] = engine_starts(p.engine, p.answer.num_blocks,
-                                                             self.blocks_per_request(max_model_len))
+            ok = self._starts[max_model_len] = p.rules.starts(p.engine, p.answer.num_blocks,
+                                                              self.blocks_per_request(max_model_len))
         return ok
 
     def decode_tokens_per_s(self, context: int, batch: int) -> float | None:
@@ -174,7 +174,7 @@ def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, na
     n = memory.max_requests(blocks, per_req_ctx)
     fits = max(0, blocks - memory.NULL_BLOCKS) >= batch * per_req_ctx
     return Row(name, pool, context, batch, mml,
-               engine_kv_tokens(pool.plan.engine, blocks, pool.plan.layout, per_req_len, mml),
+               pool.plan.rules.kv_tokens(pool.plan.engine, blocks, pool.plan.layout, per_req_len, mml),
                n,
                memory.vllm_max_concurrency(blocks, per_req_len),
                pool.max_context(batch, context),

@@ -175,7 +175,7 @@ def _gpu(value: Any) -> str:
 
 
 def _engine(value: Any) -> str:
-    from kvplan.plan import ENGINES
+    from kvplan.engines.registry import NAMES as ENGINES
 
     if value not in ENGINES:
         raise ValueError

@@ -1,15 +1,15 @@
-"""Budget models of serving engines: how much of a GPU's memory an engine gives the KV cache.
+"""Serving engines: how much of a GPU's memory an engine gives the KV cache, and its other rules.
 
 An engine model turns (spec, GPU, options) into a :class:`Budget` whose every term is shown and can
-be overridden, plus the engine's defaults (utilisation, block size, batching limits).
+be overridden, plus the engine's defaults (utilisation, block size, batching limits), plus the rules
+that decide what a request holds and whether the engine starts.
 
 Two engines are modelled: :mod:`kvplan.engines.vllm` (the default; several releases, selectable by
-``--engine-version``) and :mod:`kvplan.engines.sglang`. Both expose ``ENGINE``, ``VERSIONS``,
-``DEFAULT_VERSION``, ``defaults(version, gpu_memory_bytes, is_cpu, **context)`` and
-``budget(total_bytes, gpu_util, weights, activation, overhead, cudagraph, kv_budget_override, **context)``
-and ``resolve_version(text)``: any PEP 440 version string (``0.19.0``, ``0.15.2rc1.dev93+g11a4c9d30``)
-maps to the modelled release whose range covers it (:func:`resolve_release`).
-The derivations and their sources are in docs/engines.md.
+``--engine-version``) and :mod:`kvplan.engines.sglang`. Each module is an :class:`Engine` (the
+interface below); :func:`kvplan.engines.registry.engine` finds one by name. Nothing outside this
+package asks which engine it is: it asks the engine. Any PEP 440 version string (``0.19.0``,
+``0.15.2rc1.dev93+g11a4c9d30``) maps to the modelled release whose range covers it
+(:func:`resolve_release`). The derivations and their sources are in docs/engines.md.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvplan.errors import InputError
+from kvplan.memory import PoolLayout
 from kvplan.spec import ModelSpec
 
 
@@ -98,6 +100,82 @@ class EngineDefaults:
 
 
 USAGE_CONTEXTS = ("serve", "llm")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What an engine's start-up log and command line need from a plan (tokens, requests, bytes).
+
+    ``block_size`` and ``kv_budget_bytes`` are set only when the user chose them (they become flags).
+    """
+
+    model_id: str
+    max_model_len: int
+    gpu_util: float
+    tp: int
+    pp: int
+    model_dtype: str
+    kv_dtype: str
+    max_num_seqs: int
+    max_requests: int
+    kv_tokens: int
+    capacity_tokens: int
+    max_concurrency: float
+    kv_tokens_rule: str = "concurrency"
+    block_size: int | None = None
+    kv_budget_bytes: int | None = None
+
+
+class Engine(Protocol):
+    """What every engine module provides (``kvplan.engines.vllm``, ``kvplan.engines.sglang``).
+
+    Versions, budget and defaults: ``ENGINE`` (its name), ``VERSIONS``, ``DEFAULT_VERSION``,
+    :meth:`resolve_version`, :meth:`defaults`, :meth:`budget`. Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`,
+    :meth:`default_prefix_caching`, :meth:`start_blocks` / :meth:`starts` (the start-up check),
+    :meth:`kv_tokens` (the token figure it logs). What it prints and how it is launched:
+    :meth:`report`, :meth:`serve_command`. A new engine is a module with these names plus one line in
+    :mod:`kvplan.engines.registry`.
+    """
+
+    ENGINE: str
+    VERSIONS: tuple[str, ...]
+    DEFAULT_VERSION: str
+
+    def resolve_version(self, text: str | None) -> tuple[str, str]:
+        """``(modelled version, note)`` for any PEP 440 version (``None``: the newest modelled one)."""
+
+    def defaults(self, version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
+                 max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
+                 pp: int = 1) -> EngineDefaults:
+        """The engine's defaults for ``version`` on this GPU (utilisation, block size, batching limits)."""
+
+    def budget(self, total_bytes: int, gpu_util: float, weights: Term, activation: Term | None,
+               overhead: Term | None, cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec,
+               tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
+               version: str, pp: int = 1, platform: str = "cuda") -> Budget:
+        """The per-GPU budget; a term given by the caller replaces the engine's estimate."""
+
+    def inflight_tokens(self, engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
+        """Tokens a request may have scheduled but not yet computed, which windowed layers also hold."""
+
+    def default_prefix_caching(self, engine: EngineDefaults) -> bool:
+        """Whether the engine runs with prefix caching when the user does not say."""
+
+    def start_blocks(self, engine: EngineDefaults, blocks: int) -> int:
+        """Blocks the start-up check lets one request of max_model_len use."""
+
+    def starts(self, engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
+        """Whether the engine starts when one request of max_model_len holds ``per_request_blocks``."""
+
+    def kv_tokens(self, engine: EngineDefaults, blocks: int, layout: PoolLayout, per_request_blocks: int,
+                  max_model_len: int) -> int:
+        """The token capacity the engine logs at start-up."""
+
+    def report(self, launch: Launch) -> tuple[str, ...]:
+        """What the engine will log about its KV cache (first line: the log itself; then explanations)."""
+
+    def serve_command(self, launch: Launch) -> str:
+        """The command line that launches the engine as planned."""
 
 
 # ---------------------------------------------------------------------------------------------

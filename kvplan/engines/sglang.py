@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from kvplan import memory
-from kvplan.engines import USAGE_CONTEXTS, Budget, EngineDefaults, Term, release_ranges, resolve_release
+from kvplan.engines import USAGE_CONTEXTS, Budget, EngineDefaults, Launch, Term, release_ranges, resolve_release
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec
 from kvplan.units import DType, GiB, MiB
@@ -197,3 +197,51 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         kv = usable - weights.bytes - activation.bytes - overhead.bytes - cudagraph.bytes
         source = "total x mem_fraction_static - weights - overhead"
     return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source, "floor")
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine's rules (kvplan.engines.Engine)
+
+
+def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
+    """Tokens scheduled but not yet computed: one ``chunked_prefill_size`` per pipeline stage in flight."""
+    return engine.max_num_batched_tokens * max(1, pp)
+
+
+def default_prefix_caching(engine: EngineDefaults) -> bool:
+    """SGLang's radix cache is on unless ``--disable-radix-cache``."""
+    return True
+
+
+def start_blocks(engine: EngineDefaults, blocks: int) -> int:
+    """SGLang keeps no null page: the whole pool (of one-token pages) is there for one request."""
+    return blocks
+
+
+def starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
+    """SGLang never refuses to start: it caps a request's length at the pool instead."""
+    return True
+
+
+def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
+              max_model_len: int) -> int:
+    """``max_total_num_tokens``: the pool's token slots (``blocks x page size``)."""
+    return blocks * layout.block_size
+
+
+def report(launch: Launch) -> tuple[str, ...]:
+    """SGLang's start-up line: ``max_total_num_tokens`` and the ``max_running_requests`` it derives."""
+    running = max_running_requests(launch.kv_tokens, launch.max_model_len)
+    return (f"max_total_num_tokens={launch.kv_tokens:,}, max_running_requests={running:,} "
+            f"(context_len {launch.max_model_len:,}; mem_fraction_static {launch.gpu_util:g})",)
+
+
+def serve_command(launch: Launch) -> str:
+    """The ``python -m sglang.launch_server`` command line that realises the plan."""
+    flags = [f"python -m sglang.launch_server --model-path {launch.model_id}",
+             f"--context-length {launch.max_model_len}", f"--mem-fraction-static {launch.gpu_util:g}"]
+    if launch.tp > 1:
+        flags.append(f"--tp {launch.tp}")
+    if launch.kv_dtype != launch.model_dtype:
+        flags.append(f"--kv-cache-dtype {launch.kv_dtype}")
+    return " ".join(flags)

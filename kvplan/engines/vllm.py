@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvplan.engines import (USAGE_CONTEXTS, Budget, EngineDefaults, Term, forward_bytes_per_token, padded_vocab,
-                            release_ranges, resolve_release, sampler_bytes)
+from kvplan import memory
+from kvplan.engines import (USAGE_CONTEXTS, Budget, EngineDefaults, Launch, Term, forward_bytes_per_token,
+                            padded_vocab, release_ranges, resolve_release, sampler_bytes)
 from kvplan.errors import InputError
 from kvplan.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, MiB
@@ -338,3 +339,74 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         source = "usable - weights - activation - overhead - cudagraph"
     return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                   p.rounding, forward, sampler, tuple(notes))
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine's rules (kvplan.engines.Engine)
+
+
+def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
+    """Tokens a request may have scheduled but not yet computed, which windowed layers must also hold:
+    ``max_num_batched_tokens`` x the batches in flight (``pp`` stages; ``engine.concurrent_batches``: 2
+    with >= 0.26's async scheduling on GPUs; 1 on CPU and in older releases)."""
+    if pp > 1:
+        return engine.max_num_batched_tokens * pp
+    return engine.max_num_batched_tokens * (1 if is_cpu else engine.concurrent_batches)
+
+
+def default_prefix_caching(engine: EngineDefaults) -> bool:
+    """``enable_prefix_caching``'s default: on in the V1 engine, off in V0."""
+    return engine.mode != "V0"
+
+
+def start_blocks(engine: EngineDefaults, blocks: int) -> int:
+    """Blocks the start-up check lets one request use: all but the null block from 0.29
+    (``refusal == "null_block"``); all of them before (V0 compares tokens, V1 <= 0.28 bytes)."""
+    return blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
+
+
+def starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
+    """vLLM starts only if one request of max_model_len fits in :func:`start_blocks`."""
+    return start_blocks(engine, blocks) >= per_request_blocks
+
+
+def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
+              max_model_len: int) -> int:
+    """The "GPU KV cache size: N tokens" vLLM logs (``engine.kv_tokens_rule``): ``num_blocks x block_size``
+    (V0 / 0.8), ``num_blocks // num_groups x block_size`` (0.9 - 0.20.0) or
+    ``int(max_concurrency x max_model_len)`` (0.20.1 and later)."""
+    if engine.kv_tokens_rule == "blocks":
+        return blocks * layout.block_size
+    if engine.kv_tokens_rule == "groups":
+        smallest = min((g.block_size or layout.block_size for g in layout.groups), default=layout.block_size)
+        return memory.grouped_kv_tokens(blocks, len(layout.groups), smallest)
+    return memory.kv_cache_tokens(blocks, per_request_blocks, max_model_len)
+
+
+def report(launch: Launch) -> tuple[str, ...]:
+    """vLLM's start-up lines about the KV cache, and what its token figure means when it is not the slots."""
+    lines = [f"GPU KV cache size: {launch.kv_tokens:,} tokens; Maximum concurrency for {launch.max_model_len:,} "
+             f"tokens per request: {launch.max_concurrency:.2f}x"]
+    if launch.kv_tokens != launch.capacity_tokens:
+        what = ("num_blocks // KV-cache groups x block size" if launch.kv_tokens_rule == "groups" else
+                f"max concurrency x max_model_len: the tokens whole {launch.max_model_len:,}-token requests hold")
+        lines.append(f"(its KV cache size is {what}, not the {launch.capacity_tokens:,} token slots)")
+    return tuple(lines)
+
+
+def serve_command(launch: Launch) -> str:
+    """The ``vllm serve`` command line that realises the plan."""
+    flags = [f"vllm serve {launch.model_id}", f"--max-model-len {launch.max_model_len}",
+             f"--gpu-memory-utilization {launch.gpu_util:g}",
+             f"--max-num-seqs {min(launch.max_num_seqs, max(1, launch.max_requests))}"]
+    if launch.kv_dtype != launch.model_dtype:
+        flags.append(f"--kv-cache-dtype {'fp8' if launch.kv_dtype.startswith('fp8') else launch.kv_dtype}")
+    if launch.tp > 1:
+        flags.append(f"--tensor-parallel-size {launch.tp}")
+    if launch.pp > 1:
+        flags.append(f"--pipeline-parallel-size {launch.pp}")
+    if launch.block_size:
+        flags.append(f"--block-size {launch.block_size}")
+    if launch.kv_budget_bytes is not None:
+        flags.append(f"--kv-cache-memory {launch.kv_budget_bytes}")
+    return " ".join(flags)

@@ -106,21 +106,12 @@ def render_plan(plan: "Plan") -> Group:
 
     # engine -----------------------------------------------------------------------------------
     eng = Text()
-    if plan.engine.engine == "sglang":
-        from kvplan.engines import sglang
-
-        running = sglang.max_running_requests(a.kv_tokens, plan.max_model_len)
+    if a.engine_starts:
+        first, *explained = plan.rules.report(plan.launch)
         eng.append(f"{plan.engine.label} will report: ", style="bold")
-        eng.append(f"max_total_num_tokens={a.kv_tokens:,}, max_running_requests={running:,} "
-                   f"(context_len {plan.max_model_len:,}; mem_fraction_static {b.gpu_util:g})\n")
-    elif a.engine_starts:
-        eng.append(f"{plan.engine.label} will report: ", style="bold")
-        eng.append(f"GPU KV cache size: {a.kv_tokens:,} tokens; Maximum concurrency for {plan.max_model_len:,} "
-                   f"tokens per request: {a.max_concurrency:.2f}x\n")
-        if a.kv_tokens != a.capacity_tokens:
-            eng.append(f"  (its KV cache size is max concurrency x max_model_len: the tokens whole "
-                       f"{plan.max_model_len:,}-token requests hold, not the {a.capacity_tokens:,} token slots)\n",
-                       style="grey62")
+        eng.append(first + "\n")
+        for line in explained:
+            eng.append(f"  {line}\n", style="grey62")
     else:
         need = plan.demand.bytes(plan.max_model_len)
         eng.append(f"{plan.engine.engine} will refuse to start: ", style="bold red")
@@ -128,7 +119,7 @@ def render_plan(plan: "Plan") -> Group:
                    f"{max(0, b.kv_budget_bytes) / GiB:.2f} GiB available; the longest max_model_len that fits is "
                    f"{a.longest_startable_len:,}\n")
     eng.append("serve: ", style="bold")
-    eng.append(serve_command(plan))
+    eng.append(plan.rules.serve_command(plan.launch))
     parts.append(Panel(eng, title="engine", title_align="left"))
 
     # paging / prefix / roofline ----------------------------------------------------------------
@@ -157,31 +148,3 @@ def render_plan(plan: "Plan") -> Group:
     if plan.notes:
         parts.append(Text("\n".join(f"note: {n}" for n in plan.notes), style="yellow"))
     return Group(*parts)
-
-
-def serve_command(plan: "Plan") -> str:
-    """The ``vllm serve`` command line that realises the plan."""
-    o, a = plan.options, plan.answer
-    if plan.engine.engine == "sglang":
-        flags = [f"python -m sglang.launch_server --model-path {plan.spec.model_id}",
-                 f"--context-length {plan.max_model_len}", f"--mem-fraction-static {plan.budget.gpu_util:g}"]
-        if o.tp > 1:
-            flags.append(f"--tp {o.tp}")
-        if plan.kv_dtype != plan.model_dtype:
-            flags.append(f"--kv-cache-dtype {'fp8_e4m3' if plan.kv_dtype == 'fp8_e4m3' else plan.kv_dtype}")
-        return " ".join(flags)
-    flags = [f"vllm serve {plan.spec.model_id}", f"--max-model-len {plan.max_model_len}",
-             f"--gpu-memory-utilization {plan.budget.gpu_util:g}"]
-    seqs = min(plan.engine.max_num_seqs, max(1, a.max_requests))
-    flags.append(f"--max-num-seqs {seqs}")
-    if plan.kv_dtype != plan.model_dtype:
-        flags.append(f"--kv-cache-dtype {'fp8' if plan.kv_dtype.startswith('fp8') else plan.kv_dtype}")
-    if o.tp > 1:
-        flags.append(f"--tensor-parallel-size {o.tp}")
-    if o.pp > 1:
-        flags.append(f"--pipeline-parallel-size {o.pp}")
-    if o.block_size:
-        flags.append(f"--block-size {plan.layout.block_size}")
-    if o.kv_budget_bytes is not None:
-        flags.append(f"--kv-cache-memory {o.kv_budget_bytes}")
-    return " ".join(flags)

@@ -1,0 +1,46 @@
+"""The code has one place for each rule (issue 11): engine rules behind the Engine interface."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+from kvplan.engines import Engine
+from kvplan.engines.registry import NAMES, engine
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kvplan"
+
+
+def _sources(exclude: str | None = None) -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE.parent)): p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")
+            if exclude is None or exclude not in p.parts}
+
+
+def test_every_engine_module_is_an_engine() -> None:
+    members = set(Engine.__annotations__) | {name for name, value in vars(Engine).items()
+                                             if inspect.isfunction(value) and not name.startswith("_")}
+    assert {"ENGINE", "defaults", "budget", "inflight_tokens", "starts", "kv_tokens", "serve_command"} <= members
+    for name in NAMES:
+        module = engine(name)
+        assert module.ENGINE == name
+        missing = sorted(m for m in members if not hasattr(module, m))
+        assert missing == [], f"kvplan.engines.{name} lacks {missing}"
+        for m in members:
+            if inspect.isfunction(getattr(Engine, m, None)):
+                protocol = list(inspect.signature(getattr(Engine, m)).parameters)[1:]  # without self
+                assert list(inspect.signature(getattr(module, m)).parameters) == protocol, (name, m)
+
+
+def test_no_engine_branches_outside_the_engines_package() -> None:
+    """``if engine == "sglang"`` lives in kvplan/engines/ only: everything else asks the engine's rules."""
+    branch = re.compile(r"""[=!]=\s*["'](vllm|sglang)["']|["'](vllm|sglang)["']\s*[=!]=""")
+    offenders = [f"{path}:{n}" for path, text in _sources(exclude="engines").items()
+                 for n, line in enumerate(text.splitlines(), 1) if branch.search(line)]
+    assert offenders == []
+
+
+def test_no_engine_version_literals_in_plan() -> None:
+    """Which release does what is the engines' business (their profiles), not plan.py's."""
+    text = (PACKAGE / "plan.py").read_text(encoding="utf-8")
+    assert re.findall(r"""["']\d+\.\d+["']""", text) == []
