@@ -46,7 +46,6 @@ def main() -> None:
     duration = args.duration or wl.duration_s
     config, _ = config_from_plan(estimate(options_from_values(dict(wl.values))))
     source = wl.source()
-    source.get(10**9)  # draw every request up front so the first policy does not pay for it
     acc = {"allocator": 0.0}
     if args.allocator_share:
         _timed_allocator(acc)

@@ -16,6 +16,28 @@ from typing import Mapping
 from kvplan.errors import InputError
 
 
+def check_writable(path: str | Path, what: str = "output") -> Path:
+    """Raise :class:`InputError` now, before any work, when ``path`` could not be written later.
+
+    ``path`` must not be a folder, and its nearest existing ancestor must be a folder we may write in
+    (missing folders are created when the file is written).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"cannot write {what} {path}: it is a folder", "give a file name")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"cannot write {what} {path}: {ancestor} is not a folder")
+    try:  # a real probe: permissions, read-only filesystems and root all answer the same way
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as exc:
+        raise InputError(f"cannot write {what} {path}: {ancestor} is not writable ({exc.strerror or exc})") from None
+    return path
+
+
 def _temp_beside(path: Path, data: bytes) -> Path:
     """Write ``data`` to a new temporary file in ``path``'s folder; returns its path."""
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -192,6 +192,26 @@ def _t(kind: str, check: Callable[[Any], Any], schema: dict[str, Any]) -> Any:
     return Annotated[Any, PlainValidator(_expect(kind, check)), WithJsonSchema({**schema, "description": kind})]
 
 
+def number(kind: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+           integer: bool = False) -> Any:
+    """A numeric field checked by :func:`kvplan.units.check_number` (finite, in range), described as ``kind``."""
+
+    def check(value: Any) -> Any:
+        from kvplan.units import check_number
+
+        try:
+            return check_number(value, "value", low=low, high=high, low_open=low_open, integer=integer)
+        except KvplanError as exc:
+            raise ValueError(f"{exc.message.partition(': ')[2]}; expected {kind}") from None
+
+    schema: dict[str, Any] = {"type": "integer" if integer else "number"}
+    if low is not None:
+        schema["exclusiveMinimum" if low_open else "minimum"] = low
+    if high is not None:
+        schema["maximum"] = high
+    return Annotated[Any, PlainValidator(check), WithJsonSchema({**schema, "description": kind})]
+
+
 _TOKENS_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^\s*[0-9.]+\s*[kKmM]?\s*$"}]}
 _SIZE_SCHEMA = {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
                           {"type": "string", "pattern": r"^\s*[0-9.]+(e[+-]?[0-9]+)?\s*[a-zA-Z]*\s*$"}]}

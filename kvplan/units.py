@@ -52,6 +52,26 @@ def _split_number(text: str, what: str) -> tuple[float, str]:
     return value, match.group(3).lower()
 
 
+def check_number(value: object, name: str, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, integer: bool = False) -> int | float:
+    """The one validator for numbers a user gives (CLI flags and YAML fields alike): ``value`` must be a
+    finite number (an integer when ``integer``), ``>= low`` (``> low`` when ``low_open``) and ``<= high``.
+
+    Returns it (an int stays an int); raises :class:`InputError` naming ``name`` and the value otherwise.
+    NaN fails every check here (``nan <= 0`` is False, so a "must be positive" test alone lets it through).
+    """
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise InputError(f"invalid {name} {shown}: expected {'an integer' if integer else 'a number'}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"invalid {name} {shown}: not a finite number")
+    if low is not None and not (value > low if low_open else value >= low):
+        raise InputError(f"invalid {name} {shown}: must be {'>' if low_open else '>='} {low:,g}")
+    if high is not None and not value <= high:
+        raise InputError(f"invalid {name} {shown}: must be <= {high:,g}")
+    return value
+
+
 def parse_bytes(text: str | int | float, what: str = "size") -> int:
     """Parse ``80GB`` (10**9), ``79.19GiB`` (2**30), ``512MiB``, ``1e9`` into a positive int of bytes.
 

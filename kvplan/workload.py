@@ -28,56 +28,69 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Iterator, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from kvplan.errors import ScenarioError
 from kvplan.scenario import (
-    OPTION_FIELDS, ScenarioFileError, Where, YamlDoc, validate_doc, display_path, finish_values, option_values, read_yaml,
+    OPTION_FIELDS, ScenarioFileError, Where, YamlDoc, number, validate_doc, display_path, finish_values, option_values,
+    read_yaml,
 )
-from kvplan.simulate import POLICIES, ClosedLoop, Request, RequestSource
+from kvplan.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
 
 # estimate options that make no sense for a simulation (the policies decide prefix caching; the
 # workload decides the batch and the prefix)
 _NOT_HERE = ("batch", "prefix_tokens", "prefix_caching")
 WORKLOAD_OPTIONS = {k: v for k, v in OPTION_FIELDS.items() if k not in _NOT_HERE}
 _FORBID = ConfigDict(extra="forbid")
-_NonNegative = Field(ge=0)
+MAX_TOKENS = 1_000_000_000  # a token count in a workload or trace (far past any model's context)
+MAX_COUNT = 10**12  # requests, users
+MAX_SECONDS = 1e15  # durations and rates: finite and bounded (the work bound decides what runs)
+
+Tokens = number("a token count", low=1, high=MAX_TOKENS, integer=True)
+TokensOrZero = number("a token count", low=0, high=MAX_TOKENS, integer=True)
+PositiveFloatTokens = number("tokens", low=0, low_open=True, high=MAX_TOKENS)
+FloatTokens = number("tokens", low=0, high=MAX_TOKENS)
+Seconds = number("seconds", low=0, low_open=True, high=MAX_SECONDS)
+SecondsOrZero = number("seconds", low=0, high=MAX_SECONDS)
+Rate = number("requests per second", low=0, low_open=True, high=MAX_SECONDS)
+Count = number("a count", low=1, high=MAX_COUNT, integer=True)
+Share = number("a share in (0, 1]", low=0, low_open=True, high=1)
 
 
 class Fixed(BaseModel):
     model_config = _FORBID
     dist: Literal["fixed"]
-    value: int = Field(ge=1, description="tokens")
+    value: Tokens = Field(description="tokens")
 
 
 class Uniform(BaseModel):
     model_config = _FORBID
     dist: Literal["uniform"]
-    min: int = Field(ge=0, description="tokens (inclusive)")
-    max: int = Field(ge=0, description="tokens (inclusive)")
+    min: TokensOrZero = Field(description="tokens (inclusive)")
+    max: TokensOrZero = Field(description="tokens (inclusive)")
 
 
 class Normal(BaseModel):
     model_config = _FORBID
     dist: Literal["normal", "lognormal"]
-    mean: float = Field(gt=0, description="tokens")
-    std: float = Field(ge=0, description="tokens")
-    min: int = Field(0, ge=0, description="clamp below (tokens)")
-    max: int | None = Field(None, ge=1, description="clamp above (tokens)")
+    mean: PositiveFloatTokens = Field(description="tokens")
+    std: FloatTokens = Field(description="tokens")
+    min: TokensOrZero = Field(0, description="clamp below (tokens)")
+    max: Tokens | None = Field(None, description="clamp above (tokens)")
 
 
-LengthModel = Union[int, Fixed, Uniform, Normal]
+LengthModel = Union[TokensOrZero, Fixed, Uniform, Normal]
 
 
 class ArrivalsModel(BaseModel):
     """Poisson arrivals at ``rate`` requests/s, or a closed loop of ``users`` with ``think_s`` mean think time."""
 
     model_config = _FORBID
-    rate: float | None = Field(None, gt=0, description="requests per second (Poisson)")
-    users: int | None = Field(None, ge=1, description="closed loop: concurrent users")
-    think_s: float = Field(0.0, ge=0, description="closed loop: mean think time between a reply and the next request (s)")
+    rate: Rate | None = Field(None, description="requests per second (Poisson)")
+    users: Count | None = Field(None, description="closed loop: concurrent users")
+    think_s: SecondsOrZero = Field(0.0, description="closed loop: mean think time between a reply and the next request (s)")
 
 
 class PrefixModel(BaseModel):
@@ -85,17 +98,17 @@ class PrefixModel(BaseModel):
 
     model_config = _FORBID
     name: str | None = Field(None, description="label")
-    tokens: int = Field(ge=1, description="prefix length (tokens)")
-    share: float = Field(gt=0, le=1, description="fraction of requests that carry it")
+    tokens: Tokens = Field(description="prefix length (tokens)")
+    share: Share = Field(description="fraction of requests that carry it")
 
 
 class TimingModel(BaseModel):
     """Overrides of the step-time model."""
 
     model_config = _FORBID
-    prefill_s_per_token: float | None = Field(None, ge=0, description="seconds per prompt token computed")
-    decode_step_s: float | None = Field(None, gt=0, description="fixed seconds per decode step (replaces the roofline)")
-    prefill_efficiency: float = Field(0.5, gt=0, le=1, description="fraction of the fp16 peak a prefill reaches")
+    prefill_s_per_token: SecondsOrZero | None = Field(None, description="seconds per prompt token computed")
+    decode_step_s: Seconds | None = Field(None, description="fixed seconds per decode step (replaces the roofline)")
+    prefill_efficiency: Share = Field(0.5, description="fraction of the fp16 peak a prefill reaches")
 
 
 WorkloadModel = create_model(
@@ -104,8 +117,8 @@ WorkloadModel = create_model(
     description=(str | None, Field(None, description="free text")),
     plan=(str | None, Field(None, description="take the deployment from a capacity check: file.yaml#check-name")),
     seed=(int, Field(0, description="random seed (same seed, same result)")),
-    duration_s=(float | None, Field(None, gt=0, description="simulated seconds of traffic")),
-    num_requests=(int | None, Field(None, ge=1, description="requests to send (drained to the end without duration_s)")),
+    duration_s=(Seconds | None, Field(None, description="simulated seconds of traffic")),
+    num_requests=(Count | None, Field(None, description="requests to send (drained to the end without duration_s)")),
     arrivals=(ArrivalsModel | None, Field(None, description="how requests arrive")),
     prompt_tokens=(LengthModel | None, Field(None, description="prompt tokens after the prefix")),
     output_tokens=(LengthModel | None, Field(None, description="output tokens")),
@@ -144,6 +157,15 @@ class LengthDist:
             x = rng.lognormvariate(math.log(self.a) - sigma2 / 2, math.sqrt(sigma2))
         n = max(self.low, round(x))
         return min(n, self.high) if self.high is not None else n
+
+    @property
+    def mean(self) -> float:
+        """The mean length in tokens (before the clamp of a normal or lognormal, which moves it little)."""
+        if self.kind == "fixed":
+            return float(self.a)
+        if self.kind == "uniform":
+            return (self.a + self.b) / 2
+        return min(max(self.a, self.low), self.high if self.high is not None else self.a)
 
     def describe(self) -> str:
         if self.kind == "fixed":
@@ -232,49 +254,82 @@ class Workload:
         return f"{arrive}; {lengths}; {' or '.join(stop) or 'the whole trace'}; seed {self.seed}"
 
     def source(self) -> RequestSource:
-        """The request stream (deterministic for the seed)."""
+        """The request stream (deterministic for the seed; every replay draws the same requests)."""
+        rate, duration, limit = self.rate, self.duration_s, self.num_requests
         if self.trace is not None:
             reqs = self.trace
-            if self.rate:
-                state = {"t": 0.0}
+            if rate:
+                def timed_trace() -> Iterator[Request]:
+                    rng, t = random.Random(self.seed), 0.0
+                    for r in reqs:
+                        t += rng.expovariate(rate)
+                        if duration is not None and t >= duration:
+                            return
+                        yield Request(r.prompt_tokens, r.output_tokens, t, r.prefix_id, r.prefix_tokens)
 
-                def make_trace(rng: random.Random, i: int) -> Request | None:
-                    if i >= len(reqs):
-                        return None
-                    state["t"] += rng.expovariate(self.rate)  # type: ignore[arg-type]
-                    if self.duration_s is not None and state["t"] >= self.duration_s:
-                        return None
-                    r = reqs[i]
-                    return Request(r.prompt_tokens, r.output_tokens, state["t"], r.prefix_id, r.prefix_tokens)
-
-                return RequestSource(make_trace, self.seed, self.num_requests)
+                return RequestSource(timed_trace, limit)
             if self.closed_loop is None:
-                limit = self.num_requests
-                items = [r for r in reqs if self.duration_s is None or (r.arrival_s or 0.0) < self.duration_s]
-                return RequestSource(lambda rng, i: items[i] if i < len(items) else None, self.seed, limit)
-            return RequestSource(lambda rng, i: reqs[i] if i < len(reqs) else None, self.seed, self.num_requests)
+                items = tuple(r for r in reqs if duration is None or (r.arrival_s or 0.0) < duration)
+                return RequestSource(lambda: iter(items), limit)
+            return RequestSource(lambda: iter(reqs), limit)
 
-        prompt, output, prefixes = self.prompt, self.output, self.prefixes
-        state = {"t": 0.0}
-        rate, duration, open_loop = self.rate, self.duration_s, self.closed_loop is None
+        prompt, output, prefixes, open_loop = self.prompt, self.output, self.prefixes, self.closed_loop is None
 
-        def make(rng: random.Random, i: int) -> Request | None:
-            at = None
-            if open_loop:
-                state["t"] += rng.expovariate(rate)  # type: ignore[arg-type]
-                if duration is not None and state["t"] >= duration:
-                    return None
-                at = state["t"]
-            pid, ptoks, u, acc = -1, 0, rng.random(), 0.0
-            for j, p in enumerate(prefixes):
-                acc += p.share
-                if u < acc:
-                    pid, ptoks = j, p.tokens
-                    break
-            n = ptoks + prompt.sample(rng)  # type: ignore[union-attr]
-            return Request(max(1, n), max(1, output.sample(rng)), at, pid, ptoks)  # type: ignore[union-attr]
+        def drawn() -> Iterator[Request]:
+            rng, t = random.Random(self.seed), 0.0
+            while True:
+                at = None
+                if open_loop:
+                    t += rng.expovariate(rate)  # type: ignore[arg-type]
+                    if duration is not None and t >= duration:
+                        return
+                    at = t
+                pid, ptoks, u, acc = -1, 0, rng.random(), 0.0
+                for j, p in enumerate(prefixes):
+                    acc += p.share
+                    if u < acc:
+                        pid, ptoks = j, p.tokens
+                        break
+                n = ptoks + prompt.sample(rng)  # type: ignore[union-attr]
+                yield Request(max(1, n), max(1, output.sample(rng)), at, pid, ptoks)  # type: ignore[union-attr]
 
-        return RequestSource(make, self.seed, self.num_requests)
+        return RequestSource(drawn, limit)
+
+    def work(self, pool: Any, min_step_s: float) -> Work:
+        """What simulating this workload on ``pool`` (a :class:`kvplan.simulate.Pool`) will take, before it
+        runs: the requests it sends (an upper estimate for a closed loop, whose users wait at least
+        ``min_step_s`` per output token) x the steps each takes, for every policy."""
+        limit = self.num_requests
+        if self.trace is not None:
+            reqs = self.trace
+            if self.closed_loop is None and not self.rate and self.duration_s is not None:
+                reqs = tuple(r for r in reqs if (r.arrival_s or 0.0) < self.duration_s)
+            n = len(reqs)
+            mean_prompt = sum(r.prompt_tokens for r in reqs) / n if n else 0.0
+            mean_output = sum(r.output_tokens for r in reqs) / n if n else 0.0
+            basis = f"{n:,} in the trace"
+        else:
+            mean_prefix = sum(p.tokens * p.share for p in self.prefixes)
+            mean_prompt = mean_prefix + self.prompt.mean  # type: ignore[union-attr]
+            mean_output = self.output.mean  # type: ignore[union-attr]
+            n, basis = math.inf, ""
+        if self.closed_loop is None and self.rate and self.duration_s is not None:
+            if self.rate * self.duration_s < n:
+                n, basis = self.rate * self.duration_s, f"rate {_num(self.rate)}/s x duration_s {_num(self.duration_s)}"
+        if self.closed_loop is not None and self.duration_s is not None:
+            cycle = self.closed_loop.think_s + max(1.0, min(mean_output, pool.max_model_len)) * min_step_s
+            users = self.closed_loop.users
+            bound = users * (1 + self.duration_s / cycle)
+            if bound < n:
+                n, basis = bound, f"{users:,} users over duration_s {_num(self.duration_s)}, each request >= {cycle:.3g} s"
+        if limit is not None and limit < n:
+            n, basis = limit, f"num_requests {limit:,}"
+        return estimate_work(n, mean_prompt, mean_output, pool, len(self.policies), basis)
+
+
+def _num(x: float) -> str:
+    """A number as people write it: ``1,000,000``, ``3,600``, ``0.5``, ``1e+15``."""
+    return f"{x:,.0f}" if x == int(x) and abs(x) < 1e12 else f"{x:,.4g}"
 
 
 def _locations(doc: YamlDoc, keys: Any) -> dict[str, Where]:
@@ -448,8 +503,13 @@ class WorkloadRun:
     notes: tuple[str, ...] = ()
 
 
-def run_workload(workload: Workload, token: str | None = None, record_series: bool = True) -> WorkloadRun:
-    """Plan the deployment (as ``kvplan estimate`` would), then simulate every policy."""
+def run_workload(workload: Workload, token: str | None = None, record_series: bool = True, *, force: bool = False,
+                 progress: Any = None) -> WorkloadRun:
+    """Plan the deployment (as ``kvplan estimate`` would), then simulate every policy.
+
+    The run's work is counted first (:meth:`Workload.work`) and refused past
+    :data:`kvplan.simulate.MAX_WORK` unless ``force``; ``progress(done, total)`` hears how far it got.
+    """
     from kvplan.errors import KvplanError
     from kvplan.plan import estimate, options_from_values
     from kvplan.simulate import config_from_plan, simulate
@@ -459,8 +519,10 @@ def run_workload(workload: Workload, token: str | None = None, record_series: bo
         config, notes = config_from_plan(plan, prefill_s_per_token=workload.prefill_s_per_token,
                                          decode_step_s=workload.decode_step_s,
                                          prefill_efficiency=workload.prefill_efficiency)
+        work = workload.work(config.pool, config.timing.min_step_s)
         result = simulate(config, workload.source(), policies=workload.policies, duration_s=workload.duration_s,
-                          closed_loop=workload.closed_loop, seed=workload.seed, record_series=record_series)
+                          closed_loop=workload.closed_loop, seed=workload.seed, record_series=record_series,
+                          work=work, force=force, progress=progress)
     except ScenarioError:
         raise
     except KvplanError as exc:  # name the file (a merged option has no single line)

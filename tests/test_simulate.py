@@ -14,7 +14,7 @@ from kvplan import memory
 from kvplan.paged.allocator import FULL, GroupSpec
 from kvplan.scenario import ScenarioFileError
 from kvplan.simulate import (
-    Pool, Request, RequestSource, SimConfig, Timing, _Run, config_from_plan, simulate, window_sum,
+    Pool, Request, RequestSource, Scheduler, SimConfig, Timing, config_from_plan, simulate, window_sum,
 )
 from kvplan.workload import load_workload, run_workload
 
@@ -72,8 +72,9 @@ def test_step_times_in_closed_form():
 def test_one_step_matches_the_decode_roofline():
     # the engine's decode step for a batch of equal requests is memory.decode_roofline's step time
     timing = Timing(16_000_000_000, 3.35e12, 131_072)
-    run = _Run(SimConfig(tiny(num_blocks=2000, max_model_len=4096), timing), "paged", RequestSource.of([]), None, None, 0, False)
-    run.n_dec, run.D, run.s_off = 8, 100, 8 * (1000 - 100)  # 8 decoders at 1,000 tokens
+    run = Scheduler(SimConfig(tiny(num_blocks=2000, max_model_len=4096), timing), "paged", RequestSource.of([]), None, None, 0,
+                    False)
+    run.book.n_dec, run.D, run.book.s_off = 8, 100, 8 * (1000 - 100)  # 8 decoders at 1,000 tokens
     roof = memory.decode_roofline(16_000_000_000, 1001 * 131_072, 8, 3_350_000_000_000)  # they read 1,001 tokens
     assert run._decode_seconds(1) == pytest.approx(roof.step_seconds, rel=1e-12)
 
@@ -203,7 +204,7 @@ def test_taking_k_steps_at_once_is_exact(shared, monkeypatch):
     # the same run one step at a time (spans off) must schedule identically
     short = replace(shared, duration_s=20.0)
     fast = run_workload(short, record_series=False).result
-    monkeypatch.setattr(_Run, "_span", lambda self: False)
+    monkeypatch.setattr(Scheduler, "_span", lambda self: False)
     slow = run_workload(short, record_series=False).result
     for a, b in zip(fast.results, slow.results):
         assert _core(a)[:-1] == _core(b)[:-1]  # num_steps counts the same steps either way
@@ -351,3 +352,248 @@ def test_cli_bad_file_exits_2_with_location(tmp_path):
     assert ":6:" in err and "output_tokens" in err
     r = runner.invoke(app, ["simulate", str(path), "--policy", "magic"])
     assert r.exit_code == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# runaways: non-finite numbers, the work bound, bounded memory, the plot path checked first
+
+
+def _one_line_error(r):
+    err = r.stderr.strip()
+    assert r.exit_code == 2, r.output
+    assert err.startswith("kvplan: error:") and "\n" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("value,needle", [("nan", "not a finite number"), ("inf", "not a finite number"),
+                                          ("-inf", "not a finite number"), ("0", "must be > 0"), ("-5", "must be > 0")])
+def test_cli_duration_must_be_finite_and_positive(value, needle):
+    # nan used to pass "must be positive" (nan <= 0 is False) and ran forever at ~4 MB/s
+    from kvplan.cli import app
+
+    r = runner.invoke(app, ["simulate", str(EXAMPLES / "shared_prompt.yaml"), "--duration", value])
+    assert needle in _one_line_error(r) and "--duration" in r.stderr
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan", "-.inf", "1.0e+400"])
+def test_workload_duration_must_be_finite(tmp_path, value):
+    path = _write(tmp_path, BASE.replace("duration_s: 10", f"duration_s: {value}") + "prompt_tokens: 100\noutput_tokens: 10\n")
+    with pytest.raises(ScenarioFileError, match=r"w\.yaml:4:13: duration_s: got .*(not a finite number|must be >)"):
+        load_workload(path)
+
+
+@pytest.mark.parametrize("field", ["arrivals: {rate: .inf}", "arrivals: {rate: .nan}", "arrivals: {users: 4, think_s: .inf}"])
+def test_workload_rates_must_be_finite(tmp_path, field):
+    path = _write(tmp_path, BASE.replace("arrivals: {rate: 2}", field) + "prompt_tokens: 100\noutput_tokens: 10\n")
+    with pytest.raises(ScenarioFileError, match="not a finite number|must be >"):
+        load_workload(path)
+
+
+def test_api_rejects_non_finite_numbers():
+    from kvplan.errors import InputError
+
+    with pytest.raises(InputError, match="duration"):
+        simulate(SimConfig(tiny(), ONE_SECOND), [Request(5, 4, 0.0)], duration_s=float("nan"))
+    with pytest.raises(InputError, match="decode_step_s"):
+        Timing(100, 100.0, 0, decode_step_s=float("nan"))
+    with pytest.raises(InputError, match="arrival_s"):
+        Request(5, 4, float("inf"))
+    with pytest.raises(InputError, match="no time"):  # a zero-second step would never advance the clock
+        Timing(0, 100.0, 0)
+
+
+def test_a_million_requests_per_second_for_an_hour_is_refused_with_the_numbers():
+    # used to grow to 24 GB and be OOM-killed with nothing printed; now refused before any work:
+    # 1,000,000 req/s x 3,600 s = 3.6e9 requests x (1 prefill + 199 decode steps) x 3 policies = 2.2e12
+    from kvplan.cli import app
+
+    text = BASE.replace("arrivals: {rate: 2}", "arrivals: {rate: 1000000}").replace("duration_s: 10", "duration_s: 3600")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "bomb.yaml"
+        path.write_text(text + "prompt_tokens: 100\noutput_tokens: 200\n")
+        r = runner.invoke(app, ["simulate", str(path)])
+    err = _one_line_error(r)
+    assert "~3.6e+09 requests (rate 1,000,000/s x duration_s 3,600)" in err
+    assert "~200 steps each x 3 policies = 2.2e+12 request-steps" in err
+    assert "past the bound of 200,000,000" in err and "--force" in err
+
+
+def test_work_estimate_by_hand():
+    from kvplan.simulate import MAX_WORK, estimate_work
+
+    pool = tiny(max_model_len=4096, mnbt=2048)
+    # 100 requests of 5,000-token prompts (3 prefill chunks of <= 2,048) and 10 output tokens (9 more steps)
+    w = estimate_work(100, 5000, 10, pool, 2, "by hand")
+    assert w.steps_per_request == 3 + 9 and w.units == 2 * 100 * (1 + 12)
+    # outputs are clamped to max_model_len: 1e9 output tokens cost 4,096 steps
+    assert estimate_work(1, 1, 1e9, pool, 1, "x").steps_per_request == 1 + 4095
+    assert MAX_WORK == 200_000_000  # docs/simulate.md states this bound
+
+
+def test_workload_work_counts_closed_loops_and_num_requests():
+    wl = load_workload(EXAMPLES / "shared_prompt.yaml")
+    from kvplan.simulate import ClosedLoop
+
+    pool = tiny(max_model_len=4096, mnbt=8192)
+    w = wl.work(pool, 0.005)
+    assert w.requests == pytest.approx(36_000) and "rate 10/s x duration_s 3,600" in w.basis
+    # prompt: 2,000-token prefix + uniform 50-200 (mean 125); output uniform 100-300 (mean 200): 1 + 199 steps
+    assert w.steps_per_request == 200
+    # a closed loop of 8 users, think 0.5 s: a request takes >= 0.5 + 200 x 5 ms = 1.5 s -> <= 8 x (1 + 3600/1.5)
+    closed = replace(wl, rate=None, closed_loop=ClosedLoop(8, 0.5))
+    assert closed.work(pool, 0.005).requests == pytest.approx(8 * (1 + 3600 / 1.5))
+    assert replace(wl, num_requests=50).work(pool, 0.005).requests == 50
+
+
+def test_force_runs_past_the_bound_and_the_runtime_stop(monkeypatch):
+    from kvplan import simulate as sim
+    from kvplan.errors import InputError
+    from kvplan.sim import scheduler
+    from kvplan.simulate import Work
+
+    monkeypatch.setattr(scheduler, "TICK_EVENTS", 16)
+
+    reqs = [Request(5, 40, i * 0.01) for i in range(400)]
+    config = SimConfig(tiny(num_blocks=200, max_model_len=64), ONE_SECOND)
+    monkeypatch.setattr(sim, "MAX_WORK", 100)
+    with pytest.raises(InputError, match="too big to run without --force"):
+        simulate(config, reqs, policies=["paged"])
+    assert simulate(config, reqs, policies=["paged"], force=True).results[0].finished == 400
+    # an estimate that was too low: the run stops past twice the bound instead of running away
+    monkeypatch.setattr(sim, "MAX_WORK", 2000)
+    with pytest.raises(InputError, match="stopped a simulation after"):
+        simulate(config, RequestSource(lambda: iter(reqs)), policies=["paged"], work=Work(1, 1, 1, "a guess"))
+
+
+def test_progress_is_reported(monkeypatch):
+    from kvplan.sim import scheduler
+
+    monkeypatch.setattr(scheduler, "TICK_EVENTS", 16)
+    seen = []
+    reqs = [Request(5, 40, i * 0.01) for i in range(400)]
+    simulate(SimConfig(tiny(num_blocks=200, max_model_len=64), ONE_SECOND), reqs, policies=["paged", "contiguous"],
+             progress=lambda done, total: seen.append((done, total)))
+    assert len(seen) > 2
+    assert all(0 <= d <= t for d, t in seen) and seen[-1][0] > seen[0][0]
+
+
+def test_an_overloaded_open_loop_keeps_memory_flat():
+    # 100,000 req/s against a server that finishes a few hundred: ~200,000 requests queue up in 2 s.
+    # The queue is a count plus a cursor that re-draws each request when it reaches the head, and finished
+    # requests leave only sums behind, so memory does not grow with them (it used to: ~250 B per request).
+    import random
+    import tracemalloc
+
+    def stream():
+        rng, t = random.Random(0), 0.0
+        while True:
+            t += rng.expovariate(100_000)
+            yield Request(100, 20, t)
+
+    config = SimConfig(tiny(num_blocks=400, max_model_len=256, seqs=64, mnbt=2048), Timing(100, 100_000.0, 0))
+    tracemalloc.start()
+    r = simulate(config, RequestSource(stream), policies=["paged"], duration_s=2.0).results[0]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert r.arrived > 150_000 and r.queued > 100_000
+    assert r.arrived == r.finished + r.queued + r.running + r.rejected
+    assert peak < 8 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_quantile_sketch_is_exact_then_within_a_tenth_of_a_percent():
+    import random
+
+    from kvplan.sim.metrics import QuantileSketch
+
+    rng = random.Random(1)
+    values = [rng.lognormvariate(0, 2) for _ in range(5000)] + [0.0] * 50
+    exact, sketch = QuantileSketch(), QuantileSketch(exact_limit=100)
+    for v in values:
+        exact.add(v)
+        sketch.add(v)
+    ordered = sorted(values)
+    for q in (1, 50, 90, 99, 100):
+        truth = ordered[max(1, math.ceil(q / 100 * len(values))) - 1]
+        assert exact.quantile(q) == truth
+        got = sketch.quantile(q)
+        assert truth <= got <= truth * (1 + 1 / 1024) and got in values  # an observed value, at most 0.1% above
+    assert QuantileSketch().quantile(50) is None
+
+
+def test_series_recorder_is_bounded_and_covers_the_run():
+    from kvplan.sim.metrics import SeriesRecorder
+
+    rec = SeriesRecorder(points=64)
+    for i in range(10_000):
+        rec.add(i * 0.37, (i % 100) / 100, i % 7)
+    s = rec.series()
+    assert len(s.time_s) <= 64 and s.time_s[-1] == pytest.approx(9_999 * 0.37)
+    assert list(s.time_s) == sorted(s.time_s) and s.time_s[0] < 0.37 * 10_000 / 32
+
+
+# ---------------------------------------------------------------------------------------------
+# --plot: the path is checked before the simulation runs
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """Fail the test if the simulation runs (the path must be refused first)."""
+    import kvplan.workload
+
+    def boom(*a, **k):
+        raise AssertionError("the simulation ran before the plot path was checked")
+
+    monkeypatch.setattr(kvplan.workload, "run_workload", boom)
+
+
+@pytest.mark.parametrize("name,needle", [("pool.txt", "unknown image format '.txt'"), (".", "it is a folder"),
+                                         ("file/pool.png", "is not a folder")])
+def test_plot_path_refused_before_the_work(tmp_path, no_simulation, name, needle):
+    from kvplan.cli import app
+
+    (tmp_path / "file").write_text("a file, not a folder")
+    path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: 20\n")
+    r = runner.invoke(app, ["simulate", str(path), "--plot", str(tmp_path / name)])
+    assert needle in _one_line_error(r)
+
+
+def test_plot_into_a_read_only_folder_is_refused_before_the_work(tmp_path, no_simulation):
+    # root writes through file modes: as root the folder is made immutable (chattr +i), else /sys is used
+    import os
+    import shutil
+    import subprocess
+
+    from kvplan.cli import app
+
+    path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: 20\n")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    immutable = False
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+    elif shutil.which("chattr") and subprocess.run(["chattr", "+i", str(ro)], capture_output=True).returncode == 0:
+        immutable = True
+    else:
+        ro = Path("/sys")
+    try:
+        r = runner.invoke(app, ["simulate", str(path), "--plot", str(ro / "pool.png")])
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(ro)], check=True)
+        elif ro != Path("/sys"):
+            ro.chmod(0o755)
+    err = _one_line_error(r)
+    assert err.startswith("kvplan: error: cannot write --plot") and "not writable" in err
+
+
+def test_plot_without_a_suffix_writes_png_and_says_so(tmp_path):
+    pytest.importorskip("matplotlib")
+    from kvplan.cli import app
+
+    path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: 20\n")
+    r = runner.invoke(app, ["simulate", str(path), "--policy", "paged", "--plot", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "p").exists()
+    assert f"plot: {tmp_path / 'p.png'}" in r.stdout.replace("\n", "")

@@ -24,7 +24,8 @@ def register(app: typer.Typer) -> None:
             "--policy", help="Policy to run (repeatable): contiguous, paged, prefix_caching (default: the file's, else all).")] = None,
         duration: Annotated[Optional[float], typer.Option("--duration", help="Override duration_s (simulated seconds).")] = None,
         seed: Annotated[Optional[int], typer.Option("--seed", help="Override the file's random seed.")] = None,
-        plot: Annotated[Optional[str], typer.Option("--plot", help="Write a time-series plot (pool used, running) here (.png, .svg, .pdf).")] = None,
+        plot: Annotated[Optional[str], typer.Option("--plot", help="Write a time-series plot (pool used, running) here (.png, .svg, .pdf; no suffix: .png).")] = None,
+        force: Annotated[bool, typer.Option("--force", help="Run even past the work bound (2e8 request-steps, about a minute).")] = False,
         offline: OfflineOpt = False,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
@@ -33,10 +34,11 @@ def register(app: typer.Typer) -> None:
         from dataclasses import replace
 
         from kvplan.errors import InputError
+        from kvplan.render.progress import delayed_progress
         from kvplan.simulate import POLICIES
-        from kvplan.workload import load_workload, run_workload
+        from kvplan.units import check_number
+        from kvplan.workload import MAX_SECONDS, load_workload, run_workload
 
-        workload = load_workload(path)
         changes: dict = {}
         if policy:
             bad = [p for p in policy if p not in POLICIES]
@@ -44,20 +46,26 @@ def register(app: typer.Typer) -> None:
                 raise InputError(f"unknown --policy {bad[0]!r}", "use one of: " + ", ".join(POLICIES))
             changes["policies"] = tuple(dict.fromkeys(policy))
         if duration is not None:
-            if duration <= 0:
-                raise InputError(f"invalid --duration {duration}: must be positive")
-            changes["duration_s"] = duration
+            changes["duration_s"] = float(check_number(duration, "--duration", low=0, low_open=True, high=MAX_SECONDS))
+        plot_file = None
+        if plot:  # checked before the work: a bad path must not cost a whole simulation
+            from kvplan.render.simulate import plot_path
+
+            plot_file = plot_path(plot)
+        workload = load_workload(path)
         if seed is not None:
             changes["seed"] = seed
         if offline:
             changes["values"] = {**workload.values, "offline": True}
         if changes:
             workload = replace(workload, **changes)
-        run = run_workload(workload, token=token, record_series=plot is not None)
-        if plot:
+        with delayed_progress("simulating") as progress:
+            run = run_workload(workload, token=token, record_series=plot_file is not None, force=force,
+                               progress=progress)
+        if plot_file is not None:
             from kvplan.render.simulate import write_plot
 
-            write_plot(run, plot)
+            write_plot(run, plot_file)
         if json_out:
             from kvplan.render import print_json
             from kvplan.render.simulate import simulate_to_dict
@@ -69,5 +77,5 @@ def register(app: typer.Typer) -> None:
 
         out = console()
         out.print(render_simulation(run))
-        if plot:
-            out.print(f"[grey62]plot: {plot}[/]")
+        if plot_file is not None:
+            out.print(f"[grey62]plot: {plot_file}[/]")

@@ -1,0 +1,10 @@
+"""The pieces of ``kvplan simulate`` (the public API is :mod:`kvplan.simulate`).
+
+* :mod:`~kvplan.sim.model`: the inputs (requests, pool, timing) and outputs (per-policy results);
+* :mod:`~kvplan.sim.streams`: request streams that every policy replays, and the live requests;
+* :mod:`~kvplan.sim.blocks`: the block accounting over :mod:`kvplan.paged.allocator`;
+* :mod:`~kvplan.sim.metrics`: metrics kept as running sums and bounded sketches (never one entry per event);
+* :mod:`~kvplan.sim.scheduler`: the continuous-batching step loop.
+
+Library code: never prints, never exits.
+"""

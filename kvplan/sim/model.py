@@ -1,0 +1,218 @@
+"""Inputs and outputs of the simulator: requests, the pool and its limits, step timing, per-policy results.
+
+Every number is checked when the object is made: finite, and in range (a NaN passes ``x <= 0`` checks,
+so each check is written as what must hold).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvplan.errors import InputError
+from kvplan.paged.allocator import GroupSpec
+from kvplan.units import check_number
+
+POLICIES = ("contiguous", "paged", "prefix_caching")
+POLICY_LABELS = {"contiguous": "contiguous", "paged": "paged", "prefix_caching": "paged + prefix cache"}
+DEFAULT_PREFILL_EFFICIENCY = 0.5  # fraction of the GPU's dense fp16 peak a prefill reaches
+
+
+def _finite(name: str, value: float | None, *, low: float = 0.0, low_open: bool = False) -> None:
+    """Raise InputError unless ``value`` (when given) is a finite number ``>= low`` (``> low`` when ``low_open``)."""
+    if value is not None:
+        check_number(value, name, low=low, low_open=low_open)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: ``prompt_tokens`` (prefix included), ``output_tokens``; ``prefix_id`` >= 0 names
+    a shared prefix whose first ``prefix_tokens`` prompt tokens are the same token ids in every request
+    of that id. ``arrival_s``: None when a closed loop decides it."""
+
+    prompt_tokens: int
+    output_tokens: int
+    arrival_s: float | None = None
+    prefix_id: int = -1
+    prefix_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.output_tokens < 1:
+            raise InputError(f"a request needs at least one prompt and one output token, got "
+                             f"{self.prompt_tokens} and {self.output_tokens}")
+        if not 0 <= self.prefix_tokens <= self.prompt_tokens:
+            raise InputError(f"prefix_tokens {self.prefix_tokens} must be within the prompt's {self.prompt_tokens} tokens")
+        _finite("arrival_s", self.arrival_s)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The block pool and the scheduler limits (tokens, blocks)."""
+
+    num_blocks: int  # block ids, null block included
+    block_size: int
+    groups: tuple[GroupSpec, ...]
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    prefix_state_blocks: tuple[int, ...] = ()  # state groups' blocks with prefix caching on (default: same)
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            if not getattr(self, name) >= 1:
+                raise InputError(f"invalid {name} {getattr(self, name)}: must be positive")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long a step takes (one GPU of the deployment; all GPUs work in parallel).
+
+    ``weights_bytes`` and every ``*_bytes`` are per GPU; ``full_token_bytes``: KV bytes per token of the
+    layers that keep every token; ``window_token_bytes``: ``(window_tokens, bytes per token)`` per window
+    size; ``state_bytes``: fixed state read per request per step. Seconds: ``prefill_s_per_token`` per
+    prompt token computed, ``decode_step_s`` a fixed decode step (replaces the bandwidth roofline).
+    """
+
+    weights_bytes: int
+    bandwidth_bytes_per_s: float
+    full_token_bytes: int
+    window_token_bytes: tuple[tuple[int, int], ...] = ()
+    state_bytes: int = 0
+    prefill_s_per_token: float = 0.0
+    decode_step_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _finite("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        _finite("prefill_s_per_token", self.prefill_s_per_token)
+        _finite("decode_step_s", self.decode_step_s, low_open=True)
+        if not self.bandwidth_bytes_per_s > 0 and self.decode_step_s is None:
+            raise InputError("the GPU has no HBM bandwidth", "set decode_step_s in the workload's timing")
+        if not self.weights_bytes > 0 and self.decode_step_s is None and not self.full_token_bytes > 0:
+            raise InputError("a decode step would take no time (no weights and no KV bytes read)",
+                             "set decode_step_s in the workload's timing")
+
+    @property
+    def min_step_s(self) -> float:
+        """A lower bound on one step's seconds (the weights read, or the fixed decode step)."""
+        if self.decode_step_s is not None:
+            return self.decode_step_s
+        return max(self.weights_bytes, self.full_token_bytes) / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    pool: Pool
+    timing: Timing
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """``users`` users, each sending its next request a think time (exponential, mean ``think_s``) after
+    the previous one finishes; the first requests start spread uniformly over ``[0, think_s]``."""
+
+    users: int
+    think_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.users >= 1:
+            raise InputError(f"invalid users {self.users}: must be positive")
+        _finite("think_s", self.think_s)
+
+
+def window_sum(first: int, k: int, window: int) -> int:
+    """``sum(min(first + j, window) for j in range(k))`` in O(1) (tokens a windowed layer reads)."""
+    if k <= 0:
+        return 0
+    if first >= window:
+        return k * window
+    if first + k - 1 <= window:
+        return k * first + k * (k - 1) // 2
+    m = window - first + 1  # terms first..window
+    return m * first + m * (m - 1) // 2 + (k - m) * window
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs
+
+
+@dataclass(frozen=True)
+class Series:
+    """Samples at the end of steps or spans: time (s), used fraction of the pool, running requests."""
+
+    time_s: tuple[float, ...]
+    usage: tuple[float, ...]
+    running: tuple[int, ...]
+
+    def downsample(self, points: int = 400) -> "Series":
+        """At most ``points`` samples: the last sample of each of ``points`` equal time bins."""
+        n = len(self.time_s)
+        if n <= points or not n:
+            return self
+        end = self.time_s[-1] or 1.0
+        keep: dict[int, int] = {}
+        for i, t in enumerate(self.time_s):
+            keep[min(points - 1, int(t / end * points))] = i
+        idx = sorted(keep.values())
+        return Series(tuple(self.time_s[i] for i in idx), tuple(self.usage[i] for i in idx),
+                      tuple(self.running[i] for i in idx))
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """What one policy achieved. Times in seconds; ``*_rate`` and fractions in [0, 1]."""
+
+    policy: str
+    duration_s: float
+    arrived: int
+    finished: int
+    queued: int  # waiting at the end (preempted ones included)
+    running: int  # admitted and unfinished at the end
+    rejected: int  # prompt of max_model_len tokens or more
+    requests_per_s: float
+    output_tokens: int  # tokens sampled (finished and unfinished requests)
+    output_tokens_per_s: float
+    concurrency_mean: float  # time-weighted running requests
+    concurrency_p50: int
+    concurrency_p99: int
+    concurrency_max: int
+    usage_mean: float  # used blocks / usable blocks, time-weighted
+    usage_peak: float
+    fragmentation_mean: float  # unused token slots / slots of used blocks, time-weighted
+    prefix_hit_rate: float  # prompt tokens found cached / prompt tokens looked up
+    prefill_tokens: int  # prompt tokens computed (recomputes included)
+    prefill_tokens_saved: int  # prompt tokens served from the prefix cache
+    preemptions: int
+    queue_delay_p50_s: float | None  # arrival -> first scheduled
+    queue_delay_p99_s: float | None
+    ttft_p50_s: float | None  # arrival -> first output token
+    ttft_p99_s: float | None
+    num_steps: int  # engine steps simulated
+    num_events: int  # loop iterations (steps taken one at a time or k at once)
+    blocks_per_reservation: int  # contiguous: blocks one request reserves; else 0
+    series: Series = field(repr=False, default=Series((), (), ()))
+
+    @property
+    def label(self) -> str:
+        return POLICY_LABELS.get(self.policy, self.policy)
+
+    def to_dict(self, series_points: int = 200) -> dict:
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "series"}
+        s = self.series.downsample(series_points)
+        out["label"] = self.label
+        out["series"] = {"time_s": [round(x, 4) for x in s.time_s], "usage": [round(x, 5) for x in s.usage],
+                         "running": list(s.running)}
+        return out
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """All policies of one run, with the inputs that decided them."""
+
+    config: SimConfig
+    results: tuple[PolicyResult, ...]
+    seed: int
+    duration_s: float | None
+    num_requests: int | None
+    notes: tuple[str, ...] = ()
+
+    def result(self, policy: str) -> PolicyResult:
+        return next(r for r in self.results if r.policy == policy)
