@@ -30,7 +30,8 @@ _SIZE_TOKEN = re.compile(r"^(\d+)(?:gb|gib|g)$")
 _SEPARATORS = re.compile(r"[\s\-_/]+")
 
 _REQUIRED = ("name", "vendor", "marketing", "memory_bytes", "memory_source", "bandwidth_bytes_per_s", "bandwidth_source")
-_OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu")
+_OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect")
+INTERCONNECTS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Gpu:
     is_cpu: bool = False
     fp16_tflops: float | None = None
     marketing_gb: float | None = None
+    sm_count: int | None = None  # streaming multiprocessors (AMD: compute units)
+    interconnect: str | None = None  # one of INTERCONNECTS: how tp ranks on one board talk
 
     @property
     def memory_is_derived(self) -> bool:
@@ -155,7 +158,16 @@ def _parse_record(record: Any, index: int, source: str) -> Gpu:
         is_cpu=is_cpu,
         fp16_tflops=_positive_number(record, "fp16_tflops", where),
         marketing_gb=_positive_number(record, "marketing_gb", where),
+        sm_count=_positive_int(record, "sm_count", where, allow_none=True),
+        interconnect=_interconnect(record, where),
     )
+
+
+def _interconnect(record: dict[str, Any], where: str) -> str | None:
+    value = record.get("interconnect")
+    if value is not None and value not in INTERCONNECTS:
+        raise _field_error(where, "interconnect", f"must be one of {', '.join(INTERCONNECTS)}, got {value!r}")
+    return value
 
 
 def parse_catalogue(data: Any, source: str = "gpus.yaml") -> tuple[Gpu, ...]:

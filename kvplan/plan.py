@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any
 
 from kvplan import memory
-from kvplan.engines import Budget, Engine, EngineDefaults, Launch, Term
+from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term
 from kvplan.engines.registry import NAMES as ENGINES, engine as engine_rules
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec, Overrides
@@ -112,11 +112,13 @@ class GpuInfo:
     is_cpu: bool = False
     fp16_tflops: float | None = None  # dense fp16/bf16 peak, for prefill-cost estimates
     vendor: str = ""  # nvidia, amd, any (the catalogue's), "" for --gpu-memory alone
+    sm_count: int | None = None  # streaming multiprocessors (AMD: compute units)
+    interconnect: str | None = None  # nvlink-switch, nvlink, pcie, infinity-fabric (the catalogue's)
 
     @property
-    def platform(self) -> str:
-        """The engine's platform: ``rocm`` for AMD GPUs, else ``cuda``."""
-        return "rocm" if self.vendor == "amd" else "cuda"
+    def device(self) -> Device:
+        """What the engine's budget needs: platform (``rocm`` for AMD GPUs, else ``cuda``), SMs, interconnect."""
+        return Device("rocm" if self.vendor == "amd" else "cuda", self.sm_count, self.interconnect)
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,8 @@ def resolve_gpu(options: Options) -> GpuInfo:
     source = "--gpu-memory" if options.gpu_memory_bytes else (gpu.memory_source if gpu else "")
     name = gpu.name if gpu else "custom"
     return GpuInfo(name, memory_bytes, gpu.bandwidth_bytes_per_s if gpu else None, source, is_cpu,
-                   gpu.fp16_tflops if gpu else None, gpu.vendor if gpu else "")
+                   gpu.fp16_tflops if gpu else None, gpu.vendor if gpu else "", gpu.sm_count if gpu else None,
+                   gpu.interconnect if gpu else None)
 
 
 def estimate(options: Options, token: str | None = None) -> Plan:
@@ -308,7 +311,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
         given("cudagraph", options.cudagraph_bytes), options.kv_budget_bytes,
         spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
-        version=engine.version, pp=options.pp, platform=gpu.platform,
+        version=engine.version, pp=options.pp, device=gpu.device,
     )
     return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
                  memory.num_blocks(budget.kv_budget_bytes, layout))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvplan.engines import Term, forward_bytes_per_token, padded_vocab, sampler_bytes
+from kvplan.engines import Device, Term, forward_bytes_per_token, padded_vocab, sampler_bytes
 from kvplan.engines import sglang, vllm
 from kvplan.errors import InputError
 from kvplan.plan import Options, plan_for_spec
@@ -63,10 +63,12 @@ def test_activation_is_max_of_forward_and_sampler(llama3):
     # V0, 8192-token profile: forward 8192 x 110,592 = 905,969,664 < sampler 1,313,341,440 (10 copies)
     forward, sampler = vllm.activation_parts(llama3, 1, 8192, 256, 2, "0.6")
     assert (forward, sampler) == (905_969_664, 1_313_341_440)
-    # V1 keeps 5 copies: 5 x 256 x 128,256 x 4 = 656,670,720; forward 2048 x 110,592 = 226,492,416
-    assert vllm.activation_parts(llama3, 1, 2048, 256, 2, "0.32") == (226_492_416, 656_670_720)
-    # sampler rows are min(max_num_seqs, max_num_batched_tokens): 100 rows x 128,256 x 4 x 5 = 256,512,000
-    assert vllm.activation_parts(llama3, 1, 100, 256, 2, "0.32")[1] == 256_512_000
+    # 0.32 (FlashInfer sampler): bf16 logits + 3 fp32 copies + the batch's hidden states:
+    # 256 x (128,256 x 2 + 128,256 x 12) + 2,048 x 4,096 x 2 = 459,669,504 + 16,777,216 = 476,446,720;
+    # forward 2048 x 110,592 = 226,492,416
+    assert vllm.activation_parts(llama3, 1, 2048, 256, 2, "0.32") == (226_492_416, 476_446_720)
+    # sampler rows are min(max_num_seqs, max_num_batched_tokens): 100 x 1,795,584 + 100 x 4,096 x 2 = 180,377,600
+    assert vllm.activation_parts(llama3, 1, 100, 256, 2, "0.32")[1] == 180_377_600
     b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, spec=llama3, tp=1, max_num_batched_tokens=20_000,
                     max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.6")
     # 20,000 x 110,592 = 2,211,840,000 > sampler: the forward wins
@@ -79,17 +81,37 @@ def test_v0_10_sampler_two_copies_calibrated_on_flashinfer_logs():
     # 0.12 - 0.16 keep 10 (FlashInfer opt-in: native top-k/top-p sort, as V0), and so does ROCm before 0.12
     # (no FlashInfer there); 0.17+ keep 5.
     # Qwen2(.5)-7B, `vllm serve` on an A100: 2048 tokens, 256 rows; vocab 152,064 is a multiple of 64.
+    # (0.17+ derive the sampler peak instead: test_triton_and_flashinfer_sampler_peaks_are_derived)
     qwen = build_spec(load_bundled("Qwen/Qwen2.5-7B-Instruct"))
     forward, sampler = vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.10")
     assert forward == 2048 * (3 * 3584 + 3 * 18944) * 2 == 276_824_064
     assert sampler == 256 * 152_064 * 4 * 2 == 311_427_072
     assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11.2")[1] == 311_427_072
     assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.12")[1] == 256 * 152_064 * 4 * 10 == 1_557_135_360
-    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11.1", "rocm")[1] == 1_557_135_360
-    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.19")[1] == 256 * 152_064 * 4 * 5 == 778_567_680
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11.1", Device("rocm"))[1] == 1_557_135_360
     # dennislee-a100-80-qwen2-7b-util025: 0.25 x 79.151 GiB - 14.2488 - 5.01 = 0.53 GiB for activation +
     # non-torch; kvplan's 0.29 GiB activation + 0.31 GiB overhead is within 0.1 GiB of it.
     assert max(forward, sampler) + vllm.NON_TORCH_BYTES < 0.63 * GiB
+
+
+def test_triton_and_flashinfer_sampler_peaks_are_derived(llama31):
+    # Llama-3.1-8B, `vllm serve` on an H100 (132 SMs): 8,192 tokens, 1,024 rows, vocab 128,256 (padded the same).
+    # 0.17 - 0.20 (Triton top-k/top-p): bf16 logits 1,024 x 128,256 x 2 = 262,668,288; fp32 logits, softmax
+    # probs and exponential noise 1,024 x 128,256 x 12 = 1,576,009,728; Triton buffer 132 x 128,256 x 4 =
+    # 67,719,168; hidden states 8,192 x 4,096 x 2 = 67,108,864 -> 1,973,506,048 (1.84 GiB, 5 copies were 2.45)
+    h100 = Device("cuda", 132, "nvlink-switch")
+    forward, triton = vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.19.0", h100)
+    assert (forward, triton) == (905_969_664, 1_973_506_048)
+    # 0.21+ (FlashInfer: top-k masked logits + probs, no per-SM buffer): 1,973,506,048 - 67,719,168
+    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.21.0", h100)[1] == 1_905_786_880
+    # ROCm has no FlashInfer: the Triton buffer again, one row per compute unit (MI300X: 304)
+    mi300x = Device("rocm", 304, "infinity-fabric")
+    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.21.0", mi300x)[1] == 1_905_786_880 + 304 * 128_256 * 4
+    # 24 rows on an H100: the buffer is min(next power of two of 24, 132) = 32 rows
+    small = vllm.sampler_peak_bytes(llama31, 24, 2, 24, "triton", 132)
+    assert small == 24 * 128_256 * 14 + 32 * 128_256 * 4 + 24 * 4_096 * 2
+    # fp32 models: .to(float32) returns the logits themselves -> 4 B + 8 B per element, no extra copy
+    assert vllm.sampler_peak_bytes(llama31, 8, 4, 8, "flashinfer") == 8 * 128_256 * 12 + 8 * 4_096 * 4
 
 
 def test_rope_cache_counted_in_overhead(llama31, llama3):
@@ -200,7 +222,7 @@ def test_versions_and_default_utilisation():
     assert vllm.DEFAULT_VERSION == "0.29" == vllm.VERSIONS[-1]
     utils = {v: vllm.defaults(v, H100, False).gpu_util for v in vllm.VERSIONS}
     # CacheConfig.gpu_memory_utilization: Field(default=0.9) through 0.19.x, 0.92 from 0.20.0
-    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.26", "0.28", "0.29"}
+    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.21", "0.26", "0.28", "0.29"}
     assert vllm.defaults("0.6", H100, False).mode == "V0"
     assert vllm.defaults("0.19.1", H100, False).gpu_util == 0.9 and vllm.defaults("0.20.0", H100, False).gpu_util == 0.92
     with pytest.raises(InputError, match="older than every modelled"):
@@ -214,7 +236,8 @@ def test_versions_and_default_utilisation():
     ("0.29.1rc1.dev17+gd2d649e67", "0.29", "0.29.0 and later"),
     ("0.10.1.dev101+gbda9d0535", "0.9", "0.9.0 - 0.11.x"),  # a dev build before 0.10.1 is 0.10.x code
     ("v0.20.0", "0.20", "0.20.0"),
-    ("0.20.1", "0.20.1", "0.20.1 - 0.25.x"),
+    ("0.20.1", "0.20.1", "0.20.1 - 0.20.x"),
+    ("0.23.0", "0.21", "0.21.0 - 0.25.x"),
 ])
 def test_any_pep440_version_maps_to_the_release_that_covers_it(typed, release, covers):
     key, note = vllm.resolve_version(typed)
@@ -360,3 +383,12 @@ def test_token_line_of_multi_group_models_per_release():
     llama = build_spec(load_bundled("meta-llama/Llama-3.1-8B-Instruct"))
     r = plan_for_spec(llama, Options(model="x", gpu="H100", engine_version="0.13.0", kv_budget_bytes=GiB))
     assert r.answer.kv_tokens == 512 * 16
+
+
+def test_rocm_has_no_cudagraph_estimate(llama3):
+    # gpu_worker (0.18+): "Skip on ROCm/HIP as graph pool handles and mem_get_info behave differently"
+    common = dict(spec=llama3, tp=1, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
+    rocm = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.32", device=Device("rocm", 304),
+                       **common).cudagraph
+    assert rocm.bytes == 0 and "ROCm" in rocm.source
+    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.32", **common).cudagraph.bytes > 0

@@ -133,20 +133,22 @@ def test_every_section_agrees(model_id):
 
 def test_the_two_hybrids_of_issue_11():
     """Nemotron-Nano-9B-v2 and Falcon-H1-7B on an H100 (vLLM 0.32, prefix caching on by default): before the
-    fix the paging section and max context ignored prefix caching's state checkpoints (56 vs 80 requests)."""
+    fix the paging section and max context ignored prefix caching's state checkpoints (56 vs 80 requests).
+    (The counts moved by one or two when vLLM 0.21+'s sampler peak was re-derived, issue 15: 92 -> 93, 33 -> 34,
+    89 -> 91; the agreement they test did not.)"""
     for model_id, context, requests, longest in (("nvidia/NVIDIA-Nemotron-Nano-9B-v2", 32768, 56, 131_072),
-                                                 ("nvidia/NVIDIA-Nemotron-Nano-9B-v2", 8192, 92, 131_072),
-                                                 ("tiiuae/Falcon-H1-7B-Instruct", 32768, 33, 262_144),
-                                                 ("tiiuae/Falcon-H1-7B-Instruct", 8192, 89, 262_144)):
+                                                 ("nvidia/NVIDIA-Nemotron-Nano-9B-v2", 8192, 93, 131_072),
+                                                 ("tiiuae/Falcon-H1-7B-Instruct", 32768, 34, 262_144),
+                                                 ("tiiuae/Falcon-H1-7B-Instruct", 8192, 91, 262_144)):
         p = plan_for_spec(spec_of(model_id), Options(model=model_id, context=context))
         assert p.prefix_caching
         assert p.answer.max_requests == p.fragmentation.paged_max_requests == requests
         # one request at max_position_embeddings fits, so that is the longest the engine starts with
         assert p.answer.max_context_at_batch == p.answer.longest_startable_len == longest
-    # Falcon-H1 at 32k: 33 fit, so batch 34 does not; its max context is where 34 requests fit
+    # Falcon-H1 at 32k: 34 fit, so batch 35 does not; its max context is where 35 requests fit
     falcon = plan_for_spec(spec_of("tiiuae/Falcon-H1-7B-Instruct"),
-                           Options(model="tiiuae/Falcon-H1-7B-Instruct", context=32768, batch=34))
+                           Options(model="tiiuae/Falcon-H1-7B-Instruct", context=32768, batch=35))
     m = falcon.answer.max_context_at_batch
     assert not falcon.answer.fits and m < 32768
-    assert 34 * falcon.demand.blocks(m) <= falcon.answer.num_blocks - memory.NULL_BLOCKS
-    assert 34 * falcon.demand.blocks(m + 1) > falcon.answer.num_blocks - memory.NULL_BLOCKS
+    assert 35 * falcon.demand.blocks(m) <= falcon.answer.num_blocks - memory.NULL_BLOCKS
+    assert 35 * falcon.demand.blocks(m + 1) > falcon.answer.num_blocks - memory.NULL_BLOCKS

@@ -103,6 +103,20 @@ USAGE_CONTEXTS = ("serve", "llm")
 
 
 @dataclass(frozen=True)
+class Device:
+    """What an engine's budget needs to know about the GPU beyond its memory.
+
+    ``platform``: ``cuda`` or ``rocm``. ``sm_count``: streaming multiprocessors (AMD: compute units),
+    ``None`` when unknown. ``interconnect``: ``nvlink-switch``, ``nvlink``, ``pcie``, ``infinity-fabric``
+    or ``None`` (the GPU catalogue's field).
+    """
+
+    platform: str = "cuda"
+    sm_count: int | None = None
+    interconnect: str | None = None
+
+
+@dataclass(frozen=True)
 class Launch:
     """What an engine's start-up log and command line need from a plan (tokens, requests, bytes).
 
@@ -152,7 +166,7 @@ class Engine(Protocol):
     def budget(self, total_bytes: int, gpu_util: float, weights: Term, activation: Term | None,
                overhead: Term | None, cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec,
                tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-               version: str, pp: int = 1, platform: str = "cuda") -> Budget:
+               version: str, pp: int = 1, device: Device | None = None) -> Budget:
         """The per-GPU budget; a term given by the caller replaces the engine's estimate."""
 
     def inflight_tokens(self, engine: EngineDefaults, pp: int, is_cpu: bool) -> int:

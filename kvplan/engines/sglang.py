@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from kvplan import memory
-from kvplan.engines import USAGE_CONTEXTS, Budget, EngineDefaults, Launch, Term, release_ranges, resolve_release
+from kvplan.engines import USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, Term, release_ranges, resolve_release
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec
 from kvplan.units import DType, GiB, MiB
@@ -166,7 +166,7 @@ def pre_load_bytes(tp: int, pp: int) -> int:
 def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-           version: str = DEFAULT_VERSION, pp: int = 1, platform: str = "cuda") -> Budget:
+           version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None) -> Budget:
     """SGLang's pool budget per GPU: ``total x mem_fraction_static - weights - overhead``.
 
     ``overhead`` is the memory in use before loading (0.4: all of it; 0.5: that times the fraction,

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from kvplan import memory
-from kvplan.engines import (USAGE_CONTEXTS, Budget, EngineDefaults, Launch, Term, forward_bytes_per_token,
+from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, Term, forward_bytes_per_token,
                             padded_vocab, release_ranges, resolve_release, sampler_bytes)
 from kvplan.errors import InputError
 from kvplan.spec import LayerKind, ModelSpec
@@ -31,8 +31,9 @@ class Profile:
     ``rounding``: ``floor`` (``requested = total * util`` as a float; blocks floor the difference) or
     ``ceil`` (``math.ceil(total * util)``). ``batch_rule``: which default table fills
     ``max_num_batched_tokens`` / ``max_num_seqs`` (``v0``, ``v1-70``, ``v1``, ``v1-160``). ``sampler``: the
-    top-k/top-p path of the profiled dummy sampler run (``v0``, ``flashinfer``, ``native``, ``triton``);
-    ``sampler_copies``: fp32 ``[rows, vocab]`` tensors alive at its peak. ``cudagraph``: ``none``
+    top-k/top-p path of the profiled dummy sampler run (``v0``, ``flashinfer-early``, ``native``,
+    ``triton``, ``flashinfer``); ``sampler_copies``: fp32 ``[rows, vocab]`` tensors alive at its peak on
+    the calibrated paths (the last two are derived: :func:`sampler_peak_bytes`). ``cudagraph``: ``none``
     (captured after the KV cache, out of the ``1 - util`` slack), ``logged`` (estimated, not
     subtracted) or ``subtracted``. ``kv_tokens_rule``: the "GPU KV cache size" line: ``blocks``
     (``num_blocks x block_size``), ``groups`` (``num_blocks // num_groups x block_size``) or
@@ -73,7 +74,7 @@ def _p(version: str, first: tuple[int, ...], change: str, **kw: object) -> Profi
 # format but budgeted the same terms (vllm-10517 agrees at 0.6.3/0.6.4).
 _V0 = dict(mode="V0", gpu_util=0.9, rounding="floor", batch_rule="v0", sampler="v0", sampler_copies=10,
            cudagraph="none", refusal="tokens", kv_tokens_rule="blocks", non_torch_bytes=NON_TORCH_BYTES)
-_V1 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer", sampler_copies=2, refusal="bytes")
+_V1 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer-early", sampler_copies=2, refusal="bytes")
 PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.6", (0, 6, 0), "V0 engine (memory profiling of PR #10511)", **_V0),
     # 0.8: V1 by default. Sampler: FlashInfer's top-k/top-p when it is installed (VLLM_USE_FLASHINFER_SAMPLER
@@ -91,31 +92,37 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
        **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="native", sampler_copies=10)),
     _p("0.14", (0, 14, 0), "requested memory = ceil(total x util) (request_memory)",
        **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="native", sampler_copies=10, rounding="ceil")),
-    # 0.17: apply_top_k_top_p runs a Triton kernel in place for >= 8 rows (no sort copies).
+    # 0.17: apply_top_k_top_p runs a Triton kernel in place for >= 8 rows (no sort copies); the sampler
+    # peak is derived from the code (sampler_peak_bytes), not calibrated.
     _p("0.17", (0, 17, 0), "Triton top-k/top-p in place (no sort copies)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=5, rounding="ceil")),
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil")),
     _p("0.18", (0, 18, 0), "CUDA-graph memory estimated and logged (subtracted only with "
        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=5, rounding="ceil",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil",
               cudagraph="logged")),
     _p("0.20", (0, 20, 0), "default gpu_memory_utilization 0.92; CUDA-graph estimate subtracted by default",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=5, rounding="ceil",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil",
               cudagraph="subtracted", gpu_util=0.92)),
     # 0.20.1: _report_kv_cache_config prints int(max_concurrency x max_model_len) ("a naive num_blocks //
     # num_groups x block_size formula underestimates capacity"; vllm#40691 reported the old line on 0.19.0).
     _p("0.20.1", (0, 20, 1), "token line int(max_concurrency x max_model_len)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=5,
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=0,
+              rounding="ceil", cudagraph="subtracted", gpu_util=0.92)),
+    # 0.21: VLLM_USE_FLASHINFER_SAMPLER defaults to True again: FlashInfer's top_k_top_p_sampling_from_logits
+    # (top-k mask copy + softmax probs) on CUDA GPUs with more than 16 SMs; ROCm keeps the Triton path.
+    _p("0.21", (0, 21, 0), "FlashInfer top-k/top-p sampler on by default (CUDA)",
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92)),
     # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
     # scheduling on one pipeline stage).
     _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=5,
+       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2)),
     _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)",
-       **dict(_V1, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=5,
+       **dict(_V1, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2)),
     _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
-       **dict(_V1, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=5,
+       **dict(_V1, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2, refusal="null_block")),
 )}
 VERSIONS = tuple(PROFILES)
@@ -212,32 +219,84 @@ def requested_bytes(total_bytes: int, gpu_util: float, rounding: str) -> int:
     return math.ceil(product) if rounding == "ceil" else math.floor(product)
 
 
-def sampler_path(version: str, platform: str = "cuda") -> tuple[str, int]:
-    """``(path, fp32 copies)`` of the profiled dummy sampler run: FlashInfer's sampler exists only on
-    CUDA, so a ROCm GPU (``platform="rocm"``) takes the native torch path (10 copies) where CUDA would
-    take FlashInfer's (0.8 - 0.11)."""
+DEFAULT_SM_COUNT = 132  # an H100's, when the catalogue has no SM count for the GPU
+FLASHINFER_MIN_SMS = 17  # flashinfer_sampler_supported(): GPUs with 16 or fewer SMs use the native path
+
+
+def sampler_path(version: str, device: Device | None = None) -> tuple[str, int]:
+    """``(path, fp32 copies)`` of the profiled dummy sampler run on ``device`` (copies 0: derived).
+
+    FlashInfer's sampler exists only on CUDA: on ROCm the early FlashInfer default (0.8 - 0.11) is the
+    native torch-sort path (10 copies) and the 0.21+ one is the Triton path; CUDA GPUs with 16 or fewer
+    SMs also fall back to Triton from 0.21.
+    """
     p = profile(version)
-    if p.sampler == "flashinfer" and platform == "rocm":
+    device = device or Device()
+    if device.platform == "rocm" and p.sampler == "flashinfer-early":
         native = PROFILES["0.12"]
         return native.sampler, native.sampler_copies
+    if p.sampler == "flashinfer" and (device.platform == "rocm" or (device.sm_count or DEFAULT_SM_COUNT)
+                                      < FLASHINFER_MIN_SMS):
+        return "triton", 0
     return p.sampler, p.sampler_copies
 
 
+def sampler_peak_bytes(spec: ModelSpec, rows: int, act_bytes: int, max_num_batched_tokens: int, path: str,
+                       sm_count: int | None = None) -> int:
+    """Peak bytes of the dummy sampler run on the Triton (0.17+) and FlashInfer (0.21+) paths, derived
+    from vLLM's code (``_dummy_sampler_run``, ``Sampler.forward``, ``TopKTopPSampler``):
+
+    - the logits ``compute_logits`` returns, ``[rows, padded vocab]`` in the model dtype, stay referenced
+      by ``_dummy_sampler_run`` (Gemma 2's soft-capping makes two transient copies there, below this peak);
+    - ``Sampler.forward``: ``logits.to(float32)``, ``[rows, vocab]`` x 4 B (the same tensor for fp32 models);
+    - then two more fp32 ``[rows, vocab]`` tensors: Triton path: ``softmax`` probs and the exponential
+      noise ``q`` of ``random_sample`` (the top-k/top-p kernel works in place); FlashInfer path: the
+      top-k masked logits and their softmax probs;
+    - Triton only: its per-program buffer, one fp32 vocab row per SM (``min(rows, SMs)`` rounded up to a
+      power of two, at most the SM count), kept for later steps;
+    - the model's output hidden states of the profiled batch, ``max_num_batched_tokens x hidden``.
+    Llama-3.1-8B on an H100, 1,024 rows (Triton): 1,024 x (128,256 x 2 + 128,256 x 12) + 132 x 128,256 x 4
+    + 8,192 x 4,096 x 2 = 1,838,678,016 + 67,719,168 + 67,108,864 = 1,973,506,048 B (1.84 GiB).
+    """
+    vocab, padded = spec.vocab_size, padded_vocab(spec.vocab_size)
+    logits = rows * padded * act_bytes
+    fp32 = rows * vocab * 4 * (2 if act_bytes == 4 else 3)
+    buffer = 0
+    if path == "triton":
+        sms = sm_count or DEFAULT_SM_COUNT
+        programs = min(sms, rows)
+        buffer = min(1 << (programs - 1).bit_length() if programs > 1 else 1, sms) * vocab * 4
+    return logits + fp32 + buffer + max_num_batched_tokens * spec.hidden_size * act_bytes
+
+
 def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
-                     version: str = DEFAULT_VERSION, platform: str = "cuda") -> tuple[int, int]:
+                     version: str = DEFAULT_VERSION, device: Device | None = None) -> tuple[int, int]:
     """``(forward, sampler)`` peak bytes of vLLM's profile run, per GPU; the activation term is their max.
 
     forward: ``max_num_batched_tokens x`` :func:`~kvplan.engines.forward_bytes_per_token`.
-    sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` fp32 logit rows over the padded
-    vocab, ``copies`` times (:func:`sampler_path`; V0: 10, the sort / softmax / top-p / scatter /
-    log-softmax copies of its top-k/top-p dummy run, on the driver rank whose budget is the minimum;
-    V1: 2 with FlashInfer (0.8 - 0.11 on CUDA), 10 on the native torch-sort path (0.12 - 0.16, and
-    ROCm before), 5 from 0.17). The logits are gathered to the full vocab, so this part does not
-    shrink with tp.
+    sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` logit rows (:func:`sampler_path`):
+    on the calibrated paths fp32 rows over the padded vocab x copies (V0: 10, the sort / softmax / top-p
+    / scatter / log-softmax copies of its top-k/top-p dummy run, on the driver rank whose budget is the
+    minimum; 0.8 - 0.11: 2 with FlashInfer; 0.12 - 0.16 (and ROCm before): 10 on the native torch-sort
+    path); from 0.17 :func:`sampler_peak_bytes`. The logits are gathered to the full vocab, so this part
+    does not shrink with tp.
     """
     forward = max_num_batched_tokens * forward_bytes_per_token(spec, tp, act_bytes)
     rows = min(max_num_seqs, max_num_batched_tokens)
-    return forward, sampler_bytes(rows, spec.vocab_size, sampler_path(version, platform)[1])
+    path, copies = sampler_path(version, device)
+    if copies:
+        return forward, sampler_bytes(rows, spec.vocab_size, copies)
+    return forward, sampler_peak_bytes(spec, rows, act_bytes, max_num_batched_tokens, path,
+                                       (device or Device()).sm_count)
+
+
+def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes: int, forward: int, sampler: int,
+                       path: str, copies: int) -> str:
+    what = (f"{rows:,} rows x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
+            f"{path} path, {rows:,} rows: model-dtype logits + 3 fp32 [rows, vocab] tensors"
+            + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
+    return (f"estimate: max(forward {mnbt:,} tokens x {forward_bytes_per_token(spec, tp, act_bytes):,} B = "
+            f"{forward / GiB:.2f} GiB, sampler {what} = {sampler / GiB:.2f} GiB)")
 
 
 def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
@@ -284,10 +343,11 @@ def cudagraph_bytes(spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_nu
 def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-           version: str = DEFAULT_VERSION, pp: int = 1, platform: str = "cuda") -> Budget:
+           version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None) -> Budget:
     """The per-GPU budget with every term; any term given by the caller replaces the model's.
 
-    ``platform``: ``cuda`` or ``rocm`` (AMD GPUs have no FlashInfer sampler; see :func:`sampler_path`).
+    ``device``: platform, SM count and interconnect (:class:`~kvplan.engines.Device`; the sampler path
+    and the non-torch memory at tp >= 2 depend on them).
 
     ``kv = requested - weights - activation - overhead - cudagraph`` (the terms vLLM ``version``
     subtracts); ``kv_budget_override`` (``--kv-budget``, vLLM's ``kv_cache_memory_bytes``; on the CPU
@@ -310,13 +370,11 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                       p.rounding, 0, 0, tuple(notes))
     if activation is None:
         forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
-                                            platform)
+                                            device)
         rows = min(max_num_seqs, max_num_batched_tokens)
         activation = Term("activation", max(forward, sampler),
-                          f"estimate: max(forward {max_num_batched_tokens:,} tokens x "
-                          f"{forward_bytes_per_token(spec, tp, act_bytes):,} B = {forward / GiB:.2f} GiB, "
-                          f"sampler {rows:,} rows x {padded_vocab(spec.vocab_size):,} vocab x 4 B x "
-                          f"{sampler_path(version, platform)[1]} = {sampler / GiB:.2f} GiB)")
+                          _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
+                                             *sampler_path(version, device)))
     if overhead is None:
         rope = rope_cache_bytes(spec, act_bytes)
         overhead = Term("overhead", p.non_torch_bytes + rope,
@@ -325,8 +383,10 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     if cudagraph is None:
         estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes)
         what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
-        if p.cudagraph == "subtracted":
-            cudagraph = Term("cudagraph", estimate, f"estimate: profiled CUDA graphs ({what}), subtracted since 0.21")
+        if (device or Device()).platform == "rocm" and p.cudagraph != "none":
+            cudagraph = Term("cudagraph", 0, "not profiled on ROCm (vLLM skips the CUDA-graph estimate there)")
+        elif p.cudagraph == "subtracted":
+            cudagraph = Term("cudagraph", estimate, f"estimate: profiled CUDA graphs ({what}), subtracted since 0.20")
         elif p.cudagraph == "logged":
             cudagraph = Term("cudagraph", 0, f"not subtracted in {version} (estimate {what} is only logged)")
         else:
