@@ -162,7 +162,7 @@ def gpus(json_out: JsonOpt = False) -> None:
     console().print(render_gpus(catalogue))
 
 
-_PLUGGED_COMMANDS = ("validate", "check", "report", "schema", "simulate")
+_PLUGGED_COMMANDS = ("validate", "check", "report", "schema", "simulate", "observe")
 
 
 def _register_commands() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvplan.errors import TorchMissingError
+from kvplan.render import PLOT_SUFFIXES, plot_path  # noqa: F401 - part of this module's API (commands, tests)
 from kvplan.units import GiB
 
 SCHEMA_VERSION = 1
@@ -101,46 +101,13 @@ def compare_line(res: Any) -> str | None:
     return "; ".join(out) if out else None
 
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
-
-def plot_path(path: str | Path) -> Path:
-    """Where ``--plot PATH`` writes, checked before the simulation runs: a ``.png``, ``.svg`` or ``.pdf``
-    file (no suffix: ``.png`` is added) that can be written, with matplotlib installed."""
-    import importlib.util
-
-    from kvplan.atomic import check_writable
-    from kvplan.errors import InputError
-
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"cannot write --plot {path}: it is a folder", "give a file name such as pool.png")
-    if not path.suffix:
-        path = path.with_name(path.name + ".png")
-    elif path.suffix.lower() not in PLOT_SUFFIXES:
-        raise InputError(f"cannot write --plot {path}: unknown image format {path.suffix!r}", "use .png, .svg or .pdf")
-    check_writable(path, "--plot")
-    if importlib.util.find_spec("matplotlib") is None:
-        raise TorchMissingError("--plot needs matplotlib", "pip install 'kvplan[plot]'")
-    return path
-
-
 def write_plot(run: Any, path: str | Path) -> Path:
     """Pool utilisation and running requests over time, one line per policy (PNG/SVG/PDF by suffix),
     written atomically; ``path`` as :func:`plot_path` resolves it. Returns the path written."""
-    import io
-
-    from kvplan.atomic import write_atomic
+    from kvplan.render import pyplot, save_figure
 
     path = plot_path(path)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise TorchMissingError("--plot needs matplotlib", "pip install 'kvplan[plot]'") from None
-
+    plt = pyplot()
     fig, (ax_u, ax_r) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for r in run.result.results:
         s = r.series.downsample(2000)
@@ -153,8 +120,5 @@ def write_plot(run: Any, path: str | Path) -> Path:
     ax_u.legend(loc="lower right", fontsize="small")
     ax_u.set_title(f"{run.workload.name}: {run.plan.spec.model_id} on {run.plan.gpu.name}", fontsize="medium")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=path.suffix.lower().lstrip("."))
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    save_figure(plt, fig, path)
     return path

@@ -1,0 +1,223 @@
+"""The engines' metric names, and one Prometheus text page -> one reading per series.
+
+What kvplan reads (``FIELDS``), each from the first name of its engine's list that the page has (newer
+names first; the names and the releases that use them are in docs/observe.md, from the engines' own
+metric definitions):
+
+- ``usage``: fraction of the KV pool in use, 0..1 (vLLM: used blocks / ``num_gpu_blocks``; SGLang:
+  used tokens / ``max_total_num_tokens``);
+- ``running`` / ``waiting``: requests in the running batch / in the queue (gauges);
+- ``preemptions``: requests preempted so far (counter; SGLang calls them retractions);
+- ``prefix_queries`` / ``prefix_hits``: prefix-cache lookups and hits in tokens (counters, vLLM V1), or
+  ``prefix_hit_rate``: a hit-rate gauge 0..1 (vLLM V0, SGLang);
+- ``prompt_tokens`` / ``generation_tokens``: tokens processed so far (counters);
+- ``max_total_tokens``: SGLang's pool size in tokens (gauge);
+- vLLM's ``vllm:cache_config_info`` (a gauge fixed at 1 whose labels are the engine's cache config:
+  ``block_size``, ``num_gpu_blocks``, ``gpu_memory_utilization``, ...) gives ``num_gpu_blocks`` and
+  ``block_size``, and the config the plan comparison may read.
+
+A series is one set of labels (``model_name``, vLLM V1's ``engine`` index, SGLang's ranks): several
+models or engines behind one endpoint are kept apart. Samples whose labels are a subset of a series'
+labels (``vllm:cache_config_info`` carries only ``engine``, SGLang's tokenizer counters only
+``model_name``) are folded into every such series of the same engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from kvplan.errors import KvplanError
+
+FIELDS = ("usage", "running", "waiting", "preemptions", "prefix_queries", "prefix_hits", "prefix_hit_rate",
+          "prompt_tokens", "generation_tokens", "max_total_tokens")
+COUNTERS = frozenset({"preemptions", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens"})
+GAUGES = ("usage", "running", "waiting", "prefix_hit_rate", "max_total_tokens")
+
+# field -> exposition names, preferred first. Counters carry their exposed ``_total`` suffix.
+VLLM_NAMES: dict[str, tuple[str, ...]] = {
+    "usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "prefix_hit_rate": ("vllm:gpu_prefix_cache_hit_rate",),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+}
+SGLANG_NAMES: dict[str, tuple[str, ...]] = {
+    "usage": ("sglang:token_usage",),
+    "running": ("sglang:num_running_reqs",),
+    "waiting": ("sglang:num_queue_reqs",),
+    "preemptions": ("sglang:num_retracted_requests_total",),
+    "prefix_hit_rate": ("sglang:cache_hit_rate",),
+    "prompt_tokens": ("sglang:prompt_tokens_total",),
+    "generation_tokens": ("sglang:generation_tokens_total",),
+    "max_total_tokens": ("sglang:max_total_num_tokens",),
+}
+NAMES = {"vllm": VLLM_NAMES, "sglang": SGLANG_NAMES}
+VLLM_CACHE_CONFIG = "vllm:cache_config_info"
+# names only one generation of vLLM exposes (to tell V1 from V0 in the output)
+_V1_ONLY = frozenset({"vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"})
+_V0_ONLY = frozenset({"vllm:gpu_prefix_cache_hit_rate", "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc"})
+
+# name -> (engine family, field, preference index)
+_LOOKUP: dict[str, tuple[str, str, int]] = {
+    name: (family, fld, i) for family, table in NAMES.items() for fld, names in table.items() for i, name in enumerate(names)
+}
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class PageError(KvplanError):
+    """A page that is not a Prometheus text page, or holds no vLLM / SGLang metric."""
+
+
+@dataclass(frozen=True)
+class SeriesReading:
+    """One series on one page: its labels, engine, the values read and the metric name of each.
+
+    ``values``: field -> value (fractions 0..1, requests, tokens). ``cache_config``: the labels of
+    ``vllm:cache_config_info`` for this series (empty for SGLang or when absent).
+    """
+
+    family: str  # "vllm" or "sglang"
+    labels: Labels
+    engine: str  # "vLLM V1", "vLLM V0", "vLLM" (cannot tell), "SGLang"
+    values: Mapping[str, float]
+    names: Mapping[str, str]
+    cache_config: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, Labels]:
+        return (self.family, self.labels)
+
+    @property
+    def name(self) -> str:
+        return series_name(self.labels)
+
+    @property
+    def num_gpu_blocks(self) -> int | None:
+        return _int_label(self.cache_config.get("num_gpu_blocks"))
+
+    @property
+    def block_size(self) -> int | None:
+        return _int_label(self.cache_config.get("block_size"))
+
+    def missing(self) -> tuple[str, ...]:
+        """What this engine documents but the page lacks, as ``field (name, ...)`` phrases."""
+        table = NAMES[self.family]
+        out = []
+        for fld, names in table.items():
+            if fld in self.values:
+                continue
+            if fld in ("prefix_queries", "prefix_hits") and "prefix_hit_rate" in self.values:
+                continue
+            if fld == "prefix_hit_rate" and {"prefix_queries", "prefix_hits"} <= set(self.values):
+                continue
+            out.append(f"{fld} ({', '.join(names)})")
+        if self.family == "vllm" and self.num_gpu_blocks is None:
+            out.append(f"num_gpu_blocks ({VLLM_CACHE_CONFIG})")
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Page:
+    """Every series one page holds, in the page's order; ``other_families``: metric families not read."""
+
+    series: tuple[SeriesReading, ...]
+    other_families: int = 0
+
+
+def series_name(labels: Labels) -> str:
+    """``model_name`` first, then the other labels as ``k=v``; ``(no labels)`` when there are none."""
+    d = dict(labels)
+    parts = [d.pop("model_name")] if "model_name" in d else []
+    parts += [f"{k}={v}" for k, v in sorted(d.items())]
+    return " ".join(parts) or "(no labels)"
+
+
+def _int_label(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() and value >= 0 else None
+
+
+def parse_page(text: str) -> Page:
+    """The readings of one ``/metrics`` page; raises :class:`PageError` for a page kvplan cannot use."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # noqa: BLE001 - the parser's error types are not documented (ValueError mostly)
+        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise PageError(f"not a Prometheus text page ({detail})") from None
+    found: dict[tuple[str, Labels], dict[str, tuple[int, float, str]]] = {}
+    configs: dict[Labels, dict[str, str]] = {}
+    seen: set[str] = set()
+    other = 0
+    for family in families:
+        used = False
+        for sample in family.samples:
+            seen.add(sample.name)
+            if sample.name == VLLM_CACHE_CONFIG:
+                engine = sample.labels.get("engine")
+                configs[(("engine", engine),) if engine is not None else ()] = dict(sample.labels)
+                used = True
+                continue
+            hit = _LOOKUP.get(sample.name)
+            if hit is None:
+                continue
+            fam, fld, rank = hit
+            slot = found.setdefault((fam, tuple(sorted(sample.labels.items()))), {})
+            if fld not in slot or rank <= slot[fld][0]:
+                slot[fld] = (rank, float(sample.value), sample.name)
+            used = True
+        other += not used
+    if not found:
+        raise PageError(f"no vLLM or SGLang metric on the page ({len(families)} other metric families)",
+                        "point at the engine's own /metrics (SGLang needs --enable-metrics)")
+    return Page(_series(found, configs, seen), other)
+
+
+def _series(found: dict[tuple[str, Labels], dict[str, tuple[int, float, str]]],
+            configs: dict[Labels, dict[str, str]], seen: set[str]) -> tuple[SeriesReading, ...]:
+    """Fold partial label sets (no pool gauge) into the full series whose labels include theirs."""
+    pool = {"usage", "running", "waiting"}
+    full = [k for k, v in found.items() if pool & set(v)] or list(found)
+    merged = {k: dict(found[k]) for k in full}
+    for key, slot in found.items():
+        if key in merged:
+            continue
+        for target in full:
+            if target[0] == key[0] and set(key[1]) <= set(target[1]):
+                for fld, entry in slot.items():
+                    merged[target].setdefault(fld, entry)
+    out = []
+    for (fam, labels), slot in merged.items():
+        config: dict[str, str] = {}
+        if fam == "vllm":
+            for cfg_labels, cfg in configs.items():
+                if set(cfg_labels) <= set(labels):
+                    config = cfg
+                    break
+        names = {fld: entry[2] for fld, entry in slot.items()}
+        out.append(SeriesReading(fam, labels, _engine(fam, labels, seen), {fld: e[1] for fld, e in slot.items()},
+                                 names, config))
+    return tuple(out)
+
+
+def _engine(family: str, labels: Labels, seen: set[str]) -> str:
+    """SGLang, or which vLLM engine generation the page's names (or V1's ``engine`` label) reveal."""
+    if family == "sglang":
+        return "SGLang"
+    if seen & _V1_ONLY or "engine" in dict(labels):
+        return "vLLM V1"
+    if seen & _V0_ONLY:
+        return "vLLM V0"
+    return "vLLM"

@@ -1,0 +1,256 @@
+"""The polling loop: fetch, parse, track, every ``interval_s`` until ``duration_s`` or Ctrl-C.
+
+A poll never raises for what the server does: an unreachable or slow endpoint, an HTTP error, a page
+that is not Prometheus text or has no engine metric is recorded as that poll's error, reported once as
+an :class:`Event` (again only when it changes, and when the endpoint recovers), and the run goes on. A
+metric the server does not export, a series that appears, and counters that go down (a restart) are
+events too. Clock, wall clock, sleep and fetch are parameters so tests can run the loop without waiting.
+
+The endpoint-wide view (``Observation.summary`` and each poll's ``total``) with several series: usage is
+the fullest pool's (max), running and waiting are summed, counters are the sums of each series'
+reset-adjusted counters, hit rates pool the counters (or average the gauges). With one series it is
+that series' own summary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+from kvplan.observe.metrics import COUNTERS, PageError, SeriesReading, parse_page
+from kvplan.observe.scrape import Endpoint, ScrapeError, fetch
+from kvplan.observe.track import Summary, Tracker
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something worth one line: a fault, a recovery, a missing metric, a counter reset, a new series."""
+
+    poll: int
+    elapsed_s: float
+    message: str
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One poll: when (unix ``t``, seconds since the start), its error, the endpoint-wide row, and a row
+    per series name (see :meth:`kvplan.observe.track.Tracker.add`)."""
+
+    index: int
+    t: float
+    elapsed_s: float
+    error: str | None
+    total: Mapping[str, Any]
+    series: Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class SeriesResult:
+    """One series over the run: who it is, which metric names it used, what it lacks, its summary."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    engine: str
+    metrics: Mapping[str, str]
+    missing: tuple[str, ...]
+    cache_config: Mapping[str, str]
+    summary: Summary
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one run measured. ``stopped``: ``duration``, ``interrupted`` or ``running``."""
+
+    endpoint: str
+    interval_s: float
+    duration_s: float | None
+    timeout_s: float
+    started_at: float
+    elapsed_s: float
+    stopped: str
+    polls: tuple[Poll, ...]
+    series: tuple[SeriesResult, ...]
+    summary: Summary
+    events: tuple[Event, ...]
+
+    @property
+    def failed_polls(self) -> int:
+        return sum(p.error is not None for p in self.polls)
+
+    @property
+    def read_polls(self) -> int:
+        return len(self.polls) - self.failed_polls
+
+
+class Session:
+    """The state of one observation; :meth:`poll` once per interval, :meth:`snapshot` any time."""
+
+    def __init__(self, where: Endpoint, *, interval_s: float, duration_s: float | None, timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 fetcher: Callable[[Endpoint, float], str] = fetch,
+                 on_event: Callable[[Event], None] | None = None) -> None:
+        self.where, self.interval_s, self.duration_s, self.timeout_s = where, interval_s, duration_s, timeout_s
+        self.clock, self.wall, self.fetcher, self.on_event = clock, wall, fetcher, on_event
+        self.start = clock()
+        self.started_at = wall()
+        self.polls: list[Poll] = []
+        self.events: list[Event] = []
+        self.trackers: dict[tuple[str, Any], Tracker] = {}
+        self.latest: dict[tuple[str, Any], SeriesReading] = {}
+        self.missing: dict[tuple[str, Any], tuple[str, ...]] = {}
+        self.total = Tracker()
+        self._error: str | None = None
+        self._failed = 0
+
+    def _event(self, poll: int, elapsed: float, message: str) -> None:
+        event = Event(poll, round(elapsed, 3), message)
+        self.events.append(event)
+        if self.on_event:
+            self.on_event(event)
+
+    def poll(self) -> Poll:
+        """Fetch and record one page; errors become the poll's ``error`` (and an event when new)."""
+        index, elapsed, t = len(self.polls), self.clock() - self.start, self.wall()
+        try:
+            page = parse_page(self.fetcher(self.where, self.timeout_s))
+        except (ScrapeError, PageError) as exc:
+            error = exc.one_line()
+            if error != self._error:
+                self._event(index, elapsed, error)
+            self._error, self._failed = error, self._failed + 1
+            result = Poll(index, t, elapsed, error, {}, {})
+            self.polls.append(result)
+            return result
+        if self._failed:
+            self._event(index, elapsed, f"{self.where.display}: metrics readable again after {self._failed} failed poll(s)")
+        self._error, self._failed = None, 0
+        rows = {}
+        for reading in page.series:
+            rows[reading.name] = self._track(index, elapsed, reading)
+        result = Poll(index, t, elapsed, None, self._total_row(elapsed, rows), rows)
+        self.polls.append(result)
+        return result
+
+    def _track(self, index: int, elapsed: float, reading: SeriesReading) -> dict[str, Any]:
+        key = reading.key
+        if key not in self.trackers:
+            self.trackers[key] = Tracker()
+            if index and any(p.series for p in self.polls):
+                self._event(index, elapsed, f"new series: {reading.name} ({reading.engine})")
+        missing = reading.missing()
+        if missing != self.missing.get(key, ()):
+            if missing:
+                self._event(index, elapsed, f"{reading.name} ({reading.engine}) does not report: {'; '.join(missing)}")
+            self.missing[key] = missing
+        self.latest[key] = reading
+        row = self.trackers[key].add(elapsed, reading.values, reading.num_gpu_blocks, reading.block_size)
+        if row["resets"]:
+            self._event(index, elapsed, f"{reading.name}: counters went down ({', '.join(row['resets'])}): "
+                                        "the server restarted; counting on from the new values")
+        return row
+
+    def _total_row(self, elapsed: float, rows: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+        if len(self.trackers) == 1:
+            return next(iter(rows.values()))
+        values: dict[str, float] = {}
+        present = list(rows.values())
+        for name, combine in (("usage", max), ("running", sum), ("waiting", sum)):
+            got = [r[name] for r in present if name in r]
+            if got:
+                values[name] = combine(got)
+        gauges = [r["prefix_hit_rate"] for r in present if "prefix_queries" not in r and r.get("prefix_hit_rate") is not None]
+        if gauges:
+            values["prefix_hit_rate"] = sum(gauges) / len(gauges)
+        self.total.add(elapsed, values)
+        row: dict[str, Any] = dict(values)
+        for name in COUNTERS:
+            adjusted = [tr.counters[name].adjusted for tr in self.trackers.values() if tr.counters[name].first is not None]
+            if adjusted:
+                row[name] = sum(adjusted)
+        for name in ("prompt_tokens_per_s", "generation_tokens_per_s"):
+            got = [r[name] for r in present if r.get(name) is not None]
+            row[name] = sum(got) if got else None
+        if "prefix_queries" in row:
+            row["prefix_hit_rate"] = row["prefix_hits"] / row["prefix_queries"] if row.get("prefix_hits") is not None \
+                and row["prefix_queries"] else None
+        row["resets"] = sorted({n for r in present for n in r["resets"]})
+        return row
+
+    def snapshot(self, stopped: str = "running") -> Observation:
+        """The observation so far (cheap: summaries come from running sums)."""
+        series = []
+        for key, tracker in self.trackers.items():
+            r = self.latest[key]
+            series.append(SeriesResult(r.name, r.labels, r.engine, dict(r.names), self.missing.get(key, ()),
+                                       dict(r.cache_config), tracker.summary()))
+        if len(series) == 1:
+            summary = series[0].summary
+        else:
+            summary = combine(self.total.summary(), list(self.trackers.values()), len(self.polls) - self._failed_total())
+        return Observation(self.where.display, self.interval_s, self.duration_s, self.timeout_s, self.started_at,
+                           round(self.clock() - self.start, 3), stopped, tuple(self.polls), tuple(series), summary,
+                           tuple(self.events))
+
+    def _failed_total(self) -> int:
+        return sum(p.error is not None for p in self.polls)
+
+
+def combine(gauges: Summary, trackers: list[Tracker], polls: int) -> Summary:
+    """The endpoint-wide summary of several series: pooled gauges (``gauges``) and summed counters."""
+    if not trackers:
+        return replace(gauges, polls=polls)
+    counters = {name: [t.counters[name] for t in trackers if t.counters[name].first is not None] for name in COUNTERS}
+    firsts = [t.t_first for t in trackers if t.t_first is not None]
+    lasts = [t.t_last for t in trackers if t.t_last is not None]
+    elapsed = max(lasts) - min(firsts) if firsts and lasts else 0.0
+
+    def total(name: str, attr: str = "adjusted") -> float | None:
+        got = counters[name]
+        return sum(getattr(c, attr) for c in got) if got else None
+
+    def per_s(name: str) -> float | None:
+        inc = total(name, "increase")
+        return inc / elapsed if inc is not None and elapsed > 0 else None
+
+    pre_run = total("preemptions", "increase")
+    hits, queries = total("prefix_hits"), total("prefix_queries")
+    hit_fields: dict[str, Any] = {}
+    if queries is not None:
+        run_q = total("prefix_queries", "increase")
+        hit_fields = {"prefix_hit_rate": hits / queries if hits is not None and queries else None,
+                      "prefix_hit_rate_during_run": (total("prefix_hits", "increase") or 0) / run_q if run_q else None,
+                      "prefix_hit_rate_source": "counters"}
+    blocks = {t.num_gpu_blocks for t in trackers}
+    sizes = {t.block_size for t in trackers}
+    return replace(
+        gauges, polls=polls, preemptions=total("preemptions"), preemptions_during_run=pre_run,
+        preemptions_per_min=pre_run * 60 / elapsed if pre_run is not None and elapsed > 0 else None,
+        prompt_tokens_per_s=per_s("prompt_tokens"), generation_tokens_per_s=per_s("generation_tokens"),
+        num_gpu_blocks=blocks.pop() if len(blocks) == 1 else None, block_size=sizes.pop() if len(sizes) == 1 else None,
+        counter_resets=sum(t.summary().counter_resets for t in trackers), **hit_fields,
+    )
+
+
+def run(session: Session, *, sleep: Callable[[float], None] = time.sleep,
+        on_poll: Callable[[Session], None] | None = None) -> Observation:
+    """Poll at ``start + k x interval`` (skipping slots a slow poll overran) until the duration has passed
+    or Ctrl-C; returns the observation either way (``stopped`` says which)."""
+    interval, duration = session.interval_s, session.duration_s
+    k = 0
+    try:
+        while True:
+            session.poll()
+            if on_poll:
+                on_poll(session)
+            k += 1
+            now = session.clock() - session.start
+            if k * interval < now:
+                k = math.floor(now / interval) + 1
+            if duration is not None and k * interval > duration + 1e-9:
+                break
+            sleep(max(0.0, k * interval - (session.clock() - session.start)))
+    except KeyboardInterrupt:
+        return session.snapshot("interrupted")
+    return session.snapshot("duration")
