@@ -451,3 +451,13 @@ def test_estimate_start_up_does_not_import_prometheus_client():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.stderr.strip().endswith("False"), r.stderr
+
+
+def test_docs_example_plan_is_kvplans():
+    """docs/observe.md's example plan line is what kvplan plans for it (gpu_util 0.9 read from the endpoint)."""
+    plan = kvplan.estimate(MODEL, gpu="H100", context=8192, gpu_util=0.9)
+    text = " ".join((REPO / "docs" / "observe.md").read_text().split())
+    assert (f"plan ({MODEL} on 1x {plan.gpu.name}, vllm {plan.engine.version}): {plan.answer.num_blocks:,} blocks x 16 "
+            f"tokens, {plan.answer.max_requests} requests of 8,192 tokens") in text
+    assert f"the plan fits {plan.answer.max_requests} requests of 8,192 tokens (max concurrency {plan.answer.max_concurrency:.2f}x" in text
+    assert f"plan {plan.answer.num_blocks:,} ({(26_862 - plan.answer.num_blocks) / plan.answer.num_blocks:+.1%})" in text
