@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from kvplan.errors import KvplanError
+from kvplan.observe.metrics import FAMILIES
 from kvplan.observe.session import SeriesResult
 
 
@@ -176,14 +177,13 @@ def compare(view: PlanView, series: SeriesResult) -> Comparison:
     lines: list[str] = []
     findings: list[str] = []
     who = series.name
-    is_sglang = series.engine == "SGLang"
-    if is_sglang != (engine.engine == "sglang"):
+    if series.family != engine.engine:
         findings.append(f"{who}: the endpoint runs {series.engine}, the plan models {engine.engine}: "
-                        f"pass --engine {'sglang' if is_sglang else 'vllm'}")
+                        f"pass --engine {series.family}")
     elif series.engine == "vLLM V0" and engine.mode != "V0":
         findings.append(f"{who}: the endpoint runs vLLM's V0 engine, the plan models vllm {engine.version} "
                         f"({engine.mode}): pass --engine-version of the server's release")
-    if is_sglang:
+    if FAMILIES[series.family].pool_unit == "tokens":
         _pool_check(who, "token pool", "tokens", s.max_total_num_tokens, a.capacity_tokens, lines, findings)
     else:
         _pool_check(who, "blocks", "GPU blocks", s.num_gpu_blocks, a.num_blocks, lines, findings)

@@ -25,7 +25,7 @@ labels (``vllm:cache_config_info`` carries only ``engine``, SGLang's tokenizer c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from kvplan.errors import KvplanError
 
@@ -56,18 +56,49 @@ SGLANG_NAMES: dict[str, tuple[str, ...]] = {
     "generation_tokens": ("sglang:generation_tokens_total",),
     "max_total_tokens": ("sglang:max_total_num_tokens",),
 }
-NAMES = {"vllm": VLLM_NAMES, "sglang": SGLANG_NAMES}
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"
 # names only one generation of vLLM exposes (to tell V1 from V0 in the output)
 _V1_ONLY = frozenset({"vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"})
 _V0_ONLY = frozenset({"vllm:gpu_prefix_cache_hit_rate", "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc"})
 
+Labels = tuple[tuple[str, str], ...]
+
+
+def _vllm_generation(labels: Labels, seen: set[str]) -> str:
+    """Which vLLM engine the page's names (or V1's ``engine`` label) reveal."""
+    if seen & _V1_ONLY or "engine" in dict(labels):
+        return "vLLM V1"
+    if seen & _V0_ONLY:
+        return "vLLM V0"
+    return "vLLM"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One engine's metric vocabulary, keyed by kvplan's engine name (``--engine``): the names per field,
+    the info metric holding its cache config (if any), how it sizes its pool (``blocks`` from the cache
+    config, or ``tokens`` from ``max_total_tokens``), and how to name the engine a page shows."""
+
+    label: str
+    names: Mapping[str, tuple[str, ...]]
+    cache_config: str | None
+    pool_unit: str
+    generation: Callable[[Labels, set[str]], str] | None = None
+
+    def engine(self, labels: Labels, seen: set[str]) -> str:
+        return self.generation(labels, seen) if self.generation else self.label
+
+
+FAMILIES = {
+    "vllm": Family("vLLM", VLLM_NAMES, VLLM_CACHE_CONFIG, "blocks", _vllm_generation),
+    "sglang": Family("SGLang", SGLANG_NAMES, None, "tokens"),
+}
+NAMES = {name: family.names for name, family in FAMILIES.items()}
+
 # name -> (engine family, field, preference index)
 _LOOKUP: dict[str, tuple[str, str, int]] = {
     name: (family, fld, i) for family, table in NAMES.items() for fld, names in table.items() for i, name in enumerate(names)
 }
-
-Labels = tuple[tuple[str, str], ...]
 
 
 class PageError(KvplanError):
@@ -82,7 +113,7 @@ class SeriesReading:
     ``vllm:cache_config_info`` for this series (empty for SGLang or when absent).
     """
 
-    family: str  # "vllm" or "sglang"
+    family: str  # a key of FAMILIES (kvplan's engine name)
     labels: Labels
     engine: str  # "vLLM V1", "vLLM V0", "vLLM" (cannot tell), "SGLang"
     values: Mapping[str, float]
@@ -117,8 +148,9 @@ class SeriesReading:
             if fld == "prefix_hit_rate" and {"prefix_queries", "prefix_hits"} <= set(self.values):
                 continue
             out.append(f"{fld} ({', '.join(names)})")
-        if self.family == "vllm" and self.num_gpu_blocks is None:
-            out.append(f"num_gpu_blocks ({VLLM_CACHE_CONFIG})")
+        config = FAMILIES[self.family].cache_config
+        if config and self.num_gpu_blocks is None:
+            out.append(f"num_gpu_blocks ({config})")
         return tuple(out)
 
 
@@ -201,23 +233,12 @@ def _series(found: dict[tuple[str, Labels], dict[str, tuple[int, float, str]]],
     out = []
     for (fam, labels), slot in merged.items():
         config: dict[str, str] = {}
-        if fam == "vllm":
+        if FAMILIES[fam].cache_config:
             for cfg_labels, cfg in configs.items():
                 if set(cfg_labels) <= set(labels):
                     config = cfg
                     break
         names = {fld: entry[2] for fld, entry in slot.items()}
-        out.append(SeriesReading(fam, labels, _engine(fam, labels, seen), {fld: e[1] for fld, e in slot.items()},
+        out.append(SeriesReading(fam, labels, FAMILIES[fam].engine(labels, seen), {fld: e[1] for fld, e in slot.items()},
                                  names, config))
     return tuple(out)
-
-
-def _engine(family: str, labels: Labels, seen: set[str]) -> str:
-    """SGLang, or which vLLM engine generation the page's names (or V1's ``engine`` label) reveal."""
-    if family == "sglang":
-        return "SGLang"
-    if seen & _V1_ONLY or "engine" in dict(labels):
-        return "vLLM V1"
-    if seen & _V0_ONLY:
-        return "vLLM V0"
-    return "vLLM"

@@ -51,6 +51,7 @@ class SeriesResult:
     """One series over the run: who it is, which metric names it used, what it lacks, its summary."""
 
     name: str
+    family: str  # kvplan's engine name: a key of kvplan.observe.metrics.FAMILIES
     labels: tuple[tuple[str, str], ...]
     engine: str
     metrics: Mapping[str, str]
@@ -183,7 +184,7 @@ class Session:
         series = []
         for key, tracker in self.trackers.items():
             r = self.latest[key]
-            series.append(SeriesResult(r.name, r.labels, r.engine, dict(r.names), self.missing.get(key, ()),
+            series.append(SeriesResult(r.name, r.family, r.labels, r.engine, dict(r.names), self.missing.get(key, ()),
                                        dict(r.cache_config), tracker.summary()))
         if len(series) == 1:
             summary = series[0].summary
