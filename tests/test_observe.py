@@ -461,3 +461,4 @@ def test_docs_example_plan_is_kvplans():
             f"tokens, {plan.answer.max_requests} requests of 8,192 tokens") in text
     assert f"the plan fits {plan.answer.max_requests} requests of 8,192 tokens (max concurrency {plan.answer.max_concurrency:.2f}x" in text
     assert f"plan {plan.answer.num_blocks:,} ({(26_862 - plan.answer.num_blocks) / plan.answer.num_blocks:+.1%})" in text
+    assert f"{plan.answer.num_blocks - 26_862:,} blocks" in text and f"where the plan fits {plan.answer.max_requests} of" in text
