@@ -13,7 +13,7 @@ vLLM CPU-backend facts the cases rely on (vLLM 0.32, read from its source):
   (on GPUs async scheduling doubles the in-flight tokens);
 - prefix caching is on by default, so Mamba state groups use vLLM's "align" mode;
 - on CPUs with AVX-512 BF16 the SSM state is reset to float32 unless the GDN kernel runs in bf16:
-  the oracle sets ``ssm_dtype=float32`` on kvplan's state layers to match (``CPU_SSM_DTYPE``).
+  kvplan's ``--gpu cpu`` applies that itself (``kvplan.engines.vllm.ssm_dtype``).
 
 Heavy (about 20-90 s and 2-5 GB of RAM per probe): run by hand, never from pytest. Probes run one at
 a time and are cached (``--cache``); ``--kvplan-only`` recomputes the kvplan side from the cache.
@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import datetime
 import json
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +41,13 @@ sys.path.insert(0, str(REPO))
 
 from kvplan.plan import Options, plan_for_spec  # noqa: E402
 from kvplan.sources import load_bundled  # noqa: E402
-from kvplan.spec import ModelSpec, spec_from_config  # noqa: E402
+from kvplan.spec import spec_from_config  # noqa: E402
 from kvplan.units import GiB  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 HUB_CONFIGS = SHARED / "hub-configs"
 TOOL = SHARED / "tools" / "vllm_cpu_kv.sh"
 FIXTURES = REPO / "tests" / "fixtures" / "configs"
-CPU_SSM_DTYPE = "float32"
 
 # Shrinks keep every KV-cache field (layers, heads, head_dim, windows, patterns) and cut the weights.
 SMALL = {"intermediate_size": 128, "vocab_size": 1024}
@@ -133,7 +131,6 @@ def probe(case: Case, config: dict[str, Any]) -> dict[str, Any]:
 def kvplan_numbers(case: Case, config: dict[str, Any], vllm: dict[str, Any]) -> dict[str, Any]:
     """kvplan's pool for the same config, budget and scheduler settings."""
     spec = spec_from_config(config, model_id=case.name, where=f"{case.source} (patched)")
-    spec = cpu_platform(spec)
     budget = int(case.budget_gib * GiB)
     options = Options(
         model=case.name, gpu="cpu", gpu_memory_bytes=budget, kv_budget_bytes=budget, block_size=128,
@@ -146,14 +143,6 @@ def kvplan_numbers(case: Case, config: dict[str, Any], vllm: dict[str, Any]) -> 
     return {"num_blocks": a.num_blocks, "block_size": plan.layout.block_size, "kv_cache_tokens": a.kv_tokens,
             "max_concurrency": a.max_concurrency, "groups": len(plan.layout.groups),
             "page_bytes": plan.layout.page_bytes}
-
-
-def cpu_platform(spec: ModelSpec) -> ModelSpec:
-    """vLLM's CPU backend keeps SSM state in float32 on AVX-512-BF16 machines (see the module doc)."""
-    if not any(layer.is_state for layer in spec.layers):
-        return spec
-    layers = tuple(replace(x, ssm_dtype=CPU_SSM_DTYPE) if x.is_state else x for x in spec.layers)
-    return dataclasses.replace(spec, layers=layers)
 
 
 COLUMNS = ("num_blocks", "block_size", "kv_cache_tokens", "max_concurrency")
@@ -204,7 +193,7 @@ def markdown(rows: list[list[str]], version: str) -> str:
               "  Falcon-H1-7B: 3,200; Nemotron Nano 9B v2: 1,408), the bundled Falcon-H1 and Nemotron specs included,",
               "  pad state pages to the attention page, and with prefix caching on (the default) a Mamba2 group",
               "  needs 3 blocks per request, a gated-delta-net group 2;",
-              "- the CPU backend keeps SSM state in float32 on AVX-512-BF16 machines (set on kvplan's side here)."]
+              "- the CPU backend keeps SSM state in float32 on AVX-512-BF16 machines (kvplan's `--gpu cpu` does too)."]
     return "\n".join(lines) + "\n"
 
 

@@ -33,7 +33,7 @@ PrefixCachingOpt = Annotated[Optional[bool], typer.Option("--prefix-caching/--no
 SsmDtypeOpt = Annotated[Optional[str], typer.Option("--ssm-dtype", help="SSM state dtype of hybrid models (vLLM --mamba-ssm-cache-dtype), e.g. float32.", rich_help_panel=_M)]
 EngineOpt = Annotated[str, typer.Option("--engine", help="Serving engine whose budget rules to model: vllm or sglang.", rich_help_panel=_B)]
 EngineVersionOpt = Annotated[Optional[str], typer.Option("--engine-version", help="Engine version whose rules to model: any release or dev build (0.19.0, 0.15.2rc1.dev93+g11a4c9d30); default: the newest modelled.", rich_help_panel=_B)]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="Model (activation) dtype: bf16, fp16, fp32 (default: the checkpoint's).", rich_help_panel=_M)]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="Model (activation) dtype: auto, bf16, fp16, fp32 (default auto: the engine's choice; vLLM runs float32 checkpoints in bf16, fp16 without bf16 support).", rich_help_panel=_M)]
 KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype: auto, bf16, fp16, fp8, fp8_e5m2, int8, int4.", rich_help_panel=_M)]
 WeightsDtypeOpt = Annotated[Optional[str], typer.Option("--weights-dtype", help="Quantized weights: fp8, int8, int4 (with fp16 group scales).", rich_help_panel=_M)]
 WeightsGibOpt = Annotated[Optional[str], typer.Option("--weights-gib", help="Total weight size (all GPUs), e.g. 15, 14.96GiB.", rich_help_panel=_B)]

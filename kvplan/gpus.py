@@ -30,8 +30,11 @@ _SIZE_TOKEN = re.compile(r"^(\d+)(?:gb|gib|g)$")
 _SEPARATORS = re.compile(r"[\s\-_/]+")
 
 _REQUIRED = ("name", "vendor", "marketing", "memory_bytes", "memory_source", "bandwidth_bytes_per_s", "bandwidth_source")
-_OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect")
+_OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect", "compute_capability")
 INTERCONNECTS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric")
+_CAPABILITY = re.compile(r"^(\d+)\.(\d+)$")
+# vLLM's CUDA platform supports bfloat16 from compute capability 8.0 (vllm/platforms/cuda.py supported_dtypes).
+BF16_MIN_CAPABILITY = (8, 0)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class Gpu:
     ``memory_bytes``: total memory of ONE device as the CUDA/HIP runtime reports it, in bytes
     (``None`` for the cpu target: the user gives it). ``bandwidth_bytes_per_s``: peak DRAM bandwidth
     in bytes per second (``None`` when unknown). ``fp16_tflops``: dense FP16/BF16 tensor peak in
-    10**12 FLOP/s. ``marketing_gb``: the number on the box ("80" for "80 GB").
+    10**12 FLOP/s. ``marketing_gb``: the number on the box ("80" for "80 GB"). ``compute_capability``:
+    the CUDA compute capability ``"major.minor"`` of NVIDIA parts (None for others).
     """
 
     name: str
@@ -57,6 +61,16 @@ class Gpu:
     marketing_gb: float | None = None
     sm_count: int | None = None  # streaming multiprocessors (AMD: compute units)
     interconnect: str | None = None  # one of INTERCONNECTS: how tp ranks on one board talk
+    compute_capability: str | None = None
+
+    @property
+    def supports_bf16(self) -> bool:
+        """Whether the engine can run bfloat16 here: NVIDIA from compute capability 8.0; AMD Instinct, the
+        CPU backend and custom entries (assumed modern) yes."""
+        match = _CAPABILITY.match(self.compute_capability or "")
+        if match is None:
+            return True
+        return (int(match.group(1)), int(match.group(2))) >= BF16_MIN_CAPABILITY
 
     @property
     def memory_is_derived(self) -> bool:
@@ -160,6 +174,7 @@ def _parse_record(record: Any, index: int, source: str) -> Gpu:
         marketing_gb=_positive_number(record, "marketing_gb", where),
         sm_count=_positive_int(record, "sm_count", where, allow_none=True),
         interconnect=_interconnect(record, where),
+        compute_capability=_capability(record, where),
     )
 
 
@@ -167,6 +182,15 @@ def _interconnect(record: dict[str, Any], where: str) -> str | None:
     value = record.get("interconnect")
     if value is not None and value not in INTERCONNECTS:
         raise _field_error(where, "interconnect", f"must be one of {', '.join(INTERCONNECTS)}, got {value!r}")
+    return value
+
+
+def _capability(record: dict[str, Any], where: str) -> str | None:
+    value = record.get("compute_capability")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _CAPABILITY.match(value):
+        raise _field_error(where, "compute_capability", f"must be a string \"major.minor\" such as \"8.0\", got {value!r}")
     return value
 
 

@@ -28,6 +28,25 @@ class WeightFacts:
     params_by_dtype: Mapping[str, int] = field(default_factory=dict)
     source: str = ""
 
+    def loaded_bytes(self, checkpoint_dtype: str, run_dtype: str) -> int | None:
+        """Bytes of these weights once an engine running in ``run_dtype`` has loaded them: tensors stored in the
+        checkpoint's ``checkpoint_dtype`` are cast (a float32 checkpoint run in bfloat16 halves them), others
+        (fp8, integers, scales) keep their size. None when nothing changes size or the facts cannot tell."""
+        before, after = _FLOAT_BYTES.get(checkpoint_dtype), _FLOAT_BYTES.get(run_dtype)
+        if before is None or after is None or before == after or not self.total_bytes:
+            return None
+        if self.params_by_dtype:
+            cast = self.params_by_dtype.get(_SAFETENSORS_NAMES[checkpoint_dtype], 0)
+        elif self.parameters and str(self.dtype or "").lower() in (checkpoint_dtype, _SAFETENSORS_NAMES[checkpoint_dtype].lower()):
+            cast = self.parameters
+        else:
+            return None
+        return self.total_bytes - cast * before + cast * after if cast else None
+
+
+_FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_SAFETENSORS_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
 
 @dataclass(frozen=True)
 class ModelSource:

@@ -92,7 +92,8 @@ class LayerGroup:
 class ModelSpec:
     """Everything the memory math needs about a model, normalised from its config.
 
-    Sizes are element counts, not bytes; the dtype names are the checkpoint's (``bfloat16``...).
+    Sizes are element counts, not bytes; ``dtype`` is the checkpoint's (``bfloat16``...): the dtype an engine
+    runs it in is the engine's rule (``auto_dtype`` in :mod:`kvplan.engines.vllm`).
     ``provenance`` maps a field name to the config key (or rule) it came from.
     """
 
@@ -113,6 +114,7 @@ class ModelSpec:
     weights: WeightFacts | None = None
     provenance: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    model_type: str = ""  # the (text) config's model_type: engines' dtype rules depend on it
     decoder_layers: int = 0  # decoder layers when some hold two caches (Falcon-H1); 0: one entry per layer
     embedding_parameters: int = 0  # token embeddings + an untied LM head (kept 16-bit by weight quantizers)
 

@@ -114,6 +114,7 @@ class GpuInfo:
     vendor: str = ""  # nvidia, amd, any (the catalogue's), "" for --gpu-memory alone
     sm_count: int | None = None  # streaming multiprocessors (AMD: compute units)
     interconnect: str | None = None  # nvlink-switch, nvlink, pcie, infinity-fabric (the catalogue's)
+    bf16: bool = True  # the engine can run bfloat16 here (NVIDIA: compute capability >= 8.0)
 
     @property
     def device(self) -> Device:
@@ -222,13 +223,17 @@ def resolve_gpu(options: Options) -> GpuInfo:
     gpu = find_gpu(options.gpu) if options.gpu else None
     is_cpu = bool(gpu and gpu.is_cpu)
     memory_bytes = options.gpu_memory_bytes or (gpu.memory_bytes if gpu else None)
-    if memory_bytes is None:
-        raise InputError(f"GPU {gpu.name if gpu else options.gpu!r} has no fixed memory", "pass --gpu-memory SIZE (e.g. 64GiB)")
     source = "--gpu-memory" if options.gpu_memory_bytes else (gpu.memory_source if gpu else "")
+    if memory_bytes is None and is_cpu and options.kv_budget_bytes:
+        # The CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory alone.
+        memory_bytes, source = options.kv_budget_bytes, "--kv-budget (the CPU backend needs no host memory size)"
+    if memory_bytes is None:
+        raise InputError(f"GPU {gpu.name if gpu else options.gpu!r} has no fixed memory",
+                         "pass --gpu-memory SIZE (e.g. 64GiB), or for the CPU backend --kv-budget SIZE")
     name = gpu.name if gpu else "custom"
     return GpuInfo(name, memory_bytes, gpu.bandwidth_bytes_per_s if gpu else None, source, is_cpu,
                    gpu.fp16_tflops if gpu else None, gpu.vendor if gpu else "", gpu.sm_count if gpu else None,
-                   gpu.interconnect if gpu else None)
+                   gpu.interconnect if gpu else None, gpu.supports_bf16 if gpu else True)
 
 
 def estimate(options: Options, token: str | None = None) -> Plan:
@@ -278,19 +283,30 @@ def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo) -> EngineDef
     return engine
 
 
+def _with_ssm_dtype(layers: tuple[LayerCache, ...], rules: Engine, options: Options,
+                    gpu: GpuInfo) -> tuple[LayerCache, ...]:
+    """State layers with the SSM dtype the engine stores (``--ssm-dtype``, or the CPU backend's float32)."""
+    requested = parse_dtype(options.ssm_dtype, "--ssm-dtype").name if options.ssm_dtype else None
+    out = []
+    for layer in layers:
+        dtype = rules.ssm_dtype(requested, layer.state_kind, is_cpu=gpu.is_cpu) if layer.is_state else None
+        out.append(replace(layer, ssm_dtype=dtype) if dtype else layer)
+    return tuple(out)
+
+
 def _pool(spec: ModelSpec, options: Options) -> _Pool:
     """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
     gpu = resolve_gpu(options)
     rules = engine_rules(options.engine)
     engine = _engine_defaults(rules, options, gpu)
-    model_dtype = parse_dtype(options.dtype, "--dtype") if options.dtype else parse_dtype(spec.dtype)
+    if options.dtype and options.dtype != "auto":
+        model_dtype = parse_dtype(options.dtype, "--dtype")
+    else:  # the engine's --dtype auto: a float32 checkpoint runs in bf16 (fp16 without bf16 support)
+        model_dtype = parse_dtype(rules.auto_dtype(spec.dtype, spec.model_type, bf16=gpu.bf16))
     kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
     weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
 
-    layers = memory.rank_layers(spec, options.tp, options.pp)
-    if options.ssm_dtype:
-        ssm = parse_dtype(options.ssm_dtype, "--ssm-dtype").name
-        layers = tuple(replace(layer, ssm_dtype=ssm) if layer.is_state else layer for layer in layers)
+    layers = _with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
     if prefix_caching != options.prefix_caching:
@@ -376,6 +392,12 @@ def _notes(pool: _Pool, spec: ModelSpec, max_model_len: int, auto_note: str | No
         notes.append(auto_note)
     if replicated:
         notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
+    if pool.model_dtype.name != spec.dtype:
+        notes.append(_dtype_note(pool, spec.dtype))
+    reset = sorted({x.ssm_dtype or "" for x in pool.layers if x.is_state} - {x.ssm_dtype or "" for x in spec.layers if x.is_state})
+    if pool.gpu.is_cpu and reset and not options.ssm_dtype:
+        notes.append(f"{pool.engine.engine} on CPU stores the SSM state in {reset[0]} (vLLM's CPU backend resets it to float32 "
+                     "on CPUs with AVX-512 BF16; --ssm-dtype bf16 keeps bf16 for gated-delta-net layers)")
     if budget.kv_budget_bytes <= 0:
         notes.append(f"no memory left for the KV cache: weights alone take {budget.weights.bytes / GiB:.2f} GiB of "
                      f"{budget.usable_bytes / GiB:.2f} GiB usable per GPU")
@@ -387,6 +409,18 @@ def _notes(pool: _Pool, spec: ModelSpec, max_model_len: int, auto_note: str | No
     return tuple(notes)
 
 
+def _dtype_note(pool: _Pool, checkpoint: str) -> str:
+    """Why the model runs in another dtype than its checkpoint's (KV, activations and weights follow)."""
+    run = pool.model_dtype.name
+    if pool.options.dtype and pool.options.dtype != "auto":
+        why = f"--dtype {pool.options.dtype}: the {checkpoint} checkpoint is cast to {run}"
+    else:
+        no_bf16 = "" if pool.gpu.bf16 else f" ({pool.gpu.name} has no bfloat16: compute capability below 8.0)"
+        why = f"dtype auto: {pool.engine.engine} runs the {checkpoint} checkpoint in {run}{no_bf16}"
+    keep = f"; --dtype {checkpoint} keeps {checkpoint}" if checkpoint == "float32" else ""
+    return f"{why}; the KV cache, activations and weights are sized in {run}{keep}"
+
+
 def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType) -> tuple[int, str]:
     """Total weight bytes (all GPUs) and where the number came from."""
     if options.weights_bytes is not None:
@@ -394,6 +428,9 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
     w = spec.weights
     if weights_dtype is None:
         if w is not None and w.total_bytes:
+            loaded = w.loaded_bytes(spec.dtype, model_dtype.name)
+            if loaded is not None:
+                return loaded, f"checkpoint: {w.source or 'total_bytes'}, its {spec.dtype} tensors loaded as {model_dtype.name}"
             return w.total_bytes, f"checkpoint: {w.source or 'total_bytes'}"
         if spec.parameters:
             return memory.weight_bytes(spec.parameters, model_dtype), f"{spec.parameters:,} parameters x {model_dtype.name}"

@@ -225,7 +225,7 @@ Percent = _t("a percentage in [0, 100), e.g. 10", _percent, {"type": "number", "
 Text = _t("a non-empty string", _text, {"type": "string", "minLength": 1})
 Revision = _t("a Hub revision (branch, tag or commit)", _revision, {"type": "string", "minLength": 1})
 Bool = _t("true or false", _bool, {"type": "boolean"})
-ModelDType = _t("a dtype: fp32, bf16, fp16", _dtype(False), {"type": "string"})
+ModelDType = _t("a dtype: auto, fp32, bf16, fp16", _dtype(True), {"type": "string"})
 KvDType = _t("a KV dtype: auto, bf16, fp16, fp8, fp8_e5m2, int8, int4", _dtype(True), {"type": "string"})
 WeightsDType = _t("a weights dtype: bf16, fp16, fp8, int8, int4", _dtype(False, weights=True), {"type": "string"})
 GpuName = _t("a GPU from the catalogue (`kvplan gpus`)", _gpu, {"type": "string"})

@@ -93,7 +93,12 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
     return merged, prefix
 
 
-def _model_dtype(r: ConfigReader) -> str:
+_SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float32"}
+
+
+def _model_dtype(r: ConfigReader, weights: WeightFacts | None) -> str:
+    """The checkpoint's dtype: the config's ``torch_dtype``/``dtype``; else, as vLLM reads it, the one float
+    dtype of the safetensors tensors (float32 when they mix dtypes or nothing says)."""
     for key in _DTYPE_KEYS:
         value = r.raw(key)
         if value is None:
@@ -102,8 +107,12 @@ def _model_dtype(r: ConfigReader) -> str:
             raise r.fail(key, value, "one of float32, bfloat16, float16")
         r.provenance["dtype"] = r.prefix + key
         return _DTYPE_NAMES[value.lower().removeprefix("torch.")]
-    r.provenance["dtype"] = "default (no torch_dtype in config)"
-    return "bfloat16"
+    stored = {_SAFETENSORS_FLOATS.get(d.upper(), "float32") for d in (weights.params_by_dtype if weights else {})}
+    if len(stored) == 1:
+        r.provenance["dtype"] = f"no torch_dtype in config: the safetensors tensors' dtype ({weights.source if weights else ''})"
+        return stored.pop()
+    r.provenance["dtype"] = "no torch_dtype in config: float32, as transformers and vLLM read it"
+    return "float32"
 
 
 def _pattern_layer_kinds(r: ConfigReader, num_layers: int, model_type: str) -> list[str]:
@@ -324,7 +333,7 @@ def spec_from_config(
                                                       "top_k"), required=False, minimum=0) or 0
     moe_inter = r.int("moe_intermediate_size", ("moe_intermediate_size", "expert_intermediate_size"),
                       required=False, minimum=0) or (intermediate if num_experts else 0)
-    dtype = _model_dtype(r)
+    dtype = _model_dtype(r, weights)
 
     notes: list[str] = []
     if prefix:
@@ -349,6 +358,7 @@ def spec_from_config(
         model_id=model_id,
         source=where,
         architecture=str(arch),
+        model_type=model_type,
         layers=tuple(layers),
         dtype=dtype,
         hidden_size=hidden,

@@ -146,7 +146,8 @@ class Engine(Protocol):
     Versions, budget and defaults: ``ENGINE`` (its name), ``VERSIONS``, ``DEFAULT_VERSION``,
     :meth:`resolve_version`, :meth:`defaults`, :meth:`budget`. Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`,
     :meth:`default_prefix_caching`, :meth:`start_blocks` / :meth:`starts` (the start-up check),
-    :meth:`kv_tokens` (the token figure it logs). What it prints and how it is launched:
+    :meth:`kv_tokens` (the token figure it logs). The dtypes it runs a checkpoint in: :meth:`auto_dtype`
+    (``--dtype auto``), :meth:`ssm_dtype` (state layers' SSM cache). What it prints and how it is launched:
     :meth:`report`, :meth:`serve_command`. A new engine is a module with these names plus one line in
     :mod:`kvplan.engines.registry`.
     """
@@ -184,6 +185,12 @@ class Engine(Protocol):
     def kv_tokens(self, engine: EngineDefaults, blocks: int, layout: PoolLayout, per_request_blocks: int,
                   max_model_len: int) -> int:
         """The token capacity the engine logs at start-up."""
+
+    def auto_dtype(self, checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:
+        """The dtype ``--dtype auto`` runs a ``checkpoint_dtype`` checkpoint in (``bf16``: the GPU supports it)."""
+
+    def ssm_dtype(self, requested: str | None, state_kind: str, *, is_cpu: bool) -> str | None:
+        """The SSM-state dtype of a state layer given ``--ssm-dtype`` (None: the model's own)."""
 
     def report(self, launch: Launch) -> tuple[str, ...]:
         """What the engine will log about its KV cache (first line: the log itself; then explanations)."""

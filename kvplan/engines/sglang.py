@@ -245,3 +245,17 @@ def serve_command(launch: Launch) -> str:
     if launch.kv_dtype != launch.model_dtype:
         flags.append(f"--kv-cache-dtype {launch.kv_dtype}")
     return " ".join(flags)
+
+
+def auto_dtype(checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:  # noqa: ARG001 - same signature as vLLM's
+    """The dtype SGLang's ``--dtype auto`` runs a ``checkpoint_dtype`` checkpoint in (python/sglang/srt/configs/
+    model_config.py ``_get_and_verify_dtype``): float32 checkpoints in float16 (Gemma models: bfloat16), others
+    as stored; SGLang does not check the GPU's bf16 support."""
+    if checkpoint_dtype != "float32":
+        return checkpoint_dtype
+    return "bfloat16" if model_type.startswith("gemma") else "float16"
+
+
+def ssm_dtype(requested: str | None, state_kind: str, *, is_cpu: bool) -> str | None:  # noqa: ARG001
+    """The SSM-state dtype of a state layer: what was requested (None: the model's own)."""
+    return requested

@@ -470,3 +470,37 @@ def serve_command(launch: Launch) -> str:
     if launch.kv_budget_bytes is not None:
         flags.append(f"--kv-cache-memory {launch.kv_budget_bytes}")
     return " ".join(flags)
+
+
+# vLLM's `--dtype auto` (vllm/config/model.py _resolve_auto_dtype; the platforms' supported_dtypes:
+# CUDA bf16 from compute capability 8.0, else fp16/fp32; ROCm and the x86/aarch64 CPU backend bf16/fp16/fp32).
+_NO_FP16_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})  # "numerical instability"
+
+
+def auto_dtype(checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:
+    """The dtype ``--dtype auto`` runs a ``checkpoint_dtype`` checkpoint in (the KV cache and activations follow).
+
+    The platform's supported dtypes are bf16 (when ``bf16``), fp16, fp32, without fp16 for gemma2/gemma3/glm4;
+    a float32 checkpoint is downcast to the first of them, and a dtype the platform lacks falls back to it
+    (a bf16 checkpoint runs in fp16 below compute capability 8.0). Before vLLM 0.10.1 float32 went to fp16,
+    the same 2 bytes per element.
+    """
+    supported = [d for d in ("bfloat16", "float16", "float32")
+                 if (bf16 or d != "bfloat16") and not (d == "float16" and model_type in _NO_FP16_MODEL_TYPES)]
+    wanted = supported[0] if checkpoint_dtype == "float32" else checkpoint_dtype
+    return wanted if wanted in supported else supported[0]
+
+
+def ssm_dtype(requested: str | None, state_kind: str, *, is_cpu: bool) -> str | None:
+    """The SSM-state dtype of a state layer (None: the model's own). ``requested``: ``--mamba-ssm-cache-dtype``.
+
+    On GPUs, what was requested. The CPU backend (vllm/platforms/cpu.py ``check_and_update_config``, on CPUs
+    with AVX-512 BF16, which kvplan's ``cpu`` target assumes) resets it to float32 for every state kind
+    ("Reset SSM cache type to float32 for accelerated GDN mamba backend"), unless float16/bfloat16 was asked
+    for a gated-delta-net layer, which its accelerated GDN kernel stores as asked.
+    """
+    if not is_cpu:
+        return requested
+    if requested in ("float16", "bfloat16") and state_kind == "gated_delta_net":
+        return requested
+    return "float32"

@@ -15,6 +15,7 @@ from kvplan.units import GiB, parse_dtype
 if TYPE_CHECKING:
     from kvplan.gpus import Gpu
     from kvplan.spec import ModelSpec
+    from kvplan.units import DType
 
 
 def models_rows() -> list[dict[str, Any]]:
@@ -35,11 +36,18 @@ def models_rows() -> list[dict[str, Any]]:
             "id": spec.model_id,
             "kind": spec.kind_summary,
             "layers": spec.num_layers,
-            "kv_bytes_per_token": memory.kv_bytes_per_token(spec, parse_dtype(spec.dtype)),
+            "kv_bytes_per_token": memory.kv_bytes_per_token(spec, _run_dtype(spec)),
             "dtype": spec.dtype,
             "parameters": spec.parameters,
         })
     return rows
+
+
+def _run_dtype(spec: "ModelSpec") -> "DType":
+    """The dtype vLLM runs the checkpoint in on a GPU with bfloat16 (a float32 checkpoint: bfloat16)."""
+    from kvplan.engines.vllm import auto_dtype
+
+    return parse_dtype(auto_dtype(spec.dtype, spec.model_type, bf16=True))
 
 
 def render_models(rows: list[dict[str, Any]]) -> Table:
@@ -60,7 +68,7 @@ def render_models(rows: list[dict[str, Any]]) -> Table:
 
 def model_detail(spec: "ModelSpec", source: str, kv_dtype_name: str | None = None) -> dict[str, Any]:
     """The resolved spec: provenance and a per-group breakdown (bytes in the KV dtype)."""
-    model_dtype = parse_dtype(spec.dtype)
+    model_dtype = _run_dtype(spec)
     kv_dtype = parse_dtype(kv_dtype_name) if kv_dtype_name and kv_dtype_name != "auto" else model_dtype
     return {
         "id": spec.model_id,

@@ -1,0 +1,66 @@
+"""The ``cpu`` target (vLLM's CPU backend): an explicit KV budget is enough, and SSM state is float32.
+
+vLLM 0.32 ``vllm/platforms/cpu.py``: on CPUs with AVX-512 BF16 ``mamba_ssm_cache_dtype`` is reset to
+float32 ("Reset SSM cache type to float32 for accelerated GDN mamba backend") for every state kind, unless
+float16/bfloat16 was asked for a gated-delta-net layer.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvplan.cli import app
+from kvplan.engines import vllm
+
+runner = CliRunner()
+QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+# Qwen3-Next gated delta net per layer: conv (4 - 1) x (2 x 16 x 128 + 32 x 128) = 24,576 elements x 2 B
+# (bf16 model dtype) = 49,152 B; SSM 32 value heads x 128 x 128 = 524,288 elements.
+CONV_BYTES, SSM_ELEMENTS, GDN_LAYERS = 49_152, 524_288, 36
+
+
+def _json(*args: str) -> dict:
+    r = runner.invoke(app, ["estimate", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_cpu_with_a_kv_budget_needs_no_memory_size() -> None:
+    """Before: 'GPU 'cpu' has no fixed memory (pass --gpu-memory SIZE)'."""
+    doc = _json("Qwen/Qwen3-8B", "--gpu", "cpu", "--kv-budget", "0.25GiB", "--context", "2k")
+    assert doc["budget"]["kv_budget_bytes"] == 2**28
+    assert doc["assumptions"]["block_size"] == 128  # the CPU backend's
+
+
+def test_cpu_without_a_budget_or_memory_still_asks_for_one() -> None:
+    r = runner.invoke(app, ["estimate", "Qwen/Qwen3-8B", "--gpu", "cpu"])
+    assert r.exit_code == 2 and "has no fixed memory" in r.stderr and "--kv-budget" in r.stderr
+
+
+def test_cpu_keeps_gated_delta_net_state_in_float32() -> None:
+    """Before: the bf16 SSM state (the oracle script had to force float32 itself)."""
+    cpu = _json(QWEN3_NEXT, "--gpu", "cpu", "--kv-budget", "1GiB", "--context", "2k")
+    gpu = _json(QWEN3_NEXT, "--gpu", "H100", "--context", "2k")
+    # 36 layers x (49,152 + 524,288 x 4 B) = 36 x 2,146,304 = 77,266,944 B on CPU; x 2 B on a GPU: 36 x 1,097,728
+    assert cpu["per_token"]["state_bytes_per_request_gpu"] == GDN_LAYERS * (CONV_BYTES + SSM_ELEMENTS * 4) == 77_266_944
+    assert gpu["per_token"]["state_bytes_per_request_gpu"] == GDN_LAYERS * (CONV_BYTES + SSM_ELEMENTS * 2)
+    assert any("CPU stores the SSM state in float32" in n for n in cpu["notes"])
+    # --ssm-dtype bf16 keeps bf16 for gated-delta-net layers (vLLM's accelerated GDN kernel stores it as asked)
+    kept = _json(QWEN3_NEXT, "--gpu", "cpu", "--kv-budget", "1GiB", "--context", "2k", "--ssm-dtype", "bf16")
+    assert kept["per_token"]["state_bytes_per_request_gpu"] == gpu["per_token"]["state_bytes_per_request_gpu"]
+
+
+@pytest.mark.parametrize("requested,kind,expected", [
+    (None, "gated_delta_net", "float32"),
+    ("bfloat16", "gated_delta_net", "bfloat16"),
+    ("float16", "gated_delta_net", "float16"),
+    (None, "mamba2", "float32"),
+    ("bfloat16", "mamba2", "float32"),  # only the GDN kernel keeps a 16-bit state
+    ("float32", "mamba1", "float32"),
+])
+def test_vllm_cpu_ssm_dtype_rule(requested: str | None, kind: str, expected: str) -> None:
+    assert vllm.ssm_dtype(requested, kind, is_cpu=True) == expected
+    assert vllm.ssm_dtype(requested, kind, is_cpu=False) == requested  # GPUs: as asked (None: the model's)
