@@ -122,10 +122,12 @@ CASES: dict[str, Case] = {
                                                why="vLLM 0.10.1.1 `vllm serve`, A100 80GB, util 0.25"),
     "dennislee-a100-80-qwen2-7b-util05": Case("Qwen/Qwen2.5-7B-Instruct", "0.10.1.1", compare="tokens",
                                               why="as above, util 0.5"),
-    "dennislee-2xa100-80-qwen2-7b-tp2": Case("Qwen/Qwen2.5-7B-Instruct", "0.10.1.1", compare="tokens",
-                                             why="tp 2 on one node, no P2P"),
-    "dennislee-2xa100-40-qwen2-7b-tp2-two-nodes": Case("Qwen/Qwen2.5-7B-Instruct", "0.10.1.1", compare="tokens",
-                                                       why="tp 2 across two nodes (Ray), A100 40GB"),
+    # The interconnect is an input (the catalogue's per GPU): these two ranks talk without NVLink, so the
+    # PCIe entry of the same A100 is planned (same memory).
+    "dennislee-2xa100-80-qwen2-7b-tp2": Case("Qwen/Qwen2.5-7B-Instruct", "0.10.1.1", gpu="A100-PCIe-80GB",
+                                             compare="tokens", why="tp 2 on one node, no P2P (custom all-reduce off)"),
+    "dennislee-2xa100-40-qwen2-7b-tp2-two-nodes": Case("Qwen/Qwen2.5-7B-Instruct", "0.10.1.1", gpu="A100-PCIe-40GB",
+                                                       compare="tokens", why="tp 2 across two nodes (Ray), A100 40GB"),
     "dennislee-4xa100-80-gpt-oss-120b-tp4": Case("openai/gpt-oss-120b", "0.10.1.1", compare="kv_gib",
                                                  why="tp 4 across four nodes (Ray), MXFP4 checkpoint"),
     "xinyuwei-phi4-gptq-80gb-v0-llm": Case("microsoft/phi-4", "0.6", weights_dtype="int4", compare="blocks",
@@ -137,13 +139,13 @@ CASES: dict[str, Case] = {
     # The image's version is not logged; its activation peaks (9.6 - 9.9 fp32 copies of rows x vocab) are the
     # native torch-sort sampler's, which the CUDA build runs by default from 0.12 to 0.16: modelled as 0.12.
     # These five rows calibrated the native path's 10 copies (in-sample).
-    "h100-k8s-llama31-8b-tp1": Case("meta-llama/Llama-3.1-8B-Instruct", "0.12", compare="kv_gib",
+    "h100-k8s-llama31-8b-tp1": Case("meta-llama/Llama-3.1-8B-Instruct", "0.12", gpu="H100-SXM-80GB", compare="kv_gib",
                                     why="`vllm serve` on an H100 (79.18 GiB), 0.11+ format"),
-    "h100-k8s-gpt-oss-20b-tp1": Case("openai/gpt-oss-20b", "0.12", compare="kv_gib", why="as above, MXFP4"),
-    "h100-k8s-llama33-70b-fp8-tp2": Case("meta-llama/Llama-3.3-70B-Instruct", "0.12", weights_dtype="fp8",
+    "h100-k8s-gpt-oss-20b-tp1": Case("openai/gpt-oss-20b", "0.12", gpu="H100-SXM-80GB", compare="kv_gib", why="as above, MXFP4"),
+    "h100-k8s-llama33-70b-fp8-tp2": Case("meta-llama/Llama-3.3-70B-Instruct", "0.12", gpu="H100-SXM-80GB", weights_dtype="fp8",
                                          compare="kv_gib", why="RedHatAI FP8-dynamic checkpoint, tp 2"),
-    "h100-k8s-qwen3-32b-tp1": Case("Qwen/Qwen3-32B", "0.12", compare="kv_gib", why="as above, tp 1"),
-    "h100-k8s-qwen3-32b-tp2": Case("Qwen/Qwen3-32B", "0.12", compare="kv_gib", why="as above, tp 2"),
+    "h100-k8s-qwen3-32b-tp1": Case("Qwen/Qwen3-32B", "0.12", gpu="H100-SXM-80GB", compare="kv_gib", why="as above, tp 1"),
+    "h100-k8s-qwen3-32b-tp2": Case("Qwen/Qwen3-32B", "0.12", gpu="H100-SXM-80GB", compare="kv_gib", why="as above, tp 2"),
     # DeepSeek-V2-Lite has the Chat release's architecture (MLA, 27 layers, 64 experts).
     "vllm-pr20665-4xl4-deepseek-v2-lite-tp2-pp2": Case(
         "deepseek-ai/DeepSeek-V2-Lite-Chat", "0.10", gpu="L4-24GB", compare="tokens",
@@ -171,14 +173,14 @@ def _spec(case: Case) -> ModelSpec:
 def report_gpu(report: dict[str, Any], case: Case) -> str | None:
     """The catalogue GPU for a report: the case's, else the report's ``gpu`` field if the catalogue knows it.
 
-    The logged total (``total_memory_gib``) wins over the catalogue; ``find_gpu`` knows marketing and
-    torch device names ("A100-80GB", "NVIDIA A100-SXM4-80GB", "T4").
+    ``find_gpu`` knows marketing and torch device names ("A100-80GB", "NVIDIA A100-SXM4-80GB", "T4"). The
+    catalogue entry gives the SM count and interconnect; a logged total (``total_memory_gib``) still wins
+    over its memory (``_options`` passes both).
     """
     if case.gpu:
         return case.gpu
-    r = report.get("reported") or {}
     name = str(report.get("gpu") or "")
-    if r.get("total_memory_gib") or case.gpu_memory_gib or not name or name.startswith("unknown"):
+    if not name or name.startswith("unknown"):
         return None
     from kvplan.errors import KvplanError
     from kvplan.gpus import find_gpu
@@ -194,7 +196,7 @@ def _options(report: dict[str, Any], case: Case, spec: ModelSpec, **terms: int |
     max_model_len = report.get("max_model_len") or spec.max_position_embeddings
     gpu = report_gpu(report, case)
     total = r.get("total_memory_gib") or case.gpu_memory_gib
-    gpu_memory = round(total * GIB) if total and not gpu else None
+    gpu_memory = round(total * GIB) if total else None
     util = report.get("gpu_memory_utilization") if report["engine"] == "vllm" else report.get("mem_fraction_static")
     return Options(
         model=spec.model_id, gpu=gpu, gpu_memory_bytes=gpu_memory, gpu_count=tp * pp, usage_context=case.usage_context,

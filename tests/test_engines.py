@@ -392,3 +392,38 @@ def test_rocm_has_no_cudagraph_estimate(llama3):
                        **common).cudagraph
     assert rocm.bytes == 0 and "ROCm" in rocm.source
     assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.32", **common).cudagraph.bytes > 0
+
+
+def test_non_torch_memory_by_tp_and_interconnect(llama3):
+    # tp 1: 0.30 GiB = round(0.30 x 2**30) = 322,122,547 B; tp >= 2 adds by interconnect:
+    # nvlink-switch round(1.75 x 2**30) = 1,879,048,192; nvlink / infinity-fabric round(0.41 x 2**30) = 440,234,148;
+    # pcie 0. Llama-3-8B's rotary cache: 8,192 x 128 x 2 = 2 MiB.
+    common = dict(spec=llama3, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False,
+                  version="0.32")
+    rope = 2 * MiB
+
+    def overhead(tp, interconnect):
+        b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=tp,
+                        device=Device("cuda", 132, interconnect), **common)
+        return b.overhead, b.notes
+
+    assert overhead(1, "nvlink-switch")[0].bytes == 322_122_547 + rope
+    assert overhead(1, "nvlink-switch")[1] == ()
+    term, notes = overhead(2, "nvlink-switch")
+    assert term.bytes == 322_122_547 + 1_879_048_192 + rope
+    assert "at tp 2 over nvlink-switch" in term.source and term.source.startswith("estimate")
+    assert notes and "is an estimate" in notes[0] and "--overhead-gib" in notes[0]
+    assert overhead(4, "nvlink")[0].bytes == 322_122_547 + 440_234_148 + rope
+    assert overhead(2, "pcie")[0].bytes == 322_122_547 + rope
+    assert overhead(2, None)[0].bytes == overhead(2, "nvlink")[0].bytes  # unknown GPU: as nvlink
+
+
+def test_the_catalogue_carries_interconnect_and_sm_count():
+    from kvplan.gpus import find_gpu
+    from kvplan.plan import resolve_gpu
+
+    assert (find_gpu("h100").interconnect, find_gpu("h100").sm_count) == ("nvlink-switch", 132)
+    assert find_gpu("h100-pcie").interconnect == "pcie" and find_gpu("a100").interconnect == "nvlink"
+    assert find_gpu("mi300x").interconnect == "infinity-fabric"
+    assert resolve_gpu(Options(model="x", gpu="mi300x")).device == Device("rocm", 304, "infinity-fabric")
+    assert resolve_gpu(Options(model="x", gpu=None, gpu_memory_bytes=GiB)).device == Device("cuda", None, None)

@@ -58,10 +58,22 @@ class Profile:
     concurrent_batches: int = 1
 
 
-# Non-torch increase (NCCL / cuBLAS / attention workspaces created after the baseline snapshot).
-# Logged values (engine_reports.yaml), one per machine: 0.10 (A100-40GB), 0.35 (RTX 3090), 1.79 (H100)
-# at tp 1; 0.25, 0.20 (24 GB cards), 3.58 (H100) at tp 2. kvplan uses their median, 0.30 GiB.
+# Non-torch increase (NCCL / cuBLAS / attention workspaces created after the baseline snapshot) at tp 1.
+# Logged values (engine_reports.yaml), one per machine: 0.01 (T4), 0.10 (A100-40GB), 0.26 (80 GB card),
+# 0.35 (RTX 3090), 0.13 / 0.13 / 0.14 (an H100 machine), 1.79 (another H100 machine). kvplan: 0.30 GiB.
 NON_TORCH_BYTES = round(0.30 * GiB)
+# What tp >= 2 adds per GPU, by how the ranks talk (the catalogue's ``interconnect``): NCCL's
+# communicator buffers (vLLM keeps two communicators: PyNccl and torch.distributed's), NVLink SHARP
+# (NVLS) multicast buffers on Hopper/Blackwell NVSwitch boards, custom all-reduce IPC buffers.
+# - nvlink-switch: vllm-pr10511's 8x H100 SXM node logs 1.79 GiB at tp 1 and 3.58 at tp 2 (+1.79); issue 15
+#   reports ~2 GiB per GPU at tp 2 on H100s against ~0.25 at tp 1 (+1.75). Another H100 machine logs only
+#   +0.41 (0.13 -> 0.54), as on an NVLink system without NVLS: the range is wide, hence an estimate.
+# - nvlink (no NVLS: A100 HGX, bridged H100 NVL) and infinity-fabric (AMD xGMI, unverified): +0.41, that machine's.
+# - pcie: +0: 0.25 and 0.20 GiB logged at tp 2 on 24 GB GeForce cards, inside the tp-1 range.
+TP_NON_TORCH_BYTES = {"nvlink-switch": round(1.75 * GiB), "nvlink": round(0.41 * GiB),
+                      "infinity-fabric": round(0.41 * GiB), "pcie": 0}
+TP_NON_TORCH_SOURCES = {"nvlink-switch": "2 logs + issue 15", "nvlink": "1 log", "infinity-fabric": "unverified",
+                        "pcie": "2 logs"}
 
 
 def _p(version: str, first: tuple[int, ...], change: str, **kw: object) -> Profile:
@@ -314,6 +326,31 @@ def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
     return spec.max_position_embeddings * attn.head_dim * act_bytes
 
 
+def non_torch_bytes(p: Profile, tp: int, device: Device | None = None) -> tuple[int, int, str]:
+    """``(tp-1 part, tp >= 2 part, interconnect)`` of the non-torch memory vLLM logs during profiling,
+    per GPU (bytes). An unknown interconnect (``--gpu-memory`` alone) counts as ``nvlink``."""
+    interconnect = (device or Device()).interconnect or "nvlink"
+    extra = TP_NON_TORCH_BYTES.get(interconnect, TP_NON_TORCH_BYTES["nvlink"]) if tp >= 2 else 0
+    return p.non_torch_bytes, extra, interconnect
+
+
+def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int,
+                  device: Device | None = None) -> tuple[Term, list[str]]:
+    """The overhead term (non-torch memory at this tp and interconnect + the rotary cache) and, at
+    tp >= 2, a note that says the multi-GPU part is an estimate."""
+    rope = rope_cache_bytes(spec, act_bytes)
+    base, extra, interconnect = non_torch_bytes(p, tp, device)
+    source = (f"estimate: non-torch memory {base / GiB:.2f} GiB at tp 1 (NCCL, cuBLAS, workspaces: median of "
+              f"logged values)")
+    notes = []
+    if tp >= 2:
+        source += f" + {extra / GiB:.2f} GiB at tp {tp} over {interconnect} ({TP_NON_TORCH_SOURCES[interconnect]})"
+        notes.append(f"non-torch memory at tp {tp} over {interconnect} is an estimate ({(base + extra) / GiB:.2f} GiB "
+                     "per GPU; logs range 0.2 - 3.6 GiB): pass --overhead-gib with your log's non-torch increase")
+    source += f" + rotary cos/sin cache {rope / MiB:.0f} MiB (vLLM logs it with the weights)"
+    return Term("overhead", base + extra + rope, source), notes
+
+
 def capture_sizes(max_size: int) -> list[int]:
     """CUDA-graph batch sizes vLLM captures up to ``max_size``: 1, 2, 4, 8..256 by 8, 272..512 by 16."""
     sizes = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, MAX_CUDAGRAPH_CAPTURE_SIZE + 1, 16))
@@ -376,10 +413,8 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                           _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
                                              *sampler_path(version, device)))
     if overhead is None:
-        rope = rope_cache_bytes(spec, act_bytes)
-        overhead = Term("overhead", p.non_torch_bytes + rope,
-                        f"estimate: non-torch memory {p.non_torch_bytes / GiB:.2f} GiB (NCCL, cuBLAS, workspaces: median "
-                        f"of 6 logged values) + rotary cos/sin cache {rope / MiB:.0f} MiB (vLLM logs it with the weights)")
+        overhead, note = overhead_term(p, spec, tp, act_bytes, device)
+        notes.extend(note)
     if cudagraph is None:
         estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes)
         what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
