@@ -223,6 +223,20 @@ def test_two_models_are_shown_separately_and_added_up():
     assert s["prefix_hit_rate"] == (50 + 30) / (100 + 300)
     assert set(doc["samples"][0]["series"]) == {f"{MODEL} engine=0", "Qwen/Qwen3-8B engine=1"}
     assert doc["samples"][0]["series"]["Qwen/Qwen3-8B engine=1"]["kv_cache_usage"] == 0.70
+    assert doc["events"] == []  # both were there from the first poll
+
+
+def test_a_series_that_appears_later_is_an_event():
+    a = dict(usage=0.30, running=4, waiting=1, preemptions=0, queries=100, hits=50, prompt=10, generation=10)
+    pages = [vllm_v1_page(a), vllm_v1_page(a, {**a, "engine": "1"})]
+    with ReplayServer(pages) as srv:
+        clock = FakeClock()
+        session = Session(endpoint(srv.url), interval_s=1.0, duration_s=2.0, timeout_s=2.0, clock=clock)
+        obs = run(session, sleep=clock.sleep)
+        live = session.snapshot(with_polls=False)
+    assert [(e.poll, e.message) for e in obs.events] == [(1, f"new series: {MODEL} engine=1 (vLLM V1)")]
+    assert obs.summary.running_peak == 8 and obs.summary.polls == 3
+    assert (live.num_polls, live.failed_polls, live.polls, live.summary) == (3, 0, (), obs.summary)
 
 
 def test_faults_each_a_line_and_the_run_goes_on():

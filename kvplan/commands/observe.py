@@ -70,7 +70,7 @@ def _observe(session: Any, planner: Any, live: bool) -> Any:
     with Live(console=console(), refresh_per_second=4, transient=True) as view:
         def redraw(s: Any) -> None:
             adopt(s)
-            obs = s.snapshot()
+            obs = s.snapshot(with_polls=False)
             view.update(render_observation(obs, planner.view if planner else None, _compare(planner, obs)))
 
         return run(session, on_poll=redraw)
@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
             last = obs.polls[-1].error if obs.polls else "interrupted before the first poll"
             from kvplan.cli import fail
 
-            raise fail(f"no metrics read from {where.display} in {len(obs.polls)} poll(s): {last}")
+            raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {last}")
         raise typer.Exit(0 if all(o.passed for o in outcomes) else 1)
 
     _ = observe  # registered on the app

@@ -62,7 +62,9 @@ class SeriesResult:
 
 @dataclass(frozen=True)
 class Observation:
-    """Everything one run measured. ``stopped``: ``duration``, ``interrupted`` or ``running``."""
+    """Everything one run measured. ``stopped``: ``duration``, ``interrupted`` or ``running``.
+    ``num_polls`` / ``failed_polls`` count every poll; ``polls`` holds them all in a finished run, and is
+    empty in the live view's snapshots (which must not copy a long run's history every poll)."""
 
     endpoint: str
     interval_s: float
@@ -71,18 +73,16 @@ class Observation:
     started_at: float
     elapsed_s: float
     stopped: str
+    num_polls: int
+    failed_polls: int
     polls: tuple[Poll, ...]
     series: tuple[SeriesResult, ...]
     summary: Summary
     events: tuple[Event, ...]
 
     @property
-    def failed_polls(self) -> int:
-        return sum(p.error is not None for p in self.polls)
-
-    @property
     def read_polls(self) -> int:
-        return len(self.polls) - self.failed_polls
+        return self.num_polls - self.failed_polls
 
 
 class Session:
@@ -103,7 +103,9 @@ class Session:
         self.missing: dict[tuple[str, Any], tuple[str, ...]] = {}
         self.total = Tracker()
         self._error: str | None = None
-        self._failed = 0
+        self._failed = 0  # failed polls in a row
+        self._failed_total = 0
+        self._first_read = -1  # index of the first poll that read the endpoint
 
     def _event(self, poll: int, elapsed: float, message: str) -> None:
         event = Event(poll, round(elapsed, 3), message)
@@ -120,13 +122,14 @@ class Session:
             error = exc.one_line()
             if error != self._error:
                 self._event(index, elapsed, error)
-            self._error, self._failed = error, self._failed + 1
+            self._error, self._failed, self._failed_total = error, self._failed + 1, self._failed_total + 1
             result = Poll(index, t, elapsed, error, {}, {})
             self.polls.append(result)
             return result
         if self._failed:
             self._event(index, elapsed, f"{self.where.display}: metrics readable again after {self._failed} failed poll(s)")
         self._error, self._failed = None, 0
+        self._first_read = index if self._first_read < 0 else self._first_read
         rows = {}
         for reading in page.series:
             rows[reading.name] = self._track(index, elapsed, reading)
@@ -138,7 +141,7 @@ class Session:
         key = reading.key
         if key not in self.trackers:
             self.trackers[key] = Tracker()
-            if index and any(p.series for p in self.polls):
+            if index > self._first_read:  # not on the first poll that read the endpoint
                 self._event(index, elapsed, f"new series: {reading.name} ({reading.engine})")
         missing = reading.missing()
         if missing != self.missing.get(key, ()):
@@ -179,8 +182,8 @@ class Session:
         row["resets"] = sorted({n for r in present for n in r["resets"]})
         return row
 
-    def snapshot(self, stopped: str = "running") -> Observation:
-        """The observation so far (cheap: summaries come from running sums)."""
+    def snapshot(self, stopped: str = "running", with_polls: bool = True) -> Observation:
+        """The observation so far; summaries come from running sums, so ``with_polls=False`` is cheap."""
         series = []
         for key, tracker in self.trackers.items():
             r = self.latest[key]
@@ -189,13 +192,10 @@ class Session:
         if len(series) == 1:
             summary = series[0].summary
         else:
-            summary = combine(self.total.summary(), list(self.trackers.values()), len(self.polls) - self._failed_total())
+            summary = combine(self.total.summary(), list(self.trackers.values()), len(self.polls) - self._failed_total)
         return Observation(self.where.display, self.interval_s, self.duration_s, self.timeout_s, self.started_at,
-                           round(self.clock() - self.start, 3), stopped, tuple(self.polls), tuple(series), summary,
-                           tuple(self.events))
-
-    def _failed_total(self) -> int:
-        return sum(p.error is not None for p in self.polls)
+                           round(self.clock() - self.start, 3), stopped, len(self.polls), self._failed_total,
+                           tuple(self.polls) if with_polls else (), tuple(series), summary, tuple(self.events))
 
 
 def combine(gauges: Summary, trackers: list[Tracker], polls: int) -> Summary:

@@ -56,7 +56,7 @@ def observation_to_dict(obs: Any, view: Any = None, comparisons: Sequence[Any] =
         "started_at": round(obs.started_at, 3),
         "elapsed_s": obs.elapsed_s,
         "stopped": obs.stopped,
-        "polls": len(obs.polls),
+        "polls": obs.num_polls,
         "failed_polls": obs.failed_polls,
         "summary": obs.summary.to_dict(),
         "series": [{"name": s.name, "labels": dict(s.labels), "engine": s.engine,
@@ -133,7 +133,7 @@ def write_plot(obs: Any, path: str | Path) -> Path:
     ax_h.set_xlabel("time since start (s)")
     if len(obs.series) > 1:
         ax_u.legend(loc="lower right", fontsize="small")
-    ax_u.set_title(f"{obs.endpoint}: {len(obs.polls)} polls every {obs.interval_s:g} s", fontsize="medium")
+    ax_u.set_title(f"{obs.endpoint}: {obs.num_polls} polls every {obs.interval_s:g} s", fontsize="medium")
     fig.tight_layout()
     save_figure(plt, fig, path)
     return path
@@ -182,7 +182,7 @@ def render_observation(obs: Any, view: Any = None, comparisons: Sequence[Any] = 
     state = {"running": "observing", "duration": "done", "interrupted": "stopped (Ctrl-C)"}[obs.stopped]
     head = Text()
     head.append(obs.endpoint, style="bold")
-    head.append(f"  {state} · {len(obs.polls)} polls every {obs.interval_s:g} s ({obs.failed_polls} failed) · "
+    head.append(f"  {state} · {obs.num_polls} polls every {obs.interval_s:g} s ({obs.failed_polls} failed) · "
                 f"{obs.elapsed_s:,.1f} s", style="grey62")
     table = Table(show_header=True, header_style="bold")
     table.add_column("")
