@@ -13,92 +13,11 @@ from typing import Any
 
 from kvplan import memory
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term
-from kvplan.engines.registry import NAMES as ENGINES, engine as engine_rules
+from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
+from kvplan.options import Options, options_from_values
 from kvplan.spec import LayerCache, ModelSpec, Overrides
 from kvplan.units import DType, GiB, parse_dtype
-
-
-@dataclass(frozen=True)
-class Options:
-    """Every estimate option, in base units (tokens, bytes). ``None`` means "the default".
-
-    The CLI, the Python API and the YAML scenario files all build one of these.
-    """
-
-    model: str
-    gpu: str | None = "H100"
-    gpu_memory_bytes: int | None = None  # --gpu-memory: overrides the catalogue's memory
-    gpu_count: int = 1
-    tp: int = 1
-    pp: int = 1
-    engine: str = "vllm"
-    engine_version: str | None = None
-    dtype: str | None = None  # model/activation dtype; default: the checkpoint's
-    kv_dtype: str | None = None  # default: the model dtype ("auto")
-    weights_dtype: str | None = None  # quantized weights (fp8, int8, int4)
-    weights_bytes: int | None = None  # --weights-gib: total weights (all GPUs)
-    gpu_util: float | None = None
-    kv_budget_bytes: int | None = None  # explicit KV budget per GPU (vLLM's kv_cache_memory_bytes)
-    activation_bytes: int | None = None
-    overhead_bytes: int | None = None
-    cudagraph_bytes: int | None = None
-    block_size: int | None = None
-    context: int = 8192  # tokens per request
-    batch: int = 1  # concurrent requests for the fits verdict / max context
-    max_model_len: int | None = None  # default: context
-    auto_max_model_len: bool = False  # --max-model-len auto: the longest that fits (vLLM's "auto")
-    usage_context: str = "serve"  # vLLM defaults differ for `vllm serve` ("serve") and the LLM class ("llm")
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    prefix_tokens: int = 0
-    prefix_caching: bool | None = None  # engine's enable_prefix_caching; None = the engine default (vLLM V1: on)
-    ssm_dtype: str | None = None  # state layers' SSM cache dtype (vLLM --mamba-ssm-cache-dtype); None = the config's
-    revision: str | None = None
-    hub: bool = False
-    offline: bool = False
-    refresh: bool = False  # ask the Hub even when the HF cache holds the model
-    layers: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("gpu_count", "tp", "pp", "context", "batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"invalid {_flag(name)} {value!r}: must be a positive integer")
-        for name in ("block_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "layers", "kv_heads",
-                     "head_dim", "weights_bytes", "gpu_memory_bytes"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise InputError(f"invalid {_flag(name)} {value!r}: must be a positive integer")
-        for name in ("kv_budget_bytes", "activation_bytes", "overhead_bytes", "cudagraph_bytes"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise InputError(f"invalid {_flag(name)} {value!r}: must not be negative")
-        if self.prefix_tokens < 0:
-            raise InputError(f"invalid --prefix-tokens {self.prefix_tokens}: must not be negative")
-        if self.gpu_util is not None and not (isinstance(self.gpu_util, (int, float)) and math.isfinite(self.gpu_util)
-                                              and 0 < self.gpu_util <= 1):
-            raise InputError(f"invalid --gpu-util {self.gpu_util!r}: must be in (0, 1]")
-        if self.usage_context not in ("serve", "llm"):
-            raise InputError(f"invalid --usage-context {self.usage_context!r}", "use serve or llm")
-        if self.engine not in ENGINES:
-            raise InputError(f"unknown engine {self.engine!r}", "use one of: " + ", ".join(ENGINES))
-        if self.tp * self.pp != self.gpu_count:
-            if self.gpu_count == 1 and (self.tp > 1 or self.pp > 1):
-                object.__setattr__(self, "gpu_count", self.tp * self.pp)
-            else:
-                raise InputError(f"--tp {self.tp} x --pp {self.pp} = {self.tp * self.pp} does not match --gpus {self.gpu_count}",
-                                 "set --gpus to tp x pp")
-        if self.gpu is None and self.gpu_memory_bytes is None:
-            raise InputError("no GPU given", "pass --gpu NAME or --gpu-memory SIZE")
-        if self.prefix_tokens > self.context:
-            raise InputError(f"--prefix-tokens {self.prefix_tokens:,} exceeds --context {self.context:,}")
-
-
-def _flag(name: str) -> str:
-    return "--" + {"gpu_count": "gpus", "layers": "layers"}.get(name, name).replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -532,56 +451,3 @@ def to_jsonable(obj: Any) -> Any:
 
 
 __all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]
-
-
-# ---------------------------------------------------------------------------------------------
-# options from user-typed values (CLI flags and YAML scenario fields share this parser)
-
-_TOKEN_FIELDS = ("context", "max_model_len", "max_num_batched_tokens", "prefix_tokens")
-_GIB_FIELDS = {"weights_gib": "weights_bytes", "kv_budget": "kv_budget_bytes", "activation_gib": "activation_bytes",
-               "overhead_gib": "overhead_bytes", "cudagraph_gib": "cudagraph_bytes", "gpu_memory": "gpu_memory_bytes"}
-_INT_FIELDS = ("gpu_count", "tp", "pp", "batch", "block_size", "max_num_seqs", "layers", "kv_heads", "head_dim")
-
-
-def options_from_values(values: dict[str, Any]) -> Options:
-    """Build :class:`Options` from user-typed values: ``context='8k'``, ``kv_budget='12GiB'``, ``tp=2``.
-
-    Size fields (``weights_gib``, ``kv_budget``, ``activation_gib``, ``overhead_gib``, ``cudagraph_gib``,
-    ``gpu_memory``) take a number of GiB or a size with its unit (``80GB``, ``24GiB``); token fields take
-    ``8192``, ``8k``, ``128k``. ``None`` values are left at their defaults.
-    """
-    from kvplan.units import parse_gib, parse_tokens
-
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
-        if value is None:
-            continue
-        if key == "max_model_len" and isinstance(value, str) and value.strip().lower() == "auto":
-            kwargs["auto_max_model_len"] = True
-            continue
-        if key in _GIB_FIELDS:
-            zero = value == 0 or (isinstance(value, str) and value.strip() in ("0", "0GiB", "0GB"))
-            kwargs[_GIB_FIELDS[key]] = 0 if zero and key != "gpu_memory" else parse_gib(value, "--" + key.replace("_", "-"))
-        elif key in _TOKEN_FIELDS:
-            if key == "prefix_tokens" and value in (0, "0"):
-                kwargs[key] = 0
-            else:
-                kwargs[key] = parse_tokens(value, "--" + key.replace("_", "-"))
-        elif key in _INT_FIELDS:
-            if isinstance(value, str):
-                if not value.strip().isdigit():
-                    raise InputError(f"invalid {_flag(key)} {value!r}: must be a positive integer")
-                value = int(value)
-            kwargs[key] = value
-        elif key == "gpu_util":
-            try:
-                kwargs[key] = float(value)
-            except (TypeError, ValueError):
-                raise InputError(f"invalid --gpu-util {value!r}: must be a number in (0, 1]") from None
-        else:
-            kwargs[key] = value
-    known = {f.name for f in fields(Options)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise InputError(f"unknown option {unknown[0]!r}")
-    return Options(**kwargs)

@@ -6,7 +6,7 @@ the file, line and column of the offending key or value::
 
     capacity.yaml:14:18: checks[1].require.concurency: unknown key (did you mean 'concurrency'?) ...
 
-Option keys are exactly those of :func:`kvplan.plan.options_from_values` (the CLI flag names with
+Option keys come from the option table (:data:`kvplan.options.OPTIONS`: the CLI flag names with
 underscores; ``gpus`` for ``--gpus``) and take the same spellings (``8k``, ``24GiB``).
 
 Only the ``check``, ``report`` and ``schema`` commands import this module (pydantic is not imported by
@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema, create_model
 
 from kvplan.errors import KvplanError, ScenarioError
+from kvplan.options import AXIS_ORDER, ENGINE_NAMES, ROW_AXES, USAGE_CONTEXTS, YAML_OPTIONS
 
 # ---------------------------------------------------------------------------------------------
 # located errors
@@ -175,15 +176,13 @@ def _gpu(value: Any) -> str:
 
 
 def _engine(value: Any) -> str:
-    from kvplan.engines.registry import NAMES as ENGINES
-
-    if value not in ENGINES:
+    if value not in ENGINE_NAMES:
         raise ValueError
     return value
 
 
 def _usage(value: Any) -> str:
-    if value not in ("serve", "llm"):
+    if value not in USAGE_CONTEXTS:
         raise ValueError
     return value
 
@@ -229,48 +228,19 @@ ModelDType = _t("a dtype: auto, fp32, bf16, fp16", _dtype(True), {"type": "strin
 KvDType = _t("a KV dtype: auto, bf16, fp16, fp8, fp8_e5m2, int8, int4", _dtype(True), {"type": "string"})
 WeightsDType = _t("a weights dtype: bf16, fp16, fp8, int8, int4", _dtype(False, weights=True), {"type": "string"})
 GpuName = _t("a GPU from the catalogue (`kvplan gpus`)", _gpu, {"type": "string"})
-Engine = _t("an engine: vllm or sglang", _engine, {"type": "string", "enum": ["vllm", "sglang"]})
-UsageContext = _t("serve (`vllm serve`) or llm (the LLM class)", _usage, {"type": "string", "enum": ["serve", "llm"]})
+Engine = _t("an engine: " + " or ".join(ENGINE_NAMES), _engine, {"type": "string", "enum": list(ENGINE_NAMES)})
+UsageContext = _t("serve (`vllm serve`) or llm (the LLM class)", _usage, {"type": "string", "enum": list(USAGE_CONTEXTS)})
 
-# Every estimate option a scenario may set: name -> (type, description). Keys are those of
-# kvplan.plan.options_from_values (the CLI flags with underscores), except `gpus` (= --gpus).
-OPTION_FIELDS: dict[str, tuple[Any, str]] = {
-    "model": (Text, "Hub id, bundled id or local path"),
-    "revision": (Revision, "Hub revision (branch, tag or commit)"),
-    "hub": (Bool, "read the model from the Hub even if a bundled spec exists"),
-    "offline": (Bool, "never touch the network"),
-    "refresh": (Bool, "ask the Hub even when the HF cache holds the model"),
-    "layers": (PositiveInt, "override the number of layers"),
-    "kv_heads": (PositiveInt, "override the number of KV heads"),
-    "head_dim": (PositiveInt, "override the head dimension"),
-    "gpu": (GpuName, "GPU from the catalogue"),
-    "gpu_memory": (Size, "GPU memory as the runtime reports it (overrides the catalogue)"),
-    "gpus": (PositiveInt, "number of GPUs (= tp x pp)"),
-    "tp": (PositiveInt, "tensor-parallel size"),
-    "pp": (PositiveInt, "pipeline-parallel size"),
-    "engine": (Engine, "serving engine whose budget rules to model"),
-    "engine_version": (Text, "engine version whose rules to model"),
-    "usage_context": (UsageContext, "vLLM defaults of `vllm serve` (serve) or the LLM class (llm)"),
-    "dtype": (ModelDType, "model (activation) dtype"),
-    "weights_dtype": (WeightsDType, "quantized weights dtype"),
-    "weights_gib": (Size, "total weight size (all GPUs)"),
-    "kv_dtype": (KvDType, "KV cache dtype"),
-    "gpu_util": (Fraction, "gpu_memory_utilization"),
-    "kv_budget": (Size, "explicit KV budget per GPU"),
-    "activation_gib": (SizeOrZero, "activation peak per GPU"),
-    "overhead_gib": (SizeOrZero, "non-torch runtime overhead per GPU"),
-    "cudagraph_gib": (SizeOrZero, "CUDA-graph memory per GPU"),
-    "block_size": (PositiveInt, "tokens per KV block"),
-    "max_num_batched_tokens": (Tokens, "engine max_num_batched_tokens"),
-    "max_num_seqs": (PositiveInt, "engine max_num_seqs"),
-    "prefix_caching": (Bool, "engine prefix caching on"),
-    "prefix_tokens": (TokensOrZero, "tokens of a prefix shared by every request"),
-    "max_model_len": (Tokens, "engine max_model_len (default: context)"),
-    "context": (Tokens, "tokens per request (prompt + output)"),
-    "batch": (PositiveInt, "concurrent requests"),
+# the YAML type of each kind of option (kvplan.options.KINDS)
+KIND_TYPES: dict[str, Any] = {
+    "text": Text, "revision": Revision, "version": Text, "gpu": GpuName, "dtype": ModelDType, "kv_dtype": KvDType,
+    "weights_dtype": WeightsDType, "ssm_dtype": ModelDType, "engine": Engine, "usage": UsageContext,
+    "count": PositiveInt, "tokens": Tokens, "tokens_or_zero": TokensOrZero, "max_model_len": Tokens, "size": Size,
+    "size_or_zero": SizeOrZero, "fraction": Fraction, "flag": Bool, "switch": Bool,
 }
-# the per-request axes: everything else decides the pool (budget, layout, blocks)
-ROW_AXES = ("max_model_len", "context", "batch")
+# Every estimate option a scenario may set, from the option table: name -> (type, description). Keys are
+# those of kvplan.options.options_from_values (the CLI flags with underscores; `gpus` = --gpus).
+OPTION_FIELDS: dict[str, tuple[Any, str]] = {o.name: (KIND_TYPES[o.kind], o.help) for o in YAML_OPTIONS}
 
 _FORBID = ConfigDict(extra="forbid")
 
@@ -702,8 +672,6 @@ class WhatIfFile:
         return (n if self.axes else 0) + len(self.scenarios)
 
 
-# canonical nesting: the pool-deciding options outermost, the per-request ones innermost
-AXIS_ORDER = tuple(OPTION_FIELDS)
 
 
 def load_whatif(path: str | Path | YamlDoc) -> WhatIfFile:

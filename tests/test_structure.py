@@ -44,3 +44,24 @@ def test_no_engine_version_literals_in_plan() -> None:
     """Which release does what is the engines' business (their profiles), not plan.py's."""
     text = (PACKAGE / "plan.py").read_text(encoding="utf-8")
     assert re.findall(r"""["']\d+\.\d+["']""", text) == []
+
+
+def test_every_option_is_declared_once_in_the_table() -> None:
+    """The CLI options, the YAML scenario fields and Options' fields all come from kvplan.options.OPTIONS."""
+    from dataclasses import fields
+
+    import typer.main
+
+    from kvplan.cli import app
+    from kvplan.options import CLI_OPTIONS, KINDS, OPTIONS, YAML_OPTIONS, Options
+    from kvplan.scenario import KIND_TYPES, OPTION_FIELDS, OptionsModel
+
+    assert all(o.kind in KINDS and o.kind in KIND_TYPES for o in OPTIONS)
+    command = typer.main.get_command(app)
+    for name in ("estimate", "validate"):
+        params = {p.name for p in command.commands[name].params}  # type: ignore[attr-defined]
+        assert {o.name for o in CLI_OPTIONS} <= params, name
+    assert list(OPTION_FIELDS) == [o.name for o in YAML_OPTIONS] == list(OptionsModel.model_fields)
+    assert {f.name for f in fields(Options)} == {o.field_name for o in OPTIONS if o.in_options} | {"auto_max_model_len"}
+    # every option a user can type is in the CLI and (except the Hub token) in the YAML files
+    assert {o.name for o in OPTIONS if o.panel} | {"model"} == {o.name for o in YAML_OPTIONS} | {"token"}

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from kvplan.errors import InputError
 from kvplan.memory import PoolLayout
+from kvplan.options import USAGE_CONTEXTS as USAGE_CONTEXTS  # re-exported for the engine modules
 from kvplan.spec import ModelSpec
 
 
@@ -99,7 +100,6 @@ class EngineDefaults:
         return f"{self.engine} {self.requested_version or self.release_range or self.version}"
 
 
-USAGE_CONTEXTS = ("serve", "llm")
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvplan.errors import InputError
+from kvplan.options import ENGINE_NAMES as NAMES
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.engines import Engine
-
-NAMES = ("vllm", "sglang")
 
 
 def engine(name: str) -> "Engine":

@@ -1,0 +1,314 @@
+"""The option table: every estimate option, declared once.
+
+:data:`OPTIONS` is the one place an option is declared. From it come
+
+- the :class:`Options` dataclass (one field per option, in base units: tokens, bytes) and
+  :func:`options_from_values`, which parses what a user typed (``8k``, ``24GiB``);
+- the CLI options of ``kvplan estimate`` / ``kvplan validate`` (:mod:`kvplan.cli_options`: flags, help,
+  panel, default);
+- the YAML scenario fields of capacity, what-if and workload files (:mod:`kvplan.scenario`: key, type,
+  description).
+
+**Adding an option is a one-place change**: append an :class:`Opt` to :data:`OPTIONS` (name, kind, help,
+panel, default; ``field`` when the Options field has another name, ``flags`` for extra spellings such
+as ``--kv-cache-dtype``). Then read it where it is used (``options.<field>`` in plan.py) and regenerate
+docs/cli-reference.md. A new *kind* of value (not one of :data:`KINDS`) is the only case that touches
+the projections: its typer type in cli_options.py and its YAML type in scenario.py.
+
+This module imports neither typer nor pydantic: plan.py and the Python API use it without them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, Callable
+
+from kvplan.errors import InputError
+
+ENGINE_NAMES = ("vllm", "sglang")  # the --engine choices; kvplan.engines.registry maps each to its module
+USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for the LLM class
+PANEL_PLAN, PANEL_BUDGET, PANEL_MODEL, PANEL_HUB = "plan", "budget", "model", "hub"
+DEFAULT_GPU = "H100"
+
+
+# ---------------------------------------------------------------------------------------------
+# kinds of values: how each is typed, parsed and checked
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+def _not_negative(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+
+def _fraction(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1
+
+
+def _count(value: Any, flag: str) -> Any:
+    if isinstance(value, str):
+        if not value.strip().isdigit():
+            raise InputError(f"invalid {flag} {value!r}: must be a positive integer")
+        return int(value)
+    return value
+
+
+def _tokens(value: Any, flag: str) -> int:
+    from kvplan.units import parse_tokens
+
+    return parse_tokens(value, flag)
+
+
+def _tokens_or_zero(value: Any, flag: str) -> int:
+    return 0 if value in (0, "0") else _tokens(value, flag)
+
+
+def _size(value: Any, flag: str) -> int:
+    from kvplan.units import parse_gib
+
+    return parse_gib(value, flag)
+
+
+def _size_or_zero(value: Any, flag: str) -> int:
+    zero = value == 0 or (isinstance(value, str) and value.strip() in ("0", "0GiB", "0GB"))
+    return 0 if zero else _size(value, flag)
+
+
+def _number(value: Any, flag: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"invalid {flag} {value!r}: must be a number in (0, 1]") from None
+
+
+def _as_typed(value: Any, flag: str) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of option value.
+
+    ``field_type``: the :class:`Options` field's type; ``cli_type``: what typer parses (``str`` for
+    values with units, parsed by ``parse``); ``parse(value, flag)``: user-typed value -> base units;
+    ``check``: whether an Options value is valid (``None`` always is when the default is ``None``), and
+    ``rule`` what the error says otherwise; ``choices``: the allowed values of a closed set.
+    """
+
+    field_type: str
+    cli_type: type
+    parse: Callable[[Any, str], Any] = _as_typed
+    check: Callable[[Any], bool] | None = None
+    rule: str = ""
+    choices: tuple[str, ...] = ()
+
+
+KINDS: dict[str, Kind] = {
+    "text": Kind("str", str),
+    "revision": Kind("str", str),
+    "version": Kind("str", str),
+    "gpu": Kind("str", str),
+    "dtype": Kind("str", str),
+    "kv_dtype": Kind("str", str),
+    "weights_dtype": Kind("str", str),
+    "ssm_dtype": Kind("str", str),
+    "engine": Kind("str", str, choices=ENGINE_NAMES),
+    "usage": Kind("str", str, choices=USAGE_CONTEXTS),
+    "count": Kind("int", int, _count, _positive, "must be a positive integer"),
+    "tokens": Kind("int", str, _tokens, _positive, "must be a positive integer"),
+    "tokens_or_zero": Kind("int", str, _tokens_or_zero, _not_negative, "must not be negative"),
+    "max_model_len": Kind("int", str, _tokens, _positive, "must be a positive integer"),  # or "auto"
+    "size": Kind("int", str, _size, _positive, "must be positive"),
+    "size_or_zero": Kind("int", str, _size_or_zero, _not_negative, "must not be negative"),
+    "fraction": Kind("float", float, _number, _fraction, "must be in (0, 1]"),
+    "flag": Kind("bool", bool),  # --hub
+    "switch": Kind("bool", bool),  # --prefix-caching/--no-prefix-caching; None = the engine's default
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One estimate option.
+
+    ``name``: the CLI parameter, the YAML key and the :func:`options_from_values` key; ``field``: the
+    :class:`Options` field when it differs (``kv_budget`` -> ``kv_budget_bytes``); ``flags``: the CLI
+    spellings (default ``--name-with-dashes``); ``default``: the Options default in base units;
+    ``cli_default``: what the CLI shows when it differs (``None``: not shown); ``panel``: the CLI help
+    panel ("" = not a CLI option: ``model`` is each command's argument); ``yaml``: a scenario field;
+    ``in_options``: an :class:`Options` field (``token`` is not: it is never stored).
+    """
+
+    name: str
+    kind: str
+    help: str
+    panel: str = PANEL_PLAN
+    default: Any = None
+    field: str = ""
+    flags: tuple[str, ...] = ()
+    cli_default: Any = ...
+    yaml: bool = True
+    in_options: bool = True
+    show_default: bool = True
+
+    @property
+    def field_name(self) -> str:
+        return self.field or self.name
+
+    @property
+    def flag(self) -> str:
+        """The flag errors name: ``--kv-budget``."""
+        return self.cli_flags[0].split("/")[0]
+
+    @property
+    def cli_flags(self) -> tuple[str, ...]:
+        return self.flags or ("--" + self.name.replace("_", "-"),)
+
+    @property
+    def cli_value(self) -> Any:
+        """The CLI default as typed (``"8192"`` for a token count of 8,192)."""
+        if self.cli_default is not ...:
+            return self.cli_default
+        if self.default is None or KINDS[self.kind].cli_type is not str:
+            return self.default
+        return str(self.default)
+
+
+OPTIONS: tuple[Opt, ...] = (
+    Opt("model", "text", "Hub id, bundled id or local path", panel=""),
+    Opt("gpu", "gpu", "GPU from the catalogue (`kvplan gpus`), e.g. H100, a100-40gb, mi300x, cpu.",
+        flags=("--gpu", "-g")),
+    Opt("gpu_memory", "size", "GPU memory as the runtime reports it, e.g. 24GiB, 80GB (bare number = GiB). "
+        "Overrides the catalogue.", field="gpu_memory_bytes"),
+    Opt("gpus", "count", "Number of GPUs (= tp x pp).", default=1, field="gpu_count", cli_default=None),
+    Opt("tp", "count", "Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights.", default=1),
+    Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides).", default=1),
+    Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k.", default=8192,
+        flags=("--context", "-c")),
+    Opt("batch", "count", "Concurrent requests for the fits verdict and max context.", default=1,
+        flags=("--batch", "-b")),
+    Opt("max_model_len", "max_model_len", "Engine max_model_len (default: --context); `auto` = the longest that fits."),
+    Opt("prefix_tokens", "tokens_or_zero", "Tokens of a prefix shared by every request (prefix caching).", default=0),
+    Opt("prefix_caching", "switch", "Engine prefix caching (default: the engine's; vLLM V1: on). Changes the blocks "
+        "state layers keep.", flags=("--prefix-caching/--no-prefix-caching",), show_default=False),
+    Opt("engine", "engine", "Serving engine whose budget rules to model: vllm or sglang.", PANEL_BUDGET,
+        default="vllm"),
+    Opt("engine_version", "version", "Engine version whose rules to model: any release or dev build (0.19.0, "
+        "0.15.2rc1.dev93+g11a4c9d30); default: the newest modelled.", PANEL_BUDGET),
+    Opt("usage_context", "usage", "vLLM defaults for `vllm serve` (serve) or the LLM class (llm).", PANEL_BUDGET,
+        default="serve"),
+    Opt("dtype", "dtype", "Model (activation) dtype: auto, bf16, fp16, fp32 (default auto: the engine's choice; vLLM runs "
+        "float32 checkpoints in bf16, fp16 without bf16 support).", PANEL_MODEL),
+    Opt("kv_dtype", "kv_dtype", "KV cache dtype: auto, bf16, fp16, fp8, fp8_e5m2, int8, int4.", PANEL_MODEL),
+    Opt("weights_dtype", "weights_dtype", "Quantized weights: fp8, int8, int4 (with fp16 group scales).", PANEL_MODEL),
+    Opt("ssm_dtype", "ssm_dtype", "SSM state dtype of hybrid models (vLLM --mamba-ssm-cache-dtype), e.g. float32.",
+        PANEL_MODEL),
+    Opt("weights_gib", "size", "Total weight size (all GPUs), e.g. 15, 14.96GiB.", PANEL_BUDGET, field="weights_bytes"),
+    Opt("gpu_util", "fraction", "gpu_memory_utilization (default: the engine version's).", PANEL_BUDGET),
+    Opt("kv_budget", "size", "Explicit KV budget per GPU (vLLM kv_cache_memory_bytes), e.g. 40GiB.",
+        PANEL_BUDGET, field="kv_budget_bytes"),
+    Opt("activation_gib", "size_or_zero", "Override the activation peak per GPU.", PANEL_BUDGET,
+        field="activation_bytes"),
+    Opt("overhead_gib", "size_or_zero", "Override the non-torch runtime overhead per GPU.", PANEL_BUDGET,
+        field="overhead_bytes"),
+    Opt("cudagraph_gib", "size_or_zero", "Override the CUDA-graph memory per GPU.", PANEL_BUDGET,
+        field="cudagraph_bytes"),
+    Opt("block_size", "count", "Tokens per KV block (vLLM GPU default 16, CPU 128).", PANEL_BUDGET),
+    Opt("max_num_batched_tokens", "tokens", "Engine max_num_batched_tokens (default: the engine's for this GPU).",
+        PANEL_BUDGET),
+    Opt("max_num_seqs", "count", "Engine max_num_seqs (default: the engine's for this GPU).", PANEL_BUDGET),
+    Opt("revision", "revision", "Hub revision (branch, tag or commit).", PANEL_HUB),
+    Opt("token", "text", "Hub token for gated models (default: HF_TOKEN or the saved token). Never printed.",
+        PANEL_HUB, yaml=False, in_options=False, show_default=False),
+    Opt("hub", "flag", "Read the model from the Hub even if a bundled spec exists.", PANEL_HUB, default=False),
+    Opt("offline", "flag", "Never touch the network: local paths, bundled specs and the HF cache only.", PANEL_HUB,
+        default=False),
+    Opt("refresh", "flag", "Ask the Hub for the revision even when the HF cache holds it (default: a cached model is "
+        "answered from the cache, its commit stated).", PANEL_HUB, default=False),
+    Opt("layers", "count", "Override the number of layers.", PANEL_MODEL),
+    Opt("kv_heads", "count", "Override the number of KV heads.", PANEL_MODEL),
+    Opt("head_dim", "count", "Override the head dimension.", PANEL_MODEL),
+)
+BY_NAME: dict[str, Opt] = {o.name: o for o in OPTIONS}
+BY_FIELD: dict[str, Opt] = {o.field_name: o for o in OPTIONS if o.in_options}
+CLI_OPTIONS: tuple[Opt, ...] = tuple(o for o in OPTIONS if o.panel)
+YAML_OPTIONS: tuple[Opt, ...] = tuple(o for o in OPTIONS if o.yaml)
+
+# the per-request axes of a sweep, outermost first: everything else decides the pool (budget, layout, blocks)
+ROW_AXES = ("max_model_len", "context", "batch")
+# a sweep's canonical nesting: the pool-deciding options outermost (table order), the per-request ones innermost
+AXIS_ORDER = tuple(o.name for o in YAML_OPTIONS if o.name not in ROW_AXES) + ROW_AXES
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+def _validate(self: Any) -> None:
+    """Each option's own check (from its kind), then the checks across options."""
+    for opt in BY_FIELD.values():
+        kind, value = KINDS[opt.kind], getattr(self, opt.field_name)
+        if value is None and opt.default is None:
+            continue
+        if kind.check is not None and not kind.check(value):
+            raise InputError(f"invalid {opt.flag} {value!r}: {kind.rule}")
+        if kind.choices and value not in kind.choices:
+            raise InputError(f"invalid {opt.flag} {value!r}", "use one of: " + ", ".join(kind.choices))
+    if self.tp * self.pp != self.gpu_count:
+        if self.gpu_count == 1 and (self.tp > 1 or self.pp > 1):
+            object.__setattr__(self, "gpu_count", self.tp * self.pp)
+        else:
+            raise InputError(f"--tp {self.tp} x --pp {self.pp} = {self.tp * self.pp} does not match --gpus {self.gpu_count}",
+                             "set --gpus to tp x pp")
+    if self.gpu is None and self.gpu_memory_bytes is None:
+        object.__setattr__(self, "gpu", DEFAULT_GPU)
+    if self.prefix_tokens > self.context:
+        raise InputError(f"--prefix-tokens {self.prefix_tokens:,} exceeds --context {self.context:,}")
+
+
+def _options_class() -> type:
+    required = [(o.field_name, KINDS[o.kind].field_type) for o in BY_FIELD.values() if o.name == "model"]
+    optional = [(o.field_name, f"{KINDS[o.kind].field_type} | None" if o.default is None else KINDS[o.kind].field_type,
+                 field(default=o.default)) for o in BY_FIELD.values() if o.name != "model"]
+    extra = [("auto_max_model_len", "bool", field(default=False))]  # --max-model-len auto: the longest that fits
+    return make_dataclass("Options", required + optional + extra, frozen=True, namespace={
+        "__module__": __name__, "__post_init__": _validate,
+        "__doc__": "Every estimate option, in base units (tokens, bytes); ``None`` means \"the default\".\n\n"
+                   "One field per :data:`kvplan.options.OPTIONS` entry (plus ``auto_max_model_len``). The CLI, the "
+                   "Python API and the YAML scenario files all build one of these.",
+    })
+
+
+Options = _options_class()
+
+
+def options_from_values(values: dict[str, Any]) -> Any:
+    """Build :class:`Options` from user-typed values: ``context='8k'``, ``kv_budget='12GiB'``, ``tp=2``.
+
+    Keys are option names (:data:`OPTIONS`: the CLI flags with underscores, ``gpus`` for ``--gpus``),
+    parsed by their kind (sizes take a number of GiB or a size with its unit, ``80GB``, ``24GiB``; token
+    counts ``8192``, ``8k``, ``128k``; ``max_model_len`` also ``auto``), or :class:`Options` field names
+    with values in base units (``gpu_count``, ``kv_budget_bytes``). ``None`` values are left at their
+    defaults; ``token`` is not an option of a plan (pass it to :func:`kvplan.plan.estimate`).
+    """
+    known = {f.name for f in fields(Options)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        opt = BY_NAME.get(key)
+        if key == "max_model_len" and isinstance(value, str) and value.strip().lower() == "auto":
+            kwargs["auto_max_model_len"] = True
+        elif opt is not None and opt.in_options:
+            kwargs[opt.field_name] = KINDS[opt.kind].parse(value, opt.flag)
+        elif key in known:
+            kwargs[key] = value
+        else:
+            raise InputError(f"unknown option {key!r}")
+    return Options(**kwargs)
