@@ -61,10 +61,19 @@ def layer_page_bytes(layer: LayerCache, block_size: int, kv_dtype: DType, model_
 
 
 def kv_bytes_per_token(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType) -> int:
-    """Bytes one token of context costs across ``layers`` if every layer kept it (no window applied)."""
+    """Bytes one token of context costs across ``layers`` if every layer kept it (no window applied;
+    cross-attention layers cache encoder tokens, a fixed amount per request: :func:`cross_bytes_per_request`)."""
     if isinstance(layers, ModelSpec):
         layers = layers.layers
-    return sum(layer_token_bytes(layer, kv_dtype) for layer in layers)
+    return sum(layer_token_bytes(layer, kv_dtype) for layer in layers if layer.grows_with_context)
+
+
+def cross_bytes_per_request(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType) -> int:
+    """Fixed bytes per request of the cross-attention layers: encoder tokens x their token bytes."""
+    if isinstance(layers, ModelSpec):
+        layers = layers.layers
+    return sum((layer.window_tokens or 0) * layer_token_bytes(layer, kv_dtype)
+               for layer in layers if layer.kind is LayerKind.CROSS)
 
 
 def state_bytes_per_request(layers: tuple[LayerCache, ...] | ModelSpec, model_dtype: DType) -> int:
@@ -327,7 +336,8 @@ def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, infli
                              prefix_caching: bool = False) -> int:
     """Blocks one request of ``tokens`` tokens needs in one group (vLLM's max_memory_usage_bytes / page).
 
-    full / MLA: ``ceil(L / bs)``; sliding(W): ``ceil(min(W - 1 + T, L) / bs) + 1``;
+    full / MLA: ``ceil(L / bs)``; sliding(W): ``ceil(min(W - 1 + T, L) / bs) + 1``; cross-attention(E
+    encoder tokens): ``ceil(E / bs)`` whatever L;
     chunked(C): ``ceil(min(C + T, L) / bs)`` where T = ``inflight_tokens`` is the tokens scheduled but
     not yet computed (vLLM: max_num_batched_tokens x concurrent batches; 2 x with async scheduling on
     GPUs, 1 x on CPU); state: 1 block, or with prefix caching (vLLM's mamba "align" mode) 2 + prefill
@@ -344,6 +354,8 @@ def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, infli
     if cache.kind is LayerKind.CHUNKED:
         assert cache.window_tokens
         return cdiv(min(cache.window_tokens + inflight_tokens, tokens), bs)
+    if cache.kind is LayerKind.CROSS:  # vLLM's CrossAttentionSpec: ceil(encoder tokens / bs), any length
+        return cdiv(cache.window_tokens or 0, bs)
     if cache.is_state:
         if not prefix_caching:
             return 1
@@ -383,6 +395,12 @@ class Demand:
         """Blocks a request holds in a state group, whatever its length (0 for attention groups)."""
         return self.group_blocks(group, 1) if group.cache.is_state else 0
 
+    def fixed_blocks(self, group: KVGroup) -> int:
+        """Blocks a request holds whatever its length: state groups and cross-attention groups (the
+        encoder tokens); 0 for groups that grow with the request."""
+        fixed = group.cache.is_state or group.cache.kind is LayerKind.CROSS
+        return self.group_blocks(group, 1) if fixed else 0
+
     def with_layout(self, layout: PoolLayout) -> "Demand":
         """The same engine rules over another layout (another pipeline stage's pool)."""
         return replace(self, layout=layout)
@@ -393,6 +411,8 @@ def raw_request_bytes(layers: tuple[LayerCache, ...], tokens: int, kv_dtype: DTy
     total = 0
     for layer in layers:
         held = min(tokens, layer.window_tokens) if layer.window_tokens else tokens
+        if layer.kind is LayerKind.CROSS:
+            held = layer.window_tokens or 0
         total += held * layer_token_bytes(layer, kv_dtype) + layer_state_bytes(layer, model_dtype)
     return total
 

@@ -25,13 +25,14 @@ class LayerKind(str, Enum):
     MLA = "mla"  # one compressed latent per token (DeepSeek V2/V3, Kimi K2)
     MAMBA = "mamba"  # fixed conv + SSM state per request (Mamba / Mamba2)
     LINEAR = "linear_attention"  # fixed conv + recurrent state per request (gated delta net, ...)
+    CROSS = "cross_attention"  # K and V of the request's ``window_tokens`` encoder (image) tokens, fixed per request
     NONE = "none"  # caches nothing (no-op attention, reuses another layer's cache)
 
     def __str__(self) -> str:
         return self.value
 
 
-TOKEN_KINDS = frozenset({LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED, LayerKind.MLA})
+TOKEN_KINDS = frozenset({LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED, LayerKind.MLA, LayerKind.CROSS})
 STATE_KINDS = frozenset({LayerKind.MAMBA, LayerKind.LINEAR})
 
 
@@ -41,7 +42,8 @@ class LayerCache:
 
     Attention kinds: ``kv_heads`` x ``head_dim`` elements per token for K and again for V
     (MLA: ``kv_heads == 1`` and ``head_dim`` = ``kv_lora_rank + qk_rope_head_dim``, stored once, no V).
-    ``window_tokens``: the sliding window or attention chunk (tokens), else ``None``.
+    ``window_tokens``: the sliding window or attention chunk (tokens), else ``None``; for cross-attention
+    layers the encoder (image) tokens one request caches, whatever its text length.
     State kinds: ``conv_elements`` and ``ssm_elements`` per request, independent of length; the conv
     state is stored in the model dtype and the SSM state in ``ssm_dtype`` (``None`` = model dtype).
     ``state_kind`` (``mamba1``, ``mamba2``, ``gated_delta_net``) and ``state_dims`` keep the config's
@@ -68,6 +70,11 @@ class LayerCache:
     def is_state(self) -> bool:
         return self.kind in STATE_KINDS
 
+    @property
+    def grows_with_context(self) -> bool:
+        """Whether the cache grows with the request's text tokens (not state, not cross-attention)."""
+        return self.caches_tokens and self.kind is not LayerKind.CROSS
+
     def describe(self) -> str:
         """``full 8x128``, ``sliding(4096) 8x128``, ``mla 576``, ``mamba state``."""
         if self.kind is LayerKind.MLA:
@@ -76,6 +83,8 @@ class LayerCache:
             return f"{self.kind.value} state ({self.state_kind or 'conv+ssm'})"
         if self.kind is LayerKind.NONE:
             return "none"
+        if self.kind is LayerKind.CROSS:
+            return f"cross_attention({self.window_tokens} encoder tokens) {self.kv_heads}x{self.head_dim}"
         win = f"({self.window_tokens})" if self.window_tokens else ""
         return f"{self.kind.value}{win} {self.kv_heads}x{self.head_dim}"
 
@@ -136,8 +145,9 @@ class ModelSpec:
 
     @property
     def kind_summary(self) -> str:
-        """``gqa``, ``mha``, ``mqa``, ``mla``, ``sliding``, ``hybrid``: the headline kind."""
-        kinds = {layer.kind for layer in self.layers if layer.kind is not LayerKind.NONE}
+        """``gqa``, ``mha``, ``mqa``, ``mla``, ``sliding``, ``hybrid``: the headline kind (cross-attention
+        layers, which cache encoder tokens, do not change it)."""
+        kinds = {layer.kind for layer in self.layers if layer.kind not in (LayerKind.NONE, LayerKind.CROSS)}
         if kinds & STATE_KINDS:
             return "hybrid"
         if kinds == {LayerKind.MLA}:

@@ -234,6 +234,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("layers", "count", "Override the number of layers.", PANEL_MODEL),
     Opt("kv_heads", "count", "Override the number of KV heads.", PANEL_MODEL),
     Opt("head_dim", "count", "Override the head dimension.", PANEL_MODEL),
+    Opt("images", "count", "Images per request whose tokens cross-attention layers cache (Llama-3.2-Vision; "
+        "default 1 at the most tiles).", PANEL_MODEL),
 )
 BY_NAME: dict[str, Opt] = {o.name: o for o in OPTIONS}
 BY_FIELD: dict[str, Opt] = {o.field_name: o for o in OPTIONS if o.in_options}

@@ -16,7 +16,7 @@ from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
 from kvplan.options import Options, options_from_values
-from kvplan.spec import LayerCache, ModelSpec, Overrides
+from kvplan.spec import LayerCache, LayerKind, ModelSpec, Overrides
 from kvplan.units import DType, GiB, parse_dtype
 
 
@@ -213,6 +213,17 @@ def _with_ssm_dtype(layers: tuple[LayerCache, ...], rules: Engine, options: Opti
     return tuple(out)
 
 
+def _with_images(layers: tuple[LayerCache, ...], spec: ModelSpec, options: Options) -> tuple[LayerCache, ...]:
+    """Cross-attention layers caching ``--images`` images' tokens per request (the spec counts one)."""
+    if options.images is None:
+        return layers
+    if not any(layer.kind is LayerKind.CROSS for layer in spec.layers):
+        raise InputError(f"--images {options.images}: {spec.model_id} has no cross-attention layers",
+                         "--images sizes the image tokens of cross-attention models such as Llama-3.2-Vision")
+    return tuple(replace(layer, window_tokens=(layer.window_tokens or 0) * options.images)
+                 if layer.kind is LayerKind.CROSS else layer for layer in layers)
+
+
 def _pool(spec: ModelSpec, options: Options) -> _Pool:
     """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
     gpu = resolve_gpu(options)
@@ -225,7 +236,8 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
     weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
 
-    layers = _with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu)
+    layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
+                          spec, options)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
     if prefix_caching != options.prefix_caching:

@@ -35,6 +35,10 @@ def formula_lines(layers: tuple[LayerCache, ...], kv_dtype: DType, model_dtype: 
         size = f"{elem} B" if elem is not None else f"{kv_dtype.name}"
         if cache.kind is LayerKind.MLA:
             lines.append(f"{count} layers x {cache.head_dim} latent x {size} = {per_token:,} B/token (MLA)")
+        elif cache.kind is LayerKind.CROSS:
+            fixed = memory.cross_bytes_per_request((cache,) * count, kv_dtype)
+            lines.append(f"2 x {count} cross_attention layers x {cache.kv_heads} kv_heads x {cache.head_dim} head_dim x "
+                         f"{size} x {cache.window_tokens or 0:,} image tokens = {fixed:,} B/request (fixed)")
         elif cache.caches_tokens:
             win = f" (window {cache.window_tokens:,})" if cache.window_tokens else ""
             lines.append(f"2 x {count} layers x {cache.kv_heads} kv_heads x {cache.head_dim} head_dim x {size} = "
@@ -108,6 +112,7 @@ def plan_to_dict(plan: "Plan") -> dict[str, Any]:
             "kv_bytes_per_token_model": plan.kv_bytes_per_token_model,
             "kv_bytes_per_token_gpu": plan.kv_bytes_per_token_gpu,
             "state_bytes_per_request_gpu": plan.state_bytes_per_request_gpu,
+            "cross_attention_bytes_per_request_gpu": memory.cross_bytes_per_request(plan.rank_layers, kv_dtype),
             "formula": formula_lines(plan.rank_layers, kv_dtype, model_dtype),
             "heads_replicated": plan.heads_replicated,
         },

@@ -222,6 +222,8 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
     full, windows = 0, {}
     for layer in plan.rank_layers:
         per_token = memory.layer_token_bytes(layer, kv_dtype)
+        if layer.kind is LayerKind.CROSS:
+            continue  # a fixed amount per request, read with the state bytes
         if layer.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) and layer.window_tokens:
             windows[layer.window_tokens] = windows.get(layer.window_tokens, 0) + per_token
         else:
@@ -240,5 +242,6 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
         raise InputError(f"GPU {plan.gpu.name!r} has no HBM bandwidth in the catalogue",
                          "set timing.decode_step_s in the workload")
     timing = Timing(plan.budget.weights.bytes, float(bandwidth), full, tuple(sorted(windows.items())),
-                    memory.state_bytes_per_request(plan.rank_layers, model_dtype), prefill_s_per_token, decode_step_s)
+                    memory.state_bytes_per_request(plan.rank_layers, model_dtype)
+                    + memory.cross_bytes_per_request(plan.rank_layers, kv_dtype), prefill_s_per_token, decode_step_s)
     return SimConfig(pool, timing), tuple(notes)

@@ -245,6 +245,41 @@ def _attention_layers(r: ConfigReader, num_layers: int, model_type: str, num_hea
     return [by_name[k] for k in kinds]
 
 
+# transformers' MllamaVisionConfig defaults, for a vision_config that leaves them out
+_VISION_DEFAULTS = {"image_size": 448, "patch_size": 14, "max_num_tiles": 4}
+
+
+def _cross_attention(r: ConfigReader, config: Mapping[str, Any], layers: list[LayerCache]) -> str:
+    """Turn the ``cross_attention_layers`` (Llama-3.2-Vision / mllama) into cross-attention caches, in place.
+
+    They cache the request's image tokens, not its text tokens: per image, ``max_num_tiles`` tiles of
+    ``(image_size // patch_size)^2 + 1`` tokens (patches and a class token), as vLLM's mllama processor
+    counts them (``calc_token_per_chunk``). Returns the note that states the assumption.
+    """
+    indices = r.int_list("cross_attention_layers")
+    assert indices is not None
+    if not indices or any(i < 0 or i >= len(layers) for i in indices) or len(set(indices)) != len(indices):
+        raise r.fail("cross_attention_layers", indices, f"distinct layer indices in 0..{len(layers) - 1}")
+    vision = config.get("vision_config")
+    if vision is not None and not isinstance(vision, dict):
+        raise ConfigError(f"{r.where}: field vision_config = {short_repr(vision)} is invalid: expected a mapping")
+    v = ConfigReader({**_VISION_DEFAULTS, **(vision or {})}, r.where, "vision_config.")
+    size, patch, tiles = (v.int(k, (k,)) for k in ("image_size", "patch_size", "max_num_tiles"))
+    assert size is not None and patch is not None and tiles is not None
+    per_tile = (size // patch) ** 2 + 1
+    per_image = tiles * per_tile
+    for i in indices:
+        self_layer = layers[i]
+        layers[i] = LayerCache(LayerKind.CROSS, self_layer.kv_heads, self_layer.head_dim, window_tokens=per_image)
+    r.provenance["cross_attention"] = (f"{r.prefix}cross_attention_layers ({len(indices)} layers); image tokens "
+                                       f"{tiles} x ((vision_config.image_size {size} // patch_size {patch})^2 + 1)")
+    return (f"cross-attention layers ({len(indices)} of {len(layers)}: cross_attention_layers) cache the request's "
+            f"image tokens, not its text tokens: assumed 1 image x {tiles} tiles (vision_config.max_num_tiles) x "
+            f"{per_tile:,} tokens per tile ((image_size {size} / patch_size {patch})^2 + 1 class token) = "
+            f"{per_image:,} tokens per request; --images N for N cross-attended images. Engines: SGLang serves "
+            "mllama; vLLM served it up to 0.10.2 (V0 engine) and dropped it in 0.11")
+
+
 def _nas_layers(r: ConfigReader, block_configs: Any, num_layers: int, num_heads: int, hidden: int,
                 overrides: Overrides) -> list[LayerCache]:
     """Nemotron-NAS (DeciLM) layers: ``block_configs[i].attention`` is a no-op (caches nothing) or keeps
@@ -321,6 +356,7 @@ def spec_from_config(
     layers = hybrid.hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
     if layers is None:
         layers = _attention_layers(r, num_layers, model_type, num_heads, hidden, overrides)
+    cross_note = _cross_attention(r, config, layers) if r.has("cross_attention_layers") else None
 
     intermediate = r.int("intermediate_size", ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
                          required=False) or 4 * hidden
@@ -341,6 +377,8 @@ def spec_from_config(
     elif isinstance(config.get("vision_config"), dict):
         notes.append("multimodal config: the language model is planned; the vision encoder (vision_config) and its "
                      "memory are not modelled")
+    if cross_note:
+        notes.append(cross_note)
     if r.has("num_nextn_predict_layers") and r.raw("num_nextn_predict_layers"):
         notes.append("multi-token-prediction (MTP) layers are not counted in the KV cache (vLLM adds them only "
                      "with speculative decoding)")

@@ -8,7 +8,9 @@ the blocks the plan's :class:`~kvplan.memory.Demand` counts:
 - sliding window W -> ``sliding`` of W tokens;
 - chunked local attention C (Llama 4) -> ``sliding`` of C tokens: a chunked layer keeps the tokens since
   its chunk began, at most the last C, so a window of one chunk is the allocator's closest upper bound;
-- state layers -> ``state`` holding the demand's state blocks (1, or the prefix-caching checkpoints).
+- state layers -> ``state`` holding the demand's state blocks (1, or the prefix-caching checkpoints);
+- cross-attention layers (encoder / image tokens, a fixed amount per request) -> ``state`` holding
+  ``ceil(encoder tokens / block size)`` blocks.
 
 Plain Python, no torch.
 """
@@ -25,8 +27,8 @@ def allocator_group(demand: Demand, group: KVGroup) -> GroupSpec:
     cache = group.cache
     if cache.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) and cache.window_tokens:
         return GroupSpec("sliding", window_tokens=cache.window_tokens)
-    if cache.is_state:
-        return GroupSpec("state", state_blocks=demand.state_blocks(group))
+    if cache.is_state or cache.kind is LayerKind.CROSS:
+        return GroupSpec("state", state_blocks=demand.fixed_blocks(group))
     return GroupSpec("full")
 
 
