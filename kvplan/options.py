@@ -187,8 +187,10 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("gpu_memory", "size", "GPU memory as the runtime reports it, e.g. 24GiB, 80GB (bare number = GiB). "
         "Overrides the catalogue.", field="gpu_memory_bytes"),
     Opt("gpus", "count", "Number of GPUs (= tp x pp).", default=1, field="gpu_count", cli_default=None),
-    Opt("tp", "count", "Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights.", default=1),
-    Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides).", default=1),
+    Opt("tp", "count", "Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights.", default=1,
+        flags=("--tp", "--tensor-parallel-size")),
+    Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides).", default=1,
+        flags=("--pp", "--pipeline-parallel-size")),
     Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k.", default=8192,
         flags=("--context", "-c")),
     Opt("batch", "count", "Concurrent requests for the fits verdict and max context.", default=1,
@@ -203,14 +205,21 @@ OPTIONS: tuple[Opt, ...] = (
         "0.15.2rc1.dev93+g11a4c9d30); default: the newest modelled.", PANEL_BUDGET),
     Opt("usage_context", "usage", "vLLM defaults for `vllm serve` (serve) or the LLM class (llm).", PANEL_BUDGET,
         default="serve"),
-    Opt("dtype", "dtype", "Model (activation) dtype: auto, bf16, fp16, fp32 (default auto: the engine's choice; vLLM runs "
-        "float32 checkpoints in bf16, fp16 without bf16 support).", PANEL_MODEL),
-    Opt("kv_dtype", "kv_dtype", "KV cache dtype: auto, bf16, fp16, fp8, fp8_e5m2, int8, int4.", PANEL_MODEL),
+    Opt("dtype", "dtype", "The dtype the engine runs the model in, weights and activations: auto, bfloat16, float16 "
+        "(half), float32 (float) (default auto: the engine's choice; vLLM runs float32 checkpoints in bf16, fp16 "
+        "without bf16 support).", PANEL_MODEL),
+    Opt("kv_dtype", "kv_dtype", "KV cache dtype: auto, bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, int8, int4.", PANEL_MODEL,
+        flags=("--kv-dtype", "--kv-cache-dtype")),
     Opt("weights_dtype", "weights_dtype", "Quantized weights: fp8, int8, int4 (with fp16 group scales).", PANEL_MODEL),
+    Opt("quantization", "text", "vLLM's --quantization: fp8 (and fbgemm_fp8, ptpc_fp8) quantizes a 16-bit "
+        "checkpoint's linear layers to 1 byte/param at load, embeddings and LM head kept; bitsandbytes to 4 bits; "
+        "checkpoint formats (awq, gptq, compressed-tensors, mxfp4, ...) keep the checkpoint's size.", PANEL_MODEL,
+        flags=("--quantization", "-q")),
     Opt("ssm_dtype", "ssm_dtype", "SSM state dtype of hybrid models (vLLM --mamba-ssm-cache-dtype), e.g. float32.",
         PANEL_MODEL),
     Opt("weights_gib", "size", "Total weight size (all GPUs), e.g. 15, 14.96GiB.", PANEL_BUDGET, field="weights_bytes"),
-    Opt("gpu_util", "fraction", "gpu_memory_utilization (default: the engine version's).", PANEL_BUDGET),
+    Opt("gpu_util", "fraction", "gpu_memory_utilization (default: the engine version's).", PANEL_BUDGET,
+        flags=("--gpu-util", "--gpu-memory-utilization")),
     Opt("kv_budget", "size", "Explicit KV budget per GPU (vLLM kv_cache_memory_bytes), e.g. 40GiB.",
         PANEL_BUDGET, field="kv_budget_bytes"),
     Opt("activation_gib", "size_or_zero", "Override the activation peak per GPU.", PANEL_BUDGET,
@@ -219,6 +228,8 @@ OPTIONS: tuple[Opt, ...] = (
         field="overhead_bytes"),
     Opt("cudagraph_gib", "size_or_zero", "Override the CUDA-graph memory per GPU.", PANEL_BUDGET,
         field="cudagraph_bytes"),
+    Opt("enforce_eager", "flag", "vLLM's --enforce-eager: no CUDA graphs, so no CUDA-graph memory term.", PANEL_BUDGET,
+        default=False),
     Opt("block_size", "count", "Tokens per KV block (vLLM GPU default 16, CPU 128).", PANEL_BUDGET),
     Opt("max_num_batched_tokens", "tokens", "Engine max_num_batched_tokens (default: the engine's for this GPU).",
         PANEL_BUDGET),

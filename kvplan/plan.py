@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any
 
 from kvplan import memory
-from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term
+from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
 from kvplan.options import Options, options_from_values
@@ -235,6 +235,11 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
         model_dtype = parse_dtype(rules.auto_dtype(spec.dtype, spec.model_type, bf16=gpu.bf16))
     kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
     weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
+    quantized_how = ""
+    if options.quantization:
+        method_dtype, quantized_how = quantization_weights(options.quantization)
+        if weights_dtype is None and method_dtype:
+            weights_dtype = parse_dtype(method_dtype, "--quantization", weights=True)
 
     layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
                           spec, options)
@@ -245,6 +250,8 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     demand = memory.Demand(layout, rules.inflight_tokens(engine, options.pp, gpu.is_cpu), prefix_caching)
 
     weights_total, weights_source = _weights(spec, options, weights_dtype, model_dtype)
+    if quantized_how and options.weights_bytes is None:
+        weights_source = f"{quantized_how}: {weights_source}"
     n_gpus = options.tp * options.pp
     weights_term = Term("weights", math.ceil(weights_total / n_gpus),
                         weights_source + (f", split over {n_gpus} GPUs" if n_gpus > 1 else ""))
@@ -252,10 +259,13 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     def given(name: str, value: int | None) -> Term | None:
         return None if value is None else Term(name, value, "--" + name.replace("_", "-") + "-gib")
 
+    cudagraph = given("cudagraph", options.cudagraph_bytes)
+    if cudagraph is None and options.enforce_eager:
+        cudagraph = Term("cudagraph", 0, "--enforce-eager: no CUDA graphs are captured")
     budget: Budget = rules.budget(
         gpu.memory_bytes, engine.gpu_util, weights_term,
         given("activation", options.activation_bytes), given("overhead", options.overhead_bytes),
-        given("cudagraph", options.cudagraph_bytes), options.kv_budget_bytes,
+        cudagraph, options.kv_budget_bytes,
         spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
         version=engine.version, pp=options.pp, device=gpu.device,

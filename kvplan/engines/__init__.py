@@ -116,6 +116,29 @@ class Device:
     interconnect: str | None = None
 
 
+# vLLM's / SGLang's --quantization: methods that quantize a 16-bit checkpoint while it loads (what the
+# linear layers' weights become per element; embeddings and the LM head stay in the model dtype), and
+# checkpoint formats, whose tensors are already quantized (the checkpoint's size is the answer).
+ONLINE_QUANTIZATION = {"fp8": "fp8", "fbgemm_fp8": "fp8", "ptpc_fp8": "fp8", "experts_int8": "int8",
+                       "bitsandbytes": "int4"}
+CHECKPOINT_QUANTIZATION = ("awq", "awq_marlin", "gptq", "gptq_marlin", "gptq_marlin_24", "marlin", "compressed-tensors",
+                           "modelopt", "modelopt_fp4", "mxfp4", "gguf", "quark", "torchao", "moe_wna16", "inc", "fp_quant",
+                           "petit_nvfp4", "bitblas", "gptq_bitblas", "awq_triton", "tpu_int8", "hqq", "deepspeedfp")
+
+
+def quantization_weights(method: str) -> tuple[str | None, str]:
+    """``(weights dtype, how)`` for an engine's ``--quantization`` value: ``("fp8", ...)`` for online fp8,
+    ``(None, ...)`` for a checkpoint format (its size stands); an unknown method is an InputError."""
+    key = str(method).strip().lower()
+    if key in ONLINE_QUANTIZATION:
+        return ONLINE_QUANTIZATION[key], f"--quantization {key}: linear layers quantized to {ONLINE_QUANTIZATION[key]} at load"
+    if key in CHECKPOINT_QUANTIZATION:
+        return None, f"--quantization {key}: a checkpoint format, the checkpoint's size stands"
+    raise InputError(f"unknown --quantization {method!r}",
+                     "online: " + ", ".join(ONLINE_QUANTIZATION) + "; checkpoint formats: awq, gptq, compressed-tensors, "
+                     "mxfp4, ... (or --weights-dtype fp8|int8|int4)")
+
+
 @dataclass(frozen=True)
 class Launch:
     """What an engine's start-up log and command line need from a plan (tokens, requests, bytes).
