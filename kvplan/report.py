@@ -11,21 +11,35 @@ Structure of a sweep (so that 100,000 rows take well under two seconds):
   ``kv_cache_tokens``, ``vllm_max_concurrency``, ``max_context``, ``decode_roofline``) and the engine's
   rules (``plan.rules.starts``, ``plan.rules.kv_tokens``), memoised per pool, combined exactly as
   ``plan_for_spec`` combines them (a test compares rows with full plans).
+
+Size: a :class:`Sweep` counts its rows and pool configurations before any work and refuses past
+:data:`MAX_ROWS` rows or :data:`MAX_POOLS` configurations unless forced; it plans every pool first (so
+the columns that vary and the notes are known), then yields rows one at a time. :class:`RowDigest` keeps
+what tables and plots need from them (head, tail, plot points) in bounded memory, so the CLI streams
+every row to CSV / JSON without holding them; :func:`build_report` (the Python API) keeps them all.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 from itertools import product
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 from kvplan import memory
-from kvplan.errors import KvplanError
+from kvplan.errors import InputError, KvplanError
 from kvplan.plan import Plan, options_from_values, plan_for_spec
 from kvplan.scenario import ROW_AXES, ScenarioFileError, WhatIfFile, Where, model_error
 from kvplan.spec import ModelSpec, Overrides
 
 SCHEMA_VERSION = 1
+MAX_ROWS = 1_000_000
+"""Rows a report may have without ``--force``: ~30 s and ~1 GB of CSV + JSON (a row is ~230 B of CSV and
+~800 B of JSON); the terminal, Markdown and HTML show a head and a tail of them anyway."""
+MEMO_ENTRIES = 65_536  # per-pool memo of two-key figures, cleared when full (memory stays bounded)
+MAX_POOLS = 10_000
+"""Distinct pool configurations (every option but context, batch, max_model_len) a report may plan without
+``--force``: each is one full plan (2-4 ms, ~8 KiB kept), so 10,000 take ~30 s."""
 
 # the key figures of a row, in column order (CSV / JSON); bytes are per GPU
 ROW_FIELDS = (
@@ -97,6 +111,8 @@ class Pool:
         key = (batch, context)
         m = self._ctx.get(key)
         if m is None:
+            if len(self._ctx) >= MEMO_ENTRIES:
+                self._ctx.clear()
             m = self._ctx[key] = memory.max_context(p.answer.num_blocks, p.demand, batch, limit_tokens=context)
         return m
 
@@ -118,6 +134,8 @@ class Pool:
             rkv = self._rkv.get(context)
             if rkv is None:
                 rkv = self._rkv[context] = p.demand.bytes(context)
+            if len(self._tps) >= MEMO_ENTRIES:  # (context, batch) pairs rarely repeat: keep the memo bounded
+                self._tps.clear()
             tps = self._tps[key] = memory.decode_roofline(p.budget.weights.bytes, rkv, batch,
                                                           p.gpu.bandwidth_bytes_per_s).tokens_per_s
         return tps
@@ -183,42 +201,95 @@ def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, na
                pool.decode_tokens_per_s(context, max(1, min(n, batch if fits else n) or 1)))
 
 
-@dataclass(frozen=True)
-class Report:
-    """A what-if report: rows in sweep order (pool options outermost, then max_model_len, context, batch)."""
-
-    title: str
-    description: str | None
-    file: str
-    rows: tuple[Row, ...]
-    varying: tuple[str, ...]  # ROW_FIELDS label columns whose value differs between rows
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def pools(self) -> list[Pool]:
-        """The distinct pools, in row order."""
-        seen: dict[int, Pool] = {}
-        for row in self.rows:
-            seen.setdefault(id(row.pool), row.pool)
-        return list(seen.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "title": self.title,
-            "description": self.description,
-            "file": self.file,
-            "num_rows": len(self.rows),
-            "varying": list(self.varying),
-            "notes": list(self.notes),
-            "rows": [r.to_dict() for r in self.rows],
-        }
-
 
 LABEL_FIELDS = ("name", "model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size",
                 "gpu_util", "context", "batch", "max_model_len")
 
 Progress = Callable[[int, int], None]
+
+
+class RowDigest:
+    """What the tables and the concurrency plot need from a stream of rows, in bounded memory: the first
+    ``keep`` rows, the last ``keep`` after them, and the (context -> max requests) points of the first
+    ``max_lines`` pools that have more than one context (and how many pools have)."""
+
+    def __init__(self, keep: int = 2000, max_lines: int = 12) -> None:
+        self.keep, self.max_lines = keep, max_lines
+        self.count = 0
+        self.head: list[Row] = []
+        self.tail: deque[Row] = deque(maxlen=keep)
+        self.lines: dict[int, tuple[Pool, dict[int, int]]] = {}  # pools plotted (>1 context)
+        self._first: dict[int, tuple[int, int]] = {}  # pools with one context so far: (context, max requests)
+        self.num_lines = 0
+
+    def add(self, row: Row) -> None:
+        self.count += 1
+        if len(self.head) < self.keep:
+            self.head.append(row)
+        else:
+            self.tail.append(row)
+        key = id(row.pool)
+        line = self.lines.get(key)
+        if line is not None:
+            line[1][row.context] = row.max_requests
+            return
+        first = self._first.get(key)
+        if first is None:
+            self._first[key] = (row.context, row.max_requests)
+        elif first[0] == row.context:
+            self._first[key] = (row.context, row.max_requests)
+        elif first[0] != -1:
+            self.num_lines += 1
+            if len(self.lines) < self.max_lines:
+                self.lines[key] = (row.pool, {first[0]: first[1], row.context: row.max_requests})
+            self._first[key] = (-1, 0)  # counted; not plotted
+
+    def sample(self, limit: int) -> list[Row | None]:
+        """At most ``limit`` rows: all of them, or the head and the tail around a ``None`` gap marker."""
+        assert limit <= self.keep, "the digest keeps fewer rows than asked for"
+        if self.count <= limit:
+            return list(self.head[:self.count])
+        head_n = limit - max(1, limit // 8)
+        tail_n = limit - head_n
+        last = (self.head + list(self.tail))[-tail_n:]
+        return list(self.head[:head_n]) + [None] + last
+
+
+@dataclass(frozen=True)
+class Report:
+    """A what-if report: rows in sweep order (pool options outermost, then max_model_len, context, batch).
+
+    ``rows`` holds every row when the report was built whole (:func:`build_report`); a streamed report
+    (the CLI) has ``rows=None`` and its ``digest`` (head, tail, plot points) only.
+    """
+
+    title: str
+    description: str | None
+    file: str
+    num_rows: int
+    varying: tuple[str, ...]  # ROW_FIELDS label columns whose value differs between rows
+    notes: tuple[str, ...]
+    pools: tuple[Pool, ...]  # the distinct pools, in row order
+    mml_differs: bool  # some row's max_model_len differs from its context
+    digest: RowDigest = field(repr=False, compare=False, default_factory=RowDigest)
+    rows: tuple[Row, ...] | None = None
+
+    def header(self) -> dict[str, Any]:
+        """Everything :meth:`to_dict` holds but the rows (written before the rows when streaming)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "title": self.title,
+            "description": self.description,
+            "file": self.file,
+            "num_rows": self.num_rows,
+            "varying": list(self.varying),
+            "notes": list(self.notes),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.rows is None:
+            raise InputError("a streamed report does not keep its rows", "use build_report() for every row")
+        return {**self.header(), "rows": [r.to_dict() for r in self.rows]}
 
 
 class _Planner:
@@ -268,71 +339,188 @@ def _row_values(values: Mapping[str, Any]) -> tuple[int, int, int | None]:
     return int(values.get("context") or 8192), int(values.get("batch") or 1), values.get("max_model_len")
 
 
-def build_report(whatif: WhatIfFile, *, offline: bool = False, token: str | None = None,
-                 progress: Progress | None = None) -> Report:
-    """Every row of ``whatif`` (sweep product, then explicit scenarios). Raises ScenarioFileError (file:line)."""
-    planner = _Planner(whatif, offline, token)
-    pool_axes = [a for a in whatif.axes if not set(a.names) <= set(ROW_AXES)]
-    row_axes = [a for a in whatif.axes if set(a.names) <= set(ROW_AXES)]
-    row_assigns: list[dict[str, Any]] = []
-    for combo in product(*(a.values for a in row_axes)):
-        assign: dict[str, Any] = {}
-        for axis, vals in zip(row_axes, combo):
-            assign.update(zip(axis.names, vals))
-        row_assigns.append(assign)
-    total = whatif.num_rows
-    rows: list[Row] = []
-    append = rows.append
-    row_triples: dict[tuple[Any, ...], list[tuple[int, int, int | None]]] = {}
-    if whatif.axes:
-        for combo in product(*(a.values for a in pool_axes)):
-            values = dict(whatif.defaults)
-            for axis, vals in zip(pool_axes, combo):
-                values.update(zip(axis.names, vals))
-            if values.get("gpu") is None and values.get("gpu_memory") is None:
-                values["gpu"] = "H100"
-            pool = planner.pool(values, {**{k: values[k] for k in ROW_AXES if k in values}, **row_assigns[0]}, whatif.where)
-            row_key = tuple(values.get(k) for k in ROW_AXES)
-            triples = row_triples.get(row_key)
-            if triples is None:
-                triples = row_triples[row_key] = [_row_values({**values, **assign}) for assign in row_assigns]
+def _count_of(axes: list[Any]) -> int:
+    n = 1
+    for axis in axes:
+        n *= len(axis.values)
+    return n
+
+
+_CACHED_TRIPLES = 1 << 16  # row-axis products up to this size are kept as a list (shared by every pool)
+
+
+class Sweep:
+    """A what-if file's rows: counted before any work (:attr:`num_rows`, :attr:`num_pools`), pools planned
+    by :meth:`plan`, rows produced one at a time by :meth:`rows` (sweep product, then explicit scenarios)."""
+
+    def __init__(self, whatif: WhatIfFile, *, offline: bool = False, token: str | None = None) -> None:
+        self.whatif = whatif
+        self._planner = _Planner(whatif, offline, token)
+        self.pool_axes = [a for a in whatif.axes if not set(a.names) <= set(ROW_AXES)]
+        self.row_axes = [a for a in whatif.axes if set(a.names) <= set(ROW_AXES)]
+        self.num_rows = whatif.num_rows
+        self.num_pools = (_count_of(self.pool_axes) if whatif.axes else 0) + len(whatif.scenarios)  # at most
+        self._sweep_pools: list[tuple[dict[str, Any], Pool]] = []
+        self._explicit_pools: list[Pool] = []
+        self._triples: list[tuple[int, int, int | None]] | None = None
+        self._planned = False
+
+    def describe_size(self) -> str:
+        """``100,000 rows (context 100 x batch 1,000)``: the rows and the axes that make them."""
+        axes = " x ".join(f"{'+'.join(a.names)} {len(a.values):,}" for a in self.whatif.axes)
+        extra = len(self.whatif.scenarios)
+        parts = [p for p in (axes, f"{extra:,} scenarios" if extra else "") if p]
+        return f"{self.num_rows:,} rows ({' + '.join(parts)})" if parts else f"{self.num_rows:,} rows"
+
+    def check_bounds(self, force: bool = False) -> None:
+        """Raise InputError past :data:`MAX_ROWS` rows or :data:`MAX_POOLS` pool configurations, unless ``force``."""
+        if force:
+            return
+        hint = "use --force to run it anyway, or sweep fewer values"
+        if self.num_rows > MAX_ROWS:
+            raise InputError(f"{self.whatif.display}: {self.describe_size()}, past the bound of {MAX_ROWS:,} rows "
+                             f"(about 30 s and 1 GB of CSV + JSON)", hint)
+        if self.num_pools > MAX_POOLS:
+            raise InputError(f"{self.whatif.display}: up to {self.num_pools:,} configurations to plan (every option but "
+                             f"context, batch and max_model_len), past the bound of {MAX_POOLS:,} (about 30 s)", hint)
+
+    # ---- planning -----------------------------------------------------------------------------
+    def _assigns(self) -> Iterator[dict[str, Any]]:
+        for combo in product(*(a.values for a in self.row_axes)):
+            assign: dict[str, Any] = {}
+            for axis, vals in zip(self.row_axes, combo):
+                assign.update(zip(axis.names, vals))
+            yield assign
+
+    def _row_triples(self) -> Any:
+        """The (context, batch, max_model_len) of each sweep row of a pool (the same for every pool: pool
+        axes never hold a row axis, so only the defaults and the row axes decide them)."""
+        if self._triples is not None:
+            return self._triples
+        base = {k: self.whatif.defaults[k] for k in ROW_AXES if k in self.whatif.defaults}
+        triples = (_row_values({**base, **assign}) for assign in self._assigns())
+        if _count_of(self.row_axes) <= _CACHED_TRIPLES:
+            self._triples = list(triples)
+            return self._triples
+        return triples
+
+    def plan(self, progress: Progress | None = None) -> None:
+        """Plan every pool (each once); errors are ScenarioFileError naming the row's options and line."""
+        if self._planned:
+            return
+        whatif, planner = self.whatif, self._planner
+        first = next(self._assigns(), {}) if whatif.axes else {}
+        done = 0
+        if whatif.axes:
+            for combo in product(*(a.values for a in self.pool_axes)):
+                values = dict(whatif.defaults)
+                for axis, vals in zip(self.pool_axes, combo):
+                    values.update(zip(axis.names, vals))
+                if values.get("gpu") is None and values.get("gpu_memory") is None:
+                    values["gpu"] = "H100"
+                pool = planner.pool(values, {**{k: values[k] for k in ROW_AXES if k in values}, **first}, whatif.where)
+                self._sweep_pools.append((values, pool))
+                done += 1
+                if progress is not None and done % 64 == 0:
+                    progress(done, self.num_pools)
+        for explicit in whatif.scenarios:
+            self._explicit_pools.append(planner.pool(
+                explicit.values, {k: explicit.values[k] for k in ROW_AXES if k in explicit.values}, explicit.where))
+        self._planned = True
+        # the one row-level check (prefix_tokens <= context), made now so that streaming rows cannot fail
+        contexts = {t[0] for t in self._row_triples()} if self._sweep_pools else set()
+        for values, pool in self._sweep_pools:
             try:
-                for context, batch, mml in triples:
-                    append(make_row(pool, context, batch, mml))
+                for context in contexts:
+                    pool.validate_context(context)
+            except KvplanError as exc:
+                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
+        for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
+            try:
+                pool.validate_context(_row_values(explicit.values)[0])
+            except KvplanError as exc:
+                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+
+    # ---- rows ---------------------------------------------------------------------------------
+    def rows(self, progress: Progress | None = None) -> Iterator[Row]:
+        """Every row in order; ``progress(rows done, total)`` after each pool's rows."""
+        self.plan()
+        whatif, done = self.whatif, 0
+        for values, pool in self._sweep_pools:
+            try:
+                for context, batch, mml in self._row_triples():
+                    yield make_row(pool, context, batch, mml)
+                    done += 1
             except KvplanError as exc:
                 raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
             if progress is not None:
-                progress(len(rows), total)
-    for explicit in whatif.scenarios:
-        pool = planner.pool(explicit.values, {k: explicit.values[k] for k in ROW_AXES if k in explicit.values}, explicit.where)
-        context, batch, mml = _row_values(explicit.values)
-        try:
-            append(make_row(pool, context, batch, mml, explicit.name))
-        except KvplanError as exc:
-            raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
-    if progress is not None:
-        progress(len(rows), total)
-    return Report(whatif.title, whatif.description, whatif.display, tuple(rows), _varying(rows), _notes(rows))
+                progress(done, self.num_rows)
+        for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
+            context, batch, mml = _row_values(explicit.values)
+            try:
+                yield make_row(pool, context, batch, mml, explicit.name)
+            except KvplanError as exc:
+                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+            done += 1
+        if progress is not None:
+            progress(done, self.num_rows)
+
+    def report(self, digest: RowDigest, rows: tuple[Row, ...] | None = None) -> Report:
+        """The report of the rows produced (pass the digest that saw them; ``rows`` when kept)."""
+        self.plan()
+        pools = list({id(p): p for p in [p for _, p in self._sweep_pools] + self._explicit_pools}.values())
+        row_values = self._row_value_sets()
+        return Report(self.whatif.title, self.whatif.description, self.whatif.display, self.num_rows,
+                      _varying(pools, row_values), _notes(pools), tuple(pools), row_values["mml_differs"], digest, rows)
+
+    def _row_value_sets(self) -> dict[str, Any]:
+        """Distinct names, contexts, batches and max_model_lens over the rows (without making the rows)."""
+        sets: dict[str, Any] = {"name": set(), "context": set(), "batch": set(), "max_model_len": set(), "mml_differs": False}
+        from itertools import chain
+
+        sweep_rows = ((None, t) for t in self._row_triples()) if self._sweep_pools else ()
+        explicit_rows = ((e.name, _row_values(e.values)) for e in self.whatif.scenarios)
+        for name, (context, batch, mml) in chain(sweep_rows, explicit_rows):
+            mml = mml or context
+            sets["name"].add(name)
+            sets["context"].add(context)
+            sets["batch"].add(batch)
+            sets["max_model_len"].add(mml)
+            sets["mml_differs"] = sets["mml_differs"] or mml != context
+        return sets
 
 
-def _varying(rows: list[Row]) -> tuple[str, ...]:
+def build_report(whatif: WhatIfFile, *, offline: bool = False, token: str | None = None,
+                 progress: Progress | None = None, force: bool = False) -> Report:
+    """Every row of ``whatif`` (sweep product, then explicit scenarios), kept in the report.
+
+    Raises ScenarioFileError (file:line) for a bad row, InputError past :data:`MAX_ROWS` rows or
+    :data:`MAX_POOLS` configurations unless ``force``.
+    """
+    sweep = Sweep(whatif, offline=offline, token=token)
+    sweep.check_bounds(force)
+    digest = RowDigest()
+    rows = []
+    for row in sweep.rows(progress):
+        digest.add(row)
+        rows.append(row)
+    return sweep.report(digest, tuple(rows))
+
+
+def _varying(pools: list[Pool], row_values: Mapping[str, Any]) -> tuple[str, ...]:
     """The label columns whose value differs between rows (constant ones are stated once instead)."""
-    if not rows:
+    if not pools:
         return ()
-    pools = {id(r.pool): r.pool for r in rows}.values()
     varying = {name for name in LABEL_FIELDS if name in Pool.LABELS and len({p.labels()[name] for p in pools}) > 1}
     for name in ("name", "context", "batch", "max_model_len"):
-        if len({getattr(r, name) for r in rows}) > 1:
+        if len(row_values[name]) > 1:
             varying.add(name)
     return tuple(n for n in LABEL_FIELDS if n in varying)
 
 
-def _notes(rows: list[Row]) -> tuple[str, ...]:
+def _notes(pools: list[Pool]) -> tuple[str, ...]:
     notes: list[str] = []
-    pools: dict[int, Pool] = {}
-    for r in rows:
-        pools.setdefault(id(r.pool), r.pool)
-    no_kv = [p for p in pools.values() if p.plan.budget.kv_budget_bytes <= 0]
+    no_kv = [p for p in pools if p.plan.budget.kv_budget_bytes <= 0]
     if no_kv:
         p = no_kv[0].plan
         notes.append(f"{len(no_kv)} of {len(pools)} configurations leave no memory for the KV cache "

@@ -11,6 +11,7 @@ from kvplan.cli_options import JsonOpt, OfflineOpt, TokenOpt
 
 EPILOG = ("Examples: kvplan report docs/examples/whatif.yaml --offline  ·  kvplan report whatif.yaml --json > rows.json  ·  "
           "kvplan schema whatif")
+ANNOUNCE_ROWS = 10_000  # say the row count on stderr before starting when there are at least this many
 
 
 def register(app: typer.Typer) -> None:
@@ -23,31 +24,52 @@ def register(app: typer.Typer) -> None:
                                             show_default=False)],
         offline: OfflineOpt = False,
         token: TokenOpt = None,
-        rows: Annotated[int, typer.Option("--rows", min=1, help="Rows shown in the terminal before truncating.")] = 40,
+        rows: Annotated[int, typer.Option("--rows", min=1, max=100_000, help="Rows shown in the terminal before truncating.")] = 40,
+        force: Annotated[bool, typer.Option("--force", help="Run even past the bounds (1,000,000 rows, 10,000 configurations).")] = False,
         json_out: JsonOpt = False,
     ) -> None:
         """What-if report: one row per scenario (per-token bytes, weights, KV budget, KV tokens, max concurrency, max context, fits, decode ceiling); writes the outputs the file lists."""
-        from kvplan.atomic import write_files
-        from kvplan.render.report import progress_bar, render_outputs
-        from kvplan.report import build_report
+        from kvplan.atomic import AtomicFiles, check_writable
+        from kvplan.render.progress import delayed_progress
+        from kvplan.render.report import DOCUMENT_ROWS, JsonRows, open_row_writers, render_documents
+        from kvplan.report import RowDigest, Sweep
         from kvplan.scenario import display_path, load_whatif
 
         whatif = load_whatif(path)
-        with progress_bar(whatif.num_rows) as progress:
-            result = build_report(whatif, offline=offline, token=token, progress=progress)
-        files, warnings = render_outputs(result, whatif.outputs, whatif.plots)
-        write_files(files)  # all or nothing: every file is complete before the first is replaced
+        sweep = Sweep(whatif, offline=offline, token=token)
+        sweep.check_bounds(force)
+        for out_path in whatif.outputs:  # before the work: a bad path must not cost the whole sweep
+            check_writable(out_path)
+        if sweep.num_rows >= ANNOUNCE_ROWS:
+            names = ", ".join(display_path(p) for p in whatif.outputs) or "no files"
+            sys.stderr.write(f"kvplan: {sweep.describe_size()} -> {names}\n")
+        digest = RowDigest(keep=max(DOCUMENT_ROWS, rows))
+        with AtomicFiles() as files, delayed_progress("sweeping") as progress:  # all or nothing
+            sweep.plan(progress)
+            head = sweep.report(RowDigest(keep=0)).header()
+            writers = open_row_writers(files, whatif.outputs, head)
+            if json_out:
+                writers.append(JsonRows(sys.stdout, head, indent=2))
+            for row in sweep.rows(progress):
+                digest.add(row)
+                if writers:
+                    d = row.to_dict()
+                    for writer in writers:
+                        writer.add(d)
+            for writer in writers:
+                writer.close()
+            result = sweep.report(digest)
+            documents, warnings = render_documents(result, whatif.outputs, whatif.plots)
+            for doc_path, data in documents.items():
+                files.write(doc_path, data)
         for warning in warnings:
             sys.stderr.write(f"kvplan: warning: {warning}\n")
-        written = [display_path(p) for p in files]
         if json_out:
-            from kvplan.render import print_json
-
-            print_json(result.to_dict())
             return
         from kvplan.render import console
         from kvplan.render.report import render_report
 
+        written = [display_path(p) for p in [*whatif.outputs, *(p for p in documents if p not in whatif.outputs)]]
         console().print(render_report(result, written, limit=rows))
 
     _ = report

@@ -10,10 +10,8 @@ import csv
 import html
 import io
 import json
-import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from kvplan.units import GiB, fmt_bytes
 
@@ -66,16 +64,16 @@ def _fmt(key: str, value: Any) -> str:
 def columns(report: "Report") -> list[str]:
     """Label columns shown in tables: those that vary (max_model_len only when it differs from context)."""
     cols = [c for c in report.varying if c not in ("max_model_len", "gpus")]  # gpus = tp x pp, shown by those
-    if "max_model_len" in report.varying and any(r.max_model_len != r.context for r in report.rows):
+    if "max_model_len" in report.varying and report.mml_differs:
         cols.append("max_model_len")
     return cols or ["model"]
 
 
 def constants(report: "Report") -> list[tuple[str, str]]:
     """(title, value) of the label columns that are the same in every row."""
-    if not report.rows:
+    if not report.digest.head:
         return []
-    first = report.rows[0].to_dict()
+    first = report.digest.head[0].to_dict()
     shown = set(columns(report))
     out = []
     for key in ("model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size",
@@ -86,18 +84,9 @@ def constants(report: "Report") -> list[tuple[str, str]]:
     return out
 
 
-def _head_and_tail(rows: "tuple[Row, ...]", limit: int) -> "list[Row | None]":
-    """At most ``limit`` rows: all of them, or the head and the tail around a ``None`` gap marker."""
-    if len(rows) <= limit:
-        return list(rows)
-    head = limit - max(1, limit // 8)
-    return list(rows[:head]) + [None] + list(rows[len(rows) - (limit - head):])
-
-
 def _table_rows(report: "Report", cols: list[str], limit: int) -> tuple[list[list[str]], int]:
     """Formatted cells for at most ``limit`` rows (head and tail); returns (rows, number hidden)."""
-    rows = report.rows
-    chosen = _head_and_tail(rows, limit)
+    chosen = report.digest.sample(limit)
     out = []
     for row in chosen:
         if row is None:
@@ -105,7 +94,7 @@ def _table_rows(report: "Report", cols: list[str], limit: int) -> tuple[list[lis
             continue
         d = row.to_dict()
         out.append([_fmt(c, d[c]) for c in cols] + [_fmt(k, d[k]) for _, k in _FIGURES])
-    return out, max(0, len(rows) - limit)
+    return out, max(0, report.num_rows - limit)
 
 
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8_e5m2"}
@@ -147,9 +136,9 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
     from rich.text import Text
 
     cols = columns(report)
-    rows = report.rows
-    chosen = _head_and_tail(rows, limit)
-    table = Table(title=f"{report.title} ({len(rows):,} scenarios)", title_justify="left", box=box.SIMPLE_HEAD,
+    num_rows = report.num_rows
+    chosen = report.digest.sample(limit)
+    table = Table(title=f"{report.title} ({num_rows:,} scenarios)", title_justify="left", box=box.SIMPLE_HEAD,
                   padding=(0, 1), collapse_padding=True, pad_edge=False, show_edge=False)
     for c in cols:
         table.add_column(_TERMINAL_TITLES.get(c, _LABEL_TITLES[c]), no_wrap=c != "name",
@@ -173,9 +162,9 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
     parts.append(table)
     parts.append(Text("KiB/tok: KV bytes per token per GPU · wts, KV: weights and KV budget per GPU · reqs@ctx: requests that "
                       "fit at the context · ctx@batch: longest context at the batch · tok/s: decode ceiling", style="grey62"))
-    hidden = max(0, len(rows) - limit)
+    hidden = max(0, num_rows - limit)
     if hidden:
-        parts.append(Text(f"… {hidden:,} of {len(rows):,} rows not shown (--rows N shows more); every row goes to the "
+        parts.append(Text(f"… {hidden:,} of {num_rows:,} rows not shown (--rows N shows more); every row goes to the "
                           f"CSV/JSON outputs and --json", style="yellow"))
     for note in report.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
@@ -188,20 +177,75 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
 # CSV / JSON
 
 
-def to_csv(report: "Report") -> str:
-    """Every row, every figure (bytes as integers, per GPU)."""
-    from kvplan.report import ROW_FIELDS
+class CsvRows:
+    """Rows streamed to CSV: every figure of every row (bytes as integers, per GPU)."""
 
+    def __init__(self, fh: IO[str]) -> None:
+        from kvplan.report import ROW_FIELDS
+
+        self._fields = ROW_FIELDS
+        self._writer = csv.writer(fh, lineterminator="\n")
+        self._writer.writerow(ROW_FIELDS)
+
+    def add(self, row: dict[str, Any]) -> None:
+        """One row's ``Row.to_dict()``."""
+        self._writer.writerow([row[k] for k in self._fields])
+
+    def close(self) -> None:
+        pass
+
+
+_FLAT = json.JSONEncoder(separators=(", ", ": ")).encode  # the C encoder (no indent)
+
+
+class JsonRows:
+    """Rows streamed into one JSON document, byte for byte ``json.dumps({**header, "rows": rows}, indent=indent)``,
+    written one row at a time (a row is a flat object: the C encoder writes it, the indent is added here)."""
+
+    def __init__(self, fh: IO[str], header: dict[str, Any], indent: int = 1) -> None:
+        self._fh, self._indent, self._n = fh, indent, 0
+        opening = json.dumps({**header, "rows": []}, indent=indent)
+        assert opening.endswith("[]\n}")
+        fh.write(opening[:-len("[]\n}")] + "[")
+        self._open = "\n" + " " * (2 * indent) + "{\n" + " " * (3 * indent)
+        self._sep = ",\n" + " " * (3 * indent) + '"'
+        self._close = "\n" + " " * (2 * indent) + "}"
+
+    def add(self, row: dict[str, Any]) -> None:
+        """One row's ``Row.to_dict()`` (flat: scalars only)."""
+        body = _FLAT(row)[1:-1].replace(', "', self._sep)  # inside a JSON string a quote is always escaped
+        self._fh.write(("," if self._n else "") + self._open + body + self._close)
+        self._n += 1
+
+    def close(self) -> None:
+        self._fh.write(("\n" + " " * self._indent + "]" if self._n else "]") + "\n}\n")
+
+
+def to_csv(report: "Report") -> str:
+    """Every row of a report that kept them, as CSV text."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(ROW_FIELDS), lineterminator="\n")
-    writer.writeheader()
-    for row in report.rows:
-        writer.writerow(row.to_dict())
+    out = CsvRows(buf)
+    for row in _all_rows(report):
+        out.add(row.to_dict())
     return buf.getvalue()
 
 
 def to_json(report: "Report") -> str:
-    return json.dumps(report.to_dict(), indent=1) + "\n"
+    """Every row of a report that kept them, as one JSON document."""
+    buf = io.StringIO()
+    out = JsonRows(buf, report.header())
+    for row in _all_rows(report):
+        out.add(row.to_dict())
+    out.close()
+    return buf.getvalue()
+
+
+def _all_rows(report: "Report") -> "tuple[Row, ...]":
+    if report.rows is None:
+        from kvplan.errors import InputError
+
+        raise InputError("a streamed report does not keep its rows", "write CSV / JSON while streaming (open_row_writers)")
+    return report.rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,14 +292,11 @@ def _png(fig: Any) -> bytes:
 def plot_concurrency(report: "Report") -> tuple[bytes | None, str | None]:
     """Max concurrent requests vs context, one line per pool (model/GPU/dtype...). (png, caption note)."""
     keys = _pool_keys(report)
-    series: dict[int, tuple[Pool, dict[int, int]]] = {}
-    for row in report.rows:
-        series.setdefault(id(row.pool), (row.pool, {}))[1][row.context] = row.max_requests
-    lines = [(pool, points) for pool, points in series.values() if len(points) > 1]
-    if not lines:
+    shown = list(report.digest.lines.values())[:MAX_SERIES]
+    num_lines = report.digest.num_lines
+    if not shown:
         return None, "the concurrency plot needs more than one context (sweep context)"
     plt = _pyplot()
-    shown = lines[:MAX_SERIES]
     colors = plt.get_cmap("tab20").colors if len(shown) > 10 else plt.get_cmap("tab10").colors
     fig, ax = plt.subplots(figsize=(10, 5.2))
     for i, (pool, points) in enumerate(shown):
@@ -274,7 +315,7 @@ def plot_concurrency(report: "Report") -> tuple[bytes | None, str | None]:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     data = _png(fig)
     plt.close(fig)
-    note = f"{len(shown)} of {len(lines)} configurations plotted" if len(lines) > len(shown) else None
+    note = f"{len(shown)} of {num_lines} configurations plotted" if num_lines > len(shown) else None
     return data, note
 
 
@@ -355,7 +396,7 @@ def to_markdown(report: "Report", images: dict[str, str], notes: list[str]) -> s
     lines = [f"# {report.title}", ""]
     if report.description:
         lines += [report.description, ""]
-    lines += [f"{len(report.rows):,} scenarios from `{report.file}`, generated by kvplan.", ""]
+    lines += [f"{report.num_rows:,} scenarios from `{report.file}`, generated by kvplan.", ""]
     const = constants(report)
     if const:
         lines += ["For every row: " + ", ".join(f"**{k}** {v}" for k, v in const) + ".", ""]
@@ -368,7 +409,7 @@ def to_markdown(report: "Report", images: dict[str, str], notes: list[str]) -> s
         lines.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
     lines.append("")
     if hidden:
-        lines += [f"*{hidden:,} rows not shown; the CSV and JSON outputs hold all {len(report.rows):,}.*", ""]
+        lines += [f"*{hidden:,} rows not shown; the CSV and JSON outputs hold all {report.num_rows:,}.*", ""]
     for note in list(report.notes) + notes:
         lines.append(f"- note: {note}")
     lines += ["", _footnote(), ""]
@@ -408,7 +449,7 @@ def to_html(report: "Report", plots: dict[str, bytes], notes: list[str]) -> str:
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{esc(report.title)}</title><style>{_CSS}</style></head><body>",
            f"<h1>{esc(report.title)}</h1>",
-           f'<p class="meta">{len(report.rows):,} scenarios from <code>{esc(report.file)}</code>, generated by kvplan.</p>']
+           f'<p class="meta">{report.num_rows:,} scenarios from <code>{esc(report.file)}</code>, generated by kvplan.</p>']
     if report.description:
         out.append(f"<p>{esc(report.description)}</p>")
     const = constants(report)
@@ -443,14 +484,31 @@ def to_html(report: "Report", plots: dict[str, bytes], notes: list[str]) -> str:
         out.append("<tr>" + "".join(tds) + "</tr>")
     out.append("</tbody></table></div>")
     if hidden:
-        out.append(f'<p class="note">{hidden:,} rows not shown; the CSV and JSON outputs hold all {len(report.rows):,}.</p>')
+        out.append(f'<p class="note">{hidden:,} rows not shown; the CSV and JSON outputs hold all {report.num_rows:,}.</p>')
     out.append(f'<p class="foot">{esc(_footnote()).replace("*", "")}</p>')
     out.append("</body></html>\n")
     return "\n".join(out)
 
 
-def render_outputs(report: "Report", outputs: tuple[Path, ...], plot_names: tuple[str, ...]) -> tuple[dict[Path, bytes | str], list[str]]:
-    """Every output file's content (nothing written here) and warnings to show (e.g. no matplotlib)."""
+ROW_SUFFIXES = (".csv", ".json")  # outputs that hold every row (streamed)
+
+
+def open_row_writers(files: Any, outputs: tuple[Path, ...], header: dict[str, Any]) -> list[Any]:
+    """A streaming writer (``add(row)``, ``close()``) for each CSV / JSON output, writing into temporary
+    files of ``files`` (a :class:`kvplan.atomic.AtomicFiles`) that replace the outputs on commit."""
+    writers: list[Any] = []
+    for path in outputs:
+        suffix = path.suffix.lower()
+        if suffix == ".csv":
+            writers.append(CsvRows(files.open(path)))
+        elif suffix == ".json":
+            writers.append(JsonRows(files.open(path), header))
+    return writers
+
+
+def render_documents(report: "Report", outputs: tuple[Path, ...], plot_names: tuple[str, ...]) -> tuple[dict[Path, bytes | str], list[str]]:
+    """The Markdown / HTML outputs (and the Markdown's PNGs): content only, nothing written here; and
+    warnings to show (e.g. no matplotlib). CSV and JSON are streamed (:func:`open_row_writers`)."""
     files: dict[Path, bytes | str] = {}
     warnings: list[str] = []
     plots: dict[str, bytes] = {}
@@ -462,11 +520,7 @@ def render_outputs(report: "Report", outputs: tuple[Path, ...], plot_names: tupl
             warnings.append(str(exc))
     for path in outputs:
         suffix = path.suffix.lower()
-        if suffix == ".csv":
-            files[path] = to_csv(report)
-        elif suffix == ".json":
-            files[path] = to_json(report)
-        elif suffix == ".html":
+        if suffix == ".html":
             files[path] = to_html(report, plots, plot_notes)
         elif suffix == ".md":
             images = {}
@@ -476,23 +530,3 @@ def render_outputs(report: "Report", outputs: tuple[Path, ...], plot_names: tupl
                 images[name] = png.name
             files[path] = to_markdown(report, images, plot_notes)
     return files, warnings
-
-
-@contextmanager
-def progress_bar(total: int, threshold: int = 20_000) -> Iterator[Callable[[int, int], None] | None]:
-    """A rich progress bar on stderr for large sweeps, only when stderr is a terminal (else None)."""
-    if total < threshold or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from kvplan.render import console
-
-    with Progress(TextColumn("sweeping"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task("sweep", total=total)
-
-        def update(done: int, _total: int) -> None:
-            bar.update(task, completed=done)
-
-        yield update
