@@ -185,7 +185,7 @@ def test_cache_lookup_agrees_with_huggingface_hub(hub: HubEmulator, hf_home: Pat
     kvhub.fetch_model(REPO)
     c2 = hub.add_commit(REPO, {**_sharded_repo(), "config.json": CONFIG_V2}, refs=("v2",))
     kvhub.fetch_model(REPO, revision="v2")
-    req = kvhub._Request(REPO, None, None, hub.url, str(constants.HF_HUB_CACHE))
+    req = kvhub.HubRequest(REPO, None, None, hub.url, str(constants.HF_HUB_CACHE))
     for revision in (None, "main", "v1", "v2", c1, c2, "no-such-ref", "0" * 40):
         for filename in ("config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"):
             theirs = try_to_load_from_cache(REPO, filename, cache_dir=req.cache_dir, revision=revision)
