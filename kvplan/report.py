@@ -2,7 +2,7 @@
 
 Structure of a sweep (so that 100,000 rows take well under two seconds):
 
-- each model's spec is resolved ONCE (``resolve_model`` + ``build_spec``);
+- each model's spec is resolved ONCE (``kvplan.sources.load_spec``, the one spec cache);
 - every combination of the *pool* options (model, GPU, parallelism, dtypes, engine settings: everything
   but ``context``, ``batch`` and ``max_model_len``) is planned ONCE with :func:`kvplan.plan.plan_for_spec`:
   that gives the budget, the pool layout and ``num_blocks``, which do not depend on the per-request axes;
