@@ -62,7 +62,7 @@ def attention_suite(device: str, tokens: int) -> list[dict[str, Any]]:
 
     from kvplan.paged.allocator import BlockAllocator, GroupSpec
     from kvplan.paged.attention import check_decode
-    from kvplan.plan import to_jsonable
+    from kvplan.serialize import to_jsonable
 
     bs = 16
     num_blocks = 2 * (tokens // bs) + 8

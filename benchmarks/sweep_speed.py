@@ -46,7 +46,7 @@ def main() -> None:
             from kvplan import memory, sources
 
             sources.load_bundled.cache_clear()  # cold: resolve every spec again
-            memory._cached_layout.cache_clear()
+            memory.layout._cached_layout.cache_clear()
             t = time.perf_counter()
             report = build_report(load_whatif(path), offline=True)
             times.append(time.perf_counter() - t)

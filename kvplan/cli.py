@@ -1,26 +1,23 @@
 """The ``kvplan`` command line: one thin function per command (load, compute, render).
 
 Errors: a :class:`~kvplan.errors.KvplanError` becomes one line on stderr and its exit code
-(2: bad input); ``KVPLAN_DEBUG=1`` shows the traceback. Commands other than the core ones live in
-``kvplan/commands/<name>.py`` and register themselves (each imports its heavy modules lazily).
+(2: bad input); ``KVPLAN_DEBUG=1`` shows the traceback (:mod:`kvplan.cli_errors`). Commands other than
+the core ones live in ``kvplan/commands/<name>.py`` and register themselves on the app (each imports its
+heavy modules lazily, and never imports this module).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
-import os
-import sys
-from typing import Annotated, Any, Callable, Optional, TypeVar
+from typing import Annotated, Any, Optional
 
 import typer
 
 from kvplan import __version__
+from kvplan.cli_errors import handle_errors
 from kvplan.cli_options import (
     HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_estimate_options,
 )
-from kvplan.errors import KvplanError
+from kvplan.commands import check, observe, report, schema, simulate, validate
 
 app = typer.Typer(
     name="kvplan",
@@ -30,31 +27,6 @@ app = typer.Typer(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = 2) -> "typer.Exit":
-    """Print ``kvplan: error: message`` on stderr and return the Exit to raise."""
-    sys.stderr.write(f"kvplan: error: {message}\n")
-    return typer.Exit(code)
-
-
-def handle_errors(fn: F) -> F:
-    """Turn kvplan errors into one line on stderr + exit code; KVPLAN_DEBUG=1 re-raises."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except KvplanError as exc:
-            if os.environ.get("KVPLAN_DEBUG"):
-                raise
-            raise fail(exc.one_line(), exc.exit_code) from None
-        except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def version_callback(value: bool) -> None:
@@ -162,18 +134,8 @@ def gpus(json_out: JsonOpt = False) -> None:
     console().print(render_gpus(catalogue))
 
 
-_PLUGGED_COMMANDS = ("validate", "check", "report", "schema", "simulate", "observe")
-
-
-def _register_commands() -> None:
-    """Commands living in kvplan/commands/<name>.py register on the app (if present)."""
-    for name in _PLUGGED_COMMANDS:
-        module_name = f"kvplan.commands.{name}"
-        if importlib.util.find_spec(module_name) is not None:
-            importlib.import_module(module_name).register(app)
-
-
-_register_commands()
+for _command in (validate, check, report, schema, simulate, observe):  # each in kvplan/commands/<name>.py
+    _command.register(app)
 
 
 def main() -> None:

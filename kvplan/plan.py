@@ -7,8 +7,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, is_dataclass, replace
-from enum import Enum
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvplan import memory
@@ -455,21 +454,6 @@ def _fix(blocks: int, layout: memory.PoolLayout, options: Options, per_req: int,
         options_text.append("--kv-dtype fp8")
     options_text.append("a bigger GPU or more --tp")
     return " or ".join(options_text)
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, enums, tuples and mappings -> plain JSON types (floats made finite)."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in fields(obj)}
-    if isinstance(obj, Enum):
-        return obj.value
-    if isinstance(obj, dict) or hasattr(obj, "items"):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 __all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]

@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 from kvplan import memory
 from kvplan.errors import InputError, KvplanError
 from kvplan.plan import Plan, options_from_values, plan_for_spec
-from kvplan.scenario import ROW_AXES, ScenarioFileError, WhatIfFile, Where, model_error
+from kvplan.options import ROW_AXES
+from kvplan.scenario import ScenarioFileError, WhatIfFile, Where, model_error
 from kvplan.spec import ModelSpec, Overrides
 
 SCHEMA_VERSION = 1

@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema, create_model
 
 from kvplan.errors import KvplanError, ScenarioError
-from kvplan.options import AXIS_ORDER, ENGINE_NAMES, ROW_AXES, USAGE_CONTEXTS, YAML_OPTIONS
+from kvplan.options import AXIS_ORDER, ENGINE_NAMES, USAGE_CONTEXTS, YAML_OPTIONS
 
 # ---------------------------------------------------------------------------------------------
 # located errors

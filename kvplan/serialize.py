@@ -7,16 +7,31 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from dataclasses import fields, is_dataclass
+from enum import Enum
+from typing import Any
 
 from kvplan import memory
 from kvplan.spec import LayerCache, LayerKind
 from kvplan.units import DType, parse_dtype
 
-if TYPE_CHECKING:
-    from kvplan.plan import Plan
-
 SCHEMA_VERSION = 1
+Plan = Any  # a kvplan.plan.Plan (not imported: plan imports this module, never the other way)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings -> plain JSON types (floats made finite)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, dict) or hasattr(obj, "items"):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def _finite(x: float) -> float | None:
@@ -65,117 +80,150 @@ def group_rows(layers: tuple[LayerCache, ...], kv_dtype: DType, model_dtype: DTy
     return rows
 
 
-def plan_to_dict(plan: "Plan") -> dict[str, Any]:
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The ``--json`` document for one plan (schema_version 1)."""
-    o, a, b, lay = plan.options, plan.answer, plan.budget, plan.layout
-    kv_dtype, model_dtype = parse_dtype(plan.kv_dtype), parse_dtype(plan.model_dtype)
-    out: dict[str, Any] = {
+    return {
         "schema_version": SCHEMA_VERSION,
-        "model": {
-            "id": plan.spec.model_id,
-            "source": plan.source,
-            "architecture": plan.spec.architecture,
-            "kind": plan.spec.kind_summary,
-            "num_layers": plan.spec.num_layers,
-            "parameters": plan.spec.parameters,
-            "groups": group_rows(plan.spec.layers, kv_dtype, model_dtype),
-            "provenance": dict(plan.spec.provenance),
-        },
-        "assumptions": {
-            "gpu": plan.gpu.name,
-            "gpu_memory_bytes": plan.gpu.memory_bytes,
-            "gpu_memory_source": plan.gpu.memory_source,
-            "gpu_count": o.gpu_count,
-            "tp": o.tp,
-            "pp": o.pp,
-            "engine": plan.engine.engine,
-            "engine_version": plan.engine.version,
-            "engine_version_requested": plan.engine.requested_version or None,
-            "engine_releases": plan.engine.release_range,
-            "dtype": plan.model_dtype,
-            "kv_dtype": plan.kv_dtype,
-            "weights_dtype": plan.weights_dtype,
-            "block_size": lay.block_size,
-            "gpu_util": b.gpu_util,
-            "context_tokens": o.context,
-            "batch": o.batch,
-            "max_model_len": plan.max_model_len,
-            "max_num_batched_tokens": plan.max_num_batched_tokens,
-            "inflight_tokens": plan.inflight_tokens,
-            "prefix_caching": plan.prefix_caching,
-            "usage_context": o.usage_context,
-            "max_num_seqs": plan.engine.max_num_seqs,
-            "prefix_tokens": o.prefix_tokens,
-            "revision": o.revision,
-        },
-        "per_token": {
-            "kv_bytes_per_token_model": plan.kv_bytes_per_token_model,
-            "kv_bytes_per_token_gpu": plan.kv_bytes_per_token_gpu,
-            "state_bytes_per_request_gpu": plan.state_bytes_per_request_gpu,
-            "cross_attention_bytes_per_request_gpu": memory.cross_bytes_per_request(plan.rank_layers, kv_dtype),
-            "formula": formula_lines(plan.rank_layers, kv_dtype, model_dtype),
-            "heads_replicated": plan.heads_replicated,
-        },
-        "budget": {
-            "total_bytes": b.total_bytes,
-            "gpu_util": b.gpu_util,
-            "usable_bytes": b.usable_bytes,
-            "weights_total_bytes": plan.weights_total_bytes,
-            **{f"{t.name}_bytes": t.bytes for t in b.terms},
-            "kv_budget_bytes": b.kv_budget_bytes,
-            "kv_budget_source": b.kv_budget_source,
-            "sources": {t.name: t.source for t in b.terms},
-        },
-        "pool": {
-            "block_size": lay.block_size,
-            "page_bytes": lay.page_bytes,
-            "group_size": lay.group_size,
-            "num_groups": len(lay.groups),
-            "block_bytes": lay.block_bytes,
-            "padding_layers": lay.padding_layers,
-            "base_block_size": lay.base_block_size or lay.block_size,
-            "state_page_bytes": lay.state_page_bytes,
-            "state_padding_bytes": lay.state_padding_bytes,
-            "num_blocks": a.num_blocks,
-            "pool_bytes": memory.pool_bytes(a.num_blocks, lay),
-            "groups": [{"kind": g.cache.kind.value, "layers": g.num_layers, "window_tokens": g.cache.window_tokens}
-                       for g in lay.groups],
-        },
-        "answer": {
-            "kv_tokens": a.kv_tokens,
-            "capacity_tokens": a.capacity_tokens,
-            "context_tokens": a.context,
-            "blocks_per_request": a.blocks_per_request,
-            "max_requests": a.max_requests,
-            "max_concurrency": _finite(a.max_concurrency),
-            "batch": a.batch,
-            "max_context_at_batch": a.max_context_at_batch,
-            "fits": a.fits,
-            "fits_margin_blocks": a.fits_margin_blocks,
-            "fix": a.fix,
-        },
-        "engine_report": {
-            "engine": plan.engine.engine,
-            "version": plan.engine.version,
-            "version_requested": plan.engine.requested_version or None,
-            "releases": plan.engine.release_range,
-            "token_rule": plan.engine.kv_tokens_rule,
-            "max_model_len": plan.max_model_len,
-            "kv_cache_tokens": a.kv_tokens,
-            "max_concurrency": _finite(a.max_concurrency),
-            "starts": a.engine_starts,
-            "longest_startable_len": a.longest_startable_len,
-        },
+        "model": _model(plan),
+        "assumptions": _assumptions(plan),
+        "per_token": _per_token(plan),
+        "budget": _budget(plan),
+        "pool": _pool(plan),
+        "answer": _answer(plan),
+        "engine_report": _engine_report(plan),
         "fragmentation": _plain(plan.fragmentation),
         "prefix": _plain(plan.prefix) if plan.prefix else None,
         "roofline": _plain(plan.roofline) if plan.roofline else None,
         "notes": list(plan.notes),
     }
-    return out
+
+
+def _dtypes(plan: Plan) -> tuple[DType, DType]:
+    return parse_dtype(plan.kv_dtype), parse_dtype(plan.model_dtype)
+
+
+def _model(plan: Plan) -> dict[str, Any]:
+    spec = plan.spec
+    return {
+        "id": spec.model_id,
+        "source": plan.source,
+        "architecture": spec.architecture,
+        "kind": spec.kind_summary,
+        "num_layers": spec.num_layers,
+        "parameters": spec.parameters,
+        "groups": group_rows(spec.layers, *_dtypes(plan)),
+        "provenance": dict(spec.provenance),
+    }
+
+
+def _assumptions(plan: Plan) -> dict[str, Any]:
+    o = plan.options
+    return {
+        "gpu": plan.gpu.name,
+        "gpu_memory_bytes": plan.gpu.memory_bytes,
+        "gpu_memory_source": plan.gpu.memory_source,
+        "gpu_count": o.gpu_count,
+        "tp": o.tp,
+        "pp": o.pp,
+        "engine": plan.engine.engine,
+        "engine_version": plan.engine.version,
+        "engine_version_requested": plan.engine.requested_version or None,
+        "engine_releases": plan.engine.release_range,
+        "dtype": plan.model_dtype,
+        "kv_dtype": plan.kv_dtype,
+        "weights_dtype": plan.weights_dtype,
+        "block_size": plan.layout.block_size,
+        "gpu_util": plan.budget.gpu_util,
+        "context_tokens": o.context,
+        "batch": o.batch,
+        "max_model_len": plan.max_model_len,
+        "max_num_batched_tokens": plan.max_num_batched_tokens,
+        "inflight_tokens": plan.inflight_tokens,
+        "prefix_caching": plan.prefix_caching,
+        "usage_context": o.usage_context,
+        "max_num_seqs": plan.engine.max_num_seqs,
+        "prefix_tokens": o.prefix_tokens,
+        "revision": o.revision,
+    }
+
+
+def _per_token(plan: Plan) -> dict[str, Any]:
+    return {
+        "kv_bytes_per_token_model": plan.kv_bytes_per_token_model,
+        "kv_bytes_per_token_gpu": plan.kv_bytes_per_token_gpu,
+        "state_bytes_per_request_gpu": plan.state_bytes_per_request_gpu,
+        "cross_attention_bytes_per_request_gpu": memory.cross_bytes_per_request(plan.rank_layers, _dtypes(plan)[0]),
+        "formula": formula_lines(plan.rank_layers, *_dtypes(plan)),
+        "heads_replicated": plan.heads_replicated,
+    }
+
+
+def _budget(plan: Plan) -> dict[str, Any]:
+    b = plan.budget
+    return {
+        "total_bytes": b.total_bytes,
+        "gpu_util": b.gpu_util,
+        "usable_bytes": b.usable_bytes,
+        "weights_total_bytes": plan.weights_total_bytes,
+        **{f"{t.name}_bytes": t.bytes for t in b.terms},
+        "kv_budget_bytes": b.kv_budget_bytes,
+        "kv_budget_source": b.kv_budget_source,
+        "sources": {t.name: t.source for t in b.terms},
+    }
+
+
+def _pool(plan: Plan) -> dict[str, Any]:
+    lay, blocks = plan.layout, plan.answer.num_blocks
+    return {
+        "block_size": lay.block_size,
+        "page_bytes": lay.page_bytes,
+        "group_size": lay.group_size,
+        "num_groups": len(lay.groups),
+        "block_bytes": lay.block_bytes,
+        "padding_layers": lay.padding_layers,
+        "base_block_size": lay.base_block_size or lay.block_size,
+        "state_page_bytes": lay.state_page_bytes,
+        "state_padding_bytes": lay.state_padding_bytes,
+        "num_blocks": blocks,
+        "pool_bytes": memory.pool_bytes(blocks, lay),
+        "groups": [{"kind": g.cache.kind.value, "layers": g.num_layers, "window_tokens": g.cache.window_tokens}
+                   for g in lay.groups],
+    }
+
+
+def _answer(plan: Plan) -> dict[str, Any]:
+    a = plan.answer
+    return {
+        "kv_tokens": a.kv_tokens,
+        "capacity_tokens": a.capacity_tokens,
+        "context_tokens": a.context,
+        "blocks_per_request": a.blocks_per_request,
+        "max_requests": a.max_requests,
+        "max_concurrency": _finite(a.max_concurrency),
+        "batch": a.batch,
+        "max_context_at_batch": a.max_context_at_batch,
+        "fits": a.fits,
+        "fits_margin_blocks": a.fits_margin_blocks,
+        "fix": a.fix,
+    }
+
+
+def _engine_report(plan: Plan) -> dict[str, Any]:
+    a, engine = plan.answer, plan.engine
+    return {
+        "engine": engine.engine,
+        "version": engine.version,
+        "version_requested": engine.requested_version or None,
+        "releases": engine.release_range,
+        "token_rule": engine.kv_tokens_rule,
+        "max_model_len": plan.max_model_len,
+        "kv_cache_tokens": a.kv_tokens,
+        "max_concurrency": _finite(a.max_concurrency),
+        "starts": a.engine_starts,
+        "longest_startable_len": a.longest_startable_len,
+    }
 
 
 def _plain(obj: Any) -> dict[str, Any]:
-    from kvplan.plan import to_jsonable
-
     data = to_jsonable(obj)
     return {k: (_finite(v) if isinstance(v, float) else v) for k, v in data.items()}

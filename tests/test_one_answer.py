@@ -23,8 +23,7 @@ import pytest
 
 from kvplan import memory
 from kvplan.paged.allocator import BlockAllocator, GroupSpec
-from kvplan.paged.groups import allocator_groups
-from kvplan.paged.validate import exact_layout, plan_allocator
+from kvplan.paged.groups import allocator_groups, exact_layout, plan_allocator
 from kvplan.plan import Options, Plan, plan_for_spec
 from kvplan.report import Pool, make_row
 from kvplan.simulate import config_from_plan

@@ -19,7 +19,7 @@ def _in_github_actions() -> bool:
 
 
 def register(app: typer.Typer) -> None:
-    from kvplan.cli import handle_errors
+    from kvplan.cli_errors import handle_errors
 
     @app.command("check", epilog=EPILOG)
     @handle_errors

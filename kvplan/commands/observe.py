@@ -77,7 +77,7 @@ def _observe(session: Any, planner: Any, live: bool) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    from kvplan.cli import handle_errors
+    from kvplan.cli_errors import handle_errors
     from kvplan.cli_options import with_estimate_options
 
     @app.command("observe", epilog=EPILOG)
@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
                                                max_events=20))
         if not obs.read_polls:
             last = obs.polls[-1].error if obs.polls else "interrupted before the first poll"
-            from kvplan.cli import fail
+            from kvplan.cli_errors import fail
 
             raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {last}")
         raise typer.Exit(0 if all(o.passed for o in outcomes) else 1)

@@ -15,7 +15,7 @@ ANNOUNCE_ROWS = 10_000  # say the row count on stderr before starting when there
 
 
 def register(app: typer.Typer) -> None:
-    from kvplan.cli import handle_errors
+    from kvplan.cli_errors import handle_errors
 
     @app.command("report", epilog=EPILOG)
     @handle_errors

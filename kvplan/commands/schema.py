@@ -11,7 +11,7 @@ EPILOG = ("Examples: kvplan schema capacity > kvplan-capacity.schema.json  ·  k
 
 
 def register(app: typer.Typer) -> None:
-    from kvplan.cli import handle_errors
+    from kvplan.cli_errors import handle_errors
 
     @app.command("schema", epilog=EPILOG)
     @handle_errors

@@ -14,7 +14,7 @@ EPILOG = ("Examples: kvplan simulate docs/examples/shared_prompt.yaml  ·  "
 
 
 def register(app: typer.Typer) -> None:
-    from kvplan.cli import handle_errors
+    from kvplan.cli_errors import handle_errors
 
     @app.command("simulate", epilog=EPILOG)
     @handle_errors

@@ -19,7 +19,7 @@ EPILOG = ("Examples: kvplan validate meta-llama/Llama-3.1-8B --gpu H200  ·  "
 
 
 def register(app: typer.Typer) -> None:
-    from kvplan.cli import handle_errors
+    from kvplan.cli_errors import handle_errors
 
     @app.command(epilog=EPILOG)
     @handle_errors

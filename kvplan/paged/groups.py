@@ -12,14 +12,22 @@ the blocks the plan's :class:`~kvplan.memory.Demand` counts:
 - cross-attention layers (encoder / image tokens, a fixed amount per request) -> ``state`` holding
   ``ceil(encoder tokens / block size)`` blocks.
 
+:func:`plan_allocator` is the allocator validate fills; :func:`exact_layout` says when its demand is
+exactly the plan's (so one request beyond the plan must not fit).
+
 Plain Python, no torch.
 """
 
 from __future__ import annotations
 
-from kvplan.memory import Demand, KVGroup
-from kvplan.paged.allocator import GroupSpec
+from typing import TYPE_CHECKING
+
+from kvplan.memory import Demand, KVGroup, PoolLayout
+from kvplan.paged.allocator import BlockAllocator, GroupSpec
 from kvplan.spec import LayerKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvplan.plan import Plan
 
 
 def allocator_group(demand: Demand, group: KVGroup) -> GroupSpec:
@@ -35,3 +43,18 @@ def allocator_group(demand: Demand, group: KVGroup) -> GroupSpec:
 def allocator_groups(demand: Demand) -> tuple[GroupSpec, ...]:
     """One allocator group per group of ``demand.layout``, in order."""
     return tuple(allocator_group(demand, g) for g in demand.layout.groups)
+
+
+def exact_layout(layout: PoolLayout) -> bool:
+    """True when every group keeps every token (full attention, MLA) or a fixed state: the allocator's
+    demand then equals the plan's per-request blocks exactly, so one request beyond the plan must not fit."""
+    return all(g.cache.kind in (LayerKind.FULL, LayerKind.MLA) or g.cache.is_state for g in layout.groups)
+
+
+def plan_allocator(plan: "Plan", layout: PoolLayout, num_blocks: int) -> tuple[BlockAllocator, Demand]:
+    """The allocator the fill runs on: the plan's demand over ``layout`` (this rank's), its groups from
+    :func:`allocator_groups`, the null block reserved, no prefix hits."""
+    demand = plan.demand.with_layout(layout)
+    allocator = BlockAllocator(num_blocks, layout.block_size, allocator_groups(demand),
+                               reserve_null_block=True, enable_prefix_caching=False)
+    return allocator, demand

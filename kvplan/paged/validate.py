@@ -13,14 +13,14 @@ This module imports torch only inside functions, so ``import kvplan.paged.valida
 from __future__ import annotations
 
 import gc
-import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from kvplan import memory
 from kvplan.errors import InputError, TorchMissingError
+from kvplan.paged import accounting
 from kvplan.paged.allocator import BlockAllocator
-from kvplan.paged.groups import allocator_groups
+from kvplan.paged.groups import exact_layout, plan_allocator
 from kvplan.spec import LayerKind
 from kvplan.units import GiB, fmt_bytes, round_up
 
@@ -57,12 +57,6 @@ def resolve_device(name: str | None, local_rank: int = 0) -> str:
             raise InputError("--device cuda: this torch build sees no CUDA device", "use --device cpu with a small --kv-budget")
         return f"cuda:{local_rank % torch.cuda.device_count()}"
     return "cpu"
-
-
-def exact_layout(layout: memory.PoolLayout) -> bool:
-    """True when every group keeps every token (full attention, MLA) or a fixed state: the allocator's
-    demand then equals the plan's per-request blocks exactly, so one request beyond the plan must not fit."""
-    return all(g.cache.kind in (LayerKind.FULL, LayerKind.MLA) or g.cache.is_state for g in layout.groups)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +154,7 @@ class ValidationResult:
         return not self.failures
 
     def to_dict(self) -> dict[str, Any]:
-        from kvplan.plan import to_jsonable
+        from kvplan.serialize import to_jsonable
 
         data = to_jsonable(self)
         data["ok"] = self.ok
@@ -168,46 +162,6 @@ class ValidationResult:
             data["measure"]["difference_bytes"] = self.measure.difference_bytes
             data["measure"]["difference_pct"] = self.measure.difference_pct
         return data
-
-
-# ---------------------------------------------------------------------------------------------
-# device accounting
-
-
-def _rss_bytes() -> int | None:
-    """Resident set size of this process (bytes), from /proc/self/statm; None where there is no /proc."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _available_bytes(torch: Any, device: str) -> int | None:
-    if device.startswith("cuda"):
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _device_allocated(torch: Any, device: str) -> int:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.memory_allocated(device))
-    return 0
-
-
-def _is_oom(exc: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError, a RuntimeError saying "out of memory", or the CPU allocator's failure."""
-    text = str(exc).lower()
-    return isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and
-                                            ("out of memory" in text or "can't allocate memory" in text))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,54 +197,24 @@ def validate_plan(plan: "Plan", device: str | None = None, *, probe: bool = Fals
     if probe and not device.startswith("cuda"):
         raise InputError("--probe needs a CUDA device", "drop --probe, or run on a GPU")
     layout, stage, layers = rank_layout(plan, rank)
-    num_blocks = plan.answer.num_blocks
-    if num_blocks < 1 + memory.NULL_BLOCKS:
-        raise InputError(f"the plan leaves {num_blocks} KV block(s) on this GPU: nothing to validate",
-                         plan.answer.fix or "give the KV cache more memory (--kv-budget, --gpu-util)")
-    estimate = memory.pool_bytes(num_blocks, layout)
-    available = _available_bytes(torch, device)
-    if available is not None and estimate > available * MEMORY_HEADROOM:
-        raise InputError(f"the planned pool of {fmt_bytes(estimate)} does not fit in the {fmt_bytes(available)} "
-                         f"available on {device}",
-                         "scale it down with --kv-budget (e.g. --kv-budget 0.25GiB) or use a bigger device")
-
+    num_blocks, estimate = plan.answer.num_blocks, _checked_estimate(torch, plan, layout, device)
     base: dict[str, Any] = dict(
         model_id=plan.spec.model_id, device=device, rank=rank, world_size=world_size, pp_stage=stage,
-        num_layers=layout.num_layers, block_size=layout.block_size, num_blocks=num_blocks,
-        block_bytes=layout.block_bytes, page_bytes=layout.page_bytes, group_size=layout.group_size,
-        num_groups=len(layout.groups), kv_dtype=layout.kv_dtype.name,
-        torch_kv_dtype=str(pool_mod.torch_dtype(layout.kv_dtype)).removeprefix("torch."),
-    )
+        num_blocks=num_blocks, **_layout_facts(layout))
     failures: list[str] = []
     notes: list[str] = []
-    measure = fill = None
+    measure = fill = error = pool = None
     checks: tuple[Any, ...] = ()
-    error = None
-    pool = None
-    allocated_before = _device_allocated(torch, device)
+    allocated_before = accounting.device_allocated(torch, device)
     try:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-            free_before = int(torch.cuda.mem_get_info(torch.device(device))[0])
-        rss_before = _rss_bytes() if device == "cpu" else None
+        free_before = accounting.free_bytes(torch, device)
+        rss_before = accounting.rss_bytes() if device == "cpu" else None
         stage_name = "allocating the pool"
         pool = pool_mod.allocate_pool(layout, num_blocks, device, zero=True, check=False, layers=layers)
-        storage = pool.storage_bytes
-        if device.startswith("cuda"):
-            device_bytes = _device_allocated(torch, device) - allocated_before
-            driver = free_before - int(torch.cuda.mem_get_info(torch.device(device))[0])
-            expected = sum(round_up(t.untyped_storage().nbytes(), CUDA_ROUNDING_BYTES) for t in pool.slots)
-            measure = PoolMeasure(estimate, storage, device_bytes, "torch.cuda.memory_allocated delta",
-                                  expected - storage + estimate, len(pool.slots), driver_bytes=driver)
-        else:
-            rss = _rss_bytes()
-            measure = PoolMeasure(estimate, storage, storage, "untyped_storage().nbytes()", estimate, len(pool.slots),
-                                  rss_bytes=None if rss is None or rss_before is None else rss - rss_before)
-        if storage != estimate:
-            failures.append(f"the torch pool holds {storage:,} B, the estimate is {estimate:,} B")
-        if measure.device_bytes != measure.expected_device_bytes:
-            failures.append(f"the device accounts {measure.device_bytes:,} B for the pool, expected "
-                            f"{measure.expected_device_bytes:,} B")
+        measure = _measure(torch, device, pool, estimate, allocated_before, free_before, rss_before)
+        failures.extend(_measure_failures(measure))
 
         stage_name = "filling the pool"
         if any(layout.group_block_size(g) != layout.block_size for g in layout.groups):
@@ -298,18 +222,7 @@ def validate_plan(plan: "Plan", device: str | None = None, *, probe: bool = Fals
                          "attention checks are skipped; the bytes are checked")
             raise _SkipFill
         fill, allocator = _fill(plan, layout, num_blocks, progress)
-        if fill.filled_requests < fill.planned_requests:
-            failures.append(f"only {fill.filled_requests} of the planned {fill.planned_requests} requests at "
-                            f"{fill.context_tokens:,} tokens fit")
-        if fill.peak_blocks > fill.planned_blocks_per_request:
-            failures.append(f"a request held {fill.peak_blocks} blocks at once, the plan allows "
-                            f"{fill.planned_blocks_per_request}")
-        if fill.exact and fill.one_more_fits:
-            failures.append(f"request {fill.planned_requests + 1} also fits: the plan underestimates the concurrency")
-        if not fill.exact and fill.one_more_fits and not exact_layout(layout):
-            notes.append(f"request {fill.planned_requests + 1} fits once sliding windows have dropped old blocks "
-                         f"({fill.resident_blocks_per_request} resident vs {fill.planned_blocks_per_request} planned "
-                         f"blocks per request): the plan reserves the chunked-prefill peak, as vLLM does")
+        _judge_fill(fill, layout, failures, notes)
 
         stage_name = "checking attention"
         checks = _attention_sample(plan, pool, allocator, fill, attention_samples)
@@ -318,7 +231,7 @@ def validate_plan(plan: "Plan", device: str | None = None, *, probe: bool = Fals
     except _SkipFill:
         pass
     except Exception as exc:  # out of memory (or a broken device) mid-way: report how far it got
-        if not _is_oom(exc):
+        if not accounting.is_oom(exc):
             raise
         got = pool.storage_bytes if pool is not None else getattr(exc, "kvplan_allocated_bytes", 0)
         error = f"out of memory while {stage_name}: {fmt_bytes(got)} of {fmt_bytes(estimate)} allocated"
@@ -328,11 +241,78 @@ def validate_plan(plan: "Plan", device: str | None = None, *, probe: bool = Fals
         pool = None
     if measure is not None:
         measure = replace(measure, released_bytes=released)
-    probe_result = None
-    if probe and error is None:
-        probe_result = _probe(torch, device, layout.block_bytes, num_blocks)
+    probe_result = _probe(torch, device, layout.block_bytes, num_blocks) if probe and error is None else None
     return ValidationResult(**base, measure=measure, fill=fill, attention=checks, probe=probe_result, error=error,
                             failures=tuple(failures), notes=tuple(notes))
+
+
+def _layout_facts(layout: memory.PoolLayout) -> dict[str, Any]:
+    """The :class:`ValidationResult` fields that describe this rank's pool layout."""
+    from kvplan.paged import pool as pool_mod
+
+    return dict(num_layers=layout.num_layers, block_size=layout.block_size, block_bytes=layout.block_bytes,
+                page_bytes=layout.page_bytes, group_size=layout.group_size, num_groups=len(layout.groups),
+                kv_dtype=layout.kv_dtype.name,
+                torch_kv_dtype=str(pool_mod.torch_dtype(layout.kv_dtype)).removeprefix("torch."))
+
+
+def _checked_estimate(torch: Any, plan: "Plan", layout: memory.PoolLayout, device: str) -> int:
+    """The pool's planned bytes on this rank; an :class:`InputError` when there is nothing to validate or the
+    pool would not fit in the device's available memory."""
+    num_blocks = plan.answer.num_blocks
+    if num_blocks < 1 + memory.NULL_BLOCKS:
+        raise InputError(f"the plan leaves {num_blocks} KV block(s) on this GPU: nothing to validate",
+                         plan.answer.fix or "give the KV cache more memory (--kv-budget, --gpu-util)")
+    estimate = memory.pool_bytes(num_blocks, layout)
+    available = accounting.available_bytes(torch, device)
+    if available is not None and estimate > available * MEMORY_HEADROOM:
+        raise InputError(f"the planned pool of {fmt_bytes(estimate)} does not fit in the {fmt_bytes(available)} "
+                         f"available on {device}",
+                         "scale it down with --kv-budget (e.g. --kv-budget 0.25GiB) or use a bigger device")
+    return estimate
+
+
+def _measure(torch: Any, device: str, pool: Any, estimate: int, allocated_before: int, free_before: int | None,
+             rss_before: int | None) -> PoolMeasure:
+    """The allocated pool as the device accounts it (CUDA allocator and driver; CPU storages and RSS)."""
+    storage = pool.storage_bytes
+    if device.startswith("cuda"):
+        device_bytes = accounting.device_allocated(torch, device) - allocated_before
+        driver = (free_before or 0) - (accounting.free_bytes(torch, device) or 0)
+        expected = sum(round_up(t.untyped_storage().nbytes(), CUDA_ROUNDING_BYTES) for t in pool.slots)
+        return PoolMeasure(estimate, storage, device_bytes, "torch.cuda.memory_allocated delta",
+                           expected - storage + estimate, len(pool.slots), driver_bytes=driver)
+    rss = accounting.rss_bytes()
+    return PoolMeasure(estimate, storage, storage, "untyped_storage().nbytes()", estimate, len(pool.slots),
+                       rss_bytes=None if rss is None or rss_before is None else rss - rss_before)
+
+
+def _measure_failures(measure: PoolMeasure) -> list[str]:
+    """The pool's bytes must equal the estimate, and the device must account what the tensors hold."""
+    failures = []
+    if measure.storage_bytes != measure.estimate_bytes:
+        failures.append(f"the torch pool holds {measure.storage_bytes:,} B, the estimate is {measure.estimate_bytes:,} B")
+    if measure.device_bytes != measure.expected_device_bytes:
+        failures.append(f"the device accounts {measure.device_bytes:,} B for the pool, expected "
+                        f"{measure.expected_device_bytes:,} B")
+    return failures
+
+
+def _judge_fill(fill: FillResult, layout: memory.PoolLayout, failures: list[str], notes: list[str]) -> None:
+    """What the fill says about the plan: every planned request fits, none holds more than planned, and (when
+    the allocator's demand is exactly the plan's) one more does not."""
+    if fill.filled_requests < fill.planned_requests:
+        failures.append(f"only {fill.filled_requests} of the planned {fill.planned_requests} requests at "
+                        f"{fill.context_tokens:,} tokens fit")
+    if fill.peak_blocks > fill.planned_blocks_per_request:
+        failures.append(f"a request held {fill.peak_blocks} blocks at once, the plan allows "
+                        f"{fill.planned_blocks_per_request}")
+    if fill.exact and fill.one_more_fits:
+        failures.append(f"request {fill.planned_requests + 1} also fits: the plan underestimates the concurrency")
+    if not fill.exact and fill.one_more_fits and not exact_layout(layout):
+        notes.append(f"request {fill.planned_requests + 1} fits once sliding windows have dropped old blocks "
+                     f"({fill.resident_blocks_per_request} resident vs {fill.planned_blocks_per_request} planned "
+                     f"blocks per request): the plan reserves the chunked-prefill peak, as vLLM does")
 
 
 class _SkipFill(Exception):
@@ -347,28 +327,9 @@ def _release(torch: Any, device: str, pool: Any, allocated_before: int) -> int |
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-        return _device_allocated(torch, device) - allocated_before
-    _malloc_trim()
+        return accounting.device_allocated(torch, device) - allocated_before
+    accounting.malloc_trim()
     return None
-
-
-def _malloc_trim() -> None:
-    """Hand freed heap pages back to the OS (glibc), so the next run's resident-set delta counts its pool."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def plan_allocator(plan: "Plan", layout: memory.PoolLayout, num_blocks: int) -> tuple[BlockAllocator, memory.Demand]:
-    """The allocator the fill runs on: the plan's demand over ``layout`` (this rank's), its groups from
-    :func:`kvplan.paged.groups.allocator_groups`, the null block reserved, no prefix hits."""
-    demand = plan.demand.with_layout(layout)
-    allocator = BlockAllocator(num_blocks, layout.block_size, allocator_groups(demand),
-                               reserve_null_block=True, enable_prefix_caching=False)
-    return allocator, demand
 
 
 def _fill(plan: "Plan", layout: memory.PoolLayout, num_blocks: int,
@@ -479,7 +440,7 @@ def _probe(torch: Any, device: str, block_bytes: int, planned_blocks: int) -> Pr
                 held.append(torch.empty(chunk * block_bytes, dtype=torch.uint8, device=device))
                 blocks += chunk
             except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
-                if not _is_oom(exc):
+                if not accounting.is_oom(exc):
                     raise
                 chunk //= 2
     finally:

@@ -49,12 +49,15 @@ def memory_bar(plan: "Plan", width: int = 60) -> Text:
 
 def render_plan(plan: "Plan") -> Group:
     """The estimate as rich renderables: model, memory, answer, engine report, paging, prefix, roofline."""
-    o, a, b, spec = plan.options, plan.answer, plan.budget, plan.spec
-    kv_dtype, model_dtype = parse_dtype(plan.kv_dtype), parse_dtype(plan.model_dtype)
-    prov = spec.provenance
-    parts: list = []
+    parts = [_model_panel(plan), _memory_panel(plan), _answer_panel(plan), _engine_panel(plan), _paging_panel(plan)]
+    if plan.notes:
+        parts.append(Text("\n".join(f"note: {n}" for n in plan.notes), style="yellow"))
+    return Group(*parts)
 
-    # model ------------------------------------------------------------------------------------
+
+def _model_panel(plan: "Plan") -> Panel:
+    """What one token costs: the model's KV facts and the per-token formula on one GPU."""
+    o, spec, prov = plan.options, plan.spec, plan.spec.provenance
     head = Text.assemble((spec.model_id, "bold"), "\n")
     full = next((layer for layer in spec.layers if layer.caches_tokens), None)
     facts = [spec.kind_summary, f"{spec.num_layers} layers"]
@@ -65,13 +68,16 @@ def render_plan(plan: "Plan") -> Group:
     head.append(" · ".join(facts) + "\n")
     gpu_slice = f" per GPU (tp {o.tp}, pp {o.pp})" if o.tp * o.pp > 1 else ""
     head.append(f"per token{gpu_slice}:\n", style="bold")
-    for line in formula_lines(plan.rank_layers, kv_dtype, model_dtype):
+    for line in formula_lines(plan.rank_layers, parse_dtype(plan.kv_dtype), parse_dtype(plan.model_dtype)):
         head.append(f"  {line}\n")
     head.append(f"  = {plan.kv_bytes_per_token_gpu:,} B/token ({fmt_bytes(plan.kv_bytes_per_token_gpu)})"
                 f"; {fmt_bytes(plan.kv_bytes_per_token_gpu * o.context)} per {o.context:,}-token request before paging")
-    parts.append(Panel(head, title="model", title_align="left"))
+    return Panel(head, title="model", title_align="left")
 
-    # memory -----------------------------------------------------------------------------------
+
+def _memory_panel(plan: "Plan") -> Panel:
+    """The budget's terms, with the rounding the engine uses, and the memory bar."""
+    b = plan.budget
     t = Table.grid(padding=(0, 2))
     t.add_column()
     t.add_column(justify="right")
@@ -82,10 +88,13 @@ def render_plan(plan: "Plan") -> Group:
         t.add_row(f"− {term.name}", _gib(term.bytes), term.source)
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
     t.add_row(Text("= KV budget", style=style), Text(_gib(b.kv_budget_bytes), style=style), b.kv_budget_source)
-    parts.append(Panel(Group(t, memory_bar(plan)), title=f"memory per GPU ({o.gpu_count}x {plan.gpu.name})", title_align="left"))
+    return Panel(Group(t, memory_bar(plan)), title=f"memory per GPU ({plan.options.gpu_count}x {plan.gpu.name})",
+                 title_align="left")
 
-    # answer -----------------------------------------------------------------------------------
-    lay = plan.layout
+
+def _answer_panel(plan: "Plan") -> Panel:
+    """Blocks, requests at the context, max context at the batch, and the verdict."""
+    a, lay = plan.answer, plan.layout
     ans = Text()
     shared = f", each block one page in each of {len(lay.groups)} groups" if len(lay.groups) > 1 else ""
     ans.append(f"KV cache: {a.num_blocks:,} blocks x {lay.block_size} tokens = {a.capacity_tokens:,} token slots"
@@ -102,9 +111,12 @@ def render_plan(plan: "Plan") -> Group:
         ans.append(f" ({a.fits_margin_blocks:,} blocks = {a.fits_margin_blocks * lay.block_size:,} tokens spare)")
     else:
         ans.append(f" (short by {-a.fits_margin_blocks:,} blocks = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}); try {a.fix}")
-    parts.append(Panel(ans, title="answer", title_align="left"))
+    return Panel(ans, title="answer", title_align="left")
 
-    # engine -----------------------------------------------------------------------------------
+
+def _engine_panel(plan: "Plan") -> Panel:
+    """What the engine will log (or why it refuses to start), and the command that launches it."""
+    a, b = plan.answer, plan.budget
     eng = Text()
     if a.engine_starts:
         first, *explained = plan.rules.report(plan.launch)
@@ -120,10 +132,12 @@ def render_plan(plan: "Plan") -> Group:
                    f"{a.longest_startable_len:,}\n")
     eng.append("serve: ", style="bold")
     eng.append(plan.rules.serve_command(plan.launch))
-    parts.append(Panel(eng, title="engine", title_align="left"))
+    return Panel(eng, title="engine", title_align="left")
 
-    # paging / prefix / roofline ----------------------------------------------------------------
-    f = plan.fragmentation
+
+def _paging_panel(plan: "Plan") -> Panel:
+    """Contiguous vs paged (the answer's own requests), prefix sharing, the decode roofline."""
+    f, lay = plan.fragmentation, plan.layout
     more = Text()
     more.append(f"contiguous (reserve max_model_len {f.max_model_len:,}): {f.contiguous_max_requests:,} requests, "
                 f"{fmt_bytes(f.contiguous_waste_bytes)} wasted each\n")
@@ -143,8 +157,4 @@ def render_plan(plan: "Plan") -> Group:
         r = plan.roofline
         more.append(f"\ndecode roofline at batch {r.batch}: >= {r.step_seconds * 1e3:.2f} ms/step, <= {r.tokens_per_s:,.0f} tokens/s; "
                     f"KV reads match weight reads at batch {r.knee_batch:,.0f}")
-    parts.append(Panel(more, title="paging, prefix, decode", title_align="left"))
-
-    if plan.notes:
-        parts.append(Text("\n".join(f"note: {n}" for n in plan.notes), style="yellow"))
-    return Group(*parts)
+    return Panel(more, title="paging, prefix, decode", title_align="left")

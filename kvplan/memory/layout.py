@@ -1,19 +1,13 @@
-"""The memory math: pure functions over exact integers of bytes.
+"""Where a GPU's KV cache lives: bytes per layer, the tensor/pipeline-parallel slice, and vLLM's KV-cache
+groups (:class:`PoolLayout`). Pure functions over exact integers of bytes; :mod:`kvplan.memory` re-exports them.
 
-Every formula kvplan uses lives here, once. ``estimate``, ``check``, ``report``, ``simulate`` and the
-torch validator all call these functions; nobody multiplies heads by layers a second time.
-
-Vocabulary (vLLM v1's, see DESIGN.md section 4a):
-- a *page* is one block of one layer: ``block_size`` tokens x bytes per token per layer;
-- layers are bucketed by kind into *KV-cache groups* of ``group_size`` layers; one *block id* costs
-  ``group_size x page`` bytes and backs one page in every group;
-- a request at length L needs, per group, ``ceil(L / block_size)`` blocks (full attention) or fewer
-  (sliding window, chunked attention, fixed state).
+Vocabulary (vLLM v1's, see DESIGN.md section 4a): a *page* is one block of one layer (``block_size``
+tokens x bytes per token per layer); layers are bucketed by kind into *KV-cache groups* of ``group_size``
+layers; one *block id* costs ``group_size x page`` bytes and backs one page in every group.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -294,24 +288,32 @@ def pool_layout(layers: tuple[LayerCache, ...], block_size: int, kv_dtype: DType
         return PoolLayout(block_size, page(kinds[0], block_size), len(cached), (group,), kv_dtype, model_dtype,
                           bytes_per_block=total, **extra)
     pages = {k: page(k, block_size) for k in kinds}
+    size, groups = _mixed_groups(counts, pages, block_size)
+    return PoolLayout(block_size, max(pages.values()), size, groups, kv_dtype, model_dtype, **extra)
+
+
+def _mixed_groups(counts: Counter[LayerCache], pages: dict[LayerCache, int],
+                  block_size: int) -> tuple[int, tuple[KVGroup, ...]]:
+    """Group size and groups of a pool with several kinds of layers (``pages``: each kind's page bytes).
+
+    vLLM's unify_kv_cache_spec_page_size: a kind whose page divides the largest gets a proportionally
+    larger block size; each kind splits into ``ceil(n / group_size)`` groups, ``layers[i::num_groups]``
+    (so they differ by at most one layer).
+    """
     max_page = max(pages.values())
     block_sizes: dict[LayerCache, int] = {}
-    for kind in kinds:  # vLLM's unify_kv_cache_spec_page_size
-        if pages[kind] == max_page or kind.is_state:
-            block_sizes[kind] = 0
-        elif max_page % pages[kind] == 0:
-            block_sizes[kind] = block_size * (max_page // pages[kind])
+    for kind, kind_page in pages.items():
+        if kind_page == max_page or kind.is_state or max_page % kind_page:
+            block_sizes[kind] = 0  # the pool's block size (a page that does not divide is padded up)
         else:
-            block_sizes[kind] = 0  # padded up to the largest page
-    size = group_size_for([counts[k] for k in kinds])
+            block_sizes[kind] = block_size * (max_page // kind_page)
+    size = group_size_for([counts[k] for k in pages])
     groups: list[KVGroup] = []
-    for kind in kinds:
+    for kind in pages:
         n = counts[kind]
         num_groups = cdiv(n, size)
-        # vLLM slices layers[i::num_groups]: the groups differ by at most one layer
-        for i in range(num_groups):
-            groups.append(KVGroup(kind, len(range(i, n, num_groups)), block_sizes[kind]))
-    return PoolLayout(block_size, max_page, size, tuple(groups), kv_dtype, model_dtype, **extra)
+        groups.extend(KVGroup(kind, len(range(i, n, num_groups)), block_sizes[kind]) for i in range(num_groups))
+    return size, tuple(groups)
 
 
 def _uniform_type(kinds: list[LayerCache]) -> bool:
@@ -330,300 +332,6 @@ def num_blocks(kv_budget_bytes: int, layout: PoolLayout) -> int:
 def pool_bytes(blocks: int, layout: PoolLayout) -> int:
     """Bytes the pool of ``blocks`` block ids occupies (what the torch pool must allocate)."""
     return blocks * layout.block_bytes
-
-
-def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, inflight_tokens: int,
-                             prefix_caching: bool = False) -> int:
-    """Blocks one request of ``tokens`` tokens needs in one group (vLLM's max_memory_usage_bytes / page).
-
-    full / MLA: ``ceil(L / bs)``; sliding(W): ``ceil(min(W - 1 + T, L) / bs) + 1``; cross-attention(E
-    encoder tokens): ``ceil(E / bs)`` whatever L;
-    chunked(C): ``ceil(min(C + T, L) / bs)`` where T = ``inflight_tokens`` is the tokens scheduled but
-    not yet computed (vLLM: max_num_batched_tokens x concurrent batches; 2 x with async scheduling on
-    GPUs, 1 x on CPU); state: 1 block, or with prefix caching (vLLM's mamba "align" mode) 2 + prefill
-    checkpoint blocks: 3 for Mamba2, 2 for Mamba1 and gated delta net.
-    Callers go through :class:`Demand`, which fixes T and the prefix-caching flag once per plan.
-    """
-    cache = group.cache
-    bs = group.block_size or block_size
-    if cache.kind in (LayerKind.FULL, LayerKind.MLA):
-        return cdiv(tokens, bs)
-    if cache.kind is LayerKind.SLIDING:
-        assert cache.window_tokens
-        return cdiv(min(cache.window_tokens - 1 + inflight_tokens, tokens), bs) + 1
-    if cache.kind is LayerKind.CHUNKED:
-        assert cache.window_tokens
-        return cdiv(min(cache.window_tokens + inflight_tokens, tokens), bs)
-    if cache.kind is LayerKind.CROSS:  # vLLM's CrossAttentionSpec: ceil(encoder tokens / bs), any length
-        return cdiv(cache.window_tokens or 0, bs)
-    if cache.is_state:
-        if not prefix_caching:
-            return 1
-        return 3 if cache.state_kind == "mamba2" else 2
-    return 0
-
-
-@dataclass(frozen=True)
-class Demand:
-    """What one request holds in each group of ``layout`` under one engine's rules (built once per plan).
-
-    ``inflight_tokens``: tokens scheduled but not yet computed, which sliding and chunked groups hold
-    on top of their window (the engine's ``inflight_tokens`` rule). ``prefix_caching``: whether the
-    engine runs with prefix caching, which makes state groups keep checkpoint blocks. Every consumer
-    (the answer, max context, the engine's start-up check, paging, prefix sharing, the roofline,
-    reports, simulate, validate) asks this one object, so they all count the same blocks.
-    """
-
-    layout: PoolLayout
-    inflight_tokens: int
-    prefix_caching: bool = False
-
-    def group_blocks(self, group: KVGroup, tokens: int) -> int:
-        """Blocks a request of ``tokens`` tokens holds in ``group`` (see :func:`group_blocks_per_request`)."""
-        return group_blocks_per_request(group, tokens, self.layout.block_size, self.inflight_tokens,
-                                        self.prefix_caching)
-
-    def blocks(self, tokens: int) -> int:
-        """Block ids one request of ``tokens`` tokens holds, summed over the pool's groups."""
-        return sum(self.group_blocks(g, tokens) for g in self.layout.groups)
-
-    def bytes(self, tokens: int) -> int:
-        """Pool bytes one request of ``tokens`` tokens holds (paged: window, padding and state slack included)."""
-        return self.blocks(tokens) * self.layout.block_bytes
-
-    def state_blocks(self, group: KVGroup) -> int:
-        """Blocks a request holds in a state group, whatever its length (0 for attention groups)."""
-        return self.group_blocks(group, 1) if group.cache.is_state else 0
-
-    def fixed_blocks(self, group: KVGroup) -> int:
-        """Blocks a request holds whatever its length: state groups and cross-attention groups (the
-        encoder tokens); 0 for groups that grow with the request."""
-        fixed = group.cache.is_state or group.cache.kind is LayerKind.CROSS
-        return self.group_blocks(group, 1) if fixed else 0
-
-    def with_layout(self, layout: PoolLayout) -> "Demand":
-        """The same engine rules over another layout (another pipeline stage's pool)."""
-        return replace(self, layout=layout)
-
-
-def raw_request_bytes(layers: tuple[LayerCache, ...], tokens: int, kv_dtype: DType, model_dtype: DType) -> int:
-    """Bytes one request at ``tokens`` tokens needs without paging (windows applied, no block slack)."""
-    total = 0
-    for layer in layers:
-        held = min(tokens, layer.window_tokens) if layer.window_tokens else tokens
-        if layer.kind is LayerKind.CROSS:
-            held = layer.window_tokens or 0
-        total += held * layer_token_bytes(layer, kv_dtype) + layer_state_bytes(layer, model_dtype)
-    return total
-
-
-# ---------------------------------------------------------------------------------------------
-# capacity
-
-
-NULL_BLOCKS = 1  # vLLM keeps block 0 as the null block: it never holds a request's tokens
-
-
-def vllm_max_concurrency(blocks: int, per_request_blocks: int) -> float:
-    """What vLLM logs as "Maximum concurrency": ``num_blocks / blocks per request`` (a float)."""
-    return blocks / per_request_blocks if per_request_blocks else math.inf
-
-
-def max_requests(blocks: int, per_request_blocks: int) -> int:
-    """Requests that fit at once: ``(num_blocks - 1 null block) // blocks per request``."""
-    if per_request_blocks <= 0:
-        return 0
-    return max(0, blocks - NULL_BLOCKS) // per_request_blocks
-
-
-def kv_cache_tokens(blocks: int, per_request_blocks: int, max_model_len: int) -> int:
-    """vLLM's "GPU KV cache size: N tokens" = ``int(max_concurrency x max_model_len)``.
-
-    Computed in floating point exactly as vLLM does (``int(num_blocks / per_request * L)``), so the
-    last digit agrees even where the float product falls just below an integer.
-    """
-    if per_request_blocks <= 0:
-        return 0
-    return int(blocks / per_request_blocks * max_model_len)
-
-
-def grouped_kv_tokens(blocks: int, num_groups: int, block_size: int) -> int:
-    """vLLM 0.9.1 - 0.20.0's "GPU KV cache size": ``num_blocks // num_groups x block_size`` (tokens).
-
-    Every group is assumed to get an equal share of the block ids, whatever its need per request:
-    Gemma-3-27B (52 sliding + 10 full layers in 7 groups) with 15,999 blocks prints
-    15,999 // 7 x 16 = 36,560. A single-group model prints ``num_blocks x block_size``.
-    """
-    return blocks // max(1, num_groups) * block_size
-
-
-
-UNBOUNDED_TOKENS = 1 << 40  # a context beyond any model's; returned when only windows are cached
-
-
-def max_context(blocks: int, demand: Demand, batch: int, limit_tokens: int = UNBOUNDED_TOKENS,
-                null_blocks: int = NULL_BLOCKS) -> int:
-    """Longest context (tokens, at most ``limit_tokens``) such that ``batch`` requests fit in
-    ``num_blocks - null_blocks`` blocks.
-
-    Binary search over the non-decreasing ``demand.blocks``; 0 when not even one token fits;
-    ``limit_tokens`` when everything up to it fits (always, when only windows and state are cached).
-    Below the limit the result is block-aligned by construction (demand steps at block boundaries).
-    """
-    if batch < 1:
-        raise InputError(f"invalid batch {batch}: must be at least 1")
-    usable = blocks - null_blocks
-
-    def ok(tokens: int) -> bool:
-        return batch * demand.blocks(tokens) <= usable
-
-    if not ok(1):
-        return 0
-    if ok(limit_tokens):
-        return limit_tokens
-    lo, hi = 1, limit_tokens  # ok(lo), not ok(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo
-
-
-@dataclass(frozen=True)
-class PrefixSharing:
-    """What sharing a ``prefix_tokens``-token prefix across requests buys.
-
-    ``shared_blocks``: full blocks of the prefix stored once (``floor(P / bs)`` per growing group).
-    """
-
-    prefix_tokens: int
-    shared_blocks: int
-    blocks_per_request_unshared: int
-    blocks_per_request_shared: int
-    max_requests_unshared: int
-    max_requests_shared: int
-    blocks_saved: int
-    prefill_tokens_saved: int
-    prefill_flops_saved: int
-
-
-def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
-                   parameters: int | None) -> PrefixSharing:
-    """N requests of ``tokens`` tokens sharing a ``prefix_tokens`` prefix store its full blocks once.
-
-    Only groups that keep every token (full attention, MLA) share; windowed groups keep their own.
-    Prefill FLOPs saved ~ 2 x parameters per token not recomputed.
-    """
-    if prefix_tokens > tokens:
-        raise InputError(f"--prefix-tokens {prefix_tokens:,} exceeds the context {tokens:,}")
-    layout = demand.layout
-    per_full = prefix_tokens // layout.block_size
-    growing = sum(1 for g in layout.groups if g.cache.kind in (LayerKind.FULL, LayerKind.MLA))
-    shared = per_full * growing
-    per_req = demand.blocks(tokens)
-    per_req_shared = per_req - shared
-    usable = max(0, blocks - NULL_BLOCKS)
-    unshared_n = usable // per_req if per_req else 0
-    if usable < shared + per_req_shared or per_req_shared <= 0:
-        shared_n = unshared_n if per_req_shared > 0 else (1 if usable >= per_req else 0)
-    else:
-        shared_n = (usable - shared) // per_req_shared
-    saved_tokens = max(0, shared_n - 1) * per_full * layout.block_size
-    return PrefixSharing(
-        prefix_tokens=prefix_tokens,
-        shared_blocks=shared,
-        blocks_per_request_unshared=per_req,
-        blocks_per_request_shared=per_req_shared,
-        max_requests_unshared=unshared_n,
-        max_requests_shared=shared_n,
-        blocks_saved=max(0, shared_n - 1) * shared,
-        prefill_tokens_saved=saved_tokens,
-        prefill_flops_saved=2 * (parameters or 0) * saved_tokens,
-    )
-
-
-@dataclass(frozen=True)
-class Fragmentation:
-    """Contiguous (reserve ``max_model_len`` per request) vs paged (blocks as used) at length ``tokens``.
-
-    ``*_waste_bytes``: reserved but unused bytes per request (internal fragmentation).
-    """
-
-    tokens: int
-    max_model_len: int
-    contiguous_request_bytes: int
-    paged_request_bytes: int
-    raw_request_bytes: int
-    contiguous_max_requests: int
-    paged_max_requests: int
-    contiguous_waste_bytes: int
-    paged_waste_bytes: int
-
-
-def contiguous_vs_paged(kv_budget_bytes: int, blocks: int, demand: Demand, layers: tuple[LayerCache, ...],
-                        tokens: int, max_model_len: int) -> Fragmentation:
-    """Compare a worst-case contiguous reservation of ``max_model_len`` per request with paging.
-
-    The paged side is the engine's own demand (the answer's ``max_requests``); the contiguous side
-    reserves the raw bytes of ``max_model_len`` tokens (windows applied) plus one unpadded state.
-    """
-    layout = demand.layout
-    raw = raw_request_bytes(layers, tokens, layout.kv_dtype, layout.model_dtype)
-    contiguous = raw_request_bytes(layers, max_model_len, layout.kv_dtype, layout.model_dtype)
-    per_req = demand.blocks(tokens)
-    paged = per_req * layout.block_bytes
-    return Fragmentation(
-        tokens=tokens,
-        max_model_len=max_model_len,
-        contiguous_request_bytes=contiguous,
-        paged_request_bytes=paged,
-        raw_request_bytes=raw,
-        contiguous_max_requests=max(0, kv_budget_bytes) // contiguous if contiguous else 0,
-        paged_max_requests=max_requests(blocks, per_req),
-        contiguous_waste_bytes=contiguous - raw,
-        paged_waste_bytes=paged - raw,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# weights and decode roofline
-
-
-def weight_bytes(parameters: int, dtype: DType) -> int:
-    """Bytes of ``parameters`` weights stored in ``dtype`` (int4: packed + fp16 scale per 128)."""
-    return dtype.nbytes(parameters)
-
-
-@dataclass(frozen=True)
-class Roofline:
-    """Decode-step lower bound from HBM bandwidth: each step reads the weights and every live KV once.
-
-    ``step_seconds(b) = (weight_bytes + b x request_bytes) / bandwidth``; tokens/s = b / step.
-    ``knee_batch``: where KV reads equal weight reads (past it, batch buys less and less).
-    """
-
-    bandwidth_bytes_per_s: int
-    weight_bytes: int
-    request_bytes: int
-    batch: int
-    step_seconds: float
-    tokens_per_s: float
-    knee_batch: float
-    tokens_per_s_limit: float
-
-
-def decode_roofline(weight_bytes_per_gpu: int, request_bytes: int, batch: int, bandwidth_bytes_per_s: int) -> Roofline:
-    """The decode roofline at ``batch`` live requests of ``request_bytes`` KV each (per GPU)."""
-    step = (weight_bytes_per_gpu + batch * request_bytes) / bandwidth_bytes_per_s
-    return Roofline(
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        weight_bytes=weight_bytes_per_gpu,
-        request_bytes=request_bytes,
-        batch=batch,
-        step_seconds=step,
-        tokens_per_s=batch / step if step else math.inf,
-        knee_batch=weight_bytes_per_gpu / request_bytes if request_bytes else math.inf,
-        tokens_per_s_limit=bandwidth_bytes_per_s / request_bytes if request_bytes else math.inf,
-    )
 
 
 @lru_cache(maxsize=4096)

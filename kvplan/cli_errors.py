@@ -1,0 +1,42 @@
+"""How the CLI reports errors: a :class:`~kvplan.errors.KvplanError` becomes one line on stderr
+(``kvplan: error: ...``) and its exit code (2: bad input); ``KVPLAN_DEBUG=1`` shows the traceback.
+
+Shared by :mod:`kvplan.cli` and the commands in ``kvplan/commands/`` (which import this module, never
+:mod:`kvplan.cli`, so the CLI and its commands form no import cycle).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable, TypeVar
+
+import typer
+
+from kvplan.errors import KvplanError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 2) -> "typer.Exit":
+    """Print ``kvplan: error: message`` on stderr and return the Exit to raise."""
+    sys.stderr.write(f"kvplan: error: {message}\n")
+    return typer.Exit(code)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn kvplan errors into one line on stderr + exit code; KVPLAN_DEBUG=1 re-raises."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KvplanError as exc:
+            if os.environ.get("KVPLAN_DEBUG"):
+                raise
+            raise fail(exc.one_line(), exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", 130) from None
+
+    return wrapper  # type: ignore[return-value]
