@@ -89,7 +89,7 @@ class Pool:
         """Pool-level figures (bytes per GPU): per-token bytes, budget terms, KV budget, blocks."""
         return self._figures
 
-    # memoised memory.py calls ------------------------------------------------------------------
+    # memoised kvplan.memory calls --------------------------------------------------------------
     def blocks_per_request(self, tokens: int) -> int:
         n = self._bpr.get(tokens)
         if n is None:

@@ -65,3 +65,33 @@ def test_every_option_is_declared_once_in_the_table() -> None:
     assert {f.name for f in fields(Options)} == {o.field_name for o in OPTIONS if o.in_options} | {"auto_max_model_len"}
     # every option a user can type is in the CLI and (except the Hub token) in the YAML files
     assert {o.name for o in OPTIONS if o.panel} | {"model"} == {o.name for o in YAML_OPTIONS} | {"token"}
+
+
+def test_docs_name_functions_that_exist_and_every_json_key() -> None:
+    """docs/math.md's "Where each rule lives" names real functions; docs/cli.md's JSON table lists every key."""
+    import importlib
+
+    import kvplan
+
+    repo = PACKAGE.parent
+    math_md = (repo / "docs" / "math.md").read_text(encoding="utf-8")
+    table = math_md[math_md.index("## 7. Where each rule lives"):]
+    names = set(re.findall(r"`((?:memory|engines|plan|paged|hybrid)(?:\.\w+)+)`", table))
+    assert len(names) > 25
+    for dotted in names:
+        module_path, _, attr = f"kvplan.{dotted}".rpartition(".")
+        while module_path:
+            try:
+                target = importlib.import_module(module_path)
+                break
+            except ModuleNotFoundError:
+                module_path, _, outer = module_path.rpartition(".")
+                attr = f"{outer}.{attr}"
+        for part in attr.split("."):
+            target = getattr(target, part)
+    cli_md = (repo / "docs" / "cli.md").read_text(encoding="utf-8")
+    doc = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", prefix_tokens=100).to_dict()
+    for section in ("model", "assumptions", "per_token", "budget", "pool", "answer", "engine_report"):
+        row = next(line for line in cli_md.splitlines() if line.startswith(f"| `{section}` |"))
+        missing = [key for key in doc[section] if f"`{key}`" not in row]
+        assert missing == [], f"docs/cli.md, {section}: {missing}"
