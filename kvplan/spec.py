@@ -16,7 +16,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from kvplan import hybrid
+from kvplan import hybrid, model_types
 from kvplan.config_reader import KV_HEAD_KEYS, ConfigReader, Overrides, short_repr
 from kvplan.errors import ConfigError
 from kvplan.model_source import ModelSource, WeightFacts
@@ -65,12 +65,20 @@ _DTYPE_NAMES = {
 def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
     """The language model's config (following ``text_config``/``llm_config``) with model-type defaults.
 
-    Defaults fill only keys the config does not have at all; an explicit ``null`` stays null (as in
-    transformers, where ``sliding_window: null`` turns Mistral's default window off).
+    A missing field takes the default of that model type's transformers config class
+    (:mod:`kvplan.model_types`); a nested config without a model_type takes its parent's default text
+    model type, and a composite config without its language model's key gets the one transformers
+    builds. An explicit ``null`` stays null (as in transformers, where ``sliding_window: null`` turns
+    Mistral's default window off).
     """
     prefix = ""
     text: Mapping[str, Any] = config
-    for key in ("text_config", "llm_config", "language_config"):
+    top = config.get("model_type") if isinstance(config.get("model_type"), str) else None
+    composite = model_types.lookup(top).text if top and model_types.lookup(top) else None
+    keys = ("text_config", "llm_config", "language_config")
+    if composite is not None and composite.key not in keys:
+        keys = (composite.key, *keys)
+    for key in keys:
         nested = config.get(key)
         if nested is None:
             continue
@@ -78,15 +86,20 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
             raise ConfigError(f"{where}: field {key} = {short_repr(nested)} is invalid: expected a mapping")
         text, prefix = nested, f"{key}."
         break
+    init = None
+    if composite is not None and not prefix:  # no language-model config: transformers builds its default
+        text, init = {}, composite.init
     model_type = text.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        top = config.get("model_type")
-        model_type = _NESTED_MODEL_TYPES.get(top, top) if prefix and isinstance(top, str) else model_type
+        if composite is not None:
+            model_type = composite.model_type
+        elif prefix and top:
+            model_type = _NESTED_MODEL_TYPES.get(top, top)
     merged = dict(_MODEL_TYPE_DEFAULTS.get(str(model_type or ""), {}))
-    merged.update(text)
+    merged.update(model_types.with_defaults(text, str(model_type or ""), init))
     if isinstance(model_type, str) and model_type:
         merged["model_type"] = model_type
-    if prefix:
+    if text is not config:
         for key in _DTYPE_KEYS:  # the checkpoint dtype usually sits at the top level
             if merged.get(key) is None and config.get(key) is not None:
                 merged[key] = config[key]
@@ -336,7 +349,11 @@ def spec_from_config(
     r = ConfigReader(text, where, prefix)
     model_type = r.str("model_type", "") or ""
     top_type = config.get("model_type") if isinstance(config.get("model_type"), str) else model_type
-    if top_type in _ENCODER_DECODER_TYPES or r.bool("is_encoder_decoder"):
+    role = model_types.role(top_type)
+    if role not in (None, "decoder", "encoder-decoder"):
+        raise ConfigError(f"{where}: model_type {top_type!r} is {model_types.REFUSALS[role]}",
+                          "kvplan plans the KV cache of decoder (causal LM) models")
+    if top_type in _ENCODER_DECODER_TYPES or role == "encoder-decoder" or r.bool("is_encoder_decoder"):
         raise ConfigError(
             f"{where}: model_type {top_type!r} is an encoder-decoder model; kvplan plans decoder-only KV caches",
             "its cross-attention cache depends on the encoder length, which kvplan does not model",

@@ -1,0 +1,387 @@
+"""transformers as the config oracle: every model_type it knows, planned by kvplan and compared.
+
+For each ``model_type`` in transformers' ``CONFIG_MAPPING`` this builds the default config
+(``AutoConfig.for_model``, no network) and, for decoders, variations (GQA, explicit ``head_dim``, sliding
+windows, another layer count, a nested ``text_config`` saved as a diff, no ``text_config`` at all), writes
+each as ``config.json`` the way ``save_pretrained`` does (only what differs from the class defaults) and
+also in full, then:
+
+- **transformers' view**: reloads the file with ``AutoConfig.from_pretrained`` and asks transformers'
+  own cache helpers what each decoder layer caches (``get_layer_types_and_kwargs``: full / sliding(W) /
+  chunked(C) / linear-state / hybrid / dummy; ``get_head_shapes``: KV heads and head_dim per layer) on
+  ``get_text_config(decoder=True)``. MLA layers (``kv_lora_rank``) are compared as the latent that
+  serving engines cache (``kv_lora_rank + qk_rope_head_dim``), not as the K/V transformers expands.
+- **kvplan's view**: ``kvplan.sources.resolve_model(path)`` + ``kvplan.spec.build_spec``, read back per
+  layer (kind, KV heads, head_dim, window) plus the dtype when the config states one.
+
+Every model type ends in exactly one outcome: ``agrees`` (every variation equal), ``refused`` (kvplan
+raises a ConfigError naming why: encoder-only, encoder-decoder, vision/audio, a cache kvplan does not
+model...), ``different`` (a difference listed in ``KNOWN_DIFFERENCES`` with its explanation), or
+``DISAGREES`` (anything else: a silent disagreement, the thing this sweep exists to find; exit 1).
+
+    python3 benchmarks/transformers_sweep.py                   # all model types, print the summary
+    python3 benchmarks/transformers_sweep.py --only gemma      # model types containing "gemma"
+    python3 benchmarks/transformers_sweep.py --write           # also rewrite the section in docs/coverage.md
+    python3 benchmarks/transformers_sweep.py -v --only paligemma   # show each variation's layers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from gen_model_type_defaults import quiet_transformers  # noqa: E402
+
+from kvplan.errors import KvplanError  # noqa: E402
+from kvplan.sources import resolve_model  # noqa: E402
+from kvplan.spec import LayerKind, build_spec  # noqa: E402
+
+COVERAGE = REPO / "docs" / "coverage.md"
+BEGIN, END = "<!-- transformers-sweep:begin -->", "<!-- transformers-sweep:end -->"
+
+# A layer as both sides describe it: (kind, kv_heads, head_dim, window); state and no-cache layers
+# carry only their kind.
+Layer = tuple
+
+# Differences we know of and accept, with the reason (model_type -> explanation). The sweep fails when
+# one listed here no longer differs (so the list stays true) or when an unlisted one appears.
+KNOWN_DIFFERENCES: dict[str, str] = {}
+
+# Decoders kvplan refuses on purpose: the ConfigError must contain this text.
+EXPECTED_REFUSALS: dict[str, str] = {}
+
+
+@dataclass
+class Result:
+    model_type: str
+    outcome: str  # agrees / refused / different / DISAGREES / skipped
+    reason: str = ""
+    details: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers' side
+
+
+def _attr(config: Any, name: str) -> Any:
+    """``getattr`` that treats transformers' per-layer-only attributes as absent."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - AmbiguousGlobalPerLayerAttributeError on heterogeneous configs
+        return None
+
+
+def _per_layer(value: Any, i: int) -> Any:
+    return value[i] if isinstance(value, list) else value
+
+
+def oracle_layers(config: Any) -> list[Layer]:
+    """What transformers caches per decoder layer (see the module docstring)."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+    from transformers.configuration_utils import get_head_shapes
+
+    text = config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(text)
+    try:
+        heads, dims = get_head_shapes(text)
+    except AttributeError:  # attention-free models (mamba, rwkv) have no head attributes
+        heads = dims = None
+    layers: list[Layer] = []
+    for i, (kind, kw) in enumerate(zip(types, kwargs)):
+        layer_config = text.per_layer_config[i] if text.is_heterogeneous else text
+        rank = _attr(layer_config, "kv_lora_rank")
+        h, d = _per_layer(heads, i), _per_layer(dims, i)
+        if rank is not None and kind in ("full_attention", "indexed_attention"):
+            attention: Layer = ("mla", 1, rank + _attr(layer_config, "qk_rope_head_dim"), None)
+        else:
+            attention = ("full", h, d, None)
+        if kind in ("full_attention", "hybrid") or (kind == "indexed_attention" and rank is not None):
+            layers.append(attention)
+        elif kind in ("sliding_attention", "hybrid_sliding"):
+            layers.append(("sliding", h, d, kw["sliding_window"]))
+        elif kind == "chunked_attention":
+            layers.append(("chunked", h, d, kw["sliding_window"]))
+        elif kind == "dummy":
+            layers.append(("none",))
+        elif kind not in ("linear_attention", "conv"):
+            layers.append((f"unmodelled:{kind}",))
+        if kind in ("linear_attention", "conv", "hybrid", "hybrid_sliding"):
+            layers.append(("state",))
+    return layers
+
+
+def oracle_dtype(config: Any) -> str | None:
+    """The checkpoint dtype the config states (text config first, as kvplan reads it), or None."""
+    for c in (config.get_text_config(decoder=True), config):
+        value = _attr(c, "dtype")
+        if value is not None:
+            return str(value).removeprefix("torch.")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# kvplan's side
+
+
+def kvplan_layers(path: Path) -> tuple[list[Layer], str]:
+    spec = build_spec(resolve_model(str(path)))
+    layers: list[Layer] = []
+    for layer in spec.layers:
+        if layer.is_state:
+            layers.append(("state",))
+        elif layer.kind is LayerKind.NONE:
+            layers.append(("none",))
+        elif layer.kind is LayerKind.MLA:
+            layers.append(("mla", 1, layer.head_dim, None))
+        else:
+            layers.append((layer.kind.value, layer.kv_heads, layer.head_dim, layer.window_tokens))
+    return layers, spec.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# variations
+
+
+def _fields(cls: type) -> set[str]:
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    return names | set(cls.attribute_map or {})
+
+
+def _text_variations(text: Any) -> dict[str, dict[str, Any]]:
+    """Keyword changes to the language model's config (only those its class has fields for)."""
+    fields = _fields(type(text))
+    heads = _attr(text, "num_attention_heads")
+    out: dict[str, dict[str, Any]] = {}
+    if "num_hidden_layers" in fields:
+        out["layers=7"] = {"num_hidden_layers": 7}
+    if isinstance(heads, int) and heads % 4 == 0 and "num_key_value_heads" in fields:
+        out["gqa"] = {"num_hidden_layers": 6, "num_key_value_heads": heads // 4, "dtype": "float16"}
+    if "head_dim" in fields and isinstance(_attr(text, "head_dim"), int):
+        out["head_dim"] = {"head_dim": 2 * _attr(text, "head_dim") + 32}
+    if "sliding_window" in fields:
+        sliding = {"sliding_window": 256, "num_hidden_layers": 8}
+        if "use_sliding_window" in fields:
+            sliding["use_sliding_window"] = True
+        if "max_window_layers" in fields:
+            sliding["max_window_layers"] = 2
+        out["sliding"] = sliding
+    return out
+
+
+def variations(model_type: str) -> dict[str, dict[str, Any]]:
+    """config.json dicts to plan: name -> dict (diff-saved unless the name says ``full``)."""
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(model_type)
+    out = {"saved": base.to_diff_dict(), "full": base.to_dict()}
+    text = base.get_text_config(decoder=True)
+    nested_key = next((k for k in ("text_config", "decoder", "generator") if _attr(base, k) is text), None)
+    for name, change in _text_variations(text).items():
+        try:
+            variant_text = type(text)(**{**text.to_diff_dict(), **change})
+            if nested_key is None:
+                out[name] = variant_text.to_diff_dict()
+            else:
+                top = base.to_diff_dict()
+                top[nested_key] = variant_text.to_diff_dict()
+                if "dtype" in change:
+                    top["dtype"] = change["dtype"]
+                out[name] = top
+        except Exception:  # noqa: BLE001 - transformers' own validation refuses this variation
+            continue
+    if nested_key is not None:
+        top = base.to_diff_dict()
+        nested = dict(text.to_diff_dict())
+        nested.pop("model_type", None)
+        out["text_config without model_type"] = {**top, nested_key: nested}
+        without = {k: v for k, v in top.items() if k != nested_key}
+        out["no text_config"] = without
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# one model type
+
+
+def _write(folder: Path, config: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1, default=str))
+    return folder
+
+
+def _describe(layers: list[Layer]) -> str:
+    runs: list[str] = []
+    prev, count = None, 0
+    for layer in layers + [None]:  # type: ignore[list-item]
+        if layer == prev:
+            count += 1
+            continue
+        if prev is not None:
+            runs.append(f"{count}x{'/'.join(str(x) for x in prev)}")
+        prev, count = layer, 1
+    return " ".join(runs)
+
+
+def check_decoder(model_type: str, work: Path, verbose: bool) -> Result:
+    from transformers import AutoConfig
+
+    differences: list[str] = []
+    refused: str | None = None
+    for name, config in variations(model_type).items():
+        folder = _write(work / model_type / name.replace(" ", "_"), config)
+        try:
+            reloaded = AutoConfig.from_pretrained(str(folder))
+            theirs = oracle_layers(reloaded)
+            their_dtype = oracle_dtype(reloaded)
+        except Exception as exc:  # noqa: BLE001 - transformers cannot read its own variation back
+            if verbose:
+                print(f"  {name}: transformers cannot reload it ({type(exc).__name__})")
+            continue
+        try:
+            ours, our_dtype = kvplan_layers(folder)
+        except KvplanError as exc:
+            if name == "saved":
+                refused = exc.one_line()
+                break
+            differences.append(f"{name}: kvplan refuses it: {exc.one_line()}")
+            continue
+        if verbose:
+            print(f"  {name}: transformers {_describe(theirs)} | kvplan {_describe(ours)}")
+        if ours != theirs:
+            differences.append(f"{name}: transformers {_describe(theirs)}; kvplan {_describe(ours)}")
+        if their_dtype is not None and their_dtype != our_dtype:
+            differences.append(f"{name}: dtype transformers {their_dtype}; kvplan {our_dtype}")
+    if refused is not None:
+        expected = EXPECTED_REFUSALS.get(model_type)
+        if expected is not None and expected in refused:
+            return Result(model_type, "refused", refused)
+        return Result(model_type, "DISAGREES", f"kvplan refuses a decoder transformers builds: {refused}")
+    if not differences:
+        if model_type in KNOWN_DIFFERENCES:
+            return Result(model_type, "DISAGREES", "listed as different but agrees now: update KNOWN_DIFFERENCES")
+        return Result(model_type, "agrees")
+    if model_type in KNOWN_DIFFERENCES:
+        return Result(model_type, "different", KNOWN_DIFFERENCES[model_type], differences)
+    return Result(model_type, "DISAGREES", differences[0], differences)
+
+
+def check_non_decoder(model_type: str, role: str, work: Path) -> Result:
+    from transformers import AutoConfig
+
+    folder = _write(work / model_type / "saved", AutoConfig.for_model(model_type).to_diff_dict())
+    try:
+        kvplan_layers(folder)
+    except KvplanError as exc:
+        return Result(model_type, "refused", exc.one_line())
+    return Result(model_type, "DISAGREES", f"transformers role {role}: kvplan plans a KV cache for it")
+
+
+def run(only: str | None, verbose: bool) -> list[Result]:
+    quiet_transformers()
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    from kvplan import model_types
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="kvplan-sweep-") as tmp:
+        for model_type in sorted(CONFIG_MAPPING.keys()):
+            if only and only not in model_type:
+                continue
+            try:
+                AutoConfig.for_model(model_type)
+            except Exception as exc:  # noqa: BLE001 - transformers cannot build its own default
+                results.append(Result(model_type, "skipped", f"transformers cannot build the default config "
+                                      f"({type(exc).__name__}: {str(exc).splitlines()[0][:100]})"))
+                continue
+            role = model_types.role(model_type) or "unknown"
+            if verbose:
+                print(f"{model_type} ({role})")
+            if role == "decoder":
+                result = check_decoder(model_type, Path(tmp), verbose)
+            else:
+                result = check_non_decoder(model_type, role, Path(tmp))
+            results.append(result)
+            if verbose or result.outcome == "DISAGREES":
+                print(f"{model_type}: {result.outcome} {result.reason}", flush=True)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def summary(results: list[Result]) -> str:
+    import transformers
+
+    from kvplan import model_types
+
+    counts = Counter(r.outcome for r in results)
+    decoders = [r for r in results if model_types.role(r.model_type) == "decoder"]
+    lines = [BEGIN, "## transformers as the config oracle", "",
+             f"`python3 benchmarks/transformers_sweep.py --write` (transformers {transformers.__version__}, "
+             f"{len(results)} model types; {len(decoders)} of them decoders).",
+             "Each decoder is planned from its default config saved the way `save_pretrained` writes it, in full,",
+             "and with variations (7 layers; GQA with float16; an explicit head_dim; a 256-token sliding window;",
+             "a nested text_config with and without its model_type; no text_config at all), and compared per",
+             "layer (kind, KV heads, head_dim, window, state) and dtype with transformers' own cache helpers.",
+             "", "| outcome | model types |", "|---|---|"]
+    for outcome in ("agrees", "refused", "different", "DISAGREES", "skipped"):
+        lines.append(f"| {outcome} | {counts.get(outcome, 0)} |")
+    refused_roles = Counter()
+    for r in results:
+        if r.outcome == "refused" and model_types.role(r.model_type) != "decoder":
+            refused_roles[model_types.role(r.model_type)] += 1
+    lines += ["", "Refused because transformers itself gives them no text decoder (by role): "
+              + ", ".join(f"{role} {n}" for role, n in sorted(refused_roles.items())) + "."]
+    lines += ["", "Decoders that agree: " + ", ".join(f"`{r.model_type}`" for r in decoders if r.outcome == "agrees")
+              + "."]
+    for outcome, title in (("refused", "Decoders kvplan refuses, and why"), ("different", "Listed differences"),
+                           ("DISAGREES", "Silent disagreements (must be empty)"),
+                           ("skipped", "Skipped (transformers cannot build them)")):
+        rows = [r for r in results if r.outcome == outcome and (outcome != "refused" or r in decoders)]
+        if not rows:
+            continue
+        lines += ["", f"### {title}", "", "| model_type | reason |", "|---|---|"]
+        lines += [f"| `{r.model_type}` | {r.reason.replace('|', '/')} |" for r in rows]
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def write_coverage(section: str) -> None:
+    text = COVERAGE.read_text() if COVERAGE.exists() else "# Coverage\n\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    COVERAGE.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help="model types containing this text")
+    parser.add_argument("--write", action="store_true", help=f"rewrite the sweep section of {COVERAGE.name}")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    results = run(args.only, args.verbose)
+    section = summary(results)
+    print(section)
+    if args.write:
+        write_coverage(section)
+    return 1 if any(r.outcome == "DISAGREES" for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

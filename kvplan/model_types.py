@@ -1,0 +1,107 @@
+"""What transformers' config class for a ``model_type`` implies, without importing transformers.
+
+A config.json written by ``save_pretrained`` leaves out every field equal to its class default, and
+vLLM reads configs through those classes, so a missing field means "that class's default" (PaliGemma's
+``text_config`` with ``model_type: gemma`` and no ``head_dim`` has Gemma's head_dim 256, not
+hidden // heads). ``kvplan/data/model_type_defaults.json`` holds, per model_type transformers knows:
+its role (decoder, encoder, encoder-decoder, vision, audio, ...), its class's declared defaults for the
+fields kvplan reads, its ``attribute_map`` aliases (``n_head`` is ``num_attention_heads`` for gpt2), and
+where a composite model keeps its language model. The file is generated from transformers by
+``benchmarks/gen_model_type_defaults.py``; ``benchmarks/transformers_sweep.py`` checks kvplan against it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+DATA_FILE = Path(__file__).parent / "data" / "model_type_defaults.json"
+
+# Why kvplan refuses a model type, by the role transformers gives it (decoders are planned).
+REFUSALS = {
+    "encoder": "an encoder-only (bidirectional) model: it keeps no KV cache while serving",
+    "encoder-decoder": "an encoder-decoder model; kvplan plans decoder-only KV caches",
+    "vision": "a vision model with no text decoder: it keeps no KV cache",
+    "audio": "an audio model with no text decoder: it keeps no KV cache",
+    "time-series": "a time-series model with no text decoder: it keeps no KV cache",
+    "other": "not a text decoder (transformers has no causal-LM class for it): it keeps no KV cache",
+}
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """Where a composite (multimodal) config keeps its language model."""
+
+    key: str  # "text_config"
+    model_type: str  # the model_type a nested dict without one takes
+    init: Mapping[str, Any] = field(default_factory=dict)  # what transformers builds when the key is absent
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """One model_type's entry (see the module docstring)."""
+
+    name: str
+    role: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)  # standard name -> the class's field name
+    text: TextConfig | None = None
+
+
+@lru_cache(maxsize=1)
+def _table() -> Mapping[str, Any]:
+    return json.loads(DATA_FILE.read_text(encoding="utf-8"))["model_types"]
+
+
+@lru_cache(maxsize=None)
+def lookup(model_type: str) -> ModelType | None:
+    """The entry for ``model_type``, or ``None`` when transformers does not know it (custom code)."""
+    entry = _table().get(model_type)
+    if entry is None:
+        return None
+    text = entry.get("text")
+    return ModelType(
+        name=model_type,
+        role=entry["role"],
+        defaults=MappingProxyType(entry.get("defaults", {})),
+        aliases=MappingProxyType(entry.get("aliases", {})),
+        text=TextConfig(text["key"], text["model_type"], MappingProxyType(text.get("init", {}))) if text else None,
+    )
+
+
+def role(model_type: str) -> str | None:
+    """``decoder``, ``encoder``, ``encoder-decoder``, ``vision``, ``audio``, ``time-series``, ``other``; None if unknown."""
+    entry = lookup(model_type)
+    return entry.role if entry else None
+
+
+def refusal(model_type: str) -> str | None:
+    """Why kvplan cannot plan this model type (its transformers role), or ``None`` when it can."""
+    entry = lookup(model_type)
+    return REFUSALS.get(entry.role) if entry else None
+
+
+def with_defaults(config: Mapping[str, Any], model_type: str, init: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``config`` as transformers' class for ``model_type`` reads it.
+
+    Keys the config does not have at all take the class default (then ``init``, a composite's keyword
+    arguments for an absent sub-config); an explicit ``null`` stays null. Aliased fields are readable
+    under both names (gpt2: ``n_head`` and ``num_attention_heads``); a standard name in the file sets the
+    class's field, as transformers' ``__setattr__`` does.
+    """
+    entry = lookup(model_type)
+    if entry is None:
+        return dict(config)
+    given = {**(init or {}), **config}
+    for standard, name in entry.aliases.items():
+        if standard in given:
+            given[name] = given.pop(standard)
+    merged = {**entry.defaults, **given}
+    for standard, name in entry.aliases.items():
+        if name in merged:
+            merged[standard] = merged[name]
+    return merged
