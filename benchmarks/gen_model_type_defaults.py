@@ -4,14 +4,17 @@ kvplan must not import transformers at runtime, yet a config field a ``config.js
 "the default of that model type's transformers config class" (and vLLM loads configs through those
 classes). This script writes, for every ``model_type`` transformers knows (``CONFIG_MAPPING``):
 
-- ``role``: ``decoder`` (a causal LM or a multimodal model with a text decoder), ``encoder`` (masked-LM /
-  bidirectional encoders), ``encoder-decoder``, ``vision``, ``audio``, ``time-series`` or ``other``;
-  kvplan plans only decoders and refuses the rest with the role as the reason;
+- ``role``: ``decoder`` (a causal LM or a multimodal model with a text decoder), ``recurrent`` (a causal
+  LM without attention heads: Mamba, RWKV, xLSTM), ``encoder`` (masked-LM / bidirectional encoders),
+  ``encoder-decoder``, ``vision``, ``audio``, ``time-series`` or ``other``; kvplan plans only decoders and
+  refuses the rest with the role as the reason;
 - ``defaults``: the class's declared field defaults (``default_config_fields()``: what ``save_pretrained``
   leaves out of a config.json) for the fields kvplan reads;
 - ``aliases``: the class's ``attribute_map`` entries for those fields (``n_head`` -> ``num_attention_heads``);
-- ``text``: for composite (multimodal) types, the key holding the language model's config, its default
-  model_type and the keyword arguments transformers uses when that key is absent.
+- ``layer_pattern``: the attention pattern the class derives when a config has no ``layer_types``;
+- ``text``: for composite (multimodal) types, the (dotted) key holding the language model's config, its
+  default model_type, the keyword arguments transformers uses when that key is absent, and ``flat`` when
+  the class then reads the language model's fields from the top level (pre-v5 Qwen2-VL saves).
 
 "The fields kvplan reads" are the quoted identifiers in kvplan's config readers (``kvplan/spec.py``,
 ``kvplan/hybrid.py``, ``kvplan/model_types.py``) that are a field of some config class, so the table grows
@@ -36,7 +39,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "kvplan" / "data" / "model_type_defaults.json"
-READERS = ("spec.py", "hybrid.py", "config_reader.py", "params.py", "model_types.py")
+READERS = ("spec.py", "hybrid.py", "config_reader.py", "params.py", "layer_variants.py", "model_types.py")
 
 _TEXT_ENCODER_MAPS = ("MASKED_LM", "TEXT_ENCODING", "SEQUENCE_CLASSIFICATION", "TOKEN_CLASSIFICATION",
                       "QUESTION_ANSWERING", "MULTIPLE_CHOICE", "NEXT_SENTENCE_PREDICTION")
@@ -64,7 +67,7 @@ def kvplan_keys(field_names: set[str]) -> list[str]:
         path = REPO / "kvplan" / name
         if path.exists():
             found |= set(re.findall(r'"([a-z_][a-z0-9_]*)"', path.read_text()))
-    return sorted(found & field_names)
+    return sorted((found & field_names) - _SKIP_KEYS)
 
 
 def _mapping(names: tuple[str, ...]) -> set[str]:
@@ -74,6 +77,9 @@ def _mapping(names: tuple[str, ...]) -> set[str]:
     for name in names:
         out |= set(getattr(modeling_auto, f"MODEL_FOR_{name}_MAPPING_NAMES", {}))
     return out
+
+
+_SKIP_KEYS = {"architectures", "text_config", "vision_config", "dtype", "is_encoder_decoder"}
 
 
 def _jsonable(value: Any) -> Any:
@@ -110,22 +116,152 @@ def _class_defaults(cls: type, keys: list[str]) -> dict[str, Any]:
     return out
 
 
-def _text_sub_config(cls: type) -> tuple[str, Any] | None:
-    """``(key, SubConfigSpec)`` of a composite config's language model, or ``None``."""
-    specs = getattr(cls, "sub_configs_defaults", None) or {}
-    for key in _TEXT_KEYS:
-        if key in specs:
-            return key, specs[key]
+def _has(config: Any, key: str) -> bool:
+    """``hasattr`` that counts transformers' per-layer-only attributes as present."""
+    try:
+        getattr(config, key)
+    except AttributeError:
+        return False
+    except Exception:  # noqa: BLE001 - AmbiguousGlobalPerLayerAttributeError: it exists, per layer
+        return True
+    return True
+
+
+def _instance(cls: type, **kwargs: Any) -> Any:
+    """``cls(**kwargs)``, or ``None`` when transformers' validation refuses it."""
+    try:
+        return cls(**kwargs)
+    except Exception:  # noqa: BLE001 - strict validation, unregistered sub-config types
+        return None
+
+
+def _text_path(cls: type, config: Any) -> list[tuple[str, Any]] | None:
+    """The sub-config keys (with their SubConfigSpec) from a composite config to its language model."""
+    from transformers import PreTrainedConfig
+
+    try:
+        target = config.get_text_config(decoder=True)
+    except Exception:  # noqa: BLE001 - ambiguous text configs
+        return None
+    if target is config:
+        return None
+
+    def search(cfg: Any, path: list[tuple[str, Any]]) -> list[tuple[str, Any]] | None:
+        for key, spec in (getattr(type(cfg), "sub_configs_defaults", None) or {}).items():
+            sub = getattr(cfg, key, None)
+            if sub is target:
+                return path + [(key, spec)]
+            if isinstance(sub, PreTrainedConfig):
+                found = search(sub, path + [(key, spec)])
+                if found:
+                    return found
+        return None
+
+    return search(config, [])
+
+
+def _flat(cls: type, config: Any, path: list[tuple[str, Any]]) -> bool:
+    """Whether a composite without its text key reads the language model's fields from the top level
+    (pre-v5 saves of Qwen2-VL and others)."""
+    fields = _fields(cls)
+    for key in ("num_hidden_layers", "num_attention_heads"):
+        if key in fields or len(path) != 1:
+            continue
+        probe = _instance(cls, **{key: 3})
+        if probe is not None:
+            try:
+                return getattr(probe.get_text_config(decoder=True), key, None) == 3
+            except Exception:  # noqa: BLE001 - per-layer attribute
+                return False
+    return False
+
+
+def _text_entry(cls: type, config: Any, keys: list[str]) -> dict[str, Any] | None:
+    path = _text_path(cls, config)
+    if not path:
+        return None
+    spec = path[-1][1]
+    entry: dict[str, Any] = {"key": ".".join(k for k, _ in path), "model_type": spec.model_type}
+    init = {k: _jsonable(v) for k, v in spec.init_kwargs.items() if k in keys and (v is None or _jsonable(v) is not None)}
+    if init:
+        entry["init"] = init
+    if _flat(cls, config, path):
+        entry["flat"] = True
+    return entry
+
+
+_PATTERN_LETTERS = {"full_attention": "F", "sliding_attention": "S", "chunked_attention": "C", "linear_attention": "L"}
+
+
+def _fit(seqs: dict[int, str]) -> dict[str, str] | None:
+    """The simplest rule that reproduces every sequence: a pattern of at most 8 layers repeated from the
+    first layer (``i % len``) or from the last, possibly with its first one or two layers and its last
+    layer forced to other kinds (MiMo-V2-Flash: layer 0 full; Gemma 4: the last layer full)."""
+    ref = seqs[max(seqs)]
+    for head in range(3):
+        for last in ("", "F"):
+            for period in range(1, 9):
+                pattern = ["?"] * period
+                for i in range(head, len(ref) - (1 if last else 0)):
+                    pattern[i % period] = ref[i]
+                rule = {"pattern": "".join(pattern), "from": "start", "head": ref[:head], "last": last}
+
+                def expected(i: int, n: int) -> str:
+                    return ref[i] if i < head else (last if last and i == n - 1 else pattern[i % period])
+
+                if "?" not in pattern and all(all(seq[i] == expected(i, n) for i in range(n))
+                                              for n, seq in seqs.items() if n > head):
+                    return {k: v for k, v in rule.items() if v}
+    for period in range(1, 9):
+        end = ref[::-1][:period]
+        if all(all(seq[i] == end[(n - 1 - i) % period] for i in range(n)) for n, seq in seqs.items()):
+            return {"pattern": end, "from": "end"}
     return None
 
 
-def role_of(model_type: str, cls: type, maps: dict[str, set[str]], text_types: dict[str, str]) -> str:
+def layer_pattern(cls: type) -> dict[str, str] | None:
+    """The layer pattern the class derives when a config has no ``layer_types`` (its defaults otherwise),
+    probed with 1..24 layers and fitted by :func:`_fit`; ``None`` when the class keeps no ``layer_types``
+    or no simple rule fits."""
+    seqs: dict[int, str] = {}
+    for n in range(1, 25):
+        config = _instance(cls, num_hidden_layers=n)
+        try:
+            types = getattr(config, "layer_types", None) if config is not None else None
+        except Exception:  # noqa: BLE001 - per-layer attribute
+            return None
+        if not isinstance(types, list) or len(types) != n or any(t not in _PATTERN_LETTERS for t in types):
+            return None
+        seqs[n] = "".join(_PATTERN_LETTERS[t] for t in types)
+    return _fit(seqs)
+
+
+def _derived_pattern(cls: type, config: Any) -> dict[str, Any]:
+    """A hybrid pattern the class derives its layer count from (Nemotron-H: ``num_hidden_layers`` is
+    ``len(layers_block_type)``), resolved at the defaults: with no count to follow, the default is exact."""
+    if config is None or "num_hidden_layers" in {f.name for f in dataclasses.fields(cls)}:
+        return {}
+    out = {}
+    for key in ("layers_block_type", "hybrid_override_pattern"):
+        value = _jsonable(getattr(config, key, None))
+        if value is not None and _fields(cls).get(key) is None:
+            out[key] = value
+    return out
+
+
+def role_of(model_type: str, cls: type, config: Any, maps: dict[str, set[str]], text_types: dict[str, str]) -> str:
     """What transformers does with a model type (see the module docstring)."""
     fields = _fields(cls)
-    if fields.get("is_encoder_decoder") is True or model_type in maps["encoder-decoder"]:
+    if (fields.get("is_encoder_decoder") is True or getattr(config, "is_encoder_decoder", False) is True
+            or model_type in maps["encoder-decoder"]):
         return "encoder-decoder"
-    if model_type in maps["decoder"]:
-        return "encoder" if model_type in maps["masked"] else "decoder"
+    if model_type in maps["decoder"] or text_types.get(model_type) == "decoder":
+        if model_type in maps["masked"]:
+            return "encoder"
+        text = config.get_text_config(decoder=True) if config is not None else None
+        if text is not None and _has(text, "num_hidden_layers") and not _has(text, "num_attention_heads"):
+            return "recurrent"  # Mamba, RWKV, xLSTM: no attention heads at all
+        return "decoder"
     if model_type in text_types:
         return text_types[model_type]
     if model_type in maps["encoder"]:
@@ -156,42 +292,44 @@ def build_table() -> dict[str, Any]:
     maps = {"decoder": _mapping(_DECODER_MAPS), "masked": _mapping(("MASKED_LM",)),
             "encoder": _mapping(_TEXT_ENCODER_MAPS), "encoder-decoder": _mapping(_ENCODER_DECODER_MAPS),
             "audio": _mapping(_AUDIO_MAPS), "time-series": _mapping(_TIME_SERIES_MAPS), "vision": _mapping(other)}
+    instances = {t: _instance(cls) for t, cls in classes.items()}
     # sub-config types (gemma3_text, qwen2_5_vl_text, siglip_vision_model...) take the role of where they sit
     text_types: dict[str, str] = {}
     for t, cls in classes.items():
+        path = _text_path(cls, instances[t]) if t in maps["decoder"] and instances[t] is not None else None
+        if path:
+            text_types.setdefault(path[-1][1].model_type, "decoder")
         for key, spec in (getattr(cls, "sub_configs_defaults", None) or {}).items():
-            sub = spec.model_type
-            if key in _TEXT_KEYS and t in maps["decoder"]:
-                text_types.setdefault(sub, "decoder")
-            elif "vision" in key or "image" in key:
-                text_types.setdefault(sub, "vision")
+            if "vision" in key or "image" in key:
+                text_types.setdefault(spec.model_type, "vision")
             elif "audio" in key or "speech" in key:
-                text_types.setdefault(sub, "audio")
+                text_types.setdefault(spec.model_type, "audio")
     types: dict[str, Any] = {}
     for t, cls in classes.items():
-        entry: dict[str, Any] = {"role": role_of(t, cls, maps, text_types)}
+        entry: dict[str, Any] = {"role": role_of(t, cls, instances[t], maps, text_types)}
         if entry["role"] == "decoder":
-            defaults = _class_defaults(cls, keys)
-            if defaults:
-                entry["defaults"] = defaults
             aliases = {std: fld for std, fld in sorted((cls.attribute_map or {}).items())
                        if std in keys or fld in keys}
+            defaults = _class_defaults(cls, sorted(set(keys) | set(aliases.values())))
+            defaults.update(_derived_pattern(cls, instances[t]))
+            if defaults:
+                entry["defaults"] = defaults
             if aliases:
                 entry["aliases"] = aliases
-            sub = _text_sub_config(cls)
-            if sub is not None:
-                key, spec = sub
-                text = {"key": key, "model_type": spec.model_type}
-                init = {k: v for k in keys if (v := _jsonable(spec.init_kwargs.get(k))) is not None}
-                if init:
-                    text["init"] = init
+            text = _text_entry(cls, instances[t], keys) if instances[t] is not None else None
+            if text is not None:
                 entry["text"] = text
+            else:
+                pattern = layer_pattern(cls)
+                if pattern is not None:
+                    entry["layer_pattern"] = pattern
         types[t] = entry
     return {
         "about": ("Generated by benchmarks/gen_model_type_defaults.py from transformers "
                   f"{transformers.__version__}: per model_type, what transformers does with it (role), the "
-                  "declared defaults of its config class for the fields kvplan reads, attribute_map aliases, and "
-                  "where a composite model keeps its language model. Do not edit by hand: rerun the script."),
+                  "declared defaults of its config class for the fields kvplan reads, attribute_map aliases, the "
+                  "attention pattern it derives without layer_types, and where a composite model keeps its "
+                  "language model. Do not edit by hand: rerun the script."),
         "transformers_version": transformers.__version__,
         "keys": keys,
         "model_types": types,

@@ -96,6 +96,53 @@ class ConfigReader:
         return value
 
 
+def derived_head_dim(r: ConfigReader, hidden: int, num_heads: int) -> int:
+    """``hidden_size // num_attention_heads`` when a config gives no head_dim (floor division, as transformers'
+    attention modules and vLLM's ``get_head_size`` compute it), with its provenance."""
+    if hidden % num_heads:
+        r.provenance["head_dim"] = (f"{r.prefix}hidden_size // {r.prefix}num_attention_heads = {hidden} // {num_heads} "
+                                    "(rounded down, as transformers and vLLM do)")
+    else:
+        r.provenance["head_dim"] = f"{r.prefix}hidden_size // {r.prefix}num_attention_heads = {hidden} // {num_heads}"
+    return hidden // num_heads
+
+
+def first_int(r: ConfigReader, name: str, keys: tuple[str, ...], *, minimum: int = 1) -> int | None:
+    """An optional integer that some configs give per layer or per modality as a list (Gemma 3n's
+    ``intermediate_size``, ERNIE 4.5 VL's ``moe_intermediate_size`` [text, vision]): the first entry."""
+    for key in keys:
+        value = r.raw(key)
+        if isinstance(value, list) and value:
+            view = ConfigReader({key: value[0]}, r.where, r.prefix)
+            out = view.int(name, (key,), minimum=minimum)
+            r.provenance[name] = f"{r.prefix}{key}[0] (first of a list)"
+            return out
+        if value is not None:
+            return r.int(name, (key,), minimum=minimum)
+    return None
+
+
+# Layer types transformers knows that kvplan does not size, and why (the error says so).
+UNMODELLED_LAYER_TYPES = {
+    "indexed_attention": "sparse attention with an indexer key cache (DeepSeek sparse attention) outside MLA",
+    "compressed_sparse_attention": "compressed sparse attention (DeepSeek V4)",
+    "heavily_compressed_attention": "compressed attention (DeepSeek V4)",
+    "hybrid": "attention and a linear-attention state in one layer",
+    "hybrid_sliding": "sliding attention and a linear-attention state in one layer",
+    "reference_sliding_attention": "sliding attention over reference tokens",
+    "conv": "short-convolution state layers (LFM)",
+}
+
+
+def unmodelled_layer_type(r: ConfigReader, key: str, value: str, known: list[str]) -> ConfigError:
+    """The error for a per-layer type kvplan cannot size: why, when transformers knows the type."""
+    why = UNMODELLED_LAYER_TYPES.get(value)
+    if why is None:
+        return r.fail(key, value, "one of " + ", ".join(known))
+    return ConfigError(f"{r.where}: field {r.prefix}{key} has {value!r} layers: {why}, which kvplan does not model",
+                       "kvplan plans full, sliding, chunked and MLA attention, Mamba and gated-delta-net states")
+
+
 _OVERRIDABLE = {"num_layers": "layers", "kv_heads": "kv-heads", "head_dim": "head-dim"}
 
 

@@ -16,13 +16,15 @@ dtype unless the config or the model says otherwise: Nemotron-H defaults to floa
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping
 
-from kvplan.config_reader import KV_HEAD_KEYS, ConfigReader, Overrides
+from kvplan import model_types
+from kvplan.config_reader import KV_HEAD_KEYS, ConfigReader, Overrides, derived_head_dim, unmodelled_layer_type
 from kvplan.errors import ConfigError, InputError
 from kvplan.modelspec import LayerCache, LayerKind
 
-_HYBRID_MARKERS = ("attn_layer_period", "hybrid_override_pattern", "mamba_d_state", "mamba_d_ssm", "layers_block_type",
+_HYBRID_MARKERS = ("attn_layer_period", "attn_layer_indices", "hybrid_override_pattern", "mamba_d_state", "mamba_d_ssm", "layers_block_type",
                    "linear_num_value_heads", "full_attention_interval", "ssm_cfg", "mamba_n_heads", "mamba_num_heads")
 _STATE_TYPES = {"linear_attention", "mamba", "mamba2"}
 _SSM_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -67,12 +69,16 @@ def hybrid_layers(r: ConfigReader, config: Mapping[str, Any], num_layers: int, m
         return None
 
     kinds = _layer_kinds(r, num_layers, model_type)  # "attention" / "mamba1" / "mamba2" / "gdn" / "none" / "both"
-    state = _state_cache(r, model_type, hidden, {k for k in kinds if k not in ("attention", "none")})
-    attention = _attention_cache(r, num_heads, hidden, overrides) if {"attention", "both"} & set(kinds) else None
+    state = _state_cache(r, model_type, hidden, {k for k in kinds if k not in ("attention", "sliding", "none")})
+    attention = (_attention_cache(r, num_heads, hidden, overrides) if {"attention", "sliding", "both"} & set(kinds)
+                 else None)
     layers: list[LayerCache] = []
     for kind in kinds:
         if kind == "attention":
             layers.append(attention)
+        elif kind == "sliding":  # a sliding-window attention layer of a hybrid (its window from sliding_window)
+            window = r.int("sliding_window", ("sliding_window",))
+            layers.append(replace(attention, kind=LayerKind.SLIDING, window_tokens=window))
         elif kind == "none":
             layers.append(LayerCache(LayerKind.NONE))
         elif kind == "both":  # parallel hybrid (Falcon-H1): attention and mamba in every decoder layer
@@ -103,15 +109,19 @@ def _layer_kinds(r: ConfigReader, num_layers: int, model_type: str) -> list[str]
             continue
         names = r.str_list(key, num_layers)
         assert names is not None
-        state = "gdn" if model_type.startswith("qwen3_next") or r.has("linear_num_value_heads") else (
-            "mamba1" if model_type == "jamba" else "mamba2")
-        mapping = {"attention": "attention", "full_attention": "attention", "mamba": state, "mamba2": "mamba2",
-                   "linear_attention": state, "mlp": "none", "moe": "none"}
+        state = _state_kind(r, model_type)
+        mapping = {"attention": "attention", "full_attention": "attention", "sliding_attention": "sliding",
+                   "mamba": state, "mamba2": "mamba2",
+                   "linear_attention": state, "mlp": "none", "moe": "none", "dummy": "none"}
         unknown = sorted({t for t in names if t not in mapping})
         if unknown:
-            raise r.fail(key, unknown[0], "one of " + ", ".join(sorted(mapping)))
+            raise unmodelled_layer_type(r, key, unknown[0], sorted(mapping))
         r.provenance["layer_pattern"] = r.prefix + key
         return [mapping[t] for t in names]
+    if r.has("attn_layer_indices") or model_type == "bamba":  # Bamba: attention at these indices, mamba2 elsewhere
+        indices = r.int_list("attn_layer_indices") or []
+        r.provenance["layer_pattern"] = r.prefix + "attn_layer_indices"
+        return ["attention" if i in indices else "mamba2" for i in range(num_layers)]
     if r.has("attn_layer_period"):
         period = r.int("attn_layer_period", ("attn_layer_period",))
         offset = r.int("attn_layer_offset", ("attn_layer_offset",), default=0, minimum=0)
@@ -119,6 +129,11 @@ def _layer_kinds(r: ConfigReader, num_layers: int, model_type: str) -> list[str]
         r.provenance["layer_pattern"] = r.prefix + f"attn_layer_period {period} / attn_layer_offset {offset}"
         state = "mamba1" if model_type == "jamba" or not r.has("mamba_n_heads") else "mamba2"
         return ["attention" if i % period == offset else state for i in range(num_layers)]
+    derived = model_types.layer_pattern(model_type, num_layers)
+    if derived is not None and "linear" in derived and not r.has("full_attention_interval"):
+        state = _state_kind(r, model_type)
+        r.provenance["layer_pattern"] = f"{model_type} default pattern (transformers' config class)"
+        return [{"full": "attention", "sliding": "sliding", "linear": state}.get(k, k) for k in derived]
     if r.has("full_attention_interval") or r.has("linear_num_value_heads"):
         interval = r.int("full_attention_interval", ("full_attention_interval",), default=4)
         assert interval is not None
@@ -126,6 +141,21 @@ def _layer_kinds(r: ConfigReader, num_layers: int, model_type: str) -> list[str]
         return ["attention" if (i + 1) % interval == 0 else "gdn" for i in range(num_layers)]
     raise ConfigError(f"{r.where}: model_type {model_type!r} has state-layer keys but no layer pattern",
                       "expected layer_types, layers_block_type, hybrid_override_pattern or attn_layer_period")
+
+
+_MAMBA_KEYS = ("mamba_n_heads", "mamba_num_heads", "mamba_d_state", "ssm_state_size", "mamba_d_ssm", "mamba_expand")
+
+
+def _state_kind(r: ConfigReader, model_type: str) -> str:
+    """Which state a config's ``linear_attention`` / ``mamba`` layers keep; refuses kinds kvplan cannot size."""
+    if model_type.startswith("qwen3_next") or r.has("linear_num_value_heads"):
+        return "gdn"
+    if model_type == "jamba":
+        return "mamba1"
+    if any(r.has(key) for key in _MAMBA_KEYS):
+        return "mamba2"
+    raise ConfigError(f"{r.where}: model_type {model_type!r} has linear-attention layers whose state kvplan cannot size",
+                      "kvplan models Mamba1, Mamba2 and gated-delta-net (Qwen3-Next) states")
 
 
 def _ssm_dtype(r: ConfigReader, model_type: str) -> str | None:
@@ -199,11 +229,7 @@ def _attention_cache(r: ConfigReader, num_heads: int, hidden: int, overrides: Ov
     else:
         head_dim = r.int("head_dim", ("head_dim", "attention_head_dim"), required=False)
         if head_dim is None:
-            if hidden % num_heads:
-                raise ConfigError(f"{r.where}: hidden_size {hidden} is not divisible by num_attention_heads {num_heads}",
-                                  "pass --head-dim to override")
-            head_dim = hidden // num_heads
-            r.provenance["head_dim"] = f"{r.prefix}hidden_size // {r.prefix}num_attention_heads"
+            head_dim = derived_head_dim(r, hidden, num_heads)
     if kv_heads > num_heads and not overrides.kv_heads:
         raise r.fail("num_key_value_heads", kv_heads, f"at most num_attention_heads ({num_heads})")
     return LayerCache(LayerKind.FULL, kv_heads, head_dim)

@@ -23,6 +23,8 @@ DATA_FILE = Path(__file__).parent / "data" / "model_type_defaults.json"
 
 # Why kvplan refuses a model type, by the role transformers gives it (decoders are planned).
 REFUSALS = {
+    "recurrent": ("an attention-free recurrent model (Mamba, RWKV, xLSTM...): it keeps a fixed state per "
+                  "request, no KV cache, and kvplan plans paged attention caches"),
     "encoder": "an encoder-only (bidirectional) model: it keeps no KV cache while serving",
     "encoder-decoder": "an encoder-decoder model; kvplan plans decoder-only KV caches",
     "vision": "a vision model with no text decoder: it keeps no KV cache",
@@ -36,9 +38,10 @@ REFUSALS = {
 class TextConfig:
     """Where a composite (multimodal) config keeps its language model."""
 
-    key: str  # "text_config"
+    key: str  # "text_config", or a dotted path ("thinker_config.text_config")
     model_type: str  # the model_type a nested dict without one takes
     init: Mapping[str, Any] = field(default_factory=dict)  # what transformers builds when the key is absent
+    flat: bool = False  # without the key, the language model's fields sit at the top level (pre-v5 saves)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class ModelType:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)  # standard name -> the class's field name
     text: TextConfig | None = None
+    layer_pattern: Mapping[str, str] | None = None  # {"pattern": "SSSSSF", "from": "start"}: kinds without layer_types
 
 
 @lru_cache(maxsize=1)
@@ -63,13 +67,15 @@ def lookup(model_type: str) -> ModelType | None:
     entry = _table().get(model_type)
     if entry is None:
         return None
-    text = entry.get("text")
+    text, pattern = entry.get("text"), entry.get("layer_pattern")
     return ModelType(
         name=model_type,
         role=entry["role"],
         defaults=MappingProxyType(entry.get("defaults", {})),
         aliases=MappingProxyType(entry.get("aliases", {})),
-        text=TextConfig(text["key"], text["model_type"], MappingProxyType(text.get("init", {}))) if text else None,
+        text=TextConfig(text["key"], text["model_type"], MappingProxyType(text.get("init", {})),
+                        bool(text.get("flat"))) if text else None,
+        layer_pattern=MappingProxyType(pattern) if pattern else None,
     )
 
 
@@ -83,6 +89,30 @@ def refusal(model_type: str) -> str | None:
     """Why kvplan cannot plan this model type (its transformers role), or ``None`` when it can."""
     entry = lookup(model_type)
     return REFUSALS.get(entry.role) if entry else None
+
+
+_PATTERN_KINDS = {"F": "full", "S": "sliding", "C": "chunked", "L": "linear"}
+
+
+def layer_pattern(model_type: str, num_layers: int) -> list[str] | None:
+    """``full``/``sliding``/``chunked``/``linear`` per layer as the model type's class derives them when a
+    config has no ``layer_types``, or ``None`` if it has no such rule.
+
+    The rule repeats a pattern from the first layer (or from the last, ``"from": "end"``); ``head`` forces
+    the first layers and ``last`` the last layer to other kinds (MiMo-V2-Flash: layer 0 full; Gemma 4:
+    the last layer full).
+    """
+    entry = lookup(model_type)
+    if entry is None or entry.layer_pattern is None:
+        return None
+    rule = entry.layer_pattern
+    pattern, head, last = rule["pattern"], rule.get("head", ""), rule.get("last", "")
+    at = (lambda i: i) if rule["from"] == "start" else (lambda i: num_layers - 1 - i)  # noqa: E731
+    letters = [pattern[at(i) % len(pattern)] for i in range(num_layers)]
+    letters[: len(head)] = head[:num_layers]
+    if last and letters:
+        letters[-1] = last
+    return [_PATTERN_KINDS[c] for c in letters]
 
 
 def with_defaults(config: Mapping[str, Any], model_type: str, init: Mapping[str, Any] | None = None) -> dict[str, Any]:

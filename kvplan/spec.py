@@ -16,8 +16,9 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from kvplan import hybrid, model_types
-from kvplan.config_reader import KV_HEAD_KEYS, ConfigReader, Overrides, short_repr
+from kvplan import hybrid, layer_variants, model_types
+from kvplan.config_reader import (KV_HEAD_KEYS, ConfigReader, Overrides, derived_head_dim, first_int, short_repr,
+                                  unmodelled_layer_type)
 from kvplan.errors import ConfigError
 from kvplan.model_source import ModelSource, WeightFacts
 from kvplan.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
@@ -49,6 +50,9 @@ _MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt_oss": {"sliding_window": 128},
     "llama4_text": {"attention_chunk_size": 8192, "no_rope_layer_interval": 4, "head_dim": 128},
     "qwen3_next": {"full_attention_interval": 4},
+    # Gemma 4's global (full-attention) layers: a keyword transformers pops with this default, not a field
+    "gemma4_text": {"global_head_dim": 512}, "gemma4_unified_text": {"global_head_dim": 512},
+    "diffusion_gemma_text": {"global_head_dim": 512},
 }
 # A nested text_config without its own model_type takes the text model type of its parent.
 _NESTED_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen2_5_vl": "qwen2_5_vl_text",
@@ -71,25 +75,21 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
     builds. An explicit ``null`` stays null (as in transformers, where ``sliding_window: null`` turns
     Mistral's default window off).
     """
-    prefix = ""
-    text: Mapping[str, Any] = config
     top = config.get("model_type") if isinstance(config.get("model_type"), str) else None
-    composite = model_types.lookup(top).text if top and model_types.lookup(top) else None
-    keys = ("text_config", "llm_config", "language_config")
-    if composite is not None and composite.key not in keys:
-        keys = (composite.key, *keys)
-    for key in keys:
-        nested = config.get(key)
-        if nested is None:
-            continue
-        if not isinstance(nested, dict):
-            raise ConfigError(f"{where}: field {key} = {short_repr(nested)} is invalid: expected a mapping")
-        text, prefix = nested, f"{key}."
-        break
-    init = None
-    if composite is not None and not prefix:  # no language-model config: transformers builds its default
-        text, init = {}, composite.init
-    model_type = text.get("model_type")
+    entry = model_types.lookup(top) if top else None
+    composite = entry.text if entry else None
+    text, prefix, init = config, "", None
+    if composite is not None:
+        text, prefix = _nested(config, composite.key, where)
+        if not prefix:  # no language-model config: transformers builds its default (pre-v5: from the top level)
+            text, init = ({} if not composite.flat else config), composite.init
+    for key in ("text_config", "llm_config", "language_config"):
+        if prefix or composite is not None:
+            break
+        text, prefix = _nested(config, key, where)
+    model_type = text.get("model_type") if text is not config else None
+    if text is config and composite is None:
+        model_type = top
     if not isinstance(model_type, str) or not model_type:
         if composite is not None:
             model_type = composite.model_type
@@ -104,6 +104,30 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
             if merged.get(key) is None and config.get(key) is not None:
                 merged[key] = config[key]
     return merged, prefix
+
+
+def _nested(config: Mapping[str, Any], path: str, where: str) -> tuple[Mapping[str, Any], str]:
+    """The sub-config at a dotted ``path`` (``thinker_config.text_config``) and its prefix, else the config."""
+    node: Any = config
+    for i, key in enumerate(path.split(".")):
+        node = node.get(key) if isinstance(node, Mapping) else None
+        if node is None:
+            return config, ""
+        if not isinstance(node, dict):
+            name = ".".join(path.split(".")[: i + 1])
+            raise ConfigError(f"{where}: field {name} = {short_repr(node)} is invalid: expected a mapping")
+    return node, path + "."
+
+
+def _pattern_length(r: ConfigReader) -> int | None:
+    """The layer count a per-layer pattern implies when a config gives no count (transformers 5 writes
+    Nemotron-H's ``layers_block_type`` and derives ``num_hidden_layers`` from it)."""
+    for key in ("layer_types", "layers_block_type", "hybrid_override_pattern"):
+        value = r.raw(key)
+        if isinstance(value, (list, str)) and value:
+            r.provenance["num_layers"] = f"len({r.prefix}{key})"
+            return len(value)
+    return None
 
 
 _SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float32"}
@@ -135,12 +159,12 @@ def _pattern_layer_kinds(r: ConfigReader, num_layers: int, model_type: str) -> l
         mapping = {
             "full_attention": "full", "attention": "full", "global": "full", "global_attention": "full",
             "sliding_attention": "sliding", "sliding_window": "sliding", "local": "sliding", "local_attention": "sliding",
-            "chunked_attention": "chunked",
+            "chunked_attention": "chunked", "mlp": "none", "moe": "none", "dummy": "none",
             "linear_attention": "linear_attention", "mamba": "mamba", "mamba2": "mamba",
         }
         unknown = sorted({t for t in types if t not in mapping})
         if unknown:
-            raise r.fail("layer_types", unknown[0], "one of " + ", ".join(sorted(mapping)))
+            raise unmodelled_layer_type(r, "layer_types", unknown[0], sorted(mapping))
         r.provenance["layer_pattern"] = r.prefix + "layer_types"
         return [mapping[t] for t in types]
 
@@ -187,6 +211,10 @@ def _pattern_layer_kinds(r: ConfigReader, num_layers: int, model_type: str) -> l
         r.provenance["layer_pattern"] = r.prefix + "attention_chunk_size + no_rope_layers (NoPE layers global)"
         return ["chunked" if flag else "full" for flag in no_rope]
 
+    derived = model_types.layer_pattern(model_type, num_layers)
+    if derived is not None and "linear" not in derived and (window is not None or "sliding" not in derived):
+        r.provenance["layer_pattern"] = f"{model_type} default pattern (transformers' config class)"
+        return derived
     if window is not None:
         r.provenance["layer_pattern"] = r.prefix + "sliding_window (every layer)"
         return ["sliding"] * num_layers
@@ -204,6 +232,14 @@ def _attention_layers(r: ConfigReader, num_layers: int, model_type: str, num_hea
         r.provenance["kv_heads"] = "MLA: one latent per token (num_key_value_heads is not the cache width)"
         r.provenance["head_dim"] = f"MLA: {r.prefix}kv_lora_rank {rank} + {r.prefix}qk_rope_head_dim {rope}"
         dim = overrides.head_dim or rank + rope
+        types = r.str_list("layer_types", num_layers) or ["full_attention"] * num_layers
+        other = sorted(set(types) - {"full_attention", "attention", "indexed_attention"})
+        if other:
+            raise ConfigError(f"{r.where}: field {r.prefix}layer_types has {other[0]!r} layers next to MLA layers, "
+                              "which kvplan does not model (it plans MLA models whose every layer caches the latent)")
+        if r.has("per_layer_config"):
+            raise ConfigError(f"{r.where}: field {r.prefix}per_layer_config varies the MLA layers, which kvplan does not "
+                              "model")
         return [LayerCache(LayerKind.MLA, kv_heads=1, head_dim=dim, tp_shardable=False)] * num_layers
 
     block_configs = r.raw("block_configs")
@@ -232,20 +268,14 @@ def _attention_layers(r: ConfigReader, num_layers: int, model_type: str, num_hea
     elif r.has("head_dim"):
         head_dim = r.int("head_dim", ("head_dim",))
     else:
-        if hidden % num_heads:
-            raise ConfigError(
-                f"{r.where}: hidden_size {hidden} is not divisible by num_attention_heads {num_heads} and there is no head_dim",
-                "pass --head-dim to override",
-            )
-        head_dim = hidden // num_heads
-        r.provenance["head_dim"] = f"{r.prefix}hidden_size // {r.prefix}num_attention_heads = {hidden} // {num_heads}"
+        head_dim = derived_head_dim(r, hidden, num_heads)
 
     kinds = _pattern_layer_kinds(r, num_layers, model_type)
     window = None
     if "sliding" in kinds:
         window = r.int("sliding_window", ("sliding_window",))
     chunk = r.int("attention_chunk_size", ("attention_chunk_size",)) if "chunked" in kinds else None
-    unsupported = sorted(set(kinds) - {"full", "sliding", "chunked"})
+    unsupported = sorted(set(kinds) - {"full", "sliding", "chunked", "none"})
     if unsupported:
         raise ConfigError(
             f"{r.where}: layer kind {unsupported[0]!r} needs state-layer dims this config does not give",
@@ -254,7 +284,7 @@ def _attention_layers(r: ConfigReader, num_layers: int, model_type: str, num_hea
     full = LayerCache(LayerKind.FULL, kv_heads, head_dim)
     sliding = LayerCache(LayerKind.SLIDING, kv_heads, head_dim, window_tokens=window)
     chunked = LayerCache(LayerKind.CHUNKED, kv_heads, head_dim, window_tokens=chunk)
-    by_name = {"full": full, "sliding": sliding, "chunked": chunked}
+    by_name = {"full": full, "sliding": sliding, "chunked": chunked, "none": LayerCache(LayerKind.NONE)}
     return [by_name[k] for k in kinds]
 
 
@@ -301,10 +331,7 @@ def _nas_layers(r: ConfigReader, block_configs: Any, num_layers: int, num_heads:
         raise r.fail("block_configs", block_configs, f"a list of {num_layers} per-layer mappings")
     head_dim = overrides.head_dim or r.int("head_dim", ("head_dim",), required=False)
     if head_dim is None:
-        if hidden % num_heads:
-            raise ConfigError(f"{r.where}: hidden_size {hidden} is not divisible by num_attention_heads {num_heads}",
-                              "pass --head-dim to override")
-        head_dim = hidden // num_heads
+        head_dim = derived_head_dim(r, hidden, num_heads)
     layers: list[LayerCache] = []
     for i, block in enumerate(block_configs):
         attention = block.get("attention") if isinstance(block, dict) else None
@@ -361,9 +388,15 @@ def spec_from_config(
     architectures = config.get("architectures")
     arch = architectures[0] if isinstance(architectures, list) and architectures and isinstance(architectures[0], str) else model_type
 
-    num_layers = overrides.num_layers or r.int("num_layers", _LAYER_KEYS)
+    num_layers = overrides.num_layers or r.int("num_layers", _LAYER_KEYS, required=False) or _pattern_length(r)
     if overrides.num_layers:
         r.provenance["num_layers"] = "--layers"
+    if num_layers is None:
+        num_layers = r.int("num_layers", _LAYER_KEYS)  # raises: names the keys it looked for
+    blocks = r.raw("block_types")
+    if isinstance(blocks, list) and "recurrent" in blocks:
+        raise ConfigError(f"{where}: model_type {model_type!r} has recurrent (RG-LRU) blocks in {r.prefix}block_types, "
+                          "which kvplan does not model", "kvplan plans attention KV caches and Mamba / gated-delta-net states")
     described = bool(overrides.kv_heads and overrides.head_dim)  # the overrides alone describe the cache
     num_heads = r.int("num_attention_heads", _HEAD_KEYS, required=not described) or overrides.kv_heads
     hidden = r.int("hidden_size", _HIDDEN_KEYS, required=not described) or (
@@ -373,10 +406,11 @@ def spec_from_config(
     layers = hybrid.hybrid_layers(r, config, num_layers, model_type, num_heads, hidden, overrides)
     if layers is None:
         layers = _attention_layers(r, num_layers, model_type, num_heads, hidden, overrides)
+    layers = layer_variants.per_layer(r, layers, model_type, hidden)
     cross_note = _cross_attention(r, config, layers) if r.has("cross_attention_layers") else None
 
-    intermediate = r.int("intermediate_size", ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
-                         required=False) or 4 * hidden
+    intermediate = first_int(r, "intermediate_size", ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")) \
+        or 4 * hidden
     vocab = r.int("vocab_size", ("vocab_size", "padded_vocab_size"), required=False) or 0
     max_pos = r.int("max_position_embeddings", ("max_position_embeddings", "n_positions", "max_sequence_length",
                                                  "seq_length", "n_ctx"), required=False)
@@ -384,8 +418,8 @@ def spec_from_config(
                         required=False, minimum=0) or 0
     experts_per_tok = r.int("num_experts_per_token", ("num_experts_per_tok", "moe_topk", "num_experts_per_token",
                                                       "top_k"), required=False, minimum=0) or 0
-    moe_inter = r.int("moe_intermediate_size", ("moe_intermediate_size", "expert_intermediate_size"),
-                      required=False, minimum=0) or (intermediate if num_experts else 0)
+    moe_inter = first_int(r, "moe_intermediate_size", ("moe_intermediate_size", "expert_intermediate_size"),
+                          minimum=0) or (intermediate if num_experts else 0)
     dtype = _model_dtype(r, weights)
 
     notes: list[str] = []
