@@ -196,7 +196,8 @@ _PATTERN_LETTERS = {"full_attention": "F", "sliding_attention": "S", "chunked_at
 def _fit(seqs: dict[int, str]) -> dict[str, str] | None:
     """The simplest rule that reproduces every sequence: a pattern of at most 8 layers repeated from the
     first layer (``i % len``) or from the last, possibly with its first one or two layers and its last
-    layer forced to other kinds (MiMo-V2-Flash: layer 0 full; Gemma 4: the last layer full)."""
+    layer forced to other kinds (MiMo-V2-Flash: layer 0 full; Gemma 4: the last layer full). Fitted on 8
+    layers and more (some classes special-case tiny models: OLMo-Hybrid forces one full layer)."""
     ref = seqs[max(seqs)]
     for head in range(3):
         for last in ("", "F"):
@@ -210,21 +211,21 @@ def _fit(seqs: dict[int, str]) -> dict[str, str] | None:
                     return ref[i] if i < head else (last if last and i == n - 1 else pattern[i % period])
 
                 if "?" not in pattern and all(all(seq[i] == expected(i, n) for i in range(n))
-                                              for n, seq in seqs.items() if n > head):
+                                              for n, seq in seqs.items() if n >= 8):
                     return {k: v for k, v in rule.items() if v}
     for period in range(1, 9):
         end = ref[::-1][:period]
-        if all(all(seq[i] == end[(n - 1 - i) % period] for i in range(n)) for n, seq in seqs.items()):
+        if all(all(seq[i] == end[(n - 1 - i) % period] for i in range(n)) for n, seq in seqs.items() if n >= 8):
             return {"pattern": end, "from": "end"}
     return None
 
 
 def layer_pattern(cls: type) -> dict[str, str] | None:
     """The layer pattern the class derives when a config has no ``layer_types`` (its defaults otherwise),
-    probed with 1..24 layers and fitted by :func:`_fit`; ``None`` when the class keeps no ``layer_types``
+    probed with 8..19 layers and fitted by :func:`_fit`; ``None`` when the class keeps no ``layer_types``
     or no simple rule fits."""
     seqs: dict[int, str] = {}
-    for n in range(1, 25):
+    for n in range(8, 20):
         config = _instance(cls, num_hidden_layers=n)
         try:
             types = getattr(config, "layer_types", None) if config is not None else None
@@ -275,6 +276,55 @@ def role_of(model_type: str, cls: type, config: Any, maps: dict[str, set[str]], 
     return "other"
 
 
+def all_keys() -> list[str]:
+    """The fields kvplan reads that some config class declares (see the module docstring)."""
+    from transformers import CONFIG_MAPPING
+
+    classes = [CONFIG_MAPPING[t] for t in CONFIG_MAPPING.keys()]
+    field_names = {f.name for cls in classes if dataclasses.is_dataclass(cls) for f in dataclasses.fields(cls)}
+    field_names |= {k for cls in classes for k in (cls.attribute_map or {})}
+    return kvplan_keys(field_names)
+
+
+def decoder_entry(model_type: str, keys: list[str], config: Any) -> dict[str, Any]:
+    """A decoder's table entry: defaults, aliases, the language model of a composite, the layer pattern."""
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    entry: dict[str, Any] = {"role": "decoder"}
+    aliases = {std: fld for std, fld in sorted((cls.attribute_map or {}).items()) if std in keys or fld in keys}
+    defaults = _class_defaults(cls, sorted(set(keys) | set(aliases.values())))
+    defaults.update(_derived_pattern(cls, config))
+    if defaults:
+        entry["defaults"] = defaults
+    if aliases:
+        entry["aliases"] = aliases
+    text = _text_entry(cls, config, keys) if config is not None else None
+    if text is not None:
+        entry["text"] = text
+    else:
+        pattern = layer_pattern(cls)
+        if pattern is not None:
+            entry["layer_pattern"] = pattern
+    return entry
+
+
+def check_entries(model_types: list[str]) -> list[str]:
+    """The model types among ``model_types`` whose committed decoder entry differs from transformers'
+    (a quick freshness check for tests; ``--check`` compares the whole table)."""
+    quiet_transformers()
+    from transformers import CONFIG_MAPPING
+
+    committed = json.loads(TABLE.read_text())
+    keys = committed["keys"]
+    stale = [] if all_keys() == keys else ["<keys>"]
+    for t in model_types:
+        entry = committed["model_types"].get(t)
+        if entry is None or entry["role"] != "decoder" or decoder_entry(t, keys, _instance(CONFIG_MAPPING[t])) != entry:
+            stale.append(t)
+    return stale
+
+
 def build_table() -> dict[str, Any]:
     quiet_transformers()
     import transformers
@@ -282,9 +332,7 @@ def build_table() -> dict[str, Any]:
     from transformers.models.auto import modeling_auto
 
     classes = {t: CONFIG_MAPPING[t] for t in sorted(CONFIG_MAPPING.keys())}
-    field_names = {f.name for cls in classes.values() if dataclasses.is_dataclass(cls) for f in dataclasses.fields(cls)}
-    field_names |= {k for cls in classes.values() for k in (cls.attribute_map or {})}
-    keys = kvplan_keys(field_names)
+    keys = all_keys()
     all_maps = {n.removeprefix("MODEL_FOR_").removesuffix("_MAPPING_NAMES") for n in dir(modeling_auto)
                 if n.startswith("MODEL_FOR_") and n.endswith("_MAPPING_NAMES")}
     other = tuple(sorted(all_maps - set(_DECODER_MAPS + _TEXT_ENCODER_MAPS + _ENCODER_DECODER_MAPS + _AUDIO_MAPS
@@ -304,26 +352,8 @@ def build_table() -> dict[str, Any]:
                 text_types.setdefault(spec.model_type, "vision")
             elif "audio" in key or "speech" in key:
                 text_types.setdefault(spec.model_type, "audio")
-    types: dict[str, Any] = {}
-    for t, cls in classes.items():
-        entry: dict[str, Any] = {"role": role_of(t, cls, instances[t], maps, text_types)}
-        if entry["role"] == "decoder":
-            aliases = {std: fld for std, fld in sorted((cls.attribute_map or {}).items())
-                       if std in keys or fld in keys}
-            defaults = _class_defaults(cls, sorted(set(keys) | set(aliases.values())))
-            defaults.update(_derived_pattern(cls, instances[t]))
-            if defaults:
-                entry["defaults"] = defaults
-            if aliases:
-                entry["aliases"] = aliases
-            text = _text_entry(cls, instances[t], keys) if instances[t] is not None else None
-            if text is not None:
-                entry["text"] = text
-            else:
-                pattern = layer_pattern(cls)
-                if pattern is not None:
-                    entry["layer_pattern"] = pattern
-        types[t] = entry
+    types = {t: decoder_entry(t, keys, instances[t]) if role_of(t, cls, instances[t], maps, text_types) == "decoder"
+             else {"role": role_of(t, cls, instances[t], maps, text_types)} for t, cls in classes.items()}
     return {
         "about": ("Generated by benchmarks/gen_model_type_defaults.py from transformers "
                   f"{transformers.__version__}: per model_type, what transformers does with it (role), the "

@@ -213,7 +213,8 @@ def variations(model_type: str) -> dict[str, dict[str, Any]]:
     from transformers import AutoConfig
 
     base = AutoConfig.for_model(model_type)
-    out = {"saved": base.to_diff_dict(), "full": base.to_dict()}
+    out = {"saved": base.to_diff_dict(), "full": base.to_dict(),
+           "model_type only": {"model_type": base.to_diff_dict().get("model_type", model_type)}}
     text = base.get_text_config(decoder=True)
     nested_key = next((k for k in ("text_config", "decoder", "generator") if _attr(base, k) is text), None)
     for name, change in _text_variations(text).items():
@@ -374,16 +375,23 @@ def summary(results: list[Result]) -> str:
              f"{len(results)} model types; {len(decoders)} of them decoders).",
              "Each decoder is planned from its default config saved the way `save_pretrained` writes it, in full,",
              "and with variations (7 layers; GQA with float16; an explicit head_dim; a 256-token sliding window;",
-             "no layer_types, as configs saved before transformers wrote them; a nested text_config with and",
-             "without its model_type; no text_config at all), and compared per",
+             "no layer_types, as configs saved before transformers wrote them; nothing but the model_type;",
+             "a nested text_config with and without its model_type; no text_config at all), and compared per",
              "layer (kind, KV heads, head_dim, window, state) and dtype with transformers' own cache helpers.",
              "", "| outcome | model types |", "|---|---|"]
-    for outcome in ("agrees", "refused", "different", "DISAGREES", "skipped"):
-        lines.append(f"| {outcome} | {counts.get(outcome, 0)} |")
+    refused_decoders = sum(1 for r in decoders if r.outcome == "refused")
+    rows = {"agrees": counts["agrees"],
+            "refused: not a text decoder (encoder, vision, audio, recurrent...)": counts["refused"] - refused_decoders,
+            "refused: a decoder whose cache kvplan does not model (reason below)": refused_decoders,
+            "different: listed and explained below": counts["different"],
+            "DISAGREES (silent disagreement)": counts["DISAGREES"],
+            "skipped: transformers cannot build or read it": counts["skipped"]}
+    lines += [f"| {name} | {n} |" for name, n in rows.items()]
+    lines.append(f"| **total** | **{len(results)}** |")
     refused_roles = Counter()
     for r in results:
-        if r.outcome == "refused" and model_types.role(r.model_type) != "decoder":
-            refused_roles[model_types.role(r.model_type)] += 1
+        if r.outcome == "refused" and r not in decoders:
+            refused_roles[model_types.role(r.model_type) or "unknown"] += 1
     lines += ["", "Refused because transformers itself gives them no text decoder (by role): "
               + ", ".join(f"{role} {n}" for role, n in sorted(refused_roles.items())) + "."]
     lines += ["", "Decoders that agree: " + ", ".join(f"`{r.model_type}`" for r in decoders if r.outcome == "agrees")
@@ -395,9 +403,14 @@ def summary(results: list[Result]) -> str:
         if not rows:
             continue
         lines += ["", f"### {title}", "", "| model_type | reason |", "|---|---|"]
-        lines += [f"| `{r.model_type}` | {r.reason.replace('|', '/')} |" for r in rows]
+        lines += [f"| `{r.model_type}` | {_without_path(r.reason).replace('|', '/')} |" for r in rows]
     lines.append(END)
     return "\n".join(lines) + "\n"
+
+
+def _without_path(reason: str) -> str:
+    """A kvplan error without the temporary file it names (the docs stay the same from run to run)."""
+    return reason.split("config.json: ", 1)[-1]
 
 
 def write_coverage(section: str) -> None:

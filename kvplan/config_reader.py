@@ -20,11 +20,18 @@ KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query
 class ConfigReader:
     """Reads typed values from a config dict, recording provenance, raising ConfigError on bad values."""
 
-    def __init__(self, config: Mapping[str, Any], where: str, prefix: str = "") -> None:
+    def __init__(self, config: Mapping[str, Any], where: str, prefix: str = "",
+                 defaulted: frozenset[str] = frozenset()) -> None:
         self.config = config
         self.where = where
         self.prefix = prefix
+        self.defaulted = defaulted  # keys the file leaves out, filled with the model type's class default
         self.provenance: dict[str, str] = {}
+
+    def source(self, key: str) -> str:
+        """Where ``key``'s value comes from: ``text_config.head_dim`` or ``head_dim (gemma default)``."""
+        model_type = self.config.get("model_type")
+        return f"{self.prefix}{key}" + (f" ({model_type} default)" if key in self.defaulted else "")
 
     def fail(self, key: str, value: Any, expected: str) -> ConfigError:
         return ConfigError(f"{self.where}: field {self.prefix}{key} = {short_repr(value)} is invalid: expected {expected}")
@@ -47,7 +54,7 @@ class ConfigReader:
                 raise self.fail(key, value, f"a finite integer >= {minimum} (this field sizes the cache or weights)")
             if value != int(value) or value < minimum or value > 2**48:
                 raise self.fail(key, value, f"an integer >= {minimum}")
-            self.provenance[name] = f"{self.prefix}{key}"
+            self.provenance[name] = self.source(key)
             return int(value)
         if default is not None or not required:
             if default is not None:

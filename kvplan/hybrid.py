@@ -65,7 +65,8 @@ def hybrid_layers(r: ConfigReader, config: Mapping[str, Any], num_layers: int, m
     if types is None:
         types = r.raw("layers_block_type")
     has_state_types = isinstance(types, list) and any(isinstance(t, str) and t in _STATE_TYPES for t in types)
-    if not has_state_types and not any(r.has(key) for key in _HYBRID_MARKERS):
+    derived = model_types.layer_pattern(model_type, num_layers) if types is None else None
+    if not has_state_types and not any(r.has(key) for key in _HYBRID_MARKERS) and "linear" not in (derived or ()):
         return None
 
     kinds = _layer_kinds(r, num_layers, model_type)  # "attention" / "mamba1" / "mamba2" / "gdn" / "none" / "both"

@@ -115,6 +115,46 @@ def layer_pattern(model_type: str, num_layers: int) -> list[str] | None:
     return [_PATTERN_KINDS[c] for c in letters]
 
 
+def _olmo_hybrid(c: Mapping[str, Any]) -> dict[str, Any]:
+    heads, hidden = c["num_attention_heads"], c["hidden_size"]
+    key_heads = c.get("linear_num_key_heads") or heads
+    key_dim = c.get("linear_key_head_dim") or int(0.75 * hidden / key_heads)
+    return {"linear_num_key_heads": key_heads, "linear_num_value_heads": heads, "linear_key_head_dim": key_dim,
+            "linear_value_head_dim": 2 * key_dim}
+
+
+def _hrm_text(c: Mapping[str, Any]) -> dict[str, Any]:
+    if c.get("num_layers_per_stack") is not None:
+        return {}
+    per_stack = c["num_hidden_layers"]  # a config without num_layers_per_stack gives the per-stack count
+    return {"num_layers_per_stack": per_stack,
+            "num_hidden_layers": per_stack * c.get("H_cycles", 2) * (c.get("L_cycles", 3) + 1)}
+
+
+# Fields transformers' classes compute in __post_init__ from others (a table of defaults cannot hold them).
+_DERIVED: dict[str, Any] = {
+    "dbrx": lambda c: {"num_key_value_heads": (c.get("attn_config") or {}).get("kv_n_heads", 1)},
+    "jetmoe": lambda c: {"num_attention_heads": c["num_key_value_heads"] * c["num_experts_per_tok"]},
+    "modernbert-decoder": lambda c: {"sliding_window": c["local_attention"] // 2} if c.get("local_attention") else {},
+    "olmo_hybrid": _olmo_hybrid,
+}
+_REWRITTEN = {"hrm_text": _hrm_text}  # these replace a given value (HRM: num_hidden_layers counts every cycle)
+
+
+def derive(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """Fields the model type's class derives in ``__post_init__`` (DBRX's KV heads from ``attn_config``,
+    JetMoE's query heads, OLMo-Hybrid's linear-attention dims, HRM's layers per cycle): the values to set,
+    only for keys the config leaves out (HRM rewrites ``num_hidden_layers``). Malformed inputs derive
+    nothing; the reader then names the bad field."""
+    rule, rewrite = _DERIVED.get(model_type), _REWRITTEN.get(model_type)
+    try:
+        out = {k: v for k, v in (rule(config) if rule else {}).items() if config.get(k) is None}
+        out.update(rewrite(config) if rewrite else {})
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError):
+        return {}
+    return out
+
+
 def with_defaults(config: Mapping[str, Any], model_type: str, init: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``config`` as transformers' class for ``model_type`` reads it.
 

@@ -66,14 +66,15 @@ _DTYPE_NAMES = {
 }
 
 
-def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
+def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str, frozenset[str]]:
     """The language model's config (following ``text_config``/``llm_config``) with model-type defaults.
 
     A missing field takes the default of that model type's transformers config class
     (:mod:`kvplan.model_types`); a nested config without a model_type takes its parent's default text
     model type, and a composite config without its language model's key gets the one transformers
     builds. An explicit ``null`` stays null (as in transformers, where ``sliding_window: null`` turns
-    Mistral's default window off).
+    Mistral's default window off). Returns the merged config, the key prefix for messages, and the keys
+    that came from defaults (provenance says so).
     """
     top = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     entry = model_types.lookup(top) if top else None
@@ -97,13 +98,19 @@ def _text_config(config: Mapping[str, Any], where: str) -> tuple[dict[str, Any],
             model_type = _NESTED_MODEL_TYPES.get(top, top)
     merged = dict(_MODEL_TYPE_DEFAULTS.get(str(model_type or ""), {}))
     merged.update(model_types.with_defaults(text, str(model_type or ""), init))
+    entry = model_types.lookup(str(model_type or ""))
+    given = set(text) | {std for std, name in (entry.aliases.items() if entry else ()) if name in text}
+    derived = model_types.derive(merged, str(model_type or ""))
+    merged.update(derived)
+    given -= set(derived)
     if isinstance(model_type, str) and model_type:
         merged["model_type"] = model_type
     if text is not config:
         for key in _DTYPE_KEYS:  # the checkpoint dtype usually sits at the top level
             if merged.get(key) is None and config.get(key) is not None:
                 merged[key] = config[key]
-    return merged, prefix
+                given.add(key)
+    return merged, prefix, frozenset(merged) - given - {"model_type"}
 
 
 def _nested(config: Mapping[str, Any], path: str, where: str) -> tuple[Mapping[str, Any], str]:
@@ -372,8 +379,8 @@ def spec_from_config(
     """
     if not isinstance(config, Mapping):
         raise ConfigError(f"{where}: expected a JSON object, got {type(config).__name__}")
-    text, prefix = _text_config(config, where)
-    r = ConfigReader(text, where, prefix)
+    text, prefix, defaulted = _text_config(config, where)
+    r = ConfigReader(text, where, prefix, defaulted)
     model_type = r.str("model_type", "") or ""
     top_type = config.get("model_type") if isinstance(config.get("model_type"), str) else model_type
     role = model_types.role(top_type)
