@@ -10,7 +10,9 @@ also in full, then:
   own cache helpers what each decoder layer caches (``get_layer_types_and_kwargs``: full / sliding(W) /
   chunked(C) / linear-state / hybrid / dummy; ``get_head_shapes``: KV heads and head_dim per layer) on
   ``get_text_config(decoder=True)``. MLA layers (``kv_lora_rank``) are compared as the latent that
-  serving engines cache (``kv_lora_rank + qk_rope_head_dim``), not as the K/V transformers expands.
+  serving engines cache (``kv_lora_rank + qk_rope_head_dim``), not as the K/V transformers expands;
+  mllama's ``cross_attention_layers`` as cross-attention layers (their image-token count is kvplan's
+  assumption from the vision config, not a transformers attribute, so only kind, heads and head_dim count).
 - **kvplan's view**: ``kvplan.sources.resolve_model(path)`` + ``kvplan.spec.build_spec``, read back per
   layer (kind, KV heads, head_dim, window) plus the dtype when the config states one.
 
@@ -145,6 +147,8 @@ def oracle_layers(config: Any) -> list[Layer]:
             layers.append((f"unmodelled:{kind}",))
         if kind in ("linear_attention", "conv", "hybrid", "hybrid_sliding"):
             layers.append(("state",))
+    for i in _attr(text, "cross_attention_layers") or ():  # mllama: these layers cache the image tokens' K/V
+        layers[i] = ("cross_attention", *layers[i][1:3], None)
     return layers
 
 
@@ -171,6 +175,8 @@ def kvplan_layers(path: Path) -> tuple[list[Layer], str]:
             layers.append(("none",))
         elif layer.kind is LayerKind.MLA:
             layers.append(("mla", 1, layer.head_dim, None))
+        elif layer.kind is LayerKind.CROSS:  # its window is the image tokens per request (not a config field)
+            layers.append(("cross_attention", layer.kv_heads, layer.head_dim, None))
         else:
             layers.append((layer.kind.value, layer.kv_heads, layer.head_dim, layer.window_tokens))
     return layers, spec.dtype

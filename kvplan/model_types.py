@@ -135,6 +135,7 @@ def _hrm_text(c: Mapping[str, Any]) -> dict[str, Any]:
 _DERIVED: dict[str, Any] = {
     "dbrx": lambda c: {"num_key_value_heads": (c.get("attn_config") or {}).get("kv_n_heads", 1)},
     "jetmoe": lambda c: {"num_attention_heads": c["num_key_value_heads"] * c["num_experts_per_tok"]},
+    "mllama_text_model": lambda c: {"cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
     "modernbert-decoder": lambda c: {"sliding_window": c["local_attention"] // 2} if c.get("local_attention") else {},
     "olmo_hybrid": _olmo_hybrid,
 }
@@ -143,7 +144,8 @@ _REWRITTEN = {"hrm_text": _hrm_text}  # these replace a given value (HRM: num_hi
 
 def derive(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     """Fields the model type's class derives in ``__post_init__`` (DBRX's KV heads from ``attn_config``,
-    JetMoE's query heads, OLMo-Hybrid's linear-attention dims, HRM's layers per cycle): the values to set,
+    JetMoE's query heads, OLMo-Hybrid's linear-attention dims, HRM's layers per cycle, mllama's
+    cross-attention layers): the values to set,
     only for keys the config leaves out (HRM rewrites ``num_hidden_layers``). Malformed inputs derive
     nothing; the reader then names the bad field."""
     rule, rewrite = _DERIVED.get(model_type), _REWRITTEN.get(model_type)

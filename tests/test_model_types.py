@@ -183,3 +183,9 @@ def test_unknown_model_types_keep_the_generic_parser():
     spec = spec_of({"model_type": "RefinedWeb", "n_layer": 2, "n_head": 8, "hidden_size": 512, "n_head_kv": 1,
                     "new_decoder_architecture": True})
     assert spec.layers[0].kv_heads == 1
+
+
+def test_mllama_cross_attention_layers_default_to_the_class_list():
+    # MllamaTextConfig: cross_attention_layers [3, 8, ..., 38] when the config leaves them out (40 layers)
+    spec = spec_of({"model_type": "mllama_text_model"})
+    assert [i for i, x in enumerate(spec.layers) if x.kind is LayerKind.CROSS] == [3, 8, 13, 18, 23, 28, 33, 38]
