@@ -270,9 +270,12 @@ def _located(where: Where, message: str, hint: str | None) -> ScenarioError:
     return ScenarioFileError(where, message, hint)
 
 
-def check_options(check: CheckScenario) -> Options:
-    """The check's options, with ``batch`` defaulting to the required concurrency."""
+def check_options(check: CheckScenario, calibration: Any = None) -> Options:
+    """The check's options, with ``batch`` defaulting to the required concurrency (and ``--calibration``'s
+    loaded file when the check names none)."""
     values = dict(check.values)
+    if calibration is not None and values.get("calibration") is None:
+        values["calibration"] = calibration
     if not check.batch_given and check.require.concurrency is not None:
         values["batch"] = check.require.concurrency
     try:
@@ -281,9 +284,9 @@ def check_options(check: CheckScenario) -> Options:
         raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
 
 
-def run_check(check: CheckScenario, spec: ModelSpec, source: str) -> CheckResult:
+def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: Any = None) -> CheckResult:
     """Plan one check and judge each requirement (failures carry suggestions)."""
-    options = check_options(check)
+    options = check_options(check, calibration)
     try:
         plan = plan_for_spec(spec, options, source)
     except KvplanError as exc:
@@ -298,11 +301,13 @@ def run_check(check: CheckScenario, spec: ModelSpec, source: str) -> CheckResult
 
 
 def run_checks(capacity: CapacityFile, *, offline: bool = False, token: str | None = None,
-               resolve: SpecResolver | None = None) -> CheckReport:
-    """Every check of ``capacity``; raises :class:`ScenarioError` for a model or option that cannot be planned."""
+               resolve: SpecResolver | None = None, calibration: Any = None) -> CheckReport:
+    """Every check of ``capacity``; raises :class:`ScenarioError` for a model or option that cannot be planned.
+
+    ``calibration``: a loaded :class:`kvplan.calibration.Calibration` for checks that do not name their own."""
     resolve = resolve or spec_resolver(offline=offline, token=token)
     results = []
     for check in capacity.checks:
         spec, source = resolve(check)
-        results.append(run_check(check, spec, source))
+        results.append(run_check(check, spec, source, calibration))
     return CheckReport(capacity.display, tuple(results))

@@ -17,7 +17,7 @@ from kvplan.cli_errors import handle_errors
 from kvplan.cli_options import (
     HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_estimate_options,
 )
-from kvplan.commands import check, observe, report, schema, simulate, validate
+from kvplan.commands import check, explain, observe, report, schema, simulate, validate
 
 app = typer.Typer(
     name="kvplan",
@@ -134,7 +134,7 @@ def gpus(json_out: JsonOpt = False) -> None:
     console().print(render_gpus(catalogue))
 
 
-for _command in (validate, check, report, schema, simulate, observe):  # each in kvplan/commands/<name>.py
+for _command in (validate, check, report, schema, simulate, observe, explain):  # each in kvplan/commands/<name>.py
     _command.register(app)
 
 

@@ -88,6 +88,19 @@ def _as_typed(value: Any, flag: str) -> Any:
     return value
 
 
+def _calibration(value: Any, flag: str) -> Any:
+    """A calibration file's path -> the loaded :class:`kvplan.calibration.Calibration` (already loaded: kept)."""
+    from kvplan.calibration import Calibration, load_calibration
+
+    return value if isinstance(value, Calibration) else load_calibration(str(value))
+
+
+def _is_calibration(value: Any) -> bool:
+    from kvplan.calibration import Calibration
+
+    return isinstance(value, Calibration)
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind of option value.
@@ -126,6 +139,7 @@ KINDS: dict[str, Kind] = {
     "fraction": Kind("float", float, _number, _fraction, "must be in (0, 1]"),
     "flag": Kind("bool", bool),  # --hub
     "switch": Kind("bool", bool),  # --prefix-caching/--no-prefix-caching; None = the engine's default
+    "calibration": Kind("object", str, _calibration, _is_calibration, "must be a calibration file"),
 }
 
 
@@ -228,6 +242,8 @@ OPTIONS: tuple[Opt, ...] = (
         field="overhead_bytes"),
     Opt("cudagraph_gib", "size_or_zero", "Override the CUDA-graph memory per GPU.", PANEL_BUDGET,
         field="cudagraph_bytes"),
+    Opt("calibration", "calibration", "Calibration file written by `kvplan explain --calibrate`: measured terms are "
+        "used where model, GPU, engine release, tp/pp, dtype and batching limits match.", PANEL_BUDGET),
     Opt("enforce_eager", "flag", "vLLM's --enforce-eager: no CUDA graphs, so no CUDA-graph memory term.", PANEL_BUDGET,
         default=False),
     Opt("block_size", "count", "Tokens per KV block (vLLM GPU default 16, CPU 128).", PANEL_BUDGET),

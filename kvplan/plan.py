@@ -255,22 +255,49 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     weights_term = Term("weights", math.ceil(weights_total / n_gpus),
                         weights_source + (f", split over {n_gpus} GPUs" if n_gpus > 1 else ""))
 
-    def given(name: str, value: int | None) -> Term | None:
-        return None if value is None else Term(name, value, "--" + name.replace("_", "-") + "-gib")
-
-    cudagraph = given("cudagraph", options.cudagraph_bytes)
-    if cudagraph is None and options.enforce_eager:
-        cudagraph = Term("cudagraph", 0, "--enforce-eager: no CUDA graphs are captured")
+    terms, calibration_note = _given_terms(spec, options, gpu, engine, model_dtype, weights_term)
     budget: Budget = rules.budget(
-        gpu.memory_bytes, engine.gpu_util, weights_term,
-        given("activation", options.activation_bytes), given("overhead", options.overhead_bytes),
-        cudagraph, options.kv_budget_bytes,
+        gpu.memory_bytes, engine.gpu_util, *terms, options.kv_budget_bytes,
         spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
         version=engine.version, pp=options.pp, device=gpu.device,
     )
+    if calibration_note:
+        budget = replace(budget, notes=budget.notes + (calibration_note,))
     return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
                  memory.num_blocks(budget.kv_budget_bytes, layout))
+
+
+def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: EngineDefaults, model_dtype: DType,
+                 weights: Term) -> tuple[tuple[Term, Term | None, Term | None, Term | None], str]:
+    """The terms the engine does not estimate: the user's (``--activation-gib``, ..., ``--enforce-eager``)
+    and, under them, a matching calibration entry's measured ones; and the calibration note."""
+    def given(name: str, value: int | None) -> Term | None:
+        return None if value is None else Term(name, value, "--" + name.replace("_", "-") + "-gib")
+
+    terms = {"weights": weights, "activation": given("activation", options.activation_bytes),
+             "overhead": given("overhead", options.overhead_bytes), "cudagraph": given("cudagraph", options.cudagraph_bytes)}
+    if terms["cudagraph"] is None and options.enforce_eager:
+        terms["cudagraph"] = Term("cudagraph", 0, "--enforce-eager: no CUDA graphs are captured")
+    note = ""
+    if options.calibration is not None:
+        cal = options.calibration
+        entry = cal.match(model=spec.model_id, gpu=gpu.name, gpu_memory_bytes=gpu.memory_bytes, engine=engine.engine,
+                          release=engine.version, tp=options.tp, pp=options.pp, dtype=model_dtype.name,
+                          max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs)
+        if entry is None:
+            note = (f"calibration {cal.path}: no entry for this deployment (model, GPU, {engine.engine} release "
+                    f"{engine.version}, tp/pp, dtype, batching limits): kvplan's estimates used")
+        else:
+            used = []
+            for key, value in entry.terms:
+                name = key.removesuffix("_bytes")
+                user_given = options.weights_bytes is not None if name == "weights" else terms[name] is not None
+                if not user_given:
+                    terms[name] = Term(name, value, f"calibration {cal.path}: measured ({entry.source or 'a log'})")
+                    used.append(name)
+            note = f"calibration {cal.path}: measured {', '.join(used) or 'no'} term(s) of {entry.source or 'a log'} used"
+    return (terms["weights"], terms["activation"], terms["overhead"], terms["cudagraph"]), note
 
 
 def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) -> Plan:

@@ -296,10 +296,11 @@ class Report:
 class _Planner:
     """Resolves each model once and plans each pool once."""
 
-    def __init__(self, whatif: WhatIfFile, offline: bool, token: str | None) -> None:
+    def __init__(self, whatif: WhatIfFile, offline: bool, token: str | None, calibration: Any = None) -> None:
         self.whatif = whatif
         self.offline = offline
         self.token = token
+        self.calibration = calibration  # --calibration: a loaded Calibration every row without its own uses
         self.pools: dict[tuple[Any, ...], Pool] = {}
 
     def spec(self, v: Mapping[str, Any], where: Where) -> tuple[ModelSpec, str]:
@@ -316,6 +317,8 @@ class _Planner:
         return spec, source.describe()
 
     def pool(self, values: Mapping[str, Any], first_row: Mapping[str, Any], where: Where) -> Pool:
+        if self.calibration is not None and values.get("calibration") is None:
+            values = {**values, "calibration": self.calibration}
         pool_values = {k: v for k, v in values.items() if k not in ROW_AXES}
         key = tuple(sorted(pool_values.items()))
         pool = self.pools.get(key)
@@ -354,9 +357,10 @@ class Sweep:
     """A what-if file's rows: counted before any work (:attr:`num_rows`, :attr:`num_pools`), pools planned
     by :meth:`plan`, rows produced one at a time by :meth:`rows` (sweep product, then explicit scenarios)."""
 
-    def __init__(self, whatif: WhatIfFile, *, offline: bool = False, token: str | None = None) -> None:
+    def __init__(self, whatif: WhatIfFile, *, offline: bool = False, token: str | None = None,
+                 calibration: Any = None) -> None:
         self.whatif = whatif
-        self._planner = _Planner(whatif, offline, token)
+        self._planner = _Planner(whatif, offline, token, calibration)  # calibration: --calibration's loaded file
         self.pool_axes = [a for a in whatif.axes if not set(a.names) <= set(ROW_AXES)]
         self.row_axes = [a for a in whatif.axes if set(a.names) <= set(ROW_AXES)]
         self.num_rows = whatif.num_rows
@@ -521,6 +525,11 @@ def _varying(pools: list[Pool], row_values: Mapping[str, Any]) -> tuple[str, ...
 
 def _notes(pools: list[Pool]) -> tuple[str, ...]:
     notes: list[str] = []
+    calibrated = [n for p in pools for n in p.plan.budget.notes if n.startswith("calibration ")]
+    if calibrated:
+        used = sum(1 for n in calibrated if "no entry" not in n)
+        notes.append(f"{calibrated[0].split(':')[0]}: measured terms used in {used} of {len(pools)} configurations "
+                     "(the others had no entry for their deployment)")
     no_kv = [p for p in pools if p.plan.budget.kv_budget_bytes <= 0]
     if no_kv:
         p = no_kv[0].plan

@@ -236,7 +236,7 @@ KIND_TYPES: dict[str, Any] = {
     "text": Text, "revision": Revision, "version": Text, "gpu": GpuName, "dtype": ModelDType, "kv_dtype": KvDType,
     "weights_dtype": WeightsDType, "ssm_dtype": ModelDType, "engine": Engine, "usage": UsageContext,
     "count": PositiveInt, "tokens": Tokens, "tokens_or_zero": TokensOrZero, "max_model_len": Tokens, "size": Size,
-    "size_or_zero": SizeOrZero, "fraction": Fraction, "flag": Bool, "switch": Bool,
+    "size_or_zero": SizeOrZero, "fraction": Fraction, "flag": Bool, "switch": Bool, "calibration": Text,
 }
 # Every estimate option a scenario may set, from the option table: name -> (type, description). Keys are
 # those of kvplan.options.options_from_values (the CLI flags with underscores; `gpus` = --gpus).

@@ -27,16 +27,22 @@ def register(app: typer.Typer) -> None:
         path: Annotated[str, typer.Argument(help="Capacity file (YAML): defaults + checks, each with require.",
                                             show_default=False)],
         junit_xml: Annotated[Optional[str], typer.Option("--junit-xml", help="Also write JUnit XML here (one test case per check).")] = None,
+        calibration: Annotated[Optional[str], typer.Option("--calibration", help="Calibration file written by "
+                                                          "`kvplan explain --calibrate`: measured terms for the "
+                                                          "deployments it matches.")] = None,
         offline: OfflineOpt = False,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Check capacity requirements (concurrency, context, KV tokens, headroom) for CI: exit 0 when all hold, 1 when any fails, 2 for bad input."""
+        from kvplan.calibration import load_calibration
         from kvplan.capacity import run_checks
         from kvplan.scenario import ScenarioFileError, load_capacity
 
         try:
-            report = run_checks(load_capacity(path), offline=offline, token=token)
+            capacity = load_capacity(path)
+            report = run_checks(capacity, offline=offline, token=token,
+                                calibration=load_calibration(calibration) if calibration else None)
         except ScenarioFileError as exc:
             if _in_github_actions():
                 from kvplan.render.check import github_annotation

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -26,17 +26,22 @@ def register(app: typer.Typer) -> None:
         token: TokenOpt = None,
         rows: Annotated[int, typer.Option("--rows", min=1, max=100_000, help="Rows shown in the terminal before truncating.")] = 40,
         force: Annotated[bool, typer.Option("--force", help="Run even past the bounds (1,000,000 rows, 10,000 configurations).")] = False,
+        calibration: Annotated[Optional[str], typer.Option("--calibration", help="Calibration file written by "
+                                                          "`kvplan explain --calibrate`: measured terms for the "
+                                                          "deployments it matches.")] = None,
         json_out: JsonOpt = False,
     ) -> None:
         """What-if report: one row per scenario (per-token bytes, weights, KV budget, KV tokens, max concurrency, max context, fits, decode ceiling); writes the outputs the file lists."""
         from kvplan.atomic import AtomicFiles, check_writable
+        from kvplan.calibration import load_calibration
         from kvplan.render.progress import delayed_progress
         from kvplan.render.report import DOCUMENT_ROWS, JsonRows, open_row_writers, render_documents
         from kvplan.report import RowDigest, Sweep
         from kvplan.scenario import display_path, load_whatif
 
         whatif = load_whatif(path)
-        sweep = Sweep(whatif, offline=offline, token=token)
+        sweep = Sweep(whatif, offline=offline, token=token,
+                      calibration=load_calibration(calibration) if calibration else None)
         sweep.check_bounds(force)
         for out_path in whatif.outputs:  # before the work: a bad path must not cost the whole sweep
             check_writable(out_path)
