@@ -30,7 +30,7 @@ def read_log(path: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from kvplan.cli import handle_errors
+    from kvplan.cli_errors import handle_errors
 
     @app.command("explain", epilog=EPILOG)
     @handle_errors
