@@ -1,6 +1,6 @@
 """The GPU catalogue: how much memory the runtime reports for each accelerator, and how fast it is.
 
-The data lives in ``kvplan/data/gpus.yaml`` (read with ``yaml.safe_load``). ``memory_bytes`` is the
+The data lives in ``kvplan/data/gpus.yaml`` (read with :func:`kvplan.files.parse_bundled_yaml`). ``memory_bytes`` is the
 total that ``torch.cuda.mem_get_info()[1]`` reports — what vLLM multiplies by
 ``gpu_memory_utilization`` — not the marketing "80 GB" and not nvidia-smi's total. Every number says
 where it came from (``memory_source``), and says so plainly when it was derived rather than observed.
@@ -220,12 +220,9 @@ def parse_catalogue(data: Any, source: str = "gpus.yaml") -> tuple[Gpu, ...]:
 @functools.lru_cache(maxsize=1)
 def load_gpus() -> tuple[Gpu, ...]:
     """The bundled catalogue, in file order (cached after the first call)."""
-    import yaml
+    from kvplan.files import parse_bundled_yaml, read_text
 
-    try:
-        data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{DATA_FILE}: invalid YAML: {exc}".replace("\n", " ")) from exc
+    data = parse_bundled_yaml(read_text(DATA_FILE, "GPU catalogue"), str(DATA_FILE))
     return parse_catalogue(data, str(DATA_FILE))
 
 

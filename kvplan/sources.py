@@ -20,10 +20,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
 
 from kvplan.errors import ConfigError, ModelNotFoundError
-from kvplan.files import read_text
+from kvplan.files import parse_bundled_yaml, read_text
 from kvplan.model_source import ModelSource, WeightFacts, read_config_file, weights_from_index
 from kvplan.spec import ModelSpec, Overrides, build_spec
 
@@ -92,10 +91,7 @@ def load_bundled(model_id: str) -> ModelSource:
         raise ModelNotFoundError(f"no bundled spec for {model_id!r}", _closest_hint(model_id))
     path = _bundled_index()[key]
     where = f"model_specs/{path.parent.name}/{path.name}"
-    try:
-        data = yaml.safe_load(read_text(path, "model spec", display=where))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML ({exc})") from None
+    data = parse_bundled_yaml(read_text(path, "model spec", display=where), where)
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise ConfigError(f"{where}: expected a mapping with a 'config' mapping")
     weights = None
