@@ -416,6 +416,13 @@ def test_non_torch_memory_by_tp_and_interconnect(llama3):
     assert overhead(4, "nvlink")[0].bytes == 322_122_547 + 440_234_148 + rope
     assert overhead(2, "pcie")[0].bytes == 322_122_547 + rope
     assert overhead(2, None)[0].bytes == overhead(2, "nvlink")[0].bytes  # unknown GPU: as nvlink
+    # the all-reduce fusion workspace of NVSwitch boards exists from 0.17 and only at pp 1: before, as nvlink
+    older = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=2, device=Device("cuda", 132, "nvlink-switch"),
+                        **{**common, "version": "0.16.0"})
+    assert older.overhead.bytes == 322_122_547 + 440_234_148 + rope and "over nvlink (" in older.overhead.source
+    staged = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=2, pp=2,
+                         device=Device("cuda", 132, "nvlink-switch"), **common)
+    assert staged.overhead.bytes == 322_122_547 + 440_234_148 + rope
 
 
 def test_the_catalogue_carries_interconnect_and_sm_count():

@@ -63,17 +63,21 @@ class Profile:
 # 0.35 (RTX 3090), 0.13 / 0.13 / 0.14 (an H100 machine), 1.79 (another H100 machine). kvplan: 0.30 GiB.
 NON_TORCH_BYTES = round(0.30 * GiB)
 # What tp >= 2 adds per GPU, by how the ranks talk (the catalogue's ``interconnect``): NCCL's
-# communicator buffers (vLLM keeps two communicators: PyNccl and torch.distributed's), NVLink SHARP
-# (NVLS) multicast buffers on Hopper/Blackwell NVSwitch boards, custom all-reduce IPC buffers.
-# - nvlink-switch: vllm-pr10511's 8x H100 SXM node logs 1.79 GiB at tp 1 and 3.58 at tp 2 (+1.79); issue 15
-#   reports ~2 GiB per GPU at tp 2 on H100s against ~0.25 at tp 1 (+1.75). Another H100 machine logs only
-#   +0.41 (0.13 -> 0.54), as on an NVLink system without NVLS: the range is wide, hence an estimate.
-# - nvlink (no NVLS: A100 HGX, bridged H100 NVL) and infinity-fabric (AMD xGMI, unverified): +0.41, that machine's.
+# communicator buffers (vLLM keeps two communicators: PyNccl and torch.distributed's) and custom
+# all-reduce IPC buffers; from 0.17 on NVSwitch boards of compute capability 9.0 / 10.x (H100, H200, H20,
+# B200) with pp 1, the FlashInfer all-reduce + RMSNorm fusion workspace too (``enable_allreduce_rms_fusion``,
+# on at the default optimization level O2; it needs NVSwitch multicast, so PCIe and bridged cards skip it).
+# - nvlink: +0.41 GiB: an H100 machine running 0.12 - 0.16 logs 0.13 -> 0.54 GiB from tp 1 to tp 2 (h100-k8s).
+#   Used for NVLink without the fusion workspace: A100 HGX, bridged H100 NVL, NVSwitch boards before 0.17
+#   or at pp > 1; infinity-fabric (AMD xGMI): the same, unverified.
+# - nvlink-switch (0.17+): +1.75 GiB: issue 15 reports ~2 GiB per GPU at tp 2 on H100s with 0.19 against ~0.25 at
+#   tp 1; vllm-pr10511's 8x H100 node (V0, 2024) logged +1.79 (1.79 -> 3.58 GiB) for reasons of its own.
 # - pcie: +0: 0.25 and 0.20 GiB logged at tp 2 on 24 GB GeForce cards, inside the tp-1 range.
 TP_NON_TORCH_BYTES = {"nvlink-switch": round(1.75 * GiB), "nvlink": round(0.41 * GiB),
                       "infinity-fabric": round(0.41 * GiB), "pcie": 0}
-TP_NON_TORCH_SOURCES = {"nvlink-switch": "2 logs + issue 15", "nvlink": "1 log", "infinity-fabric": "unverified",
-                        "pcie": "2 logs"}
+TP_NON_TORCH_SOURCES = {"nvlink-switch": "all-reduce fusion workspace from 0.17; issue 15", "nvlink": "1 log",
+                        "infinity-fabric": "unverified", "pcie": "2 logs"}
+ALLREDUCE_FUSION_FROM = (0, 17, 0)
 
 
 def _p(version: str, first: tuple[int, ...], change: str, **kw: object) -> Profile:
@@ -326,20 +330,23 @@ def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
     return spec.max_position_embeddings * attn.head_dim * act_bytes
 
 
-def non_torch_bytes(p: Profile, tp: int, device: Device | None = None) -> tuple[int, int, str]:
+def non_torch_bytes(p: Profile, tp: int, device: Device | None = None, pp: int = 1) -> tuple[int, int, str]:
     """``(tp-1 part, tp >= 2 part, interconnect)`` of the non-torch memory vLLM logs during profiling,
-    per GPU (bytes). An unknown interconnect (``--gpu-memory`` alone) counts as ``nvlink``."""
+    per GPU (bytes). An unknown interconnect (``--gpu-memory`` alone) counts as ``nvlink``, and so does an
+    NVSwitch board without the all-reduce fusion workspace (releases before 0.17, or pp > 1)."""
     interconnect = (device or Device()).interconnect or "nvlink"
+    if interconnect == "nvlink-switch" and (p.first < ALLREDUCE_FUSION_FROM or pp > 1):
+        interconnect = "nvlink"
     extra = TP_NON_TORCH_BYTES.get(interconnect, TP_NON_TORCH_BYTES["nvlink"]) if tp >= 2 else 0
     return p.non_torch_bytes, extra, interconnect
 
 
-def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int,
-                  device: Device | None = None) -> tuple[Term, list[str]]:
+def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
+                  pp: int = 1) -> tuple[Term, list[str]]:
     """The overhead term (non-torch memory at this tp and interconnect + the rotary cache) and, at
     tp >= 2, a note that says the multi-GPU part is an estimate."""
     rope = rope_cache_bytes(spec, act_bytes)
-    base, extra, interconnect = non_torch_bytes(p, tp, device)
+    base, extra, interconnect = non_torch_bytes(p, tp, device, pp)
     source = (f"estimate: non-torch memory {base / GiB:.2f} GiB at tp 1 (NCCL, cuBLAS, workspaces: median of "
               f"logged values)")
     notes = []
@@ -413,7 +420,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                           _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
                                              *sampler_path(version, device)))
     if overhead is None:
-        overhead, note = overhead_term(p, spec, tp, act_bytes, device)
+        overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp)
         notes.extend(note)
     if cudagraph is None:
         estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes)
