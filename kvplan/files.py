@@ -34,6 +34,7 @@ MAX_FILE_BYTES = 64 * 2**20
 MAX_JSON_DEPTH = 100
 # Python refuses to convert longer integer strings (sys.get_int_max_str_digits(), CVE-2020-10735).
 MAX_INT_DIGITS = 4300
+_CHUNK_BYTES = 1 << 18
 
 _BOM = "\ufeff"
 
@@ -48,7 +49,14 @@ def read_bytes(path: str | Path, what: str = "file", *, display: str | None = No
     name = display or str(path)
     try:
         with path.open("rb") as fh:
-            data = fh.read(max_bytes + 1)
+            chunks, size = [], 0
+            while size <= max_bytes:  # in chunks: read(max_bytes + 1) allocates the whole bound up front
+                chunk = fh.read(min(_CHUNK_BYTES, max_bytes + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
     except FileNotFoundError:
         raise error(f"{name}: no such file") from None
     except IsADirectoryError:
