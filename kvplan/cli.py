@@ -8,6 +8,8 @@ heavy modules lazily, and never imports this module).
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated, Any, Optional
 
 import typer
@@ -138,6 +140,37 @@ for _command in (validate, check, report, schema, simulate, observe, explain):  
     _command.register(app)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="kvplan")
+def usage_error_line(exc: BaseException) -> str | None:
+    """A command-line usage error (unknown option, missing argument, bad value) as one line, or None.
+
+    typer raises click's usage exceptions; only their public attributes are read (``format_message``,
+    ``exit_code``, ``ctx``), so no typer internals are imported.
+    """
+    fmt, code = getattr(exc, "format_message", None), getattr(exc, "exit_code", None)
+    if not callable(fmt) or not isinstance(code, int):
+        return None
+    message = " ".join(str(fmt()).split())
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "kvplan"
+    return f"{message} (see {path} --help)" if message else f"usage error (see {path} --help)"
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point: usage errors are one line on stderr and exit 2, like every other error."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=args, prog_name="kvplan", standalone_mode=False)
+    except typer.Abort:
+        sys.stderr.write("kvplan: error: interrupted\n")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - only click's usage errors are handled here
+        line = usage_error_line(exc)
+        if line is None or os.environ.get("KVPLAN_DEBUG"):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `kvplan` alone: the help, as typer shows it (exit 2)
+            ctx = getattr(exc, "ctx", None)
+            sys.stdout.write((ctx.get_help() if ctx is not None else line) + "\n")
+            sys.exit(getattr(exc, "exit_code", 2))
+        sys.stderr.write(f"kvplan: error: {line}\n")
+        sys.exit(getattr(exc, "exit_code", 2) or 2)
+    sys.exit(rv if isinstance(rv, int) else 0)

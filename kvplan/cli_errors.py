@@ -35,7 +35,9 @@ def handle_errors(fn: F) -> F:
         except KvplanError as exc:
             if os.environ.get("KVPLAN_DEBUG"):
                 raise
-            raise fail(exc.one_line(), exc.exit_code) from None
+            for line in exc.lines()[:-1]:  # a file with several mistakes: one line each
+                sys.stderr.write(f"kvplan: error: {line}\n")
+            raise fail(exc.lines()[-1], exc.exit_code) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
 

@@ -28,6 +28,10 @@ class KvplanError(Exception):
         """The message and hint joined on one line (what the CLI prints)."""
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
+    def lines(self) -> list[str]:
+        """Every line the CLI prints for this error: one, or one per mistake when a file has several."""
+        return [self.one_line()]
+
 
 class InputError(KvplanError):
     """A malformed, out-of-range or contradictory option or value."""

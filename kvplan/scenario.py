@@ -16,6 +16,7 @@ Only the ``check``, ``report`` and ``schema`` commands import this module (pydan
 from __future__ import annotations
 
 import difflib
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Mapping
@@ -42,13 +43,33 @@ class Where:
         return f"{self.file}:{self.line}:{self.col}"
 
 
-class ScenarioFileError(ScenarioError):
-    """A :class:`ScenarioError` that knows where in the file it is (for CI annotations)."""
+MAX_FILE_ERRORS = 20  # mistakes of one file reported at once (in file order); past that, a count
 
-    def __init__(self, where: Where, message: str, hint: str | None = None) -> None:
+
+class ScenarioFileError(ScenarioError):
+    """A :class:`ScenarioError` that knows where in the file it is (for CI annotations).
+
+    ``more``: the file's other mistakes (each a ScenarioFileError), ``hidden``: how many were not kept.
+    """
+
+    def __init__(self, where: Where, message: str, hint: str | None = None,
+                 more: tuple["ScenarioFileError", ...] = (), hidden: int = 0) -> None:
         super().__init__(f"{where}: {message}", hint)
         self.where = where
         self.detail = message
+        self.more = more
+        self.hidden = hidden
+
+    @property
+    def errors(self) -> tuple["ScenarioFileError", ...]:
+        """This mistake and the file's others, in file order."""
+        return (self, *self.more)
+
+    def lines(self) -> list[str]:
+        out = [e.one_line() for e in self.errors]
+        if self.hidden:
+            out.append(f"{self.where.file}: {self.hidden:,} more mistakes not shown (fix these first)")
+        return out
 
 
 def model_error(where: Where, prefix: str, name: str, exc: KvplanError) -> ScenarioFileError:
@@ -375,7 +396,9 @@ def key_path(loc: tuple[Any, ...], data: Any = None) -> str:
     """``('checks', 1, 'require', 'context')`` -> ``checks[1].require.context``."""
     out = ""
     node = data
-    for part in loc:
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part not in node and i < len(loc) - 1:
+            continue  # a validator's tag in pydantic's loc (a union branch), not a key of the file
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -397,41 +420,109 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
+MAX_YAML_DEPTH = 64  # nesting of mappings and lists: real files nest 4-5 levels
+MAX_YAML_VALUES = 1_000_000  # values after aliases are expanded (a "billion laughs" file expands to 10^9)
+
+
 def read_yaml(path: str | Path) -> YamlDoc:
-    """Read a YAML file with SafeLoader, keeping the node tree (duplicate keys are errors)."""
+    """Read a YAML file with SafeLoader, keeping the node tree (duplicate keys are errors).
+
+    The bytes go through :func:`kvplan.files.read_text` (size bound, binary / NUL and invalid UTF-8 are
+    one-line errors); :func:`parse_yaml` bounds the nesting and the alias expansion.
+    """
+    from kvplan.files import read_text
+
     path = Path(path)
     display = display_path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(f"{display}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{display}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    text = read_text(path, "YAML file", display=display, error=ScenarioError)
     return parse_yaml(text, path, display)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader whose composer refuses nesting deeper than :data:`MAX_YAML_DEPTH` (PyYAML composes
+    recursively: 5,000 levels would be a RecursionError)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: ANN401 - PyYAML's signature
+        if self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent):
+            self.depth += 1
+            try:
+                if self.depth > MAX_YAML_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise _TooDeep(mark)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+        return super().compose_node(parent, index)
+
+
+class _TooDeep(Exception):
+    def __init__(self, mark: Any) -> None:
+        super().__init__()
+        self.mark = mark
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values ``root`` holds once aliases are expanded (each shared node counted per use)."""
+    sizes: dict[int, int] = {}
+    order: list[yaml.Node] = []  # post-order without recursion
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else \
+            (node.value if isinstance(node, yaml.SequenceNode) else [])
+        if done or not children:
+            total = 1
+            for c in children:
+                total += sizes.get(id(c), 1)
+                if total > MAX_YAML_VALUES:
+                    return total
+            sizes[id(node)] = total
+            order.append(node)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
 
 
 def parse_yaml(text: str, path: Path, display: str) -> YamlDoc:
     """Parse YAML ``text`` (named ``display`` in errors; ``path`` anchors relative outputs)."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # the reader rejects control characters here, before parsing
         root = loader.get_single_node()
         if root is None:
             raise ScenarioFileError(Where(display, 1, 1), "the file is empty",
                                     "see docs/examples/ for a complete file; `kvplan schema` prints the schema")
+        size = _expanded_size(root)
+        if size > MAX_YAML_VALUES:
+            raise ScenarioFileError(Where(display, 1, 1), f"the file expands to more than {MAX_YAML_VALUES:,} values "
+                                    "through its aliases (&anchor / *alias)", "write the values out, without nested aliases")
         _reject_duplicates(root, display)
         data = loader.construct_document(root)
+    except _TooDeep as exc:
+        raise ScenarioFileError(Where(display, exc.mark.line + 1, exc.mark.column + 1),
+                                f"nested more than {MAX_YAML_DEPTH} levels deep", "a kvplan file nests a few levels") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = Where(display, mark.line + 1, mark.column + 1) if mark else Where(display, 1, 1)
         problem = " ".join(str(exc.problem or exc.context or "syntax error").split())
         raise ScenarioFileError(where, f"not valid YAML: {problem}", "check the indentation and quoting near this line") from None
     except yaml.YAMLError as exc:
-        raise ScenarioFileError(Where(display, 1, 1), f"not valid YAML: {' '.join(str(exc).split())}") from None
+        raise ScenarioFileError(Where(display, 1, 1), f"not valid YAML: {' '.join(str(exc).split())[:200]}") from None
+    except RecursionError:  # a backstop: the composer bounds the nesting first
+        raise ScenarioFileError(Where(display, 1, 1), "nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         mark = root.start_mark
-        got = "a list" if isinstance(data, list) else f"{data!r}"
+        got = "a list" if isinstance(data, list) else _short(data)
         raise ScenarioFileError(Where(display, mark.line + 1, mark.column + 1),
                                 f"expected a mapping of keys (defaults, ...), got {got}",
                                 "see docs/examples/ for a complete file")
@@ -460,17 +551,28 @@ def _reject_duplicates(node: yaml.Node, display: str, seen_nodes: set[int] | Non
 
 
 def validate_doc(doc: YamlDoc, model: type[BaseModel]) -> BaseModel:
-    """Validate ``doc.data`` against ``model``; the first error (in file order) as one located line."""
+    """Validate ``doc.data`` against ``model``; every error (up to :data:`MAX_FILE_ERRORS`, in file order),
+    each a located line: the raised error is the first, its ``more`` the others."""
     try:
         return model.model_validate(doc.data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         located = sorted(((doc.where(tuple(e["loc"]), key=e["type"] == "extra_forbidden"), e) for e in errors),
                          key=lambda we: (we[0].line, we[0].col))
-        where, err = located[0]
-        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        message, hint = _describe(err, model)
-        raise ScenarioFileError(where, f"{key_path(tuple(err['loc']), doc.data)}: {message}{more}", hint) from None
+        seen: set[tuple[int, int]] = set()
+        unique = []
+        for where, err in located:  # a union reports each branch at the same place: keep its first
+            if (where.line, where.col) not in seen:
+                seen.add((where.line, where.col))
+                unique.append((where, err))
+        located = unique
+        found = []
+        for where, err in located[:MAX_FILE_ERRORS]:
+            message, hint = _describe(err, model)
+            found.append(ScenarioFileError(where, f"{key_path(tuple(err['loc']), doc.data)}: {message}", hint))
+        first = found[0]
+        raise ScenarioFileError(first.where, first.detail, first.hint, tuple(found[1:]),
+                                max(0, len(located) - MAX_FILE_ERRORS)) from None
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -490,8 +592,13 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return []
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 6, 58, 58
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    """A bounded repr (huge or deeply shared values are cut, never walked whole)."""
+    text = _REPR.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

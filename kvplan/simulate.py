@@ -46,14 +46,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvplan.errors import InputError
-from kvplan.paged.allocator import GroupSpec
 from kvplan.sim.model import (
     DEFAULT_PREFILL_EFFICIENCY, POLICIES, POLICY_LABELS, ClosedLoop, PolicyResult, Pool, Request, Series, SimConfig,
     SimResult, Timing, window_sum,
 )
 from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.streams import RequestSource
-from kvplan.units import cdiv
+from kvplan.units import cdiv, check_number
 
 __all__ = [
     "DEFAULT_PREFILL_EFFICIENCY", "MAX_WORK", "POLICIES", "POLICY_LABELS", "ClosedLoop", "PolicyResult", "Pool",
@@ -101,8 +100,7 @@ def estimate_work(requests: float, mean_prompt: float, mean_output: float, pool:
     (outputs clamped to ``max_model_len``; a prompt of ``max_num_batched_tokens`` tokens or more takes
     several prefill steps)."""
     for name, value in (("requests", requests), ("mean prompt", mean_prompt), ("mean output", mean_output)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise InputError(f"invalid {name} {value!r}: must be a finite number >= 0")
+        check_number(value, name, low=0)
     output = min(mean_output, pool.max_model_len)
     steps = math.ceil(max(1.0, mean_prompt) / pool.max_num_batched_tokens) + max(0.0, output - 1)
     return Work(float(requests), float(steps), policies, basis)
@@ -145,9 +143,8 @@ def simulate(config: SimConfig, source: RequestSource | Sequence[Request], *, po
     """
     if not isinstance(source, RequestSource):
         source = RequestSource.of(source)
-    if duration_s is not None and not (isinstance(duration_s, (int, float)) and math.isfinite(duration_s)
-                                       and duration_s > 0):
-        raise InputError(f"invalid duration {duration_s}: must be a finite number of seconds > 0")
+    if duration_s is not None:
+        check_number(duration_s, "duration_s", low=0, low_open=True)
     pool = config.pool
     usable = pool.num_blocks - 1
     need = cdiv(pool.max_model_len, pool.block_size) * sum(1 for g in pool.groups if g.kind != "state") + \

@@ -32,11 +32,12 @@ from typing import Any, Iterator, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from kvplan.errors import ScenarioError
+from kvplan.errors import KvplanError, ScenarioError
 from kvplan.scenario import (
     OPTION_FIELDS, ScenarioFileError, Where, YamlDoc, number, validate_doc, display_path, finish_values, option_values,
     read_yaml,
 )
+from kvplan.units import check_number
 from kvplan.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
 
 # estimate options that make no sense for a simulation (the policies decide prefix caching; the
@@ -362,13 +363,10 @@ def _plan_values(ref: str, doc: YamlDoc) -> dict[str, Any]:
 
 
 def load_trace(path: Path, display: str) -> tuple[Request, ...]:
-    """Requests from a JSONL trace; errors name ``file:line``."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise ScenarioError(f"{display}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{display}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    """Requests from a JSONL trace; errors name ``file:line`` (the file read by :func:`kvplan.files.read_text`)."""
+    from kvplan.files import read_text
+
+    lines = read_text(path, "JSONL trace", display=display, error=ScenarioError).splitlines()
     ids: dict[Any, int] = {}
     out: list[Request] = []
     allowed = {"prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens", "arrival_s"}
@@ -380,6 +378,8 @@ def load_trace(path: Path, display: str) -> tuple[Request, ...]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ScenarioFileError(Where(display, n, exc.colno), f"not valid JSON: {exc.msg}") from None
+        except (ValueError, RecursionError):  # an integer past 4,300 digits; nesting past the parser's limit
+            raise ScenarioFileError(where, "not a valid request (a huge integer or deep nesting)") from None
         if not isinstance(rec, dict):
             raise ScenarioFileError(where, "expected a JSON object per line")
         unknown = sorted(set(rec) - allowed)
@@ -390,8 +390,9 @@ def load_trace(path: Path, display: str) -> tuple[Request, ...]:
             v = rec.get(key)
             if v is None and not required:
                 return 0
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise ScenarioFileError(where, f"{key}: got {v!r}, expected an integer >= {minimum}")
+            if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_TOKENS:
+                shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+                raise ScenarioFileError(where, f"{key}: got {shown}, expected an integer from {minimum} to {MAX_TOKENS:,}")
             return v
 
         prompt, output = count("prompt_tokens", 1), count("output_tokens", 1)
@@ -404,8 +405,11 @@ def load_trace(path: Path, display: str) -> tuple[Request, ...]:
         if ptoks > prompt:
             raise ScenarioFileError(where, f"prefix_tokens {ptoks} exceeds prompt_tokens {prompt}")
         at = rec.get("arrival_s")
-        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at < 0):
-            raise ScenarioFileError(where, f"arrival_s: got {at!r}, expected seconds >= 0")
+        if at is not None:
+            try:
+                check_number(at, "arrival_s", low=0, high=MAX_SECONDS)
+            except KvplanError as exc:
+                raise ScenarioFileError(where, f"{exc.message}; expected seconds >= 0") from None
         out.append(Request(prompt, output, None if at is None else float(at), pid, ptoks))
     if not out:
         raise ScenarioFileError(Where(display, 1, 1), "the trace has no requests")

@@ -34,14 +34,21 @@ def write(tmp_path: Path, text: str, name: str = "file.yaml") -> Path:
 
 
 def check_error(tmp_path: Path, text: str) -> str:
-    """Run `kvplan check` on ``text`` with --junit-xml; assert exit 2, one line, no XML written; return the line."""
+    """Run `kvplan check` on ``text`` with --junit-xml; assert exit 2, one line, and a JUnit file with one
+    error case carrying that line (CI's publish step always finds a report); return the line."""
+    import xml.etree.ElementTree as ET
+
     path = write(tmp_path, text)
     junit = tmp_path / "junit.xml"
     r = runner.invoke(app, ["check", str(path), "--offline", "--junit-xml", str(junit)])
     assert r.exit_code == 2, r.output
-    assert not junit.exists()
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("errors") == "1" and suite.get("tests") == "1"
+    error = suite.find("testcase/error")
+    assert lines[0] == "kvplan: error: " + error.text
+    junit.unlink()
     return lines[0]
 
 
@@ -228,3 +235,114 @@ def test_import_cli_does_not_import_pydantic():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------
+# files that used to end in a traceback (exit 1): one line, exit 2, and a KvplanError from the API
+
+
+def _bytes_error(tmp_path: Path, data: bytes) -> str:
+    path = tmp_path / "file.yaml"
+    path.write_bytes(data)
+    r = runner.invoke(app, ["check", str(path), "--offline"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvplan: error:"), r.stderr
+    from kvplan.errors import KvplanError
+
+    with pytest.raises(KvplanError):
+        load_capacity(path)
+    return lines[0]
+
+
+def test_yaml_starting_with_a_nul_byte(tmp_path):
+    line = _bytes_error(tmp_path, b"\0" + GOOD_CHECK.encode())
+    assert "file.yaml: binary data (a NUL byte at offset 0)" in line
+
+
+def test_yaml_that_is_not_utf8(tmp_path):
+    line = _bytes_error(tmp_path, GOOD_CHECK.replace("H100", "H\xff").encode("latin-1"))
+    assert "not valid UTF-8 (byte 0xff at offset" in line
+
+
+@pytest.mark.parametrize("open_, close", [("[", "]"), ("{a: ", "}")])
+def test_yaml_nested_5000_deep(tmp_path, open_, close):
+    line = _bytes_error(tmp_path, ("checks: " + open_ * 5000 + "1" + close * 5000 + "\n").encode())
+    assert "file.yaml:1:" in line and "nested more than 64 levels deep" in line
+
+
+def test_yaml_bomb_is_refused_before_it_expands(tmp_path):
+    # "billion laughs": 10 levels of 10 aliases each = 10^10 values once expanded
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    text = "\n".join(lines) + "\ndefaults: {model: meta-llama/Llama-3.1-8B}\nchecks: [{name: x, require: {fits: true}, tp: *a9}]\n"
+    line = _bytes_error(tmp_path, text.encode())
+    assert "expands to more than 1,000,000 values" in line
+
+
+def test_a_folder_instead_of_a_file(tmp_path):
+    r = runner.invoke(app, ["check", str(tmp_path), "--offline"])
+    assert r.exit_code == 2 and "is a directory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_huge_scalar_is_shown_shortened(tmp_path):
+    line = _bytes_error(tmp_path, ('"' + "x" * 100_000 + '"\n').encode())
+    assert "expected a mapping" in line and len(line) < 300
+
+
+def test_schema_takes_json_like_every_command():
+    # docs/cli.md: every command takes --json (schema always prints JSON)
+    r = runner.invoke(app, ["schema", "whatif", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["title"] == "kvplan what-if file"
+
+
+def test_every_mistake_in_a_file_is_listed(tmp_path):
+    # used to print the first and "(+3 more)"; now each is its own located line (up to 20), in file order,
+    # and the JUnit error case and the GitHub annotations carry them all
+    import xml.etree.ElementTree as ET
+
+    path = write(tmp_path, """\
+        defaults:
+          model: meta-llama/Llama-3.1-8B
+          contxt: 8k
+        checks:
+          - name: a
+            require: {concurency: 4}
+          - name: b
+            tp: zero
+            require: {fits: maybe}
+        """)
+    junit = tmp_path / "junit.xml"
+    r = runner.invoke(app, ["check", str(path), "--offline", "--junit-xml", str(junit)], env={"GITHUB_ACTIONS": "true"})
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    import re
+
+    assert [re.search(r"file\.yaml:(\d+):(\d+): ", line).groups() for line in lines] == [
+        ("3", "3"), ("6", "15"), ("8", "9"), ("9", "21")]
+    assert all(line.startswith("kvplan: error: ") for line in lines) and "more" not in r.stderr
+    assert "'zero': expected a positive integer" in lines[2] and "'maybe': expected true or false" in lines[3]
+    assert len(ET.parse(junit).getroot().find("testsuite/testcase/error").text.splitlines()) == 4
+    assert r.stdout.count("::error file=") == 4
+
+
+def test_errors_past_the_limit_are_counted(tmp_path):
+    from kvplan.scenario import MAX_FILE_ERRORS
+
+    checks = "".join(f"  - {{name: c{i}, tp: x, require: {{fits: true}}}}\n" for i in range(MAX_FILE_ERRORS + 5))
+    path = write(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n" + checks)
+    r = runner.invoke(app, ["check", str(path), "--offline"])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == MAX_FILE_ERRORS + 1 and lines[-1].endswith("5 more mistakes not shown (fix these first)")
+
+
+def test_an_unknown_model_still_writes_junit(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    path = write(tmp_path, GOOD_CHECK.replace("meta-llama/Llama-3.1-8B", "nobody/NoSuchModel-7B"))
+    junit = tmp_path / "junit.xml"
+    r = runner.invoke(app, ["check", str(path), "--offline", "--junit-xml", str(junit)])
+    assert r.exit_code == 2
+    case = ET.parse(junit).getroot().find("testsuite/testcase")
+    assert case.get("name") == "capacity file is valid" and "NoSuchModel" in case.find("error").get("message")

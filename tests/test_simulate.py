@@ -597,3 +597,25 @@ def test_plot_without_a_suffix_writes_png_and_says_so(tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "p").exists()
     assert f"plot: {tmp_path / 'p.png'}" in r.stdout.replace("\n", "")
+
+
+@pytest.mark.parametrize("line,needle", [
+    ('{"prompt_tokens": ' + "1" * 5000 + ', "output_tokens": 5}', "huge integer or deep nesting"),
+    ("[" * 100_000 + "]" * 100_000, "huge integer or deep nesting"),
+    ('{"prompt_tokens": 40, "output_tokens": 5, "arrival_s": 1e999}', "not a finite number"),
+    ('{"prompt_tokens": 10000000000, "output_tokens": 5}', "expected an integer from 1 to 1,000,000,000"),
+])
+def test_broken_trace_lines_are_one_line_errors(tmp_path, line, needle):
+    (tmp_path / "t.jsonl").write_text('{"prompt_tokens": 40, "output_tokens": 5, "arrival_s": 0}\n' + line + "\n")
+    path = _write(tmp_path, "model: meta-llama/Llama-3.1-8B\ntrace: t.jsonl\n")
+    with pytest.raises(ScenarioFileError, match=r"t\.jsonl:2:") as info:
+        load_workload(path)
+    assert needle in str(info.value)
+
+
+def test_a_binary_trace_is_one_line(tmp_path):
+    from kvplan.errors import ScenarioError
+
+    (tmp_path / "t.jsonl").write_bytes(b"\0\1\2")
+    with pytest.raises(ScenarioError, match="binary data"):
+        load_workload(_write(tmp_path, "model: meta-llama/Llama-3.1-8B\ntrace: t.jsonl\n"))

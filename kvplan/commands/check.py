@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -37,20 +38,33 @@ def register(app: typer.Typer) -> None:
         """Check capacity requirements (concurrency, context, KV tokens, headroom) for CI: exit 0 when all hold, 1 when any fails, 2 for bad input."""
         from kvplan.calibration import load_calibration
         from kvplan.capacity import run_checks
-        from kvplan.scenario import ScenarioFileError, load_capacity
+        from kvplan.errors import KvplanError
+        from kvplan.scenario import display_path, load_capacity
 
+        if junit_xml:  # before the work: a bad path must not hide the checks' outcome
+            from kvplan.atomic import check_writable
+
+            check_writable(junit_xml, "--junit-xml")
         try:
             capacity = load_capacity(path)
             report = run_checks(capacity, offline=offline, token=token,
                                 calibration=load_calibration(calibration) if calibration else None)
-        except ScenarioFileError as exc:
+        except KvplanError as exc:  # invalid file, unknown model, ...: still a JUnit report, with one error
             if _in_github_actions():
                 from kvplan.render.check import github_annotation
 
-                w = exc.where
-                print(github_annotation(w.file, w.line, w.col, "kvplan: invalid capacity file",
-                                        f"{exc.detail} ({exc.hint})" if exc.hint else exc.detail),
-                      file=sys.stderr if json_out else sys.stdout)
+                for err in getattr(exc, "errors", (exc,)):
+                    w = getattr(err, "where", None)
+                    detail = getattr(err, "detail", err.message)
+                    print(github_annotation(w.file if w else display_path(Path(path)), w.line if w else 1,
+                                            w.col if w else None, "kvplan: invalid capacity file",
+                                            f"{detail} ({err.hint})" if err.hint else detail),
+                          file=sys.stderr if json_out else sys.stdout)
+            if junit_xml:
+                from kvplan.atomic import write_atomic
+                from kvplan.render.check import junit_error_xml
+
+                write_atomic(junit_xml, junit_error_xml(display_path(Path(path)), exc))
             raise
         from kvplan.render.check import github_annotations, junit_xml as to_junit, report_to_dict
 

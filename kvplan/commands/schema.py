@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from kvplan.cli_options import JsonOpt
+
 EPILOG = ("Examples: kvplan schema capacity > kvplan-capacity.schema.json  ·  kvplan schema whatif  ·  "
           "then put `# yaml-language-server: $schema=kvplan-capacity.schema.json` on a YAML file's first line")
 
@@ -17,10 +19,13 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def schema(
         kind: Annotated[str, typer.Argument(help="Which file: capacity (kvplan check) or whatif (kvplan report).")] = "capacity",
+        json_out: JsonOpt = False,
     ) -> None:
-        """Print the JSON Schema of a capacity or what-if file (generated from the validating models)."""
+        """Print the JSON Schema of a capacity or what-if file (generated from the validating models); always JSON, --json is accepted like everywhere."""
         from kvplan.render import print_json
         from kvplan.scenario import json_schema
+
+        _ = json_out  # the schema is JSON either way
 
         print_json(json_schema(kind))
 

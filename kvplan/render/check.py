@@ -137,6 +137,26 @@ def junit_xml(report: "CheckReport") -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
+def junit_error_xml(file: str, error: Any) -> str:
+    """JUnit XML for a capacity file that could not be checked (invalid, or a model that cannot be
+    resolved): one ``testcase`` with an ``error`` carrying every mistake, so CI publishes a red test
+    instead of finding no report. ``error`` is a :class:`kvplan.errors.KvplanError`."""
+    import xml.etree.ElementTree as ET
+
+    where = getattr(error, "where", None)
+    suites = ET.Element("testsuites", name="kvplan check", tests="1", failures="0", errors="1")
+    suite = ET.SubElement(suites, "testsuite", name=f"kvplan check {file}", tests="1", failures="0", errors="1",
+                          skipped="0", time="0")
+    attrs = {"file": where.file, "line": str(where.line)} if where is not None else {"file": file}
+    case = ET.SubElement(suite, "testcase", classname=f"kvplan.capacity.{Path(file).stem}",
+                         name="capacity file is valid", time="0", **attrs)
+    lines = error.lines()
+    err = ET.SubElement(case, "error", message=lines[0], type=type(error).__name__)
+    err.text = "\n".join(lines)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
 def _escape_data(text: str) -> str:
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
