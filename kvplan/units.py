@@ -42,10 +42,14 @@ def round_up(a: int, multiple: int) -> int:
     return cdiv(a, multiple) * multiple
 
 
-def _split_number(text: str, what: str) -> tuple[float, str]:
+_SIZE_HINT = "write a size: a number with an optional unit, e.g. 80GB, 24GiB, 512MiB"
+_TOKENS_HINT = "write a token count: a whole number, optionally with k or m (k = 1,024), e.g. 8192, 8k, 128k"
+
+
+def _split_number(text: str, what: str, hint: str = _SIZE_HINT) -> tuple[float, str]:
     match = _NUMBER.match(str(text))
     if not match:
-        raise InputError(f"invalid {what} {text!r}", "write a number with an optional unit, e.g. 80GB, 24GiB, 8k")
+        raise InputError(f"invalid {what} {text!r}", hint)
     value = float(match.group(1)) * (10 ** int(match.group(2)) if match.group(2) else 1)
     if not math.isfinite(value):
         raise InputError(f"invalid {what} {text!r}: not a finite number")
@@ -111,9 +115,9 @@ def parse_tokens(text: str | int, what: str = "token count") -> int:
     if isinstance(text, int):
         value, unit = float(text), ""
     else:
-        value, unit = _split_number(str(text), what)
+        value, unit = _split_number(str(text), what, _TOKENS_HINT)
     if unit not in _TOKEN_UNITS:
-        raise InputError(f"invalid {what} {text!r}: unknown suffix {unit!r}", "use a plain number or k/m, e.g. 8192, 8k, 128k")
+        raise InputError(f"invalid {what} {text!r}: unknown suffix {unit!r}", _TOKENS_HINT)
     result = value * _TOKEN_UNITS[unit]
     if result != int(result):
         raise InputError(f"invalid {what} {text!r}: not a whole number of tokens")

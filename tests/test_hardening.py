@@ -62,3 +62,110 @@ def test_reading_a_small_file_does_not_allocate_the_size_bound(tmp_path):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < MAX_FILE_BYTES // 64, f"peak {peak:,} B"
+
+
+@pytest.mark.parametrize("value", ["abc", "8kb", "80,464", "8 GB", "-3"])
+def test_token_count_errors_do_not_suggest_byte_units(value):
+    from kvplan.errors import InputError
+    from kvplan.units import parse_tokens
+
+    with pytest.raises(InputError) as info:
+        parse_tokens(value, "--context")
+    line = info.value.one_line()
+    said = line.replace(repr(value), "")  # the value as typed is echoed; the rest must not suggest bytes
+    assert "--context" in line and not any(unit in said for unit in ("GB", "GiB", "MiB", "KB"))
+
+
+# ---------------------------------------------------------------------------------------------
+# 80 columns: never a cut number or id ("443,7…", "Qwen/Qwen3-Coder-480B-A35B-Instr…", "fp8-kv-doubles-the-po/ol")
+
+
+def _render(renderable, width: int) -> list[str]:
+    from rich.console import Console
+
+    console = Console(width=width, record=True, highlight=False, soft_wrap=False, color_system=None)
+    console.print(renderable)
+    return console.export_text().splitlines()
+
+
+def _assert_fits_and_uncut(lines: list[str], width: int, whole: list[str]) -> None:
+    import re
+
+    text = "\n".join(lines)
+    assert max(len(line) for line in lines) <= width
+    assert not re.search(r"[\w,.]…", text), "a value was cut with an ellipsis"
+    for value in whole:
+        assert value in text, f"{value!r} is not shown whole"
+
+
+def test_models_at_80_columns_shows_every_id_whole():
+    from kvplan.render.catalogue import models_rows, render_models
+
+    rows = models_rows()
+    lines = _render(render_models(rows, width=80), 80)
+    _assert_fits_and_uncut(lines, 80, [r["id"] for r in rows] + [f"{r['kv_bytes_per_token']:,}" for r in rows])
+    assert any("not shown at this width" in line for line in lines) or any("params" in line for line in lines)
+
+
+def test_check_at_80_columns_keeps_names_whole():
+    from kvplan.capacity import run_checks
+    from kvplan.render.check import render_check
+    from kvplan.scenario import load_capacity
+
+    report = run_checks(load_capacity(ROOT / "docs" / "examples" / "capacity.yaml"), offline=True)
+    lines = _render(render_check(report, width=80), 80)
+    _assert_fits_and_uncut(lines, 80, [r.name for r in report.results])
+    assert "fp8-kv-doubles-the-pool" in "\n".join(lines)
+
+
+def test_report_at_80_columns_drops_columns_instead_of_cutting_numbers(tmp_path):
+    import shutil
+
+    from kvplan.render.report import render_report
+    from kvplan.report import build_report
+    from kvplan.scenario import load_whatif
+
+    shutil.copy(ROOT / "docs" / "examples" / "whatif.yaml", tmp_path / "whatif.yaml")
+    report = build_report(load_whatif(tmp_path / "whatif.yaml"), offline=True)
+    lines = _render(render_report(report, limit=12, width=80), 80)
+    shown = [r for r in report.digest.sample(12) if r is not None]
+    _assert_fits_and_uncut(lines, 80, [f"{r.kv_tokens:,}" for r in shown] + [r.pool.labels()["gpu"] for r in shown])
+    assert any(line.startswith("not shown at this width: tok/s") for line in lines)
+    wide = _render(render_report(report, limit=12, width=200), 200)
+    assert not any("not shown at this width" in line for line in wide)  # nothing dropped when it fits
+
+
+def test_gpus_at_80_columns():
+    from kvplan.gpus import load_gpus
+    from kvplan.render.catalogue import render_gpus
+
+    catalogue = load_gpus()
+    _assert_fits_and_uncut(_render(render_gpus(catalogue, width=80), 80), 80, [g.name for g in catalogue])
+
+
+def test_fitted_table_property():
+    # any rigid cell that fits the width on its own is shown whole; no line passes the width
+    from hypothesis import given, settings, strategies as st
+
+    from kvplan.render.fit import COMPACT, Col, fitted_table
+
+    word = st.text(alphabet="abcdefghij0123456789,./-", min_size=1, max_size=14)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(st.lists(word, min_size=1, max_size=4), st.booleans(), st.one_of(st.none(), st.integers(0, 5))),
+                    min_size=1, max_size=8), st.integers(30, 120))
+    def check(spec, width):
+        cols = [Col(f"c{i}", cells=cells if not wrap else [" ".join(cells)], wrap=wrap, drop=drop)
+                for i, (cells, wrap, drop) in enumerate(spec)]
+        table, dropped = fitted_table(cols, width, **COMPACT)
+        lines = _render(table, width)
+        assert max(len(line) for line in lines) <= width
+        kept = [c for c in cols if c.title not in dropped]
+        if sum(c.min_width for c in kept) + 2 * len(kept) <= width:  # it fit without folding
+            text = "\n".join(lines)
+            for c in kept:
+                if not c.wrap:
+                    for cell in c.cells:
+                        assert cell in text
+
+    check()

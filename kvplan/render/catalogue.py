@@ -50,20 +50,26 @@ def _run_dtype(spec: "ModelSpec") -> "DType":
     return parse_dtype(auto_dtype(spec.dtype, spec.model_type, bf16=True))
 
 
-def render_models(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"{len(rows)} bundled model specs", title_justify="left")
-    table.add_column("model")
-    table.add_column("kind")
-    table.add_column("layers", justify="right")
-    table.add_column("KV B/token", justify="right")
-    table.add_column("params", justify="right")
+def render_models(rows: list[dict[str, Any]], width: int | None = None) -> Any:
+    """The bundled specs; ids are never cut (they are what people copy): at a narrow ``width`` (default:
+    the terminal's) the kind wraps and the parameter and layer columns are dropped, and said so."""
+    from kvplan.render.fit import COMPACT, Col, fitted_table, terminal_width
+
+    cols = [Col("model"), Col("kind", wrap=True), Col("layers", justify="right", drop=2),
+            Col("KV B/token", justify="right", drop=3), Col("params", justify="right", drop=1)]
     for r in rows:
         if r.get("error"):
-            table.add_row(r["id"], Text("error", style="red"), "", "", "", end_section=False)
-            continue
-        params = f"{r['parameters'] / 1e9:,.1f}B" if r["parameters"] else "?"
-        table.add_row(r["id"], r["kind"], str(r["layers"]), f"{r['kv_bytes_per_token']:,}", params)
-    return table
+            cells: list[Any] = [r["id"], Text("error", style="red"), "", "", ""]
+        else:
+            params = f"{r['parameters'] / 1e9:,.1f}B" if r["parameters"] else "?"
+            cells = [r["id"], r["kind"], str(r["layers"]), f"{r['kv_bytes_per_token']:,}", params]
+        for col, cell in zip(cols, cells):
+            col.cells.append(cell)
+    table, dropped = fitted_table(cols, width or terminal_width(), title=f"{len(rows)} bundled model specs",
+                                  title_justify="left", **COMPACT)
+    if not dropped:
+        return table
+    return Group(table, Text(f"({', '.join(dropped)} not shown at this width: see --json)", style="grey62"))
 
 
 def model_detail(spec: "ModelSpec", source: str, kv_dtype_name: str | None = None) -> dict[str, Any]:
@@ -117,14 +123,20 @@ def render_model_detail(d: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def render_gpus(catalogue: "tuple[Gpu, ...]") -> Table:
-    table = Table(title=f"{len(catalogue)} GPUs (memory as the CUDA/HIP runtime reports it)", title_justify="left")
-    table.add_column("name")
-    table.add_column("memory", justify="right")
-    table.add_column("bandwidth", justify="right")
-    table.add_column("aliases")
+def render_gpus(catalogue: "tuple[Gpu, ...]", width: int | None = None) -> Any:
+    """The catalogue; names and numbers are never cut, the aliases wrap."""
+    from kvplan.render.fit import COMPACT, Col, fitted_table, terminal_width
+
+    cols = [Col("name"), Col("memory", justify="right"), Col("bandwidth", justify="right", drop=1),
+            Col("aliases", wrap=True, drop=2)]
     for g in catalogue:
         mem = f"{g.memory_bytes / GiB:,.2f} GiB" if g.memory_bytes else "--gpu-memory"
         bw = f"{g.bandwidth_bytes_per_s / 1e12:,.2f} TB/s" if g.bandwidth_bytes_per_s else "-"
-        table.add_row(g.name, mem, bw, ", ".join(g.aliases[:4]))
-    return table
+        for col, cell in zip(cols, (g.name, mem, bw, ", ".join(g.aliases[:4]))):
+            col.cells.append(cell)
+    table, dropped = fitted_table(cols, width or terminal_width(), **COMPACT,
+                                  title=f"{len(catalogue)} GPUs (memory as the CUDA/HIP runtime reports it)",
+                                  title_justify="left")
+    if not dropped:
+        return table
+    return Group(table, Text(f"({', '.join(dropped)} not shown at this width: see --json)", style="grey62"))

@@ -29,27 +29,33 @@ def _setup(result: "CheckResult") -> str:
     return f"{p.spec.model_id} on {o.gpu_count}x {p.gpu.name}{par}, KV {p.kv_dtype}"
 
 
-def render_check(report: "CheckReport"):  # noqa: ANN201 - rich renderable
-    """The table (check, requirement, actual, margin, verdict) and, per failure, what would make it pass."""
+def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN201 - rich renderable
+    """The table (check, requirement, actual, margin, verdict) and, per failure, what would make it pass.
+
+    Check names and numbers are never cut or split mid-word: the requirement text wraps, and at a narrow
+    ``width`` (default: the terminal's) the margin column is dropped first."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"capacity checks: {report.file}", title_justify="left", show_lines=False)
-    table.add_column("check", overflow="fold")
-    table.add_column("requirement", overflow="fold")
-    table.add_column("actual", justify="right")
-    table.add_column("margin", justify="right")
-    table.add_column("verdict")
+    from kvplan.capacity import describe_requirement
+    from kvplan.render.fit import Col, fitted_table, terminal_width
+
+    cols = [Col("check"), Col("requirement", wrap=True), Col("actual", justify="right"),
+            Col("margin", justify="right", drop=1), Col("verdict")]
+    sections: set[int] = set()
     for r in report.results:
         for i, o in enumerate(r.outcomes):
-            from kvplan.capacity import describe_requirement
-
             verdict = Text("pass", style="bold green") if o.passed else Text("FAIL", style="bold red")
-            table.add_row(r.name if i == 0 else "", f"{o.requirement} {describe_requirement(o.requirement, o.required, r.plan)}",
-                          format_value(o.actual, o.unit if o.unit == "%" else ""), _fmt_margin(o, short=True), verdict)
-        table.add_section()
+            row = [r.name if i == 0 else "", f"{o.requirement} {describe_requirement(o.requirement, o.required, r.plan)}",
+                   format_value(o.actual, o.unit if o.unit == "%" else ""), _fmt_margin(o, short=True), verdict]
+            for col, cell in zip(cols, row):
+                col.cells.append(cell)
+        sections.add(len(cols[0].cells) - 1)
+    table, dropped = fitted_table(cols, width or terminal_width(), sections=sections,
+                                  title=f"capacity checks: {report.file}", title_justify="left")
     parts: list[Any] = [table]
+    if dropped:
+        parts.append(Text(f"({', '.join(dropped)} not shown at this width: see --json)", style="grey62"))
     for r in report.results:
         if r.passed:
             continue

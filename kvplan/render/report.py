@@ -128,33 +128,42 @@ def _terminal_cell(key: str, value: Any) -> str:
     return _fmt(key, value)
 
 
-def render_report(report: "Report", written: list[str] | None = None, limit: int = TERMINAL_ROWS):  # noqa: ANN201
-    """The rich table (long sweeps truncated, and said so), constants and notes."""
-    from rich import box
+# figure columns dropped first when the terminal is narrow (the label columns, the row's identity, never are)
+_DROP_ORDER = ("decode_tokens_per_s", "weights_bytes", "kv_bytes_per_token", "kv_budget_bytes", "max_context_at_batch",
+               "kv_tokens", "fits", "max_requests")
+
+
+def render_report(report: "Report", written: list[str] | None = None, limit: int = TERMINAL_ROWS,  # noqa: ANN201
+                  width: int | None = None):
+    """The rich table (long sweeps truncated, and said so), constants and notes.
+
+    No number or id is cut: at a narrow ``width`` (default: the terminal's) figure columns are dropped,
+    least telling first, and the table says which (every figure is in the CSV / JSON outputs)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
+
+    from kvplan.render.fit import COMPACT, Col, fitted_table, terminal_width
 
     cols = columns(report)
     num_rows = report.num_rows
     chosen = report.digest.sample(limit)
-    table = Table(title=f"{report.title} ({num_rows:,} scenarios)", title_justify="left", box=box.SIMPLE_HEAD,
-                  padding=(0, 1), collapse_padding=True, pad_edge=False, show_edge=False)
-    for c in cols:
-        table.add_column(_TERMINAL_TITLES.get(c, _LABEL_TITLES[c]), no_wrap=c != "name",
-                         justify="right" if c in ("context", "batch", "tp", "gpus", "pp", "max_model_len") else "left")
-    for _, key in _FIGURES:
-        table.add_column(_TERMINAL_TITLES[key], justify="right", no_wrap=True)
+    table_cols = [Col(_TERMINAL_TITLES.get(c, _LABEL_TITLES[c]), wrap=c == "name",
+                      justify="right" if c in ("context", "batch", "tp", "gpus", "pp", "max_model_len") else "left")
+                  for c in cols]
+    table_cols += [Col(_TERMINAL_TITLES[key], justify="right", drop=_DROP_ORDER.index(key)) for _, key in _FIGURES]
     for row in chosen:
         if row is None:
-            table.add_row(*(["…"] * (len(cols) + len(_FIGURES))))
-            continue
-        d = row.to_dict()
-        cells: list[Any] = [_terminal_cell(c, d[c]) for c in cols]
-        for _, key in _FIGURES:
-            text = _terminal_cell(key, d[key])
-            cells.append(Text(text, style="green" if text == "yes" else "red") if key == "fits" else text)
-        table.add_row(*cells)
+            cells: list[Any] = ["…"] * len(table_cols)
+        else:
+            d = row.to_dict()
+            cells = [_terminal_cell(c, d[c]) for c in cols]
+            for _, key in _FIGURES:
+                text = _terminal_cell(key, d[key])
+                cells.append(Text(text, style="green" if text == "yes" else "red") if key == "fits" else text)
+        for col, cell in zip(table_cols, cells):
+            col.cells.append(cell)
+    table, dropped = fitted_table(table_cols, width or terminal_width(), title=f"{report.title} ({num_rows:,} scenarios)",
+                                  title_justify="left", **COMPACT)
     parts: list[Any] = []
     const = constants(report)
     if const:
@@ -162,6 +171,9 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
     parts.append(table)
     parts.append(Text("KiB/tok: KV bytes per token per GPU · wts, KV: weights and KV budget per GPU · reqs@ctx: requests that "
                       "fit at the context · ctx@batch: longest context at the batch · tok/s: decode ceiling", style="grey62"))
+    if dropped:
+        parts.append(Text(f"not shown at this width: {', '.join(dropped)} (widen the terminal; every figure is in the "
+                          "CSV / JSON outputs and --json)", style="yellow"))
     hidden = max(0, num_rows - limit)
     if hidden:
         parts.append(Text(f"… {hidden:,} of {num_rows:,} rows not shown (--rows N shows more); every row goes to the "
