@@ -336,3 +336,34 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 def sampler_bytes(rows: int, vocab_size: int, copies: int) -> int:
     """``copies`` fp32 tensors of ``[rows, padded vocab]`` alive at the sampler's peak (bytes)."""
     return copies * rows * padded_vocab(vocab_size) * 4
+
+
+DEFAULT_SM_COUNT = 132  # an H100's, when the catalogue has no SM count for the GPU
+
+
+def sampler_peak_bytes(spec: ModelSpec, rows: int, act_bytes: int, max_num_batched_tokens: int, path: str,
+                       sm_count: int | None = None) -> int:
+    """Peak bytes of the dummy sampler run on the Triton (0.17+) and FlashInfer (0.21+) paths, derived
+    from vLLM's code (``_dummy_sampler_run``, ``Sampler.forward``, ``TopKTopPSampler``):
+
+    - the logits ``compute_logits`` returns, ``[rows, padded vocab]`` in the model dtype, stay referenced
+      by ``_dummy_sampler_run`` (Gemma 2's soft-capping makes two transient copies there, below this peak);
+    - ``Sampler.forward``: ``logits.to(float32)``, ``[rows, vocab]`` x 4 B (the same tensor for fp32 models);
+    - then two more fp32 ``[rows, vocab]`` tensors: Triton path: ``softmax`` probs and the exponential
+      noise ``q`` of ``random_sample`` (the top-k/top-p kernel works in place); FlashInfer path: the
+      top-k masked logits and their softmax probs;
+    - Triton only: its per-program buffer, one fp32 vocab row per SM (``min(rows, SMs)`` rounded up to a
+      power of two, at most the SM count), kept for later steps;
+    - the model's output hidden states of the profiled batch, ``max_num_batched_tokens x hidden``.
+    Llama-3.1-8B on an H100, 1,024 rows (Triton): 1,024 x (128,256 x 2 + 128,256 x 12) + 132 x 128,256 x 4
+    + 8,192 x 4,096 x 2 = 1,838,678,016 + 67,719,168 + 67,108,864 = 1,973,506,048 B (1.84 GiB).
+    """
+    vocab, padded = spec.vocab_size, padded_vocab(spec.vocab_size)
+    logits = rows * padded * act_bytes
+    fp32 = rows * vocab * 4 * (2 if act_bytes == 4 else 3)
+    buffer = 0
+    if path == "triton":
+        sms = sm_count or DEFAULT_SM_COUNT
+        programs = min(sms, rows)
+        buffer = min(1 << (programs - 1).bit_length() if programs > 1 else 1, sms) * vocab * 4
+    return logits + fp32 + buffer + max_num_batched_tokens * spec.hidden_size * act_bytes
