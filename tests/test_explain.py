@@ -220,3 +220,10 @@ def test_truncated_or_garbled_logs_never_crash(which, cut, noise, at, drop):
         assert exc.exit_code == 2 and exc.message
     else:
         assert ex.from_kvplan.num_blocks >= 0
+
+
+def test_the_logs_warnings_are_shown():
+    rid = "eole-gemma-3-1b-it-v0130-llm"
+    o = overrides(rid)
+    r = runner.invoke(app, ["explain", "-", "--gpu-memory", o["gpu_memory"]], input=REPORTS[rid]["log_excerpt"])
+    assert r.exit_code == 0 and "! log:" in r.output and "Add 2 padding layers" in r.output
