@@ -25,6 +25,7 @@ from kvplan.errors import KvplanError, ScenarioError
 from kvplan.plan import Options, Plan, options_from_values, plan_for_spec
 from kvplan.scenario import CapacityFile, CheckScenario, Where, model_error
 from kvplan.spec import ModelSpec, Overrides
+from kvplan.units import plural
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ def format_value(value: Any, unit: str) -> str:
         return "yes" if value else "no"
     if unit == "%":
         return f"{value:.1f}%"
+    if unit in ("requests", "tokens", "blocks"):
+        return plural(value, unit[:-1])
     return f"{value:,} {unit}".strip()
 
 
@@ -117,7 +120,7 @@ def describe_requirement(key: str, required: Any, plan: Plan) -> str:
     """The requirement in words, with the conditions it is measured under."""
     o = plan.options
     if key == "concurrency":
-        return f">= {required:,} requests at {o.context:,} tokens"
+        return f">= {plural(required, 'request')} at {o.context:,} tokens"
     if key == "context":
         return f">= {required:,} tokens at batch {o.batch}"
     if key == "kv_tokens":

@@ -36,12 +36,32 @@ DEFAULT_GPU = "H100"
 # kinds of values: how each is typed, parsed and checked
 
 
+MAX_COUNT = 1 << 20  # GPUs, tp, pp, batch, sequences, layers, heads: far past any deployment
+MAX_TOKENS = 1 << 32  # a token count (context, max_model_len, batched tokens): 4 billion tokens
+MAX_SIZE_BYTES = 1 << 50  # a size (GPU memory, KV budget, weights): 1 PiB
+MODEL_DTYPES = ("bfloat16", "float16", "float32")  # what an engine runs a model in (--dtype)
+
+
 def _positive(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= 1
 
 
 def _not_negative(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+
+def _model_dtype(value: Any) -> bool:
+    from kvplan.errors import KvplanError
+    from kvplan.units import parse_dtype
+
+    if not isinstance(value, str):
+        return False
+    if value.strip().lower() == "auto":
+        return True
+    try:
+        return parse_dtype(value).name in MODEL_DTYPES
+    except KvplanError:
+        return False
 
 
 def _fraction(value: Any) -> bool:
@@ -117,6 +137,7 @@ class Kind:
     check: Callable[[Any], bool] | None = None
     rule: str = ""
     choices: tuple[str, ...] = ()
+    high: int | None = None  # the largest value (counts, tokens, bytes): checked with units.check_number
 
 
 KINDS: dict[str, Kind] = {
@@ -124,18 +145,20 @@ KINDS: dict[str, Kind] = {
     "revision": Kind("str", str),
     "version": Kind("str", str),
     "gpu": Kind("str", str),
-    "dtype": Kind("str", str),
+    "dtype": Kind("str", str, check=_model_dtype, rule="must be auto, bfloat16 (bf16), float16 (fp16, half) or float32 "
+                  "(fp32, float): the dtype the engine runs the model in (quantized weights: --weights-dtype or "
+                  "--quantization; the KV cache: --kv-dtype)"),
     "kv_dtype": Kind("str", str),
     "weights_dtype": Kind("str", str),
     "ssm_dtype": Kind("str", str),
     "engine": Kind("str", str, choices=ENGINE_NAMES),
     "usage": Kind("str", str, choices=USAGE_CONTEXTS),
-    "count": Kind("int", int, _count, _positive, "must be a positive integer"),
-    "tokens": Kind("int", str, _tokens, _positive, "must be a positive integer"),
-    "tokens_or_zero": Kind("int", str, _tokens_or_zero, _not_negative, "must not be negative"),
-    "max_model_len": Kind("int", str, _tokens, _positive, "must be a positive integer"),  # or "auto"
-    "size": Kind("int", str, _size, _positive, "must be positive"),
-    "size_or_zero": Kind("int", str, _size_or_zero, _not_negative, "must not be negative"),
+    "count": Kind("int", int, _count, _positive, "must be a positive integer", high=MAX_COUNT),
+    "tokens": Kind("int", str, _tokens, _positive, "must be a positive integer", high=MAX_TOKENS),
+    "tokens_or_zero": Kind("int", str, _tokens_or_zero, _not_negative, "must not be negative", high=MAX_TOKENS),
+    "max_model_len": Kind("int", str, _tokens, _positive, "must be a positive integer", high=MAX_TOKENS),  # or "auto"
+    "size": Kind("int", str, _size, _positive, "must be positive", high=MAX_SIZE_BYTES),
+    "size_or_zero": Kind("int", str, _size_or_zero, _not_negative, "must not be negative", high=MAX_SIZE_BYTES),
     "fraction": Kind("float", float, _number, _fraction, "must be in (0, 1]"),
     "flag": Kind("bool", bool),  # --hub
     "switch": Kind("bool", bool),  # --prefix-caching/--no-prefix-caching; None = the engine's default
@@ -289,23 +312,55 @@ def _validate(self: Any) -> None:
             raise InputError(f"invalid {opt.flag} {value!r}: {kind.rule}")
         if kind.choices and value not in kind.choices:
             raise InputError(f"invalid {opt.flag} {value!r}", "use one of: " + ", ".join(kind.choices))
+        if kind.high is not None:
+            _check_high(opt, value, kind.high)
     if self.tp * self.pp != self.gpu_count:
         if self.gpu_count == 1 and (self.tp > 1 or self.pp > 1):
             object.__setattr__(self, "gpu_count", self.tp * self.pp)
+        elif self.tp == 1 and self.pp == 1:  # --gpus N alone: tensor parallelism over all of them (a plan note says so)
+            object.__setattr__(self, "tp", self.gpu_count)
+            object.__setattr__(self, "tp_from_gpus", True)
         else:
             raise InputError(f"--tp {self.tp} x --pp {self.pp} = {self.tp * self.pp} does not match --gpus {self.gpu_count}",
                              "set --gpus to tp x pp")
+
     if self.gpu is None and self.gpu_memory_bytes is None:
         object.__setattr__(self, "gpu", DEFAULT_GPU)
     if self.prefix_tokens > self.context:
         raise InputError(f"--prefix-tokens {self.prefix_tokens:,} exceeds --context {self.context:,}")
 
 
+def _check_high(opt: Opt, value: Any, high: int) -> None:
+    from kvplan.units import check_number, fmt_bytes
+
+    try:
+        check_number(value, opt.flag, high=high)
+    except InputError:
+        if opt.kind.startswith("size"):
+            got, most = f"{value / 2**40:,.4g} TiB", fmt_bytes(high)
+        else:
+            got, most = f"{value:,}", f"{high:,}"
+        raise InputError(f"invalid {opt.flag} {got}: must be at most {most}",
+                         "a value this large is a typo or a unit mix-up") from None
+
+
+def check_context(context: int, max_model_len: int | None) -> None:
+    """A request's context must fit the engine's max_model_len: vLLM rejects longer requests (it does not
+    truncate them), so a plan for them would count memory no request can use.
+
+    Checked on what a user gives (:func:`options_from_values`: the CLI, the YAML files, the Python API);
+    kvplan's own probes (``dataclasses.replace`` of a plan's options) may look past it."""
+    if max_model_len is not None and context > max_model_len:
+        raise InputError(f"--context {context:,} exceeds --max-model-len {max_model_len:,}: the engine rejects requests "
+                         "longer than max_model_len", f"raise --max-model-len to {context:,} or lower --context")
+
+
 def _options_class() -> type:
     required = [(o.field_name, KINDS[o.kind].field_type) for o in BY_FIELD.values() if o.name == "model"]
     optional = [(o.field_name, f"{KINDS[o.kind].field_type} | None" if o.default is None else KINDS[o.kind].field_type,
                  field(default=o.default)) for o in BY_FIELD.values() if o.name != "model"]
-    extra = [("auto_max_model_len", "bool", field(default=False))]  # --max-model-len auto: the longest that fits
+    extra = [("auto_max_model_len", "bool", field(default=False)),  # --max-model-len auto: the longest that fits
+             ("tp_from_gpus", "bool", field(default=False))]  # --gpus N alone set tp = N
     return make_dataclass("Options", required + optional + extra, frozen=True, namespace={
         "__module__": __name__, "__post_init__": _validate,
         "__doc__": "Every estimate option, in base units (tokens, bytes); ``None`` means \"the default\".\n\n"
@@ -340,4 +395,6 @@ def options_from_values(values: dict[str, Any]) -> Any:
             kwargs[key] = value
         else:
             raise InputError(f"unknown option {key!r}")
-    return Options(**kwargs)
+    options = Options(**kwargs)
+    check_context(options.context, options.max_model_len)
+    return options

@@ -16,7 +16,7 @@ from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
 from kvplan.options import Options, options_from_values
 from kvplan.spec import LayerCache, LayerKind, ModelSpec, Overrides
-from kvplan.units import DType, GiB, parse_dtype
+from kvplan.units import DType, GiB, parse_dtype, plural
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Plan:
         a = self.answer
         return (f"Plan({self.spec.model_id} on {self.options.gpu_count}x {self.gpu.name}: "
                 f"{self.kv_bytes_per_token_gpu:,} B/token/GPU, KV budget {self.budget.kv_budget_bytes / GiB:.2f} GiB, "
-                f"{a.kv_tokens:,} KV tokens, {a.max_requests} requests at {a.context:,} tokens, "
+                f"{a.kv_tokens:,} KV tokens, {plural(a.max_requests, 'request')} at {a.context:,} tokens, "
                 f"{'fits' if a.fits else 'does not fit'} {a.batch} x {a.context:,})")
 
     @property
@@ -190,6 +190,9 @@ def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo) -> EngineDef
                                  usage_context=options.usage_context, tp=options.tp, pp=options.pp)
     if version_note:
         engine = replace(engine, requested_version=options.engine_version or "", notes=(version_note,) + engine.notes)
+    if options.block_size and rules.BLOCK_SIZES and options.block_size not in rules.BLOCK_SIZES:
+        raise InputError(f"invalid --block-size {options.block_size}: {rules.ENGINE}'s choices are "
+                         + ", ".join(map(str, rules.BLOCK_SIZES)), f"{rules.ENGINE}'s default here is {engine.block_size}")
     if options.gpu_util is not None or options.block_size or options.max_num_batched_tokens or options.max_num_seqs:
         engine = replace(
             engine,
@@ -240,6 +243,11 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
         if weights_dtype is None and method_dtype:
             weights_dtype = parse_dtype(method_dtype, "--quantization", weights=True)
 
+    heads = spec.num_attention_heads
+    if heads and heads % options.tp:  # vLLM's ModelConfig.verify_with_parallel_config
+        raise InputError(f"--tp {options.tp} does not divide the model's {heads} attention heads (vLLM requires it)",
+                         "use a tp that divides " + f"{heads}: " + ", ".join(str(t) for t in (1, 2, 4, 8, 16, 32, 64)
+                                                                            if t <= heads and heads % t == 0))
     layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
                           spec, options)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
@@ -357,6 +365,9 @@ def _notes(pool: _Pool, spec: ModelSpec, max_model_len: int, auto_note: str | No
     notes = list(spec.notes) + list(pool.engine.notes) + list(budget.notes)
     if auto_note:
         notes.append(auto_note)
+    if options.tp_from_gpus:
+        notes.append(f"--gpus {options.gpu_count} without --tp/--pp: tensor parallelism over all of them (tp "
+                     f"{options.tp}); pass --tp and --pp to split them otherwise")
     if replicated:
         notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
     if pool.model_dtype.name != spec.dtype:

@@ -432,7 +432,22 @@ class Sweep:
             self._explicit_pools.append(planner.pool(
                 explicit.values, {k: explicit.values[k] for k in ROW_AXES if k in explicit.values}, explicit.where))
         self._planned = True
-        # the one row-level check (prefix_tokens <= context), made now so that streaming rows cannot fail
+        # the row-level checks (context <= max_model_len, prefix_tokens <= context), made now so that
+        # streaming rows cannot fail
+        from kvplan.options import check_context
+
+        if self._sweep_pools:
+            for context, _, mml in self._row_triples():
+                try:
+                    check_context(context, mml)
+                except KvplanError as exc:
+                    raise ScenarioFileError(whatif.where, exc.message, exc.hint) from None
+        for explicit in whatif.scenarios:
+            context, _, mml = _row_values(explicit.values)
+            try:
+                check_context(context, mml)
+            except KvplanError as exc:
+                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
         contexts = {t[0] for t in self._row_triples()} if self._sweep_pools else set()
         for values, pool in self._sweep_pools:
             try:

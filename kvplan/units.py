@@ -148,6 +148,12 @@ def fmt_bytes(n_bytes: int | float) -> str:
     return f"{sign}{int(n):,} B"
 
 
+def plural(n: int | float, noun: str, plural_form: str | None = None) -> str:
+    """``1 request``, ``2 requests``, ``1,024 blocks``: a count with its noun in the right number."""
+    word = noun if n == 1 else (plural_form or noun + "s")
+    return f"{n:,} {word}"
+
+
 def fmt_tokens(n: int) -> str:
     """``131072`` -> ``'131,072'``."""
     return f"{n:,}"

@@ -169,3 +169,57 @@ def test_fitted_table_property():
                         assert cell in text
 
     check()
+
+
+# ---------------------------------------------------------------------------------------------
+# options that were accepted silently: one validator (kvplan.options / units.check_number)
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["-c", "32k", "--max-model-len", "8k"], ["--context 32,768 exceeds --max-model-len 8,192"]),
+    (["--dtype", "int8"], ["invalid --dtype 'int8'", "--weights-dtype"]),
+    (["--tp", "1024"], ["--tp 1024 does not divide the model's 32 attention heads"]),
+    (["--block-size", "3"], ["invalid --block-size 3", "1, 8, 16, 32, 64, 128, 256"]),
+    (["--gpu-memory", "1e30"], ["invalid --gpu-memory", "must be at most 1,024 TiB"]),
+    (["--context", "1e12"], ["invalid --context 1,000,000,000,000: must be at most 4,294,967,296"]),
+    (["--batch", "99999999999"], ["invalid --batch", "must be at most 1,048,576"]),
+])
+def test_out_of_range_options_are_one_line_errors(args, needles):
+    assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", *args), *needles)
+
+
+def test_api_rejects_a_context_past_max_model_len():
+    import kvplan as api
+    from kvplan.errors import InputError
+
+    with pytest.raises(InputError, match="exceeds --max-model-len"):
+        api.estimate("meta-llama/Llama-3.1-8B", context="32k", max_model_len="8k")
+
+
+def test_gpus_alone_implies_tensor_parallelism_and_says_so():
+    # "--gpus 8" alone used to be an error ("--tp 1 x --pp 1 = 1 does not match --gpus 8")
+    import kvplan as api
+
+    plan = api.estimate("meta-llama/Llama-3.1-8B", gpus=8)
+    assert (plan.options.tp, plan.options.pp, plan.options.gpu_count) == (8, 1, 8)
+    assert any(n.startswith("--gpus 8 without --tp/--pp: tensor parallelism over all of them (tp 8)") for n in plan.notes)
+    with pytest.raises(Exception, match="does not match --gpus 8"):
+        api.estimate("meta-llama/Llama-3.1-8B", gpus=8, tp=2)  # a contradiction stays an error
+
+
+def test_a_yaml_context_past_max_model_len_is_located(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n"
+                    "  - name: long\n    context: 32k\n    max_model_len: 8k\n    require: {fits: true}\n")
+    line = assert_one_line(kvplan("check", str(path), "--offline"), "exceeds --max-model-len 8,192")
+    assert "c.yaml:3:" in line
+    path.write_text("defaults: {model: meta-llama/Llama-3.1-8B, max_model_len: 8k}\nsweep: {context: [4k, 32k]}\n")
+    assert_one_line(kvplan("report", str(path), "--offline"), "--context 32,768 exceeds --max-model-len 8,192")
+
+
+def test_one_concurrent_request_is_singular():
+    # "1 concurrent requests" (Llama-3.1-8B at 128k on an A100-40GB fits one)
+    r = kvplan("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "A100-40GB", "-c", "128k")
+    assert r.returncode == 0, r.stderr
+    assert "1 concurrent request (" in r.stdout and "1 concurrent requests" not in r.stdout
+    assert ": 1 request, " in r.stdout

@@ -178,6 +178,7 @@ class Engine(Protocol):
     ENGINE: str
     VERSIONS: tuple[str, ...]
     DEFAULT_VERSION: str
+    BLOCK_SIZES: tuple[int, ...] | None  # the block (page) sizes it accepts; None: any positive size
 
     def resolve_version(self, text: str | None) -> tuple[str, str]:
         """``(modelled version, note)`` for any PEP 440 version (``None``: the newest modelled one)."""

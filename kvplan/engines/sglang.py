@@ -29,6 +29,7 @@ from kvplan.spec import LayerCache, ModelSpec
 from kvplan.units import DType, GiB, MiB
 
 ENGINE = "sglang"
+BLOCK_SIZES: tuple[int, ...] | None = None  # --page-size takes any positive number of tokens
 # The first release each modelled version covers. 0.5.3 brought ServerArgs._handle_gpu_memory_settings
 # (the memory-tier mem_fraction_static); 0.4.0 - 0.5.2 pick the fraction by world size (read in the
 # released sglang wheels 0.4.0, 0.4.10, 0.5.1, 0.5.2 and 0.5.3).

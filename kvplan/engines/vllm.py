@@ -23,6 +23,7 @@ from kvplan.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, MiB
 
 ENGINE = "vllm"
+BLOCK_SIZES: tuple[int, ...] | None = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan.serialize import formula_lines
-from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype
+from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural
 
 if TYPE_CHECKING:
     from kvplan.plan import Plan
@@ -100,8 +100,8 @@ def _answer_panel(plan: "Plan") -> Panel:
     ans.append(f"KV cache: {a.num_blocks:,} blocks x {lay.block_size} tokens = {a.capacity_tokens:,} token slots"
                f" ({fmt_bytes(lay.block_bytes)} per block{shared})\n")
     ans.append(f"at {a.context:,} tokens/request: ", style="bold")
-    ans.append(f"{a.max_requests:,} concurrent requests", style="bold cyan")
-    ans.append(f" ({a.blocks_per_request:,} blocks each)\n")
+    ans.append(plural(a.max_requests, "concurrent request"), style="bold cyan")
+    ans.append(f" ({plural(a.blocks_per_request, 'block')} each)\n")
     ans.append(f"max context at batch {a.batch}: ", style="bold")
     ans.append(f"{a.max_context_at_batch:,} tokens\n", style="bold cyan")
     verdict = ("fits", "bold green") if a.fits else ("does NOT fit", "bold red")
@@ -139,9 +139,9 @@ def _paging_panel(plan: "Plan") -> Panel:
     """Contiguous vs paged (the answer's own requests), prefix sharing, the decode roofline."""
     f, lay = plan.fragmentation, plan.layout
     more = Text()
-    more.append(f"contiguous (reserve max_model_len {f.max_model_len:,}): {f.contiguous_max_requests:,} requests, "
+    more.append(f"contiguous (reserve max_model_len {f.max_model_len:,}): {plural(f.contiguous_max_requests, 'request')}, "
                 f"{fmt_bytes(f.contiguous_waste_bytes)} wasted each\n")
-    more.append(f"paged (block {lay.block_size}): {f.paged_max_requests:,} requests, {fmt_bytes(f.paged_waste_bytes)} slack each")
+    more.append(f"paged (block {lay.block_size}): {plural(f.paged_max_requests, 'request')}, {fmt_bytes(f.paged_waste_bytes)} slack each")
     state_blocks = sum(plan.demand.state_blocks(g) for g in lay.groups)
     if state_blocks > sum(1 for g in lay.groups if g.cache.is_state):
         more.append(f" (with prefix caching the state groups keep {state_blocks} blocks per request, checkpoints "
@@ -151,7 +151,7 @@ def _paging_panel(plan: "Plan") -> Panel:
     if plan.prefix:
         p = plan.prefix
         more.append(f"\nprefix {p.prefix_tokens:,} tokens shared: {p.shared_blocks:,} blocks stored once; "
-                    f"{p.max_requests_unshared:,} -> {p.max_requests_shared:,} requests; "
+                    f"{p.max_requests_unshared:,} -> {plural(p.max_requests_shared, 'request')}; "
                     f"{p.prefill_tokens_saved:,} prefill tokens (~{p.prefill_flops_saved / 1e12:,.1f} TFLOP) not recomputed")
     if plan.roofline:
         r = plan.roofline
