@@ -13,7 +13,7 @@ from typing import Any
 from kvplan import memory
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
-from kvplan.errors import InputError
+from kvplan.errors import InputError, KvplanError
 from kvplan.options import Options, options_from_values
 from kvplan.spec import LayerCache, LayerKind, ModelSpec, Overrides
 from kvplan.units import DType, GiB, parse_dtype, plural
@@ -109,10 +109,20 @@ class Plan:
     def launch(self) -> Launch:
         """What the engine's start-up log and command line need (``rules.report`` / ``rules.serve_command``)."""
         o, a = self.options, self.answer
+        seqs = o.max_num_seqs or (o.batch if o.batch > self.engine.max_num_seqs else None)
         return Launch(self.spec.model_id, self.max_model_len, self.budget.gpu_util, o.tp, o.pp, self.model_dtype,
                       self.kv_dtype, self.engine.max_num_seqs, a.max_requests, a.kv_tokens, a.capacity_tokens,
                       a.max_concurrency, self.engine.kv_tokens_rule, self.layout.block_size if o.block_size else None,
-                      o.kv_budget_bytes)
+                      o.kv_budget_bytes, self.serve_model, seqs)
+
+    @property
+    def serve_model(self) -> str:
+        """What a launch command names: a local model's folder (engines load the folder), else the model id."""
+        if self.source.startswith("local config "):
+            from pathlib import Path
+
+            return str(Path(self.spec.source).parent)
+        return self.spec.model_id
 
     @property
     def inflight_tokens(self) -> int:
@@ -308,11 +318,13 @@ def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: Engine
     return (terms["weights"], terms["activation"], terms["overhead"], terms["cudagraph"]), note
 
 
-def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) -> Plan:
+def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, *, suggest: bool = True) -> Plan:
     """All the numbers for ``spec`` under ``options`` (pure: no I/O beyond the GPU catalogue).
 
     :func:`_pool` sizes the pool once; :func:`_answer` and every other section read the same
-    :class:`~kvplan.memory.Demand`, so they count the same blocks.
+    :class:`~kvplan.memory.Demand`, so they count the same blocks. When ``batch x context`` does not fit
+    and ``suggest``, ``answer.fix`` lists the single changes that make it fit, each one re-planned
+    (:func:`_fix`); callers that re-plan many variants themselves pass ``suggest=False``.
     """
     pool = _pool(spec, options)
     options, demand, blocks = pool.options, pool.demand, pool.blocks
@@ -321,6 +333,8 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None) 
     if options.auto_max_model_len:
         max_model_len, auto_note = _auto_max_model_len(blocks, demand, pool.engine, spec)
     answer = _answer(pool, spec, max_model_len)
+    if suggest and not answer.fits:
+        answer = replace(answer, fix=_fix(spec, options, answer, source, pool.kv_dtype.bits))
     frag = memory.contiguous_vs_paged(pool.budget.kv_budget_bytes, blocks, demand, pool.layers, options.context,
                                       max_model_len)
     prefix = None
@@ -461,7 +475,6 @@ def _answer(pool: _Pool, spec: ModelSpec, max_model_len: int) -> Answer:
     limit = max(spec.max_position_embeddings or memory.UNBOUNDED_TOKENS, options.context)
     max_ctx = memory.max_context(blocks, demand, options.batch, limit_tokens=limit)
     fits = usable >= need
-    fix = None if fits else _fix(blocks, demand.layout, options, per_req_ctx, max_ctx)
     return Answer(
         num_blocks=blocks,
         kv_tokens=rules.kv_tokens(engine, blocks, demand.layout, per_req_len, max_model_len),
@@ -476,22 +489,42 @@ def _answer(pool: _Pool, spec: ModelSpec, max_model_len: int) -> Answer:
         fits_margin_blocks=usable - need,
         engine_starts=rules.starts(engine, blocks, per_req_len),
         longest_startable_len=longest_startable_len(blocks, demand, engine, max(limit, max_model_len)),
-        fix=fix,
+        fix=None,
     )
 
 
-def _fix(blocks: int, layout: memory.PoolLayout, options: Options, per_req: int, max_ctx: int) -> str:
-    """The smallest single change that makes ``batch x context`` fit."""
-    n = memory.max_requests(blocks, per_req)
-    options_text = []
-    if n >= 1:
-        options_text.append(f"--batch {n}")
-    if max_ctx >= 1:
-        options_text.append(f"--context {max_ctx:,}")
-    if layout.kv_dtype.bits > 8:
-        options_text.append("--kv-dtype fp8")
-    options_text.append("a bigger GPU or more --tp")
-    return " or ".join(options_text)
+def _fix(spec: ModelSpec, options: Options, answer: Answer, source: str | None, kv_bits: int) -> str:
+    """The single changes that make ``batch x context`` fit, each re-planned and kept only when that plan
+    fits (and its engine starts), written as the flags accept them (``--context 13856``, no separators).
+
+    Tried: fewer requests, a shorter context (not past the model's max_position_embeddings), an fp8 KV
+    cache, more tensor parallelism (x2, x4, x8, when tp divides the attention heads). When none fits, the
+    answer says so instead of suggesting something that would not help."""
+    limit = spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
+    candidates: list[tuple[str, dict[str, Any]]] = []
+    n = answer.max_requests
+    if 1 <= n < options.batch:
+        candidates.append((f"--batch {n}", {"batch": n}))
+    ctx = min(answer.max_context_at_batch, limit)
+    if 1 <= ctx < options.context:  # a given max_model_len stays (it is at least the context)
+        candidates.append((f"--context {ctx}", {"context": ctx}))
+    if kv_bits > 8:
+        candidates.append(("--kv-dtype fp8", {"kv_dtype": "fp8"}))
+    heads = spec.num_attention_heads
+    for factor in (2, 4, 8):
+        tp = options.tp * factor
+        if not heads or heads % tp == 0:
+            candidates.append((f"--tp {tp}", {"tp": tp, "gpu_count": tp * options.pp, "tp_from_gpus": False}))
+            break
+    fixes = []
+    for text, changes in candidates:
+        try:
+            plan = plan_for_spec(spec, replace(options, **changes), source, suggest=False)
+        except KvplanError:
+            continue
+        if plan.answer.fits and plan.answer.engine_starts:
+            fixes.append(text)
+    return " or ".join(fixes) if fixes else "a bigger GPU (no single change of batch, context, KV dtype or tp fits)"
 
 
 __all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]

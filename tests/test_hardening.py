@@ -223,3 +223,70 @@ def test_one_concurrent_request_is_singular():
     assert r.returncode == 0, r.stderr
     assert "1 concurrent request (" in r.stdout and "1 concurrent requests" not in r.stdout
     assert ": 1 request, " in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# suggestions and commands that must work when pasted
+
+
+def _plan(**kw):
+    import kvplan as api
+
+    return api.estimate(kw.pop("model", "meta-llama/Llama-3.1-8B"), **kw)
+
+
+def test_suggestions_are_flags_that_parse_and_fit():
+    # "try --context 80,464": the option rejects commas; every suggestion must re-plan and fit
+    from kvplan.options import options_from_values
+    from kvplan.plan import estimate
+
+    p = _plan(gpu="A100-40GB", context="128k", batch=4)
+    assert p.answer.fix == "--batch 1 or --context 40304"
+    for flag in p.answer.fix.split(" or "):
+        name, value = flag.removeprefix("--").split(" ")
+        values = {"model": "meta-llama/Llama-3.1-8B", "gpu": "A100-40GB", "context": "128k", "batch": 4, name: value}
+        assert estimate(options_from_values(values)).answer.fits, flag
+
+
+def test_no_fp8_suggestion_when_the_weights_do_not_fit():
+    # Llama-3.1-70B's 131 GiB of weights on a 24 GB RTX 4090: no KV dtype, batch or context helps
+    p = _plan(model="meta-llama/Llama-3.1-70B", gpu="rtx4090")
+    assert "fp8" not in p.answer.fix and p.answer.fix.startswith("a bigger GPU")
+
+
+def test_no_context_suggested_past_the_models_limit():
+    # a 443,696-token context was suggested for a 131,072-token model
+    p = _plan(context="500k")
+    assert "--context 131072" in p.answer.fix
+
+
+def test_serve_names_a_local_folder(tmp_path):
+    import shutil
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    shutil.copy(ROOT / "tests" / "fixtures" / "configs" / "mistral_v01.json", folder / "config.json")
+    p = _plan(model=str(folder), gpu="H100")
+    assert p.rules.serve_command(p.launch).startswith(f"vllm serve {folder} --max-model-len")
+    r = kvplan("estimate", "my-model", "--gpu", "H100", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert "vllm serve my-model --max-model-len" in r.stdout  # the folder vLLM loads, not a name
+
+
+def test_no_serve_line_for_a_deployment_the_engine_refuses():
+    r = kvplan("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "rtx4090", "-c", "128k")
+    text = r.stdout
+    assert "will refuse to start" in text and "vllm serve" not in text
+    longest = _plan(gpu="rtx4090", context="128k").answer.longest_startable_len
+    assert f"--max-model-len {longest}" in text.replace("│\n│ ", "").replace("\n", "")
+    assert _plan(gpu="rtx4090", context=longest).answer.engine_starts  # the suggestion starts
+
+
+def test_max_num_seqs_is_not_capped_at_full_context_capacity():
+    # 2 requests of 128k fit an A100-40GB: "--max-num-seqs 2" would have capped short requests at 2 too
+    p = _plan(gpu="A100-40GB", context="128k")
+    assert "--max-num-seqs" not in p.rules.serve_command(p.launch)
+    # a batch above the engine's default is what vLLM would need raised for the stated workload
+    big = _plan(context="1k", batch=2000)
+    assert "--max-num-seqs 2000" in big.rules.serve_command(big.launch)
+    assert "--max-num-seqs 7" in _plan(max_num_seqs=7).rules.serve_command(_plan(max_num_seqs=7).launch)

@@ -143,7 +143,10 @@ def quantization_weights(method: str) -> tuple[str | None, str]:
 class Launch:
     """What an engine's start-up log and command line need from a plan (tokens, requests, bytes).
 
-    ``block_size`` and ``kv_budget_bytes`` are set only when the user chose them (they become flags).
+    ``block_size`` and ``kv_budget_bytes`` are set only when the user chose them (they become flags);
+    ``max_num_seqs_flag`` when the user set ``--max-num-seqs`` or asked for a batch above the engine's
+    default (otherwise the engine's default stays: capping it at the requests that fit at full context would
+    also cap shorter requests, which fit more).
     """
 
     model_id: str
@@ -161,6 +164,8 @@ class Launch:
     kv_tokens_rule: str = "concurrency"
     block_size: int | None = None
     kv_budget_bytes: int | None = None
+    serve_model: str = ""  # what the launch command names: a local model's folder, else the model id
+    max_num_seqs_flag: int | None = None  # --max-num-seqs to pass (the user's, or a batch past the default)
 
 
 class Engine(Protocol):

@@ -239,8 +239,10 @@ def report(launch: Launch) -> tuple[str, ...]:
 
 def serve_command(launch: Launch) -> str:
     """The ``python -m sglang.launch_server`` command line that realises the plan."""
-    flags = [f"python -m sglang.launch_server --model-path {launch.model_id}",
+    flags = [f"python -m sglang.launch_server --model-path {launch.serve_model or launch.model_id}",
              f"--context-length {launch.max_model_len}", f"--mem-fraction-static {launch.gpu_util:g}"]
+    if launch.max_num_seqs_flag:
+        flags.append(f"--max-running-requests {launch.max_num_seqs_flag}")
     if launch.tp > 1:
         flags.append(f"--tp {launch.tp}")
     if launch.kv_dtype != launch.model_dtype:

@@ -471,9 +471,10 @@ def report(launch: Launch) -> tuple[str, ...]:
 
 def serve_command(launch: Launch) -> str:
     """The ``vllm serve`` command line that realises the plan."""
-    flags = [f"vllm serve {launch.model_id}", f"--max-model-len {launch.max_model_len}",
-             f"--gpu-memory-utilization {launch.gpu_util:g}",
-             f"--max-num-seqs {min(launch.max_num_seqs, max(1, launch.max_requests))}"]
+    flags = [f"vllm serve {launch.serve_model or launch.model_id}", f"--max-model-len {launch.max_model_len}",
+             f"--gpu-memory-utilization {launch.gpu_util:g}"]
+    if launch.max_num_seqs_flag:
+        flags.append(f"--max-num-seqs {launch.max_num_seqs_flag}")
     if launch.kv_dtype != launch.model_dtype:
         flags.append(f"--kv-cache-dtype {'fp8' if launch.kv_dtype.startswith('fp8') else launch.kv_dtype}")
     if launch.tp > 1:

@@ -130,8 +130,17 @@ def _engine_panel(plan: "Plan") -> Panel:
         eng.append(f"one {plan.max_model_len:,}-token request needs {need / GiB:.2f} GiB KV cache, "
                    f"{max(0, b.kv_budget_bytes) / GiB:.2f} GiB available; the longest max_model_len that fits is "
                    f"{a.longest_startable_len:,}\n")
-    eng.append("serve: ", style="bold")
-    eng.append(plan.rules.serve_command(plan.launch))
+    if a.engine_starts:
+        eng.append("serve: ", style="bold")
+        eng.append(plan.rules.serve_command(plan.launch))
+        if not plan.launch.max_num_seqs_flag:
+            eng.append(f"\n  max_num_seqs stays {plan.engine.engine}'s {plan.engine.max_num_seqs:,}: the pool holds "
+                       f"{plural(a.max_requests, 'request')} of {a.context:,} tokens at once and more shorter ones; the "
+                       "scheduler admits only what the free blocks hold", style="grey62")
+    elif a.longest_startable_len >= 1:  # no command for a deployment the engine refuses
+        eng.append("serve: ", style="bold")
+        eng.append(f"none for max_model_len {plan.max_model_len:,} (refused); it starts with --max-model-len "
+                   f"{a.longest_startable_len}")
     return Panel(eng, title="engine", title_align="left")
 
 
