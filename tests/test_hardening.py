@@ -290,3 +290,15 @@ def test_max_num_seqs_is_not_capped_at_full_context_capacity():
     big = _plan(context="1k", batch=2000)
     assert "--max-num-seqs 2000" in big.rules.serve_command(big.launch)
     assert "--max-num-seqs 7" in _plan(max_num_seqs=7).rules.serve_command(_plan(max_num_seqs=7).launch)
+
+
+def test_contiguous_reserves_max_model_len_in_sliding_layers_too():
+    # gemma-2-9b: 42 layers, half sliding (window 4,096), 2 x 8 kv heads x 256 x 2 B = 8,192 B/token/layer,
+    # 344,064 B/token in all. "Reserve max_model_len" at 8,192 tokens is 8,192 x 344,064 B in every layer
+    # (it reserved only the window in the sliding half: 8,192 x 172,032 + 4,096 x 172,032).
+    p = _plan(model="google/gemma-2-9b-it", context="8k")
+    f = p.fragmentation
+    assert p.kv_bytes_per_token_gpu == 42 * 8192 == 344_064
+    assert f.contiguous_request_bytes == 8192 * 344_064
+    assert f.raw_request_bytes == 8192 * 172_032 + 4096 * 172_032  # what the request itself holds
+    assert f.contiguous_waste_bytes == 4096 * 172_032

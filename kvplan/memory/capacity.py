@@ -88,11 +88,14 @@ class Demand:
         return replace(self, layout=layout)
 
 
-def raw_request_bytes(layers: tuple[LayerCache, ...], tokens: int, kv_dtype: DType, model_dtype: DType) -> int:
-    """Bytes one request at ``tokens`` tokens needs without paging (windows applied, no block slack)."""
+def raw_request_bytes(layers: tuple[LayerCache, ...], tokens: int, kv_dtype: DType, model_dtype: DType, *,
+                      windows: bool = True) -> int:
+    """Bytes one request at ``tokens`` tokens needs without paging (no block slack); sliding and chunked
+    layers hold at most their window unless ``windows`` is False (a contiguous reservation that sizes every
+    layer for all ``tokens``)."""
     total = 0
     for layer in layers:
-        held = min(tokens, layer.window_tokens) if layer.window_tokens else tokens
+        held = min(tokens, layer.window_tokens) if layer.window_tokens and windows else tokens
         if layer.kind is LayerKind.CROSS:
             held = layer.window_tokens or 0
         total += held * layer_token_bytes(layer, kv_dtype) + layer_state_bytes(layer, model_dtype)
@@ -246,11 +249,13 @@ def contiguous_vs_paged(kv_budget_bytes: int, blocks: int, demand: Demand, layer
     """Compare a worst-case contiguous reservation of ``max_model_len`` per request with paging.
 
     The paged side is the engine's own demand (the answer's ``max_requests``); the contiguous side
-    reserves the raw bytes of ``max_model_len`` tokens (windows applied) plus one unpadded state.
+    reserves ``max_model_len`` tokens in every layer that caches tokens (a sliding or chunked layer too:
+    a contiguous reservation is sized before the request runs, not by its window) plus one unpadded state.
+    The waste of each side is measured against the raw bytes at ``tokens`` (windows applied).
     """
     layout = demand.layout
     raw = raw_request_bytes(layers, tokens, layout.kv_dtype, layout.model_dtype)
-    contiguous = raw_request_bytes(layers, max_model_len, layout.kv_dtype, layout.model_dtype)
+    contiguous = raw_request_bytes(layers, max_model_len, layout.kv_dtype, layout.model_dtype, windows=False)
     per_req = demand.blocks(tokens)
     paged = per_req * layout.block_bytes
     return Fragmentation(
