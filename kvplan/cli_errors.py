@@ -35,9 +35,10 @@ def handle_errors(fn: F) -> F:
         except KvplanError as exc:
             if os.environ.get("KVPLAN_DEBUG"):
                 raise
-            for line in exc.lines()[:-1]:  # a file with several mistakes: one line each
+            lines = [" ".join(line.splitlines()) for line in exc.lines()]  # a value with a newline stays on its line
+            for line in lines[:-1]:  # a file with several mistakes: one line each
                 sys.stderr.write(f"kvplan: error: {line}\n")
-            raise fail(exc.lines()[-1], exc.exit_code) from None
+            raise fail(lines[-1], exc.exit_code) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
 

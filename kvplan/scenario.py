@@ -401,8 +401,10 @@ def key_path(loc: tuple[Any, ...], data: Any = None) -> str:
             continue  # a validator's tag in pydantic's loc (a union branch), not a key of the file
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
+        elif isinstance(part, str) and part.isprintable() and part.strip() == part and part:
+            out += ("." if out else "") + part
+        else:  # a key with a newline, spaces around it, or not a string: shown quoted, on one line
+            out += f"[{str(part)!r}]"
         if isinstance(node, dict):
             node = node.get(part)
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):

@@ -55,7 +55,7 @@ from kvplan.sim.streams import RequestSource
 from kvplan.units import cdiv, check_number
 
 __all__ = [
-    "DEFAULT_PREFILL_EFFICIENCY", "MAX_WORK", "POLICIES", "POLICY_LABELS", "ClosedLoop", "PolicyResult", "Pool",
+    "DEFAULT_PREFILL_EFFICIENCY", "MAX_POOL_BLOCKS", "MAX_WORK", "POLICIES", "POLICY_LABELS", "ClosedLoop", "PolicyResult", "Pool",
     "Request", "RequestSource", "Scheduler", "Series", "SimConfig", "SimResult", "Timing", "Work", "active_parameters",
     "config_from_plan", "estimate_work", "simulate", "window_sum",
 ]
@@ -64,6 +64,10 @@ MAX_WORK = 200_000_000
 """Request-steps (requests x engine steps each, plus one per arrival, summed over policies) a run may
 take without ``force``: about a minute of a 2-core laptop at the density of docs/examples/shared_prompt.yaml
 (an hour of it, three policies, is 2.2e7 and takes ~8 s); spans of decode steps make most runs cheaper."""
+
+MAX_POOL_BLOCKS = 2_000_000
+"""Blocks a simulated pool may have without ``force``: the allocator keeps ~163 B per block (325 MB at the
+bound); real GPU pools have up to a few hundred thousand (an 8B model on an H200: ~66,000)."""
 
 Progress = Callable[[float, float], None]
 """``progress(done, total)`` in request-steps, every few thousand loop iterations."""
@@ -156,6 +160,10 @@ def simulate(config: SimConfig, source: RequestSource | Sequence[Request], *, po
     for p in policies:
         if p not in POLICIES:
             raise InputError(f"unknown policy {p!r}", "use one of: " + ", ".join(POLICIES))
+    if pool.num_blocks > MAX_POOL_BLOCKS and not force:
+        raise InputError(f"the pool has {pool.num_blocks:,} blocks, past the {MAX_POOL_BLOCKS:,} the simulator holds "
+                         f"without --force (~163 B of allocator state each)",
+                         "use --force, or a smaller kv_budget or a larger block_size")
     if work is None and source.expected is not None:
         items = list(source.cursor())
         n = len(items)

@@ -50,7 +50,8 @@ def _split_number(text: str, what: str, hint: str = _SIZE_HINT) -> tuple[float, 
     match = _NUMBER.match(str(text))
     if not match:
         raise InputError(f"invalid {what} {text!r}", hint)
-    value = float(match.group(1)) * (10 ** int(match.group(2)) if match.group(2) else 1)
+    exponent = f"e{match.group(2)}" if match.group(2) else ""
+    value = float(match.group(1) + exponent)  # 1e999 -> inf (checked below), not an OverflowError
     if not math.isfinite(value):
         raise InputError(f"invalid {what} {text!r}: not a finite number")
     return value, match.group(3).lower()
@@ -91,7 +92,10 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
         value, unit = _split_number(text, what)
     if unit not in _SIZE_UNITS:
         raise InputError(f"invalid {what} {text!r}: unknown unit {unit!r}", "use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
-    result = math.ceil(value * _SIZE_UNITS[unit])
+    scaled = value * _SIZE_UNITS[unit]
+    if not math.isfinite(scaled):  # 1e308 GiB overflows a float
+        raise InputError(f"invalid {what} {text!r}: too large")
+    result = math.ceil(scaled)
     if result <= 0:
         raise InputError(f"invalid {what} {text!r}: must be positive")
     return result

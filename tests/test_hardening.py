@@ -302,3 +302,29 @@ def test_contiguous_reserves_max_model_len_in_sliding_layers_too():
     assert f.contiguous_request_bytes == 8192 * 344_064
     assert f.raw_request_bytes == 8192 * 172_032 + 4096 * 172_032  # what the request itself holds
     assert f.contiguous_waste_bytes == 4096 * 172_032
+
+
+# ---------------------------------------------------------------------------------------------
+# found by the fuzz (tests/test_fuzz.py)
+
+
+@pytest.mark.parametrize("value,needle", [("1e308", "too large"), ("1e999", "not a finite number")])
+def test_sizes_that_overflow_a_float_are_one_line(value, needle):
+    # 1e308 GiB and 1e999 raised OverflowError (a traceback)
+    assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", "--gpu-memory", value), needle)
+
+
+def test_a_key_with_a_newline_stays_on_one_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text('defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n  - {name: a, require: {fits: true}, "x\\ny": 1}\n')
+    line = assert_one_line(kvplan("check", str(path), "--offline"), "unknown key")
+    assert "checks[0]['x\\ny']" in line
+
+
+def test_a_huge_simulated_pool_is_refused_before_it_is_allocated(tmp_path):
+    # kv_budget 100 TiB = 100 x 2^40 / 2^21 = 52,428,800 blocks of 2 MiB: ~8.5 GB of allocator state at
+    # 163 B a block (the fuzz's worker grew to 24 GB before it was stopped)
+    path = tmp_path / "w.yaml"
+    path.write_text("model: meta-llama/Llama-3.1-8B\nkv_budget: 100TiB\nmax_model_len: 4096\narrivals: {rate: 1}\n"
+                    "num_requests: 10\nprompt_tokens: 10\noutput_tokens: 10\n")
+    assert_one_line(kvplan("simulate", str(path), "--offline"), "blocks, past the 2,000,000 the simulator holds")

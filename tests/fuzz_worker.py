@@ -1,0 +1,207 @@
+"""Fuzz worker for tests/test_fuzz.py: feeds generated files and option values to the real CLI entry point.
+
+Run as ``python tests/fuzz_worker.py MODE EXAMPLES`` in a fresh interpreter (the test measures its memory
+and wall time from outside). For every input, ``kvplan.cli.main`` must end in ``SystemExit`` with 0, 1
+or 2; exit 2 must print only ``kvplan: error: ...`` lines; nothing may raise anything else (a traceback)
+or run past :data:`DEADLINE_S` (a SIGALRM turns a hang into a failure that names the input).
+
+Modes: ``config`` (config.json bytes: random bytes, JSON-shaped values, mutated real configs),
+``yaml`` (capacity / what-if / workload files: random bytes, mutated examples), ``options`` (estimate
+and simulate option values: numbers, non-finite spellings, units, garbage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+ROOT = Path(__file__).resolve().parents[1]
+DEADLINE_S = 10.0
+sys.path.insert(0, str(ROOT))
+
+FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "configs" / "mistral_v01.json").read_text())
+EXAMPLES = {name: (ROOT / "docs" / "examples" / name).read_text() for name in ("capacity.yaml", "whatif.yaml", "no_sharing.yaml")}
+# the what-if example without its HTML / Markdown outputs (their plots would make each example slow)
+EXAMPLES["whatif.yaml"] = EXAMPLES["whatif.yaml"].replace("  - whatif-report/report.html\n", "").replace(
+    "  - whatif-report/report.md\n", "")
+
+# values people (and fuzzers) type: numbers of every size and spelling, non-finite, units, garbage
+NUMBERISH = st.one_of(
+    st.integers(-10**30, 10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["nan", "inf", "-inf", "NaN", "1e308", "1e999", "-0", "0", "0.0", "1e-320", "8k", "128k", "1m",
+                     "24GiB", "80GB", "1e30", "99999999999999999999999", "0x10", "1_000", "80,464", " 7 ", "", "--",
+                     "auto", "-1", "3.5", "2**10", "\u0661", "1e30GiB", "-24GiB", "9" * 5000]),
+    st.text(max_size=12),
+)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**40, 10**40) | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+
+
+class Hang(Exception):
+    pass
+
+
+CODES: dict[int, int] = {}  # exit code -> how many inputs ended with it (printed at the end)
+
+
+def _alarm(signum, frame):  # noqa: ANN001, ARG001
+    raise Hang(f"still running after {DEADLINE_S:g} s")
+
+
+def run_cli(args: list[str], cwd: Path) -> None:
+    """One CLI invocation: must exit 0/1/2, exit 2 with only one-line errors, within the deadline."""
+    from kvplan.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(cwd)
+    signal.setitimer(signal.ITIMER_REAL, DEADLINE_S)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # a traceback (or a hang): the input that caused it is the failure
+        raise AssertionError(f"kvplan {args!r} raised:\n{traceback.format_exc()}") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        os.chdir(old)
+    CODES[code] = CODES.get(code, 0) + 1
+    assert code in (0, 1, 2), f"kvplan {args!r} exited {code}: {err.getvalue()[-500:]}"
+    if code == 2:
+        lines = err.getvalue().strip().splitlines()
+        assert lines and all(line.startswith("kvplan: error: ") for line in lines), \
+            f"kvplan {args!r}: exit 2 without one-line errors:\n{err.getvalue()[-800:]}"
+
+
+def _mutated_config(data: st.DataObject) -> bytes:
+    config = dict(FIXTURE)
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from(sorted(config) + ["text_config", "layer_types", "head_dim", "num_experts"]))
+        config[key] = data.draw(JSONISH)
+    return json.dumps(config, allow_nan=True).encode()
+
+
+def fuzz_config(examples: int) -> None:
+    settings_ = settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                         suppress_health_check=list(HealthCheck))
+
+    @settings_
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        kind = data.draw(st.sampled_from(["bytes", "json", "mutated", "deep"]))
+        if kind == "bytes":
+            raw = data.draw(st.binary(max_size=400))
+        elif kind == "json":
+            raw = json.dumps(data.draw(JSONISH), allow_nan=True).encode()
+        elif kind == "deep":
+            depth = data.draw(st.integers(50, 50_000))
+            raw = (b'{"a": ' * depth) + b"1" + (b"}" * depth)
+        else:
+            raw = _mutated_config(data)
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "config.json").write_bytes(raw)
+            run_cli(["estimate", str(Path(d) / "config.json"), "--gpu", "H100", "--offline"], Path(d))
+
+    check()
+
+
+def _mutated_yaml(data: st.DataObject, text: str) -> str:
+    import yaml
+
+    doc = yaml.safe_load(text)
+    for _ in range(data.draw(st.integers(1, 3))):
+        target = doc
+        path = []
+        while isinstance(target, (dict, list)) and target and data.draw(st.booleans()):
+            key = data.draw(st.sampled_from(sorted(target, key=str) if isinstance(target, dict) else range(len(target))))
+            path.append(key)
+            if not isinstance(target[key], (dict, list)):
+                break
+            target = target[key]
+        value = data.draw(st.one_of(JSONISH, NUMBERISH))
+        if isinstance(target, dict) and target:
+            target[data.draw(st.sampled_from(sorted(target, key=str)))] = value
+        elif isinstance(target, list) and target:
+            target[data.draw(st.integers(0, len(target) - 1))] = value
+    return yaml.safe_dump(doc, allow_unicode=True)
+
+
+def fuzz_yaml(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(EXAMPLES)))
+        kind = data.draw(st.sampled_from(["bytes", "mutated", "mutated", "mutated"]))
+        text = EXAMPLES[name]
+        raw = data.draw(st.binary(max_size=300)) if kind == "bytes" else _mutated_yaml(data, text).encode()
+        command = {"capacity.yaml": ["check"], "whatif.yaml": ["report"], "no_sharing.yaml": ["simulate"]}[name]
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / name
+            path.write_bytes(raw)
+            extra = ["--offline"]
+            if name == "no_sharing.yaml":  # a short run: the file's own traffic volume is the work bound's job
+                extra += ["--duration", "2"]
+            run_cli([*command, str(path), *extra], Path(d))
+
+    check()
+
+
+ESTIMATE_OPTIONS = ["--gpu", "--gpu-memory", "--gpus", "--tp", "--pp", "--context", "--batch", "--max-model-len",
+                    "--prefix-tokens", "--engine", "--engine-version", "--dtype", "--kv-dtype", "--weights-dtype",
+                    "--weights-gib", "--gpu-util", "--kv-budget", "--activation-gib", "--overhead-gib",
+                    "--cudagraph-gib", "--block-size", "--max-num-batched-tokens", "--max-num-seqs", "--layers",
+                    "--kv-heads", "--head-dim", "--usage-context", "--quantization", "--ssm-dtype", "--images"]
+
+
+def fuzz_options(examples: int) -> None:
+    workload = ("model: meta-llama/Llama-3.1-8B\nkv_budget: 2GiB\nmax_model_len: 4096\narrivals: {rate: 5}\n"
+                "num_requests: 40\nprompt_tokens: 100\noutput_tokens: 50\n")
+
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            if data.draw(st.integers(0, 4)) == 0:
+                (Path(d) / "w.yaml").write_text(workload)
+                args = ["simulate", "w.yaml", "--policy", "paged"]
+                for flag in data.draw(st.lists(st.sampled_from(["--duration", "--seed"]), min_size=1, max_size=2,
+                                               unique=True)):
+                    args += [flag, data.draw(NUMBERISH)]
+            else:
+                args = ["estimate", data.draw(st.sampled_from(["meta-llama/Llama-3.1-8B", "google/gemma-2-9b-it",
+                                                               "deepseek-ai/DeepSeek-V3", "Qwen/Qwen3-Next-80B-A3B-Instruct"]))]
+                for flag in data.draw(st.lists(st.sampled_from(ESTIMATE_OPTIONS), min_size=1, max_size=3, unique=True)):
+                    args += [flag, data.draw(NUMBERISH)]
+                args.append("--offline")
+            run_cli(args, Path(d))
+
+    check()
+
+
+def main() -> None:
+    signal.signal(signal.SIGALRM, _alarm)
+    mode, examples = sys.argv[1], int(sys.argv[2])
+    {"config": fuzz_config, "yaml": fuzz_yaml, "options": fuzz_options}[mode](examples)
+    print("ok", json.dumps(CODES, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
