@@ -328,3 +328,14 @@ def test_a_huge_simulated_pool_is_refused_before_it_is_allocated(tmp_path):
     path.write_text("model: meta-llama/Llama-3.1-8B\nkv_budget: 100TiB\nmax_model_len: 4096\narrivals: {rate: 1}\n"
                     "num_requests: 10\nprompt_tokens: 10\noutput_tokens: 10\n")
     assert_one_line(kvplan("simulate", str(path), "--offline"), "blocks, past the 2,000,000 the simulator holds")
+
+
+def test_a_validation_that_checks_no_request_does_not_pass():
+    # the docs' old laptop example: 0.25 GiB = 14 blocks of 128 tokens (18 MiB each); a 2,048-token request
+    # needs 16: the plan fits 0 requests, the fill checks nothing, and it printed PASS
+    pytest.importorskip("torch")
+    r = kvplan("validate", "Qwen/Qwen3-8B", "--gpu", "cpu", "--gpu-memory", "8GiB", "--kv-budget", "0.25GiB",
+               "--context", "2k", timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the plan fits no request of 2,048 tokens, so the fill checked nothing" in " ".join(r.stdout.split())
+    assert "PASS  estimate matches" not in r.stdout

@@ -14,7 +14,7 @@ ProbeOpt = Annotated[bool, typer.Option("--probe", help="CUDA only: allocate blo
                                         rich_help_panel="validate")]
 
 EPILOG = ("Examples: kvplan validate meta-llama/Llama-3.1-8B --gpu H200  ·  "
-          "kvplan validate Qwen/Qwen3-8B --gpu cpu --gpu-memory 8GiB --kv-budget 0.25GiB --context 2k  ·  "
+          "kvplan validate Qwen/Qwen3-8B --gpu cpu --gpu-memory 8GiB --kv-budget 0.5GiB --context 2k  ·  "
           "torchrun --nproc-per-node 2 -m kvplan validate meta-llama/Llama-3.1-70B --gpu H100 --tp 2")
 
 

@@ -300,7 +300,11 @@ def _measure_failures(measure: PoolMeasure) -> list[str]:
 
 def _judge_fill(fill: FillResult, layout: memory.PoolLayout, failures: list[str], notes: list[str]) -> None:
     """What the fill says about the plan: every planned request fits, none holds more than planned, and (when
-    the allocator's demand is exactly the plan's) one more does not."""
+    the allocator's demand is exactly the plan's) one more does not. A plan of no request checks nothing
+    about concurrency, so it cannot pass."""
+    if fill.planned_requests == 0:
+        failures.append(f"the plan fits no request of {fill.context_tokens:,} tokens, so the fill checked nothing "
+                        "(raise --kv-budget or lower --context to validate the concurrency)")
     if fill.filled_requests < fill.planned_requests:
         failures.append(f"only {fill.filled_requests} of the planned {fill.planned_requests} requests at "
                         f"{fill.context_tokens:,} tokens fit")
