@@ -126,6 +126,27 @@ class ModelSpec:
     model_type: str = ""  # the (text) config's model_type: engines' dtype rules depend on it
     decoder_layers: int = 0  # decoder layers when some hold two caches (Falcon-H1); 0: one entry per layer
     embedding_parameters: int = 0  # token embeddings + an untied LM head (kept 16-bit by weight quantizers)
+    routed_expert_layers: int = 0  # decoder layers with routed experts (MoE); 0: dense
+
+    @property
+    def expert_parameters(self) -> int:
+        """Parameters of one routed expert (gate, up and down projections: 3 x hidden x expert size)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def parameters_read(self, tokens: int = 1) -> int | None:
+        """Parameters a forward step over ``tokens`` tokens reads and computes with: all of them for a dense
+        model; for a MoE, all but the routed experts no token picks. With uniform routing each MoE layer
+        touches ``E x (1 - (1 - k/E)^tokens)`` of its ``E`` experts (``k`` per token): at one token the active
+        parameters (DeepSeek-V3: ~37B of 671B), at a large batch nearly all. Memory always holds them all
+        (:attr:`parameters`)."""
+        if not self.parameters:
+            return None
+        if not self.routed_expert_layers:
+            return self.parameters
+        e, k = self.num_experts, self.num_experts_per_token
+        touched = e * (1 - (1 - k / e) ** max(1, tokens))
+        idle = self.routed_expert_layers * (e - touched) * self.expert_parameters
+        return max(int(self.parameters - idle), 1)
 
     @property
     def num_layers(self) -> int:

@@ -79,6 +79,18 @@ def _state_params(h: int, layer: LayerCache) -> int:
             + v_heads * v_dim * h)
 
 
+def routed_expert_layers(spec: ModelSpec, r: ConfigReader) -> int:
+    """Decoder layers with routed experts (0 for a dense model): the layers whose unpicked experts a token
+    does not read (:meth:`kvplan.modelspec.ModelSpec.parameters_read`)."""
+    if not spec.num_experts or not spec.num_experts_per_token or not spec.moe_intermediate_size:
+        return 0
+    pattern = r.raw("hybrid_override_pattern")
+    if isinstance(pattern, str) and len(pattern) == spec.num_layers_decoder:
+        return pattern.count("E")
+    model_type = r.str("model_type", "") or ""
+    return sum(1 for i in range(spec.num_layers_decoder) if _moe_layer(r, i, spec.num_layers_decoder, model_type))
+
+
 def parameter_count(spec: ModelSpec, r: ConfigReader) -> int | None:
     """Total parameters from the weight facts, else computed from the config (dense or MoE).
 

@@ -339,11 +339,12 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
                                       max_model_len)
     prefix = None
     if options.prefix_tokens:
-        prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters)
+        prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters_read(1))
     roofline = None
     if pool.gpu.bandwidth_bytes_per_s:
         batch = max(1, min(answer.max_requests, options.batch if answer.fits else answer.max_requests) or 1)
-        roofline = memory.decode_roofline(pool.budget.weights.bytes, demand.bytes(options.context), batch,
+        roofline = memory.decode_roofline(memory.step_weight_bytes(pool.budget.weights.bytes, spec, batch),
+                                          demand.bytes(options.context), batch,
                                           pool.gpu.bandwidth_bytes_per_s)
     replicated = memory.kv_heads_replicated(spec, options.tp)
     return Plan(

@@ -137,7 +137,8 @@ class Pool:
                 rkv = self._rkv[context] = p.demand.bytes(context)
             if len(self._tps) >= MEMO_ENTRIES:  # (context, batch) pairs rarely repeat: keep the memo bounded
                 self._tps.clear()
-            tps = self._tps[key] = memory.decode_roofline(p.budget.weights.bytes, rkv, batch,
+            tps = self._tps[key] = memory.decode_roofline(memory.step_weight_bytes(p.budget.weights.bytes, p.spec, batch),
+                                                          rkv, batch,
                                                           p.gpu.bandwidth_bytes_per_s).tokens_per_s
         return tps
 

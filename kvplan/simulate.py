@@ -186,15 +186,8 @@ def simulate(config: SimConfig, source: RequestSource | Sequence[Request], *, po
 
 
 def active_parameters(spec) -> int | None:  # noqa: ANN001 - kvplan.spec.ModelSpec
-    """Parameters one token passes through: all of them, less the unrouted experts of a MoE
-    (``(experts - experts per token) x 3 x hidden x moe_intermediate`` per layer; approximate)."""
-    params = spec.parameters
-    if not params:
-        return None
-    if spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size:
-        idle = (spec.num_experts - spec.num_experts_per_token) * 3 * spec.hidden_size * spec.moe_intermediate_size
-        return max(params - idle * spec.num_layers_decoder, params // 20)
-    return params
+    """Parameters one token computes with (a MoE's active ones): :meth:`kvplan.modelspec.ModelSpec.parameters_read`."""
+    return spec.parameters_read(1)
 
 
 def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_step_s: float | None = None,  # noqa: ANN001
@@ -241,7 +234,7 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
                              "set timing.prefill_s_per_token in the workload")
         prefill_s_per_token = 2 * active / (plan.options.gpu_count * tflops * 1e12 * prefill_efficiency)
         if plan.spec.num_experts:
-            notes.append(f"MoE prefill cost from ~{active / 1e9:.1f}B active parameters (approximate)")
+            notes.append(f"MoE prefill cost from the {active / 1e9:.1f}B parameters one token is routed through")
     bandwidth = plan.gpu.bandwidth_bytes_per_s or 0.0
     if not bandwidth and decode_step_s is None:
         raise InputError(f"GPU {plan.gpu.name!r} has no HBM bandwidth in the catalogue",

@@ -22,7 +22,7 @@ from kvplan.config_reader import (KV_HEAD_KEYS, ConfigReader, Overrides, derived
 from kvplan.errors import ConfigError
 from kvplan.model_source import ModelSource, WeightFacts
 from kvplan.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
-from kvplan.params import TIED_BY_DEFAULT, parameter_count
+from kvplan.params import TIED_BY_DEFAULT, parameter_count, routed_expert_layers
 
 __all__ = ["STATE_KINDS", "TOKEN_KINDS", "LayerCache", "LayerGroup", "LayerKind", "ModelSpec", "Overrides",
            "build_spec", "spec_from_config"]
@@ -428,7 +428,8 @@ def spec_from_config(
     spec = replace(spec, provenance=MappingProxyType(dict(r.provenance)))
     tied = r.bool("tie_word_embeddings", default=model_type in TIED_BY_DEFAULT)
     embedding = spec.vocab_size * hidden * (1 if tied else 2)
-    return replace(spec, parameters=parameter_count(spec, r), embedding_parameters=embedding)
+    return replace(spec, parameters=parameter_count(spec, r), embedding_parameters=embedding,
+                   routed_expert_layers=routed_expert_layers(spec, r))
 
 
 def _refuse_unplannable(r: ConfigReader, config: Mapping[str, Any], model_type: str) -> None:

@@ -339,3 +339,34 @@ def test_a_validation_that_checks_no_request_does_not_pass():
     assert r.returncode == 1, r.stdout + r.stderr
     assert "the plan fits no request of 2,048 tokens, so the fill checked nothing" in " ".join(r.stdout.split())
     assert "PASS  estimate matches" not in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE: compute and per-step reads use the parameters tokens are routed through; memory holds them all
+
+
+def test_moe_active_parameters_by_hand():
+    from kvplan.sources import load_spec
+
+    spec, _ = load_spec("Qwen/Qwen3-30B-A3B", offline=True)
+    # 48 MoE layers of 128 experts, 8 per token; an expert is 3 x 2,048 x 768 = 4,718,592 parameters.
+    # One token leaves 120 experts idle in each layer: 48 x 120 x 4,718,592 = 27,179,089,920 not read.
+    assert (spec.routed_expert_layers, spec.num_experts, spec.num_experts_per_token) == (48, 128, 8)
+    assert spec.expert_parameters == 4_718_592
+    assert spec.parameters_read(1) == spec.parameters - 27_179_089_920 == 3_353_032_704  # the "A3B"
+    # a batch touches more experts: 128 x (1 - (120/128)^64) = 126.7 per layer at 64 tokens
+    assert spec.parameters_read(1) < spec.parameters_read(8) < spec.parameters_read(64) < spec.parameters
+    dense, _ = load_spec("meta-llama/Llama-3.1-8B", offline=True)
+    assert dense.parameters_read(1) == dense.parameters_read(1000) == dense.parameters
+
+
+def test_deepseek_v3_roofline_and_prefill_use_active_parameters():
+    # they used all 684B parameters: a decode step of one request read every expert
+    p = _plan(model="deepseek-ai/DeepSeek-V3", gpu="h200", tp=8, context="8k", prefix_tokens=2000)
+    spec, r = p.spec, p.roofline
+    active = spec.parameters_read(1)
+    assert 30e9 < active < 60e9 < spec.parameters  # 671B routed through 8 of 256 experts (+ the MTP layer)
+    assert r.batch == 1 and r.weight_bytes < p.budget.weights.bytes / 10
+    assert r.weight_bytes == -(-p.budget.weights.bytes * active // spec.parameters)
+    assert p.budget.weights.bytes * 8 >= spec.parameters  # memory still holds every expert
+    assert p.prefix.prefill_flops_saved == 2 * active * p.prefix.prefill_tokens_saved

@@ -49,7 +49,7 @@ def test_rows_equal_full_plans(tmp_path):
         d = row.to_dict()
         plan = estimate(options_from_values({
             "model": d["model"], "gpu": d["gpu"], "tp": d["tp"], "kv_dtype": d["kv_dtype"], "context": d["context"],
-            "batch": d["batch"], "max_model_len": d["max_model_len"], "offline": True}))
+            "batch": d["batch"], "max_model_len": d["max_model_len"], "prefix_caching": False, "offline": True}))
         a = plan.answer
         expected = {
             "kv_bytes_per_token": plan.kv_bytes_per_token_gpu, "weights_bytes": plan.budget.weights.bytes,

@@ -19,7 +19,7 @@ Vocabulary (vLLM v1's, see DESIGN.md section 4a):
 
 from kvplan.memory.capacity import (
     NULL_BLOCKS, UNBOUNDED_TOKENS, Demand, Fragmentation, PrefixSharing, Roofline, contiguous_vs_paged,
-    decode_roofline, group_blocks_per_request, grouped_kv_tokens, kv_cache_tokens, max_context, max_requests,
+    decode_roofline, step_weight_bytes, group_blocks_per_request, grouped_kv_tokens, kv_cache_tokens, max_context, max_requests,
     prefix_sharing, raw_request_bytes, vllm_max_concurrency, weight_bytes,
 )
 from kvplan.memory.layout import (
@@ -37,6 +37,6 @@ __all__ = [
     "layer_token_bytes", "num_blocks", "pool_bytes", "pool_layout", "pp_layer_counts", "pp_stages", "rank_layers",
     "shard_layer", "state_bytes_per_request", "tp_kv_heads",
     "NULL_BLOCKS", "UNBOUNDED_TOKENS", "Demand", "Fragmentation", "PrefixSharing", "Roofline", "contiguous_vs_paged",
-    "decode_roofline", "group_blocks_per_request", "grouped_kv_tokens", "kv_cache_tokens", "max_context",
+    "decode_roofline", "step_weight_bytes", "group_blocks_per_request", "grouped_kv_tokens", "kv_cache_tokens", "max_context",
     "max_requests", "prefix_sharing", "raw_request_bytes", "vllm_max_concurrency", "weight_bytes",
 ]

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from kvplan.errors import InputError
-from kvplan.spec import LayerCache, LayerKind
+from kvplan.spec import LayerCache, LayerKind, ModelSpec
 from kvplan.units import DType, cdiv
 
 from kvplan.memory.layout import KVGroup, PoolLayout, layer_state_bytes, layer_token_bytes
@@ -196,7 +196,8 @@ def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
     """N requests of ``tokens`` tokens sharing a ``prefix_tokens`` prefix store its full blocks once.
 
     Only groups that keep every token (full attention, MLA) share; windowed groups keep their own.
-    Prefill FLOPs saved ~ 2 x parameters per token not recomputed.
+    Prefill FLOPs saved ~ 2 x ``parameters`` per token not recomputed (pass the parameters one token
+    computes with: a MoE's active ones, :meth:`ModelSpec.parameters_read`).
     """
     if prefix_tokens > tokens:
         raise InputError(f"--prefix-tokens {prefix_tokens:,} exceeds the context {tokens:,}")
@@ -296,6 +297,16 @@ class Roofline:
     tokens_per_s: float
     knee_batch: float
     tokens_per_s_limit: float
+
+
+def step_weight_bytes(weight_bytes_per_gpu: int, spec: ModelSpec, batch: int) -> int:
+    """Weight bytes one decode step over ``batch`` requests reads (per GPU): all of them for a dense model;
+    for a MoE, the share of parameters the batch's tokens route through (:meth:`ModelSpec.parameters_read`),
+    so a step of one DeepSeek-V3 request reads its active experts, not all 671B parameters."""
+    read, total = spec.parameters_read(batch), spec.parameters
+    if not read or not total or read >= total:
+        return weight_bytes_per_gpu
+    return math.ceil(weight_bytes_per_gpu * read / total)
 
 
 def decode_roofline(weight_bytes_per_gpu: int, request_bytes: int, batch: int, bandwidth_bytes_per_s: int) -> Roofline:
