@@ -370,3 +370,12 @@ def test_deepseek_v3_roofline_and_prefill_use_active_parameters():
     assert r.weight_bytes == -(-p.budget.weights.bytes * active // spec.parameters)
     assert p.budget.weights.bytes * 8 >= spec.parameters  # memory still holds every expert
     assert p.prefix.prefill_flops_saved == 2 * active * p.prefix.prefill_tokens_saved
+
+
+def test_gpu_memory_without_a_gpu_is_custom_without_bandwidth_figures():
+    # "--gpu-memory 24GiB" without --gpu was labelled H100-SXM-80GB and used H100 bandwidth
+    p = _plan(gpu_memory="24GiB")
+    assert p.gpu.name == "custom" and not p.gpu.bandwidth_bytes_per_s
+    assert p.roofline is None and p.to_dict()["roofline"] is None
+    r = kvplan("estimate", "meta-llama/Llama-3.1-8B", "--gpu-memory", "24GiB")
+    assert "1x custom" in r.stdout and "H100" not in r.stdout and "roofline" not in r.stdout
