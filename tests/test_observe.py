@@ -242,16 +242,18 @@ def test_a_series_that_appears_later_is_an_event():
 def test_faults_each_a_line_and_the_run_goes_on():
     good = vllm_v1_page(V1_RUN[0])
     pages = [good, Reply("not found", 404), Reply("<html><body>login</body></html>", 200, "text/html"),
-             Reply("this is not a metrics page", 200), Reply(good, delay_s=1.0), good,
+             Reply("this is not a metrics page", 200), Reply(good, delay_s=4.0), good,
              vllm_v1_page({k: v for k, v in V1_RUN[1].items() if k != "preemptions"}), good]
     with ReplayServer(pages) as srv:
-        obs = observe_fake_time(srv.url, polls=8, timeout=0.25)
+        # the timeout is long enough that a loaded machine answers the other polls in time, the delay far
+        # past it (a 0.25 s timeout failed a healthy poll once under load)
+        obs = observe_fake_time(srv.url, polls=8, timeout=1.5)
     errors = [p.error for p in obs.polls]
     assert errors[0] is None and errors[5] is None and errors[6] is None and errors[7] is None
     assert errors[1].endswith("HTTP 404 Not Found (is the path right? vLLM and SGLang serve /metrics; SGLang needs --enable-metrics)")
     assert "got an HTML page (text/html), not Prometheus metrics" in errors[2]
     assert "not a Prometheus text page" in errors[3]
-    assert "no answer within 0.25 s (--timeout)" in errors[4]
+    assert "no answer within 1.5 s (--timeout)" in errors[4]
     messages = [e.message for e in obs.events]
     assert messages[:4] == errors[1:5]
     assert "metrics readable again after 4 failed poll(s)" in messages[4]
