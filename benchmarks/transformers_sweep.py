@@ -64,6 +64,9 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     "falcon": ("transformers' generic get_head_shapes reads num_kv_heads (= num_attention_heads when unset) and ignores "
                "multi_query; FalconAttention and vLLM keep one KV head when multi_query is set without "
                "new_decoder_architecture, and kvplan follows them"),
+    "minicpm3": ("MiniCPM3's low-rank attention: transformers caches K at qk_nope + qk_rope and V at v_head_dim per "
+                 "head; kvplan follows vLLM 0.32, which runs it as plain attention and caches K and V of every head at "
+                 "qk_nope + qk_rope (V padded), not the MLA latent (checked against vLLM's CPU build)"),
     **{t: _DSA for t in ("axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4", "hy_v4_vl", "hy_v4_vl_text", "mistral_large4",
                          "mistral_large4_text")},
 }

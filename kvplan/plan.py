@@ -240,12 +240,15 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
     gpu = resolve_gpu(options)
     rules = engine_rules(options.engine)
-    engine = _engine_defaults(rules, options, gpu)
+    engine = rules.for_model(_engine_defaults(rules, options, gpu), spec, gpu.is_cpu,
+                             options.max_model_len or options.context)
     if options.dtype and options.dtype != "auto":
         model_dtype = parse_dtype(options.dtype, "--dtype")
     else:  # the engine's --dtype auto: a float32 checkpoint runs in bf16 (fp16 without bf16 support)
         model_dtype = parse_dtype(rules.auto_dtype(spec.dtype, spec.model_type, bf16=gpu.bf16))
     kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
+    if engine.kv_in_model_dtype:  # the engine ignores --kv-dtype for this model
+        kv_dtype = model_dtype
     weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
     quantized_how = ""
     if options.quantization:
@@ -262,6 +265,8 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                           spec, options)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
+    if engine.prefix_caching is not None:  # the engine forces it for this model
+        prefix_caching = engine.prefix_caching
     if prefix_caching != options.prefix_caching:
         options = replace(options, prefix_caching=prefix_caching)
     demand = memory.Demand(layout, rules.inflight_tokens(engine, options.pp, gpu.is_cpu), prefix_caching)

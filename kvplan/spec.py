@@ -276,9 +276,27 @@ def _kv_heads(r: ConfigReader, model_type: str, num_heads: int, overrides: Overr
     return kv_heads
 
 
+# Low-rank (MLA-style) attention whose K and V vLLM caches expanded, not as the latent: vLLM 0.32 treats only the
+# DeepSeek family as MLA (ModelArchConfigConvertor.is_deepseek_mla) and runs MiniCPM3 as plain attention.
+_EXPANDED_MLA_TYPES = {"minicpm3"}
+
+
+def _expanded_mla_layers(r: ConfigReader, num_layers: int, num_heads: int, overrides: Overrides) -> list[LayerCache]:
+    """MiniCPM3: every head's K and V of ``qk_nope_head_dim + qk_rope_head_dim`` (V padded to it) per token."""
+    nope = r.int("qk_nope_head_dim", ("qk_nope_head_dim",))
+    rope = r.int("qk_rope_head_dim", ("qk_rope_head_dim",))
+    assert nope is not None and rope is not None
+    r.provenance["kv_heads"] = f"{r.provenance.get('num_attention_heads', 'num_attention_heads')} (K and V expanded)"
+    r.provenance["head_dim"] = (f"{r.prefix}qk_nope_head_dim {nope} + {r.prefix}qk_rope_head_dim {rope} (vLLM caches "
+                                "MiniCPM3's K and V expanded, not the MLA latent)")
+    return [LayerCache(LayerKind.FULL, num_heads, overrides.head_dim or nope + rope)] * num_layers
+
+
 def _attention_layers(r: ConfigReader, num_layers: int, model_type: str, num_heads: int, hidden: int,
                       overrides: Overrides) -> list[LayerCache]:
     """Per-layer caches for attention-only (dense, GQA/MQA, sliding, chunked, MLA) models."""
+    if r.raw("kv_lora_rank") is not None and model_type in _EXPANDED_MLA_TYPES and not overrides.kv_heads:
+        return _expanded_mla_layers(r, num_layers, num_heads, overrides)
     if r.raw("kv_lora_rank") is not None and not overrides.kv_heads:
         return _mla_layers(r, num_layers, overrides)
 

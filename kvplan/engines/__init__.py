@@ -93,6 +93,8 @@ class EngineDefaults:
     requested_version: str = ""  # what the user typed (--engine-version), "" for the default
     release_range: str = ""  # the releases whose rules ``version`` models, e.g. "0.18.0 - 0.19.x"
     concurrent_batches: int = 1  # batches in flight at once (2 with vLLM >= 0.26's async scheduling)
+    prefix_caching: bool | None = None  # forced by the engine for this model (vLLM's CPU MLA: off); None: not forced
+    kv_in_model_dtype: bool = False  # the engine keeps this model's KV cache in the model dtype (vLLM's Falcon)
 
     @property
     def label(self) -> str:
@@ -172,7 +174,7 @@ class Engine(Protocol):
     """What every engine module provides (``kvplan.engines.vllm``, ``kvplan.engines.sglang``).
 
     Versions, budget and defaults: ``ENGINE`` (its name), ``VERSIONS``, ``DEFAULT_VERSION``,
-    :meth:`resolve_version`, :meth:`defaults`, :meth:`budget`. Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`,
+    :meth:`resolve_version`, :meth:`defaults` (and :meth:`for_model`, what it forces for one model), :meth:`budget`. Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`,
     :meth:`default_prefix_caching`, :meth:`start_blocks` / :meth:`starts` (the start-up check),
     :meth:`kv_tokens` (the token figure it logs). The dtypes it runs a checkpoint in: :meth:`auto_dtype`
     (``--dtype auto``), :meth:`ssm_dtype` (state layers' SSM cache). What it prints and how it is launched:
@@ -198,6 +200,9 @@ class Engine(Protocol):
                tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
                version: str, pp: int = 1, device: Device | None = None) -> Budget:
         """The per-GPU budget; a term given by the caller replaces the engine's estimate."""
+
+    def for_model(self, engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None) -> EngineDefaults:
+        """The defaults with what the engine forces for this model (block size, batching, prefix caching)."""
 
     def inflight_tokens(self, engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
         """Tokens a request may have scheduled but not yet computed, which windowed layers also hold."""

@@ -204,6 +204,11 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
 # the engine's rules (kvplan.engines.Engine)
 
 
+def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None) -> EngineDefaults:
+    """SGLang's defaults do not depend on the model's layer kinds."""
+    return engine
+
+
 def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
     """Tokens scheduled but not yet computed: one ``chunked_prefill_size`` per pipeline stage in flight."""
     return engine.max_num_batched_tokens * max(1, pp)

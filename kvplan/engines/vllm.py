@@ -12,7 +12,7 @@ build). docs/engines.md gives the sources and the agreement with real start-up r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvplan import memory
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, Term,
@@ -225,6 +225,33 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
     return EngineDefaults(ENGINE, p.version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,
                           p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
                           concurrent_batches=p.concurrent_batches)
+
+
+CPU_MLA_BLOCK_SIZE = 16
+_CACHE_CONFIG_IGNORED = ("FalconForCausalLM", "RWForCausalLM")  # Attention(...) built without cache_config
+SCHEDULER_DEFAULT_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None) -> EngineDefaults:
+    """What vLLM forces for this model, whatever the user asks (0.32).
+
+    Falcon (vllm/model_executor/models/falcon.py) builds its attention without the cache config, so its
+    KV cache stays in the model dtype under ``--kv-cache-dtype fp8``. On the CPU backend
+    (vllm/platforms/cpu.py) an MLA model runs the reference MLA kernel (CPUs without AMX, which kvplan's
+    ``cpu`` target assumes): block size 16, chunked prefill and prefix caching off, so one step takes a
+    whole prompt: ``max_num_batched_tokens = max(max_model_len, 2048)``.
+    """
+    if spec.architecture in _CACHE_CONFIG_IGNORED or spec.model_type in ("falcon", "RefinedWeb", "RefinedWebModel"):
+        engine = replace(engine, kv_in_model_dtype=True, notes=engine.notes + (
+            "vLLM's Falcon builds its attention without the cache config: the KV cache stays in the model dtype "
+            "whatever --kv-dtype says",))
+    if not is_cpu or not any(layer.kind is LayerKind.MLA for layer in spec.layers):
+        return engine
+    longest = max_model_len or spec.max_position_embeddings or 0
+    return replace(engine, block_size=CPU_MLA_BLOCK_SIZE, prefix_caching=False,
+                   max_num_batched_tokens=max(longest, SCHEDULER_DEFAULT_TOKENS),
+                   notes=engine.notes + ("vLLM's CPU backend runs MLA with its reference kernel (no AMX): block size "
+                                         "16, chunked prefill and prefix caching off",))
 
 
 def requested_bytes(total_bytes: int, gpu_util: float, rounding: str) -> int:
