@@ -26,8 +26,9 @@ AGREES = ["gemma", "gemma2", "gemma3_text", "gemma3", "paligemma", "mllama", "qw
           "qwen2_5_vl", "mistral", "mixtral", "llama", "llama4", "deepseek_v2", "deepseek_v3", "falcon_h1", "gpt2",
           "gpt_neox", "phi3", "starcoder2", "jamba", "nemotron_h", "gpt_oss", "olmo2", "cohere", "cohere2",
           "gemma3n_text", "gemma4_text", "longcat_flash", "mimo_v2_flash"]
-DIFFERENT = ["falcon", "deepseek_v32"]  # listed in KNOWN_DIFFERENCES, with the reason
-REFUSED = {"zamba2": "'hybrid' layers", "recurrent_gemma": "recurrent (RG-LRU) blocks", "bamba": "no attention layer"}
+DIFFERENT = ["falcon", "deepseek_v32", "minicpm3"]  # listed in KNOWN_DIFFERENCES, with the reason
+REFUSED = {"zamba2": "'hybrid' layers", "recurrent_gemma": "recurrent (RG-LRU) blocks", "bamba": "no attention layer",
+           "granitemoehybrid": "no attention layer"}  # the last two: transformers' defaults are all Mamba
 NOT_DECODERS = {"bert": "encoder-only", "t5": "encoder-decoder", "mamba": "attention-free recurrent",
                 "siglip_vision_model": "vision model", "whisper": "encoder-decoder"}
 
