@@ -193,6 +193,8 @@ def markdown(rows: list[list[str]], version: str) -> str:
               "  Falcon-H1-7B: 3,200; Nemotron Nano 9B v2: 1,408), the bundled Falcon-H1 and Nemotron specs included,",
               "  pad state pages to the attention page, and with prefix caching on (the default) a Mamba2 group",
               "  needs 3 blocks per request, a gated-delta-net group 2;",
+              "- MLA runs vLLM's reference CPU kernel on CPUs without AMX (this one): block size 16, chunked prefill",
+              "  and prefix caching off (deepseek-v2-lite: 1,078 blocks of 16; an AMX machine keeps 128);",
               "- the CPU backend keeps SSM state in float32 on AVX-512-BF16 machines (kvplan's `--gpu cpu` does too)."]
     return "\n".join(lines) + "\n"
 

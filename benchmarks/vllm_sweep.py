@@ -172,7 +172,7 @@ def tiny_config(model_type: str, archs: set[str]) -> tuple[dict[str, Any] | None
     if arch is None:
         return None, "no causal-LM class in transformers (multimodal: its text model type is probed instead)"
     if arch not in archs:
-        return None, f"vLLM 0.32 does not serve {arch}"
+        return None, f"{arch} is not in vLLM 0.32's registry (native or Transformers backend)"
     cls = CONFIG_MAPPING[model_type]
     base = cls()
     if base.get_text_config(decoder=True) is not base:
@@ -181,6 +181,7 @@ def tiny_config(model_type: str, archs: set[str]) -> tuple[dict[str, Any] | None
         config = cls(**tiny_kwargs(base)).to_dict()
     except Exception as exc:  # noqa: BLE001 - transformers' validation refuses the shrink
         return None, f"cannot shrink it ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    config = json.loads(json.dumps(config))  # as the cache stores it (tuples -> lists), so reruns compare equal
     config["architectures"] = [arch]
     config.pop("transformers_version", None)
     for key in DROP_KEYS.get(model_type, ()):
