@@ -32,7 +32,7 @@ def _doc(source: Any, kind: str) -> Any:
     """A what-if / capacity document from a path or from a mapping (validated the same way)."""
     from pathlib import Path
 
-    from kvplan.scenario import parse_yaml
+    from kvplan.yamldoc import parse_yaml
 
     if isinstance(source, (str, Path)):
         return source

@@ -23,7 +23,8 @@ from typing import Any, Callable
 from kvplan import memory
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.plan import Options, Plan, options_from_values, plan_for_spec
-from kvplan.scenario import CapacityFile, CheckScenario, Where, model_error
+from kvplan.scenario import CapacityFile, CheckScenario, model_error
+from kvplan.yamldoc import Where
 from kvplan.spec import ModelSpec, Overrides
 from kvplan.units import plural
 
@@ -268,7 +269,7 @@ def spec_resolver(offline: bool = False, token: str | None = None) -> SpecResolv
 
 
 def _located(where: Where, message: str, hint: str | None) -> ScenarioError:
-    from kvplan.scenario import ScenarioFileError
+    from kvplan.yamldoc import ScenarioFileError
 
     return ScenarioFileError(where, message, hint)
 

@@ -193,7 +193,7 @@ def parse_bundled_yaml(text: str, where: str) -> Any:
 
     Uses libyaml's ``CSafeLoader`` when PyYAML was built with it (about 10x faster than the pure-Python
     loader, which dominated ``kvplan estimate``'s start-up), else ``SafeLoader``. User-written YAML
-    (scenario and capacity files) goes through :mod:`kvplan.scenario`'s loader instead, which keeps
+    (scenario and capacity files) goes through :mod:`kvplan.yamldoc`'s loader instead, which keeps
     node positions for file:line:col errors.
     """
     import yaml

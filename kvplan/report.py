@@ -30,7 +30,8 @@ from kvplan import memory
 from kvplan.errors import InputError, KvplanError
 from kvplan.plan import Plan, options_from_values, plan_for_spec
 from kvplan.options import ROW_AXES
-from kvplan.scenario import ScenarioFileError, WhatIfFile, Where, model_error
+from kvplan.scenario import WhatIfFile, model_error
+from kvplan.yamldoc import ScenarioFileError, Where
 from kvplan.spec import ModelSpec, Overrides
 
 SCHEMA_VERSION = 1

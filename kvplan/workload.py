@@ -15,8 +15,9 @@ of a capacity file with ``plan: capacity.yaml#check-name``) and describes the tr
     seed: 0
 
 or replaces the length fields with ``trace: requests.jsonl`` (one JSON object per line: ``prompt_tokens``,
-``output_tokens``, optional ``prefix_id``, ``prefix_tokens``, ``arrival_s``). The YAML reader, the option
-types and the error formatting are :mod:`kvplan.scenario`'s (one loader for every kvplan file).
+``output_tokens``, optional ``prefix_id``, ``prefix_tokens``, ``arrival_s``). The option types are
+:mod:`kvplan.yamltypes`'s, the YAML reader and the error formatting :mod:`kvplan.yamldoc`'s (one loader
+for every kvplan file).
 
 Only the ``simulate`` command imports this module (pydantic is not imported by ``import kvplan.cli``).
 """
@@ -33,10 +34,8 @@ from typing import Any, Iterator, Literal, Mapping, Union
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from kvplan.errors import KvplanError, ScenarioError
-from kvplan.scenario import (
-    OPTION_FIELDS, ScenarioFileError, Where, YamlDoc, number, validate_doc, display_path, finish_values, option_values,
-    read_yaml,
-)
+from kvplan.yamldoc import ScenarioFileError, Where, YamlDoc, display_path, option_locations, read_yaml, validate_doc
+from kvplan.yamltypes import OPTION_FIELDS, finish_values, number, option_values
 from kvplan.units import check_number
 from kvplan.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
 
@@ -333,17 +332,6 @@ def _num(x: float) -> str:
     return f"{x:,.0f}" if x == int(x) and abs(x) < 1e12 else f"{x:,.4g}"
 
 
-def _locations(doc: YamlDoc, keys: Any) -> dict[str, Where]:
-    import yaml
-
-    out: dict[str, Where] = {}
-    if isinstance(doc.root, yaml.MappingNode):
-        for k, v in doc.root.value:
-            if isinstance(k, yaml.ScalarNode) and k.value in keys:
-                out["gpu_count" if k.value == "gpus" else k.value] = Where(doc.display, v.start_mark.line + 1, v.start_mark.column + 1)
-    return out
-
-
 def _plan_values(ref: str, doc: YamlDoc) -> dict[str, Any]:
     """Option values of ``file.yaml#check-name`` (a capacity file, relative to the workload)."""
     from kvplan.scenario import load_capacity
@@ -427,43 +415,9 @@ def load_workload(path: str | Path) -> Workload:
     """Read and validate a workload file; raises :class:`ScenarioFileError` (file:line:col) on any mistake."""
     doc = read_yaml(path)
     model: Any = validate_doc(doc, WorkloadModel)
-    values: dict[str, Any] = {}
-    if model.plan:
-        values.update(_plan_values(model.plan, doc))
-    values.update(option_values({k: getattr(model, k) for k in model.model_fields_set if k in WORKLOAD_OPTIONS}))
-    if not values.get("model"):
-        raise doc.error((), "no model", "set model (e.g. model: meta-llama/Llama-3.1-8B) or plan: capacity.yaml#check")
-    if "context" in values and "max_model_len" not in values:
-        values["max_model_len"] = values["context"]
-    if "max_model_len" in values and "context" not in values:
-        values["context"] = values["max_model_len"]
-    trace = trace_path = None
-    if model.trace:
-        for key in ("prompt_tokens", "output_tokens", "prefixes"):
-            if key in model.model_fields_set:
-                raise doc.error((key,), f"{key} and trace are exclusive", "lengths come from the trace")
-        tpath = Path(model.trace) if Path(model.trace).is_absolute() else doc.path.resolve().parent / model.trace
-        trace_path = display_path(tpath)
-        trace = load_trace(tpath, trace_path)
-    else:
-        for key in ("prompt_tokens", "output_tokens"):
-            if getattr(model, key) is None:
-                raise doc.error((), f"{key} is required (or a trace)", "e.g. prompt_tokens: {dist: uniform, min: 50, max: 200}")
-    timed_trace = trace is not None and trace[0].arrival_s is not None
-    arrivals = model.arrivals
-    rate = closed = None
-    if arrivals is not None:
-        if (arrivals.rate is None) == (arrivals.users is None):
-            raise doc.error(("arrivals",), "give exactly one of rate (Poisson) or users (closed loop)")
-        if timed_trace:
-            raise doc.error(("arrivals",), "the trace has arrival_s: arrivals would replace them", "remove arrivals or the trace's arrival_s")
-        rate = arrivals.rate
-        if arrivals.users is not None:
-            closed = ClosedLoop(arrivals.users, arrivals.think_s)
-        elif "think_s" in arrivals.model_fields_set:
-            raise doc.error(("arrivals", "think_s"), "think_s applies to a closed loop (users)")
-    elif not timed_trace:
-        raise doc.error((), "arrivals is required", "e.g. arrivals: {rate: 10} or arrivals: {users: 32, think_s: 2}")
+    values = _deployment(doc, model)
+    trace, trace_path = _trace(doc, model)
+    rate, closed = _arrivals(doc, model.arrivals, timed_trace=trace is not None and trace[0].arrival_s is not None)
     if model.duration_s is None and model.num_requests is None and trace is None:
         raise doc.error((), "say how much traffic: duration_s and/or num_requests")
     if closed is not None and model.duration_s is None and model.num_requests is None:
@@ -471,7 +425,6 @@ def load_workload(path: str | Path) -> Workload:
     total_share = sum(p.share for p in model.prefixes)
     if total_share > 1 + 1e-9:
         raise doc.error(("prefixes",), f"shares add up to {total_share:g}, more than 1")
-    prefixes = tuple(Prefix(p.name or f"prefix {i + 1}", p.tokens, p.share) for i, p in enumerate(model.prefixes))
     return Workload(
         path=doc.path,
         display=doc.display,
@@ -485,7 +438,7 @@ def load_workload(path: str | Path) -> Workload:
         closed_loop=closed,
         prompt=_length(model.prompt_tokens, doc, ("prompt_tokens",)),
         output=_length(model.output_tokens, doc, ("output_tokens",)),
-        prefixes=prefixes,
+        prefixes=tuple(Prefix(p.name or f"prefix {i + 1}", p.tokens, p.share) for i, p in enumerate(model.prefixes)),
         trace=trace,
         trace_path=trace_path,
         policies=tuple(dict.fromkeys(model.policies)) if model.policies else POLICIES,
@@ -493,8 +446,57 @@ def load_workload(path: str | Path) -> Workload:
         decode_step_s=model.timing.decode_step_s,
         prefill_efficiency=model.timing.prefill_efficiency,
         where=doc.where(()),
-        locations=_locations(doc, WORKLOAD_OPTIONS),
+        locations=option_locations(doc, [()], WORKLOAD_OPTIONS),
     )
+
+
+def _deployment(doc: YamlDoc, model: Any) -> dict[str, Any]:
+    """The estimate options: a ``plan:`` check's, overridden by the file's own; context and max_model_len
+    default to each other."""
+    values: dict[str, Any] = {}
+    if model.plan:
+        values.update(_plan_values(model.plan, doc))
+    values.update(option_values({k: getattr(model, k) for k in model.model_fields_set if k in WORKLOAD_OPTIONS}))
+    if not values.get("model"):
+        raise doc.error((), "no model", "set model (e.g. model: meta-llama/Llama-3.1-8B) or plan: capacity.yaml#check")
+    if "context" in values and "max_model_len" not in values:
+        values["max_model_len"] = values["context"]
+    if "max_model_len" in values and "context" not in values:
+        values["context"] = values["max_model_len"]
+    return values
+
+
+def _trace(doc: YamlDoc, model: Any) -> tuple[tuple[Request, ...] | None, str | None]:
+    """The ``trace:`` requests and the trace's display path (``None, None`` without one: then the prompt
+    and output lengths are required)."""
+    if not model.trace:
+        for key in ("prompt_tokens", "output_tokens"):
+            if getattr(model, key) is None:
+                raise doc.error((), f"{key} is required (or a trace)", "e.g. prompt_tokens: {dist: uniform, min: 50, max: 200}")
+        return None, None
+    for key in ("prompt_tokens", "output_tokens", "prefixes"):
+        if key in model.model_fields_set:
+            raise doc.error((key,), f"{key} and trace are exclusive", "lengths come from the trace")
+    path = Path(model.trace) if Path(model.trace).is_absolute() else doc.path.resolve().parent / model.trace
+    shown = display_path(path)
+    return load_trace(path, shown), shown
+
+
+def _arrivals(doc: YamlDoc, arrivals: Any, timed_trace: bool) -> tuple[float | None, ClosedLoop | None]:
+    """``(rate, closed loop)`` from ``arrivals:`` (required unless the trace has arrival times)."""
+    if arrivals is None:
+        if not timed_trace:
+            raise doc.error((), "arrivals is required", "e.g. arrivals: {rate: 10} or arrivals: {users: 32, think_s: 2}")
+        return None, None
+    if (arrivals.rate is None) == (arrivals.users is None):
+        raise doc.error(("arrivals",), "give exactly one of rate (Poisson) or users (closed loop)")
+    if timed_trace:
+        raise doc.error(("arrivals",), "the trace has arrival_s: arrivals would replace them", "remove arrivals or the trace's arrival_s")
+    if arrivals.users is not None:
+        return arrivals.rate, ClosedLoop(arrivals.users, arrivals.think_s)
+    if "think_s" in arrivals.model_fields_set:
+        raise doc.error(("arrivals", "think_s"), "think_s applies to a closed loop (users)")
+    return arrivals.rate, None
 
 
 @dataclass(frozen=True)

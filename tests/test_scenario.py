@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvplan.cli import app
-from kvplan.scenario import ScenarioFileError, load_capacity, load_whatif
+from kvplan.scenario import load_capacity, load_whatif
+from kvplan.yamldoc import ScenarioFileError
 
 runner = CliRunner()
 
@@ -328,7 +329,7 @@ def test_every_mistake_in_a_file_is_listed(tmp_path):
 
 
 def test_errors_past_the_limit_are_counted(tmp_path):
-    from kvplan.scenario import MAX_FILE_ERRORS
+    from kvplan.yamldoc import MAX_FILE_ERRORS
 
     checks = "".join(f"  - {{name: c{i}, tp: x, require: {{fits: true}}}}\n" for i in range(MAX_FILE_ERRORS + 5))
     path = write(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n" + checks)

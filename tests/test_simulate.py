@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from kvplan import memory
 from kvplan.paged.allocator import FULL, GroupSpec
-from kvplan.scenario import ScenarioFileError
+from kvplan.yamldoc import ScenarioFileError
 from kvplan.simulate import (
     Pool, Request, RequestSource, Scheduler, SimConfig, Timing, config_from_plan, simulate, window_sum,
 )

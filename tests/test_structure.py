@@ -54,7 +54,8 @@ def test_every_option_is_declared_once_in_the_table() -> None:
 
     from kvplan.cli import app
     from kvplan.options import CLI_OPTIONS, KINDS, OPTIONS, YAML_OPTIONS, Options
-    from kvplan.scenario import KIND_TYPES, OPTION_FIELDS, OptionsModel
+    from kvplan.scenario import OptionsModel
+    from kvplan.yamltypes import KIND_TYPES, OPTION_FIELDS
 
     assert all(o.kind in KINDS and o.kind in KIND_TYPES for o in OPTIONS)
     command = typer.main.get_command(app)

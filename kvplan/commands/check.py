@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.calibration import load_calibration
         from kvplan.capacity import run_checks
         from kvplan.errors import KvplanError
-        from kvplan.scenario import display_path, load_capacity
+        from kvplan.scenario import load_capacity
+        from kvplan.yamldoc import display_path
 
         if junit_xml:  # before the work: a bad path must not hide the checks' outcome
             from kvplan.atomic import check_writable

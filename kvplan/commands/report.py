@@ -37,7 +37,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.render.progress import delayed_progress
         from kvplan.render.report import DOCUMENT_ROWS, JsonRows, open_row_writers, render_documents
         from kvplan.report import RowDigest, Sweep
-        from kvplan.scenario import display_path, load_whatif
+        from kvplan.scenario import load_whatif
+        from kvplan.yamldoc import display_path
 
         whatif = load_whatif(path)
         sweep = Sweep(whatif, offline=offline, token=token,

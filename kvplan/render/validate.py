@@ -41,58 +41,12 @@ def render_result(result: "ValidationResult", plan: "Plan") -> Group:
                          f"page {r.page_bytes:,} B, block id {r.block_bytes:,} B, {r.num_blocks:,} blocks, "
                          f"KV {r.kv_dtype} (torch {r.torch_kv_dtype})")
     parts: list[Any] = [head]
-
     if r.measure is not None:
-        m = r.measure
-        t = Table(title="pool bytes: estimate vs measured", title_justify="left", show_edge=False)
-        t.add_column("what")
-        t.add_column("estimate", justify="right")
-        t.add_column("measured", justify="right")
-        t.add_column("difference", justify="right")
-        t.add_row("tensor storages", f"{m.estimate_bytes:,} B", f"{m.storage_bytes:,} B", _diff(m.storage_bytes, m.estimate_bytes))
-        t.add_row("device accounting", f"{m.expected_device_bytes:,} B", f"{m.device_bytes:,} B",
-                  _diff(m.device_bytes, m.estimate_bytes))
-        if m.driver_bytes is not None:
-            t.add_row("driver free (info)", f"{m.estimate_bytes:,} B", f"{m.driver_bytes:,} B",
-                      _diff(m.driver_bytes, m.estimate_bytes))
-        if m.rss_bytes is not None:
-            t.add_row("RSS delta (info)", f"{m.estimate_bytes:,} B", f"{m.rss_bytes:,} B",
-                      _diff(m.rss_bytes, m.estimate_bytes))
-        if m.released_bytes is not None:
-            t.add_row("held after release", "0 B", f"{m.released_bytes:,} B", _diff(m.released_bytes, 0))
-        parts.append(t)
-        sources = [f"device accounting = {m.device_source}"]
-        if m.driver_bytes is not None:
-            sources.append("driver = torch.cuda.mem_get_info free-memory delta (2 MiB segments)")
-        if m.rss_bytes is not None:
-            sources.append("RSS = /proc/self/statm resident delta after zero-filling")
-        parts.append(Text(f"  {fmt_bytes(m.estimate_bytes)} estimated = {r.num_blocks:,} blocks x {r.block_bytes:,} B "
-                          f"in {m.num_tensors} tensor(s); " + "; ".join(sources), style="grey62"))
-
+        parts.extend(_measure_parts(r))
     if r.fill is not None:
-        f = r.fill
-        t = Table(title=f"requests at {f.context_tokens:,} tokens (prefill chunks of {f.chunk_tokens:,})",
-                  title_justify="left", show_edge=False)
-        t.add_column("what")
-        t.add_column("plan", justify="right")
-        t.add_column("allocator", justify="right")
-        t.add_row("concurrent requests", f"{f.planned_requests:,}", f"{f.filled_requests:,}")
-        t.add_row("blocks per request (peak)", f"{f.planned_blocks_per_request:,}", f"{f.peak_blocks:,}")
-        t.add_row("blocks per request (resident)", f"{f.planned_blocks_per_request:,}", f"{f.resident_blocks_per_request:,}")
-        t.add_row("free blocks after filling", "", f"{f.free_blocks:,}")
-        one_more = "n/a" if f.one_more_fits is None else ("fits" if f.one_more_fits else "does not fit")
-        t.add_row(f"request {f.planned_requests + 1}", "does not fit", one_more)
-        parts.append(t)
-
+        parts.append(_fill_table(r))
     if r.attention:
-        t = Table(title="decode attention: scattered blocks vs contiguous copy", title_justify="left", show_edge=False)
-        for col in ("case", "tokens", "heads q/kv", "dim", "cache", "max |diff|", "tolerance", ""):
-            t.add_column(col, justify="left" if col in ("case", "cache", "") else "right")
-        for c in r.attention:
-            t.add_row(c.case, f"{c.num_tokens:,}", f"{c.q_heads}/{c.kv_heads}", str(c.head_dim), c.cache_dtype,
-                      f"{c.max_abs_error:.2e}", f"{c.atol:g}", _verdict(c.ok))
-        parts.append(t)
-
+        parts.append(_attention_table(r))
     if r.probe is not None:
         p = r.probe
         parts.append(Text(f"probe: {p.blocks_fit:,} blocks of {p.block_bytes:,} B fit in {fmt_bytes(p.free_bytes)} free "
@@ -106,6 +60,64 @@ def render_result(result: "ValidationResult", plan: "Plan") -> Group:
     verdict.append("estimate matches the real pool" if r.ok else "; ".join(r.failures))
     parts.append(verdict)
     return Group(*parts)
+
+
+def _measure_parts(r: "ValidationResult") -> list[Any]:
+    """Pool bytes, estimate vs each measurement, and where each measurement comes from."""
+    m = r.measure
+    assert m is not None
+    t = Table(title="pool bytes: estimate vs measured", title_justify="left", show_edge=False)
+    t.add_column("what")
+    t.add_column("estimate", justify="right")
+    t.add_column("measured", justify="right")
+    t.add_column("difference", justify="right")
+    t.add_row("tensor storages", f"{m.estimate_bytes:,} B", f"{m.storage_bytes:,} B", _diff(m.storage_bytes, m.estimate_bytes))
+    t.add_row("device accounting", f"{m.expected_device_bytes:,} B", f"{m.device_bytes:,} B",
+              _diff(m.device_bytes, m.estimate_bytes))
+    if m.driver_bytes is not None:
+        t.add_row("driver free (info)", f"{m.estimate_bytes:,} B", f"{m.driver_bytes:,} B",
+                  _diff(m.driver_bytes, m.estimate_bytes))
+    if m.rss_bytes is not None:
+        t.add_row("RSS delta (info)", f"{m.estimate_bytes:,} B", f"{m.rss_bytes:,} B",
+                  _diff(m.rss_bytes, m.estimate_bytes))
+    if m.released_bytes is not None:
+        t.add_row("held after release", "0 B", f"{m.released_bytes:,} B", _diff(m.released_bytes, 0))
+    sources = [f"device accounting = {m.device_source}"]
+    if m.driver_bytes is not None:
+        sources.append("driver = torch.cuda.mem_get_info free-memory delta (2 MiB segments)")
+    if m.rss_bytes is not None:
+        sources.append("RSS = /proc/self/statm resident delta after zero-filling")
+    return [t, Text(f"  {fmt_bytes(m.estimate_bytes)} estimated = {r.num_blocks:,} blocks x {r.block_bytes:,} B "
+                    f"in {m.num_tensors} tensor(s); " + "; ".join(sources), style="grey62")]
+
+
+def _fill_table(r: "ValidationResult") -> Table:
+    """Requests the plan promises vs what the allocator held."""
+    f = r.fill
+    assert f is not None
+    t = Table(title=f"requests at {f.context_tokens:,} tokens (prefill chunks of {f.chunk_tokens:,})",
+              title_justify="left", show_edge=False)
+    t.add_column("what")
+    t.add_column("plan", justify="right")
+    t.add_column("allocator", justify="right")
+    t.add_row("concurrent requests", f"{f.planned_requests:,}", f"{f.filled_requests:,}")
+    t.add_row("blocks per request (peak)", f"{f.planned_blocks_per_request:,}", f"{f.peak_blocks:,}")
+    t.add_row("blocks per request (resident)", f"{f.planned_blocks_per_request:,}", f"{f.resident_blocks_per_request:,}")
+    t.add_row("free blocks after filling", "", f"{f.free_blocks:,}")
+    one_more = "n/a" if f.one_more_fits is None else ("fits" if f.one_more_fits else "does not fit")
+    t.add_row(f"request {f.planned_requests + 1}", "does not fit", one_more)
+    return t
+
+
+def _attention_table(r: "ValidationResult") -> Table:
+    """Decode attention over the scattered blocks vs a contiguous copy, case by case."""
+    t = Table(title="decode attention: scattered blocks vs contiguous copy", title_justify="left", show_edge=False)
+    for col in ("case", "tokens", "heads q/kv", "dim", "cache", "max |diff|", "tolerance", ""):
+        t.add_column(col, justify="left" if col in ("case", "cache", "") else "right")
+    for c in r.attention:
+        t.add_row(c.case, f"{c.num_tokens:,}", f"{c.q_heads}/{c.kv_heads}", str(c.head_dim), c.cache_dtype,
+                  f"{c.max_abs_error:.2e}", f"{c.atol:g}", _verdict(c.ok))
+    return t
 
 
 def render_ranks(results: list["ValidationResult"]) -> Group:
