@@ -18,27 +18,36 @@ if TYPE_CHECKING:
 
 
 def estimate(model: str, *, token: str | None = None, **options: Any) -> "Plan":
-    """Plan ``model`` under ``options`` (any estimate option: ``gpu="H100"``, ``context="8k"``, ``tp=2``,
-    ``kv_dtype="fp8"``, ``kv_budget="40GiB"``...) and return the frozen :class:`~kvplan.plan.Plan`.
+    """Plan ``model`` (a Hub id, a bundled id or a local path) under ``options`` (any estimate option:
+    ``gpu="H100"``, ``context="8k"``, ``tp=2``, ``kv_dtype="fp8"``, ``kv_budget="40GiB"``...) and return the
+    frozen :class:`~kvplan.plan.Plan`.
 
-    Raises :class:`kvplan.errors.KvplanError` for bad input.
+    Raises :class:`kvplan.errors.KvplanError` for bad input, a wrong-typed argument included.
     """
+    from os import fspath
+
+    from kvplan.api import check_estimate
     from kvplan.plan import estimate as _estimate, options_from_values
 
-    return _estimate(options_from_values({"model": model, **options}), token=token)
+    check_estimate(model, token, options)
+    return _estimate(options_from_values({"model": fspath(model), **options}), token=token)
 
 
-def _doc(source: Any, kind: str) -> Any:
-    """A what-if / capacity document from a path or from a mapping (validated the same way)."""
+def _doc(function: str, name: str, source: Any, kind: str) -> Any:
+    """A what-if / capacity document from a path or from a mapping (validated the same way; a mapping's
+    errors name the file ``<kind>``)."""
     from pathlib import Path
+
+    from kvplan.api import document
+
+    data = document(function, name, source)
+    if not isinstance(data, dict):
+        return data
+    import yaml
 
     from kvplan.yamldoc import parse_yaml
 
-    if isinstance(source, (str, Path)):
-        return source
-    import yaml
-
-    return parse_yaml(yaml.safe_dump(dict(source), sort_keys=False), Path.cwd() / f"<{kind}>.yaml", f"<{kind}>")
+    return parse_yaml(yaml.safe_dump(data, sort_keys=False), Path.cwd() / f"<{kind}>.yaml", f"<{kind}>")
 
 
 def sweep(whatif: Any, *, offline: bool = False, token: str | None = None) -> Any:
@@ -46,19 +55,25 @@ def sweep(whatif: Any, *, offline: bool = False, token: str | None = None) -> An
     e.g. ``{"defaults": {"context": "8k"}, "sweep": {"model": [...], "gpu": ["H100", "A100-40GB"]}}``.
 
     Returns the frozen :class:`kvplan.report.Report` (``.rows``, ``.to_dict()``); writes nothing.
+    Raises :class:`kvplan.errors.KvplanError` for bad input, a wrong-typed argument included.
     """
+    from kvplan.api import check_run
     from kvplan.report import build_report
     from kvplan.scenario import load_whatif
 
-    return build_report(load_whatif(_doc(whatif, "sweep")), offline=offline, token=token)
+    check_run("sweep", offline, token)
+    return build_report(load_whatif(_doc("sweep", "whatif", whatif, "sweep")), offline=offline, token=token)
 
 
 def check(capacity: Any, *, offline: bool = False, token: str | None = None) -> Any:
     """Run capacity checks: ``capacity`` is a YAML path or a mapping with ``defaults`` and ``checks``.
 
     Returns the frozen :class:`kvplan.capacity.CheckReport` (each result's verdict, margin, suggestions).
+    Raises :class:`kvplan.errors.KvplanError` for bad input, a wrong-typed argument included.
     """
+    from kvplan.api import check_run
     from kvplan.capacity import run_checks
     from kvplan.scenario import load_capacity
 
-    return run_checks(load_capacity(_doc(capacity, "capacity")), offline=offline, token=token)
+    check_run("check", offline, token)
+    return run_checks(load_capacity(_doc("check", "capacity", capacity, "capacity")), offline=offline, token=token)

@@ -42,3 +42,145 @@ def test_api_functions_survive_submodule_imports():
             importlib.import_module(mod.name)
     assert all(callable(getattr(kvplan, name)) and not isinstance(getattr(kvplan, name), type(kvplan))
                for name in ("estimate", "sweep", "check"))
+
+
+# ---------------------------------------------------------------------------------------------
+# wrong-typed arguments: a KvplanError naming the function and the argument, before any work
+
+from dataclasses import fields  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from kvplan import api  # noqa: E402
+from kvplan.errors import InputError  # noqa: E402
+from kvplan.options import BY_NAME, KINDS, Options  # noqa: E402
+
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.complex_numbers(), st.text(max_size=8),
+    st.binary(max_size=8), st.lists(st.integers(), max_size=3), st.tuples(st.integers()),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.sets(st.integers(), max_size=2),
+    st.builds(object), st.just(Path("capacity.yaml")), st.just(Ellipsis),
+)
+
+
+def _wrong(types: tuple[type, ...]):
+    """Values that are none of ``types`` (a bool counts as a number only where bool is listed)."""
+    def is_accepted(v):
+        if isinstance(v, bool) and bool not in types:
+            return False
+        return isinstance(v, types)
+
+    return ANY_VALUE.filter(lambda v: not is_accepted(v))
+
+
+# what each API argument takes (besides the option values, which kvplan.api.KIND_TYPES gives per kind)
+ARGUMENTS = {
+    ("estimate", "model"): (str, Path),
+    ("estimate", "token"): (str, type(None)),
+    ("sweep", "whatif"): (str, Path, dict),
+    ("check", "capacity"): (str, Path, dict),
+    ("sweep", "offline"): (bool,),
+    ("check", "offline"): (bool,),
+    ("sweep", "token"): (str, type(None)),
+    ("check", "token"): (str, type(None)),
+}
+DOC = {"defaults": {"model": LLAMA}, "checks": [{"name": "c", "require": {"concurrency": 1}}]}
+
+
+def _call(function: str, argument: str, value):
+    """``kvplan.<function>`` with one argument replaced by ``value`` and the others valid."""
+    if function == "estimate":
+        kwargs = {"model": LLAMA, argument: value}
+        return kvplan.estimate(kwargs.pop("model"), **kwargs)
+    first = {"sweep": "whatif", "check": "capacity"}[function]
+    kwargs = {first: DOC, argument: value}
+    return getattr(kvplan, function)(kwargs.pop(first), **kwargs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(ARGUMENTS)).flatmap(lambda key: st.tuples(st.just(key), _wrong(ARGUMENTS[key]))))
+def test_a_wrong_typed_argument_is_an_input_error_naming_it(case):
+    (function, argument), value = case
+    with pytest.raises(InputError, match=rf"^kvplan\.{function}\(\): {argument} must be .*, got {type(value).__name__}"):
+        _call(function, argument, value)
+
+
+OPTION_NAMES = sorted(o.name for o in BY_NAME.values() if o.name not in ("model", "token"))
+FIELD_NAMES = sorted(f.name for f in fields(Options) if f.name not in BY_NAME and f.name != "model")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(OPTION_NAMES + FIELD_NAMES).flatmap(
+    lambda name: st.tuples(st.just(name), _wrong(api.option_type(name)[0]).filter(lambda v: v is not None))))
+def test_a_wrong_typed_option_is_an_input_error_naming_it(case):
+    """Every option, by its name (``context="8k"``) or its Options field (``gpu_count=2``): ``None`` is the
+    default; any other value of a type the option does not take is refused before planning."""
+    name, value = case
+    with pytest.raises(InputError, match=rf"^kvplan\.estimate\(\): {name} must be "):
+        kvplan.estimate(LLAMA, **{name: value})
+
+
+def test_the_api_types_cover_every_kind_of_option():
+    assert set(api.KIND_TYPES) == set(KINDS)
+    assert {str(f.type).removesuffix(" | None") for f in fields(Options) if f.name not in BY_NAME} <= set(api.FIELD_TYPES)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: kvplan.estimate(model=None), r"estimate\(\): model must be a model id or a path .*got NoneType None"),
+    (lambda: kvplan.check(None), r"check\(\): capacity must be a YAML file path .*got NoneType"),
+    (lambda: kvplan.check(42), r"check\(\): capacity must be .*got int 42"),
+    (lambda: kvplan.check([1, 2]), r"check\(\): capacity must be .*got list \[1, 2\]"),
+    (lambda: kvplan.sweep(42), r"sweep\(\): whatif must be .*got int 42"),
+    (lambda: kvplan.sweep(b".."), r"sweep\(\): whatif must be .*got bytes b'\.\.'"),
+    (lambda: kvplan.estimate(LLAMA, revision=5), r"estimate\(\): revision must be a string, got int 5"),
+    (lambda: kvplan.estimate(LLAMA, enforce_eager="yes"), r"enforce_eager must be True or False, got str 'yes'"),
+    (lambda: kvplan.check("capacity\x00.yaml"), r"check\(\): capacity contains a NUL character"),
+])
+def test_the_acceptance_testers_cases(call, message):
+    with pytest.raises(InputError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("doc, where", [
+    ({"defaults": {"model": LLAMA, "context": object()}, "checks": []}, r"capacity\['defaults'\]\['context'\]"),
+    ({"defaults": {"model": LLAMA}, "checks": [{"name": "c", "require": {"fits": {1, 2}}}]},
+     r"capacity\['checks'\]\[0\]\['require'\]\['fits'\] must be a string, number, bool, None, list or mapping, got set"),
+    ({"defaults": {1: "x"}}, r"a key of capacity\['defaults'\] must be a string, got int 1"),
+])
+def test_a_mapping_with_a_value_yaml_cannot_hold_names_where_it_is(doc, where):
+    with pytest.raises(InputError, match=where):
+        kvplan.check(doc)
+
+
+def test_a_mapping_nested_past_the_yaml_bound_is_refused():
+    from kvplan.yamldoc import MAX_YAML_DEPTH
+
+    doc: dict = {}
+    inner = doc
+    for _ in range(MAX_YAML_DEPTH + 1):
+        inner["a"] = {}
+        inner = inner["a"]
+    with pytest.raises(InputError, match=f"nested more than {MAX_YAML_DEPTH} levels deep"):
+        kvplan.check(doc)
+    shared: list = [1]
+    for _ in range(25):  # 2^25 values once expanded, from 25 lists that share each other
+        shared = [shared, shared]
+    with pytest.raises(InputError, match="holds more than 1,000,000 values"):
+        kvplan.sweep({"sweep": {"context": shared}})
+
+
+YAML_DATA = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6)),
+                         lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                 st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                         max_leaves=12)
+KEYS = st.sampled_from(["defaults", "checks", "sweep", "model", "context", "require", "name", "gpu", "zip"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["sweep", "check"]), st.dictionaries(KEYS, YAML_DATA, max_size=3))
+def test_any_plain_mapping_gives_a_report_or_a_kvplan_error(function, doc):
+    try:
+        getattr(kvplan, function)(doc, offline=True)
+    except KvplanError:
+        pass

@@ -1,0 +1,118 @@
+"""The Python API's boundary: every argument of :func:`kvplan.estimate`, :func:`kvplan.sweep` and
+:func:`kvplan.check` is type-checked here, before any work, so a wrong-typed argument is an
+:class:`~kvplan.errors.InputError` naming the function and the argument, never a ``TypeError`` from deep
+inside (the docs promise :class:`~kvplan.errors.KvplanError` subclasses for all bad input).
+
+Only types are checked here; values (``context="lots"``, an unknown GPU) are checked by the same parsers
+the CLI and the YAML files use. Imports nothing heavy (``import kvplan`` stays cheap).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kvplan.errors import InputError
+
+PATH = (str, os.PathLike)
+# What the Python API takes for each kind of option (kvplan.options.KINDS): the parsed spelling (``"8k"``,
+# ``"24GiB"``) or the value itself. A test keeps this in step with KINDS.
+KIND_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    **{kind: ((str,), "a string") for kind in ("text", "revision", "version", "gpu", "dtype", "kv_dtype",
+                                               "weights_dtype", "ssm_dtype", "engine", "usage")},
+    **{kind: ((int, str), "an integer or a string such as '8k'") for kind in ("count", "tokens", "tokens_or_zero",
+                                                                              "max_model_len")},
+    **{kind: ((int, float, str), "a number of GiB or a string such as '24GiB'") for kind in ("size", "size_or_zero")},
+    "fraction": ((int, float, str), "a number such as 0.9"),
+    "flag": ((bool,), "True or False"),
+    "switch": ((bool,), "True or False"),
+    "calibration": (PATH, "a calibration file path or a loaded Calibration"),
+}
+# Options fields given in base units (``gpu_count=2``, ``kv_budget_bytes=...``): the dataclass field's type.
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "True or False"),
+    "str": ((str,), "a string"),
+}
+YAML_SCALARS = (str, int, float, bool, type(None))
+
+
+def require(function: str, name: str, value: Any, types: tuple[type, ...], expected: str) -> None:
+    """Raise :class:`InputError` unless ``value`` is one of ``types`` (a bool is not a number here).
+
+    The message names the call and the argument: ``kvplan.check(): capacity must be ..., got int 42``.
+    """
+    numeric = any(t in (int, float) for t in types) and bool not in types
+    if isinstance(value, types) and not (numeric and isinstance(value, bool)):
+        if isinstance(value, str) and "\x00" in value:
+            raise InputError(f"kvplan.{function}(): {name} contains a NUL character")
+        return
+    from kvplan.yamldoc import short
+
+    raise InputError(f"kvplan.{function}(): {name} must be {expected}, got {type(value).__name__} {short(value)}")
+
+
+def check_estimate(model: Any, token: Any, options: Mapping[str, Any]) -> None:
+    """``kvplan.estimate(model, token=..., **options)``: each argument's type (``None`` = the option's default)."""
+    require("estimate", "model", model, PATH, "a model id or a path (str or os.PathLike)")
+    require("estimate", "token", token, (str, type(None)), "a string or None")
+    for key, value in options.items():
+        if value is not None:
+            types, expected = option_type(key)
+            require("estimate", key, value, types, expected)
+
+
+def option_type(key: str) -> tuple[tuple[type, ...], str]:
+    """The types :func:`kvplan.estimate` takes for option ``key`` (an unknown key: anything, so that
+    :func:`kvplan.options.options_from_values` names it)."""
+    from dataclasses import fields
+
+    from kvplan.options import BY_NAME, Options
+
+    if key in BY_NAME:
+        types, expected = KIND_TYPES[BY_NAME[key].kind]
+        if BY_NAME[key].kind == "calibration":
+            from kvplan.calibration import Calibration
+
+            types = (*types, Calibration)
+        return types, expected
+    field_type = {f.name: str(f.type).removesuffix(" | None") for f in fields(Options)}.get(key)
+    return FIELD_TYPES.get(field_type or "", ((object,), "anything"))
+
+
+def check_run(function: str, offline: Any, token: Any) -> None:
+    """The keyword arguments :func:`kvplan.sweep` and :func:`kvplan.check` share."""
+    require(function, "offline", offline, (bool,), "True or False")
+    require(function, "token", token, (str, type(None)), "a string or None")
+
+
+def document(function: str, name: str, source: Any) -> Any:
+    """A what-if / capacity argument: a path (returned as given) or a mapping, returned as plain YAML data
+    (dicts with string keys, lists, scalars). Anything else, nesting past the YAML reader's bound, or more
+    values than it accepts is an :class:`InputError` naming where in ``source`` the bad value is."""
+    from kvplan.yamldoc import MAX_YAML_DEPTH, MAX_YAML_VALUES
+
+    require(function, name, source, (*PATH, Mapping), "a YAML file path (str or os.PathLike) or a mapping")
+    if not isinstance(source, Mapping):
+        return source
+    count = 0
+
+    def plain(value: Any, where: str, depth: int) -> Any:
+        nonlocal count
+        count += 1
+        if count > MAX_YAML_VALUES:
+            raise InputError(f"kvplan.{function}(): {name} holds more than {MAX_YAML_VALUES:,} values")
+        if depth > MAX_YAML_DEPTH:
+            raise InputError(f"kvplan.{function}(): {where} is nested more than {MAX_YAML_DEPTH} levels deep")
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                require(function, f"a key of {where}", key, (str,), "a string")
+                out[key] = plain(item, f"{where}[{key!r}]", depth + 1)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [plain(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+        require(function, where, value, YAML_SCALARS, "a string, number, bool, None, list or mapping")
+        return value
+
+    return plain(source, name, 0)
