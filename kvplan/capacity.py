@@ -133,6 +133,14 @@ def describe_requirement(key: str, required: Any, plan: Plan) -> str:
     return f"engine {'starts' if required else 'does not start'} at max_model_len {plan.max_model_len:,}"
 
 
+def requirement_text(key: str, required: Any, plan: Plan) -> str:
+    """The requirement as a table row says it, each word once: the key and its condition
+    (``concurrency >= 48 requests at 8,192 tokens``); a yes/no requirement's description already names it
+    (``1 x 8,192 fits``, ``engine starts at max_model_len 131,072``)."""
+    text = describe_requirement(key, required, plan)
+    return text if isinstance(required, bool) else f"{key} {text}"
+
+
 def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
     """One requirement against one plan (no suggestions)."""
     measure, unit = _MEASURES[key]

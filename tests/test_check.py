@@ -212,3 +212,33 @@ def test_per_check_revision_is_honoured(tmp_path, hub):
     per_token = [c["plan"]["per_token"]["kv_bytes_per_token_gpu"] for c in json.loads(r.stdout)["checks"]]
     # 2 kv heads x (256 / 8 = 32) head_dim x 2 B x 2 (K, V) = 256 B per layer: 4 layers = 1,024; 6 layers = 1,536
     assert per_token == [1024, 1536]
+
+
+def test_each_requirement_reads_each_word_once(tmp_path):
+    """The table's requirement column: the key and its condition, no word twice ("fits 1 x 8,192 fits" was)."""
+    from kvplan.capacity import requirement_text
+
+    report = run_checks(load_capacity(write(tmp_path, """\
+        - name: every-kind
+          batch: 2
+          require: {concurrency: 2, context: 4k, kv_tokens: 1000, headroom_pct: 1, fits: true, engine_starts: true}
+        - name: the-negatives
+          batch: 64
+          require: {fits: false, engine_starts: true}
+        """)), offline=True)
+    texts = [requirement_text(o.requirement, o.required, r.plan) for r in report.results for o in r.outcomes]
+    assert texts == [
+        "concurrency >= 2 requests at 8,192 tokens",
+        "context >= 4,096 tokens at batch 2",
+        "kv_tokens >= 1,000 KV tokens (max_model_len 8,192)",
+        "headroom_pct >= 1% free after 2 x 8,192",
+        "2 x 8,192 fits",
+        "engine starts at max_model_len 8,192",
+        "64 x 8,192 does not fit",
+        "engine starts at max_model_len 8,192",
+    ]
+    for text in texts:
+        words = [w for w in text.split() if w.isalpha()]
+        assert len(words) == len(set(words)), text
+    r = runner.invoke(app, ["check", str(tmp_path / "capacity.yaml"), "--offline"], env={"COLUMNS": "120"})
+    assert "2 x 8,192 fits" in r.stdout and "fits 2 x" not in r.stdout and "engine_starts engine" not in r.stdout

@@ -37,7 +37,7 @@ def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN2
     from rich.console import Group
     from rich.text import Text
 
-    from kvplan.capacity import describe_requirement
+    from kvplan.capacity import requirement_text
     from kvplan.render.fit import Col, fitted_table, terminal_width
 
     cols = [Col("check"), Col("requirement", wrap=True), Col("actual", justify="right"),
@@ -46,7 +46,7 @@ def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN2
     for r in report.results:
         for i, o in enumerate(r.outcomes):
             verdict = Text("pass", style="bold green") if o.passed else Text("FAIL", style="bold red")
-            row = [r.name if i == 0 else "", f"{o.requirement} {describe_requirement(o.requirement, o.required, r.plan)}",
+            row = [r.name if i == 0 else "", requirement_text(o.requirement, o.required, r.plan),
                    format_value(o.actual, o.unit if o.unit == "%" else ""), _fmt_margin(o, short=True), verdict]
             for col, cell in zip(cols, row):
                 col.cells.append(cell)
