@@ -227,3 +227,18 @@ def test_the_logs_warnings_are_shown():
     o = overrides(rid)
     r = runner.invoke(app, ["explain", "-", "--gpu-memory", o["gpu_memory"]], input=REPORTS[rid]["log_excerpt"])
     assert r.exit_code == 0 and "! log:" in r.output and "Add 2 padding layers" in r.output
+
+
+def test_a_long_warning_wraps_whole_at_80_columns():
+    """A warning longer than a line is wrapped at word boundaries, never cut ("... or P2P t" was)."""
+    rid = "dennislee-2xa100-80-qwen2-7b-tp2"
+    warning = next(line.strip() for line in REPORTS[rid]["log_excerpt"].splitlines() if "WARNING" in line)
+    assert len(warning) > 160 and warning.endswith("P2P test failed.")
+    r = runner.invoke(app, ["explain", "-", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "A100-PCIe-80GB",
+                            "--engine-version", "0.10.1.1"], input=REPORTS[rid]["log_excerpt"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    start = next(i for i, line in enumerate(lines) if line.startswith("! log:"))
+    shown = " ".join(line.strip() for line in lines[start:start + 4])
+    assert "! log: " + warning in shown

@@ -131,8 +131,8 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
     else:
         verdict.append("the log prints no KV budget, blocks or tokens to check the block rules against\n")
     notes = Text()
-    for line in log.warnings[:5]:
-        notes.append(f"! log: {line[:160]}\n", style="yellow")
+    for line in log.warnings[:5]:  # whole: the console wraps it at word boundaries, never cuts it
+        notes.append(f"! log: {line}\n", style="yellow")
     for note in list(ex.notes) + list(p.notes):
         notes.append(f"· {note}\n", style="grey62")
     return Group(head, terms, cap, verdict, notes)
