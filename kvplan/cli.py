@@ -17,7 +17,8 @@ import typer
 from kvplan import __version__
 from kvplan.cli_errors import handle_errors
 from kvplan.cli_options import (
-    HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_estimate_options,
+    HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
+    with_estimate_options,
 )
 from kvplan.commands import check, explain, observe, report, schema, simulate, validate
 
@@ -92,6 +93,7 @@ def models(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 
 @models_app.command("show")
 @handle_errors
+@with_aliases
 def models_show(
     model: ModelArg,
     revision: RevisionOpt = None,

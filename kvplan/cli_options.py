@@ -14,10 +14,33 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 
+from kvplan.errors import InputError
 from kvplan.options import BY_NAME, CLI_OPTIONS, KINDS, Opt
 
 ModelArg = Annotated[str, typer.Argument(help="Hub id (meta-llama/Llama-3.1-8B), bundled id, or local path to a config.json / model folder.", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+
+
+def split_flags(opt: Opt) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]:
+    """``(flags, others)``: the option's own flags (its first long flag and the short ones) and each other
+    long spelling with whether it negates: vLLM's ``--tensor-parallel-size`` for ``--tp`` (an alias),
+    ``--no-prefix-caching`` for ``--prefix-caching`` (a negation).
+
+    Each other spelling is a parameter of its own, so ``--help`` lists every name whole on its own row:
+    rich's options table puts an option's long names in one cell (and a negation in a column of its own)
+    and cuts the cell to fit 80 columns (``--tp,--tensor-paral…``).
+    """
+    own: list[str] = []
+    others: list[tuple[str, bool]] = []
+    for flag in opt.cli_flags:
+        positive, _, negative = flag.partition("/")
+        if not positive.startswith("--") or not any(f.startswith("--") for f in own):
+            own.append(positive)
+        else:
+            others.append((positive, False))
+        if negative:
+            others.append((negative, True))
+    return tuple(own), tuple(others)
 
 
 def cli_annotation(opt: Opt) -> Any:
@@ -26,7 +49,44 @@ def cli_annotation(opt: Opt) -> Any:
     if opt.cli_value is None:
         typ = Optional[typ]
     extra = {} if opt.show_default else {"show_default": False}
-    return Annotated[typ, typer.Option(*opt.cli_flags, help=opt.help, rich_help_panel=opt.panel, **extra)]
+    return Annotated[typ, typer.Option(*split_flags(opt)[0], help=opt.help, rich_help_panel=opt.panel, **extra)]
+
+
+def alias_parameters(name: str) -> list[inspect.Parameter]:
+    """The parameters of option ``name``'s other spellings, each listed on its own row of ``--help``."""
+    out = []
+    for key, (opt, flag, negates) in ALIASES.items():
+        if opt.name == name:
+            help_ = f"Turns {opt.flag} off." if negates else f"Same as {opt.flag}."
+            option = typer.Option(flag, help=help_, rich_help_panel=opt.panel, show_default=False)
+            typ = Optional[bool if negates else KINDS[opt.kind].cli_type]
+            out.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                         annotation=Annotated[typ, option]))
+    return out
+
+
+def resolve_aliases(kwargs: dict[str, Any]) -> None:
+    """Fold each other spelling's parameter into its option's, in place (``--no-prefix-caching``: False);
+    the option and another spelling of it given different values is an :class:`InputError`."""
+    for key, (opt, flag, negates) in ALIASES.items():
+        given = kwargs.pop(key, None)
+        if given is None:
+            continue
+        given = not given if negates else given
+        value = kwargs.get(opt.name, opt.cli_value)
+        if value != opt.cli_value and value != given:
+            raise InputError(f"{split_flags(opt)[0][0]} and {flag} disagree" if negates else
+                             f"{opt.flag} {value} and {flag} {given} disagree", "give one of them")
+        kwargs[opt.name] = given
+
+
+def with_alias_rows(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """``params``, each followed by its option's other spellings (keyword-only, like the rest after it)."""
+    out: list[inspect.Parameter] = []
+    for p in params:
+        out.append(p)
+        out += [a.replace(kind=p.kind) for a in alias_parameters(p.name)]
+    return out
 
 
 def cli_parameter(opt: Opt) -> inspect.Parameter:
@@ -34,6 +94,11 @@ def cli_parameter(opt: Opt) -> inspect.Parameter:
     return inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, default=opt.cli_value,
                              annotation=cli_annotation(opt))
 
+
+# other spellings: parameter name -> (option, flag, negates), e.g. ``tp__tensor_parallel_size`` ->
+# (--tp, --tensor-parallel-size, False), ``prefix_caching__no_prefix_caching`` -> (..., True)
+ALIASES: dict[str, tuple[Opt, str, bool]] = {f"{o.name}__{flag[2:].replace('-', '_')}": (o, flag, negates)
+                                             for o in CLI_OPTIONS for flag, negates in split_flags(o)[1]}
 
 # the table's options that commands also declare on their own (``kvplan models show``, ``kvplan check``)
 RevisionOpt, TokenOpt, HubOpt, OfflineOpt, RefreshOpt, KvDtypeOpt = (
@@ -57,12 +122,32 @@ def with_estimate_options(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        resolve_aliases(kwargs)
         values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         token = values.pop("token", None)
         return fn(*args, values=values, token=token, **kwargs)
 
     params = own[:1] + [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in ESTIMATE_PARAMS] + own[1:]
-    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return _signed(wrapper, with_alias_rows(params))
+
+
+def with_aliases(fn: F) -> F:
+    """Give the table options ``fn`` declares itself their other spellings (``kvplan models show
+    --kv-cache-dtype``)."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        resolve_aliases(kwargs)
+        return fn(*args, **kwargs)
+
+    return _signed(wrapper, with_alias_rows(own))
+
+
+def _signed(wrapper: Any, params: list[inspect.Parameter]) -> Any:
+    """``wrapper`` with the signature typer reads (``params``), not the wrapped function's."""
+    wrapper.__signature__ = inspect.Signature(params)
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    del wrapper.__wrapped__  # typer must read __signature__, not fn's
-    return wrapper  # type: ignore[return-value]
+    del wrapper.__wrapped__
+    return wrapper

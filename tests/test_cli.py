@@ -141,3 +141,63 @@ def test_malformed_configs_give_one_line_errors(tmp_path_factory, broken, drop):
         assert r.exception is None or isinstance(r.exception, SystemExit)
     else:
         json.loads(r.stdout)
+
+
+def _command_paths():
+    """Every command and subcommand, as the words typed after ``kvplan``."""
+    import typer.main
+
+    def walk(command, path):
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+@pytest.mark.parametrize("path, command", _command_paths(), ids=lambda p: " ".join(p) if isinstance(p, list) else "")
+def test_help_at_80_columns_shows_every_option_name_whole(path, command):
+    """rich's options table cut option names to fit (``--tp,--tensor-paral…``, ``--gpu-util,--gpu-memory-util…``):
+    at 80 columns every flag of every visible option is printed whole, and nothing is cut."""
+    import re
+
+    r = run(*path, "--help", env={"COLUMNS": "80", "TERM": "dumb", "NO_COLOR": "1"})
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+    for param in command.params:
+        if getattr(param, "hidden", False):
+            continue
+        for flag in [*param.opts, *param.secondary_opts]:
+            if flag.startswith("-"):
+                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", r.stdout), (path, flag)
+
+
+@pytest.mark.parametrize("args, field, value", [
+    (["--tensor-parallel-size", "2"], "tp", 2),
+    (["--pipeline-parallel-size", "2", "--tp", "1"], "pp", 2),
+    (["--gpu-memory-utilization", "0.5"], "gpu_util", 0.5),
+    (["--kv-cache-dtype", "fp8"], "kv_dtype", "fp8_e4m3"),
+    (["--no-prefix-caching"], "prefix_caching", False),
+    (["--prefix-caching"], "prefix_caching", True),
+    (["--tp", "2", "--tensor-parallel-size", "2"], "tp", 2),
+])
+def test_every_spelling_of_an_option_is_its_own_row_and_means_the_same(args, field, value):
+    r = run("estimate", "meta-llama/Llama-3.1-8B", *args, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["assumptions"][field] == value
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "2", "--tensor-parallel-size", "4"], "--tp 2 and --tensor-parallel-size 4 disagree (give one of them)"),
+    (["--prefix-caching", "--no-prefix-caching"], "--prefix-caching and --no-prefix-caching disagree"),
+])
+def test_two_spellings_given_different_values_is_an_error(args, message):
+    r = run("estimate", "meta-llama/Llama-3.1-8B", *args)
+    assert r.exit_code == 2 and message in r.output
+
+
+def test_models_show_takes_vllms_kv_cache_dtype():
+    r = run("models", "show", "meta-llama/Llama-3.1-8B", "--kv-cache-dtype", "fp8", "--json")
+    fp8 = run("models", "show", "meta-llama/Llama-3.1-8B", "--kv-dtype", "fp8", "--json")
+    assert r.exit_code == 0 and r.stdout == fp8.stdout
