@@ -14,6 +14,17 @@ from kvplan.errors import ConfigError
 from kvplan.files import read_json, read_json_object
 
 
+# Bits per element of each safetensors dtype (the format's own names).
+SAFETENSORS_DTYPE_BITS: dict[str, int] = {
+    "F64": 64, "I64": 64, "U64": 64,
+    "F32": 32, "I32": 32, "U32": 32,
+    "F16": 16, "BF16": 16, "I16": 16, "U16": 16,
+    "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "I8": 8, "U8": 8, "BOOL": 8,
+    "F6_E2M3": 6, "F6_E3M2": 6,
+    "F4": 4,
+}
+
+
 @dataclass(frozen=True)
 class WeightFacts:
     """What is known about a checkpoint's weights, without downloading them.

@@ -103,6 +103,9 @@ class ModelSpec:
 
     Sizes are element counts, not bytes; ``dtype`` is the checkpoint's (``bfloat16``...): the dtype an engine
     runs it in is the engine's rule (``auto_dtype`` in :mod:`kvplan.engines.vllm`).
+    ``weights`` and ``parameters`` are what an engine loads (:mod:`kvplan.checkpoint`): the checkpoint's weight
+    facts less its multi-token-prediction layers (not loaded without speculative decoding), or for a quantized
+    config without facts an estimate of how the checkpoint stores them (:mod:`kvplan.quant`).
     ``provenance`` maps a field name to the config key (or rule) it came from.
     """
 

@@ -16,13 +16,13 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from kvplan import hybrid, layer_variants, model_types
+from kvplan import checkpoint, hybrid, layer_variants, model_types
 from kvplan.config_reader import (KV_HEAD_KEYS, ConfigReader, Overrides, derived_head_dim, first_int, short_repr,
                                   unmodelled_layer_type)
 from kvplan.errors import ConfigError
 from kvplan.model_source import ModelSource, WeightFacts
 from kvplan.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
-from kvplan.params import TIED_BY_DEFAULT, parameter_count, routed_expert_layers
+from kvplan.params import TIED_BY_DEFAULT, inventory, mtp_layers, parameter_count, routed_expert_layers
 
 __all__ = ["STATE_KINDS", "TOKEN_KINDS", "LayerCache", "LayerGroup", "LayerKind", "ModelSpec", "Overrides",
            "build_spec", "spec_from_config"]
@@ -443,11 +443,12 @@ def spec_from_config(
         decoder_layers=num_layers if len(layers) != num_layers else 0,
         **_sizes(r, hidden),
     )
-    spec = replace(spec, provenance=MappingProxyType(dict(r.provenance)))
     tied = r.bool("tie_word_embeddings", default=model_type in TIED_BY_DEFAULT)
-    embedding = spec.vocab_size * hidden * (1 if tied else 2)
-    return replace(spec, parameters=parameter_count(spec, r), embedding_parameters=embedding,
-                   routed_expert_layers=routed_expert_layers(spec, r))
+    tensors = inventory(spec, r)
+    loaded, weight_notes = checkpoint.engine_weights(config, where, weights, tensors, spec.dtype)
+    return replace(spec, weights=loaded, parameters=parameter_count(loaded, tensors), notes=spec.notes + weight_notes,
+                   embedding_parameters=spec.vocab_size * hidden * (1 if tied else 2),
+                   routed_expert_layers=routed_expert_layers(spec, r), provenance=MappingProxyType(dict(r.provenance)))
 
 
 def _refuse_unplannable(r: ConfigReader, config: Mapping[str, Any], model_type: str) -> None:
@@ -517,9 +518,10 @@ def _notes(r: ConfigReader, config: Mapping[str, Any], layers: list[LayerCache],
                      "memory are not modelled")
     if cross_note:
         notes.append(cross_note)
-    if r.has("num_nextn_predict_layers") and r.raw("num_nextn_predict_layers"):
-        notes.append("multi-token-prediction (MTP) layers are not counted in the KV cache (vLLM adds them only "
-                     "with speculative decoding)")
+    if mtp_layers(r):
+        notes.append(f"multi-token-prediction (MTP) layers ({r.provenance['num_mtp_layers']} = {mtp_layers(r)}): vLLM "
+                     "loads them only for speculative decoding (its "
+                     "load_weights skips them), so they are left out of the weights, the active parameters and the KV cache")
     if any(layer.kind is LayerKind.CHUNKED for layer in layers):
         notes.append("chunked local attention: a request holds at most chunk + max_num_batched_tokens tokens in the "
                      "chunked layers (vLLM 0.32 keeps its hybrid KV manager on for them by default; with "

@@ -17,18 +17,8 @@ from kvplan.errors import KvplanError
 from kvplan.files import decode_text, parse_json, read_json
 from kvplan.hub.request import (MAX_SAFETENSORS_HEADER_BYTES, SAFETENSORS_FILE, SAFETENSORS_INDEX_FILE, HubRequest,
                                 cached_file, header_timeout_s, supported, transport_errors)
-from kvplan.model_source import WeightFacts, weights_from_index
+from kvplan.model_source import SAFETENSORS_DTYPE_BITS, WeightFacts, weights_from_index
 from kvplan.units import cdiv
-
-# Bits per element of each safetensors dtype (the format's own names).
-SAFETENSORS_DTYPE_BITS: dict[str, int] = {
-    "F64": 64, "I64": 64, "U64": 64,
-    "F32": 32, "I32": 32, "U32": 32,
-    "F16": 16, "BF16": 16, "I16": 16, "U16": 16,
-    "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "I8": 8, "U8": 8, "BOOL": 8,
-    "F6_E2M3": 6, "F6_E3M2": 6,
-    "F4": 4,
-}
 
 
 def online_weights(req: HubRequest, commit: str | None) -> tuple[WeightFacts | None, str]:
