@@ -157,6 +157,9 @@ CASES: dict[str, Case] = {
     "rocm-blog-r1-distill-qwen-14b-tp2-v0111": Case(
         "Qwen/Qwen2.5-14B-Instruct", "0.11.1rc2.dev141+g38f225c2a", gpu="MI300X-192GB", compare="tokens",
         why="vLLM 0.11.1 on ROCm, tp 2; MI300X inferred"),
+    "rocm-gemma-3-27b-it-v0110rc2": Case(
+        "google/gemma-3-27b-it", "0.11.0rc2.dev98+g393de22d2", gpu="MI300X-192GB", compare="tokens",
+        why="vLLM 0.11.0rc2 on ROCm, multimodal Gemma 3 (31 dummy images); MI300X inferred"),
     "eole-gemma-3-1b-it-v0130-llm": Case(
         "google/gemma-3-1b-it", "0.13.0", gpu_memory_gib=32.0, compare="tokens", budget_from_log=True,
         usage_context="llm", why="vLLM 0.13.0 LLM class, GPU not named: sliding-window block math from the logged GiB"),

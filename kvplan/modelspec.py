@@ -98,6 +98,49 @@ class LayerGroup:
 
 
 @dataclass(frozen=True)
+class RotaryCache:
+    """One rotary-embedding cos/sin table a serving engine builds while loading the model, shared by the layers
+    that use the same rope parameters: ``positions`` rows of ``rotary_dim`` values (the cos and sin halves).
+
+    ``rule`` says how ``positions`` follows from the config (``max_position_embeddings 131,072 x linear
+    factor 8``). Models whose layer kinds use different rope parameters (Gemma 3: local and global) hold one
+    table each.
+    """
+
+    positions: int
+    rotary_dim: int
+    rule: str = ""
+
+
+@dataclass(frozen=True)
+class VisionEncoder:
+    """The image encoder of a multimodal checkpoint, as far as an engine's profile run needs it (element counts).
+
+    One image is ``channels x image_size^2`` pixels, cut into ``(image_size // patch_size)^2`` patches that
+    run through encoder layers of ``hidden_size`` / ``intermediate_size``; it reaches the language model as
+    ``tokens_per_image`` embeddings and occupies ``placeholder_tokens`` prompt tokens (the embeddings plus
+    the start/end markers around them).
+    """
+
+    image_size: int
+    patch_size: int
+    hidden_size: int
+    intermediate_size: int
+    tokens_per_image: int
+    placeholder_tokens: int
+    channels: int = 3
+    source: str = ""
+
+    @property
+    def patches_per_image(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def pixels_per_image(self) -> int:
+        return self.channels * self.image_size * self.image_size
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Everything the memory math needs about a model, normalised from its config.
 
@@ -130,6 +173,8 @@ class ModelSpec:
     decoder_layers: int = 0  # decoder layers when some hold two caches (Falcon-H1); 0: one entry per layer
     embedding_parameters: int = 0  # token embeddings + an untied LM head (kept 16-bit by weight quantizers)
     routed_expert_layers: int = 0  # decoder layers with routed experts (MoE); 0: dense
+    rotary_caches: tuple[RotaryCache, ...] = ()  # the rope tables an engine builds at load (none: no rope)
+    vision: VisionEncoder | None = None  # the image encoder an engine profiles (None: text-only or not modelled)
 
     @property
     def expert_parameters(self) -> int:

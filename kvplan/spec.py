@@ -16,7 +16,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from kvplan import checkpoint, hybrid, layer_variants, model_types
+from kvplan import checkpoint, hybrid, layer_variants, model_types, rope_vision
 from kvplan.config_reader import (KV_HEAD_KEYS, ConfigReader, Overrides, derived_head_dim, first_int, short_repr,
                                   unmodelled_layer_type)
 from kvplan.errors import ConfigError
@@ -448,7 +448,9 @@ def spec_from_config(
     loaded, weight_notes = checkpoint.engine_weights(config, where, weights, tensors, spec.dtype)
     return replace(spec, weights=loaded, parameters=parameter_count(loaded, tensors), notes=spec.notes + weight_notes,
                    embedding_parameters=spec.vocab_size * hidden * (1 if tied else 2),
-                   routed_expert_layers=routed_expert_layers(spec, r), provenance=MappingProxyType(dict(r.provenance)))
+                   routed_expert_layers=routed_expert_layers(spec, r), provenance=MappingProxyType(dict(r.provenance)),
+                   rotary_caches=rope_vision.rotary_caches(r, layers, spec.max_position_embeddings),
+                   vision=rope_vision.vision_encoder(config, where))
 
 
 def _refuse_unplannable(r: ConfigReader, config: Mapping[str, Any], model_type: str) -> None:
@@ -510,7 +512,10 @@ def _sizes(r: ConfigReader, hidden: int) -> dict[str, Any]:
 def _notes(r: ConfigReader, config: Mapping[str, Any], layers: list[LayerCache], cross_note: str | None) -> list[str]:
     """What the reader should know about this config: multimodal parts, MTP, chunked and state layers."""
     notes: list[str] = []
-    if r.prefix:
+    if r.prefix and rope_vision.vision_encoder(config, r.where) is not None:
+        notes.append(f"multimodal config: the language model ({r.prefix.rstrip('.')}) is planned; the vision encoder's "
+                     "weights are in the checkpoint and vLLM's profile run of it (a dummy image batch) in the activation")
+    elif r.prefix:
         notes.append(f"multimodal config: the language model ({r.prefix.rstrip('.')}) is planned; vision encoder memory "
                      "is not modelled")
     elif isinstance(config.get("vision_config"), dict):

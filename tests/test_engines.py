@@ -63,12 +63,13 @@ def test_activation_is_max_of_forward_and_sampler(llama3):
     # V0, 8192-token profile: forward 8192 x 110,592 = 905,969,664 < sampler 1,313,341,440 (10 copies)
     forward, sampler = vllm.activation_parts(llama3, 1, 8192, 256, 2, "0.6")
     assert (forward, sampler) == (905_969_664, 1_313_341_440)
-    # 0.32 (FlashInfer sampler): bf16 logits + 3 fp32 copies + the batch's hidden states:
-    # 256 x (128,256 x 2 + 128,256 x 12) + 2,048 x 4,096 x 2 = 459,669,504 + 16,777,216 = 476,446,720;
+    # 0.32 (FlashInfer sampler): bf16 logits + 3 fp32 copies + the batch's hidden states + the sampled rows'
+    # hidden states twice (gathered, and their rand_like copy):
+    # 256 x (128,256 x 2 + 128,256 x 12) + (2,048 + 2 x 256) x 4,096 x 2 = 459,669,504 + 20,971,520 = 480,641,024;
     # forward 2048 x 110,592 = 226,492,416
-    assert vllm.activation_parts(llama3, 1, 2048, 256, 2, "0.32") == (226_492_416, 476_446_720)
-    # sampler rows are min(max_num_seqs, max_num_batched_tokens): 100 x 1,795,584 + 100 x 4,096 x 2 = 180,377,600
-    assert vllm.activation_parts(llama3, 1, 100, 256, 2, "0.32")[1] == 180_377_600
+    assert vllm.activation_parts(llama3, 1, 2048, 256, 2, "0.32") == (226_492_416, 480_641_024)
+    # sampler rows are min(max_num_seqs, max_num_batched_tokens): 100 x 1,795,584 + (100 + 200) x 4,096 x 2
+    assert vllm.activation_parts(llama3, 1, 100, 256, 2, "0.32")[1] == 179_558_400 + 2_457_600 == 182_016_000
     b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, spec=llama3, tp=1, max_num_batched_tokens=20_000,
                     max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.6")
     # 20,000 x 110,592 = 2,211,840,000 > sampler: the forward wins
@@ -98,20 +99,21 @@ def test_triton_and_flashinfer_sampler_peaks_are_derived(llama31):
     # Llama-3.1-8B, `vllm serve` on an H100 (132 SMs): 8,192 tokens, 1,024 rows, vocab 128,256 (padded the same).
     # 0.17 - 0.20 (Triton top-k/top-p): bf16 logits 1,024 x 128,256 x 2 = 262,668,288; fp32 logits, softmax
     # probs and exponential noise 1,024 x 128,256 x 12 = 1,576,009,728; Triton buffer 132 x 128,256 x 4 =
-    # 67,719,168; hidden states 8,192 x 4,096 x 2 = 67,108,864 -> 1,973,506,048 (1.84 GiB, 5 copies were 2.45)
+    # 67,719,168; hidden states of the batch 8,192 x 4,096 x 2 = 67,108,864 and of the sampled rows twice
+    # (gathered, then torch.rand_like) 2 x 1,024 x 4,096 x 2 = 16,777,216 -> 1,990,283,264 (1.85 GiB; 5 copies: 2.45)
     h100 = Device("cuda", 132, "nvlink-switch")
     forward, triton = vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.19.0", h100)
-    assert (forward, triton) == (905_969_664, 1_973_506_048)
-    # 0.21+ (FlashInfer: top-k masked logits + probs, no per-SM buffer): 1,973,506,048 - 67,719,168
-    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.21.0", h100)[1] == 1_905_786_880
+    assert (forward, triton) == (905_969_664, 1_990_283_264)
+    # 0.21+ (FlashInfer: top-k masked logits + probs, no per-SM buffer): 1,990,283,264 - 67,719,168
+    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.21.0", h100)[1] == 1_922_564_096
     # ROCm has no FlashInfer: the Triton buffer again, one row per compute unit (MI300X: 304)
     mi300x = Device("rocm", 304, "infinity-fabric")
-    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.21.0", mi300x)[1] == 1_905_786_880 + 304 * 128_256 * 4
+    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.21.0", mi300x)[1] == 1_922_564_096 + 304 * 128_256 * 4
     # 24 rows on an H100: the buffer is min(next power of two of 24, 132) = 32 rows
     small = vllm.sampler_peak_bytes(llama31, 24, 2, 24, "triton", 132)
-    assert small == 24 * 128_256 * 14 + 32 * 128_256 * 4 + 24 * 4_096 * 2
+    assert small == 24 * 128_256 * 14 + 32 * 128_256 * 4 + (24 + 48) * 4_096 * 2
     # fp32 models: .to(float32) returns the logits themselves -> 4 B + 8 B per element, no extra copy
-    assert vllm.sampler_peak_bytes(llama31, 8, 4, 8, "flashinfer") == 8 * 128_256 * 12 + 8 * 4_096 * 4
+    assert vllm.sampler_peak_bytes(llama31, 8, 4, 8, "flashinfer") == 8 * 128_256 * 12 + (8 + 16) * 4_096 * 4
 
 
 def test_rope_cache_counted_in_overhead(llama31, llama3):
@@ -231,10 +233,12 @@ def test_versions_and_default_utilisation():
 
 @pytest.mark.parametrize(("typed", "release", "covers"), [
     ("0.19.0", "0.18", "0.18.0 - 0.19.x"),
-    ("0.10.1.1", "0.9", "0.9.0 - 0.11.x"),
+    ("0.10.1.1", "0.9", "0.9.0 - 0.10.x"),
+        ("0.11.0rc2.dev98+g393de22d2", "0.11", "0.11.0 - 0.11.x"),
+        ("0.13.0", "0.13", "0.13.0 - 0.13.x"),
     ("0.15.2rc1.dev93+g11a4c9d30", "0.14", "0.14.0 - 0.16.x"),
     ("0.29.1rc1.dev17+gd2d649e67", "0.29", "0.29.0 and later"),
-    ("0.10.1.dev101+gbda9d0535", "0.9", "0.9.0 - 0.11.x"),  # a dev build before 0.10.1 is 0.10.x code
+    ("0.10.1.dev101+gbda9d0535", "0.9", "0.9.0 - 0.10.x"),  # a dev build before 0.10.1 is 0.10.x code
     ("v0.20.0", "0.20", "0.20.0"),
     ("0.20.1", "0.20.1", "0.20.1 - 0.20.x"),
     ("0.23.0", "0.21", "0.21.0 - 0.25.x"),

@@ -41,8 +41,11 @@ class Budget:
     ``usable = ceil(total x gpu_util)`` (vLLM >= 0.19; ``floor`` of the float product before, which
     gives the same block count); ``kv_budget = usable - weights - activation - overhead - cudagraph``,
     or the explicit ``--kv-budget`` when given (then the other terms are informational).
-    ``activation_forward_bytes`` / ``activation_sampler_bytes`` are the two candidates whose maximum
-    is the activation term (both 0 when the term was given by the user or the engine has none).
+    ``activation_forward_bytes`` / ``activation_sampler_bytes`` are the decoder's two candidates (both 0
+    when the term was given by the user or the engine has none); a multimodal model's dummy image batch adds
+    ``activation_images_bytes`` (pixels and cached encoder outputs, alive through both) and its own candidate
+    ``activation_encoder_bytes`` (the encoder run): the activation term is
+    ``max(max(forward, sampler) + images, encoder)``.
     """
 
     total_bytes: int
@@ -58,6 +61,8 @@ class Budget:
     activation_forward_bytes: int = 0
     activation_sampler_bytes: int = 0
     notes: tuple[str, ...] = ()
+    activation_images_bytes: int = 0
+    activation_encoder_bytes: int = 0
 
     @property
     def terms(self) -> tuple[Term, ...]:
@@ -365,9 +370,10 @@ def sampler_peak_bytes(spec: ModelSpec, rows: int, act_bytes: int, max_num_batch
       top-k masked logits and their softmax probs;
     - Triton only: its per-program buffer, one fp32 vocab row per SM (``min(rows, SMs)`` rounded up to a
       power of two, at most the SM count), kept for later steps;
-    - the model's output hidden states of the profiled batch, ``max_num_batched_tokens x hidden``.
+    - the model's output hidden states of the profiled batch, ``max_num_batched_tokens x hidden``, and of the
+      sampled rows twice (``hidden_states[logit_indices]`` and its ``torch.rand_like`` copy), ``2 x rows x hidden``.
     Llama-3.1-8B on an H100, 1,024 rows (Triton): 1,024 x (128,256 x 2 + 128,256 x 12) + 132 x 128,256 x 4
-    + 8,192 x 4,096 x 2 = 1,838,678,016 + 67,719,168 + 67,108,864 = 1,973,506,048 B (1.84 GiB).
+    + (8,192 + 2 x 1,024) x 4,096 x 2 = 1,838,678,016 + 67,719,168 + 83,886,080 = 1,990,283,264 B (1.85 GiB).
     """
     vocab, padded = spec.vocab_size, padded_vocab(spec.vocab_size)
     logits = rows * padded * act_bytes
@@ -377,4 +383,4 @@ def sampler_peak_bytes(spec: ModelSpec, rows: int, act_bytes: int, max_num_batch
         sms = sm_count or DEFAULT_SM_COUNT
         programs = min(sms, rows)
         buffer = min(1 << (programs - 1).bit_length() if programs > 1 else 1, sms) * vocab * 4
-    return logits + fp32 + buffer + max_num_batched_tokens * spec.hidden_size * act_bytes
+    return logits + fp32 + buffer + (max_num_batched_tokens + 2 * rows) * spec.hidden_size * act_bytes

@@ -18,6 +18,7 @@ from kvplan import memory
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, Term,
                             forward_bytes_per_token, sampler_peak_bytes,
                             padded_vocab, release_ranges, resolve_release, sampler_bytes)
+from kvplan.engines.vllm_profile import ImageProfile, image_profile, rope_cache_bytes
 from kvplan.errors import InputError
 from kvplan.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, MiB
@@ -41,7 +42,8 @@ class Profile:
     (``num_blocks x block_size``), ``groups`` (``num_blocks // num_groups x block_size``) or
     ``concurrency`` (``int(max_concurrency x max_model_len)``). ``concurrent_batches``: batches in
     flight, whose tokens sliding windows also hold (2 with async scheduling). ``non_torch_bytes``:
-    the non-torch increase during profiling at tp 1. ``change``: what this release changed.
+    the non-torch increase during profiling at tp 1. ``mm_profile``: how the profile run sizes its dummy
+    image batch (:mod:`kvplan.engines.vllm_profile`). ``change``: what this release changed.
     """
 
     version: str
@@ -58,6 +60,7 @@ class Profile:
     kv_tokens_rule: str
     non_torch_bytes: int
     concurrent_batches: int = 1
+    mm_profile: str = "embeds"
 
 
 # Non-torch increase (NCCL / cuBLAS / attention workspaces created after the baseline snapshot) at tp 1.
@@ -91,8 +94,14 @@ def _p(version: str, first: tuple[int, ...], change: str, **kw: object) -> Profi
 # not have it). ``0.6`` is the V0 engine as of PR #10511 (0.6.5); 0.6.0 - 0.6.4 logged in another
 # format but budgeted the same terms (vllm-10517 agrees at 0.6.3/0.6.4).
 _V0 = dict(mode="V0", gpu_util=0.9, rounding="floor", batch_rule="v0", sampler="v0", sampler_copies=10,
-           cudagraph="none", refusal="tokens", kv_tokens_rule="blocks", non_torch_bytes=NON_TORCH_BYTES)
-_V1 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer-early", sampler_copies=2, refusal="bytes")
+           cudagraph="none", refusal="tokens", kv_tokens_rule="blocks", non_torch_bytes=NON_TORCH_BYTES,
+           mm_profile="none")
+_V1 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer-early", sampler_copies=2, refusal="bytes",
+           mm_profile="ceil-placeholder")
+# 0.9 - 0.12 size the dummy image batch by an item's prompt tokens, floored (0.8: cdiv); 0.11 - 0.12 scatter each
+# dummy encoder output into an encoder-budget-sized buffer; 0.13 counts an item's embeddings and caches them as they are.
+_V1_9 = dict(_V1, batch_rule="v1", kv_tokens_rule="groups", mm_profile="placeholder")
+_V1_13 = dict(_V1_9, sampler="native", sampler_copies=10, mm_profile="embeds")
 PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.6", (0, 6, 0), "V0 engine (memory profiling of PR #10511)", **_V0),
     # 0.8: V1 by default. Sampler: FlashInfer's top-k/top-p when it is installed (VLLM_USE_FLASHINFER_SAMPLER
@@ -103,44 +112,48 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     # KV-cache path prints num_blocks // len(groups) x min block size (0.9.1 - 0.10.x: hybrid models only,
     # 0.11.0 - 0.20.0 every model; single-group models print num_blocks x block_size either way).
     _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; token line num_blocks // groups x block size",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups")),
+       **_V1_9),
+    _p("0.11", (0, 11, 0), "multimodal profiling copies each dummy encoder output into an encoder-budget buffer",
+       **dict(_V1_9, mm_profile="scattered")),
     # 0.12: VLLM_USE_FLASHINFER_SAMPLER becomes opt-in: the native torch sort path, 10 copies, calibrated on
     # five H100 logs (activation 9.6 - 9.9 copies of rows x vocab x 4 B) and vLLM 0.11.1 on ROCm (native there).
     _p("0.12", (0, 12, 0), "FlashInfer sampler opt-in: native top-k/top-p (torch sort)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="native", sampler_copies=10)),
+       **dict(_V1_9, sampler="native", sampler_copies=10, mm_profile="scattered")),
+    _p("0.13", (0, 13, 0), "multimodal profiling counts an image's embeddings and caches the encoder outputs as they are",
+       **_V1_13),
     _p("0.14", (0, 14, 0), "requested memory = ceil(total x util) (request_memory)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="native", sampler_copies=10, rounding="ceil")),
+       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="groups", sampler="native", sampler_copies=10, rounding="ceil")),
     # 0.17: apply_top_k_top_p runs a Triton kernel in place for >= 8 rows (no sort copies); the sampler
     # peak is derived from the code (sampler_peak_bytes), not calibrated.
     _p("0.17", (0, 17, 0), "Triton top-k/top-p in place (no sort copies)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil")),
+       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil")),
     _p("0.18", (0, 18, 0), "CUDA-graph memory estimated and logged (subtracted only with "
        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil",
+       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil",
               cudagraph="logged")),
     _p("0.20", (0, 20, 0), "default gpu_memory_utilization 0.92; CUDA-graph estimate subtracted by default",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil",
+       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil",
               cudagraph="subtracted", gpu_util=0.92)),
     # 0.20.1: _report_kv_cache_config prints int(max_concurrency x max_model_len) ("a naive num_blocks //
     # num_groups x block_size formula underestimates capacity"; vllm#40691 reported the old line on 0.19.0).
     _p("0.20.1", (0, 20, 1), "token line int(max_concurrency x max_model_len)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=0,
+       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92)),
     # 0.21: VLLM_USE_FLASHINFER_SAMPLER defaults to True again: FlashInfer's top_k_top_p_sampling_from_logits
     # (top-k mask copy + softmax probs) on CUDA GPUs with more than 16 SMs; ROCm keeps the Triton path.
     _p("0.21", (0, 21, 0), "FlashInfer top-k/top-p sampler on by default (CUDA)",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
+       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92)),
     # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
     # scheduling on one pipeline stage).
     _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches",
-       **dict(_V1, batch_rule="v1", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
+       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2)),
     _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)",
-       **dict(_V1, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
+       **dict(_V1_13, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2)),
     _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
-       **dict(_V1, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
+       **dict(_V1_13, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2, refusal="null_block")),
 )}
 VERSIONS = tuple(PROFILES)
@@ -307,27 +320,21 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
 
 
 def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes: int, forward: int, sampler: int,
-                       path: str, copies: int) -> str:
+                       path: str, copies: int, images: ImageProfile | None) -> str:
     what = (f"{rows:,} rows x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
             f"{path} path, {rows:,} rows: model-dtype logits + 3 fp32 [rows, vocab] tensors"
             + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
-    return (f"estimate: max(forward {mnbt:,} tokens x {forward_bytes_per_token(spec, tp, act_bytes):,} B = "
-            f"{forward / GiB:.2f} GiB, sampler {what} = {sampler / GiB:.2f} GiB)")
+    text = (f"forward {mnbt:,} tokens x {forward_bytes_per_token(spec, tp, act_bytes):,} B = {forward / GiB:.2f} GiB, "
+            f"sampler {what} = {sampler / GiB:.2f} GiB")
+    if images is None:
+        return f"estimate: max({text})"
+    return f"estimate: max(max({text}) + images {images.resident_bytes / GiB:.2f} GiB, encoder); {images.describe()}"
 
 
-def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
-    """The rotary embedding's cos/sin cache vLLM allocates while loading (kvplan: in "overhead").
-
-    One ``[max_position_embeddings, rotary_dim]`` tensor in the model dtype, shared by all layers and
-    replicated on every rank: Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are
-    14.9888 GiB against a 14.9577 GiB checkpoint; Llama-3-8B at 8,192 positions: 2 MiB, 14.9595 GiB).
-    MLA models rotate only ``qk_rope_head_dim`` and are not counted (a few MiB).
-    """
-    attn = next((layer for layer in spec.layers if layer.kind is LayerKind.FULL or layer.kind is LayerKind.SLIDING
-                 or layer.kind is LayerKind.CHUNKED), None)
-    if attn is None or not spec.max_position_embeddings:
-        return 0
-    return spec.max_position_embeddings * attn.head_dim * act_bytes
+def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
+                      version: str = DEFAULT_VERSION) -> ImageProfile | None:
+    """The dummy image batch of ``version``'s profile run (:func:`kvplan.engines.vllm_profile.image_profile`)."""
+    return image_profile(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, profile(version).mm_profile)
 
 
 def non_torch_bytes(p: Profile, tp: int, device: Device | None = None, pp: int = 1) -> tuple[int, int, str]:
@@ -412,13 +419,16 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
             kv, source = CPU_KVCACHE_SPACE_BYTES, "VLLM_CPU_KVCACHE_SPACE unset: vLLM's CPU default 4 GiB"
         return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                       p.rounding, 0, 0, tuple(notes))
+    images = None
     if activation is None:
         forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
                                             device)
+        images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version)
+        peak = max(forward, sampler) + (images.resident_bytes if images else 0)
         rows = min(max_num_seqs, max_num_batched_tokens)
-        activation = Term("activation", max(forward, sampler),
+        activation = Term("activation", max(peak, images.encoder_peak_bytes if images else 0),
                           _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
-                                             *sampler_path(version, device)))
+                                             *sampler_path(version, device), images))
     if overhead is None:
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp)
         notes.extend(note)
@@ -440,7 +450,8 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         kv = usable - weights.bytes - activation.bytes - overhead.bytes - cudagraph.bytes
         source = "usable - weights - activation - overhead - cudagraph"
     return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
-                  p.rounding, forward, sampler, tuple(notes))
+                  p.rounding, forward, sampler, tuple(notes), images.resident_bytes if images else 0,
+                  images.encoder_peak_bytes if images else 0)
 
 
 # ---------------------------------------------------------------------------------------------
