@@ -1,5 +1,6 @@
 """Regenerate what the docs quote from the CLI: docs/cli-reference.md (typer's `utils docs` over
---help) and the README's sample output (`kvplan estimate ...` rendered at 80 columns).
+--help), the README's sample output (`kvplan estimate ...` rendered at 80 columns) and docs/explain.md's
+example (`kvplan explain vllm.log ...` on a log of benchmarks/engine_reports.yaml, at 100 columns).
 
     python3 docs/gen_cli_reference.py          # rewrite both
     python3 docs/gen_cli_reference.py --check  # exit 1 if either is stale (used by the tests)
@@ -39,8 +40,32 @@ def readme_with_sample(readme: str) -> str:
     return readme[:start] + out.rstrip() + "\n" + readme[end:]
 
 
+EXPLAIN_DOC = REPO / "docs" / "explain.md"
+EXPLAIN_LOG = "dennislee-2xa100-80-qwen2-7b-tp2"  # the report whose log_excerpt is the example's vllm.log
+EXPLAIN_ARGS = ["explain", "vllm.log", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "A100-PCIe-80GB",
+                "--engine-version", "0.10.1.1"]
+EXPLAIN_INTRO = "```text\n$ kvplan " + " ".join(EXPLAIN_ARGS) + "\n"
+
+
+def explain_with_example(doc: str) -> str:
+    """docs/explain.md with its example's output replaced by what `kvplan explain` prints now."""
+    import yaml
+
+    reports = yaml.safe_load((REPO / "benchmarks" / "engine_reports.yaml").read_text())
+    log = next(r["log_excerpt"] for r in reports if r["id"] == EXPLAIN_LOG)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "vllm.log").write_text(log)
+        out = subprocess.run([sys.executable, "-m", "kvplan", *EXPLAIN_ARGS], check=True, env=env,
+                             capture_output=True, text=True, cwd=tmp).stdout
+    start = doc.index(EXPLAIN_INTRO) + len(EXPLAIN_INTRO)
+    end = doc.index("```", start)
+    return doc[:start] + "\n".join(line.rstrip() for line in out.rstrip().splitlines()) + "\n" + doc[end:]
+
+
 def main() -> int:
-    targets = {TARGET: generate(), README: readme_with_sample(README.read_text())}
+    targets = {TARGET: generate(), README: readme_with_sample(README.read_text()),
+               EXPLAIN_DOC: explain_with_example(EXPLAIN_DOC.read_text())}
     stale = [path for path, text in targets.items() if not path.exists() or path.read_text() != text]
     if "--check" in sys.argv:
         for path in stale:

@@ -54,6 +54,7 @@ class Entry:
     terms: tuple[tuple[str, int], ...]
     engine_version: str = ""
     source: str = ""
+    note: str = ""  # how the printed terms were fitted to the log's block count, if they were
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -77,6 +78,23 @@ class Calibration:
         wanted = tuple(key[f] for f in KEY_FIELDS)
         return next((e for e in self.entries if e.key == wanted), None)
 
+    def mismatch(self, **key: Any) -> str:
+        """Why no entry matches this deployment: the fields in which the nearest entry (fewest differing key
+        fields, the same model first) differs, each as ``field entry-value (plan: plan-value)``."""
+        if not self.entries:
+            return "the file has no entries"
+
+        def differing(e: Entry) -> list[str]:
+            return [f for f in KEY_FIELDS if getattr(e, f) != key[f]]
+
+        nearest = min(self.entries, key=lambda e: (e.model != key["model"], len(differing(e))))
+        def show(v: Any) -> str:
+            return f"{v:,}" if isinstance(v, int) else str(v)
+        what = ", ".join(f"{f} {show(getattr(nearest, f))} (plan: {show(key[f])})" for f in differing(nearest))
+        hint = (f"; --gpu-memory {nearest.gpu_memory_bytes / 2**30:g}GiB plans the logged total"
+                if "gpu_memory_bytes" in differing(nearest) else "")
+        return f"the nearest entry ({nearest.model}, {nearest.source or 'no source'}) differs in {what}{hint}"
+
 
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict):
@@ -96,7 +114,7 @@ def _entry(raw: Any, where: str) -> Entry:
             raise ConfigError(f"{where}: field '{name}' must be a positive integer, got {raw[name]!r}")
     return Entry(**{f: (raw[f] if f in ints else str(raw[f])) for f in KEY_FIELDS},
                  terms=tuple(sorted(terms.items())), engine_version=str(raw.get("engine_version", "")),
-                 source=str(raw.get("source", "")))
+                 source=str(raw.get("source", "")), note=str(raw.get("note", "")))
 
 
 def parse_calibration(text: str, path: str) -> Calibration:

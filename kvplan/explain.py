@@ -282,8 +282,71 @@ def explain(text: str, overrides: dict[str, Any] | None = None, token: str | Non
 
 
 def measured_terms(ex: Explanation) -> dict[str, int]:
-    """The terms the log measured, per GPU (bytes), for a calibration file."""
+    """The terms the log measured, per GPU (bytes), as printed."""
     return {f"{row.name}_bytes": row.logged_bytes for row in ex.terms if row.name in TERMS and row.logged_bytes is not None}
 
 
-__all__ = ["Explanation", "TermRow", "Capacity", "ExplainError", "explain", "log_values", "capacity", "measured_terms"]
+PRINT_HALF_STEP_BYTES = round(0.005 * GiB)  # a GiB figure printed with 2 decimals is exact to +- this
+_ABSORBING = ("overhead_bytes", "activation_bytes", "weights_bytes", "cudagraph_bytes")  # which printed term takes the rounding
+_IMPLIED = ("activation_bytes", "overhead_bytes", "weights_bytes")  # which unprinted term the log's KV budget implies
+
+
+def calibration_terms(ex: Explanation) -> tuple[dict[str, int], str]:
+    """The terms a calibration entry stores, and a note on what was fitted (bytes, per GPU).
+
+    When the logged terms reproduce the log's capacity (``ex.matches``), the entry is made to reproduce the
+    engine's block count ``N`` in a later plan of the same deployment (``--calibration``): the terms must leave
+    the middle of ``N``'s byte range for the KV cache.
+
+    - Every term printed (V0, DEBUG logs): the log prints them in GiB to 0.01 (weights often to 0.0001), so
+      their sum is exact only to a few MiB and can land a block off (vllm-10517: the printed terms give 1,951
+      blocks, the log 1,952). The first of overhead, activation, weights takes the difference, if it is within
+      the print precision of the numbers involved (else the terms are stored as printed and the note says so).
+    - Some terms not printed (INFO logs: weights and the KV budget): the log's budget implies the rest, which
+      the first unprinted of activation, overhead, weights takes (the other unprinted terms stay kvplan's estimates).
+    """
+    from kvplan import memory
+
+    terms = measured_terms(ex)
+    if not terms or not ex.matches or ex.from_logged is None:
+        return terms, ""
+    budget, layout = ex.plan.budget, ex.plan.layout
+    unmeasured = {f"{t.name}_bytes": t.bytes for t in budget.terms if f"{t.name}_bytes" not in terms}
+    kv = budget.usable_bytes - sum(terms.values()) - sum(unmeasured.values())  # a calibrated plan's KV budget
+    blocks = ex.from_logged.num_blocks
+    target = blocks * layout.block_bytes + layout.block_bytes // 2
+    if memory.num_blocks(kv, layout) == blocks:
+        return terms, ""
+    shift = kv - target  # > 0: the terms leave too much for the KV cache
+    implied = next((k for k in _IMPLIED if k in unmeasured), None)
+    if implied is not None and unmeasured[implied] + shift >= 0:
+        terms[implied] = unmeasured[implied] + shift
+        return terms, (f"{implied.removesuffix('_bytes')} implied by the log's {blocks:,} blocks: requested - the "
+                       "printed terms - kvplan's estimates of the others - the KV budget")
+    name = next(k for k in _ABSORBING if k in terms)
+    if abs(shift) > PRINT_HALF_STEP_BYTES * (2 + len(terms)) or terms[name] + shift < 0:
+        return terms, (f"the printed terms give {memory.num_blocks(kv, layout):,} blocks, not the log's {blocks:,} "
+                       f"({shift / GiB:+.3f} GiB, more than their print precision): stored as printed")
+    terms[name] += shift
+    return terms, (f"{name.removesuffix('_bytes')} {shift:+,} B: the printed GiB figures, fitted within their 0.01 GiB "
+                   f"precision to the log's {blocks:,} blocks")
+
+
+def calibration_entry(ex: Explanation, source: str) -> Any:
+    """The calibration entry (:class:`kvplan.calibration.Entry`) for the deployment ``ex`` planned, with the
+    terms of :func:`calibration_terms`; ``source`` names the log. Raises InputError when the log measured no term."""
+    from kvplan.calibration import Entry
+
+    terms, note = calibration_terms(ex)
+    if not terms:
+        raise InputError("the log prints no budget terms to calibrate with (weights, activation, non-torch)",
+                         "a DEBUG log (VLLM_LOGGING_LEVEL=DEBUG) prints all of them")
+    p = ex.plan
+    return Entry(p.spec.model_id, p.gpu.name, p.gpu.memory_bytes, p.engine.engine, p.engine.version, p.options.tp,
+                 p.options.pp, p.model_dtype, p.engine.max_num_batched_tokens, p.engine.max_num_seqs,
+                 tuple(sorted(terms.items())), engine_version=ex.log.version or p.engine.requested_version,
+                 source=source, note=note)
+
+
+__all__ = ["Explanation", "TermRow", "Capacity", "ExplainError", "explain", "log_values", "capacity", "measured_terms",
+           "calibration_terms", "calibration_entry"]

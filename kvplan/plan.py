@@ -305,12 +305,12 @@ def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: Engine
     note = ""
     if options.calibration is not None:
         cal = options.calibration
-        entry = cal.match(model=spec.model_id, gpu=gpu.name, gpu_memory_bytes=gpu.memory_bytes, engine=engine.engine,
-                          release=engine.version, tp=options.tp, pp=options.pp, dtype=model_dtype.name,
-                          max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs)
+        key = dict(model=spec.model_id, gpu=gpu.name, gpu_memory_bytes=gpu.memory_bytes, engine=engine.engine,
+                   release=engine.version, tp=options.tp, pp=options.pp, dtype=model_dtype.name,
+                   max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs)
+        entry = cal.match(**key)
         if entry is None:
-            note = (f"calibration {cal.path}: no entry for this deployment (model, GPU, {engine.engine} release "
-                    f"{engine.version}, tp/pp, dtype, batching limits): kvplan's estimates used")
+            note = f"calibration {cal.path}: no entry for this deployment ({cal.mismatch(**key)}): kvplan's estimates used"
         else:
             used = []
             for key, value in entry.terms:
@@ -319,7 +319,8 @@ def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: Engine
                 if not user_given:
                     terms[name] = Term(name, value, f"calibration {cal.path}: measured ({entry.source or 'a log'})")
                     used.append(name)
-            note = f"calibration {cal.path}: measured {', '.join(used) or 'no'} term(s) of {entry.source or 'a log'} used"
+            note = (f"calibration {cal.path}: measured {', '.join(used) or 'no'} term(s) of {entry.source or 'a log'} used"
+                    + (f" ({entry.note})" if entry.note else ""))
     return (terms["weights"], terms["activation"], terms["overhead"], terms["cudagraph"]), note
 
 

@@ -91,19 +91,10 @@ def _calibrate(ex, path: str, log_path: str) -> dict:  # noqa: ANN001 - an Expla
     """Write the log's measured terms to the calibration file at ``path``; what was written."""
     from pathlib import Path
 
-    from kvplan.calibration import Entry, write_calibration
-    from kvplan.errors import InputError
-    from kvplan.explain import measured_terms
+    from kvplan.calibration import write_calibration
+    from kvplan.explain import calibration_entry
 
-    terms = measured_terms(ex)
-    if not terms:
-        raise InputError("the log prints no budget terms to calibrate with (weights, activation, non-torch)",
-                         "a DEBUG log (VLLM_LOGGING_LEVEL=DEBUG) prints all of them")
-    p = ex.plan
-    entry = Entry(p.spec.model_id, p.gpu.name, p.gpu.memory_bytes, p.engine.engine, p.engine.version, p.options.tp,
-                  p.options.pp, p.model_dtype, p.engine.max_num_batched_tokens, p.engine.max_num_seqs,
-                  tuple(sorted(terms.items())), engine_version=ex.log.version or p.engine.requested_version,
-                  source="stdin" if log_path == "-" else Path(log_path).name)
+    entry = calibration_entry(ex, "stdin" if log_path == "-" else Path(log_path).name)
     _, replaced = write_calibration(path, entry)
     return {"path": path, "action": "replaced" if replaced else "added", "entry": entry.to_dict(),
             "key": f"{entry.model} on {entry.gpu}, {entry.engine} {entry.release}, tp {entry.tp}"}
