@@ -308,6 +308,8 @@ def _validate(self: Any) -> None:
         kind, value = KINDS[opt.kind], getattr(self, opt.field_name)
         if value is None and opt.default is None:
             continue
+        if isinstance(value, str) and not value.strip() and opt.name != "model":  # the model names its own error
+            raise InputError(f"invalid {opt.flag} {value!r}: must not be empty", "leave the option out for its default")
         if kind.check is not None and not kind.check(value):
             raise InputError(f"invalid {opt.flag} {value!r}: {kind.rule}")
         if kind.choices and value not in kind.choices:

@@ -153,9 +153,8 @@ def resolve_model(
     name = str(name).strip()
     if not name:
         raise ModelNotFoundError("empty model name", "pass a Hub id, a bundled id or a local path")
-    path = Path(name).expanduser()
-    if not force_hub and (path.is_dir() or (path.is_file() and path.suffix == ".json")):
-        return _from_local(path)
+    if not force_hub and _is_local(name):
+        return _from_local(Path(name).expanduser())
     if not force_hub and revision is None and _bundled_key(name) is not None:
         return load_bundled(name)
     if "/" not in name or name.startswith((".", "/", "~")):
@@ -163,6 +162,16 @@ def resolve_model(
     from kvplan import hub  # lazy: huggingface_hub only when the Hub is used
 
     return hub.fetch_model(name, revision=revision, token=token, offline=offline, refresh=refresh)
+
+
+def _is_local(name: str) -> bool:
+    """``name`` is a model folder or a ``.json`` config file on this machine (a name the OS cannot look
+    up, e.g. longer than the file-name limit, is not)."""
+    try:
+        path = Path(name).expanduser()
+        return path.is_dir() or (path.is_file() and path.suffix == ".json")
+    except (OSError, ValueError, RuntimeError):  # ENAMETOOLONG, an embedded NUL, an unknown ~user
+        return False
 
 
 _SPECS: dict[tuple[Any, ...], tuple[ModelSpec, ModelSource]] = {}
@@ -195,6 +204,8 @@ def clear_spec_cache() -> None:
 
 def _local_stamp(name: str) -> tuple[int, int] | None:
     """``(size, mtime_ns)`` of a local config named ``name`` (None when it is not a local path)."""
+    if not _is_local(name):
+        return None
     path = Path(name).expanduser()
     config = path / "config.json" if path.is_dir() else path
     try:

@@ -184,3 +184,19 @@ def test_any_plain_mapping_gives_a_report_or_a_kvplan_error(function, doc):
         getattr(kvplan, function)(doc, offline=True)
     except KvplanError:
         pass
+
+
+@pytest.mark.parametrize("model", [
+    "x/" * 3000,  # longer than the OS's file-name limit: not a path, and not a Hub id either
+    "~no-such-user-kvplan/org/config.json",  # a home directory the OS cannot resolve
+])
+def test_a_model_name_the_os_cannot_look_up_is_a_model_error(model):
+    with pytest.raises(KvplanError) as err:
+        kvplan.estimate(model, offline=True)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("option", ["kv_dtype", "dtype", "quantization", "engine_version", "gpu"])
+def test_an_empty_text_option_is_an_error_not_the_default(option):
+    with pytest.raises(InputError, match="must not be empty"):
+        kvplan.estimate("meta-llama/Llama-3.1-8B", **{option: " "})
