@@ -105,7 +105,11 @@ class ConfigReader:
 
 def derived_head_dim(r: ConfigReader, hidden: int, num_heads: int) -> int:
     """``hidden_size // num_attention_heads`` when a config gives no head_dim (floor division, as transformers'
-    attention modules and vLLM's ``get_head_size`` compute it), with its provenance."""
+    attention modules and vLLM's ``get_head_size`` compute it), with its provenance. More heads than
+    hidden units (a head_dim of 0) is an error naming the fields."""
+    if hidden < num_heads:
+        raise ConfigError(f"{r.where}: {r.prefix}hidden_size {hidden} // {r.prefix}num_attention_heads {num_heads} "
+                          "gives a head_dim of 0", "give head_dim explicitly or fix the two fields")
     if hidden % num_heads:
         r.provenance["head_dim"] = (f"{r.prefix}hidden_size // {r.prefix}num_attention_heads = {hidden} // {num_heads} "
                                     "(rounded down, as transformers and vLLM do)")

@@ -300,3 +300,12 @@ def test_malformed_configs_give_a_spec_or_a_kvplan_error(garbage, start_good):
         return
     assert spec.num_layers >= 1
     assert all(math.isfinite(memory.kv_bytes_per_token(spec, BF16)) for _ in [0])
+
+
+def test_more_heads_than_hidden_units_is_a_config_error_not_a_zero_head_dim():
+    # 512 // 513 = 0: a head_dim of 0 would make every page 0 bytes (and the block count a division by zero)
+    config = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 513, "num_key_value_heads": 2,
+              "hidden_size": 512, "vocab_size": 1000, "torch_dtype": "bfloat16"}
+    with pytest.raises(ConfigError, match="num_attention_heads 513 gives a head_dim of 0"):
+        spec_from_config(config, model_id="t/m", where="config.json")
+    assert spec_from_config({**config, "head_dim": 64}, model_id="t/m", where="config.json").layers[0].head_dim == 64
