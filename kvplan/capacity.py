@@ -8,7 +8,8 @@ with ``plan_for_spec`` and checking the same requirement again, never guessed.
 The workload of a check is ``batch x context``: ``batch`` is the check's ``batch`` option when given, else
 the required ``concurrency``, else 1. Requirements:
 
-- ``concurrency: N``: at least N whole requests of ``context`` tokens fit at once (``answer.max_requests``);
+- ``concurrency: N``: at least N whole requests of ``context`` tokens run at once (``answer.max_requests``: what
+  the pool holds, capped by the engine's ``max_num_seqs``; none when the engine refuses to start);
 - ``context: C``: the longest context that fits ``batch`` requests is at least C (``answer.max_context_at_batch``);
 - ``kv_tokens: K``: vLLM's "GPU KV cache size" at ``max_model_len`` is at least K (``answer.kv_tokens``);
 - ``headroom_pct: P``: after ``batch x context`` at least P % of the pool's usable blocks stay free;
@@ -193,13 +194,13 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
 
     out: list[str] = []
     if key == "concurrency":
-        out.append(f"require concurrency <= {plan.answer.max_requests:,} (what fits now)")
+        out.append(f"require concurrency <= {plan.answer.max_requests} (what fits now)")
     if key == "context":
-        out.append(f"require context <= {plan.answer.max_context_at_batch:,} (what fits now)")
+        out.append(f"require context <= {plan.answer.max_context_at_batch} (what fits now)")
     if key in ("context", "headroom_pct", "fits") and o.batch > 1:
         n = _largest(1, o.batch - 1, lambda b: holds(_replan(spec, o, source, batch=b)))
         if n is not None:
-            out.append(f"fewer requests: batch {n:,} (was {o.batch:,})")
+            out.append(f"fewer requests: batch: {n} (was {o.batch:,})")
     if key in ("concurrency", "headroom_pct", "fits") and o.context > 1:
         def at_context(c: int) -> Plan | None:
             prefix = min(o.prefix_tokens, c)
@@ -207,7 +208,7 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
 
         c = _largest(1, o.context - 1, lambda c: holds(at_context(c)))
         if c is not None:
-            out.append(f"shorter context: {c:,} tokens (was {o.context:,})")
+            out.append(f"shorter context: context: {c} (was {o.context:,})")
     if key == "engine_starts" and required:
         length = plan.max_model_len
 
@@ -218,7 +219,12 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
 
         n = _largest(1, length - 1, lambda n: holds(at_len(n)))
         if n is not None:
-            out.append(f"shorter max_model_len: {n:,} (was {length:,})")
+            out.append(f"shorter max_model_len: max_model_len: {n} (was {length:,})")
+    running = required if key == "concurrency" else o.batch
+    if key in ("concurrency", "headroom_pct", "fits") and running > plan.answer.max_num_seqs:
+        p = _replan(spec, o, source, max_num_seqs=running)  # the scheduler caps requests at once
+        if holds(p):
+            out.append(f"more requests at once: max_num_seqs: {running} ({gives(p)})")  # type: ignore[arg-type]
     if plan.layout.kv_dtype.bits > 8:
         p = _replan(spec, o, source, kv_dtype="fp8")
         if holds(p):

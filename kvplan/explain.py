@@ -197,14 +197,12 @@ def _term_rows(log: StartupLog, plan: Any) -> tuple[TermRow, ...]:
 def capacity(plan: Any, blocks: int) -> Capacity:
     """What the engine of ``plan`` prints with ``blocks`` blocks (the plan's own rules and demand)."""
     from kvplan import memory
-    from kvplan.plan import longest_startable_len
 
-    rules, demand, mml = plan.rules, plan.demand, plan.max_model_len
-    per_request = demand.blocks(mml)
-    limit = max(plan.spec.max_position_embeddings or memory.UNBOUNDED_TOKENS, mml)
-    return Capacity(blocks, rules.kv_tokens(plan.engine, blocks, demand.layout, per_request, mml),
-                    memory.vllm_max_concurrency(blocks, per_request), rules.starts(plan.engine, blocks, per_request),
-                    longest_startable_len(blocks, demand, plan.engine, limit))
+    d = replace(plan.deployment, blocks=blocks)
+    rules, mml = plan.rules, plan.max_model_len
+    per_request = d.blocks_per_request(mml)
+    return Capacity(blocks, d.kv_tokens(mml), memory.vllm_max_concurrency(blocks, per_request),
+                    rules.starts(plan.engine, blocks, per_request), d.longest_startable_len())
 
 
 def _block_range(log: StartupLog, plan: Any) -> tuple[int, int] | None:

@@ -332,29 +332,41 @@ def _validate(self: Any) -> None:
         raise InputError(f"--prefix-tokens {self.prefix_tokens:,} exceeds --context {self.context:,}")
 
 
-def _check_high(opt: Opt, value: Any, high: int) -> None:
+def _check_high(opt: Opt, value: Any, high: int, typed: Any = None) -> None:
+    """``value`` (base units) must be at most ``high``; the error echoes what the user typed (``typed``, e.g.
+    ``1e30``) when known, else the value in base units (bytes, tokens)."""
     from kvplan.units import check_number, fmt_bytes
 
     try:
         check_number(value, opt.flag, high=high)
     except InputError:
-        if opt.kind.startswith("size"):
-            got, most = f"{value / 2**40:,.4g} TiB", fmt_bytes(high)
+        if typed is not None:
+            got = str(typed)
+        elif opt.kind.startswith("size"):
+            got = f"{value:,} B" if isinstance(value, int) else repr(value)
         else:
-            got, most = f"{value:,}", f"{high:,}"
+            got = f"{value:,}"
+        most = fmt_bytes(high) if opt.kind.startswith("size") else f"{high:,}"
         raise InputError(f"invalid {opt.flag} {got}: must be at most {most}",
                          "a value this large is a typo or a unit mix-up") from None
 
 
-def check_context(context: int, max_model_len: int | None) -> None:
+def check_context(context: int, max_model_len: int | None, *, auto: bool = False) -> None:
     """A request's context must fit the engine's max_model_len: vLLM rejects longer requests (it does not
     truncate them), so a plan for them would count memory no request can use.
 
-    Checked on what a user gives (:func:`options_from_values`: the CLI, the YAML files, the Python API);
-    kvplan's own probes (``dataclasses.replace`` of a plan's options) may look past it."""
-    if max_model_len is not None and context > max_model_len:
-        raise InputError(f"--context {context:,} exceeds --max-model-len {max_model_len:,}: the engine rejects requests "
-                         "longer than max_model_len", f"raise --max-model-len to {context:,} or lower --context")
+    Checked on what a user gives (:func:`options_from_values`: the CLI, the YAML files, the Python API) and
+    on ``--max-model-len auto`` once the plan has resolved it (``auto``); kvplan's own probes
+    (``dataclasses.replace`` of a plan's options) may look past it. Hints print values as the flags take them.
+    """
+    if max_model_len is None or context <= max_model_len:
+        return
+    if auto:
+        raise InputError(f"--context {context:,} exceeds --max-model-len auto = {max_model_len:,} (the longest the "
+                         "engine starts with): the engine rejects requests longer than max_model_len",
+                         f"lower --context to {max_model_len}")
+    raise InputError(f"--context {context:,} exceeds --max-model-len {max_model_len:,}: the engine rejects requests "
+                     "longer than max_model_len", f"raise --max-model-len to {context} or lower --context")
 
 
 def _options_class() -> type:
@@ -392,7 +404,10 @@ def options_from_values(values: dict[str, Any]) -> Any:
         if key == "max_model_len" and isinstance(value, str) and value.strip().lower() == "auto":
             kwargs["auto_max_model_len"] = True
         elif opt is not None and opt.in_options:
-            kwargs[opt.field_name] = KINDS[opt.kind].parse(value, opt.flag)
+            kind = KINDS[opt.kind]
+            kwargs[opt.field_name] = kind.parse(value, opt.flag)
+            if kind.high is not None and isinstance(value, str):
+                _check_high(opt, kwargs[opt.field_name], kind.high, typed=value)
         elif key in known:
             kwargs[key] = value
         else:

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvplan import memory
+from kvplan.answer import Answer, Deployment
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError, KvplanError
-from kvplan.options import Options, options_from_values
+from kvplan.options import Options, check_context, options_from_values
 from kvplan.spec import LayerCache, LayerKind, ModelSpec, Overrides
 from kvplan.units import DType, GiB, parse_dtype, plural
 
@@ -38,26 +39,6 @@ class GpuInfo:
     def device(self) -> Device:
         """What the engine's budget needs: platform (``rocm`` for AMD GPUs, else ``cuda``), SMs, interconnect."""
         return Device("rocm" if self.vendor == "amd" else "cuda", self.sm_count, self.interconnect)
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The headline answer for one GPU's pool (tokens, blocks, requests)."""
-
-    num_blocks: int
-    kv_tokens: int  # vLLM's "GPU KV cache size" at max_model_len
-    capacity_tokens: int  # num_blocks x block_size (raw slots)
-    context: int
-    blocks_per_request: int
-    max_concurrency: float  # vLLM's float: num_blocks / blocks per request at max_model_len
-    max_requests: int  # whole requests at `context` that fit at once (null block reserved)
-    batch: int
-    max_context_at_batch: int
-    fits: bool  # batch x context fits
-    fits_margin_blocks: int  # free blocks after batch x context (negative: short by)
-    engine_starts: bool  # one request at max_model_len fits (vLLM refuses to start otherwise)
-    longest_startable_len: int  # longest max_model_len that fits one request
-    fix: str | None  # the flag that would make batch x context fit
 
 
 @dataclass(frozen=True)
@@ -106,14 +87,37 @@ class Plan:
         return engine_rules(self.engine.engine)
 
     @property
+    def deployment(self) -> Deployment:
+        """The pool under the engine's rules: whether it starts, requests at once, the longest context."""
+        return Deployment(self.spec, self.engine, self.rules, self.demand, self.answer.num_blocks,
+                          self.options.max_num_seqs)
+
+    @property
+    def max_model_len_fixed(self) -> int | None:
+        """max_model_len when the user fixed it (``--max-model-len N`` or ``auto``); None when it follows
+        ``--context``."""
+        return self.max_model_len if self.options.max_model_len or self.options.auto_max_model_len else None
+
+    @property
     def launch(self) -> Launch:
-        """What the engine's start-up log and command line need (``rules.report`` / ``rules.serve_command``)."""
-        o, a = self.options, self.answer
-        seqs = o.max_num_seqs or (o.batch if o.batch > self.engine.max_num_seqs else None)
-        return Launch(self.spec.model_id, self.max_model_len, self.budget.gpu_util, o.tp, o.pp, self.model_dtype,
-                      self.kv_dtype, self.engine.max_num_seqs, a.max_requests, a.kv_tokens, a.capacity_tokens,
-                      a.max_concurrency, self.engine.kv_tokens_rule, self.layout.block_size if o.block_size else None,
-                      o.kv_budget_bytes, self.serve_model, seqs)
+        """What the engine's start-up log and command line need (``rules.report`` / ``rules.serve_command``):
+        every option of this plan that changes it, as the plan resolved it."""
+        o, a, e = self.options, self.answer, self.engine
+        default_caching = self.rules.default_prefix_caching(e) if e.prefix_caching is None else e.prefix_caching
+        other_usage = o.usage_context != "serve"  # the LLM class's batching defaults: pass them to a server
+        return Launch(
+            self.spec.model_id, self.max_model_len, self.budget.gpu_util, o.tp, o.pp, self.model_dtype, self.kv_dtype,
+            a.max_num_seqs, a.max_requests, a.kv_tokens, a.capacity_tokens, a.max_concurrency, e.kv_tokens_rule,
+            self.layout.block_size if o.block_size else None, o.kv_budget_bytes, self.serve_model,
+            max_num_seqs_flag=o.max_num_seqs or (a.max_num_seqs if other_usage else None),
+            dtype=self.model_dtype if o.dtype and o.dtype != "auto" else None,
+            quantization=o.quantization,
+            max_num_batched_tokens_flag=o.max_num_batched_tokens or (e.max_num_batched_tokens if other_usage else None),
+            enforce_eager=o.enforce_eager,
+            prefix_caching_flag=None if self.prefix_caching == default_caching else self.prefix_caching,
+            ssm_dtype=next((x.ssm_dtype for x in self.rank_layers if x.is_state and x.ssm_dtype), None)
+            if o.ssm_dtype else None,
+            is_cpu=self.gpu.is_cpu, revision=o.revision)
 
     @property
     def serve_model(self) -> str:
@@ -327,28 +331,34 @@ def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: Engine
 def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, *, suggest: bool = True) -> Plan:
     """All the numbers for ``spec`` under ``options`` (pure: no I/O beyond the GPU catalogue).
 
-    :func:`_pool` sizes the pool once; :func:`_answer` and every other section read the same
-    :class:`~kvplan.memory.Demand`, so they count the same blocks. When ``batch x context`` does not fit
+    :func:`_pool` sizes the pool once; the :class:`~kvplan.answer.Deployment` over it answers (whether the
+    engine starts, requests at once, the longest context) and every other section reads the same
+    :class:`~kvplan.memory.Demand` and request cap, so they count the same blocks. When ``batch x context`` does not fit
     and ``suggest``, ``answer.fix`` lists the single changes that make it fit, each one re-planned
     (:func:`_fix`); callers that re-plan many variants themselves pass ``suggest=False``.
     """
     pool = _pool(spec, options)
     options, demand, blocks = pool.options, pool.demand, pool.blocks
-    max_model_len = options.max_model_len or options.context
-    auto_note = None
+    deployment = Deployment(spec, pool.engine, engine_rules(pool.engine.engine), demand, blocks, options.max_num_seqs)
+    fixed, auto_note = options.max_model_len, None
     if options.auto_max_model_len:
-        max_model_len, auto_note = _auto_max_model_len(blocks, demand, pool.engine, spec)
-    answer = _answer(pool, spec, max_model_len)
+        fixed, auto_note = _auto_max_model_len(deployment)
+        check_context(options.context, fixed, auto=True)
+    max_model_len = fixed or options.context
+    deployment.rules.check_batching(pool.engine, max_model_len)
+    answer = deployment.answer(options.context, options.batch, fixed)
     if suggest and not answer.fits:
         answer = replace(answer, fix=_fix(spec, options, answer, source, pool.kv_dtype.bits))
+    cap = deployment.request_cap(max_model_len)
     frag = memory.contiguous_vs_paged(pool.budget.kv_budget_bytes, blocks, demand, pool.layers, options.context,
-                                      max_model_len)
+                                      max_model_len, cap)
     prefix = None
     if options.prefix_tokens:
-        prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters_read(1))
+        prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters_read(1),
+                                       cap)
     roofline = None
-    if pool.gpu.bandwidth_bytes_per_s:
-        batch = max(1, min(answer.max_requests, options.batch if answer.fits else answer.max_requests) or 1)
+    if pool.gpu.bandwidth_bytes_per_s and answer.max_requests >= 1:  # no roofline for a deployment that runs nothing
+        batch = min(answer.max_requests, options.batch) if answer.fits else answer.max_requests
         roofline = memory.decode_roofline(memory.step_weight_bytes(pool.budget.weights.bytes, spec, batch),
                                           demand.bytes(options.context), batch,
                                           pool.gpu.bandwidth_bytes_per_s)
@@ -376,14 +386,16 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         fragmentation=frag,
         prefix=prefix,
         roofline=roofline,
-        notes=_notes(pool, spec, max_model_len, auto_note, replicated),
+        notes=_notes(pool, spec, auto_note, replicated),
     )
 
 
-def _notes(pool: _Pool, spec: ModelSpec, max_model_len: int, auto_note: str | None, replicated: bool) -> tuple[str, ...]:
+def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool) -> tuple[str, ...]:
     """What the reader should know: the spec's, the engine's and the budget's notes, plus the plan's own."""
     options, budget, layout = pool.options, pool.budget, pool.demand.layout
-    notes = list(spec.notes) + list(pool.engine.notes) + list(budget.notes)
+    state = _state_note(pool, spec)
+    notes = [n for n in spec.notes if not (state and n.startswith(STATE_NOTE))] + list(pool.engine.notes)
+    notes += list(budget.notes) + ([state] if state else [])
     if auto_note:
         notes.append(auto_note)
     if options.tp_from_gpus:
@@ -393,19 +405,31 @@ def _notes(pool: _Pool, spec: ModelSpec, max_model_len: int, auto_note: str | No
         notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
     if pool.model_dtype.name != spec.dtype:
         notes.append(_dtype_note(pool, spec.dtype))
-    reset = sorted({x.ssm_dtype or "" for x in pool.layers if x.is_state} - {x.ssm_dtype or "" for x in spec.layers if x.is_state})
-    if pool.gpu.is_cpu and reset and not options.ssm_dtype:
-        notes.append(f"{pool.engine.engine} on CPU stores the SSM state in {reset[0]} (vLLM's CPU backend resets it to float32 "
-                     "on CPUs with AVX-512 BF16; --ssm-dtype bf16 keeps bf16 for gated-delta-net layers)")
     if budget.kv_budget_bytes <= 0:
         notes.append(f"no memory left for the KV cache: weights alone take {budget.weights.bytes / GiB:.2f} GiB of "
                      f"{budget.usable_bytes / GiB:.2f} GiB usable per GPU")
-    if spec.max_position_embeddings and max_model_len > spec.max_position_embeddings:
-        notes.append(f"max_model_len {max_model_len:,} exceeds the model's max_position_embeddings {spec.max_position_embeddings:,}")
     if layout.padding_layers:
         notes.append(f"{layout.padding_layers} padded layer slot(s) in the last group of a kind waste "
                      f"{layout.padding_layers}/{len(layout.groups) * layout.group_size} of each block")
     return tuple(notes)
+
+
+STATE_NOTE = "state layers:"  # how the spec's note on state layers begins (the plan's own replaces it)
+
+
+def _state_note(pool: _Pool, spec: ModelSpec) -> str | None:
+    """The dtypes state layers are planned in, when the engine changed the spec's (its CPU backend stores the
+    SSM state in float32): one note that replaces the spec's, so they cannot disagree."""
+    planned = sorted({x.ssm_dtype or "" for x in pool.layers if x.is_state})
+    if not planned or planned == sorted({x.ssm_dtype or "" for x in spec.layers if x.is_state}):
+        return None
+    ssm = ", ".join(d or "the model dtype" for d in planned)
+    if pool.options.ssm_dtype:
+        why = f"--ssm-dtype {pool.options.ssm_dtype}"
+    else:
+        why = (f"{pool.engine.engine}'s CPU backend resets it to float32 on CPUs with AVX-512 BF16; --ssm-dtype bf16 "
+               "keeps bf16 for gated-delta-net layers")
+    return f"{STATE_NOTE} conv state in {pool.model_dtype.name}, SSM state in {ssm} ({why})"
 
 
 def _dtype_note(pool: _Pool, checkpoint: str) -> str:
@@ -444,93 +468,55 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
                      "pass --weights-gib SIZE")
 
 
-def longest_startable_len(blocks: int, demand: memory.Demand, engine: EngineDefaults, limit: int) -> int:
-    """The longest max_model_len (at most ``limit``) whose one request passes the engine's start-up check
-    (it may use the engine's ``start_blocks``).
-
-    Block-aligned when the pool is what limits it (the demand steps at block boundaries); ``limit``
-    itself when one request at ``limit`` fits.
-    """
-    usable = engine_rules(engine.engine).start_blocks(engine, blocks)
-    return memory.max_context(usable, demand, 1, limit_tokens=limit, null_blocks=0)
-
-
-def _auto_max_model_len(blocks: int, demand: memory.Demand, engine: EngineDefaults,
-                        spec: ModelSpec) -> tuple[int, str]:
-    """``--max-model-len auto``: the longest length that starts, capped at max_position_embeddings."""
-    cap = spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
-    longest = longest_startable_len(blocks, demand, engine, cap)
+def _auto_max_model_len(deployment: Deployment) -> tuple[int, str]:
+    """``--max-model-len auto``: the longest length the engine starts with (at most the model's maximum)."""
+    longest = deployment.longest_startable_len()
     if longest < 1:
-        raise InputError("--max-model-len auto: not even one block fits in the KV budget",
+        why = deployment.refusal(1) or "not even one block fits in the KV budget"
+        raise InputError(f"--max-model-len auto: the engine starts with no max_model_len ({why})",
                          "lower --gpu-util headroom, use --kv-dtype fp8, quantized weights or more --tp")
-    return longest, f"max_model_len auto: {longest:,} tokens (the longest that fits, capped at the model's {cap:,})"
+    cap = deployment.model_limit
+    capped = f", capped at the model's {cap:,}" if cap < memory.UNBOUNDED_TOKENS else ""
+    return longest, f"max_model_len auto: {longest:,} tokens (the longest the engine starts with{capped})"
 
 
-def _answer(pool: _Pool, spec: ModelSpec, max_model_len: int) -> Answer:
-    """The headline numbers at ``options.context`` x ``options.batch``, all from ``pool.demand``.
-
-    ``max_context_at_batch`` searches up to ``max(max_position_embeddings, context)``; the longest
-    startable length up to that or ``max_model_len``, over at least as many blocks, so the max context
-    at batch 1 never exceeds what the engine starts with.
-    """
-    options, demand, blocks, engine = pool.options, pool.demand, pool.blocks, pool.engine
-    rules = engine_rules(engine.engine)
-    per_req_len = demand.blocks(max_model_len)
-    per_req_ctx = demand.blocks(options.context)
-    need = options.batch * per_req_ctx
-    usable = max(0, blocks - memory.NULL_BLOCKS)
-    limit = max(spec.max_position_embeddings or memory.UNBOUNDED_TOKENS, options.context)
-    max_ctx = memory.max_context(blocks, demand, options.batch, limit_tokens=limit)
-    fits = usable >= need
-    return Answer(
-        num_blocks=blocks,
-        kv_tokens=rules.kv_tokens(engine, blocks, demand.layout, per_req_len, max_model_len),
-        capacity_tokens=blocks * demand.layout.block_size,
-        context=options.context,
-        blocks_per_request=per_req_ctx,
-        max_concurrency=memory.vllm_max_concurrency(blocks, per_req_len),
-        max_requests=memory.max_requests(blocks, per_req_ctx),
-        batch=options.batch,
-        max_context_at_batch=max_ctx,
-        fits=fits,
-        fits_margin_blocks=usable - need,
-        engine_starts=rules.starts(engine, blocks, per_req_len),
-        longest_startable_len=longest_startable_len(blocks, demand, engine, max(limit, max_model_len)),
-        fix=None,
-    )
+def _fits(spec: ModelSpec, options: Options, source: str | None) -> bool:
+    """Whether the plan under ``options`` fits (False when the options are ones the engine rejects)."""
+    try:
+        return plan_for_spec(spec, options, source, suggest=False).answer.fits
+    except KvplanError:
+        return False
 
 
 def _fix(spec: ModelSpec, options: Options, answer: Answer, source: str | None, kv_bits: int) -> str:
     """The single changes that make ``batch x context`` fit, each re-planned and kept only when that plan
-    fits (and its engine starts), written as the flags accept them (``--context 13856``, no separators).
+    fits (so its engine starts), written as the flags accept them (``--context 13856``, no separators).
 
-    Tried: fewer requests, a shorter context (not past the model's max_position_embeddings), an fp8 KV
-    cache, more tensor parallelism (x2, x4, x8, when tp divides the attention heads). When none fits, the
-    answer says so instead of suggesting something that would not help."""
-    limit = spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
+    Tried: fewer requests, a shorter context (at most the model's maximum), a max_model_len the engine
+    starts with (when one was given), a ``--max-num-seqs`` that takes the batch, an fp8 KV cache, the smallest
+    of x2, x4, x8 tensor parallelism that fits (tp dividing the attention heads). When none fits, the answer says so
+    instead of suggesting something that would not help."""
     candidates: list[tuple[str, dict[str, Any]]] = []
     n = answer.max_requests
     if 1 <= n < options.batch:
         candidates.append((f"--batch {n}", {"batch": n}))
-    ctx = min(answer.max_context_at_batch, limit)
-    if 1 <= ctx < options.context:  # a given max_model_len stays (it is at least the context)
-        candidates.append((f"--context {ctx}", {"context": ctx}))
+    ctx = answer.max_context_at_batch
+    if 1 <= ctx < options.context:
+        candidates.append((f"--context {ctx}", {"context": ctx, "prefix_tokens": min(options.prefix_tokens, ctx)}))
+    longest = answer.longest_startable_len
+    if answer.refusal and (options.max_model_len or options.auto_max_model_len) and longest >= options.context:
+        candidates.append((f"--max-model-len {longest}", {"max_model_len": longest, "auto_max_model_len": False}))
+    if options.batch > answer.max_num_seqs:
+        candidates.append((f"--max-num-seqs {options.batch}", {"max_num_seqs": options.batch}))
     if kv_bits > 8:
         candidates.append(("--kv-dtype fp8", {"kv_dtype": "fp8"}))
     heads = spec.num_attention_heads
-    for factor in (2, 4, 8):
-        tp = options.tp * factor
-        if not heads or heads % tp == 0:
-            candidates.append((f"--tp {tp}", {"tp": tp, "gpu_count": tp * options.pp, "tp_from_gpus": False}))
-            break
-    fixes = []
-    for text, changes in candidates:
-        try:
-            plan = plan_for_spec(spec, replace(options, **changes), source, suggest=False)
-        except KvplanError:
-            continue
-        if plan.answer.fits and plan.answer.engine_starts:
-            fixes.append(text)
+    tps = [options.tp * f for f in (2, 4, 8) if not heads or heads % (options.tp * f) == 0]
+    fixes = [text for text, changes in candidates if _fits(spec, replace(options, **changes), source)]
+    tp = next((tp for tp in tps if _fits(spec, replace(options, tp=tp, gpu_count=tp * options.pp, tp_from_gpus=False),
+                                         source)), None)  # the smallest tp that fits
+    if tp:
+        fixes.append(f"--tp {tp}")
     return " or ".join(fixes) if fixes else "a bigger GPU (no single change of batch, context, KV dtype or tp fits)"
 
 

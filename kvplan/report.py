@@ -61,14 +61,12 @@ class Pool:
     """
 
     LABELS = ("model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size", "gpu_util")
-    __slots__ = ("plan", "label", "_bpr", "_ctx", "_starts", "_rkv", "_tps", "_validated", "_labels", "_figures")
+    __slots__ = ("plan", "label", "deployment", "_rkv", "_tps", "_validated", "_labels", "_figures")
 
     def __init__(self, plan: Plan, label: Mapping[str, Any]) -> None:
         self.plan = plan
         self.label = dict(label)
-        self._bpr: dict[int, int] = {}
-        self._ctx: dict[tuple[int, int], int] = {}
-        self._starts: dict[int, bool] = {}
+        self.deployment = plan.deployment  # the answer's rules, memoised per length
         self._rkv: dict[int, int] = {}
         self._tps: dict[tuple[int, int], float] = {}
         self._validated: set[int] = set()
@@ -90,41 +88,12 @@ class Pool:
         """Pool-level figures (bytes per GPU): per-token bytes, budget terms, KV budget, blocks."""
         return self._figures
 
-    # memoised kvplan.memory calls --------------------------------------------------------------
+    # the deployment's rules (kvplan.answer.Deployment, memoised there) --------------------------
     def blocks_per_request(self, tokens: int) -> int:
-        n = self._bpr.get(tokens)
-        if n is None:
-            n = self._bpr[tokens] = self.plan.demand.blocks(tokens)
-        return n
-
-    def max_context(self, batch: int, context: int) -> int:
-        """``memory.max_context`` at ``batch``, limited as plan_for_spec limits it: ``max(max_position, context)``.
-
-        Searched once per batch up to the model's limit; a context beyond the limit needs its own search only
-        when everything up to the limit fits (blocks per request never shrink as tokens grow).
-        """
-        p = self.plan
-        limit = p.spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
-        n = self._ctx.get((batch, limit))
-        if n is None:
-            n = self._ctx[(batch, limit)] = memory.max_context(p.answer.num_blocks, p.demand, batch, limit_tokens=limit)
-        if context <= limit or n < limit:
-            return n
-        key = (batch, context)
-        m = self._ctx.get(key)
-        if m is None:
-            if len(self._ctx) >= MEMO_ENTRIES:
-                self._ctx.clear()
-            m = self._ctx[key] = memory.max_context(p.answer.num_blocks, p.demand, batch, limit_tokens=context)
-        return m
+        return self.deployment.blocks_per_request(tokens)
 
     def engine_starts(self, max_model_len: int) -> bool:
-        ok = self._starts.get(max_model_len)
-        if ok is None:
-            p = self.plan
-            ok = self._starts[max_model_len] = p.rules.starts(p.engine, p.answer.num_blocks,
-                                                              self.blocks_per_request(max_model_len))
-        return ok
+        return self.deployment.refusal(max_model_len) is None
 
     def decode_tokens_per_s(self, context: int, batch: int) -> float | None:
         p = self.plan
@@ -186,23 +155,19 @@ class Row(NamedTuple):
 
 
 def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, name: str | None = None) -> Row:
-    """The figures of one (context, batch, max_model_len) on ``pool``, combined as ``plan_for_spec`` does."""
-    blocks = pool.plan.answer.num_blocks
+    """The figures of one (context, batch, max_model_len) on ``pool``: the answer's own rules
+    (:class:`kvplan.answer.Deployment`), so a row says what ``kvplan estimate`` says."""
+    d = pool.deployment
     pool.validate_context(context)
     mml = max_model_len or context
-    per_req_ctx = pool.blocks_per_request(context)
-    per_req_len = per_req_ctx if mml == context else pool.blocks_per_request(mml)
-    n = memory.max_requests(blocks, per_req_ctx)
-    fits = max(0, blocks - memory.NULL_BLOCKS) >= batch * per_req_ctx
-    return Row(name, pool, context, batch, mml,
-               pool.plan.rules.kv_tokens(pool.plan.engine, blocks, pool.plan.layout, per_req_len, mml),
-               n,
-               memory.vllm_max_concurrency(blocks, per_req_len),
-               pool.max_context(batch, context),
+    n = d.max_requests(context, mml)
+    fits = d.fits(batch, context, mml)
+    return Row(name, pool, context, batch, mml, d.kv_tokens(mml), n,
+               memory.vllm_max_concurrency(d.blocks, d.blocks_per_request(mml)),
+               d.max_context(batch, max_model_len),
                fits,
                pool.engine_starts(mml),
-               pool.decode_tokens_per_s(context, max(1, min(n, batch if fits else n) or 1)))
-
+               pool.decode_tokens_per_s(context, min(n, batch) if fits else n) if n else None)
 
 
 LABEL_FIELDS = ("name", "model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size",

@@ -141,7 +141,7 @@ def _assumptions(plan: Plan) -> dict[str, Any]:
         "inflight_tokens": plan.inflight_tokens,
         "prefix_caching": plan.prefix_caching,
         "usage_context": o.usage_context,
-        "max_num_seqs": plan.engine.max_num_seqs,
+        "max_num_seqs": plan.answer.max_num_seqs,
         "prefix_tokens": o.prefix_tokens,
         "revision": o.revision,
     }
@@ -199,6 +199,9 @@ def _answer(plan: Plan) -> dict[str, Any]:
         "context_tokens": a.context,
         "blocks_per_request": a.blocks_per_request,
         "max_requests": a.max_requests,
+        "pool_requests": a.pool_requests,
+        "max_num_seqs": a.max_num_seqs,
+        "limited_by": a.limited_by,
         "max_concurrency": _finite(a.max_concurrency),
         "batch": a.batch,
         "max_context_at_batch": a.max_context_at_batch,
@@ -220,7 +223,9 @@ def _engine_report(plan: Plan) -> dict[str, Any]:
         "kv_cache_tokens": a.kv_tokens,
         "max_concurrency": _finite(a.max_concurrency),
         "starts": a.engine_starts,
+        "refusal": a.refusal,
         "longest_startable_len": a.longest_startable_len,
+        "serve_command": None if a.refusal else plan.rules.serve_command(plan.launch),
     }
 
 

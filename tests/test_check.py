@@ -55,7 +55,7 @@ def test_concurrency_verdict_and_suggestions(tmp_path):
     assert not short.passed and (o.actual, o.margin) == (9, -1)
     text = "\n".join(o.suggestions)
     # 10 requests fit when each needs <= 5,119 // 10 = 511 blocks: context <= 511 x 16 = 8,176 tokens
-    assert "shorter context: 8,176 tokens" in text
+    assert "shorter context: context: 8176 (was 8,192)" in text
     # fp8 halves the block to 1 MiB: 10,240 blocks, (10,240 - 1) // 512 = 19 requests
     assert "kv_dtype: fp8 (concurrency 19 requests)" in text
     # tp 2 halves the KV heads per GPU (the budget is per GPU): also 19 requests
@@ -86,17 +86,17 @@ def test_headroom_context_kv_tokens_and_engine_start(tmp_path):
         """)
     # 9 x 512 = 4,608 of 5,119 usable blocks: 511 free = 9.98% < 10%; fewer requests: 8 leave 1,023 = 19.98%
     assert not head9.passed and round(head9.outcomes[0].actual, 2) == 9.98
-    assert "fewer requests: batch 8 (was 9)" in head9.outcomes[0].suggestions
+    assert "fewer requests: batch: 8 (was 9)" in head9.outcomes[0].suggestions
     assert head8.passed and round(head8.outcomes[0].actual, 2) == 19.98
     # 2 requests of L tokens: 2 x ceil(L / 16) <= 5,119 -> ceil(L / 16) <= 2,559 -> L <= 40,944
     assert ctx.passed and ctx.outcomes[0].actual == 40_944
     assert not ctx_short.passed and ctx_short.outcomes[0].margin == -1
-    assert "fewer requests: batch 1 (was 2)" in ctx_short.outcomes[0].suggestions
+    assert "fewer requests: batch: 1 (was 2)" in ctx_short.outcomes[0].suggestions
     # vLLM's KV cache size: 5,120 blocks x 8,192 tokens // 512 blocks per request = 81,920 tokens
     assert kv.passed and kv.outcomes[0].actual == 81_920
     # one 128k request needs 8,192 blocks > 5,119; the longest that starts is 5,119 x 16 = 81,904 tokens
     assert not start.passed and "81,904" in start.outcomes[0].message
-    assert "shorter max_model_len: 81,904 (was 131,072)" in start.outcomes[0].suggestions
+    assert "shorter max_model_len: max_model_len: 81904 (was 131,072)" in start.outcomes[0].suggestions
 
 
 def test_suggested_gpu_is_the_smallest_that_passes(tmp_path):
@@ -153,7 +153,7 @@ def test_failing_check_exits_1_with_junit_json_and_suggestion(tmp_path):
     cases = {c.get("name"): c for c in root.iter("testcase")}
     assert cases["fits"].find("failure") is None
     failure = cases["too-many"].find("failure")
-    assert "got 9 requests" in failure.get("message") and "shorter context: 8,176 tokens" in failure.text
+    assert "got 9 requests" in failure.get("message") and "shorter context: context: 8176" in failure.text
     assert cases["too-many"].get("line") == "9" and cases["too-many"].get("file").endswith("capacity.yaml")
 
     r = runner.invoke(app, ["check", str(path), "--offline", "--json"])

@@ -47,7 +47,12 @@ def test_cpu_keeps_gated_delta_net_state_in_float32() -> None:
     # 36 layers x (49,152 + 524,288 x 4 B) = 36 x 2,146,304 = 77,266,944 B on CPU; x 2 B on a GPU: 36 x 1,097,728
     assert cpu["per_token"]["state_bytes_per_request_gpu"] == GDN_LAYERS * (CONV_BYTES + SSM_ELEMENTS * 4) == 77_266_944
     assert gpu["per_token"]["state_bytes_per_request_gpu"] == GDN_LAYERS * (CONV_BYTES + SSM_ELEMENTS * 2)
-    assert any("CPU stores the SSM state in float32" in n for n in cpu["notes"])
+    # one note on the state's dtype, the one the numbers use (before: "SSM state in the model dtype" from the spec,
+    # then "vllm on CPU stores the SSM state in float32")
+    state = [n for n in cpu["notes"] if "SSM state" in n]
+    assert len(state) == 1 and "SSM state in float32" in state[0] and "CPU backend resets it" in state[0], state
+    assert [n for n in gpu["notes"] if "SSM state" in n] == [
+        "state layers: conv state in the model dtype, SSM state in the model dtype (vLLM's mamba_ssm_cache_dtype)"]
     # --ssm-dtype bf16 keeps bf16 for gated-delta-net layers (vLLM's accelerated GDN kernel stores it as asked)
     kept = _json(QWEN3_NEXT, "--gpu", "cpu", "--kv-budget", "1GiB", "--context", "2k", "--ssm-dtype", "bf16")
     assert kept["per_token"]["state_bytes_per_request_gpu"] == gpu["per_token"]["state_bytes_per_request_gpu"]

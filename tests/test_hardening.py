@@ -181,7 +181,7 @@ def test_fitted_table_property():
     (["--tp", "1024"], ["--tp 1024 does not divide the model's 32 attention heads"]),
     (["--block-size", "3"], ["invalid --block-size 3", "1, 8, 16, 32, 64, 128, 256"]),
     (["--gpu-memory", "1e30"], ["invalid --gpu-memory", "must be at most 1,024 TiB"]),
-    (["--context", "1e12"], ["invalid --context 1,000,000,000,000: must be at most 4,294,967,296"]),
+    (["--context", "1e12"], ["invalid --context 1e12: must be at most 4,294,967,296"]),
     (["--batch", "99999999999"], ["invalid --batch", "must be at most 1,048,576"]),
 ])
 def test_out_of_range_options_are_one_line_errors(args, needles):
@@ -241,7 +241,8 @@ def test_suggestions_are_flags_that_parse_and_fit():
     from kvplan.plan import estimate
 
     p = _plan(gpu="A100-40GB", context="128k", batch=4)
-    assert p.answer.fix == "--batch 1 or --context 40304"
+    # tp 2 does not fit 4 x 128k: the smallest tp that does is suggested (before: only the first, tp 2, was tried)
+    assert p.answer.fix == "--batch 1 or --context 40304 or --tp 4"
     for flag in p.answer.fix.split(" or "):
         name, value = flag.removeprefix("--").split(" ")
         values = {"model": "meta-llama/Llama-3.1-8B", "gpu": "A100-40GB", "context": "128k", "batch": 4, name: value}
@@ -249,9 +250,13 @@ def test_suggestions_are_flags_that_parse_and_fit():
 
 
 def test_no_fp8_suggestion_when_the_weights_do_not_fit():
-    # Llama-3.1-70B's 131 GiB of weights on a 24 GB RTX 4090: no KV dtype, batch or context helps
+    # Llama-3.1-70B's 131 GiB of weights on a 24 GB RTX 4090: no KV dtype, batch or context helps; eight of them
+    # do (131.42 / 8 = 16.4 GiB of weights each)
     p = _plan(model="meta-llama/Llama-3.1-70B", gpu="rtx4090")
-    assert "fp8" not in p.answer.fix and p.answer.fix.startswith("a bigger GPU")
+    assert "fp8" not in p.answer.fix and p.answer.fix == "--tp 8"
+    assert _plan(model="meta-llama/Llama-3.1-70B", gpu="rtx4090", tp=8).answer.fits
+    assert _plan(model="meta-llama/Llama-3.1-70B", gpu="rtx4090", context="128k", batch=64).answer.fix.startswith(
+        "a bigger GPU")
 
 
 def test_no_context_suggested_past_the_models_limit():
@@ -286,9 +291,13 @@ def test_max_num_seqs_is_not_capped_at_full_context_capacity():
     # 2 requests of 128k fit an A100-40GB: "--max-num-seqs 2" would have capped short requests at 2 too
     p = _plan(gpu="A100-40GB", context="128k")
     assert "--max-num-seqs" not in p.rules.serve_command(p.launch)
-    # a batch above the engine's default is what vLLM would need raised for the stated workload
-    big = _plan(context="1k", batch=2000)
-    assert "--max-num-seqs 2000" in big.rules.serve_command(big.launch)
+    # a batch above the engine's default does not run at once (the scheduler takes 1,024): the suggestion raises
+    # it, re-planned (a bigger max_num_seqs profiles a bigger sampler), and that plan's command carries it
+    big = _plan(context=128, batch=2000)
+    assert not big.answer.fits and big.answer.max_requests == 1024 and "--max-num-seqs 2000" in big.answer.fix
+    raised = _plan(context=128, batch=2000, max_num_seqs=2000)
+    assert raised.answer.fits and "--max-num-seqs 2000" in raised.rules.serve_command(raised.launch)
+    assert raised.budget.activation.bytes > big.budget.activation.bytes
     assert "--max-num-seqs 7" in _plan(max_num_seqs=7).rules.serve_command(_plan(max_num_seqs=7).launch)
 
 

@@ -7,8 +7,11 @@ allocator all read one :class:`kvplan.memory.Demand`, so:
 - the answer's ``max_requests`` equals the paging section's paged requests;
 - ``batch = max_requests`` fits and ``max_requests + 1`` does not;
 - ``max_context_at_batch`` at batch n fits n requests and one more token (a new block) does not;
-- the max context at batch 1 never exceeds the longest max_model_len the engine starts with;
+- the max context at batch 1 never exceeds the longest max_model_len the engine starts with, nor the
+  model's maximum, and it does not depend on the context asked for (max_model_len follows the context);
 - the engine starts exactly when max_model_len is at most that longest length (engines that refuse);
+- requests at once are the pool's capped by max_num_seqs (``--max-num-seqs 4``: 4 fit, 5 do not, at any
+  context), and none when the engine refuses (a context past the model's maximum: refused, no serve line);
 - validate and simulate build the same allocator groups, holding the plan's blocks.
 
 Plans are cheap (the layout is memoised), so the whole sweep runs in a few seconds.
@@ -43,41 +46,56 @@ def spec_of(model_id: str):  # noqa: ANN201
 
 
 def replan(p: Plan, **changes: object) -> Plan:
-    """The same pool at another context / batch (max_model_len pinned, so the engine defaults stay put)."""
-    return plan_for_spec(p.spec, replace(p.options, max_model_len=p.max_model_len, **changes))
+    """The same deployment at another context / batch: a max_model_len the user fixed stays, one that follows
+    the context follows it (the pool is the same but for V0, whose batching defaults follow max_model_len)."""
+    return plan_for_spec(p.spec, replace(p.options, **changes))
 
 
 def check_answer_agrees(p: Plan) -> None:
-    a, f = p.answer, p.fragmentation
+    a, f, d = p.answer, p.fragmentation, p.deployment
     where = f"{p.spec.model_id} {p.engine.engine} {p.engine.version} ctx {a.context} pc {p.prefix_caching}"
     assert a.max_requests == f.paged_max_requests, where
     assert a.blocks_per_request == p.demand.blocks(a.context), where
     assert f.paged_request_bytes == p.demand.bytes(a.context), where
     if p.roofline:
         assert p.roofline.request_bytes == p.demand.bytes(a.context), where
+        assert 1 <= p.roofline.batch <= a.max_requests, where
+    # the requests running at once: the pool's, capped by the scheduler; none when the engine refuses
+    assert a.max_requests == (0 if a.refusal else min(a.pool_requests, a.max_num_seqs)), where
+    assert a.pool_requests == memory.max_requests(a.num_blocks, a.blocks_per_request), where
+    assert a.engine_starts == (a.refusal is None), where
+    if a.refusal:
+        assert not a.fits and p.roofline is None and p.to_dict()["engine_report"]["serve_command"] is None, where
+        assert f.contiguous_max_requests == 0, where
+    else:
+        assert p.to_dict()["engine_report"]["serve_command"] == p.rules.serve_command(p.launch), where
     # batch = max_requests fits, one more does not
     n = a.max_requests
     if n >= 1:
         assert replan(p, batch=n).answer.fits, where
     assert not replan(p, batch=n + 1).answer.fits, where
-    # the max context at batch 1 never exceeds what the engine starts with
-    assert a.max_context_at_batch <= a.longest_startable_len, where
+    # the max context at batch 1 never exceeds what the engine starts with, nor the model's maximum
+    assert a.max_context_at_batch <= a.longest_startable_len <= d.model_limit, where
     if p.engine.refusal != "pool":
         assert a.engine_starts == (p.max_model_len <= a.longest_startable_len), where
 
 
 def check_max_context(p: Plan, batch: int) -> None:
-    """max_context_at_batch(n) fits at n; one more token (it opens a new block) does not."""
-    at = replan(p, batch=batch)
-    m = at.answer.max_context_at_batch
+    """max_context_at_batch(n) fits at n; one more token (it opens a new block) does not; and a plan at that
+    context fits n requests (engines whose pool does not depend on max_model_len: not V0)."""
+    d, fixed = p.deployment, p.max_model_len_fixed
+    m = d.max_context(batch, fixed)
     where = f"{p.spec.model_id} {p.engine.engine} {p.engine.version} batch {batch} max ctx {m}"
-    limit = max(p.spec.max_position_embeddings or memory.UNBOUNDED_TOKENS, p.answer.context)
+    assert m == replan(p, batch=batch).answer.max_context_at_batch, where
+    limit = fixed or d.model_limit
     if m >= 1:
-        assert replan(p, batch=batch, context=m).answer.fits, where
+        assert d.fits(batch, m, fixed or m), where
+        if p.engine.mode != "V0":
+            assert replan(p, batch=batch, context=m, prefix_tokens=0).answer.fits, where
     if m < limit:
-        assert not replan(p, batch=batch, context=m + 1).answer.fits, where
+        assert not d.fits(batch, m + 1, fixed or m + 1), where
     if batch == 1:
-        assert m <= at.answer.longest_startable_len, where
+        assert m <= d.longest_startable_len(), where
 
 
 def check_allocators_agree(p: Plan) -> None:
@@ -101,7 +119,7 @@ def check_allocators_agree(p: Plan) -> None:
 
 
 def check_report_row(p: Plan) -> None:
-    row = make_row(Pool(p, {}), p.answer.context, p.answer.batch, p.max_model_len)
+    row = make_row(Pool(p, {}), p.answer.context, p.answer.batch, p.max_model_len_fixed)
     a = p.answer
     assert (row.max_requests, row.max_context_at_batch, row.fits, row.engine_starts, row.kv_tokens) == \
         (a.max_requests, a.max_context_at_batch, a.fits, a.engine_starts, a.kv_tokens)
@@ -118,6 +136,7 @@ def check_prefix_sharing(p: Plan) -> None:
 def test_every_section_agrees(model_id):
     spec = spec_of(model_id)
     for gpu, engine, version in ENGINES:
+        longest_at_batch_1 = set()
         for context in CONTEXTS:
             for caching in (True, False):
                 p = plan_for_spec(spec, Options(model=model_id, gpu=gpu, engine=engine, engine_version=version,
@@ -128,6 +147,34 @@ def test_every_section_agrees(model_id):
                     check_max_context(p, batch)
                 check_allocators_agree(p)
                 check_prefix_sharing(p)
+                if caching:
+                    longest_at_batch_1.add(replan(p, batch=1).answer.max_context_at_batch)
+        if version != "0.6":  # V0's batching defaults (so its pool) follow max_model_len
+            # the longest context is the deployment's, not --context's: the same at every context asked for
+            assert len(longest_at_batch_1) == 1, (model_id, gpu, engine, version, longest_at_batch_1)
+        check_limits(spec, model_id, gpu, engine, version)
+
+
+def check_limits(spec, model_id: str, gpu: str, engine: str, version: str | None) -> None:
+    """The two limits besides the pool: the scheduler's max_num_seqs and the model's maximum length."""
+    base = Options(model=model_id, gpu=gpu, engine=engine, engine_version=version, context=1024)
+    seqs = plan_for_spec(spec, replace(base, max_num_seqs=4))
+    check_answer_agrees(seqs)
+    assert seqs.answer.max_requests <= 4 and seqs.answer.max_num_seqs == 4
+    for batch in (1, 4, 5):
+        check_max_context(replan(seqs, batch=batch), batch)
+    assert not replan(seqs, batch=5).answer.fits and replan(seqs, batch=5).answer.max_context_at_batch == 0
+    limit = spec.max_position_embeddings
+    if limit and limit < (1 << 22):
+        past = replan(seqs, context=2 * limit)
+        check_answer_agrees(past)
+        # the engine refuses a max_model_len past the model's maximum (VLLM_ALLOW_LONG_MAX_MODEL_LEN aside)
+        assert not past.answer.engine_starts and "max_position_embeddings" in past.answer.refusal
+        assert past.answer.max_requests == 0 and past.answer.longest_startable_len <= limit
+        assert past.answer.max_context_at_batch == seqs.answer.max_context_at_batch or version == "0.6"
+        if past.answer.fix and past.answer.fix.startswith("--context "):
+            ctx = int(past.answer.fix.split()[1])
+            assert ctx <= limit and replan(past, context=ctx).answer.fits
 
 
 def test_the_two_hybrids_of_issue_11():

@@ -185,11 +185,14 @@ SPEC = build_spec(load_bundled(LLAMA))
 @settings(max_examples=60, deadline=None)
 @given(context=st.integers(1, 200_000), budget_mib=st.integers(1, 60_000))
 def test_max_requests_is_exact(context, budget_mib):
-    """N = max_requests fits in (num_blocks - 1) blocks; N + 1 does not."""
+    """N = pool_requests fits in (num_blocks - 1) blocks; N + 1 does not; the requests running at once are
+    those the scheduler takes of them (max_num_seqs 1,024 on an H100), none when the engine refuses."""
     p = plan_for_spec(SPEC, Options(model=LLAMA, context=context, kv_budget_bytes=budget_mib << 20))
     a, usable = p.answer, max(0, p.answer.num_blocks - memory.NULL_BLOCKS)
-    assert a.max_requests * a.blocks_per_request <= usable
-    assert (a.max_requests + 1) * a.blocks_per_request > usable
+    assert a.pool_requests * a.blocks_per_request <= usable
+    assert (a.pool_requests + 1) * a.blocks_per_request > usable
+    assert a.max_num_seqs == 1024
+    assert a.max_requests == (min(a.pool_requests, 1024) if a.engine_starts else 0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -244,9 +247,14 @@ def test_python_api_returns_the_same_plan_as_options():
 
 def test_max_model_len_auto_is_the_longest_that_starts():
     # 1 GiB = 512 blocks of 2 MiB; vLLM 0.32 keeps the null block: 511 blocks x 16 = 8,176 tokens
-    p = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto"}))
+    p = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto",
+                                      "context": "4k"}))
     assert p.max_model_len == 511 * 16
     assert p.answer.engine_starts and any("auto" in n for n in p.notes)
+    # a context longer than that is the same error as --context 8k --max-model-len 8176: vLLM rejects it
+    with pytest.raises(InputError, match="--context 8,192 exceeds --max-model-len auto = 8,176") as err:
+        estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto"}))
+    assert err.value.hint == "lower --context to 8176"
     # capped at max_position_embeddings when memory is plentiful
     big = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "max_model_len": "auto"}))
     assert big.max_model_len == big.spec.max_position_embeddings == 131_072

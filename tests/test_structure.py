@@ -78,7 +78,7 @@ def test_docs_name_functions_that_exist_and_every_json_key() -> None:
     repo = PACKAGE.parent
     math_md = (repo / "docs" / "math.md").read_text(encoding="utf-8")
     table = math_md[math_md.index("## 7. Where each rule lives"):]
-    names = set(re.findall(r"`((?:memory|engines|plan|paged|hybrid)(?:\.\w+)+)`", table))
+    names = set(re.findall(r"`((?:memory|engines|plan|paged|hybrid|answer)(?:\.\w+)+)`", table))
     assert len(names) > 25
     for dotted in names:
         module_path, _, attr = f"kvplan.{dotted}".rpartition(".")

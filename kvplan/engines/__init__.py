@@ -150,10 +150,14 @@ def quantization_weights(method: str) -> tuple[str | None, str]:
 class Launch:
     """What an engine's start-up log and command line need from a plan (tokens, requests, bytes).
 
-    ``block_size`` and ``kv_budget_bytes`` are set only when the user chose them (they become flags);
-    ``max_num_seqs_flag`` when the user set ``--max-num-seqs`` or asked for a batch above the engine's
-    default (otherwise the engine's default stays: capping it at the requests that fit at full context would
-    also cap shorter requests, which fit more).
+    The command line carries every setting of the plan that changes it (the engine's ``serve_command``):
+    the model and its ``revision``, ``max_model_len``, utilisation, tp/pp, the run dtype when given (``dtype``), ``quantization``, the KV
+    dtype, the SSM-state dtype when given (``ssm_dtype``), ``block_size`` and ``kv_budget_bytes`` when the
+    user chose them, the batching limits when the user set them or the plan models another usage context
+    than the server (``max_num_batched_tokens_flag``, ``max_num_seqs_flag``), ``enforce_eager``, and prefix
+    caching when it differs from the engine's default (``prefix_caching_flag``). ``max_num_seqs`` is the
+    engine's effective limit on requests running at once (the user's, vLLM's default, SGLang's derived
+    ``max_running_requests``).
     """
 
     model_id: str
@@ -172,15 +176,80 @@ class Launch:
     block_size: int | None = None
     kv_budget_bytes: int | None = None
     serve_model: str = ""  # what the launch command names: a local model's folder, else the model id
-    max_num_seqs_flag: int | None = None  # --max-num-seqs to pass (the user's, or a batch past the default)
+    max_num_seqs_flag: int | None = None  # --max-num-seqs to pass (the user's)
+    dtype: str | None = None  # --dtype to pass (the user's, not auto)
+    quantization: str | None = None  # --quantization to pass
+    max_num_batched_tokens_flag: int | None = None  # --max-num-batched-tokens to pass
+    enforce_eager: bool = False
+    prefix_caching_flag: bool | None = None  # prefix caching on/off when it differs from the engine's default
+    ssm_dtype: str | None = None  # --mamba-ssm-cache-dtype to pass (the user's)
+    is_cpu: bool = False  # vLLM's CPU backend: no utilisation flag, the KV space sized by --kv-cache-memory-bytes
+    revision: str | None = None  # --revision to pass (the Hub revision planned)
+
+    # the settings a command line passes only when they differ from the engine's default
+    @property
+    def tp_flag(self) -> int | None:
+        return self.tp if self.tp > 1 else None
+
+    @property
+    def pp_flag(self) -> int | None:
+        return self.pp if self.pp > 1 else None
+
+    @property
+    def kv_dtype_flag(self) -> str | None:
+        return self.kv_dtype if self.kv_dtype != self.model_dtype else None
+
+    @property
+    def kv_budget_tokens(self) -> int | None:
+        """The pool's token slots when the KV budget was given (engines that size a pool in tokens)."""
+        return self.capacity_tokens if self.kv_budget_bytes is not None else None
+
+    @property
+    def prefix_caching_on(self) -> bool:
+        return self.prefix_caching_flag is True
+
+    @property
+    def prefix_caching_off(self) -> bool:
+        return self.prefix_caching_flag is False
+
+
+def launch_flags(launch: Launch, spelling: tuple[tuple[str, str], ...]) -> list[str]:
+    """The flags of the settings ``launch`` sets, in an engine's ``spelling``: ``(setting, flag)`` pairs in
+    command-line order, ``setting`` a :class:`Launch` field or property, ``flag`` a format of the value
+    (``"--block-size {}"``) or, for a switch, the flag alone. Unset settings (None, False) are left out."""
+    out = []
+    for setting, flag in spelling:
+        value = getattr(launch, setting)
+        if value is True:
+            out.append(flag)
+        elif value is not None and value is not False:
+            out.append(flag.format(value))
+    return out
+
+
+def length_refusal(spec: ModelSpec, max_model_len: int, *, setting: str, env: str) -> str | None:
+    """Why an engine refuses ``max_model_len`` above the model's own maximum length, or None.
+
+    vLLM (``ModelConfig._get_and_verify_max_len``) and SGLang (``ModelConfig._derive_context_length``)
+    both refuse a length above the one derived from the config (kvplan: ``max_position_embeddings``, also
+    read from ``n_positions`` and similar keys) unless an environment variable ``env`` allows it, since
+    positions past it give NaNs (RoPE) or out-of-bounds errors (learned positions).
+    """
+    limit = spec.max_position_embeddings
+    if not limit or max_model_len <= limit:
+        return None
+    return (f"{setting} {max_model_len:,} exceeds the model's maximum length {limit:,} (max_position_embeddings); "
+            f"the engine allows it only with {env}=1 set (positions past {limit:,} give wrong outputs)")
 
 
 class Engine(Protocol):
     """What every engine module provides (``kvplan.engines.vllm``, ``kvplan.engines.sglang``).
 
     Versions, budget and defaults: ``ENGINE`` (its name), ``VERSIONS``, ``DEFAULT_VERSION``,
-    :meth:`resolve_version`, :meth:`defaults` (and :meth:`for_model`, what it forces for one model), :meth:`budget`. Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`,
-    :meth:`default_prefix_caching`, :meth:`start_blocks` / :meth:`starts` (the start-up check),
+    :meth:`resolve_version`, :meth:`defaults` (and :meth:`for_model`, what it forces for one model), :meth:`budget`.
+    Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`, :meth:`default_prefix_caching`,
+    :meth:`start_blocks` / :meth:`starts` (the pool's start-up check), :meth:`refusal` (every reason it refuses
+    to start), :meth:`request_limit` (requests at once), :meth:`check_batching` (limits it rejects),
     :meth:`kv_tokens` (the token figure it logs). The dtypes it runs a checkpoint in: :meth:`auto_dtype`
     (``--dtype auto``), :meth:`ssm_dtype` (state layers' SSM cache). What it prints and how it is launched:
     :meth:`report`, :meth:`serve_command`. A new engine is a module with these names plus one line in
@@ -191,6 +260,7 @@ class Engine(Protocol):
     VERSIONS: tuple[str, ...]
     DEFAULT_VERSION: str
     BLOCK_SIZES: tuple[int, ...] | None  # the block (page) sizes it accepts; None: any positive size
+    LONG_LEN_ENV: str  # the environment variable that lets it start past the model's maximum length
 
     def resolve_version(self, text: str | None) -> tuple[str, str]:
         """``(modelled version, note)`` for any PEP 440 version (``None``: the newest modelled one)."""
@@ -219,7 +289,20 @@ class Engine(Protocol):
         """Blocks the start-up check lets one request of max_model_len use."""
 
     def starts(self, engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
-        """Whether the engine starts when one request of max_model_len holds ``per_request_blocks``."""
+        """Whether the pool passes the engine's start-up check when one request of max_model_len holds
+        ``per_request_blocks`` (the other reasons to refuse: :meth:`refusal`)."""
+
+    def refusal(self, engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_blocks: int,
+                block_bytes: int, max_model_len: int) -> str | None:
+        """Why the engine refuses to start this deployment (one line in its own terms), or None when it starts:
+        a model the release does not serve, a max_model_len past the model's maximum, a pool too small."""
+
+    def request_limit(self, engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: int,
+                      max_model_len: int) -> int:
+        """Requests the engine runs at once at most (``max_num_seqs`` the user's, or None)."""
+
+    def check_batching(self, engine: EngineDefaults, max_model_len: int) -> None:
+        """Raise InputError when the batching limits are ones the engine rejects at start-up."""
 
     def kv_tokens(self, engine: EngineDefaults, blocks: int, layout: PoolLayout, per_request_blocks: int,
                   max_model_len: int) -> int:

@@ -23,13 +23,15 @@ from __future__ import annotations
 import math
 
 from kvplan import memory
-from kvplan.engines import USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, Term, release_ranges, resolve_release
+from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, Term, launch_flags, length_refusal,
+                            release_ranges, resolve_release)
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec
 from kvplan.units import DType, GiB, MiB
 
 ENGINE = "sglang"
 BLOCK_SIZES: tuple[int, ...] | None = None  # --page-size takes any positive number of tokens
+LONG_LEN_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # ModelConfig._derive_context_length's override
 # The first release each modelled version covers. 0.5.3 brought ServerArgs._handle_gpu_memory_settings
 # (the memory-tier mem_fraction_static); 0.4.0 - 0.5.2 pick the fraction by world size (read in the
 # released sglang wheels 0.4.0, 0.4.10, 0.5.1, 0.5.2 and 0.5.3).
@@ -225,8 +227,33 @@ def start_blocks(engine: EngineDefaults, blocks: int) -> int:
 
 
 def starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
-    """SGLang never refuses to start: it caps a request's length at the pool instead."""
-    return True
+    """The pool's start-up check: SGLang caps a request's length at the pool instead of refusing to start,
+    so any pool of at least one page passes (``init_memory_pool``: ``max_total_num_tokens > 0``)."""
+    return blocks > 0
+
+
+def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_blocks: int, block_bytes: int,
+            max_model_len: int) -> str | None:
+    """Why SGLang refuses to start, or None: ``--context-length`` above the model's maximum
+    (``_derive_context_length``; :data:`LONG_LEN_ENV` overrides), or an empty pool (``init_memory_pool``:
+    "Not enough memory. Please try to increase --mem-fraction-static")."""
+    too_long = length_refusal(spec, max_model_len, setting="context_length", env=LONG_LEN_ENV)
+    if too_long:
+        return too_long
+    if not starts(engine, blocks, per_request_blocks):
+        return (f"not enough memory: the weights leave no KV pool inside mem_fraction_static {engine.gpu_util:g} "
+                "(max_total_num_tokens <= 0)")
+    return None
+
+
+def request_limit(engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: int, max_model_len: int) -> int:
+    """``max_running_requests``: the user's ``--max-running-requests``, else derived from the pool
+    (:func:`max_running_requests`)."""
+    return max_num_seqs or max_running_requests(kv_tokens, max_model_len)
+
+
+def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
+    """SGLang accepts any positive ``--chunked-prefill-size`` and ``--max-running-requests``."""
 
 
 def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
@@ -236,23 +263,27 @@ def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, pe
 
 
 def report(launch: Launch) -> tuple[str, ...]:
-    """SGLang's start-up line: ``max_total_num_tokens`` and the ``max_running_requests`` it derives."""
-    running = max_running_requests(launch.kv_tokens, launch.max_model_len)
-    return (f"max_total_num_tokens={launch.kv_tokens:,}, max_running_requests={running:,} "
+    """SGLang's start-up line: ``max_total_num_tokens`` and ``max_running_requests`` (``launch.max_num_seqs``)."""
+    return (f"max_total_num_tokens={launch.kv_tokens:,}, max_running_requests={launch.max_num_seqs:,} "
             f"(context_len {launch.max_model_len:,}; mem_fraction_static {launch.gpu_util:g})",)
 
 
+# how `python -m sglang.launch_server` spells each setting of a Launch, in command-line order
+SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tp {}"), ("pp_flag", "--pp-size {}"), ("dtype", "--dtype {}"),
+               ("quantization", "--quantization {}"), ("kv_dtype_flag", "--kv-cache-dtype {}"),
+               ("ssm_dtype", "--mamba-ssm-dtype {}"), ("block_size", "--page-size {}"),
+               ("kv_budget_tokens", "--max-total-tokens {}"), ("max_num_batched_tokens_flag", "--chunked-prefill-size {}"),
+               ("max_num_seqs_flag", "--max-running-requests {}"), ("enforce_eager", "--disable-cuda-graph"),
+               ("prefix_caching_off", "--disable-radix-cache"))
+
+
 def serve_command(launch: Launch) -> str:
-    """The ``python -m sglang.launch_server`` command line that realises the plan."""
-    flags = [f"python -m sglang.launch_server --model-path {launch.serve_model or launch.model_id}",
-             f"--context-length {launch.max_model_len}", f"--mem-fraction-static {launch.gpu_util:g}"]
-    if launch.max_num_seqs_flag:
-        flags.append(f"--max-running-requests {launch.max_num_seqs_flag}")
-    if launch.tp > 1:
-        flags.append(f"--tp {launch.tp}")
-    if launch.kv_dtype != launch.model_dtype:
-        flags.append(f"--kv-cache-dtype {launch.kv_dtype}")
-    return " ".join(flags)
+    """The ``python -m sglang.launch_server`` command line that starts the planned deployment: every setting
+    that changes the plan (:class:`~kvplan.engines.Launch`) as SGLang spells it (:data:`SERVE_FLAGS`; an
+    explicit KV budget is ``--max-total-tokens``, the pool's tokens)."""
+    head = [f"python -m sglang.launch_server --model-path {launch.serve_model or launch.model_id}",
+            f"--context-length {launch.max_model_len}", f"--mem-fraction-static {launch.gpu_util:g}"]
+    return " ".join(head + launch_flags(launch, SERVE_FLAGS))
 
 
 def auto_dtype(checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:  # noqa: ARG001 - same signature as vLLM's

@@ -14,11 +14,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kvplan import memory
-from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, Term,
-                            forward_bytes_per_token, sampler_peak_bytes,
-                            padded_vocab, release_ranges, resolve_release, sampler_bytes)
+from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Term,
+                            forward_bytes_per_token, padded_vocab, release_ranges, release_tuple, resolve_release,
+                            sampler_bytes, sampler_peak_bytes)
 from kvplan.engines.vllm_profile import ImageProfile, image_profile, rope_cache_bytes
+from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
+    DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
+    default_prefix_caching, inflight_tokens, kv_tokens, refusal, release_of, report, request_limit, serve_command,
+    ssm_dtype, start_blocks, starts)
 from kvplan.errors import InputError
 from kvplan.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, MiB
@@ -165,7 +168,6 @@ CPU_BLOCK_SIZE = 128
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
 CPU_KVCACHE_SPACE_BYTES = 4 * GiB  # VLLM_CPU_KVCACHE_SPACE unset: vLLM's CPU backend uses 4 GiB
 V0_CHUNKED_PREFILL_TOKENS = 2048  # V0 `vllm serve` above 32K context turns chunked prefill on
-V0_LONG_CONTEXT_TOKENS = 32 * 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's _DEFAULT_MAX_NUM_BATCHED_TOKENS
 BIG_GPU_BYTES = 70 * GiB  # get_batch_defaults: device memory >= 70 GiB and not an A100
 HUGE_GPU_BYTES = 160 * GiB  # PR #51726
@@ -180,8 +182,6 @@ def resolve_version(text: str | None) -> tuple[str, str]:
     if text is None:
         return DEFAULT_VERSION, ""
     key, note = resolve_release(ENGINE, text, {k: p.first for k, p in PROFILES.items()})
-    from kvplan.engines import release_tuple
-
     if release_tuple(text, ENGINE) > NEWEST_CHECKED:
         note += f"; newer than the newest release checked ({'.'.join(map(str, NEWEST_CHECKED))})"
     return key, note
@@ -452,109 +452,3 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                   p.rounding, forward, sampler, tuple(notes), images.resident_bytes if images else 0,
                   images.encoder_peak_bytes if images else 0)
-
-
-# ---------------------------------------------------------------------------------------------
-# the engine's rules (kvplan.engines.Engine)
-
-
-def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
-    """Tokens a request may have scheduled but not yet computed, which windowed layers must also hold:
-    ``max_num_batched_tokens`` x the batches in flight (``pp`` stages; ``engine.concurrent_batches``: 2
-    with >= 0.26's async scheduling on GPUs; 1 on CPU and in older releases)."""
-    if pp > 1:
-        return engine.max_num_batched_tokens * pp
-    return engine.max_num_batched_tokens * (1 if is_cpu else engine.concurrent_batches)
-
-
-def default_prefix_caching(engine: EngineDefaults) -> bool:
-    """``enable_prefix_caching``'s default: on in the V1 engine, off in V0."""
-    return engine.mode != "V0"
-
-
-def start_blocks(engine: EngineDefaults, blocks: int) -> int:
-    """Blocks the start-up check lets one request use: all but the null block from 0.29
-    (``refusal == "null_block"``); all of them before (V0 compares tokens, V1 <= 0.28 bytes)."""
-    return blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
-
-
-def starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
-    """vLLM starts only if one request of max_model_len fits in :func:`start_blocks`."""
-    return start_blocks(engine, blocks) >= per_request_blocks
-
-
-def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
-              max_model_len: int) -> int:
-    """The "GPU KV cache size: N tokens" vLLM logs (``engine.kv_tokens_rule``): ``num_blocks x block_size``
-    (V0 / 0.8), ``num_blocks // num_groups x block_size`` (0.9 - 0.20.0) or
-    ``int(max_concurrency x max_model_len)`` (0.20.1 and later)."""
-    if engine.kv_tokens_rule == "blocks":
-        return blocks * layout.block_size
-    if engine.kv_tokens_rule == "groups":
-        smallest = min((g.block_size or layout.block_size for g in layout.groups), default=layout.block_size)
-        return memory.grouped_kv_tokens(blocks, len(layout.groups), smallest)
-    return memory.kv_cache_tokens(blocks, per_request_blocks, max_model_len)
-
-
-def report(launch: Launch) -> tuple[str, ...]:
-    """vLLM's start-up lines about the KV cache, and what its token figure means when it is not the slots."""
-    lines = [f"GPU KV cache size: {launch.kv_tokens:,} tokens; Maximum concurrency for {launch.max_model_len:,} "
-             f"tokens per request: {launch.max_concurrency:.2f}x"]
-    if launch.kv_tokens != launch.capacity_tokens:
-        what = ("num_blocks // KV-cache groups x block size" if launch.kv_tokens_rule == "groups" else
-                f"max concurrency x max_model_len: the tokens whole {launch.max_model_len:,}-token requests hold")
-        lines.append(f"(its KV cache size is {what}, not the {launch.capacity_tokens:,} token slots)")
-    return tuple(lines)
-
-
-def serve_command(launch: Launch) -> str:
-    """The ``vllm serve`` command line that realises the plan."""
-    flags = [f"vllm serve {launch.serve_model or launch.model_id}", f"--max-model-len {launch.max_model_len}",
-             f"--gpu-memory-utilization {launch.gpu_util:g}"]
-    if launch.max_num_seqs_flag:
-        flags.append(f"--max-num-seqs {launch.max_num_seqs_flag}")
-    if launch.kv_dtype != launch.model_dtype:
-        flags.append(f"--kv-cache-dtype {'fp8' if launch.kv_dtype.startswith('fp8') else launch.kv_dtype}")
-    if launch.tp > 1:
-        flags.append(f"--tensor-parallel-size {launch.tp}")
-    if launch.pp > 1:
-        flags.append(f"--pipeline-parallel-size {launch.pp}")
-    if launch.block_size:
-        flags.append(f"--block-size {launch.block_size}")
-    if launch.kv_budget_bytes is not None:
-        flags.append(f"--kv-cache-memory {launch.kv_budget_bytes}")
-    return " ".join(flags)
-
-
-# vLLM's `--dtype auto` (vllm/config/model.py _resolve_auto_dtype; the platforms' supported_dtypes:
-# CUDA bf16 from compute capability 8.0, else fp16/fp32; ROCm and the x86/aarch64 CPU backend bf16/fp16/fp32).
-_NO_FP16_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})  # "numerical instability"
-
-
-def auto_dtype(checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:
-    """The dtype ``--dtype auto`` runs a ``checkpoint_dtype`` checkpoint in (the KV cache and activations follow).
-
-    The platform's supported dtypes are bf16 (when ``bf16``), fp16, fp32, without fp16 for gemma2/gemma3/glm4;
-    a float32 checkpoint is downcast to the first of them, and a dtype the platform lacks falls back to it
-    (a bf16 checkpoint runs in fp16 below compute capability 8.0). Before vLLM 0.10.1 float32 went to fp16,
-    the same 2 bytes per element.
-    """
-    supported = [d for d in ("bfloat16", "float16", "float32")
-                 if (bf16 or d != "bfloat16") and not (d == "float16" and model_type in _NO_FP16_MODEL_TYPES)]
-    wanted = supported[0] if checkpoint_dtype == "float32" else checkpoint_dtype
-    return wanted if wanted in supported else supported[0]
-
-
-def ssm_dtype(requested: str | None, state_kind: str, *, is_cpu: bool) -> str | None:
-    """The SSM-state dtype of a state layer (None: the model's own). ``requested``: ``--mamba-ssm-cache-dtype``.
-
-    On GPUs, what was requested. The CPU backend (vllm/platforms/cpu.py ``check_and_update_config``, on CPUs
-    with AVX-512 BF16, which kvplan's ``cpu`` target assumes) resets it to float32 for every state kind
-    ("Reset SSM cache type to float32 for accelerated GDN mamba backend"), unless float16/bfloat16 was asked
-    for a gated-delta-net layer, which its accelerated GDN kernel stores as asked.
-    """
-    if not is_cpu:
-        return requested
-    if requested in ("float16", "bfloat16") and state_kind == "gated_delta_net":
-        return requested
-    return "float32"

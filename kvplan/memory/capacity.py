@@ -192,12 +192,13 @@ class PrefixSharing:
 
 
 def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
-                   parameters: int | None) -> PrefixSharing:
+                   parameters: int | None, request_cap: int | None = None) -> PrefixSharing:
     """N requests of ``tokens`` tokens sharing a ``prefix_tokens`` prefix store its full blocks once.
 
     Only groups that keep every token (full attention, MLA) share; windowed groups keep their own.
     Prefill FLOPs saved ~ 2 x ``parameters`` per token not recomputed (pass the parameters one token
-    computes with: a MoE's active ones, :meth:`ModelSpec.parameters_read`).
+    computes with: a MoE's active ones, :meth:`ModelSpec.parameters_read`). ``request_cap``: the most
+    requests the engine runs at once whatever the pool (its ``max_num_seqs``; 0 when it does not start).
     """
     if prefix_tokens > tokens:
         raise InputError(f"--prefix-tokens {prefix_tokens:,} exceeds the context {tokens:,}")
@@ -213,6 +214,8 @@ def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
         shared_n = unshared_n if per_req_shared > 0 else (1 if usable >= per_req else 0)
     else:
         shared_n = (usable - shared) // per_req_shared
+    if request_cap is not None:
+        unshared_n, shared_n = min(unshared_n, request_cap), min(shared_n, request_cap)
     saved_tokens = max(0, shared_n - 1) * per_full * layout.block_size
     return PrefixSharing(
         prefix_tokens=prefix_tokens,
@@ -246,10 +249,11 @@ class Fragmentation:
 
 
 def contiguous_vs_paged(kv_budget_bytes: int, blocks: int, demand: Demand, layers: tuple[LayerCache, ...],
-                        tokens: int, max_model_len: int) -> Fragmentation:
+                        tokens: int, max_model_len: int, request_cap: int | None = None) -> Fragmentation:
     """Compare a worst-case contiguous reservation of ``max_model_len`` per request with paging.
 
-    The paged side is the engine's own demand (the answer's ``max_requests``); the contiguous side
+    The paged side is the engine's own demand (the answer's ``max_requests``: ``request_cap`` is the most
+    requests the engine runs at once whatever the memory, 0 when it does not start); the contiguous side
     reserves ``max_model_len`` tokens in every layer that caches tokens (a sliding or chunked layer too:
     a contiguous reservation is sized before the request runs, not by its window) plus one unpadded state.
     The waste of each side is measured against the raw bytes at ``tokens`` (windows applied).
@@ -259,14 +263,15 @@ def contiguous_vs_paged(kv_budget_bytes: int, blocks: int, demand: Demand, layer
     contiguous = raw_request_bytes(layers, max_model_len, layout.kv_dtype, layout.model_dtype, windows=False)
     per_req = demand.blocks(tokens)
     paged = per_req * layout.block_bytes
+    cap = UNBOUNDED_TOKENS if request_cap is None else request_cap
     return Fragmentation(
         tokens=tokens,
         max_model_len=max_model_len,
         contiguous_request_bytes=contiguous,
         paged_request_bytes=paged,
         raw_request_bytes=raw,
-        contiguous_max_requests=max(0, kv_budget_bytes) // contiguous if contiguous else 0,
-        paged_max_requests=max_requests(blocks, per_req),
+        contiguous_max_requests=min(max(0, kv_budget_bytes) // contiguous if contiguous else 0, cap),
+        paged_max_requests=min(max_requests(blocks, per_req), cap),
         contiguous_waste_bytes=contiguous - raw,
         paged_waste_bytes=paged - raw,
     )

@@ -76,32 +76,65 @@ def _model_panel(plan: "Plan") -> Panel:
 
 
 def _memory_panel(plan: "Plan") -> Panel:
-    """The budget's terms, with the rounding the engine uses, and the memory bar."""
+    """The budget's terms, with the rounding the engine uses, and the memory bar (the CPU backend: its KV
+    space and the weights beside it, :func:`_cpu_memory_panel`). Sources wrap; nothing is cut."""
+    if plan.gpu.is_cpu:
+        return _cpu_memory_panel(plan)
     b = plan.budget
-    t = Table.grid(padding=(0, 2))
-    t.add_column()
-    t.add_column(justify="right")
-    t.add_column(style="grey62", no_wrap=True, overflow="ellipsis", max_width=36)
-    t.add_row("total (runtime-reported)", _gib(b.total_bytes), f"{plan.gpu.name}, {b.total_bytes / GB:.2f} GB")
-    t.add_row(f"usable (x {b.gpu_util:g})", _gib(b.usable_bytes), f"{b.requested_rounding}(total x gpu_util)")
+    t = _terms_table()
+    t.add_row("total (runtime-reported)", _gib(b.total_bytes), Text(f"{plan.gpu.name}, {b.total_bytes / GB:.2f} GB"))
+    t.add_row(f"usable (x {b.gpu_util:g})", _gib(b.usable_bytes), Text(f"{b.requested_rounding}(total x gpu_util)"))
     for term in b.terms:
-        t.add_row(f"− {term.name}", _gib(term.bytes), term.source)
+        t.add_row(f"− {term.name}", _gib(term.bytes), Text(term.source))  # Text: sources hold "[rows, vocab]"
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
-    t.add_row(Text("= KV budget", style=style), Text(_gib(b.kv_budget_bytes), style=style), b.kv_budget_source)
+    t.add_row(Text("= KV budget", style=style), Text(_gib(b.kv_budget_bytes), style=style), Text(b.kv_budget_source))
     return Panel(Group(t, memory_bar(plan)), title=f"memory per GPU ({plan.options.gpu_count}x {plan.gpu.name})",
                  title_align="left")
 
 
+def _terms_table() -> Table:
+    """Three columns: what, GiB, where it came from (wrapped at word boundaries, never cut)."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(no_wrap=True)
+    t.add_column(justify="right", no_wrap=True)
+    t.add_column(style="grey62", overflow="fold", ratio=1)
+    return t
+
+
+def _cpu_memory_panel(plan: "Plan") -> Panel:
+    """vLLM's CPU backend allocates its KV space (VLLM_CPU_KVCACHE_SPACE / --kv-budget) beside the weights in
+    host memory: nothing is subtracted from it, so the panel adds the two instead."""
+    b = plan.budget
+    t = _terms_table()
+    t.add_row(Text("KV cache space", style="bold green"), Text(_gib(b.kv_budget_bytes), style="bold green"),
+              Text(b.kv_budget_source))
+    t.add_row("+ weights", _gib(b.weights.bytes), Text(f"{b.weights.source} (host memory, beside the KV space)"))
+    used = b.weights.bytes + max(0, b.kv_budget_bytes)
+    host = plan.options.gpu_memory_bytes
+    where = "weights + KV cache space; activations and the runtime come on top"
+    if host:
+        where += f"; {_gib(host)} of host memory given (--gpu-memory)" + (": it does not fit" if used > host else "")
+    t.add_row("= host memory in use", _gib(used), Text(where))
+    return Panel(t, title=f"memory ({plan.gpu.name}: vLLM's CPU backend)", title_align="left")
+
+
 def _answer_panel(plan: "Plan") -> Panel:
-    """Blocks, requests at the context, max context at the batch, and the verdict."""
+    """Blocks, requests at the context (and which limit binds), max context at the batch, and the verdict."""
     a, lay = plan.answer, plan.layout
     ans = Text()
     shared = f", each block one page in each of {len(lay.groups)} groups" if len(lay.groups) > 1 else ""
-    ans.append(f"KV cache: {a.num_blocks:,} blocks x {lay.block_size} tokens = {a.capacity_tokens:,} token slots"
+    ans.append(f"KV cache: {a.num_blocks:,} blocks x {plural(lay.block_size, 'token')} = {a.capacity_tokens:,} token slots"
                f" ({fmt_bytes(lay.block_bytes)} per block{shared})\n")
     ans.append(f"at {a.context:,} tokens/request: ", style="bold")
     ans.append(plural(a.max_requests, "concurrent request"), style="bold cyan")
-    ans.append(f" ({plural(a.blocks_per_request, 'block')} each)\n")
+    if a.limited_by == "refused":
+        ans.append(f" ({plan.engine.engine} does not start: see engine)\n")
+    elif a.limited_by == "max_num_seqs":
+        ans.append(f" (max_num_seqs {a.max_num_seqs:,} binds; the pool holds {a.pool_requests:,} of "
+                   f"{plural(a.blocks_per_request, 'block')} each)\n")
+    else:
+        ans.append(f" ({plural(a.blocks_per_request, 'block')} each; the pool binds, max_num_seqs "
+                   f"{a.max_num_seqs:,})\n")
     ans.append(f"max context at batch {a.batch}: ", style="bold")
     ans.append(f"{a.max_context_at_batch:,} tokens\n", style="bold cyan")
     verdict = ("fits", "bold green") if a.fits else ("does NOT fit", "bold red")
@@ -109,38 +142,43 @@ def _answer_panel(plan: "Plan") -> Panel:
     ans.append(verdict[0], style=verdict[1])
     if a.fits:
         ans.append(f" ({a.fits_margin_blocks:,} blocks = {a.fits_margin_blocks * lay.block_size:,} tokens spare)")
+        return Panel(ans, title="answer", title_align="left")
+    if a.refusal:
+        why = f"{plan.engine.engine} does not start"
+    elif a.batch > a.max_num_seqs:
+        why = f"max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once"
     else:
-        ans.append(f" (short by {-a.fits_margin_blocks:,} blocks = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}); try {a.fix}")
+        why = f"short by {-a.fits_margin_blocks:,} blocks = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}"
+    ans.append(f" ({why}); try {a.fix}")
     return Panel(ans, title="answer", title_align="left")
 
 
 def _engine_panel(plan: "Plan") -> Panel:
-    """What the engine will log (or why it refuses to start), and the command that launches it."""
-    a, b = plan.answer, plan.budget
+    """What the engine will log, or why it refuses to start (then no command: it would not start), and the
+    command that launches the planned deployment."""
+    a = plan.answer
     eng = Text()
-    if a.engine_starts:
-        first, *explained = plan.rules.report(plan.launch)
-        eng.append(f"{plan.engine.label} will report: ", style="bold")
-        eng.append(first + "\n")
-        for line in explained:
-            eng.append(f"  {line}\n", style="grey62")
-    else:
-        need = plan.demand.bytes(plan.max_model_len)
-        eng.append(f"{plan.engine.engine} will refuse to start: ", style="bold red")
-        eng.append(f"one {plan.max_model_len:,}-token request needs {need / GiB:.2f} GiB KV cache, "
-                   f"{max(0, b.kv_budget_bytes) / GiB:.2f} GiB available; the longest max_model_len that fits is "
-                   f"{a.longest_startable_len:,}\n")
-    if a.engine_starts:
+    if a.refusal:
+        eng.append(f"{plan.engine.label} will refuse to start: ", style="bold red")
+        eng.append(a.refusal + "\n")
         eng.append("serve: ", style="bold")
-        eng.append(plan.rules.serve_command(plan.launch))
-        if not plan.launch.max_num_seqs_flag:
-            eng.append(f"\n  max_num_seqs stays {plan.engine.engine}'s {plan.engine.max_num_seqs:,}: the pool holds "
-                       f"{plural(a.max_requests, 'request')} of {a.context:,} tokens at once and more shorter ones; the "
-                       "scheduler admits only what the free blocks hold", style="grey62")
-    elif a.longest_startable_len >= 1:  # no command for a deployment the engine refuses
-        eng.append("serve: ", style="bold")
-        eng.append(f"none for max_model_len {plan.max_model_len:,} (refused); it starts with --max-model-len "
-                   f"{a.longest_startable_len}")
+        if a.longest_startable_len >= 1:
+            eng.append(f"none for max_model_len {plan.max_model_len:,}; it starts with --max-model-len "
+                       f"{a.longest_startable_len}")
+        else:
+            eng.append("none: no max_model_len starts")
+        return Panel(eng, title="engine", title_align="left")
+    first, *explained = plan.rules.report(plan.launch)
+    eng.append(f"{plan.engine.label} will report: ", style="bold")
+    eng.append(first + "\n")
+    for line in explained:
+        eng.append(f"  {line}\n", style="grey62")
+    eng.append("serve: ", style="bold")
+    eng.append(plan.rules.serve_command(plan.launch))
+    if not plan.launch.max_num_seqs_flag:
+        eng.append(f"\n  max_num_seqs stays {plan.engine.engine}'s {a.max_num_seqs:,}: the pool holds "
+                   f"{plural(a.pool_requests, 'request')} of {a.context:,} tokens at once and more shorter ones; the "
+                   "scheduler admits only what the free blocks hold", style="grey62")
     return Panel(eng, title="engine", title_align="left")
 
 
@@ -148,6 +186,8 @@ def _paging_panel(plan: "Plan") -> Panel:
     """Contiguous vs paged (the answer's own requests), prefix sharing, the decode roofline."""
     f, lay = plan.fragmentation, plan.layout
     more = Text()
+    if plan.answer.refusal:
+        more.append(f"{plan.engine.engine} does not start, so no request runs either way:\n")
     more.append(f"contiguous (reserve max_model_len {f.max_model_len:,}): {plural(f.contiguous_max_requests, 'request')}, "
                 f"{fmt_bytes(f.contiguous_waste_bytes)} wasted each\n")
     more.append(f"paged (block {lay.block_size}): {plural(f.paged_max_requests, 'request')}, {fmt_bytes(f.paged_waste_bytes)} slack each")
@@ -164,6 +204,8 @@ def _paging_panel(plan: "Plan") -> Panel:
                     f"{p.prefill_tokens_saved:,} prefill tokens (~{p.prefill_flops_saved / 1e12:,.1f} TFLOP) not recomputed")
     if plan.roofline:
         r = plan.roofline
-        more.append(f"\ndecode roofline at batch {r.batch}: >= {r.step_seconds * 1e3:.2f} ms/step, <= {r.tokens_per_s:,.0f} tokens/s; "
-                    f"KV reads match weight reads at batch {r.knee_batch:,.0f}")
+        knee = (f"KV reads match weight reads at batch {r.knee_batch:,.0f}" if r.knee_batch >= 1 else
+                "one request's KV reads exceed the weight reads")
+        more.append(f"\ndecode roofline at batch {r.batch}: >= {r.step_seconds * 1e3:.2f} ms/step, "
+                    f"<= {r.tokens_per_s:,.0f} tokens/s; {knee}")
     return Panel(more, title="paging, prefix, decode", title_align="left")

@@ -1,0 +1,186 @@
+"""vLLM's rules over one deployment (the :class:`~kvplan.engines.Engine` interface's rules, re-exported by
+:mod:`kvplan.engines.vllm`): what a request holds in flight, prefix caching's default, the start-up checks
+(:func:`refusal`: the architecture, the model's maximum length, the pool), the scheduler's limits
+(:func:`request_limit`, :func:`check_batching`), the token figure it logs, the command line that launches it
+(:func:`serve_command`) and the dtypes it runs a checkpoint in.
+
+Release differences come from :class:`~kvplan.engines.EngineDefaults` (``mode``, ``refusal``,
+``kv_tokens_rule``, ``concurrent_batches``), filled from :data:`kvplan.engines.vllm.PROFILES`.
+"""
+
+from __future__ import annotations
+
+from kvplan import memory
+from kvplan.engines import EngineDefaults, Launch, launch_flags, length_refusal, release_tuple
+from kvplan.errors import InputError
+from kvplan.spec import ModelSpec
+from kvplan.units import GiB
+
+ENGINE = "vllm"
+V0_LONG_CONTEXT_TOKENS = 32 * 1024  # V0 `vllm serve` above 32K context turns chunked prefill on
+LONG_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"  # ModelConfig._get_and_verify_max_len's override
+# Architectures a release no longer serves: architecture -> (the first release without it, what it is).
+# Mllama (Llama-3.2-Vision, cross-attention layers) ran on the V0 engine only; 0.11 removed both.
+DROPPED_ARCHITECTURES: dict[str, tuple[tuple[int, int, int], str]] = {
+    "MllamaForConditionalGeneration": ((0, 11, 0), "Llama-3.2-Vision (mllama): removed with the V0 engine"),
+}
+
+
+def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
+    """Tokens a request may have scheduled but not yet computed, which windowed layers must also hold:
+    ``max_num_batched_tokens`` x the batches in flight (``pp`` stages; ``engine.concurrent_batches``: 2
+    with >= 0.26's async scheduling on GPUs; 1 on CPU and in older releases)."""
+    if pp > 1:
+        return engine.max_num_batched_tokens * pp
+    return engine.max_num_batched_tokens * (1 if is_cpu else engine.concurrent_batches)
+
+
+def default_prefix_caching(engine: EngineDefaults) -> bool:
+    """``enable_prefix_caching``'s default: on in the V1 engine, off in V0."""
+    return engine.mode != "V0"
+
+
+def start_blocks(engine: EngineDefaults, blocks: int) -> int:
+    """Blocks the start-up check lets one request use: all but the null block from 0.29
+    (``refusal == "null_block"``); all of them before (V0 compares tokens, V1 <= 0.28 bytes)."""
+    return blocks - memory.NULL_BLOCKS if engine.refusal == "null_block" else blocks
+
+
+def starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
+    """The pool's start-up check: one request of max_model_len fits in :func:`start_blocks`."""
+    return start_blocks(engine, blocks) >= per_request_blocks
+
+
+def release_of(engine: EngineDefaults) -> tuple[int, int, int]:
+    """The release planned for: the one asked for (``--engine-version``), else the modelled release's first
+    (a modelled release is named after its first version: ``0.29``, ``0.20.1``)."""
+    return release_tuple(engine.requested_version or engine.version, ENGINE)
+
+
+def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_blocks: int, block_bytes: int,
+            max_model_len: int) -> str | None:
+    """Why vLLM refuses to start, in the order it checks, or None:
+
+    1. the release does not serve the architecture (:data:`DROPPED_ARCHITECTURES`);
+    2. max_model_len above the model's maximum (``_get_and_verify_max_len``; :data:`LONG_LEN_ENV` overrides);
+    3. no KV cache memory at all, or one request of max_model_len does not fit in :func:`start_blocks`
+       (``_check_enough_kv_cache_memory``).
+    """
+    dropped = DROPPED_ARCHITECTURES.get(spec.architecture or "")
+    if dropped and release_of(engine) >= dropped[0]:
+        first = ".".join(map(str, dropped[0][:2]))
+        return (f"vllm {first} and later do not serve {spec.architecture} ({dropped[1]}); "
+                "--engine-version 0.10.2 or --engine sglang serves it")
+    too_long = length_refusal(spec, max_model_len, setting="max_model_len", env=LONG_LEN_ENV)
+    if too_long:
+        return too_long
+    if blocks <= 0:
+        return "no memory left for the KV cache (no available memory for the cache blocks)"
+    usable = start_blocks(engine, blocks)
+    if usable < per_request_blocks:
+        return (f"one {max_model_len:,}-token request needs {per_request_blocks * block_bytes / GiB:.2f} GiB KV cache, "
+                f"{max(0, usable) * block_bytes / GiB:.2f} GiB available")
+    return None
+
+
+def request_limit(engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: int, max_model_len: int) -> int:
+    """vLLM's scheduler runs at most ``max_num_seqs`` requests at once (the user's or the default)."""
+    return max_num_seqs or engine.max_num_seqs
+
+
+def chunked_prefill(engine: EngineDefaults, max_model_len: int) -> bool:
+    """Whether prefills are chunked: always in V1; in V0 only for ``vllm serve`` above 32K tokens."""
+    return engine.mode != "V0" or (engine.usage_context == "serve" and max_model_len > V0_LONG_CONTEXT_TOKENS)
+
+
+def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
+    """``SchedulerConfig``'s checks: ``max_num_batched_tokens >= max_num_seqs``, and ``>= max_model_len``
+    without chunked prefill (V0); InputError naming both values otherwise."""
+    mnbt, seqs = engine.max_num_batched_tokens, engine.max_num_seqs
+    if mnbt < seqs:
+        raise InputError(f"max_num_batched_tokens {mnbt} is below max_num_seqs {seqs}: vLLM requires "
+                         "max_num_batched_tokens >= max_num_seqs (SchedulerConfig) and refuses to start",
+                         f"raise --max-num-batched-tokens to {seqs} or lower --max-num-seqs to {mnbt}")
+    if not chunked_prefill(engine, max_model_len) and mnbt < max_model_len:
+        raise InputError(f"max_num_batched_tokens {mnbt} is below max_model_len {max_model_len}: vLLM's V0 engine "
+                         "(no chunked prefill below 32K tokens, or for the LLM class) refuses to start",
+                         f"raise --max-num-batched-tokens to {max_model_len} or lower --max-model-len to {mnbt}")
+
+
+def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
+              max_model_len: int) -> int:
+    """The "GPU KV cache size: N tokens" vLLM logs (``engine.kv_tokens_rule``): ``num_blocks x block_size``
+    (V0 / 0.8), ``num_blocks // num_groups x block_size`` (0.9 - 0.20.0) or
+    ``int(max_concurrency x max_model_len)`` (0.20.1 and later)."""
+    if engine.kv_tokens_rule == "blocks":
+        return blocks * layout.block_size
+    if engine.kv_tokens_rule == "groups":
+        smallest = min((g.block_size or layout.block_size for g in layout.groups), default=layout.block_size)
+        return memory.grouped_kv_tokens(blocks, len(layout.groups), smallest)
+    return memory.kv_cache_tokens(blocks, per_request_blocks, max_model_len)
+
+
+def report(launch: Launch) -> tuple[str, ...]:
+    """vLLM's start-up lines about the KV cache, and what its token figure means when it is not the slots."""
+    device = "CPU" if launch.is_cpu else "GPU"
+    lines = [f"{device} KV cache size: {launch.kv_tokens:,} tokens; Maximum concurrency for {launch.max_model_len:,} "
+             f"tokens per request: {launch.max_concurrency:.2f}x"]
+    if launch.kv_tokens != launch.capacity_tokens:
+        what = ("num_blocks // KV-cache groups x block size" if launch.kv_tokens_rule == "groups" else
+                f"max concurrency x max_model_len: the tokens whole {launch.max_model_len:,}-token requests hold")
+        lines.append(f"(its KV cache size is {what}, not the {launch.capacity_tokens:,} token slots)")
+    return tuple(lines)
+
+
+# how `vllm serve` spells each setting of a Launch, in command-line order
+SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tensor-parallel-size {}"),
+               ("pp_flag", "--pipeline-parallel-size {}"), ("dtype", "--dtype {}"), ("quantization", "--quantization {}"),
+               ("kv_dtype_flag", "--kv-cache-dtype {}"), ("ssm_dtype", "--mamba-ssm-cache-dtype {}"),
+               ("block_size", "--block-size {}"), ("kv_budget_bytes", "--kv-cache-memory-bytes {}"),
+               ("max_num_batched_tokens_flag", "--max-num-batched-tokens {}"), ("max_num_seqs_flag", "--max-num-seqs {}"),
+               ("enforce_eager", "--enforce-eager"), ("prefix_caching_on", "--enable-prefix-caching"),
+               ("prefix_caching_off", "--no-enable-prefix-caching"))
+
+
+def serve_command(launch: Launch) -> str:
+    """The ``vllm serve`` command line that starts the planned deployment: every setting that changes the
+    plan (:class:`~kvplan.engines.Launch`) as vLLM spells it (:data:`SERVE_FLAGS`). The CPU backend takes
+    no utilisation: its KV space is its own (``--kv-cache-memory-bytes``)."""
+    head = [f"vllm serve {launch.serve_model or launch.model_id}", f"--max-model-len {launch.max_model_len}"]
+    if not launch.is_cpu:
+        head.append(f"--gpu-memory-utilization {launch.gpu_util:g}")
+    return " ".join(head + launch_flags(launch, SERVE_FLAGS))
+
+
+# vLLM's `--dtype auto` (vllm/config/model.py _resolve_auto_dtype; the platforms' supported_dtypes:
+# CUDA bf16 from compute capability 8.0, else fp16/fp32; ROCm and the x86/aarch64 CPU backend bf16/fp16/fp32).
+_NO_FP16_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})  # "numerical instability"
+
+
+def auto_dtype(checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:
+    """The dtype ``--dtype auto`` runs a ``checkpoint_dtype`` checkpoint in (the KV cache and activations follow).
+
+    The platform's supported dtypes are bf16 (when ``bf16``), fp16, fp32, without fp16 for gemma2/gemma3/glm4;
+    a float32 checkpoint is downcast to the first of them, and a dtype the platform lacks falls back to it
+    (a bf16 checkpoint runs in fp16 below compute capability 8.0). Before vLLM 0.10.1 float32 went to fp16,
+    the same 2 bytes per element.
+    """
+    supported = [d for d in ("bfloat16", "float16", "float32")
+                 if (bf16 or d != "bfloat16") and not (d == "float16" and model_type in _NO_FP16_MODEL_TYPES)]
+    wanted = supported[0] if checkpoint_dtype == "float32" else checkpoint_dtype
+    return wanted if wanted in supported else supported[0]
+
+
+def ssm_dtype(requested: str | None, state_kind: str, *, is_cpu: bool) -> str | None:
+    """The SSM-state dtype of a state layer (None: the model's own). ``requested``: ``--mamba-ssm-cache-dtype``.
+
+    On GPUs, what was requested. The CPU backend (vllm/platforms/cpu.py ``check_and_update_config``, on CPUs
+    with AVX-512 BF16, which kvplan's ``cpu`` target assumes) resets it to float32 for every state kind
+    ("Reset SSM cache type to float32 for accelerated GDN mamba backend"), unless float16/bfloat16 was asked
+    for a gated-delta-net layer, which its accelerated GDN kernel stores as asked.
+    """
+    if not is_cpu:
+        return requested
+    if requested in ("float16", "bfloat16") and state_kind == "gated_delta_net":
+        return requested
+    return "float32"
