@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from kvplan import quant
 from kvplan.model_source import WeightFacts
 from kvplan.params import Tensors
 from kvplan.units import GiB
+
+if TYPE_CHECKING:
+    from kvplan.quant import Quantization
 
 # the model dtype's safetensors name: what unquantized tensors are stored as
 _SAFETENSORS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -29,9 +31,13 @@ def engine_weights(config: Mapping[str, Any], where: str, facts: WeightFacts | N
                    dtype: str) -> tuple[WeightFacts | None, tuple[str, ...]]:
     """The weights an engine loads (None when neither facts nor a quantization estimate say) and the notes
     that explain them. ``tensors``: :func:`kvplan.params.inventory`; ``dtype``: the checkpoint's dtype."""
+    mtp = [t for t in tensors if t.mtp]
+    if not mtp and config.get("quantization_config") is None and config.get("compression_config") is None:
+        return facts, ()  # nothing to estimate or subtract (kvplan.quant is not even imported)
+    from kvplan import quant
+
     model_dtype = _SAFETENSORS.get(dtype, "BF16")
     q = quant.read(config, where, model_dtype)
-    mtp = [t for t in tensors if t.mtp]
     main = [t for t in tensors if not t.mtp]
     kv = _kv_note(q, dtype) if q is not None else ()
     if facts is not None and facts.total_bytes:
@@ -40,8 +46,9 @@ def engine_weights(config: Mapping[str, Any], where: str, facts: WeightFacts | N
         return facts, ()
     if not q.rules:
         size = f"{sum(t.parameters for t in main):,} parameters x {dtype}" if main else "the parameter count"
-        return facts, (f"quantization_config quant_method {q.method!r} is not modelled: the weights are estimated "
-                       f"unquantized ({size}); pass --weights-gib SIZE (the checkpoint's size) or --weights-dtype",) + kv
+        note = (f"quantization_config quant_method {q.method!r} is not modelled: the weights are estimated unquantized "
+                f"({size}); pass --weights-gib SIZE (the checkpoint's size) or --weights-dtype")
+        return facts, (note,) + kv
     if not main:
         return facts, (f"quantization_config ({q.method}) read, but the config has no vocab_size to count the "
                        "weights from; pass --weights-gib SIZE",) + kv
@@ -62,9 +69,11 @@ def engine_weights(config: Mapping[str, Any], where: str, facts: WeightFacts | N
     return estimate, (note,) + kv
 
 
-def _without_mtp(facts: WeightFacts, mtp: list[Tensors], q: quant.Quantization | None,
+def _without_mtp(facts: WeightFacts, mtp: list[Tensors], q: Quantization | None,
                  model_dtype: str) -> WeightFacts:
     """``facts`` less the MTP layers' tensors as the checkpoint stores them."""
+    from kvplan import quant
+
     elements = quant.stored_elements(mtp, q, model_dtype)
     mtp_bytes = quant.stored_bytes(elements)
     params = sum(t.parameters for t in mtp)
@@ -81,7 +90,7 @@ def _without_mtp(facts: WeightFacts, mtp: list[Tensors], q: quant.Quantization |
     )
 
 
-def _kv_note(q: quant.Quantization, dtype: str) -> tuple[str, ...]:
+def _kv_note(q: Quantization, dtype: str) -> tuple[str, ...]:
     """What the quantization config says about the KV cache, and what vLLM makes of it."""
     if q.kv_cache == "scales":
         return (f"quantization_config has a kv_cache_scheme (calibrated fp8 KV scales): vLLM uses them only with "

@@ -91,8 +91,9 @@ def _attention(r: ConfigReader, spec: ModelSpec, layer: LayerCache, at: str) -> 
         return _mla(r, spec, at)
     if layer.caches_tokens:
         q, kv = heads * layer.head_dim, layer.kv_heads * layer.head_dim
-        out = [_linear(f"{at}.self_attn.q_proj", "attention", q, h), _linear(f"{at}.self_attn.k_proj", "attention", kv, h),
-               _linear(f"{at}.self_attn.v_proj", "attention", kv, h), _linear(f"{at}.self_attn.o_proj", "attention", h, q)]
+        a = f"{at}.self_attn"
+        out = [_linear(f"{a}.q_proj", "attention", q, h), _linear(f"{a}.k_proj", "attention", kv, h),
+               _linear(f"{a}.v_proj", "attention", kv, h), _linear(f"{a}.o_proj", "attention", h, q)]
         if r.bool("attention_bias"):
             out.append(Tensors(f"{at}.self_attn.bias", "biases", q + 2 * kv + h))
         elif spec.model_type in _QKV_BIAS_TYPES:
@@ -142,7 +143,8 @@ def _state(h: int, layer: LayerCache, at: str) -> list[Tensors]:
     k_heads, v_heads, k_dim, v_dim, kernel = d
     conv = 2 * k_heads * k_dim + v_heads * v_dim
     return [_linear(f"{at}.in_proj_qkvz", "mixer", 2 * k_heads * k_dim + 2 * v_heads * v_dim, h),
-            _linear(f"{at}.in_proj_ba", "mixer", 2 * v_heads, h), _linear(f"{at}.out_proj", "mixer", h, v_heads * v_dim),
+            _linear(f"{at}.in_proj_ba", "mixer", 2 * v_heads, h),
+            _linear(f"{at}.out_proj", "mixer", h, v_heads * v_dim),
             Tensors(f"{at}.conv1d", "norm", conv * kernel + 2 * v_heads + v_dim)]
 
 
@@ -178,8 +180,9 @@ def _dense_mlp(m: _Mlp, h: int, at: str, size: int | None = None, gated: bool | 
 def _moe_mlp(m: _Mlp, spec: ModelSpec, at: str) -> list[Tensors]:
     """Routed experts (gate, up, down of each), the router, shared experts."""
     h, e, size = spec.hidden_size, spec.num_experts, spec.moe_intermediate_size
-    out = [_linear(f"{at}.experts.0.gate_proj", "experts", size, h, e), _linear(f"{at}.experts.0.up_proj", "experts", size, h, e),
-           _linear(f"{at}.experts.0.down_proj", "experts", h, size, e), _linear(f"{at}.gate", "router", e, h)]
+    x = f"{at}.experts.0"
+    out = [_linear(f"{x}.gate_proj", "experts", size, h, e), _linear(f"{x}.up_proj", "experts", size, h, e),
+           _linear(f"{x}.down_proj", "experts", h, size, e), _linear(f"{at}.gate", "router", e, h)]
     if m.score_bias:
         out.append(Tensors(f"{at}.gate.e_score_correction_bias", "router", e, dtype="F32"))
     if spec.model_type == "gpt_oss":
@@ -189,7 +192,8 @@ def _moe_mlp(m: _Mlp, spec: ModelSpec, at: str) -> list[Tensors]:
         out += [_linear(f"{at}.shared_experts.{p}", "shared_experts", shared, h) for p in ("gate_proj", "up_proj")]
         out.append(_linear(f"{at}.shared_experts.down_proj", "shared_experts", h, shared))
     if m.shared_size:
-        out += [_linear(f"{at}.shared_expert.{p}", "shared_experts", m.shared_size, h) for p in ("gate_proj", "up_proj")]
+        out += [_linear(f"{at}.shared_expert.{p}", "shared_experts", m.shared_size, h)
+                for p in ("gate_proj", "up_proj")]
         out += [_linear(f"{at}.shared_expert.down_proj", "shared_experts", h, m.shared_size),
                 _linear(f"{at}.shared_expert_gate", "router", 1, h)]
     return out
@@ -259,9 +263,11 @@ def _mtp(spec: ModelSpec, r: ConfigReader, m: _Mlp) -> tuple[Tensors, ...]:
         moe = spec.num_experts and _moe_layer(r, n + k, n + count, spec.model_type)
         out += _attention(r, spec, spec.layers[-1], at)
         out += _moe_mlp(m, spec, f"{at}.mlp") if moe else _dense_mlp(m, h, f"{at}.mlp")
-        out += [Tensors(f"{at}.layernorm", "norm", h, count=2), Tensors(f"{at}.embed_tokens", "embedding", spec.vocab_size, h),
+        out += [Tensors(f"{at}.layernorm", "norm", h, count=2),
+                Tensors(f"{at}.embed_tokens", "embedding", spec.vocab_size, h),
                 Tensors(f"{at}.enorm", "norm", h, count=3),  # enorm, hnorm, shared_head.norm
-                _linear(f"{at}.eh_proj", "mtp_proj", h, 2 * h), _linear(f"{at}.shared_head.head", "lm_head", spec.vocab_size, h)]
+                _linear(f"{at}.eh_proj", "mtp_proj", h, 2 * h),
+                _linear(f"{at}.shared_head.head", "lm_head", spec.vocab_size, h)]
     return tuple(Tensors(t.module, t.role, t.rows, t.cols, t.count, t.linear, t.dtype, mtp=True) for t in out)
 
 

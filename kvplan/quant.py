@@ -216,8 +216,8 @@ def _fp8(r: ConfigReader, method: str, model_dtype: str) -> Quantization:
                           (block[0], block[1]))
     else:
         static = r.str("activation_scheme", "dynamic") == "static"
-        storage = Storage(f"fp8 {fmt} with one float32 scale per tensor" + (" (+ a static input scale)" if static else ""),
-                          dtype, 8, "F32", (0, 0), per_tensor=("F32",) if static else ())
+        label = f"fp8 {fmt} with one float32 scale per tensor" + (" (+ a static input scale)" if static else "")
+        storage = Storage(label, dtype, 8, "F32", (0, 0), per_tensor=("F32",) if static else ())
     return Quantization(method, (Rule(storage, ("decoder",)),),
                         _patterns(r, "modules_to_not_convert", "ignored_layers"))
 
@@ -243,8 +243,8 @@ def _awq(r: ConfigReader, method: str, model_dtype: str) -> Quantization:
     bits = r.int("bits", ("bits", "w_bit"), default=4)
     group = _group_size(r, ("group_size", "q_group_size"))
     zero = r.bool("zero_point", True)
-    storage = Storage(f"AWQ {bits}-bit, {_group_label(group)} (+ fp16 scale{' and packed zero' if zero else ''} per group)",
-                      "I32", bits, "F16", (1, group), zero_dtype="I32" if zero else None)
+    label = f"AWQ {bits}-bit, {_group_label(group)} (+ fp16 scale{' and packed zero' if zero else ''} per group)"
+    storage = Storage(label, "I32", bits, "F16", (1, group), zero_dtype="I32" if zero else None)
     return Quantization(method, (Rule(storage, ("decoder",)),), _patterns(r, "modules_to_not_convert"))
 
 

@@ -97,5 +97,6 @@ def test_the_source_layer_imports_nothing_downstream() -> None:
     graph = import_graph()
     downstream = {"kvplan.memory", "kvplan.plan", "kvplan.engines", "kvplan.render", "kvplan.report", "kvplan.cli"}
     for module in ("kvplan.files", "kvplan.model_source", "kvplan.hub", "kvplan.modelspec", "kvplan.config_reader",
-                   "kvplan.hybrid", "kvplan.params", "kvplan.spec", "kvplan.sources"):
+                   "kvplan.hybrid", "kvplan.params", "kvplan.quant", "kvplan.checkpoint", "kvplan.spec",
+                   "kvplan.sources"):
         assert not {d for d in graph[module] if any(d == x or d.startswith(x + ".") for x in downstream)}, module
