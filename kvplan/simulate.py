@@ -212,10 +212,14 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
     groups = allocator_groups(replace(plan.demand, prefix_caching=False))
     prefix_state = tuple(g.state_blocks for g in allocator_groups(replace(plan.demand, prefix_caching=True))
                          if g.kind == "state")
+    if plan.answer.refusal:  # nothing would run: the engine does not start
+        longest = plan.answer.longest_startable_len
+        raise InputError(f"{plan.engine.engine} refuses to start this deployment: {plan.answer.refusal}",
+                         f"use max_model_len {longest}" if longest else "see kvplan estimate for what would start")
     if plan.answer.num_blocks < 2:
         raise InputError(f"the KV pool has {plan.answer.num_blocks} blocks: nothing to simulate",
                          "raise kv_budget, use a bigger GPU or lower the weights")
-    pool = Pool(plan.answer.num_blocks, bs, groups, plan.max_model_len, plan.engine.max_num_seqs, mnbt, prefix_state)
+    pool = Pool(plan.answer.num_blocks, bs, groups, plan.max_model_len, plan.answer.max_num_seqs, mnbt, prefix_state)
     kv_dtype, model_dtype = layout.kv_dtype, layout.model_dtype
     full, windows = 0, {}
     for layer in plan.rank_layers:

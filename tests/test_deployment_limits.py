@@ -333,3 +333,15 @@ def test_the_memory_panel_wraps_its_sources(columns):
     p = _plan(gpu="H100")
     for term in p.budget.terms:
         assert " ".join(term.source.split()) in text, term.source
+
+
+def test_simulate_runs_the_engines_limits():
+    """simulate's scheduler seats what the answer says (SGLang's derived max_running_requests, not its 4,096
+    ceiling), and a deployment the engine refuses is not simulated."""
+    from kvplan.simulate import config_from_plan
+
+    p = _plan(engine="sglang", context="128k")
+    sim, _ = config_from_plan(p)
+    assert sim.pool.max_num_seqs == p.answer.max_num_seqs == 2048
+    with pytest.raises(InputError, match="refuses to start this deployment: max_model_len 204,800 exceeds"):
+        config_from_plan(_plan(context="200k"))

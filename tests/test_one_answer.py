@@ -25,6 +25,7 @@ from functools import lru_cache
 import pytest
 
 from kvplan import memory
+from kvplan.errors import InputError
 from kvplan.paged.allocator import BlockAllocator, GroupSpec
 from kvplan.paged.groups import allocator_groups, exact_layout, plan_allocator
 from kvplan.plan import Options, Plan, plan_for_spec
@@ -105,6 +106,10 @@ def check_allocators_agree(p: Plan) -> None:
     groups = allocator_groups(p.demand)
     allocator, demand = plan_allocator(p, p.layout, 2)  # the groups do not depend on the pool's size
     assert allocator.groups == groups and demand == p.demand
+    if p.answer.refusal:  # nothing runs, nothing to simulate
+        with pytest.raises(InputError, match="refuses to start"):
+            config_from_plan(p)
+        return
     sim, _ = config_from_plan(p)
     state = iter(sim.pool.prefix_state_blocks)
     with_caching = tuple(GroupSpec("state", state_blocks=next(state)) if g.kind == "state" else g
