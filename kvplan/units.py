@@ -71,10 +71,15 @@ def check_number(value: object, name: str, *, low: float | None = None, high: fl
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError(f"invalid {name} {shown}: not a finite number")
     if low is not None and not (value > low if low_open else value >= low):
-        raise InputError(f"invalid {name} {shown}: must be {'>' if low_open else '>='} {low:,g}")
+        raise InputError(f"invalid {name} {shown}: must be {'>' if low_open else '>='} {_bound(low)}")
     if high is not None and not value <= high:
-        raise InputError(f"invalid {name} {shown}: must be <= {high:,g}")
+        raise InputError(f"invalid {name} {shown}: must be <= {_bound(high)}")
     return value
+
+
+def _bound(x: float) -> str:
+    """A bound as people read it: ``2,592,000`` and ``9,007,199,254,740,992`` (not ``2.592e+06``), ``0.05``."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e18 else f"{x:,g}"
 
 
 def parse_bytes(text: str | int | float, what: str = "size") -> int:

@@ -6,8 +6,12 @@ or 2; exit 2 must print only ``kvplan: error: ...`` lines; nothing may raise any
 or run past :data:`DEADLINE_S` (a SIGALRM turns a hang into a failure that names the input).
 
 Modes: ``config`` (config.json bytes: random bytes, JSON-shaped values, mutated real configs),
-``yaml`` (capacity / what-if / workload files: random bytes, mutated examples), ``options`` (estimate
-and simulate option values: numbers, non-finite spellings, units, garbage).
+``yaml`` (capacity / what-if / workload files: random bytes, mutated examples), ``options`` (estimate,
+simulate and observe option values: numbers, non-finite spellings, units, garbage; observe's URLs).
+
+``observe`` polls a refused loopback port (no DNS, no waiting) and its loop's sleep is replaced by one that
+returns at once and presses Ctrl-C after 3 s asked for, so a run ends as a user's Ctrl-C ends it; a number
+outside observe's documented bounds must be refused (exit 2) before any poll.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ def _alarm(signum, frame):  # noqa: ANN001, ARG001
     raise Hang(f"still running after {DEADLINE_S:g} s")
 
 
-def run_cli(args: list[str], cwd: Path) -> None:
-    """One CLI invocation: must exit 0/1/2, exit 2 with only one-line errors, within the deadline."""
+def run_cli(args: list[str], cwd: Path, event_lines: bool = False) -> tuple[int, str]:
+    """One CLI invocation: must exit 0/1/2, exit 2 with only one-line errors (``event_lines``: observe's
+    ``kvplan: [t s] ...`` lines may come first), within the deadline; returns the exit code and stderr."""
     from kvplan.cli import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -85,8 +90,11 @@ def run_cli(args: list[str], cwd: Path) -> None:
     assert code in (0, 1, 2), f"kvplan {args!r} exited {code}: {err.getvalue()[-500:]}"
     if code == 2:
         lines = err.getvalue().strip().splitlines()
-        assert lines and all(line.startswith("kvplan: error: ") for line in lines), \
+        errors = lines[-1:] if event_lines else lines
+        assert lines and all(line.startswith("kvplan: error: ") for line in errors), \
             f"kvplan {args!r}: exit 2 without one-line errors:\n{err.getvalue()[-800:]}"
+        assert all(line.startswith("kvplan: ") for line in lines), f"kvplan {args!r}:\n{err.getvalue()[-800:]}"
+    return code, err.getvalue()
 
 
 def _mutated_config(data: st.DataObject) -> bytes:
@@ -170,6 +178,66 @@ ESTIMATE_OPTIONS = ["--gpu", "--gpu-memory", "--gpus", "--tp", "--pp", "--contex
                     "--kv-heads", "--head-dim", "--usage-context", "--quantization", "--ssm-dtype", "--images"]
 
 
+def _a_port(text: str) -> bool:
+    try:
+        return 2 <= int(text) <= 65535
+    except ValueError:
+        return False
+
+
+OBSERVE_URLS = st.one_of(
+    st.sampled_from(["127.0.0.1:1", "http://127.0.0.1:1/metrics", "http://[::1", "http://[::1]:1/metrics",
+                     "http://user:pw@[::1/metrics", "http://[zz]:1", "http://127.0.0.1:1:2/", "http://a..b:1/",
+                     "http://127.0.0.1:99999/", "ftp://127.0.0.1:1/", "", "http://", "http://:1/",
+                     "http://127.0.0.1:1/m\u00e9trics", "http://127.0.0.1:1/?q=\u00fc", "127.0.0.1:1\n",
+                     "http://127.0.0.1:1/%zz"]),
+    st.text(max_size=12).map(lambda t: "http://127.0.0.1:1/" + t),  # the host stays a refused loopback port
+    NUMBERISH.filter(lambda n: not _a_port(n)).map(lambda n: "127.0.0.1:" + n),  # never a port that may listen
+)
+OBSERVE_NUMBERS = {"--interval": "INTERVAL_S", "--duration": "DURATION_S", "--timeout": "TIMEOUT_S"}
+
+
+class CtrlCSleep:
+    """observe's loop sleep in the fuzz: returns at once, and is Ctrl-C once 3 s were asked for in all."""
+
+    def __init__(self) -> None:
+        self.asked = 0.0
+
+    def __call__(self, seconds: float) -> None:
+        self.asked += seconds
+        if self.asked > 3.0:
+            raise KeyboardInterrupt
+
+
+def _out_of_bounds(flag: str, text: str) -> bool:
+    """Whether observe must refuse ``flag text``: a number click reads (float()) outside the documented bounds."""
+    from kvplan.observe import session
+
+    try:
+        value = float(text)
+    except ValueError:
+        return False  # click's own usage error (exit 2 too)
+    low, high = getattr(session, OBSERVE_NUMBERS[flag])
+    too_low = value <= low if flag == "--duration" else value < low
+    return not (value == value and abs(value) != float("inf")) or too_low or value > high
+
+
+def fuzz_observe(data: st.DataObject, d: Path) -> None:
+    from kvplan.observe import session
+
+    session.run.__kwdefaults__["sleep"] = CtrlCSleep()
+    args = ["observe", data.draw(OBSERVE_URLS)]
+    numbers = {flag: data.draw(NUMBERISH) for flag in data.draw(st.lists(st.sampled_from(sorted(OBSERVE_NUMBERS)),
+                                                                          min_size=1, max_size=3, unique=True))}
+    for flag, text in numbers.items():
+        args += [flag, text]
+    if data.draw(st.booleans()):
+        args.append("--json")
+    code, err = run_cli(args, d, event_lines=True)
+    if any(_out_of_bounds(flag, text) for flag, text in numbers.items()):
+        assert code == 2 and "kvplan: [" not in err, f"kvplan {args!r}: a number out of bounds was used:\n{err[-800:]}"
+
+
 def fuzz_options(examples: int) -> None:
     workload = ("model: meta-llama/Llama-3.1-8B\nkv_budget: 2GiB\nmax_model_len: 4096\narrivals: {rate: 5}\n"
                 "num_requests: 40\nprompt_tokens: 100\noutput_tokens: 50\n")
@@ -179,7 +247,11 @@ def fuzz_options(examples: int) -> None:
     @given(st.data())
     def check(data: st.DataObject) -> None:
         with tempfile.TemporaryDirectory() as d:
-            if data.draw(st.integers(0, 4)) == 0:
+            command = data.draw(st.sampled_from(["simulate", "estimate", "estimate", "estimate", "observe"]))
+            if command == "observe":
+                fuzz_observe(data, Path(d))
+                return
+            if command == "simulate":
                 (Path(d) / "w.yaml").write_text(workload)
                 args = ["simulate", "w.yaml", "--policy", "paged"]
                 for flag in data.draw(st.lists(st.sampled_from(["--duration", "--seed"]), min_size=1, max_size=2,

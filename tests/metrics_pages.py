@@ -3,8 +3,9 @@ loopback HTTP server that replays them.
 
 The pages are written here from the engines' documented metric definitions (names, types, HELP lines,
 labels: vLLM V1 ``model_name`` + ``engine``, V0 ``model_name``, SGLang ``model_name`` and, in newer
-releases, rank labels); values come from the test. Counters are exposed with ``_total`` and a
-``_created`` gauge, as prometheus_client writes them. Nothing here is a captured page.
+releases, rank labels); values come from the test (a string is written as given: ``"NaN"``, ``"+Inf"``).
+Counters are exposed with ``_total`` and a ``_created`` gauge, as prometheus_client writes them. Nothing
+here is a captured page.
 """
 
 from __future__ import annotations
@@ -24,12 +25,17 @@ def _labels(labels: dict[str, Any]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
+def _value(value: Any) -> str:
+    """A sample value as the text format writes it: a number, or a string as given ("NaN", "+Inf", "-Inf")."""
+    return value if isinstance(value, str) else repr(float(value))
+
+
 def _family(name: str, kind: str, help_text: str, rows: Iterable[tuple[dict[str, Any], Any]]) -> list[str]:
     rows = [(labels, value) for labels, value in rows if value is not None]
     if not rows:
         return []
     out = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    out += [f"{name}{_labels(labels)} {float(value)!r}" for labels, value in rows]
+    out += [f"{name}{_labels(labels)} {_value(value)}" for labels, value in rows]
     if kind == "counter":
         base = name.removesuffix("_total")
         out += [f"# HELP {base}_created {help_text}", f"# TYPE {base}_created gauge"]

@@ -145,6 +145,89 @@ def test_pages_kvplan_cannot_use_say_why(body, says):
 
 
 # ---------------------------------------------------------------------------------------------
+# values a server can send that kvplan cannot use
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN / Infinity (Python's json writes and reads them; JSON has no such thing)."""
+    def refuse(name: str):
+        raise AssertionError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("usage", "NaN", "invalid vllm:kv_cache_usage_perc nan: not a finite number"),
+    ("usage", 1.5, "invalid vllm:kv_cache_usage_perc 1.5: must be <= 1"),
+    ("usage", -0.1, "invalid vllm:kv_cache_usage_perc -0.1: must be >= 0"),
+    ("running", "+Inf", "invalid vllm:num_requests_running inf: not a finite number"),
+    ("waiting", -1, "invalid vllm:num_requests_waiting -1.0: must be >= 0"),
+    ("preemptions", -3, "invalid vllm:num_preemptions_total -3.0: must be >= 0"),
+    ("prompt", "-Inf", "invalid vllm:prompt_tokens_total -inf: not a finite number"),
+    ("generation", 2.0**60, "invalid vllm:generation_tokens_total 1.152921504606847e+18: must be <= 9,007,199,254,740,992"),
+    ("hits", 2000, "invalid vllm:prefix_cache_hits_total 2000.0: more hits than vllm:prefix_cache_queries_total 1000.0"),
+])
+def test_a_value_no_server_can_mean_is_left_out_and_named(field, value, why):
+    (s,) = parse_page(vllm_v1_page({**V1_RUN[0], field: value})).series
+    fld = {"prompt": "prompt_tokens", "generation": "generation_tokens", "hits": "prefix_hits"}.get(field, field)
+    assert fld not in s.values and dict(s.rejected) == {fld: why}
+    assert not any(m.startswith(fld) for m in s.missing())  # it was there: rejected, not missing
+    assert len(s.values) == 7  # the other seven fields of V1_RUN[0] are read
+
+
+def test_sglang_fractions_and_vllm_v0_hit_rate_off():
+    (g,) = parse_page(sglang_page(dict(usage=0.5, running=1, waiting=0, hit_rate=1.2, max_tokens="NaN",
+                                       retracted=0, prompt=1, generation=1))).series
+    assert dict(g.rejected) == {"prefix_hit_rate": "invalid sglang:cache_hit_rate 1.2: must be <= 1",
+                                "max_total_tokens": "invalid sglang:max_total_num_tokens nan: not a finite number"}
+    # vLLM V0 sends -1 when prefix caching is off ("-1 means not supported or disabled"): no hit rate, not missing
+    (v,) = parse_page(vllm_v0_page(dict(usage=0.4, running=1, waiting=0, hit_rate=-1, preemptions=0, prompt=1,
+                                        generation=1))).series
+    assert "prefix_hit_rate" not in v.values and v.missing() == ()
+    assert v.rejected["prefix_hit_rate"].startswith("vllm:gpu_prefix_cache_hit_rate is -1: prefix caching is off")
+
+
+def test_bad_values_never_reach_the_json():
+    """The tester's page: usage NaN, running +Inf, waiting -1, hits above queries: --json is strict JSON, the
+    figures come from the valid polls only, and each bad value is one event line naming metric and value."""
+    bad = dict(usage="NaN", running="+Inf", waiting=-1, preemptions=3, queries=1000, hits=2000, prompt=5000,
+               generation=2000)
+    pages = [vllm_v1_page(bad), vllm_v1_page(bad), vllm_v1_page(V1_RUN[1])]
+    with ReplayServer(pages) as srv:
+        r = observe(srv.url, "--duration", "0.2", "--interval", "0.1", "--json")
+    assert r.exit_code == 0, r.output
+    doc = strict_json(r.stdout)  # was: "kv_cache_usage_peak": NaN, "running_peak": Infinity
+    s = doc["summary"]
+    polls = doc["polls"]
+    assert polls >= 3
+    # only polls 2.. read V1_RUN[1] (usage 0.35, running 6, waiting 1, hits 650 of 1800)
+    assert (s["kv_cache_usage_peak"], s["running_peak"], s["waiting_peak"]) == (0.35, 6, 1)
+    assert s["prefix_hit_rate"] == pytest.approx(650 / 1800, abs=1e-6)  # was: 2 (hits above queries)
+    assert [x["kv_cache_usage"] for x in doc["samples"][:2]] == [None, None]
+    assert [x["running"] for x in doc["samples"][:2]] == [None, None]
+    assert doc["samples"][0]["prefix_hit_rate"] is None and doc["samples"][0]["prefix_cache_queries"] == 1000
+    assert doc["series"][0]["rejected_values"] == {
+        "vllm:kv_cache_usage_perc": 2, "vllm:num_requests_running": 2, "vllm:num_requests_waiting": 2,
+        "vllm:prefix_cache_hits_total": 2}
+    messages = [e["message"] for e in doc["events"]]
+    who = f"{MODEL} engine=0"
+    assert messages == [  # one line per metric when it turns bad (page order), not again while it stays so
+        f"{who}: invalid vllm:num_requests_running inf: not a finite number: value left out",
+        f"{who}: invalid vllm:num_requests_waiting -1.0: must be >= 0: value left out",
+        f"{who}: invalid vllm:kv_cache_usage_perc nan: not a finite number: value left out",
+        f"{who}: invalid vllm:prefix_cache_hits_total 2000.0: more hits than vllm:prefix_cache_queries_total "
+        "1000.0: value left out"]
+    assert all(e["poll"] == 0 for e in doc["events"])
+
+
+def test_a_gate_on_a_value_only_ever_bad_fails():
+    with ReplayServer([vllm_v1_page({**V1_RUN[0], "usage": "NaN"})]) as srv:
+        r = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--require", "usage_peak < 0.95", "--json")
+    assert r.exit_code == 1, r.output
+    doc = strict_json(r.stdout)
+    assert doc["summary"]["kv_cache_usage_peak"] is None and doc["passed"] is False
+
+
+# ---------------------------------------------------------------------------------------------
 # counters across restarts
 
 
@@ -156,6 +239,58 @@ def test_counter_reset_counts_the_new_value_as_the_increase():
     assert s.preemptions_during_run == 7 and s.preemptions == 2 + 7 and s.counter_resets == 1
     assert s.preemptions_per_min == 7 * 60 / 3
     assert row["preemptions"] == 9 and row["resets"] == []
+
+
+def test_two_engines_restarting_in_one_poll_are_one_restart():
+    a = dict(usage=0.3, running=4, waiting=1, preemptions=5, queries=100, hits=50, prompt=10, generation=10)
+    low = dict(a, preemptions=0, queries=10, hits=5, prompt=1, generation=1)
+    pages = [vllm_v1_page(a, {**a, "engine": "1"}), vllm_v1_page(low, {**low, "engine": "1"})]
+    with ReplayServer(pages) as srv:
+        obs = observe_fake_time(srv.url, polls=2)
+    assert obs.summary.counter_resets == 1  # was: 10, one per counter per engine
+    assert [s.summary.counter_resets for s in obs.series] == [1, 1]
+    assert [e.poll for e in obs.events] == [1, 1]  # each engine's line names its counters
+    assert all("counters went down (generation_tokens, preemptions, prefix_hits, prefix_queries, prompt_tokens)"
+               in e.message for e in obs.events)
+
+
+# ---------------------------------------------------------------------------------------------
+# bounds on what a long run keeps
+
+
+def test_a_long_run_keeps_every_nth_sample_and_the_last_events(monkeypatch):
+    from kvplan.observe import session as session_mod
+
+    monkeypatch.setattr(session_mod, "MAX_SAMPLES", 4)
+    monkeypatch.setattr(session_mod, "MAX_EVENTS", 3)
+    clock = FakeClock()
+    pages = iter([vllm_v1_page({**V1_RUN[0], "running": i}) for i in range(20)])
+    s = Session(endpoint("127.0.0.1:1"), interval_s=1.0, duration_s=19.0, timeout_s=1.0, clock=clock,
+                fetcher=lambda where, timeout: next(pages))
+    obs = run(s, sleep=clock.sleep)
+    # 20 polls, at most 4 kept: 0-4 (5) -> every 2nd (0 2 4); + 6 8 (5) -> every 4th (0 4 8); + 12 16 (5) ->
+    # every 8th (0 8 16); polls 17-19 fall between
+    assert [p.index for p in obs.polls] == [0, 8, 16] and obs.sample_stride == 8
+    assert obs.num_polls == 20 and obs.summary.polls == 20 and obs.summary.running_peak == 19  # every poll counted
+    assert obs.summary.running_mean == sum(range(20)) / 20
+    thinned = [e for e in obs.events if e.message.startswith("over 4 samples")]
+    assert [e.poll for e in thinned] == [4, 8, 16]
+    assert "one poll in 8 is kept for the samples, evenly since the start" in thinned[-1].message
+    doc = observation_to_dict(obs)
+    assert (doc["sample_stride"], len(doc["samples"]), doc["events_dropped"]) == (8, 3, 0)
+    many = Session(endpoint("127.0.0.1:1"), interval_s=1.0, duration_s=None, timeout_s=1.0, clock=clock,
+                   fetcher=lambda where, timeout: "gone" if len(many.events) % 2 else vllm_v1_page(V1_RUN[0]))
+    for _ in range(10):  # fail, recover, fail, ...: an event every poll
+        many.poll()
+    snap = many.snapshot()
+    assert len(snap.events) == 3 and snap.events_dropped == many.num_events - 3 > 0
+
+
+def test_session_refuses_timing_no_run_can_use():
+    for kwargs in (dict(interval_s=float("nan")), dict(duration_s=float("inf")), dict(timeout_s=1e300),
+                   dict(interval_s=0.01)):
+        with pytest.raises(InputError):
+            Session(endpoint("127.0.0.1:1"), **{"interval_s": 1.0, "duration_s": 1.0, "timeout_s": 1.0, **kwargs})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,7 +324,8 @@ def test_v1_run_with_a_restart_every_number_checked():
     assert s["prefix_hit_rate_during_run"] == pytest.approx((400 + 400 + 50 + 200) / (800 + 800 + 200 + 400))
     assert s["prompt_tokens_per_s"] == (4000 + 4000 + 400 + 2000) / 4
     assert s["generation_tokens_per_s"] == (600 + 800 + 100 + 600) / 4
-    assert (s["num_gpu_blocks"], s["block_size"], s["counter_resets"]) == (27732, 16, 5)
+    # one restart dropped all five counters at poll 3: one reset (the sample names the five)
+    assert (s["num_gpu_blocks"], s["block_size"], s["counter_resets"]) == (27732, 16, 1)
     assert [e["poll"] for e in doc["events"]] == [3] and "the server restarted" in doc["events"][0]["message"]
     assert doc["series"][0]["summary"] == s and doc["series"][0]["engine"] == "vLLM V1"
 
@@ -363,6 +499,21 @@ def test_blocks_mismatch_is_one_finding_and_the_endpoint_config_is_planned_with(
                                             "prefix_caching": "enable_prefix_caching=True"}
 
 
+def test_plan_assumptions_say_default_for_what_the_user_did_not_pass():
+    page = vllm_v1_page(V1_RUN[0], cache_config=False)
+    with ReplayServer([page]) as srv:
+        r = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--json", "--model", MODEL, "--gpu", "H100",
+                    "--pp", "1")
+        gpus = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--json", "--model", MODEL, "--gpus", "2")
+    assert r.exit_code == 0 and gpus.exit_code == 0, r.output + gpus.output
+    sources = {a["name"]: a["source"] for a in json.loads(r.stdout)["plan"]["assumptions"]}
+    # was: "--tp", "--engine", "--context" although only --gpu and --pp were typed
+    assert (sources["gpu"], sources["pp"]) == ("--gpu", "--pp")  # --pp 1 typed, though it is the default value
+    assert sources["tp"] == sources["engine"] == sources["context_tokens"] == sources["dtype"] == "default"
+    by_gpus = {a["name"]: (a["value"], a["source"]) for a in json.loads(gpus.stdout)["plan"]["assumptions"]}
+    assert by_gpus["tp"] == (2, "--gpus") and by_gpus["pp"] == (1, "default")  # --gpus 2 alone means --tp 2
+
+
 def test_sglang_endpoint_against_a_vllm_plan_says_so():
     page = sglang_page(dict(usage=0.2, running=3, waiting=0, hit_rate=0.1, retracted=0, prompt=1, generation=1,
                             max_tokens=123_456))
@@ -384,7 +535,18 @@ def test_gates_exit_0_or_1(gate, code):
 
 @pytest.mark.parametrize("args, says", [
     (["--require", "usage_peak <"], "invalid --require"),
-    (["--interval", "0"], "invalid --interval 0: must be positive"),
+    (["--interval", "0"], "invalid --interval 0.0: must be >= 0.05"),
+    # each number option through units.check_number, with the bounds docs/observe.md gives
+    (["--interval", "1e300"], "invalid --interval 1e+300: must be <= 86,400"),  # was: sleep(1e300) OverflowError
+    (["--interval", "nan"], "invalid --interval nan: not a finite number"),
+    (["--timeout", "1e300"], "invalid --timeout 1e+300: must be <= 600"),  # was: settimeout OverflowError
+    (["--timeout", "inf"], "invalid --timeout inf: not a finite number"),
+    (["--timeout", "0"], "invalid --timeout 0.0: must be >= 0.05"),
+    (["--duration", "inf"], "invalid --duration inf: not a finite number"),  # was: ran until killed
+    (["--duration", "1e999"], "invalid --duration inf: not a finite number"),
+    (["--duration", "nan"], "invalid --duration nan: not a finite number"),
+    (["--duration", "-1"], "invalid --duration -1.0: must be > 0"),
+    (["--duration", "2592001"], "invalid --duration 2592001.0: must be <= 2,592,000"),  # 30 days
     (["--plot", "out.txt"], "unknown image format '.txt'"),
     (["--plot", "README.md/out.png"], "README.md is not a folder"),
     (["--csv", "README.md/out.csv"], "README.md is not a folder"),
@@ -397,6 +559,30 @@ def test_bad_input_exits_2_before_polling(args, says):
         assert srv.requests == 0
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("kvplan: error: ") and says in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("url, says", [
+    ("http://[::1", "invalid URL 'http://[::1': Invalid IPv6 URL"),  # was: a ValueError traceback, exit 1
+    ("http://user:secret@[::1/metrics", "invalid URL 'http://[::1/metrics': Invalid IPv6 URL"),
+    ("http://[zz]:8000/metrics", "invalid URL 'http://[zz]:8000/metrics'"),
+    ("http://host:99999/metrics", "Port out of range 0-65535"),
+    ("http://host:8000:1/metrics", "invalid URL 'http://host:8000:1/metrics'"),
+    ("http://my host:8000/metrics", "it contains spaces or control characters"),
+    ("http://host\n:8000/metrics", "it contains spaces or control characters"),
+    ("http://a..b:8000/metrics", "invalid host in URL 'http://a..b:8000/metrics'"),
+    ("http://" + "a" * 64 + ":8000/metrics", "invalid host in URL"),
+])
+def test_bad_urls_are_one_line_errors_exit_2(url, says):
+    r = observe(url, "--duration", "0.1")
+    assert r.exit_code == 2, (r.output, r.exception)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvplan: error: ") and says in lines[0], r.stderr
+    assert "secret" not in r.stderr
+
+
+def test_non_ascii_path_and_query_are_sent_percent_encoded():
+    e = endpoint("http://127.0.0.1:8000/métrics?q=ü&a=b%20c")
+    assert e.url == "http://127.0.0.1:8000/m%C3%A9trics?q=%C3%BC&a=b%20c"  # % escapes kept as typed
 
 
 def test_unreachable_endpoint_exits_2_with_one_line_per_fault():
@@ -425,6 +611,18 @@ def test_csv_and_plot(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # atomic writes left no temp file
 
 
+def test_plot_without_a_suffix_says_the_file_it_wrote(tmp_path):
+    with ReplayServer([vllm_v1_page(V1_RUN[0])]) as srv:
+        r = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--plot", str(tmp_path / "p"),
+                    "--csv", str(tmp_path / "s.csv"))
+        j = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--plot", str(tmp_path / "q"), "--json")
+    assert r.exit_code == 0 and j.exit_code == 0, r.output + j.output
+    assert (tmp_path / "p.png").exists() and not (tmp_path / "p").exists()
+    text = " ".join(r.stdout.split())  # was: nothing said, and p.png written for --plot p
+    assert f"plot: {tmp_path / 'p.png'}" in text and f"csv: {tmp_path / 's.csv'}" in text
+    assert json.loads(j.stdout)["files"] == {"plot": str(tmp_path / "q.png")} and (tmp_path / "q.png").exists()
+
+
 def test_csv_marks_failed_polls():
     with ReplayServer([vllm_v1_page(V1_RUN[0]), Reply("gone", 503)]) as srv:
         obs = observe_fake_time(srv.url, polls=2)
@@ -450,7 +648,8 @@ def test_ctrl_c_ends_cleanly_with_the_summary():
         proc = subprocess.Popen([sys.executable, "-m", "kvplan", "observe", srv.url, "--interval", "0.05", "--json"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
         deadline = time.monotonic() + 60
-        while srv.requests < 2 and time.monotonic() < deadline and proc.poll() is None:
+        # a 3rd request means the 2nd poll is done (at 2, the 2nd poll may still be reading when Ctrl-C comes)
+        while srv.requests < 3 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)

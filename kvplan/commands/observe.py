@@ -20,9 +20,11 @@ UrlArg = Annotated[str, typer.Argument(help="The server's metrics URL (http://ho
                                        show_default=False)]
 ObsModelOpt = Annotated[Optional[str], typer.Option(
     "--model", help="Model to plan for the comparison (as in `kvplan estimate MODEL`); the estimate options apply.")]
-IntervalOpt = Annotated[float, typer.Option("--interval", help="Seconds between polls.")]
-DurationOpt = Annotated[Optional[float], typer.Option("--duration", help="Seconds to observe (default: until Ctrl-C).")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds one request may take before the poll counts as failed.")]
+IntervalOpt = Annotated[float, typer.Option("--interval", help="Seconds between polls (0.05 to 86,400).")]
+DurationOpt = Annotated[Optional[float], typer.Option(
+    "--duration", help="Seconds to observe, at most 2,592,000 (30 days) (default: until Ctrl-C).")]
+TimeoutOpt = Annotated[float, typer.Option(
+    "--timeout", help="Seconds one request may take before the poll counts as failed (0.05 to 600).")]
 CsvOpt = Annotated[Optional[str], typer.Option("--csv", help="Write the samples here as CSV (one row per poll and series).")]
 PlotOpt = Annotated[Optional[str], typer.Option("--plot", help="Plot usage, running/waiting and hit rate over time here (.png, .svg, .pdf).")]
 RequireOpt = Annotated[Optional[list[str]], typer.Option(
@@ -31,15 +33,15 @@ HeaderOpt = Annotated[Optional[list[str]], typer.Option(
     "--header", help="HTTP header to send (repeatable), e.g. 'Authorization: Bearer TOKEN'. Never printed.", show_default=False)]
 
 
-def _positive(name: str, value: float | None) -> None:
-    from kvplan.errors import InputError
-
-    if value is not None and not value > 0:
-        raise InputError(f"invalid {name} {value:g}: must be positive")
-
-
 def _say(event: Any) -> None:
-    sys.stderr.write(f"kvplan: [{event.elapsed_s:,.1f} s] {event.message}\n")
+    message = " ".join(event.message.splitlines())  # a label value with a newline stays on its line
+    sys.stderr.write(f"kvplan: [{event.elapsed_s:,.1f} s] {message}\n")
+
+
+def _given(ctx: typer.Context, values: dict) -> frozenset[str]:
+    """The estimate options the user typed (or set in the environment), not left at their defaults."""
+    sources = {k: ctx.get_parameter_source(k) for k in values}
+    return frozenset(k for k, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT"))
 
 
 def _compare(planner: Any, obs: Any) -> list[Any]:
@@ -85,43 +87,48 @@ def register(app: typer.Typer) -> None:
     @with_estimate_options
     def observe(url: UrlArg, model: ObsModelOpt = None, interval: IntervalOpt = 1.0, duration: DurationOpt = None,
                 timeout: TimeoutOpt = 5.0, csv: CsvOpt = None, plot: PlotOpt = None, require: RequireOpt = None,
-                header: HeaderOpt = None, json_out: JsonOpt = False, *, values: dict, token: Optional[str]) -> None:
+                header: HeaderOpt = None, json_out: JsonOpt = False, *, ctx: typer.Context, values: dict,
+                token: Optional[str]) -> None:
         """Measure a running vLLM or SGLang server's KV pool from its Prometheus /metrics: usage, running and waiting requests, preemptions, prefix hits, tokens/s; compare with the plan; gate CI on it."""
         from kvplan.observe.compare import Planner
         from kvplan.observe.gates import evaluate, parse_gate
         from kvplan.observe.scrape import endpoint
-        from kvplan.observe.session import Session
+        from kvplan.observe.session import Session, check_timing
         from kvplan.atomic import check_writable
         from kvplan.render import console, plot_path, print_json
         from kvplan.render.observe import observation_to_dict, render_observation
+        from rich.markup import escape
 
-        for name, value in (("--interval", interval), ("--duration", duration), ("--timeout", timeout)):
-            _positive(name, value)
+        check_timing(interval, duration, timeout, ("--interval", "--duration", "--timeout"))
         where = endpoint(url, header or ())
         gates = [parse_gate(text) for text in require or ()]
         if csv:
             check_writable(csv, "--csv")
         plot_file = plot_path(plot) if plot else None
-        planner = Planner({**values, "model": model}, token) if model else None
+        planner = Planner({**values, "model": model}, token, given=_given(ctx, values)) if model else None
         live = sys.stdout.isatty() and not json_out
         session = Session(where, interval_s=interval, duration_s=duration, timeout_s=timeout,
                           on_event=None if live else _say)
         obs = _observe(session, planner, live)
         comparisons = _compare(planner, obs)
         outcomes = [evaluate(g, obs.summary) for g in gates]
+        files = {}
         if csv:
             from kvplan.render.observe import write_csv
 
             write_csv(obs, csv)
+            files["csv"] = str(csv)
         if plot_file and obs.read_polls:
             from kvplan.render.observe import write_plot
 
-            write_plot(obs, plot_file)
+            files["plot"] = str(write_plot(obs, plot_file))
         if json_out:
-            print_json(observation_to_dict(obs, planner.view if planner else None, comparisons, outcomes))
+            print_json(observation_to_dict(obs, planner.view if planner else None, comparisons, outcomes, files))
         else:
-            console().print(render_observation(obs, planner.view if planner else None, comparisons, outcomes,
-                                               max_events=20))
+            out = console()
+            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes, max_events=20))
+            for kind, path in files.items():
+                out.print(f"[grey62]{kind}: {escape(path)}[/]")
         if not obs.read_polls:
             last = obs.polls[-1].error if obs.polls else "interrupted before the first poll"
             from kvplan.cli_errors import fail

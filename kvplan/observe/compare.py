@@ -71,15 +71,21 @@ def endpoint_values(cache_config: Mapping[str, str], values: Mapping[str, Any]) 
 
 @dataclass(frozen=True)
 class PlanView:
-    """The plan and where its options came from: ``from_endpoint`` maps an option to ``label=text``."""
+    """The plan and where its options came from: ``from_endpoint`` maps an option to ``label=text``;
+    ``given``: the options the user gave (None: those in ``values`` that are not None)."""
 
     plan: Any  # kvplan.plan.Plan
     values: Mapping[str, Any]
     from_endpoint: Mapping[str, str]
     notes: tuple[str, ...] = ()
+    given: frozenset[str] | None = None
+
+    def _given(self, option: str) -> bool:
+        return option in self.given if self.given is not None else self.values.get(option) is not None
 
     def assumptions(self) -> list[tuple[str, Any, str]]:
-        """(name, value, source) for what the plan assumed; source: ``--flag``, ``endpoint ...`` or ``default``."""
+        """(name, value, source) for what the plan assumed; source: ``--flag``, ``endpoint ...`` or ``default``
+        (``--gpus`` for tp when only ``--gpus N`` was given: it implies ``--tp N``)."""
         a = self.plan.to_dict()["assumptions"]
         rows = [("model", self.plan.spec.model_id, self.plan.source)]
         keys = {"gpu": "gpu", "tp": "tp", "pp": "pp", "engine": "engine", "engine_version": "engine_version",
@@ -89,8 +95,10 @@ class PlanView:
         for name, option in keys.items():
             if option in self.from_endpoint:
                 source = f"endpoint: {self.from_endpoint[option]}"
-            elif self.values.get(option) is not None:
+            elif self._given(option):
                 source = "--" + option.replace("_", "-")
+            elif option == "tp" and self.plan.options.tp_from_gpus:
+                source = "--gpus"
             else:
                 source = "default"
             rows.append((name, a.get(name), source))
@@ -103,11 +111,11 @@ class Planner:
     """The plan for the observed deployment: made before polling (bad options fail before any request),
     and once more when the endpoint's cache config fills options the user left unset."""
 
-    def __init__(self, values: Mapping[str, Any], token: str | None = None) -> None:
+    def __init__(self, values: Mapping[str, Any], token: str | None = None, given: frozenset[str] | None = None) -> None:
         from kvplan.plan import estimate, options_from_values
 
-        self.values, self.token = dict(values), token
-        self.view = PlanView(estimate(options_from_values(self.values), token=token), self.values, {})
+        self.values, self.token, self.given = dict(values), token, given
+        self.view = PlanView(estimate(options_from_values(self.values), token=token), self.values, {}, given=given)
         self._adopted = False
 
     def adopt(self, cache_config: Mapping[str, str]) -> bool:
@@ -125,9 +133,9 @@ class Planner:
             plan = estimate(options_from_values(merged), token=self.token)
         except KvplanError as exc:
             note = f"the endpoint's cache config could not be planned ({exc.one_line()}); the plan uses the command line"
-            self.view = PlanView(self.view.plan, self.values, {}, (note,))
+            self.view = PlanView(self.view.plan, self.values, {}, (note,), self.given)
             return False
-        self.view = PlanView(plan, self.values, {k: text for k, (_, text) in filled.items()})
+        self.view = PlanView(plan, self.values, {k: text for k, (_, text) in filled.items()}, given=self.given)
         return True
 
 

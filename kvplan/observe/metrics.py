@@ -16,6 +16,11 @@ metric definitions):
   ``block_size``, ``num_gpu_blocks``, ``gpu_memory_utilization``, ...) gives ``num_gpu_blocks`` and
   ``block_size``, and the config the plan comparison may read.
 
+Values a server can send but kvplan cannot use (:func:`checked`): NaN and infinities (a gauge with nothing
+to report sends NaN), a negative count, a fraction outside 0..1, a count past 2**53, prefix hits above the
+queries of the same page. Each is left out of that poll and named in ``SeriesReading.rejected``; vLLM V0's
+hit-rate gauge at -1 means its prefix caching is off (no hit rate, not a bad value).
+
 A series is one set of labels (``model_name``, vLLM V1's ``engine`` index, SGLang's ranks): several
 models or engines behind one endpoint are kept apart. Samples whose labels are a subset of a series'
 labels (``vllm:cache_config_info`` carries only ``engine``, SGLang's tokenizer counters only
@@ -27,12 +32,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from kvplan.errors import KvplanError
+from kvplan.errors import InputError, KvplanError
+from kvplan.units import check_number
 
 FIELDS = ("usage", "running", "waiting", "preemptions", "prefix_queries", "prefix_hits", "prefix_hit_rate",
           "prompt_tokens", "generation_tokens", "max_total_tokens")
 COUNTERS = frozenset({"preemptions", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens"})
 GAUGES = ("usage", "running", "waiting", "prefix_hit_rate", "max_total_tokens")
+
+COUNT_MAX = 2**53  # past this a float no longer holds whole numbers, and no server counts that far
+# field -> (lowest, highest) value a server can mean: fractions 0..1, counts 0..COUNT_MAX (checked by check_number)
+RANGES: dict[str, tuple[float, float]] = {
+    "usage": (0.0, 1.0), "prefix_hit_rate": (0.0, 1.0),
+    **{fld: (0, COUNT_MAX) for fld in ("running", "waiting", "preemptions", "prefix_queries", "prefix_hits",
+                                       "prompt_tokens", "generation_tokens", "max_total_tokens")},
+}
 
 # field -> exposition names, preferred first. Counters carry their exposed ``_total`` suffix.
 VLLM_NAMES: dict[str, tuple[str, ...]] = {
@@ -110,7 +124,8 @@ class SeriesReading:
     """One series on one page: its labels, engine, the values read and the metric name of each.
 
     ``values``: field -> value (fractions 0..1, requests, tokens). ``cache_config``: the labels of
-    ``vllm:cache_config_info`` for this series (empty for SGLang or when absent).
+    ``vllm:cache_config_info`` for this series (empty for SGLang or when absent). ``rejected``: field -> why
+    the page's value was left out (:func:`checked`).
     """
 
     family: str  # a key of FAMILIES (kvplan's engine name)
@@ -119,6 +134,7 @@ class SeriesReading:
     values: Mapping[str, float]
     names: Mapping[str, str]
     cache_config: Mapping[str, str] = field(default_factory=dict)
+    rejected: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, Labels]:
@@ -139,13 +155,14 @@ class SeriesReading:
     def missing(self) -> tuple[str, ...]:
         """What this engine documents but the page lacks, as ``field (name, ...)`` phrases."""
         table = NAMES[self.family]
+        read = {*self.values, *self.rejected}  # a rejected value was there: it is named as such, not as missing
         out = []
         for fld, names in table.items():
-            if fld in self.values:
+            if fld in read:
                 continue
-            if fld in ("prefix_queries", "prefix_hits") and "prefix_hit_rate" in self.values:
+            if fld in ("prefix_queries", "prefix_hits") and "prefix_hit_rate" in read:
                 continue
-            if fld == "prefix_hit_rate" and {"prefix_queries", "prefix_hits"} <= set(self.values):
+            if fld == "prefix_hit_rate" and {"prefix_queries", "prefix_hits"} <= read:
                 continue
             out.append(f"{fld} ({', '.join(names)})")
         config = FAMILIES[self.family].cache_config
@@ -171,13 +188,36 @@ def series_name(labels: Labels) -> str:
 
 
 def _int_label(text: str | None) -> int | None:
+    """A whole-number label (``num_gpu_blocks="27732"``), or None for ``None``, garbage, NaN, out of range."""
     if text is None:
         return None
     try:
-        value = float(text)
-    except ValueError:
+        value = check_number(float(text), "label", low=0, high=COUNT_MAX)
+    except (ValueError, InputError):
         return None
-    return int(value) if value.is_integer() and value >= 0 else None
+    return int(value) if value.is_integer() else None
+
+
+def checked(values: Mapping[str, float], names: Mapping[str, str]) -> tuple[dict[str, float], dict[str, str]]:
+    """The page's values kvplan can use, and field -> why each other one is left out (one line, naming the
+    metric and its value). Ranges in :data:`RANGES`, checked by :func:`kvplan.units.check_number`."""
+    kept: dict[str, float] = {}
+    rejected: dict[str, str] = {}
+    for fld, value in values.items():
+        if fld == "prefix_hit_rate" and value == -1:  # vLLM V0: "-1 means not supported or disabled"
+            rejected[fld] = f"{names[fld]} is -1: prefix caching is off on the server, so there is no hit rate"
+            continue
+        low, high = RANGES[fld]
+        try:
+            kept[fld] = check_number(value, names[fld], low=low, high=high)
+        except InputError as exc:
+            rejected[fld] = exc.message
+    hits, queries = kept.get("prefix_hits"), kept.get("prefix_queries")
+    if hits is not None and queries is not None and hits > queries:
+        rejected["prefix_hits"] = (f"invalid {names['prefix_hits']} {hits!r}: more hits than "
+                                   f"{names['prefix_queries']} {queries!r}")
+        del kept["prefix_hits"]
+    return kept, rejected
 
 
 def parse_page(text: str) -> Page:
@@ -239,6 +279,6 @@ def _series(found: dict[tuple[str, Labels], dict[str, tuple[int, float, str]]],
                     config = cfg
                     break
         names = {fld: entry[2] for fld, entry in slot.items()}
-        out.append(SeriesReading(fam, labels, FAMILIES[fam].engine(labels, seen), {fld: e[1] for fld, e in slot.items()},
-                                 names, config))
+        values, rejected = checked({fld: e[1] for fld, e in slot.items()}, names)
+        out.append(SeriesReading(fam, labels, FAMILIES[fam].engine(labels, seen), values, names, config, rejected))
     return tuple(out)

@@ -43,18 +43,30 @@ def endpoint(text: str, headers: list[str] | tuple[str, ...] = ()) -> Endpoint:
     raw = text.strip()
     if not raw:
         raise InputError("empty URL", "pass the server's metrics URL, e.g. http://127.0.0.1:8000/metrics")
+    if any(c.isspace() or not c.isprintable() for c in raw):
+        raise InputError(f"invalid URL {_shown(raw)}: it contains spaces or control characters",
+                         "percent-encode them (%20)")
     if "://" not in raw:
         raw = "http://" + raw
-    parts = urllib.parse.urlsplit(raw)
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        raise InputError(f"invalid URL {_shown(raw)}: {exc}", "e.g. http://127.0.0.1:8000/metrics") from None
     if parts.scheme not in ("http", "https"):
         raise InputError(f"unsupported URL scheme {parts.scheme!r}", "use http:// or https://")
-    try:
-        port = parts.port
-    except ValueError:
-        raise InputError(f"invalid port in URL {_redact(parts)!r}") from None
+    port = parts.port
     if not parts.hostname:
         raise InputError(f"no host in URL {_redact(parts)!r}", "e.g. http://127.0.0.1:8000/metrics")
-    path = parts.path if parts.path not in ("", "/") else "/metrics"
+    if ":" not in parts.hostname:  # a name (IPv6 literals were checked by urlsplit)
+        try:
+            parts.hostname.encode("idna")
+        except UnicodeError:  # an empty or over-long label: "a..b", 64+ characters between dots
+            raise InputError(f"invalid host in URL {_shown(raw)}", "e.g. http://127.0.0.1:8000/metrics") from None
+    # non-ASCII in the path or query is sent percent-encoded (UTF-8), as browsers do; % escapes stay
+    path = urllib.parse.quote(parts.path, safe="/%:@!$&'()*+,;=~") if parts.path not in ("", "/") else "/metrics"
+    query = urllib.parse.quote(parts.query, safe="/%:@!$&'()*+,;=~?")
+    parts = parts._replace(query=query)
     netloc = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
     if port is not None:
         netloc += f":{port}"
@@ -67,6 +79,14 @@ def endpoint(text: str, headers: list[str] | tuple[str, ...] = ()) -> Endpoint:
         sent.append(("Authorization", f"Basic {token}"))
     display = urllib.parse.urlunsplit((parts.scheme, netloc, path, "…" if parts.query else "", ""))
     return Endpoint(clean, display, tuple(sent))
+
+
+def _shown(raw: str) -> str:
+    """The URL as typed, without credentials (``user:pass@``), quoted and cut to 80 characters."""
+    scheme, sep, rest = raw.partition("://")
+    host, at, path = rest.partition("/")
+    shown = f"{scheme}{sep}{host.rsplit('@', 1)[-1]}{'/' if at else ''}{path}"
+    return repr(shown if len(shown) <= 80 else shown[:77] + "...")
 
 
 def _redact(parts: urllib.parse.SplitResult) -> str:

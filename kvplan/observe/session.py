@@ -10,18 +10,42 @@ The endpoint-wide view (``Observation.summary`` and each poll's ``total``) with 
 the fullest pool's (max), running and waiting are summed, counters are the sums of each series'
 reset-adjusted counters, hit rates pool the counters (or average the gauges). With one series it is
 that series' own summary.
+
+Bounded: the timing (:func:`check_timing`: interval, duration, timeout within :data:`INTERVAL_S`,
+:data:`DURATION_S`, :data:`TIMEOUT_S`), the samples kept (every poll up to :data:`MAX_SAMPLES`, then every
+2nd, 4th, ... poll, evenly over the whole run; summaries still count every poll) and the events kept (the
+last :data:`MAX_EVENTS`; each is still passed to ``on_event`` as it happens).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from kvplan.observe.metrics import COUNTERS, PageError, SeriesReading, parse_page
 from kvplan.observe.scrape import Endpoint, ScrapeError, fetch
 from kvplan.observe.track import Summary, Tracker
+from kvplan.units import check_number
+
+# (lowest, highest) seconds; the lowest of --duration is exclusive (any positive time)
+INTERVAL_S = (0.05, 86_400.0)  # at most 20 polls a second, at least one a day
+DURATION_S = (0.0, 30 * 86_400.0)  # 30 days
+TIMEOUT_S = (0.05, 600.0)
+MAX_SAMPLES = 20_000  # polls kept for --json / --csv / --plot before thinning to every 2nd (~1.4 KB each)
+MAX_EVENTS = 1_000
+
+
+def check_timing(interval_s: float, duration_s: float | None, timeout_s: float,
+                 names: tuple[str, str, str] = ("interval_s", "duration_s", "timeout_s")) -> None:
+    """Raise :class:`~kvplan.errors.InputError` unless the seconds are finite and within the bounds above
+    (``names``: what the message calls them, e.g. the CLI flags)."""
+    check_number(interval_s, names[0], low=INTERVAL_S[0], high=INTERVAL_S[1])
+    if duration_s is not None:
+        check_number(duration_s, names[1], low=DURATION_S[0], low_open=True, high=DURATION_S[1])
+    check_number(timeout_s, names[2], low=TIMEOUT_S[0], high=TIMEOUT_S[1])
 
 
 @dataclass(frozen=True)
@@ -58,13 +82,16 @@ class SeriesResult:
     missing: tuple[str, ...]
     cache_config: Mapping[str, str]
     summary: Summary
+    rejected_values: Mapping[str, int] = field(default_factory=dict)  # metric name -> polls its value was left out
 
 
 @dataclass(frozen=True)
 class Observation:
     """Everything one run measured. ``stopped``: ``duration``, ``interrupted`` or ``running``.
-    ``num_polls`` / ``failed_polls`` count every poll; ``polls`` holds them all in a finished run, and is
-    empty in the live view's snapshots (which must not copy a long run's history every poll)."""
+    ``num_polls`` / ``failed_polls`` count every poll; ``polls`` holds every ``sample_stride``-th of them in
+    a finished run (every one up to :data:`MAX_SAMPLES`), and is empty in the live view's snapshots (which
+    must not copy a long run's history every poll). ``events``: the last :data:`MAX_EVENTS`;
+    ``events_dropped``: how many earlier ones are not kept."""
 
     endpoint: str
     interval_s: float
@@ -79,6 +106,8 @@ class Observation:
     series: tuple[SeriesResult, ...]
     summary: Summary
     events: tuple[Event, ...]
+    sample_stride: int = 1
+    events_dropped: int = 0
 
     @property
     def read_polls(self) -> int:
@@ -92,12 +121,19 @@ class Session:
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  fetcher: Callable[[Endpoint, float], str] = fetch,
                  on_event: Callable[[Event], None] | None = None) -> None:
+        check_timing(interval_s, duration_s, timeout_s)
         self.where, self.interval_s, self.duration_s, self.timeout_s = where, interval_s, duration_s, timeout_s
         self.clock, self.wall, self.fetcher, self.on_event = clock, wall, fetcher, on_event
         self.start = clock()
         self.started_at = wall()
-        self.polls: list[Poll] = []
-        self.events: list[Event] = []
+        self.polls: list[Poll] = []  # every ``stride``-th poll
+        self.stride = 1
+        self.num_polls = 0
+        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
+        self.num_events = 0
+        self.restarts = 0  # polls at which some series' counters went down
+        self.rejected: dict[tuple[str, Any], Mapping[str, str]] = {}  # the last poll's rejected values per series
+        self.rejected_polls: dict[tuple[str, Any], Counter[str]] = {}
         self.trackers: dict[tuple[str, Any], Tracker] = {}
         self.latest: dict[tuple[str, Any], SeriesReading] = {}
         self.missing: dict[tuple[str, Any], tuple[str, ...]] = {}
@@ -110,12 +146,13 @@ class Session:
     def _event(self, poll: int, elapsed: float, message: str) -> None:
         event = Event(poll, round(elapsed, 3), message)
         self.events.append(event)
+        self.num_events += 1
         if self.on_event:
             self.on_event(event)
 
     def poll(self) -> Poll:
         """Fetch and record one page; errors become the poll's ``error`` (and an event when new)."""
-        index, elapsed, t = len(self.polls), self.clock() - self.start, self.wall()
+        index, elapsed, t = self.num_polls, self.clock() - self.start, self.wall()
         try:
             page = parse_page(self.fetcher(self.where, self.timeout_s))
         except (ScrapeError, PageError) as exc:
@@ -123,9 +160,7 @@ class Session:
             if error != self._error:
                 self._event(index, elapsed, error)
             self._error, self._failed, self._failed_total = error, self._failed + 1, self._failed_total + 1
-            result = Poll(index, t, elapsed, error, {}, {})
-            self.polls.append(result)
-            return result
+            return self._keep(Poll(index, t, elapsed, error, {}, {}))
         if self._failed:
             self._event(index, elapsed, f"{self.where.display}: metrics readable again after {self._failed} failed poll(s)")
         self._error, self._failed = None, 0
@@ -133,9 +168,20 @@ class Session:
         rows = {}
         for reading in page.series:
             rows[reading.name] = self._track(index, elapsed, reading)
-        result = Poll(index, t, elapsed, None, self._total_row(elapsed, rows), rows)
-        self.polls.append(result)
-        return result
+        self.restarts += any(row["resets"] for row in rows.values())
+        return self._keep(Poll(index, t, elapsed, None, self._total_row(elapsed, rows), rows))
+
+    def _keep(self, poll: Poll) -> Poll:
+        """Count the poll; keep it if it falls on the stride; past MAX_SAMPLES, keep every 2nd of those kept."""
+        self.num_polls += 1
+        if poll.index % self.stride == 0:
+            self.polls.append(poll)
+            if len(self.polls) > MAX_SAMPLES:
+                self.polls, self.stride = self.polls[::2], self.stride * 2
+                self._event(poll.index, poll.elapsed_s, f"over {MAX_SAMPLES:,} samples: one poll in {self.stride} "
+                            "is kept for the samples, evenly since the start (memory stays bounded); the summary "
+                            "counts every poll")
+        return poll
 
     def _track(self, index: int, elapsed: float, reading: SeriesReading) -> dict[str, Any]:
         key = reading.key
@@ -148,12 +194,23 @@ class Session:
             if missing:
                 self._event(index, elapsed, f"{reading.name} ({reading.engine}) does not report: {'; '.join(missing)}")
             self.missing[key] = missing
+        self._reject(index, elapsed, reading)
         self.latest[key] = reading
         row = self.trackers[key].add(elapsed, reading.values, reading.num_gpu_blocks, reading.block_size)
         if row["resets"]:
             self._event(index, elapsed, f"{reading.name}: counters went down ({', '.join(row['resets'])}): "
                                         "the server restarted; counting on from the new values")
         return row
+
+    def _reject(self, index: int, elapsed: float, reading: SeriesReading) -> None:
+        """One event when a metric's value turns unusable (not again while it stays so); count the polls."""
+        before = self.rejected.get(reading.key, {})
+        counts = self.rejected_polls.setdefault(reading.key, Counter())
+        for fld, why in reading.rejected.items():
+            counts[reading.names[fld]] += 1
+            if fld not in before:
+                self._event(index, elapsed, f"{reading.name}: {why}: value left out")
+        self.rejected[reading.key] = reading.rejected
 
     def _total_row(self, elapsed: float, rows: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
         if len(self.trackers) == 1:
@@ -188,18 +245,22 @@ class Session:
         for key, tracker in self.trackers.items():
             r = self.latest[key]
             series.append(SeriesResult(r.name, r.family, r.labels, r.engine, dict(r.names), self.missing.get(key, ()),
-                                       dict(r.cache_config), tracker.summary()))
+                                       dict(r.cache_config), tracker.summary(),
+                                       dict(sorted(self.rejected_polls.get(key, Counter()).items()))))
         if len(series) == 1:
             summary = series[0].summary
         else:
-            summary = combine(self.total.summary(), list(self.trackers.values()), len(self.polls) - self._failed_total)
+            summary = combine(self.total.summary(), list(self.trackers.values()), self.num_polls - self._failed_total,
+                              self.restarts)
         return Observation(self.where.display, self.interval_s, self.duration_s, self.timeout_s, self.started_at,
-                           round(self.clock() - self.start, 3), stopped, len(self.polls), self._failed_total,
-                           tuple(self.polls) if with_polls else (), tuple(series), summary, tuple(self.events))
+                           round(self.clock() - self.start, 3), stopped, self.num_polls, self._failed_total,
+                           tuple(self.polls) if with_polls else (), tuple(series), summary, tuple(self.events),
+                           self.stride, self.num_events - len(self.events))
 
 
-def combine(gauges: Summary, trackers: list[Tracker], polls: int) -> Summary:
-    """The endpoint-wide summary of several series: pooled gauges (``gauges``) and summed counters."""
+def combine(gauges: Summary, trackers: list[Tracker], polls: int, restarts: int = 0) -> Summary:
+    """The endpoint-wide summary of several series: pooled gauges (``gauges``) and summed counters;
+    ``restarts``: the polls at which any series' counters went down."""
     if not trackers:
         return replace(gauges, polls=polls)
     counters = {name: [t.counters[name] for t in trackers if t.counters[name].first is not None] for name in COUNTERS}
@@ -230,7 +291,7 @@ def combine(gauges: Summary, trackers: list[Tracker], polls: int) -> Summary:
         preemptions_per_min=pre_run * 60 / elapsed if pre_run is not None and elapsed > 0 else None,
         prompt_tokens_per_s=per_s("prompt_tokens"), generation_tokens_per_s=per_s("generation_tokens"),
         num_gpu_blocks=blocks.pop() if len(blocks) == 1 else None, block_size=sizes.pop() if len(sizes) == 1 else None,
-        counter_resets=sum(t.summary().counter_resets for t in trackers), **hit_fields,
+        counter_resets=restarts, **hit_fields,
     )
 
 

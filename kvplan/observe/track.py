@@ -10,13 +10,16 @@ never restarted. Summaries report:
 - ``prefix_hit_rate``: hits / queries of the adjusted counters (vLLM V1), or the last value of the
   engine's hit-rate gauge (vLLM V0, SGLang); ``prefix_hit_rate_during_run``: increase of hits / increase
   of queries over the run, or the mean of the gauge over the polls;
-- ``*_tokens_per_s``: increase over the run / seconds between the first and the last poll that read it.
+- ``*_tokens_per_s``: increase over the run / seconds between the first and the last poll that read it;
+- ``counter_resets``: the polls at which counters went down (a server restart drops them all at once: one
+  reset, however many counters it drops; each poll's row names the counters).
 
 Times are seconds; usage and hit rates are fractions 0..1; requests and tokens are counts.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -47,15 +50,18 @@ class Summary:
     num_gpu_blocks: int | None
     block_size: int | None
     max_total_num_tokens: int | None
-    counter_resets: int
+    counter_resets: int  # polls at which counters went down (restarts), not counters x restarts
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _clean(getattr(self, f.name)) for f in fields(self)}
 
 
 def _clean(value: Any) -> Any:
-    """Whole floats as ints (requests, tokens), others rounded to 6 places (JSON-friendly)."""
+    """Whole floats as ints (requests, tokens), others rounded to 6 places; never NaN or an infinity (not JSON:
+    the page values are checked on the way in, so this is the last guard, ``None`` = not known)."""
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
         return int(value) if value.is_integer() else round(value, 6)
     return value
 
@@ -82,7 +88,6 @@ class _Counter:
         self.first: float | None = None
         self.last: float | None = None
         self.increase = 0.0
-        self.resets = 0
         self.t_first: float | None = None
         self.t_last: float | None = None
 
@@ -94,7 +99,6 @@ class _Counter:
         reset = value < self.last
         delta = value if reset else value - self.last
         dt = t - self.t_last  # type: ignore[operator]
-        self.resets += reset
         self.increase += delta
         self.last, self.t_last = value, t
         return delta, dt, reset
@@ -122,6 +126,7 @@ class Tracker:
         self.gauges = {name: _Gauge() for name in GAUGES}
         self.counters = {name: _Counter() for name in COUNTERS}
         self.polls = 0
+        self.restarts = 0  # polls at which counters went down
         self.t_first: float | None = None
         self.t_last: float | None = None
         self.num_gpu_blocks: int | None = None
@@ -154,6 +159,7 @@ class Tracker:
                 resets.append(name)
         if "prefix_hit_rate" not in row and "prefix_queries" in row:
             row["prefix_hit_rate"] = _ratio(row.get("prefix_hits"), row["prefix_queries"])
+        self.restarts += bool(resets)
         row["resets"] = resets
         return row
 
@@ -182,5 +188,5 @@ class Tracker:
             prompt_tokens_per_s=c["prompt_tokens"].rate, generation_tokens_per_s=c["generation_tokens"].rate,
             num_gpu_blocks=self.num_gpu_blocks, block_size=self.block_size,
             max_total_num_tokens=int(max_tokens) if max_tokens is not None else None,
-            counter_resets=sum(x.resets for x in c.values()),
+            counter_resets=self.restarts,
         )

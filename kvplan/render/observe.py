@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -23,7 +24,10 @@ ROW_KEYS = {
 
 
 def _num(value: Any) -> Any:
+    """Whole floats as ints, others to 6 places; NaN and infinities (not JSON) as ``None``."""
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
         return int(value) if value.is_integer() else round(value, 6)
     return value
 
@@ -38,8 +42,8 @@ def row_to_dict(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def observation_to_dict(obs: Any, view: Any = None, comparisons: Sequence[Any] = (),
-                        outcomes: Sequence[Any] = ()) -> dict[str, Any]:
-    """The ``--json`` document (schema in docs/observe.md)."""
+                        outcomes: Sequence[Any] = (), files: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``--json`` document (schema in docs/observe.md); ``files``: what was written (``csv``, ``plot``)."""
     several = len(obs.series) > 1
     samples = []
     for p in obs.polls:
@@ -58,13 +62,17 @@ def observation_to_dict(obs: Any, view: Any = None, comparisons: Sequence[Any] =
         "stopped": obs.stopped,
         "polls": obs.num_polls,
         "failed_polls": obs.failed_polls,
+        "sample_stride": obs.sample_stride,
         "summary": obs.summary.to_dict(),
         "series": [{"name": s.name, "labels": dict(s.labels), "engine": s.engine,
                     "metrics": {ROW_KEYS.get(k, k): name for k, name in s.metrics.items()},
-                    "missing": list(s.missing), "cache_config": dict(s.cache_config), "summary": s.summary.to_dict()}
+                    "missing": list(s.missing), "rejected_values": dict(s.rejected_values),
+                    "cache_config": dict(s.cache_config), "summary": s.summary.to_dict()}
                    for s in obs.series],
         "samples": samples,
         "events": [{"poll": e.poll, "elapsed_s": e.elapsed_s, "message": e.message} for e in obs.events],
+        "events_dropped": obs.events_dropped,
+        "files": dict(files or {}),
         "findings": [f for c in comparisons for f in c.findings],
     }
     if view is not None:
@@ -203,8 +211,9 @@ def render_observation(obs: Any, view: Any = None, comparisons: Sequence[Any] = 
     if events:
         shown = events[-max_events:]
         text = Text()
-        if len(events) > len(shown):
-            text.append(f"({len(events) - len(shown)} earlier events)\n", style="grey62")
+        earlier = len(events) - len(shown) + obs.events_dropped
+        if earlier:
+            text.append(f"({earlier:,} earlier events)\n", style="grey62")
         for e in shown:
             text.append(f"[{e.elapsed_s:,.1f} s] {e.message}\n", style="yellow")
         text.rstrip()
