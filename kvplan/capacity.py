@@ -156,7 +156,8 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
             short = -plan.answer.fits_margin_blocks
             message += f" (short by {short:,} blocks = {short * plan.layout.block_size:,} token slots)"
         else:
-            message += f" (the longest max_model_len that starts is {plan.answer.longest_startable_len:,})"
+            message += (f" ({plan.answer.refusal}; the longest max_model_len that starts is "
+                        f"{plan.answer.longest_startable_len:,})")
     return Outcome(key, required, actual, margin, unit, passed, message)
 
 
@@ -219,7 +220,8 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
 
         n = _largest(1, length - 1, lambda n: holds(at_len(n)))
         if n is not None:
-            out.append(f"shorter max_model_len: max_model_len: {n} (was {length:,})")
+            key = "max_model_len" if o.max_model_len else "context"  # without one, max_model_len is the context
+            out.append(f"shorter max_model_len: {key}: {n} (was {length:,})")
     running = required if key == "concurrency" else o.batch
     if key in ("concurrency", "headroom_pct", "fits") and running > plan.answer.max_num_seqs:
         p = _replan(spec, o, source, max_num_seqs=running)  # the scheduler caps requests at once
