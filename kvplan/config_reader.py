@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvplan.errors import ConfigError
+from kvplan.limits import CONFIG_MAXIMA, MAX_CONFIG_INT
 
 KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "n_kv_heads")
 
@@ -52,8 +53,9 @@ class ConfigReader:
                 raise self.fail(key, value, f"an integer >= {minimum}")
             if not math.isfinite(value):  # Infinity / NaN: fine in fields kvplan ignores, never in a size
                 raise self.fail(key, value, f"a finite integer >= {minimum} (this field sizes the cache or weights)")
-            if value != int(value) or value < minimum or value > 2**48:
-                raise self.fail(key, value, f"an integer >= {minimum}")
+            most = CONFIG_MAXIMA.get(name, MAX_CONFIG_INT)
+            if value != int(value) or value < minimum or value > most:
+                raise self.fail(key, value, f"an integer from {minimum} to {most:,}")
             self.provenance[name] = self.source(key)
             return int(value)
         if default is not None or not required:

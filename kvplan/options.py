@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Callable
 
 from kvplan.errors import InputError
+from kvplan.limits import MAX_COUNT, MAX_LAYERS, MAX_SIZE_BYTES, MAX_TOKENS
 
 ENGINE_NAMES = ("vllm", "sglang")  # the --engine choices; kvplan.engines.registry maps each to its module
 USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for the LLM class
@@ -36,9 +37,6 @@ DEFAULT_GPU = "H100"
 # kinds of values: how each is typed, parsed and checked
 
 
-MAX_COUNT = 1 << 20  # GPUs, tp, pp, batch, sequences, layers, heads: far past any deployment
-MAX_TOKENS = 1 << 32  # a token count (context, max_model_len, batched tokens): 4 billion tokens
-MAX_SIZE_BYTES = 1 << 50  # a size (GPU memory, KV budget, weights): 1 PiB
 MODEL_DTYPES = ("bfloat16", "float16", "float32")  # what an engine runs a model in (--dtype)
 
 
@@ -193,6 +191,12 @@ class Opt:
     yaml: bool = True
     in_options: bool = True
     show_default: bool = True
+    high: int | None = None  # a tighter bound than the kind's (``--layers``)
+
+    @property
+    def limit(self) -> int | None:
+        """The largest value accepted (base units), or None."""
+        return self.high if self.high is not None else KINDS[self.kind].high
 
     @property
     def field_name(self) -> str:
@@ -281,7 +285,7 @@ OPTIONS: tuple[Opt, ...] = (
         default=False),
     Opt("refresh", "flag", "Ask the Hub for the revision even when the HF cache holds it (default: a cached model is "
         "answered from the cache, its commit stated).", PANEL_HUB, default=False),
-    Opt("layers", "count", "Override the number of layers.", PANEL_MODEL),
+    Opt("layers", "count", "Override the number of layers.", PANEL_MODEL, high=MAX_LAYERS),
     Opt("kv_heads", "count", "Override the number of KV heads.", PANEL_MODEL),
     Opt("head_dim", "count", "Override the head dimension.", PANEL_MODEL),
     Opt("images", "count", "Images per request whose tokens cross-attention layers cache (Llama-3.2-Vision; "
@@ -314,8 +318,8 @@ def _validate(self: Any) -> None:
             raise InputError(f"invalid {opt.flag} {value!r}: {kind.rule}")
         if kind.choices and value not in kind.choices:
             raise InputError(f"invalid {opt.flag} {value!r}", "use one of: " + ", ".join(kind.choices))
-        if kind.high is not None:
-            _check_high(opt, value, kind.high)
+        if opt.limit is not None:
+            _check_high(opt, value, opt.limit)
     if self.tp * self.pp != self.gpu_count:
         if self.gpu_count == 1 and (self.tp > 1 or self.pp > 1):
             object.__setattr__(self, "gpu_count", self.tp * self.pp)
@@ -406,8 +410,8 @@ def options_from_values(values: dict[str, Any]) -> Any:
         elif opt is not None and opt.in_options:
             kind = KINDS[opt.kind]
             kwargs[opt.field_name] = kind.parse(value, opt.flag)
-            if kind.high is not None and isinstance(value, str):
-                _check_high(opt, kwargs[opt.field_name], kind.high, typed=value)
+            if opt.limit is not None and isinstance(value, str):
+                _check_high(opt, kwargs[opt.field_name], opt.limit, typed=value)
         elif key in known:
             kwargs[key] = value
         else:

@@ -20,6 +20,7 @@ from kvplan import checkpoint, hybrid, layer_variants, model_types, rope_vision
 from kvplan.config_reader import (KV_HEAD_KEYS, ConfigReader, Overrides, derived_head_dim, first_int, short_repr,
                                   unmodelled_layer_type)
 from kvplan.errors import ConfigError
+from kvplan.limits import MAX_LAYERS
 from kvplan.model_source import ModelSource, WeightFacts
 from kvplan.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
 from kvplan.params import TIED_BY_DEFAULT, inventory, mtp_layers, parameter_count, routed_expert_layers
@@ -132,6 +133,8 @@ def _pattern_length(r: ConfigReader) -> int | None:
     for key in ("layer_types", "layers_block_type", "hybrid_override_pattern"):
         value = r.raw(key)
         if isinstance(value, (list, str)) and value:
+            if len(value) > MAX_LAYERS:
+                raise r.fail(key, f"<{len(value):,} entries>", f"at most {MAX_LAYERS:,} layers")
             r.provenance["num_layers"] = f"len({r.prefix}{key})"
             return len(value)
     return None

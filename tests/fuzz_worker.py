@@ -26,7 +26,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 10.0
@@ -53,6 +53,14 @@ JSONISH = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
     max_leaves=12,
 )
+
+
+def fuzz_settings(examples: int) -> settings:
+    """Reproducible runs (the seed comes from the test's source), no example database, and no ``explain``
+    phase: its line tracer slows a failing input's re-runs several-fold, so a slow input would be reported
+    as a second, misleading hang."""
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck), phases=[p for p in Phase if p is not Phase.explain])
 
 
 class Hang(Exception):
@@ -106,10 +114,7 @@ def _mutated_config(data: st.DataObject) -> bytes:
 
 
 def fuzz_config(examples: int) -> None:
-    settings_ = settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                         suppress_health_check=list(HealthCheck))
-
-    @settings_
+    @fuzz_settings(examples)
     @given(st.data())
     def check(data: st.DataObject) -> None:
         kind = data.draw(st.sampled_from(["bytes", "json", "mutated", "deep"]))
@@ -151,8 +156,7 @@ def _mutated_yaml(data: st.DataObject, text: str) -> str:
 
 
 def fuzz_yaml(examples: int) -> None:
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @fuzz_settings(examples)
     @given(st.data())
     def check(data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(sorted(EXAMPLES)))
@@ -242,8 +246,7 @@ def fuzz_options(examples: int) -> None:
     workload = ("model: meta-llama/Llama-3.1-8B\nkv_budget: 2GiB\nmax_model_len: 4096\narrivals: {rate: 5}\n"
                 "num_requests: 40\nprompt_tokens: 100\noutput_tokens: 50\n")
 
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @fuzz_settings(examples)
     @given(st.data())
     def check(data: st.DataObject) -> None:
         with tempfile.TemporaryDirectory() as d:

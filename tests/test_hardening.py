@@ -3,6 +3,7 @@ traceback, never a runaway. Usage errors, a fuzz of files and option values, and
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "configs"
 
 
 def kvplan(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
@@ -183,9 +185,29 @@ def test_fitted_table_property():
     (["--gpu-memory", "1e30"], ["invalid --gpu-memory", "must be at most 1,024 TiB"]),
     (["--context", "1e12"], ["invalid --context 1e12: must be at most 4,294,967,296"]),
     (["--batch", "99999999999"], ["invalid --batch", "must be at most 1,048,576"]),
+    # one object per layer: a million layers planned for ~40 s in 2 GB before this bound (kvplan.limits)
+    (["--layers", "1000000"], ["invalid --layers 1,000,000", "must be at most 4,096"]),
 ])
 def test_out_of_range_options_are_one_line_errors(args, needles):
     assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", *args), *needles)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("num_hidden_layers", 1_000_000, "field num_hidden_layers = 1000000 is invalid: expected an integer from 1 to 4,096"),
+    ("layer_types", ["full_attention"] * 5000, "field layer_types = '<5,000 entries>' is invalid: expected at most 4,096"),
+    ("max_position_embeddings", 10**12, "expected an integer from 1 to 4,294,967,296"),
+    ("quantization_config", {"quant_method": "gptq", "bits": 1_000_000}, "quantization_config.bits = 1000000"),
+])
+def test_config_fields_past_their_bound_are_one_line_errors(tmp_path, field, value, needle):
+    # the bounds of kvplan.limits hold for config files as for options: a typo'd or hostile config must not
+    # plan a million layers (or a 10^12-row rotary table) for minutes
+    config = json.loads((FIXTURES / "mistral_v01.json").read_text())
+    if field == "layer_types":  # the layer count from the pattern (no count, no model type default for it)
+        del config["num_hidden_layers"]
+        config["model_type"] = "not_a_transformers_type"
+    config[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert_one_line(kvplan("estimate", str(tmp_path)), needle)
 
 
 def test_api_rejects_a_context_past_max_model_len():
