@@ -523,6 +523,70 @@ def test_sglang_endpoint_against_a_vllm_plan_says_so():
     assert "the endpoint runs SGLang, the plan models vllm: pass --engine sglang" in " ".join(r.stdout.split())
 
 
+def observe_json(page: str, *args: str) -> dict:
+    with ReplayServer([page]) as srv:
+        r = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--json", "--gpu", "H100", *args)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_a_series_serving_another_model_is_named_and_not_compared():
+    """was: compared with the plan for --model anyway (and adopted its cache config), e.g. 'plan 0 (n/a)'."""
+    doc = observe_json(vllm_v1_page({**V1_RUN[0], "model_name": "Qwen/Qwen3-8B"},
+                                    config={"gpu_memory_utilization": "0.5"}), "--model", MODEL)
+    (finding,) = doc["findings"]
+    assert finding == (f"Qwen/Qwen3-8B engine=0: the endpoint serves model 'Qwen/Qwen3-8B', not the planned '{MODEL}': "
+                       "not compared with the plan (pass --model Qwen/Qwen3-8B to plan it)")
+    (c,) = doc["plan"]["comparison"]
+    assert c["compared"] is False and c["plan_num_blocks"] is None and c["plan_max_requests"] is None
+    assert c["server_num_gpu_blocks"] == 27732 and c["lines"] == []
+    assert doc["plan"]["from_endpoint"] == {}  # another model's gpu_memory_utilization 0.5 is not adopted
+    assert doc["plan"]["estimate"]["assumptions"]["gpu_util"] != 0.5
+
+
+def test_two_models_only_the_planned_one_is_compared_and_its_cache_config_adopted():
+    page = vllm_v1_page({**V1_RUN[0], "model_name": "Qwen/Qwen3-8B", "engine": "0", "config": {"gpu_memory_utilization": "0.5"}},
+                        {**V1_RUN[1], "engine": "1", "config": {"gpu_memory_utilization": "0.8"}})
+    doc = observe_json(page, "--model", MODEL)
+    by_series = {c["series"]: c for c in doc["plan"]["comparison"]}
+    plan = kvplan.estimate(MODEL, gpu="H100", context=8192, gpu_util=0.8)  # the served model's utilisation
+    assert by_series[f"{MODEL} engine=1"]["compared"] is True
+    assert by_series[f"{MODEL} engine=1"]["plan_num_blocks"] == plan.answer.num_blocks
+    assert by_series["Qwen/Qwen3-8B engine=0"]["compared"] is False
+    assert doc["plan"]["from_endpoint"]["gpu_util"] == "gpu_memory_utilization=0.8"
+    assert sum("not compared with the plan" in f for f in doc["findings"]) == 1
+
+
+@pytest.mark.parametrize("label, args, compared", [
+    ("/models/Llama-3.1-8B-Instruct/", (), True),  # vLLM labels a local checkpoint with its path
+    ("META-LLAMA/llama-3.1-8b-instruct", (), True),
+    ("llama8b", (), False),  # an alias of --served-model-name: not the same name ...
+    ("llama8b", ("--served-model-name", "llama8b"), True),  # ... unless the user says so
+    (MODEL, ("--served-model-name", "llama8b"), False),  # then only that exact label is the planned model
+])
+def test_which_series_serves_the_planned_model(label, args, compared):
+    doc = observe_json(vllm_v1_page({**V1_RUN[0], "model_name": label}), "--model", MODEL, *args)
+    (c,) = doc["plan"]["comparison"]
+    assert c["compared"] is compared
+    assert any("not compared" in f for f in doc["findings"]) is not compared
+
+
+def test_a_plan_whose_engine_does_not_start_says_so_never_plan_0():
+    """was: 'blocks: server 27,732 GPU blocks, plan 0 (n/a)' and '4 requests ran at once, more than the 0 ...'."""
+    big = "meta-llama/Llama-3.1-70B-Instruct"  # 141 GB of bf16 weights: no KV pool on one 80 GB H100
+    page = vllm_v1_page({**V1_RUN[1], "model_name": big})
+    doc = observe_json(page, "--model", big)
+    (finding,) = doc["findings"]
+    assert "does not start this deployment (no memory left for the KV cache" in finding
+    assert "yet the server runs with 27,732 GPU blocks" in finding
+    assert doc["plan"]["comparison"][0]["engine_starts"] is False
+    with ReplayServer([page]) as srv:
+        r = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--model", big, "--gpu", "H100")
+    text = " ".join(r.stdout.split())
+    assert r.exit_code == 0 and "the engine does not start (no memory left for the KV cache" in text
+    assert "plan 0" not in text and "n/a" not in text and "0 blocks" not in text
+
+
 @pytest.mark.parametrize("gate, code", [("usage_peak < 0.95", 0), ("usage_peak < 0.3", 1), ("preemptions == 0", 1),
                                         ("prefix_hit_rate > 0.5", 1), ("prefix_hit_rate > 0.2", 0)])
 def test_gates_exit_0_or_1(gate, code):
@@ -552,6 +616,7 @@ def test_gates_exit_0_or_1(gate, code):
     (["--csv", "README.md/out.csv"], "README.md is not a folder"),
     (["--csv", "docs"], "it is a folder"),
     (["--model", "no-such-org/no-such-model", "--offline"], "no-such-org/no-such-model"),
+    (["--served-model-name", "llama"], "--served-model-name names the series of --model: pass --model too"),
 ])
 def test_bad_input_exits_2_before_polling(args, says):
     with ReplayServer([vllm_v1_page(V1_RUN[0])]) as srv:

@@ -20,6 +20,10 @@ UrlArg = Annotated[str, typer.Argument(help="The server's metrics URL (http://ho
                                        show_default=False)]
 ObsModelOpt = Annotated[Optional[str], typer.Option(
     "--model", help="Model to plan for the comparison (as in `kvplan estimate MODEL`); the estimate options apply.")]
+ServedNameOpt = Annotated[Optional[str], typer.Option(
+    "--served-model-name", help="The endpoint's model_name label for --model (vLLM's --served-model-name), when it is "
+    "an alias: only that series is compared with the plan (default: the series named like --model).",
+    show_default=False)]
 IntervalOpt = Annotated[float, typer.Option("--interval", help="Seconds between polls (0.05 to 86,400).")]
 DurationOpt = Annotated[Optional[float], typer.Option(
     "--duration", help="Seconds to observe, at most 2,592,000 (30 days) (default: until Ctrl-C).")]
@@ -49,7 +53,7 @@ def _compare(planner: Any, obs: Any) -> list[Any]:
         return []
     from kvplan.observe.compare import compare
 
-    return [compare(planner.view, s) for s in obs.series]
+    return [compare(planner.view, s, planner) for s in obs.series]
 
 
 def _observe(session: Any, planner: Any, live: bool) -> Any:
@@ -58,7 +62,8 @@ def _observe(session: Any, planner: Any, live: bool) -> Any:
 
     def adopt(s: Any) -> None:
         if planner is not None:
-            config = next((r.cache_config for r in s.latest.values() if r.cache_config), None)
+            config = next((r.cache_config for r in s.latest.values() if r.cache_config and planner.serves(r.labels)),
+                          None)
             if config:
                 planner.adopt(config)
 
@@ -85,8 +90,8 @@ def register(app: typer.Typer) -> None:
     @app.command("observe", epilog=EPILOG)
     @handle_errors
     @with_estimate_options
-    def observe(url: UrlArg, model: ObsModelOpt = None, interval: IntervalOpt = 1.0, duration: DurationOpt = None,
-                timeout: TimeoutOpt = 5.0, csv: CsvOpt = None, plot: PlotOpt = None, require: RequireOpt = None,
+    def observe(url: UrlArg, model: ObsModelOpt = None, served_model_name: ServedNameOpt = None, interval: IntervalOpt = 1.0,
+                duration: DurationOpt = None, timeout: TimeoutOpt = 5.0, csv: CsvOpt = None, plot: PlotOpt = None, require: RequireOpt = None,
                 header: HeaderOpt = None, json_out: JsonOpt = False, *, ctx: typer.Context, values: dict,
                 token: Optional[str]) -> None:
         """Measure a running vLLM or SGLang server's KV pool from its Prometheus /metrics: usage, running and waiting requests, preemptions, prefix hits, tokens/s; compare with the plan; gate CI on it."""
@@ -105,7 +110,12 @@ def register(app: typer.Typer) -> None:
         if csv:
             check_writable(csv, "--csv")
         plot_file = plot_path(plot) if plot else None
-        planner = Planner({**values, "model": model}, token, given=_given(ctx, values)) if model else None
+        if served_model_name is not None and not model:
+            from kvplan.cli_errors import fail
+
+            raise fail("--served-model-name names the series of --model: pass --model too")
+        planner = Planner({**values, "model": model}, token, given=_given(ctx, values),
+                          served_name=served_model_name) if model else None
         live = sys.stdout.isatty() and not json_out
         session = Session(where, interval_s=interval, duration_s=duration, timeout_s=timeout,
                           on_event=None if live else _say)

@@ -9,12 +9,16 @@ more with those values, and its assumptions say which came from the endpoint.
 Per series the comparison gives lines (blocks, concurrency) and findings, one line each: a block count
 (SGLang: token pool) other than the plan's, another block size, another engine or engine generation, more
 requests running at once than the plan fits at ``--context``.
+
+The plan is for one model: a series whose ``model_name`` label names another model (see
+:func:`same_model`) is not compared with it (one finding names both), and its cache config is not
+adopted. A plan whose engine refuses to start (no pool) is said so in one line, never as "plan 0 blocks".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kvplan.errors import KvplanError
 from kvplan.observe.metrics import FAMILIES
@@ -69,6 +73,25 @@ def endpoint_values(cache_config: Mapping[str, str], values: Mapping[str, Any]) 
     return out
 
 
+def _name_forms(name: str) -> set[str]:
+    """A model name as a server may label it: the whole name and its last path part, lower case."""
+    text = name.strip().rstrip("/").lower()
+    return {text, text.rsplit("/", 1)[-1]} - {""}
+
+
+def same_model(served: str | None, planned: Iterable[str], exact: bool = False) -> bool:
+    """Whether a series labelled ``model_name=served`` serves the planned model: no label (nothing says
+    otherwise), the same name, or (unless ``exact``) the same last path part, case aside (vLLM labels a
+    model with its path or Hub id: ``/models/Llama-3.1-8B-Instruct`` is ``meta-llama/Llama-3.1-8B-Instruct``)."""
+    if served is None:
+        return True
+    names = [n for n in planned if n]
+    if exact:
+        return served in names
+    forms = _name_forms(served)
+    return any(forms & _name_forms(n) for n in names)
+
+
 @dataclass(frozen=True)
 class PlanView:
     """The plan and where its options came from: ``from_endpoint`` maps an option to ``label=text``;
@@ -111,12 +134,21 @@ class Planner:
     """The plan for the observed deployment: made before polling (bad options fail before any request),
     and once more when the endpoint's cache config fills options the user left unset."""
 
-    def __init__(self, values: Mapping[str, Any], token: str | None = None, given: frozenset[str] | None = None) -> None:
+    def __init__(self, values: Mapping[str, Any], token: str | None = None, given: frozenset[str] | None = None,
+                 served_name: str | None = None) -> None:
         from kvplan.plan import estimate, options_from_values
 
-        self.values, self.token, self.given = dict(values), token, given
+        self.values, self.token, self.given, self.served_name = dict(values), token, given, served_name
         self.view = PlanView(estimate(options_from_values(self.values), token=token), self.values, {}, given=given)
         self._adopted = False
+
+    def serves(self, labels: Iterable[tuple[str, str]]) -> bool:
+        """Whether a series with these labels serves the planned model (``served_name``: its exact
+        ``model_name`` label, vLLM's ``--served-model-name``; else the model as given or resolved)."""
+        served = dict(labels).get("model_name")
+        if self.served_name is not None:
+            return same_model(served, [self.served_name], exact=True)
+        return same_model(served, [str(self.values.get("model") or ""), self.view.plan.spec.model_id])
 
     def adopt(self, cache_config: Mapping[str, str]) -> bool:
         """Re-plan with the endpoint's cache config (once); True when the plan changed."""
@@ -145,16 +177,18 @@ class Comparison:
 
     series: str
     server_num_gpu_blocks: int | None
-    plan_num_blocks: int
+    plan_num_blocks: int | None  # None (as every plan_* field): not compared, another model (``compared``)
     server_block_size: int | None
-    plan_block_size: int
+    plan_block_size: int | None
     server_max_total_tokens: int | None
-    plan_capacity_tokens: int
+    plan_capacity_tokens: int | None
     running_peak: float | None
-    plan_max_requests: int
-    plan_context_tokens: int
+    plan_max_requests: int | None
+    plan_context_tokens: int | None
     lines: tuple[str, ...]
     findings: tuple[str, ...]
+    compared: bool = True  # False: the series serves another model than the plan's
+    engine_starts: bool = True  # the plan's engine starts (False: it refuses; no pool to compare)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in self.__dict__.items()
@@ -178,13 +212,38 @@ def _pool_check(who: str, what: str, unit: str, server: int | None, plan: int, l
                         "plan's assumptions")
 
 
-def compare(view: PlanView, series: SeriesResult) -> Comparison:
-    """One series' observation against the plan (lines + findings, one line each)."""
+def _other_model(view: PlanView, series: SeriesResult, served_name: str | None) -> Comparison:
+    """A series serving another model: one finding naming both, nothing compared."""
+    served = dict(series.labels).get("model_name")
+    model = view.plan.spec.model_id
+    how = (f"pass --model {served} to plan it" if served_name is None
+           else f"--served-model-name {served_name} names the planned one")
+    finding = (f"{series.name}: the endpoint serves model {served!r}, not the planned {model!r}: "
+               f"not compared with the plan ({how})")
+    s = series.summary
+    return Comparison(series.name, s.num_gpu_blocks, None, s.block_size, None, s.max_total_num_tokens, None,
+                      s.running_peak, None, None, (), (finding,), compared=False)
+
+
+def compare(view: PlanView, series: SeriesResult, planner: Planner | None = None) -> Comparison:
+    """One series' observation against the plan (lines + findings, one line each); with ``planner``, a
+    series that serves another model is not compared (:meth:`Planner.serves`)."""
+    if planner is not None and not planner.serves(series.labels):
+        return _other_model(view, series, planner.served_name)
     plan, s = view.plan, series.summary
     a, engine = plan.answer, plan.engine
     lines: list[str] = []
     findings: list[str] = []
     who = series.name
+    if a.refusal is not None:
+        pool = (f"{s.num_gpu_blocks:,} GPU blocks" if s.num_gpu_blocks is not None else
+                f"a {s.max_total_num_tokens:,}-token pool" if s.max_total_num_tokens is not None else "a pool")
+        findings.append(f"{who}: the plan says {engine.engine} {engine.version} does not start this deployment "
+                        f"({a.refusal}), yet the server runs with {pool}: the deployment differs from the plan's "
+                        "assumptions (--gpu, --tp, --dtype, --quantization, --max-model-len)")
+        return Comparison(who, s.num_gpu_blocks, a.num_blocks, s.block_size, plan.layout.block_size,
+                          s.max_total_num_tokens, a.capacity_tokens, s.running_peak, a.max_requests, a.context,
+                          (), tuple(findings), engine_starts=False)
     if series.family != engine.engine:
         findings.append(f"{who}: the endpoint runs {series.engine}, the plan models {engine.engine}: "
                         f"pass --engine {series.family}")

@@ -230,8 +230,11 @@ def _plan_text(view: Any, comparisons: Sequence[Any]):  # noqa: ANN202
     text = Text()
     text.append(f"plan ({plan.spec.model_id} on {plan.options.gpu_count}x {plan.gpu.name}, "
                 f"{plan.engine.engine} {plan.engine.version}): ", style="bold")
-    text.append(f"{plan.answer.num_blocks:,} blocks x {plan.layout.block_size} tokens, {plan.answer.max_requests:,} "
-                f"requests of {plan.answer.context:,} tokens\n")
+    if plan.answer.refusal is not None:
+        text.append(f"the engine does not start ({plan.answer.refusal})\n")
+    else:
+        text.append(f"{plan.answer.num_blocks:,} blocks x {plan.layout.block_size} tokens, "
+                    f"{plan.answer.max_requests:,} requests of {plan.answer.context:,} tokens\n")
     shown = ", ".join(f"{n} {v}{' (' + src + ')' if src.startswith('endpoint') else ''}"
                       for n, v, src in view.assumptions()[1:] if v is not None)
     text.append(f"assumes: {shown}\n", style="grey62")
