@@ -350,8 +350,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
     if suggest and not answer.fits:
         answer = replace(answer, fix=_fix(spec, options, answer, source, pool.kv_dtype.bits))
     cap = deployment.request_cap(max_model_len)
-    frag = memory.contiguous_vs_paged(pool.budget.kv_budget_bytes, blocks, demand, pool.layers, options.context,
-                                      max_model_len, cap)
+    frag = memory.contiguous_vs_paged(blocks, demand, pool.layers, options.context, max_model_len, cap)
     prefix = None
     if options.prefix_tokens:
         prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters_read(1),

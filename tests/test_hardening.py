@@ -330,9 +330,11 @@ def test_contiguous_reserves_max_model_len_in_sliding_layers_too():
     p = _plan(model="google/gemma-2-9b-it", context="8k")
     f = p.fragmentation
     assert p.kv_bytes_per_token_gpu == 42 * 8192 == 344_064
-    assert f.contiguous_request_bytes == 8192 * 344_064
+    # ... and never less than the engine holds there: at 8,192 tokens the sliding layers keep
+    # ceil(min(4,095 + in-flight tokens, 8,192) / 16) + 1 = 513 blocks, one more than 512: + 21 x 16 x 8,192 B
+    assert f.contiguous_request_bytes == 8192 * 344_064 + 21 * 16 * 8192 == p.demand.bytes(8192)
     assert f.raw_request_bytes == 8192 * 172_032 + 4096 * 172_032  # what the request itself holds
-    assert f.contiguous_waste_bytes == 4096 * 172_032
+    assert f.contiguous_waste_bytes == 4096 * 172_032 + 21 * 16 * 8192
 
 
 # ---------------------------------------------------------------------------------------------

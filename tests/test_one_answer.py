@@ -4,7 +4,8 @@ For every bundled spec x contexts x engines x prefix caching on/off, the answer,
 engine report, max context, prefix sharing, the roofline, a report row, simulate's pool and validate's
 allocator all read one :class:`kvplan.memory.Demand`, so:
 
-- the answer's ``max_requests`` equals the paging section's paged requests;
+- the answer's ``max_requests`` equals the paging section's paged requests, and a contiguous reservation of
+  max_model_len never fits more (hybrids: it keeps the same state blocks as paging);
 - ``batch = max_requests`` fits and ``max_requests + 1`` does not;
 - ``max_context_at_batch`` at batch n fits n requests and one more token (a new block) does not;
 - the max context at batch 1 never exceeds the longest max_model_len the engine starts with, nor the
@@ -56,6 +57,10 @@ def check_answer_agrees(p: Plan) -> None:
     a, f, d = p.answer, p.fragmentation, p.deployment
     where = f"{p.spec.model_id} {p.engine.engine} {p.engine.version} ctx {a.context} pc {p.prefix_caching}"
     assert a.max_requests == f.paged_max_requests, where
+    # a contiguous reservation of max_model_len (same pool, same per-request rules) never holds more than paging
+    if a.context <= p.max_model_len:
+        assert f.contiguous_request_bytes >= f.paged_request_bytes, where
+        assert f.contiguous_max_requests <= f.paged_max_requests, where
     assert a.blocks_per_request == p.demand.blocks(a.context), where
     assert f.paged_request_bytes == p.demand.bytes(a.context), where
     if p.roofline:

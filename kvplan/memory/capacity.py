@@ -73,6 +73,20 @@ class Demand:
         """Pool bytes one request of ``tokens`` tokens holds (paged: window, padding and state slack included)."""
         return self.blocks(tokens) * self.layout.block_bytes
 
+    def reserved_blocks(self, max_model_len: int) -> int:
+        """Block ids one request holds when it reserves ``max_model_len`` tokens up front (a contiguous
+        reservation): every token-caching group (full, MLA, sliding, chunked) sized for all ``max_model_len``
+        tokens, no window applied, and never less than the engine itself holds there; state and
+        cross-attention groups what the engine keeps (with prefix caching, the state checkpoints too).
+        At least :meth:`blocks` of any length up to ``max_model_len``."""
+        total = 0
+        for group in self.layout.groups:
+            held = self.group_blocks(group, max_model_len)
+            if group.cache.kind in (LayerKind.FULL, LayerKind.MLA, LayerKind.SLIDING, LayerKind.CHUNKED):
+                held = max(held, cdiv(max_model_len, group.block_size or self.layout.block_size))
+            total += held
+        return total
+
     def state_blocks(self, group: KVGroup) -> int:
         """Blocks a request holds in a state group, whatever its length (0 for attention groups)."""
         return self.group_blocks(group, 1) if group.cache.is_state else 0
@@ -248,19 +262,23 @@ class Fragmentation:
     paged_waste_bytes: int
 
 
-def contiguous_vs_paged(kv_budget_bytes: int, blocks: int, demand: Demand, layers: tuple[LayerCache, ...],
-                        tokens: int, max_model_len: int, request_cap: int | None = None) -> Fragmentation:
-    """Compare a worst-case contiguous reservation of ``max_model_len`` per request with paging.
+def contiguous_vs_paged(blocks: int, demand: Demand, layers: tuple[LayerCache, ...], tokens: int,
+                        max_model_len: int, request_cap: int | None = None) -> Fragmentation:
+    """Compare a worst-case contiguous reservation of ``max_model_len`` per request with paging, in the same
+    pool of ``blocks`` blocks under the same per-request rules (:class:`Demand`).
 
     The paged side is the engine's own demand (the answer's ``max_requests``: ``request_cap`` is the most
     requests the engine runs at once whatever the memory, 0 when it does not start); the contiguous side
-    reserves ``max_model_len`` tokens in every layer that caches tokens (a sliding or chunked layer too:
-    a contiguous reservation is sized before the request runs, not by its window) plus one unpadded state.
-    The waste of each side is measured against the raw bytes at ``tokens`` (windows applied).
+    reserves :meth:`Demand.reserved_blocks` up front: ``max_model_len`` tokens in every layer that caches
+    tokens (a sliding or chunked layer too: a contiguous reservation is sized before the request runs, not
+    by its window) and the state and image blocks the engine keeps. So for ``tokens <= max_model_len`` the
+    contiguous side never fits more requests than paging. The waste of each side is measured against the
+    raw bytes at ``tokens`` (windows applied, no block slack).
     """
     layout = demand.layout
     raw = raw_request_bytes(layers, tokens, layout.kv_dtype, layout.model_dtype)
-    contiguous = raw_request_bytes(layers, max_model_len, layout.kv_dtype, layout.model_dtype, windows=False)
+    reserved = demand.reserved_blocks(max_model_len)
+    contiguous = reserved * layout.block_bytes
     per_req = demand.blocks(tokens)
     paged = per_req * layout.block_bytes
     cap = UNBOUNDED_TOKENS if request_cap is None else request_cap
@@ -270,7 +288,7 @@ def contiguous_vs_paged(kv_budget_bytes: int, blocks: int, demand: Demand, layer
         contiguous_request_bytes=contiguous,
         paged_request_bytes=paged,
         raw_request_bytes=raw,
-        contiguous_max_requests=min(max(0, kv_budget_bytes) // contiguous if contiguous else 0, cap),
+        contiguous_max_requests=min(max_requests(blocks, reserved), cap),
         paged_max_requests=min(max_requests(blocks, per_req), cap),
         contiguous_waste_bytes=contiguous - raw,
         paged_waste_bytes=paged - raw,
