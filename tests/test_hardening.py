@@ -120,21 +120,57 @@ def test_check_at_80_columns_keeps_names_whole():
     assert "fp8-kv-doubles-the-pool" in "\n".join(lines)
 
 
-def test_report_at_80_columns_drops_columns_instead_of_cutting_numbers(tmp_path):
+MANY_AXES = """title: many axes
+defaults: {batch: 8}
+sweep:
+  model: [meta-llama/Llama-3.1-8B, Qwen/Qwen3-8B]
+  gpu: [H100, L40S]
+  tp: [1, 2]
+  engine: [vllm, sglang]
+  kv_dtype: [auto, fp8]
+  block_size: [16, 32]
+  context: [8k, 32k]
+  batch: [1, 16]
+scenarios:
+  - {name: 70B on 4x H100 with an fp8 KV cache, model: meta-llama/Llama-3.1-70B, tp: 4, kv_dtype: fp8, context: 32k}
+"""
+
+
+def _assert_results_shown(report, lines: list[str], limit: int) -> None:
+    """Every row shown has its results on one line, in column order: KV tokens, requests, max context, fits."""
+    import re
+
+    text = "\n".join(lines)
+    for r in [r for r in report.digest.sample(limit) if r is not None]:
+        pattern = rf"{r.kv_tokens:,}\s+{r.max_requests:,}\s+{r.max_context_at_batch:,}\s+{'yes' if r.fits else 'no'}\b"
+        assert re.search(pattern, text), f"results of {r.pool.labels()['model']} @ {r.context} not shown: {pattern}"
+
+
+@pytest.mark.parametrize("source", ["docs", "many axes"])
+def test_report_at_80_columns_shows_the_results_and_whole_ids(tmp_path, source):
+    # at 80 columns the label columns took the width: every result column was dropped ("not shown at this width:
+    # ..., KV tokens, fits") and, with nothing left to drop, the model column folded ids mid-word
     import shutil
 
     from kvplan.render.report import render_report
     from kvplan.report import build_report
     from kvplan.scenario import load_whatif
 
-    shutil.copy(ROOT / "docs" / "examples" / "whatif.yaml", tmp_path / "whatif.yaml")
+    if source == "docs":
+        shutil.copy(ROOT / "docs" / "examples" / "whatif.yaml", tmp_path / "whatif.yaml")
+    else:
+        (tmp_path / "whatif.yaml").write_text(MANY_AXES)
     report = build_report(load_whatif(tmp_path / "whatif.yaml"), offline=True)
     lines = _render(render_report(report, limit=12, width=80), 80)
     shown = [r for r in report.digest.sample(12) if r is not None]
-    _assert_fits_and_uncut(lines, 80, [f"{r.kv_tokens:,}" for r in shown] + [r.pool.labels()["gpu"] for r in shown])
-    assert any(line.startswith("not shown at this width: tok/s") for line in lines)
+    _assert_fits_and_uncut(lines, 80, [r.pool.labels()["model"] for r in shown] + [r.pool.labels()["gpu"] for r in shown])
+    _assert_results_shown(report, lines, 12)
+    assert not any(line.startswith("not shown at this width") and ("fits" in line or "reqs" in line) for line in lines)
     wide = _render(render_report(report, limit=12, width=200), 200)
+    _assert_fits_and_uncut(wide, 200, [f"{r.kv_tokens:,}" for r in shown])
+    _assert_results_shown(report, wide, 12)
     assert not any("not shown at this width" in line for line in wide)  # nothing dropped when it fits
+    assert sum("H100-SXM-80GB" in line for line in wide) >= sum(r.pool.labels()["gpu"] == "H100-SXM-80GB" for r in shown)
 
 
 def test_gpus_at_80_columns():
@@ -142,7 +178,12 @@ def test_gpus_at_80_columns():
     from kvplan.render.catalogue import render_gpus
 
     catalogue = load_gpus()
-    _assert_fits_and_uncut(_render(render_gpus(catalogue, width=80), 80), 80, [g.name for g in catalogue])
+    # aliases wrapped at spaces: "H200 SXM" / "141GB" (an alias is what people type: keep each whole)
+    aliases = [a for g in catalogue for a in g.aliases[:4]]
+    assert any(" " in a for a in aliases)
+    for width in (80, 60, 120):
+        lines = _render(render_gpus(catalogue, width=width), width)
+        _assert_fits_and_uncut(lines, width, [g.name for g in catalogue] + (aliases if width >= 80 else []))
 
 
 def test_fitted_table_property():
@@ -169,6 +210,26 @@ def test_fitted_table_property():
                 if not c.wrap:
                     for cell in c.cells:
                         assert cell in text
+
+    check()
+
+
+def test_wrap_items_breaks_only_between_items():
+    from hypothesis import given, settings, strategies as st
+
+    from kvplan.render.fit import wrap_items
+
+    item = st.text(alphabet="ab 0-", min_size=1, max_size=12).map(str.strip).filter(bool)
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(item, min_size=1, max_size=8), st.sampled_from([", ", " · "]), st.integers(14, 60))
+    def check(items, sep, width):
+        text = wrap_items(items, width, sep)
+        lines = text.split("\n")
+        assert all(len(line) <= width for line in lines)
+        # joining the lines back with the separator's space gives the one-line text: no item was split
+        assert " ".join(lines) == sep.join(items)
+        assert len(lines) == 1 or all(line.endswith(sep.rstrip()) for line in lines[:-1])
 
     check()
 

@@ -124,7 +124,8 @@ def render_model_detail(d: dict[str, Any]) -> Group:
 
 
 def render_gpus(catalogue: "tuple[Gpu, ...]", width: int | None = None) -> Any:
-    """The catalogue; names and numbers are never cut, the aliases wrap."""
+    """The catalogue; names, numbers and aliases are never cut: the alias list wraps between aliases only
+    ("H200 SXM 141GB" stays on one line)."""
     from kvplan.render.fit import COMPACT, Col, fitted_table, terminal_width
 
     cols = [Col("name"), Col("memory", justify="right"), Col("bandwidth", justify="right", drop=1),
@@ -132,7 +133,7 @@ def render_gpus(catalogue: "tuple[Gpu, ...]", width: int | None = None) -> Any:
     for g in catalogue:
         mem = f"{g.memory_bytes / GiB:,.2f} GiB" if g.memory_bytes else "--gpu-memory"
         bw = f"{g.bandwidth_bytes_per_s / 1e12:,.2f} TB/s" if g.bandwidth_bytes_per_s else "-"
-        for col, cell in zip(cols, (g.name, mem, bw, ", ".join(g.aliases[:4]))):
+        for col, cell in zip(cols, (g.name, mem, bw, tuple(g.aliases[:4]))):
             col.cells.append(cell)
     table, dropped = fitted_table(cols, width or terminal_width(), **COMPACT,
                                   title=f"{len(catalogue)} GPUs (memory as the CUDA/HIP runtime reports it)",

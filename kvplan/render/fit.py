@@ -1,7 +1,9 @@
 """Tables that fit the terminal without cutting a number or an id.
 
 A column is either *rigid* (numbers, ids, names people copy: never wrapped, never cut) or *wrapping* (free
-text, wrapped at spaces, never narrower than its longest word). :func:`fitted_table` gives every column
+text, wrapped at spaces, never narrower than its longest word). A wrapping cell may also be a tuple of
+*items* (aliases, labels that hold spaces, such as "H200 SXM 141GB"): it is joined with the column's
+``sep`` and broken only between items (:func:`wrap_items`), never inside one. :func:`fitted_table` gives every column
 an explicit width: rigid columns their full width, wrapping columns what is left (at least their longest
 word); when even that does not fit, it drops columns in the order their ``drop`` priority says (lowest
 first) and returns the titles it left out, so the caller can say so. Only when no droppable column is left
@@ -32,12 +34,24 @@ class Col:
     drop: int | None = None
     justify: str = "left"
     options: dict[str, Any] = field(default_factory=dict)
+    sep: str = ", "  # joins the items of a tuple cell
 
     def _lines(self) -> list[str]:
         out = [line for line in self.title.split("\n")]
         for c in self.cells:
-            out.extend(str(getattr(c, "plain", c)).split("\n"))
+            out.extend(self.sep.join(c).split("\n") if isinstance(c, tuple) else str(getattr(c, "plain", c)).split("\n"))
         return out
+
+    def _words(self) -> list[str]:
+        """The unbreakable pieces: items of tuple cells (with the separator they end a line with), else words."""
+        words = [w for line in self.title.split("\n") for w in line.split()]
+        tail = self.sep.rstrip()
+        for c in self.cells:
+            if isinstance(c, tuple):
+                words.extend([item + tail for item in c[:-1]] + list(c[-1:]))
+            else:
+                words.extend(str(getattr(c, "plain", c)).split())
+        return words
 
     @property
     def full_width(self) -> int:
@@ -48,8 +62,7 @@ class Col:
         """Rigid: the full width. Wrapping: the longest word (titles wrap too)."""
         if not self.wrap:
             return self.full_width
-        words = [w for line in self._lines() for w in line.split()]
-        return max((cell_len(w) for w in words), default=1) or 1
+        return max((cell_len(w) for w in self._words()), default=1) or 1
 
 
 def _chrome(n: int, table_kwargs: dict[str, Any]) -> int:
@@ -68,13 +81,56 @@ def _chrome(n: int, table_kwargs: dict[str, Any]) -> int:
     return Measurement.get(console, console.options, probe).maximum - n
 
 
-def fitted_table(cols: list[Col], width: int, *, sections: set[int] | frozenset[int] = frozenset(),
-                 **table_kwargs: Any) -> tuple[Any, list[str]]:
-    """A rich Table of ``cols`` at most ``width`` cells wide, and the titles of the columns dropped.
+def wrap_items(items: tuple[str, ...] | list[str], width: int, sep: str = ", ") -> str:
+    """``items`` joined with ``sep`` in lines of at most ``width`` cells, broken only between items (an item
+    wider than ``width`` gets a line of its own)."""
+    lines: list[str] = []
+    line = ""
+    tail = sep.rstrip()
+    for i, item in enumerate(items):
+        piece = item + (tail if i < len(items) - 1 else "")
+        if line and cell_len(line + sep[len(tail):] + piece) > width:
+            lines.append(line)
+            line = piece
+        else:
+            line = line + sep[len(tail):] + piece if line else piece
+    if line:
+        lines.append(line)
+    return "\n".join(lines)
 
-    ``sections``: row indices after which a section line is drawn."""
-    from rich.table import Table
 
+@dataclass
+class Fit:
+    """Columns fitted to a width: those kept, their widths, and the titles of those dropped."""
+
+    kept: list[Col]
+    widths: list[int]
+    dropped: list[str]
+    table_kwargs: dict[str, Any]
+
+    def table(self, rows: range | list[int] | None = None, sections: set[int] | frozenset[int] = frozenset(),
+              **overrides: Any) -> Any:
+        """A rich Table of the kept columns at their widths, with the cells of ``rows`` (default: all);
+        ``sections``: row indices after which a section line is drawn; ``overrides``: table options
+        (``show_header=False`` for a continuation)."""
+        from rich.table import Table
+
+        table = Table(**{**self.table_kwargs, **overrides})
+        for c, w in zip(self.kept, self.widths):
+            table.add_column(c.title, width=w, no_wrap=not c.wrap and w >= c.full_width, overflow="fold",
+                             justify=c.justify, **c.options)
+        n = max((len(c.cells) for c in self.kept), default=0)
+        for r in rows if rows is not None else range(n):
+            cells = [c.cells[r] if r < len(c.cells) else "" for c in self.kept]
+            cells = [wrap_items(cell, w, c.sep) if isinstance(cell, tuple) else cell
+                     for c, w, cell in zip(self.kept, self.widths, cells)]
+            table.add_row(*cells, end_section=r in sections)
+        return table
+
+
+def fit_columns(cols: list[Col], width: int, **table_kwargs: Any) -> Fit:
+    """Fit ``cols`` into ``width`` cells: drop columns in ``drop`` order until the rest fit, give the
+    wrapping columns what is left, fold the widest only when nothing droppable is left."""
     kept = list(cols)
     dropped: list[str] = []
     while True:
@@ -102,13 +158,16 @@ def fitted_table(cols: list[Col], width: int, *, sections: set[int] | frozenset[
                 spare += cut
             if spare >= 0:
                 break
-    table = Table(**table_kwargs)
-    for c, w in zip(kept, widths):
-        table.add_column(c.title, width=w, no_wrap=not c.wrap and w >= c.full_width, overflow="fold",
-                         justify=c.justify, **c.options)
-    for r in range(max((len(c.cells) for c in kept), default=0)):
-        table.add_row(*[c.cells[r] if r < len(c.cells) else "" for c in kept], end_section=r in sections)
-    return table, dropped
+    return Fit(kept, widths, dropped, table_kwargs)
+
+
+def fitted_table(cols: list[Col], width: int, *, sections: set[int] | frozenset[int] = frozenset(),
+                 **table_kwargs: Any) -> tuple[Any, list[str]]:
+    """A rich Table of ``cols`` at most ``width`` cells wide, and the titles of the columns dropped.
+
+    ``sections``: row indices after which a section line is drawn."""
+    fit = fit_columns(cols, width, **table_kwargs)
+    return fit.table(sections=sections), fit.dropped
 
 
 def terminal_width() -> int:

@@ -131,6 +131,80 @@ def _terminal_cell(key: str, value: Any) -> str:
 # figure columns dropped first when the terminal is narrow (the label columns, the row's identity, never are)
 _DROP_ORDER = ("decode_tokens_per_s", "weights_bytes", "kv_bytes_per_token", "kv_budget_bytes", "max_context_at_batch",
                "kv_tokens", "fits", "max_requests")
+# the results a row is read for: when one table row cannot show them beside its labels, the pool's labels
+# move to a line above its rows (:func:`_grouped_table`)
+_RESULT_FIGURES = ("kv_tokens", "max_requests", "max_context_at_batch", "fits")
+_ROW_LABELS = ("name", "context", "batch", "max_model_len")  # the per-row labels (the others are the pool's)
+_RIGHT = ("context", "batch", "tp", "gpus", "pp", "max_model_len")
+
+
+def _label_col(key: str) -> Any:
+    from kvplan.render.fit import Col
+
+    return Col(_TERMINAL_TITLES.get(key, _LABEL_TITLES[key]), wrap=key == "name",
+               justify="right" if key in _RIGHT else "left")
+
+
+def _table_cols(labels: list[str], chosen: "list[Row | None]") -> list[Any]:
+    """Columns for ``labels`` and every figure, filled with the cells of ``chosen`` (``None``: the gap)."""
+    from rich.text import Text
+
+    from kvplan.render.fit import Col
+
+    cols = [_label_col(c) for c in labels]
+    cols += [Col(_TERMINAL_TITLES[key], justify="right", drop=_DROP_ORDER.index(key)) for _, key in _FIGURES]
+    for row in chosen:
+        if row is None:
+            cells: list[Any] = ["…"] * len(cols)
+        else:
+            d = row.to_dict()
+            cells = [_terminal_cell(c, d[c]) for c in labels]
+            for _, key in _FIGURES:
+                text = _terminal_cell(key, d[key])
+                cells.append(Text(text, style="green" if text == "yes" else "red") if key == "fits" else text)
+        for col, cell in zip(cols, cells):
+            col.cells.append(cell)
+    return cols
+
+
+def _pool_line(row: "Row", keys: list[str]) -> tuple[str, ...]:
+    """The pool labels of ``row`` as items that are never broken: the model's full id, the GPU, ``tp 2``..."""
+    d = row.to_dict()
+    items = []
+    for key in keys:
+        value = d[key] if key == "model" else _terminal_cell(key, d[key])
+        items.append(str(value) if key in ("model", "gpu", "engine") else f"{_LABEL_TITLES[key]} {value}")
+    return tuple(items)
+
+
+def _grouped_table(report: "Report", chosen: "list[Row | None]", width: int, title: str) -> tuple[list[Any], list[str]]:
+    """The narrow layout: per run of rows on one pool, a line naming the pool (full model id, GPU,
+    parallelism, dtypes; wrapped between items only), then its rows with the per-row labels and the figures,
+    every group's table at the same column widths. Returns (renderables, columns dropped)."""
+    from rich.text import Text
+
+    from kvplan.render.fit import COMPACT, fit_columns, wrap_items
+
+    cols = columns(report)
+    keys = [c for c in cols if c not in _ROW_LABELS]
+    fit = fit_columns(_table_cols([c for c in cols if c in _ROW_LABELS], chosen), width, **COMPACT)
+    parts: list[Any] = [Text(title, style="italic")]
+    start, first = 0, True
+    for i in range(len(chosen) + 1):
+        row, prev = (chosen[i] if i < len(chosen) else None), (chosen[i - 1] if i else None)
+        new_group = i == len(chosen) or row is None or prev is None or _pool_line(row, keys) != _pool_line(prev, keys)
+        if not new_group or i == start:
+            continue
+        head = chosen[start]
+        if head is not None:
+            parts.append(Text(wrap_items(_pool_line(head, keys), width, " · "), style="bold"))
+        if head is None:
+            parts.append(Text("…"))
+        else:
+            parts.append(fit.table(range(start, i), show_header=first))
+            first = False
+        start = i
+    return parts, fit.dropped
 
 
 def render_report(report: "Report", written: list[str] | None = None, limit: int = TERMINAL_ROWS,  # noqa: ANN201
@@ -138,37 +212,29 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
     """The rich table (long sweeps truncated, and said so), constants and notes.
 
     No number or id is cut: at a narrow ``width`` (default: the terminal's) figure columns are dropped,
-    least telling first, and the table says which (every figure is in the CSV / JSON outputs)."""
+    least telling first; when that would drop a result (KV tokens, requests, max context, fits), the pool's
+    labels move to a line above its rows instead (the model's full id). The table says what it left out
+    (every figure is in the CSV / JSON outputs)."""
     from rich.console import Group
     from rich.text import Text
 
-    from kvplan.render.fit import COMPACT, Col, fitted_table, terminal_width
+    from kvplan.render.fit import COMPACT, fit_columns, terminal_width
 
-    cols = columns(report)
+    width = width or terminal_width()
     num_rows = report.num_rows
     chosen = report.digest.sample(limit)
-    table_cols = [Col(_TERMINAL_TITLES.get(c, _LABEL_TITLES[c]), wrap=c == "name",
-                      justify="right" if c in ("context", "batch", "tp", "gpus", "pp", "max_model_len") else "left")
-                  for c in cols]
-    table_cols += [Col(_TERMINAL_TITLES[key], justify="right", drop=_DROP_ORDER.index(key)) for _, key in _FIGURES]
-    for row in chosen:
-        if row is None:
-            cells: list[Any] = ["…"] * len(table_cols)
-        else:
-            d = row.to_dict()
-            cells = [_terminal_cell(c, d[c]) for c in cols]
-            for _, key in _FIGURES:
-                text = _terminal_cell(key, d[key])
-                cells.append(Text(text, style="green" if text == "yes" else "red") if key == "fits" else text)
-        for col, cell in zip(table_cols, cells):
-            col.cells.append(cell)
-    table, dropped = fitted_table(table_cols, width or terminal_width(), title=f"{report.title} ({num_rows:,} scenarios)",
-                                  title_justify="left", **COMPACT)
+    title = f"{report.title} ({num_rows:,} scenarios)"
+    fit = fit_columns(_table_cols(columns(report), chosen), width, **COMPACT)
+    result_titles = {_TERMINAL_TITLES[k].replace("\n", " ") for k in _RESULT_FIGURES}
+    if result_titles & set(fit.dropped):
+        tables, dropped = _grouped_table(report, chosen, width, title)
+    else:
+        tables, dropped = [fit.table(title=title, title_justify="left")], fit.dropped
     parts: list[Any] = []
     const = constants(report)
     if const:
         parts.append(Text("for every row: " + ", ".join(f"{k} {v}" for k, v in const), style="grey62"))
-    parts.append(table)
+    parts.extend(tables)
     parts.append(Text("KiB/tok: KV bytes per token per GPU · wts, KV: weights and KV budget per GPU · reqs@ctx: requests that "
                       "fit at the context · ctx@batch: longest context at the batch · tok/s: decode ceiling", style="grey62"))
     if dropped:
