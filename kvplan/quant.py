@@ -249,13 +249,16 @@ def _awq(r: ConfigReader, method: str, model_dtype: str) -> Quantization:
 
 
 def _group_size(r: ConfigReader, keys: tuple[str, ...] = ("group_size",)) -> int:
-    """Inputs per scale; -1 (or 0) means one group for the whole row."""
+    """Inputs per scale (0: one group for the whole row, which GPTQ and AWQ configs write as -1, as vLLM and
+    transformers read it); 0 or another negative is an error (vLLM divides by it or rejects the shapes)."""
     for key in keys:
         value = r.raw(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+        if value == -1 and not isinstance(value, bool):
             return 0
         if value is not None:
-            return r.int(key, (key,)) or 0
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1:
+                raise r.fail(key, value, "a positive integer, or -1 for one group per row")
+            return r.int("group_size", (key,)) or 0
     return 128
 
 
@@ -341,12 +344,26 @@ def _compressed_tensors(r: ConfigReader, method: str, model_dtype: str) -> Quant
     return Quantization(method, tuple(rules), _patterns(r, "ignore"), "scales" if isinstance(kv, dict) else "")
 
 
+def _ct_group_size(w: ConfigReader, strategy: str) -> int:
+    """compressed-tensors' ``group_size``: required and positive with the ``group`` / ``tensor_group``
+    strategies (as compressed-tensors validates it); otherwise ignored, -1 (its spelling of per channel)
+    or a positive integer."""
+    value = w.raw("group_size")
+    if strategy in ("group", "tensor_group"):
+        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1):
+            raise w.fail("group_size", value, f"a positive integer with strategy {strategy!r}")
+        return w.int("group_size", ("group_size",)) or 0
+    if value is not None and value != -1:
+        w.int("group_size", ("group_size",))
+    return 0
+
+
 def _ct_storage(w: ConfigReader, fmt: str, model_dtype: str) -> Storage | None:
     """One compressed-tensors weight scheme as stored: float (fp8 / nvfp4) or int (packed / int8)."""
     bits = w.int("num_bits", ("num_bits",), default=8)
     kind = (w.str("type", "int") or "int").lower()
     strategy = (w.str("strategy", "tensor") or "tensor").lower()
-    group = w.int("group_size", ("group_size",), required=False) or 0
+    group = _ct_group_size(w, strategy)
     block = w.int_list("block_structure") or [128, 128]
     layout = {"tensor": (0, 0), "channel": (1, 0), "group": (1, group), "tensor_group": (1, group),
               "block": (block[0], block[-1])}.get(strategy)

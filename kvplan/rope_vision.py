@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 from typing import Any, Mapping
 
 from kvplan.config_reader import ConfigReader
+from kvplan.errors import ConfigError
+from kvplan.limits import MAX_ROPE_TABLE_ELEMENTS
 from kvplan.modelspec import LayerCache, LayerKind, RotaryCache, VisionEncoder
 
 _PARTIAL_KEYS = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction")  # vLLM's patch_rope_parameters
@@ -40,15 +43,20 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
+def _ceil_product(rows: int, factor: float) -> int:
+    """``ceil(rows x factor)`` exactly (a factor of 1e300 is a huge integer for the bound, not an overflow)."""
+    return math.ceil(Fraction(rows) * Fraction(factor))
+
+
 def _positions(params: Mapping[str, Any], max_pos: int, original: int | None) -> tuple[int, str]:
     """Rows of the cos/sin table for one set of rope parameters, and how they were derived."""
     kind = str(params.get("rope_type") or params.get("type") or "default")
     factor = _number(params.get("factor"))
     orig = int(_number(params.get("original_max_position_embeddings")) or original or max_pos)
     if kind in ("linear", "dynamic") and factor:
-        return math.ceil(max_pos * factor), f"max_position_embeddings {max_pos:,} x {kind} factor {factor:g}"
+        return _ceil_product(max_pos, factor), f"max_position_embeddings {max_pos:,} x {kind} factor {factor:g}"
     if kind in ("yarn", "deepseek_yarn") and factor:
-        return math.ceil(orig * factor), f"original_max_position_embeddings {orig:,} x {kind} factor {factor:g}"
+        return _ceil_product(orig, factor), f"original_max_position_embeddings {orig:,} x {kind} factor {factor:g}"
     if kind in ("longrope", "su"):
         return orig + max_pos, f"longrope: short {orig:,} + long {max_pos:,} positions"
     return max_pos, f"max_position_embeddings {max_pos:,}" + ("" if kind == "default" else f" ({kind})")
@@ -93,8 +101,19 @@ def rotary_caches(r: ConfigReader, layers: list[LayerCache], max_pos: int | None
         kind_name = params.get("rope_type") or params.get("type") or "default"
         key = json.dumps([rows, dim, kind_name, {k: v for k, v in params.items() if k not in ("rope_type", "type")}],
                          sort_keys=True, default=str)  # vLLM's get_rope cache key: the parameters and sizes
-        tables.setdefault(key, RotaryCache(rows, dim, rule))
+        tables.setdefault(key, _bounded(r, RotaryCache(rows, dim, rule)))
     return tuple(tables.values())
+
+
+def _bounded(r: ConfigReader, table: RotaryCache) -> RotaryCache:
+    """The table, or a ConfigError when it is past :data:`~kvplan.limits.MAX_ROPE_TABLE_ELEMENTS` (vLLM
+    would build it on the GPU at load: a 4-billion-position table is a terabyte)."""
+    elements = table.positions * table.rotary_dim
+    if elements > MAX_ROPE_TABLE_ELEMENTS:
+        raise ConfigError(f"{r.where}: the rotary cos/sin table of {r.prefix}{table.rule} x rotary_dim {table.rotary_dim} "
+                          f"is {elements:,} elements ({elements * 2 / 2**30:,.0f} GiB in bf16): at most "
+                          f"{MAX_ROPE_TABLE_ELEMENTS:,}", "check max_position_embeddings and the rope scaling factor")
+    return table
 
 
 def vision_encoder(config: Mapping[str, Any], where: str) -> VisionEncoder | None:

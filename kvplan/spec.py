@@ -20,7 +20,7 @@ from kvplan import checkpoint, hybrid, layer_variants, model_types, rope_vision
 from kvplan.config_reader import (KV_HEAD_KEYS, ConfigReader, Overrides, derived_head_dim, first_int, short_repr,
                                   unmodelled_layer_type)
 from kvplan.errors import ConfigError
-from kvplan.limits import MAX_LAYERS
+from kvplan.limits import MAX_LAYERS, MAX_PARAMETERS
 from kvplan.model_source import ModelSource, WeightFacts
 from kvplan.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
 from kvplan.params import TIED_BY_DEFAULT, inventory, mtp_layers, parameter_count, routed_expert_layers
@@ -449,11 +449,23 @@ def spec_from_config(
     tied = r.bool("tie_word_embeddings", default=model_type in TIED_BY_DEFAULT)
     tensors = inventory(spec, r)
     loaded, weight_notes = checkpoint.engine_weights(config, where, weights, tensors, spec.dtype)
-    return replace(spec, weights=loaded, parameters=parameter_count(loaded, tensors), notes=spec.notes + weight_notes,
+    parameters = _bounded_parameters(r, parameter_count(loaded, tensors), spec)
+    return replace(spec, weights=loaded, parameters=parameters, notes=spec.notes + weight_notes,
                    embedding_parameters=spec.vocab_size * hidden * (1 if tied else 2),
                    routed_expert_layers=routed_expert_layers(spec, r), provenance=MappingProxyType(dict(r.provenance)),
                    rotary_caches=rope_vision.rotary_caches(r, layers, spec.max_position_embeddings),
                    vision=rope_vision.vision_encoder(config, where))
+
+
+def _bounded_parameters(r: ConfigReader, parameters: int | None, spec: ModelSpec) -> int | None:
+    """The parameter count, or a ConfigError past :data:`~kvplan.limits.MAX_PARAMETERS` (fields each within
+    their bound can still multiply to an absurd model)."""
+    if parameters is not None and parameters > MAX_PARAMETERS:
+        raise ConfigError(f"{r.where}: the config describes {parameters:,} parameters ({len(spec.layers)} layers, "
+                          f"{r.prefix}hidden_size {spec.hidden_size:,}, intermediate_size {spec.intermediate_size:,}, "
+                          f"vocab_size {spec.vocab_size:,}, {spec.num_experts:,} experts): at most {MAX_PARAMETERS:,}",
+                          "check the sizes for a typo")
+    return parameters
 
 
 def _refuse_unplannable(r: ConfigReader, config: Mapping[str, Any], model_type: str) -> None:

@@ -74,9 +74,10 @@ def _alarm(signum, frame):  # noqa: ANN001, ARG001
     raise Hang(f"still running after {DEADLINE_S:g} s")
 
 
-def run_cli(args: list[str], cwd: Path, event_lines: bool = False) -> tuple[int, str]:
+def run_cli(args: list[str], cwd: Path, event_lines: bool = False, stdout: list[str] | None = None) -> tuple[int, str]:
     """One CLI invocation: must exit 0/1/2, exit 2 with only one-line errors (``event_lines``: observe's
-    ``kvplan: [t s] ...`` lines may come first), within the deadline; returns the exit code and stderr."""
+    ``kvplan: [t s] ...`` lines may come first), within the deadline; returns the exit code and stderr
+    (and appends stdout to ``stdout`` when given)."""
     from kvplan.cli import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -95,6 +96,8 @@ def run_cli(args: list[str], cwd: Path, event_lines: bool = False) -> tuple[int,
         signal.setitimer(signal.ITIMER_REAL, 0)
         os.chdir(old)
     CODES[code] = CODES.get(code, 0) + 1
+    if stdout is not None:
+        stdout.append(out.getvalue())
     assert code in (0, 1, 2), f"kvplan {args!r} exited {code}: {err.getvalue()[-500:]}"
     if code == 2:
         lines = err.getvalue().strip().splitlines()
@@ -113,12 +116,48 @@ def _mutated_config(data: st.DataObject) -> bytes:
     return json.dumps(config, allow_nan=True).encode()
 
 
+# the fixture's sizing fields and the kvplan.limits bound each is read under: inputs at and near the bounds
+# are where an accepted value can still make an absurd plan (a 2**32-position rotary table: 1,024 GiB)
+BOUNDED_KEYS = {"num_hidden_layers": "num_layers", "max_position_embeddings": "max_position_embeddings",
+                "sliding_window": "sliding_window", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
+                "head_dim": "head_dim", "num_attention_heads": "num_attention_heads", "num_key_value_heads": "kv_heads",
+                "vocab_size": "vocab_size", "num_local_experts": "num_experts"}
+
+
+def _near_bound_config(data: st.DataObject) -> bytes:
+    from kvplan.limits import CONFIG_MAXIMA, MAX_CONFIG_INT
+
+    config = dict(FIXTURE)
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from(sorted(BOUNDED_KEYS)))
+        bound = CONFIG_MAXIMA.get(BOUNDED_KEYS[key], MAX_CONFIG_INT)
+        config[key] = data.draw(st.sampled_from([bound, bound - 1, bound + 1, bound // 2, 0, -1])
+                                | st.integers(0, 48).map(lambda k: 1 << k))
+    if data.draw(st.booleans()):
+        config["rope_scaling"] = {"rope_type": data.draw(st.sampled_from(["linear", "yarn", "dynamic", "longrope"])),
+                                  "factor": data.draw(st.sampled_from([2.0, 1e3, 1e6, 1e300])),
+                                  "original_max_position_embeddings": data.draw(st.integers(0, 1 << 40))}
+    return json.dumps(config).encode()
+
+
+def _check_plan_terms(text: str) -> None:
+    """A plan kvplan prints must be bounded: every budget term within 1 PiB, the fixed overhead within the GPU."""
+    from kvplan.limits import MAX_SIZE_BYTES
+
+    budget = json.loads(text)["budget"]
+    terms = {k: v for k, v in budget.items() if k.endswith("_bytes") and isinstance(v, (int, float))}
+    assert all(abs(v) <= MAX_SIZE_BYTES for v in terms.values()), f"a term past 1 PiB: {terms}"
+    assert budget["overhead_bytes"] <= budget["total_bytes"], f"overhead past the GPU: {terms}"
+
+
 def fuzz_config(examples: int) -> None:
     @fuzz_settings(examples)
     @given(st.data())
     def check(data: st.DataObject) -> None:
-        kind = data.draw(st.sampled_from(["bytes", "json", "mutated", "deep"]))
-        if kind == "bytes":
+        kind = data.draw(st.sampled_from(["bytes", "json", "mutated", "deep", "bounds"]))
+        if kind == "bounds":
+            raw = _near_bound_config(data)
+        elif kind == "bytes":
             raw = data.draw(st.binary(max_size=400))
         elif kind == "json":
             raw = json.dumps(data.draw(JSONISH), allow_nan=True).encode()
@@ -129,7 +168,12 @@ def fuzz_config(examples: int) -> None:
             raw = _mutated_config(data)
         with tempfile.TemporaryDirectory() as d:
             (Path(d) / "config.json").write_bytes(raw)
-            run_cli(["estimate", str(Path(d) / "config.json"), "--gpu", "H100", "--offline"], Path(d))
+            json_out = data.draw(st.booleans())
+            out: list[str] = []
+            code, _ = run_cli(["estimate", str(Path(d) / "config.json"), "--gpu", "H100", "--offline",
+                               *(["--json"] if json_out else [])], Path(d), stdout=out)
+            if json_out and code == 0:
+                _check_plan_terms(out[0])
 
     check()
 

@@ -258,6 +258,38 @@ def test_out_of_range_options_are_one_line_errors(args, needles):
     ("layer_types", ["full_attention"] * 5000, "field layer_types = '<5,000 entries>' is invalid: expected at most 4,096"),
     ("max_position_embeddings", 10**12, "expected an integer from 1 to 4,294,967,296"),
     ("quantization_config", {"quant_method": "gptq", "bits": 1_000_000}, "quantization_config.bits = 1000000"),
+    # was: planned, with a 1,024 GiB rotary-table term (4,294,967,296 positions x 128 x 2 B) and a -966 GiB budget
+    ("max_position_embeddings", 1 << 32, "the rotary cos/sin table of max_position_embeddings 4,294,967,296 x "
+     "rotary_dim 128 is 549,755,813,888 elements (1,024 GiB in bf16): at most 17,179,869,184"),
+    ("rope_scaling", {"rope_type": "linear", "factor": 1e6}, "max_position_embeddings 32,768 x linear factor 1e+06"),
+    # was: OverflowError traceback (ceil of 4,096 x 1e300 as a float is infinity); found by the fuzz's "bounds" inputs
+    ("rope_scaling", {"rope_type": "yarn", "factor": 1e300, "original_max_position_embeddings": 4096},
+     "the rotary cos/sin table of original_max_position_embeddings 4,096 x yarn factor 1e+300 x rotary_dim 128"),
+    # was: planned with 2e19 B of weights and a -2e19 B KV budget
+    ("head_dim", 10**9, "field head_dim = 1000000000 is invalid: expected an integer from 1 to 65,536"),
+    ("hidden_size", 10**9, "field hidden_size = 1000000000 is invalid: expected an integer from 1 to 1,048,576"),
+    ("vocab_size", 10**12, "field vocab_size = 1000000000000 is invalid: expected an integer from 1 to 16,777,216"),
+    ("intermediate_size", 1 << 47, "field intermediate_size = 140737488355328 is invalid: expected an integer from 1 to 1,048,576"),
+    ("num_local_experts", 1 << 40, "field num_local_experts = 1099511627776 is invalid: expected an integer from 0 to 65,536"),
+    ("num_attention_heads", 1 << 40, "field num_attention_heads = 1099511627776 is invalid: expected an integer from 1 to 65,536"),
+    # fields each within their bound whose product is not a model: the parameter count is bounded too
+    ({"hidden_size": 1 << 20, "intermediate_size": 1 << 20, "num_hidden_layers": 4096}, None,
+     "parameters (4096 layers, hidden_size 1,048,576, intermediate_size 1,048,576, vocab_size 32,000, 0 experts): "
+     "at most 8,796,093,022,208"),
+    # GPTQ / AWQ: -1 is one group per row (as vLLM reads it); 0 and other negatives were silently one group
+    ("quantization_config", {"quant_method": "gptq", "bits": 4, "group_size": 0},
+     "field quantization_config.group_size = 0 is invalid: expected a positive integer, or -1 for one group per row"),
+    ("quantization_config", {"quant_method": "awq", "bits": 4, "group_size": -5}, "quantization_config.group_size = -5"),
+    ("quantization_config", {"quant_method": "gptq", "bits": 4, "group_size": 1 << 40},
+     "expected an integer from 1 to 1,048,576"),
+    # compressed-tensors: strategy group needs a positive group_size (a missing one was silently per row)
+    ("quantization_config", {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 0}}}},
+     "field quantization_config.config_groups.g.weights.group_size = 0 is invalid: expected a positive integer with "
+     "strategy 'group'"),
+    ("quantization_config", {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group"}}}},
+     "weights.group_size = None is invalid: expected a positive integer with strategy 'group'"),
 ])
 def test_config_fields_past_their_bound_are_one_line_errors(tmp_path, field, value, needle):
     # the bounds of kvplan.limits hold for config files as for options: a typo'd or hostile config must not
@@ -266,9 +298,41 @@ def test_config_fields_past_their_bound_are_one_line_errors(tmp_path, field, val
     if field == "layer_types":  # the layer count from the pattern (no count, no model type default for it)
         del config["num_hidden_layers"]
         config["model_type"] = "not_a_transformers_type"
-    config[field] = value
+    config.update(field if isinstance(field, dict) else {field: value})
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert_one_line(kvplan("estimate", str(tmp_path)), needle)
+    line = assert_one_line(kvplan("estimate", str(tmp_path)), needle)
+    assert str(tmp_path / "config.json") in line
+
+
+# each bounded config field at its bound (kvplan.limits.CONFIG_MAXIMA), as the Mistral fixture spells it
+AT_BOUND = {"num_hidden_layers": "num_layers", "max_position_embeddings": "max_position_embeddings",
+            "sliding_window": "sliding_window", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
+            "head_dim": "head_dim", "num_attention_heads": "num_attention_heads", "num_key_value_heads": "kv_heads",
+            "vocab_size": "vocab_size", "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_token"}
+
+
+@pytest.mark.parametrize("key", sorted(AT_BOUND))
+def test_a_config_field_at_its_bound_plans_sanely_or_is_a_located_error(tmp_path, key):
+    """The largest value a bound accepts must still give a plan whose every term is bounded (no GPU's fixed
+    overhead past the GPU, no size past 1 PiB), or a ConfigError naming the file: never a 1,024 GiB term."""
+    import kvplan as api
+    from kvplan.errors import ConfigError
+    from kvplan.limits import CONFIG_MAXIMA, MAX_SIZE_BYTES
+
+    config = json.loads((FIXTURES / "mistral_v01.json").read_text())
+    config[key] = CONFIG_MAXIMA[AT_BOUND[key]]
+    if key == "num_experts_per_tok":
+        config["num_local_experts"] = 8
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    try:
+        plan = api.estimate(str(tmp_path / "config.json"), gpu="H100")
+    except ConfigError as exc:
+        assert str(tmp_path / "config.json") in exc.one_line() and "\n" not in exc.one_line()
+        return
+    budget = plan.to_dict()["budget"]
+    terms = {k: v for k, v in budget.items() if k.endswith("_bytes")}
+    assert all(abs(v) <= MAX_SIZE_BYTES for v in terms.values()), terms
+    assert budget["overhead_bytes"] <= budget["total_bytes"], terms
 
 
 def test_api_rejects_a_context_past_max_model_len():
