@@ -76,4 +76,5 @@ def check(capacity: Any, *, offline: bool = False, token: str | None = None) -> 
     from kvplan.scenario import load_capacity
 
     check_run("check", offline, token)
-    return run_checks(load_capacity(_doc("check", "capacity", capacity, "capacity")), offline=offline, token=token)
+    return run_checks(load_capacity(_doc("check", "capacity", capacity, "capacity"), keep_going=True),
+                      offline=offline, token=token)

@@ -270,14 +270,21 @@ def spec_resolver(offline: bool = False, token: str | None = None) -> SpecResolv
     errors point at the file line of ``model``."""
     from kvplan.sources import load_spec
 
+    failed: dict[tuple[Any, ...], KvplanError] = {}  # a model that failed is not asked for again (the Hub)
+
     def resolve(check: CheckScenario) -> tuple[ModelSpec, str]:
         v = check.values
+        key = (str(v["model"]), v.get("revision"), v.get("hub"), v.get("offline"), v.get("refresh"), v.get("layers"),
+               v.get("kv_heads"), v.get("head_dim"))
         try:
+            if key in failed:
+                raise failed[key]
             spec, source = load_spec(str(v["model"]), revision=v.get("revision"), token=token,
                                      force_hub=bool(v.get("hub")), offline=offline or bool(v.get("offline")),
                                      refresh=bool(v.get("refresh")),
                                      overrides=Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
         except KvplanError as exc:
+            failed[key] = exc
             raise model_error(check.where_of("model"), f"check {check.name!r}: ", v["model"], exc) from None
         return spec, source.describe()
 
@@ -322,12 +329,21 @@ def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: A
 
 def run_checks(capacity: CapacityFile, *, offline: bool = False, token: str | None = None,
                resolve: SpecResolver | None = None, calibration: Any = None) -> CheckReport:
-    """Every check of ``capacity``; raises :class:`ScenarioError` for a model or option that cannot be planned.
+    """Every check of ``capacity``; raises :class:`ScenarioError` for a model or option that cannot be planned,
+    listing every check's such mistake with the file's own (``capacity.mistakes``), in file order, up to
+    :data:`kvplan.yamldoc.MAX_FILE_ERRORS`.
 
     ``calibration``: a loaded :class:`kvplan.calibration.Calibration` for checks that do not name their own."""
+    from kvplan.yamldoc import ScenarioFileError, combine_errors
+
     resolve = resolve or spec_resolver(offline=offline, token=token)
-    results = []
+    results, errors = [], list(capacity.mistakes)
     for check in capacity.checks:
-        spec, source = resolve(check)
-        results.append(run_check(check, spec, source, calibration))
+        try:
+            spec, source = resolve(check)
+            results.append(run_check(check, spec, source, calibration))
+        except ScenarioFileError as exc:
+            errors.append(exc)
+    if errors:
+        raise combine_errors(errors)
     return CheckReport(capacity.display, tuple(results))

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.options import AXIS_ORDER
-from kvplan.yamldoc import ScenarioFileError, Where, YamlDoc, option_locations, read_yaml, validate_doc
+from kvplan.yamldoc import ScenarioFileError, Where, YamlDoc, combine_errors, option_locations, read_yaml, validate_doc
 from kvplan.yamltypes import (
     OPTION_FIELDS, Bool, Percent, PositiveInt, Text, Tokens, expect_type, finish_values, option_fields,
     option_values, set_fields,
@@ -175,38 +175,94 @@ class CapacityFile:
     path: Path
     display: str
     checks: tuple[CheckScenario, ...]
+    mistakes: tuple[ScenarioFileError, ...] = ()  # load_capacity(keep_going=True): the file's mistakes, to list
+    # with those planning finds (:func:`kvplan.capacity.run_checks`); ``checks`` are then the valid ones
 
 
-def load_capacity(path: str | Path | YamlDoc) -> CapacityFile:
-    """Read and validate a capacity file; raises :class:`ScenarioFileError` (file:line:col) on any mistake."""
+def load_capacity(path: str | Path | YamlDoc, *, keep_going: bool = False) -> CapacityFile:
+    """Read and validate a capacity file; raises :class:`ScenarioFileError` (file:line:col) listing every
+    mistake of the file (up to :data:`kvplan.yamldoc.MAX_FILE_ERRORS`), not only the first.
+
+    ``keep_going``: return the valid checks and the mistakes (``CapacityFile.mistakes``) instead, so that
+    :func:`kvplan.capacity.run_checks` lists them together with what only planning finds (an unknown model,
+    contradicting options). A file that is not YAML, or whose defaults are invalid, still raises."""
     doc = path if isinstance(path, YamlDoc) else read_yaml(path)
-    model = validate_doc(doc, CapacityModel)
-    defaults = set_fields(model.defaults)  # type: ignore[attr-defined]
+    errors = _duplicate_names(doc)  # on the file as written: found even when other keys are invalid
+    try:
+        model = validate_doc(doc, CapacityModel)
+        defaults, valid = set_fields(model.defaults), list(enumerate(model.checks))  # type: ignore[attr-defined]
+    except ScenarioFileError as exc:
+        errors.append(exc)
+        defaults, valid = _valid_parts(doc)  # the checks the schema accepts are still checked below
+        if valid is None:  # invalid defaults: no check can be read without them
+            raise combine_errors(errors) from None
     checks: list[CheckScenario] = []
-    names: dict[str, int] = {}
-    for i, check in enumerate(model.checks):  # type: ignore[attr-defined]
-        if check.name in names:
-            raise doc.error(("checks", i, "name"), f"duplicate check name {check.name!r} (first at checks[{names[check.name]}], "
-                            f"line {doc.where(('checks', names[check.name], 'name')).line})", "check names must be unique")
-        names[check.name] = i
-        require = Requirement(**{k: getattr(check.require, k) for k in check.require.model_fields_set
-                                 if getattr(check.require, k) is not None})
-        if not require.items():
-            raise doc.error(("checks", i, "require"), "nothing required",
-                            "add one of: concurrency, context, kv_tokens, headroom_pct, fits, engine_starts")
-        values = option_values({**defaults, **set_fields(check)})
-        if not values.get("model"):
-            raise doc.error(("checks", i), f"check {check.name!r} names no model", "set model in defaults or in the check")
-        checks.append(CheckScenario(
-            name=check.name,
-            description=check.description,
-            values=finish_values(values),
-            require=require,
-            batch_given="batch" in values,
-            where=doc.where(("checks", i)),
-            locations=option_locations(doc, [("defaults",), ("checks", i)], OPTION_FIELDS),
-        ))
-    return CapacityFile(doc.path, doc.display, tuple(checks))
+    for i, check in valid:
+        try:
+            checks.append(_check_scenario(doc, i, check, defaults))
+        except ScenarioFileError as exc:
+            errors.append(exc)
+    if errors and not keep_going:
+        raise combine_errors(errors)
+    return CapacityFile(doc.path, doc.display, tuple(checks), tuple(errors))
+
+
+def _valid_parts(doc: YamlDoc) -> tuple[dict[str, Any], list[tuple[int, Any]] | None]:
+    """In a file the schema rejects: the defaults and the checks that are valid alone (``None`` when the
+    defaults are not valid: every check depends on them)."""
+    from pydantic import ValidationError
+
+    data = doc.data if isinstance(doc.data, dict) else {}
+    try:
+        defaults = set_fields(OptionsModel.model_validate(data.get("defaults") or {}))
+    except ValidationError:
+        return {}, None
+    valid = []
+    for i, raw in enumerate(data.get("checks") if isinstance(data.get("checks"), list) else []):
+        try:
+            valid.append((i, CheckModel.model_validate(raw)))
+        except ValidationError:
+            continue
+    return defaults, valid
+
+
+def _duplicate_names(doc: YamlDoc) -> list[ScenarioFileError]:
+    """A mistake per check whose name an earlier check has (names as validated: stripped)."""
+    checks = doc.data.get("checks") if isinstance(doc.data, dict) else None
+    first: dict[str, int] = {}
+    errors = []
+    for i, check in enumerate(checks if isinstance(checks, list) else []):
+        name = check.get("name") if isinstance(check, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            continue
+        name = name.strip()
+        if name in first:
+            errors.append(doc.error(("checks", i, "name"), f"duplicate check name {name!r} (first at checks[{first[name]}], "
+                                    f"line {doc.where(('checks', first[name], 'name')).line})", "check names must be unique"))
+        else:
+            first[name] = i
+    return errors
+
+
+def _check_scenario(doc: YamlDoc, i: int, check: Any, defaults: dict[str, Any]) -> CheckScenario:
+    """The validated ``checks[i]`` merged with the defaults; ScenarioFileError for what the schema cannot say."""
+    require = Requirement(**{k: getattr(check.require, k) for k in check.require.model_fields_set
+                             if getattr(check.require, k) is not None})
+    if not require.items():
+        raise doc.error(("checks", i, "require"), "nothing required",
+                        "add one of: concurrency, context, kv_tokens, headroom_pct, fits, engine_starts")
+    values = option_values({**defaults, **set_fields(check)})
+    if not values.get("model"):
+        raise doc.error(("checks", i), f"check {check.name!r} names no model", "set model in defaults or in the check")
+    return CheckScenario(
+        name=check.name,
+        description=check.description,
+        values=finish_values(values),
+        require=require,
+        batch_given="batch" in values,
+        where=doc.where(("checks", i)),
+        locations=option_locations(doc, [("defaults",), ("checks", i)], OPTION_FIELDS),
+    )
 
 
 @dataclass(frozen=True)

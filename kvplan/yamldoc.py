@@ -291,6 +291,16 @@ def validate_doc(doc: YamlDoc, model: type[BaseModel]) -> BaseModel:
                                 max(0, len(located) - MAX_FILE_ERRORS)) from None
 
 
+def combine_errors(errors: list[ScenarioFileError]) -> ScenarioFileError:
+    """One error holding every mistake of ``errors`` (each with its own ``more``) in file order: the first
+    raised, the others its ``more``, at most :data:`MAX_FILE_ERRORS` kept and the rest counted in ``hidden``."""
+    assert errors, "no mistakes to combine"
+    found = sorted((e for err in errors for e in err.errors), key=lambda e: (e.where.line, e.where.col))
+    hidden = sum(err.hidden for err in errors) + max(0, len(found) - MAX_FILE_ERRORS)
+    first = found[0]
+    return ScenarioFileError(first.where, first.detail, first.hint, tuple(found[1:MAX_FILE_ERRORS]), hidden)
+
+
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed in the mapping at ``loc`` (for 'did you mean')."""
     from pydantic import BaseModel

@@ -328,6 +328,39 @@ def test_every_mistake_in_a_file_is_listed(tmp_path):
     assert r.stdout.count("::error file=") == 4
 
 
+CHECK_MISTAKES = [
+    # (check entry, the mistake it makes, what its error line says) - each kind of mistake a check can make
+    ("  - name: a\n    require: {concurrency: 4}\n", None, None),  # a good check, named 'a'
+    ("  - name: a\n    require: {fits: true}\n", "duplicate name", "duplicate check name 'a'"),
+    ("  - name: b\n    tp: zero\n    require: {fits: true}\n", "schema", "'zero': expected a positive integer"),
+    ("  - name: c\n    require: {}\n", "nothing required", "nothing required"),
+    ("  - name: d\n    model: Llama-3.1-8C\n    require: {fits: true}\n", "unknown model", "'Llama-3.1-8C'"),
+    ("  - name: e\n    tp: 3\n    require: {fits: true}\n", "option contradiction", "--tp 3"),
+    ("  - name: a\n    require: {fits: true}\n", "duplicate name", "duplicate check name 'a'"),
+]
+
+
+@pytest.mark.parametrize("drop", [None] + [m for _, m, _ in CHECK_MISTAKES if m])
+def test_every_kind_of_check_mistake_is_listed_with_the_others(tmp_path, drop):
+    # a duplicate check name was raised alone, hiding the file's other mistakes; and the mistakes found after the
+    # schema (nothing required, an unknown model, contradicting options) were raised one at a time. Each kind,
+    # with or without the others, is listed together with every other mistake of the file, in file order.
+    import re
+
+    entries = [(text, needle) for text, mistake, needle in CHECK_MISTAKES if mistake is None or mistake != drop]
+    path = write(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100}\nchecks:\n"
+                 + "".join(text for text, _ in entries))
+    r = runner.invoke(app, ["check", str(path), "--offline"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    needles = [n for _, n in entries if n]
+    assert len(lines) == len(needles), r.stderr
+    for line, needle in zip(lines, needles):
+        assert line.startswith("kvplan: error: ") and needle in line, (needle, line)
+    found = [tuple(map(int, re.search(r"file\.yaml:(\d+):(\d+): ", line).groups())) for line in lines]
+    assert found == sorted(found)
+
+
 def test_errors_past_the_limit_are_counted(tmp_path):
     from kvplan.yamldoc import MAX_FILE_ERRORS
 

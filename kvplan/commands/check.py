@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
 
             check_writable(junit_xml, "--junit-xml")
         try:
-            capacity = load_capacity(path)
+            capacity = load_capacity(path, keep_going=True)  # its mistakes listed with planning's
             report = run_checks(capacity, offline=offline, token=token,
                                 calibration=load_calibration(calibration) if calibration else None)
         except KvplanError as exc:  # invalid file, unknown model, ...: still a JUnit report, with one error
