@@ -25,6 +25,7 @@ from kvplan import memory
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.plan import Options, Plan, options_from_values, plan_for_spec
 from kvplan.scenario import CapacityFile, CheckScenario, model_error
+from kvplan.suggest import largest, more_tp, other_engines, other_gpu, refuses_the_model, replan, spell, spell_was
 from kvplan.yamldoc import Where
 from kvplan.spec import ModelSpec, Overrides
 from kvplan.units import plural
@@ -165,97 +166,60 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
 # what would make a failed requirement pass (each candidate re-planned and re-checked)
 
 
-def _replan(spec: ModelSpec, options: Options, source: str, **changes: Any) -> Plan | None:
-    try:
-        return plan_for_spec(spec, replace(options, **changes), source)
-    except KvplanError:
-        return None
-
-
-def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
-    """The largest n in [lo, hi] with ok(n), for ok true up to a point and false after; None if ok(lo) fails."""
-    if hi < lo or not ok(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
-    return lo
-
-
 def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[str, ...]:
-    """The smallest single changes (one per kind) under which ``key`` holds, each verified by re-planning."""
-    o, source = plan.options, plan.source
+    """The smallest single changes (one per kind) under which ``key`` holds, each re-planned with the options
+    validated as a user's (:mod:`kvplan.suggest`) and written as the file's keys accept them."""
+    o, a = plan.options, plan.answer
     measure, unit = _MEASURES[key]
 
-    def holds(p: Plan | None) -> bool:
-        return p is not None and _holds(key, required, p)
+    def planner(options: Options) -> Plan:
+        return plan_for_spec(spec, options, plan.source, suggest=False)
 
-    def gives(p: Plan) -> str:
-        return f"{key} {format_value(measure(p), unit)}"
+    def holds(p: Plan) -> bool:
+        return _holds(key, required, p)
+
+    def at(**changes: Any) -> tuple[Options, Plan] | None:
+        hit = replan(planner, o, **changes)
+        return hit if hit and holds(hit[1]) else None
 
     out: list[str] = []
-    if key == "concurrency":
-        out.append(f"require concurrency <= {plan.answer.max_requests} (what fits now)")
-    if key == "context":
-        out.append(f"require context <= {plan.answer.max_context_at_batch} (what fits now)")
+
+    def offer(label: str, hit: tuple[Options, Plan] | None, was: bool = False) -> None:
+        if hit:
+            after = f"was {spell_was(o, hit[0])}" if was else f"{key} {format_value(measure(hit[1]), unit)}"
+            out.append(f"{label}: {spell(o, hit[0], 'yaml')} ({after})")
+
+    if key == "concurrency" and a.max_requests >= 1:  # a requirement of 0 requests checks nothing
+        out.append(f"require concurrency <= {a.max_requests} (what fits now)")
+    if key == "context" and a.max_context_at_batch >= 1:
+        out.append(f"require context <= {a.max_context_at_batch} (what fits now)")
     if key in ("context", "headroom_pct", "fits") and o.batch > 1:
-        n = _largest(1, o.batch - 1, lambda b: holds(_replan(spec, o, source, batch=b)))
-        if n is not None:
-            out.append(f"fewer requests: batch: {n} (was {o.batch:,})")
+        n = largest(1, o.batch - 1, lambda b: at(batch=b) is not None)
+        offer("fewer requests", at(batch=n) if n else None, was=True)
+
+    def shorter(n: int) -> tuple[Options, Plan] | None:  # prefix_tokens follows the context down
+        return at(context=n, prefix_tokens=min(o.prefix_tokens, n))
+
     if key in ("concurrency", "headroom_pct", "fits") and o.context > 1:
-        def at_context(c: int) -> Plan | None:
-            prefix = min(o.prefix_tokens, c)
-            return _replan(spec, o, source, context=c, prefix_tokens=prefix)
-
-        c = _largest(1, o.context - 1, lambda c: holds(at_context(c)))
-        if c is not None:
-            out.append(f"shorter context: context: {c} (was {o.context:,})")
+        c = largest(1, o.context - 1, lambda c: shorter(c) is not None)
+        offer("shorter context", shorter(c) if c else None, was=True)
     if key == "engine_starts" and required:
-        length = plan.max_model_len
+        def at_len(n: int) -> tuple[Options, Plan] | None:  # without a max_model_len, it is the context
+            return shorter(n) if o.max_model_len is None else at(max_model_len=n)
 
-        def at_len(n: int) -> Plan | None:
-            if o.max_model_len is None:
-                return _replan(spec, o, source, context=n, prefix_tokens=min(o.prefix_tokens, n))
-            return _replan(spec, o, source, max_model_len=n)
-
-        n = _largest(1, length - 1, lambda n: holds(at_len(n)))
-        if n is not None:
-            key = "max_model_len" if o.max_model_len else "context"  # without one, max_model_len is the context
-            out.append(f"shorter max_model_len: {key}: {n} (was {length:,})")
+        n = largest(1, plan.max_model_len - 1, lambda n: at_len(n) is not None)
+        offer("shorter max_model_len", at_len(n) if n else None, was=True)
     running = required if key == "concurrency" else o.batch
-    if key in ("concurrency", "headroom_pct", "fits") and running > plan.answer.max_num_seqs:
-        p = _replan(spec, o, source, max_num_seqs=running)  # the scheduler caps requests at once
-        if holds(p):
-            out.append(f"more requests at once: max_num_seqs: {running} ({gives(p)})")  # type: ignore[arg-type]
+    if key in ("concurrency", "headroom_pct", "fits") and running > a.max_num_seqs:
+        offer("more requests at once", at(max_num_seqs=running))  # the scheduler caps requests at once
     if plan.layout.kv_dtype.bits > 8:
-        p = _replan(spec, o, source, kv_dtype="fp8")
-        if holds(p):
-            out.append(f"fp8 KV cache: kv_dtype: fp8 ({gives(p)})")  # type: ignore[arg-type]
-    for factor in (2, 4, 8):
-        tp = o.tp * factor
-        p = _replan(spec, o, source, tp=tp, gpu_count=tp * o.pp)
-        if holds(p):
-            out.append(f"more tensor parallelism: tp: {tp} on {tp * o.pp} GPUs ({gives(p)})")  # type: ignore[arg-type]
-            break
-    gpu = _other_gpu(spec, o, source, holds, plan.gpu.memory_bytes)
-    if gpu is not None:
-        name, p = gpu
-        out.append(f"another GPU: gpu: {name} ({gives(p)})")
+        offer("fp8 KV cache", at(kv_dtype="fp8"))
+    offer("more tensor parallelism", more_tp(spec, o, planner, holds))
+    if refuses_the_model(plan.deployment):
+        for hit in other_engines(spec, o, planner, holds):
+            offer("an engine that serves the model", hit)
+    offer("another GPU", other_gpu(o, planner, holds, plan.gpu.memory_bytes))
     return tuple(out)
-
-
-def _other_gpu(spec: ModelSpec, o: Options, source: str, holds: Callable[[Plan | None], bool],
-               current_bytes: int) -> tuple[str, Plan] | None:
-    """The smallest catalogue GPU with more memory than the current one under which the requirement holds."""
-    from kvplan.gpus import load_gpus
-
-    candidates = sorted((g for g in load_gpus() if not g.is_cpu and g.memory_bytes and g.memory_bytes > current_bytes),
-                        key=lambda g: (g.memory_bytes, g.name))
-    for g in candidates:
-        p = _replan(spec, o, source, gpu=g.name, gpu_memory_bytes=None)
-        if holds(p):
-            return g.name, p  # type: ignore[return-value]
-    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from kvplan import memory
 from kvplan.answer import Answer, Deployment
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
-from kvplan.errors import InputError, KvplanError
+from kvplan.errors import InputError
 from kvplan.options import Options, check_context, options_from_values
 from kvplan.spec import LayerCache, LayerKind, ModelSpec, Overrides
 from kvplan.units import DType, GiB, parse_dtype, plural
@@ -335,20 +335,32 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
     engine starts, requests at once, the longest context) and every other section reads the same
     :class:`~kvplan.memory.Demand` and request cap, so they count the same blocks. When ``batch x context`` does not fit
     and ``suggest``, ``answer.fix`` lists the single changes that make it fit, each one re-planned
-    (:func:`_fix`); callers that re-plan many variants themselves pass ``suggest=False``.
+    (:func:`kvplan.suggest.fix`; so is the hint of a ``--max-model-len auto`` that starts with no length);
+    callers that re-plan many variants themselves pass ``suggest=False``.
     """
     pool = _pool(spec, options)
     options, demand, blocks = pool.options, pool.demand, pool.blocks
     deployment = Deployment(spec, pool.engine, engine_rules(pool.engine.engine), demand, blocks, options.max_num_seqs)
     fixed, auto_note = options.max_model_len, None
     if options.auto_max_model_len:
-        fixed, auto_note = _auto_max_model_len(deployment)
+        try:
+            fixed, auto_note = _auto_max_model_len(deployment)
+        except InputError as exc:
+            if not suggest:
+                raise
+            from kvplan.suggest import start_hint
+
+            raise InputError(exc.message, start_hint(spec, options, _planner(spec, source), pool.kv_dtype.bits,
+                                                     pool.gpu.memory_bytes)) from None
         check_context(options.context, fixed, auto=True)
     max_model_len = fixed or options.context
     deployment.rules.check_batching(pool.engine, max_model_len)
     answer = deployment.answer(options.context, options.batch, fixed)
     if suggest and not answer.fits:
-        answer = replace(answer, fix=_fix(spec, options, answer, source, pool.kv_dtype.bits))
+        from kvplan.suggest import fix, refuses_the_model
+
+        answer = replace(answer, fix=fix(spec, options, _planner(spec, source), answer, refuses_the_model(deployment),
+                                         pool.kv_dtype.bits, pool.gpu.memory_bytes))
     cap = deployment.request_cap(max_model_len)
     frag = memory.contiguous_vs_paged(blocks, demand, pool.layers, options.context, max_model_len, cap)
     prefix = None
@@ -387,6 +399,11 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         roofline=roofline,
         notes=_notes(pool, spec, auto_note, replicated),
     )
+
+
+def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], Plan]":
+    """Options -> their plan for ``spec`` without suggestions: how :mod:`kvplan.suggest` re-plans a change."""
+    return lambda options: plan_for_spec(spec, options, source, suggest=False)
 
 
 def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool) -> tuple[str, ...]:
@@ -472,51 +489,10 @@ def _auto_max_model_len(deployment: Deployment) -> tuple[int, str]:
     longest = deployment.longest_startable_len()
     if longest < 1:
         why = deployment.refusal(1) or "not even one block fits in the KV budget"
-        raise InputError(f"--max-model-len auto: the engine starts with no max_model_len ({why})",
-                         "lower --gpu-util headroom, use --kv-dtype fp8, quantized weights or more --tp")
+        raise InputError(f"--max-model-len auto: the engine starts with no max_model_len: {why}")
     cap = deployment.model_limit
     capped = f", capped at the model's {cap:,}" if cap < memory.UNBOUNDED_TOKENS else ""
     return longest, f"max_model_len auto: {longest:,} tokens (the longest the engine starts with{capped})"
-
-
-def _fits(spec: ModelSpec, options: Options, source: str | None) -> bool:
-    """Whether the plan under ``options`` fits (False when the options are ones the engine rejects)."""
-    try:
-        return plan_for_spec(spec, options, source, suggest=False).answer.fits
-    except KvplanError:
-        return False
-
-
-def _fix(spec: ModelSpec, options: Options, answer: Answer, source: str | None, kv_bits: int) -> str:
-    """The single changes that make ``batch x context`` fit, each re-planned and kept only when that plan
-    fits (so its engine starts), written as the flags accept them (``--context 13856``, no separators).
-
-    Tried: fewer requests, a shorter context (at most the model's maximum), a max_model_len the engine
-    starts with (when one was given), a ``--max-num-seqs`` that takes the batch, an fp8 KV cache, the smallest
-    of x2, x4, x8 tensor parallelism that fits (tp dividing the attention heads). When none fits, the answer says so
-    instead of suggesting something that would not help."""
-    candidates: list[tuple[str, dict[str, Any]]] = []
-    n = answer.max_requests
-    if 1 <= n < options.batch:
-        candidates.append((f"--batch {n}", {"batch": n}))
-    ctx = answer.max_context_at_batch
-    if 1 <= ctx < options.context:
-        candidates.append((f"--context {ctx}", {"context": ctx, "prefix_tokens": min(options.prefix_tokens, ctx)}))
-    longest = answer.longest_startable_len
-    if answer.refusal and (options.max_model_len or options.auto_max_model_len) and longest >= options.context:
-        candidates.append((f"--max-model-len {longest}", {"max_model_len": longest, "auto_max_model_len": False}))
-    if options.batch > answer.max_num_seqs:
-        candidates.append((f"--max-num-seqs {options.batch}", {"max_num_seqs": options.batch}))
-    if kv_bits > 8:
-        candidates.append(("--kv-dtype fp8", {"kv_dtype": "fp8"}))
-    heads = spec.num_attention_heads
-    tps = [options.tp * f for f in (2, 4, 8) if not heads or heads % (options.tp * f) == 0]
-    fixes = [text for text, changes in candidates if _fits(spec, replace(options, **changes), source)]
-    tp = next((tp for tp in tps if _fits(spec, replace(options, tp=tp, gpu_count=tp * options.pp, tp_from_gpus=False),
-                                         source)), None)  # the smallest tp that fits
-    if tp:
-        fixes.append(f"--tp {tp}")
-    return " or ".join(fixes) if fixes else "a bigger GPU (no single change of batch, context, KV dtype or tp fits)"
 
 
 __all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]

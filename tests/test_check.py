@@ -55,11 +55,11 @@ def test_concurrency_verdict_and_suggestions(tmp_path):
     assert not short.passed and (o.actual, o.margin) == (9, -1)
     text = "\n".join(o.suggestions)
     # 10 requests fit when each needs <= 5,119 // 10 = 511 blocks: context <= 511 x 16 = 8,176 tokens
-    assert "shorter context: context: 8176 (was 8,192)" in text
+    assert "shorter context: context: 8176 (was 8192)" in text
     # fp8 halves the block to 1 MiB: 10,240 blocks, (10,240 - 1) // 512 = 19 requests
     assert "kv_dtype: fp8 (concurrency 19 requests)" in text
     # tp 2 halves the KV heads per GPU (the budget is per GPU): also 19 requests
-    assert "tp: 2 on 2 GPUs (concurrency 19 requests)" in text
+    assert "more tensor parallelism: tp: 2 (concurrency 19 requests)" in text
     # an explicit per-GPU KV budget does not grow with the GPU: no GPU helps
     assert "another GPU" not in text
 
@@ -98,7 +98,7 @@ def test_headroom_context_kv_tokens_and_engine_start(tmp_path):
     assert not start.passed and "81,904" in start.outcomes[0].message
     assert "one 131,072-token request needs 16.00 GiB KV cache" in start.outcomes[0].message  # vLLM's reason
     # no max_model_len in the check: it is the context, so the context is what to shorten
-    assert "shorter max_model_len: context: 81904 (was 131,072)" in start.outcomes[0].suggestions
+    assert "shorter max_model_len: context: 81904 (was 131072)" in start.outcomes[0].suggestions
 
 
 def test_suggested_gpu_is_the_smallest_that_passes(tmp_path):

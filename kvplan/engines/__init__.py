@@ -249,7 +249,7 @@ class Engine(Protocol):
     :meth:`resolve_version`, :meth:`defaults` (and :meth:`for_model`, what it forces for one model), :meth:`budget`.
     Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`, :meth:`default_prefix_caching`,
     :meth:`start_blocks` / :meth:`starts` (the pool's start-up check), :meth:`refusal` (every reason it refuses
-    to start), :meth:`request_limit` (requests at once), :meth:`check_batching` (limits it rejects),
+    to start; :meth:`serving_release`, the release that still serves a dropped architecture), :meth:`request_limit` (requests at once), :meth:`check_batching` (limits it rejects),
     :meth:`kv_tokens` (the token figure it logs). The dtypes it runs a checkpoint in: :meth:`auto_dtype`
     (``--dtype auto``), :meth:`ssm_dtype` (state layers' SSM cache). What it prints and how it is launched:
     :meth:`report`, :meth:`serve_command`. A new engine is a module with these names plus one line in
@@ -296,6 +296,9 @@ class Engine(Protocol):
                 block_bytes: int, max_model_len: int) -> str | None:
         """Why the engine refuses to start this deployment (one line in its own terms), or None when it starts:
         a model the release does not serve, a max_model_len past the model's maximum, a pool too small."""
+
+    def serving_release(self, spec: ModelSpec) -> str | None:
+        """The newest release that serves ``spec``'s architecture when later ones do not, else None."""
 
     def request_limit(self, engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: int,
                       max_model_len: int) -> int:

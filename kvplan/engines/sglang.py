@@ -246,6 +246,11 @@ def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_bl
     return None
 
 
+def serving_release(spec: ModelSpec) -> str | None:
+    """Every modelled SGLang release serves the architectures kvplan plans: None."""
+    return None
+
+
 def request_limit(engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: int, max_model_len: int) -> int:
     """``max_running_requests``: the user's ``--max-running-requests``, else derived from the pool
     (:func:`max_running_requests`)."""

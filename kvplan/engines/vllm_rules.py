@@ -19,10 +19,11 @@ from kvplan.units import GiB
 ENGINE = "vllm"
 V0_LONG_CONTEXT_TOKENS = 32 * 1024  # V0 `vllm serve` above 32K context turns chunked prefill on
 LONG_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"  # ModelConfig._get_and_verify_max_len's override
-# Architectures a release no longer serves: architecture -> (the first release without it, what it is).
-# Mllama (Llama-3.2-Vision, cross-attention layers) ran on the V0 engine only; 0.11 removed both.
-DROPPED_ARCHITECTURES: dict[str, tuple[tuple[int, int, int], str]] = {
-    "MllamaForConditionalGeneration": ((0, 11, 0), "Llama-3.2-Vision (mllama): removed with the V0 engine"),
+# Architectures a release no longer serves: architecture -> (the first release without it, the last release
+# that serves it, what it is). Mllama (Llama-3.2-Vision, cross-attention layers) ran on the V0 engine only;
+# 0.11 removed both.
+DROPPED_ARCHITECTURES: dict[str, tuple[tuple[int, int, int], str, str]] = {
+    "MllamaForConditionalGeneration": ((0, 11, 0), "0.10.2", "Llama-3.2-Vision (mllama): removed with the V0 engine"),
 }
 
 
@@ -69,8 +70,8 @@ def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_bl
     dropped = DROPPED_ARCHITECTURES.get(spec.architecture or "")
     if dropped and release_of(engine) >= dropped[0]:
         first = ".".join(map(str, dropped[0][:2]))
-        return (f"vllm {first} and later do not serve {spec.architecture} ({dropped[1]}); "
-                "--engine-version 0.10.2 or --engine sglang serves it")
+        return (f"vllm {first} and later do not serve {spec.architecture} ({dropped[2]}); "
+                f"vllm {dropped[1]} and earlier or --engine sglang serve it")
     too_long = length_refusal(spec, max_model_len, setting="max_model_len", env=LONG_LEN_ENV)
     if too_long:
         return too_long
@@ -81,6 +82,13 @@ def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_bl
         return (f"one {max_model_len:,}-token request needs {per_request_blocks * block_bytes / GiB:.2f} GiB KV cache, "
                 f"{max(0, usable) * block_bytes / GiB:.2f} GiB available")
     return None
+
+
+def serving_release(spec: ModelSpec) -> str | None:
+    """The newest release that serves ``spec``'s architecture when later ones do not
+    (:data:`DROPPED_ARCHITECTURES`), as ``--engine-version`` takes it; None when every release serves it."""
+    dropped = DROPPED_ARCHITECTURES.get(spec.architecture or "")
+    return dropped[1] if dropped else None
 
 
 def request_limit(engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: int, max_model_len: int) -> int:

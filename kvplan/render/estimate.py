@@ -148,8 +148,9 @@ def _answer_panel(plan: "Plan") -> Panel:
     elif a.batch > a.max_num_seqs:
         why = f"max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once"
     else:
-        why = f"short by {-a.fits_margin_blocks:,} blocks = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}"
-    ans.append(f" ({why}); try {a.fix}")
+        why = f"short by {plural(-a.fits_margin_blocks, 'block')} = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}"
+    ans.append(f" ({why}); " + (f"try {a.fix}" if a.fix else "no single change of batch, context, max_model_len, "
+                                 "max_num_seqs, KV dtype, tp, engine or GPU fits"))
     return Panel(ans, title="answer", title_align="left")
 
 

@@ -1,0 +1,205 @@
+"""Every printed suggestion is the change it was planned with, passes the options' own validation and fits
+(issue 12: suggestions wrong for the deployment).
+
+Before: Llama-3.2-Vision on a vLLM release that dropped mllama got "try a bigger GPU" (no GPU helps);
+``kvplan check`` offered "require concurrency <= 0"; gpt2 with ``--prefix-tokens 2k`` got ``--context 1024``,
+which the options then reject (prefix past the context); ``--max-model-len auto`` with ``--kv-dtype fp8``
+hinted "use --kv-dtype fp8". A suggestion is now a set of option changes validated like user input
+(:func:`kvplan.suggest.revise`), re-planned, and printed from the difference (:func:`kvplan.suggest.spell`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from kvplan.capacity import run_checks
+from kvplan.errors import InputError
+from kvplan.options import OPTIONS
+from kvplan.plan import options_from_values, plan_for_spec
+from kvplan.scenario import load_capacity
+from kvplan.sources import bundled_ids, load_bundled, load_spec
+from kvplan.spec import build_spec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_cross_attention import LLAMA_32_90B_VISION  # noqa: E402
+from test_hardening import assert_one_line, kvplan  # noqa: E402
+
+# the CLI spelling of each option -> (its name, the value a bare flag means)
+FLAGS: dict[str, tuple[str, object]] = {}
+for _opt in OPTIONS:
+    for _spelling in _opt.cli_flags:
+        on, _, off = _spelling.partition("/")
+        FLAGS[on] = (_opt.name, True)
+        if off:
+            FLAGS[off] = (_opt.name, False)
+
+
+def apply_flags(values: dict, suggestion: str) -> dict:
+    """``values`` with one suggestion's flags applied as a user pasting them would (``--context 1024
+    --prefix-tokens 1024``); ``without --gpu-memory`` drops the option."""
+    out = dict(values)
+    words = suggestion.split()
+    i = 0
+    while i < len(words):
+        if words[i] == "without":
+            out.pop(FLAGS[words[i + 1]][0], None)
+            i += 2
+            continue
+        name, bare = FLAGS[words[i]]
+        if i + 1 < len(words) and not words[i + 1].startswith("-") and words[i + 1] != "without":
+            out[name] = words[i + 1]
+            i += 2
+        else:
+            out[name] = bare
+            i += 1
+    return out
+
+
+@lru_cache(maxsize=None)
+def spec_of(model_id: str):  # noqa: ANN201
+    return build_spec(load_bundled(model_id))
+
+
+# what a serving engineer asks for that does not fit: a prefix on a small GPU, a context past the model's
+# maximum, a fixed max_model_len, SGLang, and --gpus alone (tp follows it)
+SCENARIOS = (
+    {"gpu": "L4", "context": "32k", "batch": 64, "prefix_tokens": "2k"},
+    {"gpu": "H100", "context": "200k", "batch": 3},
+    {"gpu": "H100", "context": "64k", "max_model_len": "64k", "batch": 40},
+    {"gpu": "A100-40GB", "context": "16k", "batch": 128, "engine": "sglang"},
+    {"gpu": "L4", "gpus": 2, "context": "32k", "batch": 64},
+)
+
+
+@pytest.mark.parametrize("values", SCENARIOS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
+def test_every_estimate_suggestion_pasted_parses_and_fits(values):
+    tried = 0
+    for model_id in bundled_ids():
+        spec = spec_of(model_id)
+        given = {"model": model_id, "offline": True, **values}
+        try:
+            p = plan_for_spec(spec, options_from_values(given))
+        except InputError:
+            continue
+        assert p.answer.fits or p.answer.fix is None or p.answer.fix.startswith("--"), (model_id, p.answer.fix)
+        for one in (p.answer.fix or "").split(" or ") if not p.answer.fits else ():
+            if not one:
+                continue
+            assert not re.search(r"\d,\d", one), one  # no thousands separators: the options reject them
+            pasted = options_from_values(apply_flags(given, one))  # the user's own validation
+            assert plan_for_spec(spec, pasted, suggest=False).answer.fits, (model_id, values, one)
+            tried += 1
+    assert tried >= 10  # the scenarios do exercise suggestions
+
+
+def test_a_context_suggestion_takes_the_prefix_down_with_it():
+    # gpt2 (1,024 positions) at 2k with a 2k shared prefix: "--context 1024" alone is rejected
+    # ("--prefix-tokens 2,048 exceeds --context 1,024"); the suggestion names both
+    p = plan_for_spec(spec_of("openai-community/gpt2"),
+                      options_from_values({"model": "openai-community/gpt2", "context": "2k", "prefix_tokens": "2k"}))
+    assert p.answer.fix == "--context 1024 --prefix-tokens 1024"
+    with pytest.raises(InputError, match="exceeds --context"):
+        options_from_values({"model": "openai-community/gpt2", "context": "1024", "prefix_tokens": "2k"})
+
+
+def test_a_release_that_dropped_the_architecture_gets_releases_that_serve_it(tmp_path):
+    # Llama-3.2-90B-Vision on vLLM 0.29 (mllama dropped in 0.11): before "try a bigger GPU (no single change of
+    # batch, context, KV dtype or tp fits)"; no GPU helps, the last release that serves it and SGLang do
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_32_90B_VISION))
+    values = {"model": str(tmp_path), "gpu": "H200", "tp": 4, "weights_gib": 177}
+    p = plan_for_spec(load_spec(str(tmp_path))[0], options_from_values(values))
+    assert "do not serve MllamaForConditionalGeneration" in p.answer.refusal
+    assert "vllm 0.10.2 and earlier or --engine sglang serve it" in p.answer.refusal
+    assert p.answer.fix == "--engine-version 0.10.2 or --engine sglang"
+    for one in p.answer.fix.split(" or "):
+        assert plan_for_spec(p.spec, options_from_values(apply_flags(values, one))).answer.fits, one
+    text = " ".join(kvplan("estimate", str(tmp_path), "--gpu", "H200", "--tp", "4", "--weights-gib", "177").stdout.split())
+    assert "bigger GPU" not in text
+
+
+def test_nothing_is_suggested_when_no_single_change_fits():
+    # Llama-3.1-70B x 64 requests of 128k on an RTX 4090: no batch, context, fp8, tp x8 or larger GPU alone fits;
+    # before "a bigger GPU", which no GPU in the catalogue is
+    p = plan_for_spec(spec_of("meta-llama/Llama-3.1-70B"),
+                      options_from_values({"model": "meta-llama/Llama-3.1-70B", "gpu": "rtx4090", "context": "128k",
+                                           "batch": 64}))
+    assert p.answer.fix is None
+    text = " ".join(kvplan("estimate", "meta-llama/Llama-3.1-70B", "-g", "rtx4090", "-c", "128k", "-b", "64")
+                    .stdout.replace("│", " ").split())
+    assert "no single change of batch, context, max_model_len, max_num_seqs, KV dtype, tp, engine or GPU fits" in text
+    assert "bigger GPU" not in text
+
+
+def test_the_auto_hint_is_replanned_and_never_repeats_a_setting():
+    # Mixtral-8x7B's 87 GiB of weights on one H100 with fp8 KV already set: before "use --kv-dtype fp8"
+    line = assert_one_line(kvplan("estimate", "mistralai/Mixtral-8x7B-v0.1", "-g", "H100", "--kv-dtype", "fp8",
+                                  "--max-model-len", "auto"), "--max-model-len auto: the engine starts with no")
+    assert "fp8" not in line.split("(try ")[1] and "(try --tp 2)" in line
+    assert kvplan("estimate", "mistralai/Mixtral-8x7B-v0.1", "-g", "H100", "--kv-dtype", "fp8",
+                  "--max-model-len", "auto", "--tp", "2").returncode == 0
+
+
+def _check(tmp_path: Path, checks: str):
+    path = tmp_path / "capacity.yaml"
+    path.write_text("defaults: {gpu: H100}\nchecks:\n" + checks, encoding="utf-8")
+    return run_checks(load_capacity(path), offline=True).results
+
+
+def test_check_never_asks_for_a_requirement_of_nothing(tmp_path):
+    # Llama-3.1-70B on an RTX 4090: no request fits, so "require concurrency <= 0" (and context <= 0) checks nothing
+    (conc, ctx) = _check(tmp_path, "  - {name: c, model: meta-llama/Llama-3.1-70B, gpu: rtx4090,"
+                                   " require: {concurrency: 1}}\n"
+                                   "  - {name: x, model: meta-llama/Llama-3.1-70B, gpu: rtx4090,"
+                                   " require: {context: 1024}}\n")
+    for result in (conc, ctx):
+        assert result.plan.answer.max_requests == 0
+        text = "\n".join(result.outcomes[0].suggestions)
+        assert "<= 0" not in text and "more tensor parallelism: tp: 8" in text, text
+
+
+CHECKS = """\
+  - {name: conc, model: meta-llama/Llama-3.1-8B, context: 32k, prefix_tokens: 2k, require: {concurrency: 40}}
+  - {name: head, model: Qwen/Qwen3-8B, context: 16k, batch: 30, require: {headroom_pct: 20}}
+  - {name: start, model: openai-community/gpt2, context: 2k, prefix_tokens: 2k, require: {engine_starts: true}}
+  - {name: ctx, model: mistralai/Mistral-7B-v0.1, gpu: L4, batch: 8, require: {context: 32768}}
+  - {name: gpus, model: meta-llama/Llama-3.1-70B, gpu: L40S, gpus: 2, context: 16k, require: {concurrency: 16}}
+"""
+
+
+def test_every_check_suggestion_applied_to_the_file_passes(tmp_path):
+    """Each "to pass" line that changes the check's options, written back into the check, makes it pass."""
+    import yaml
+
+    applied = 0
+    for result in _check(tmp_path, CHECKS):
+        assert not result.passed, result.name
+        check = next(c for c in yaml.safe_load(CHECKS) if c["name"] == result.name)
+        for outcome in result.outcomes:
+            for s in outcome.suggestions:
+                if s.startswith("require "):
+                    assert int(s.split("<= ")[1].split(" ")[0]) >= 1, s
+                    continue
+                changes, after = s.split(": ", 1)[1].rsplit(" (", 1)
+                # the changed values and what they were, as the file's keys accept them (what they give: 32,768 tokens)
+                assert not re.search(r"\d,\d", changes), s
+                assert not (after.startswith("was ") and re.search(r"\d,\d", after)), s
+                fixed = {k: v for k, v in check.items() if k != "name"}
+                for part in changes.split(", "):
+                    key, _, value = part.partition(": ")
+                    if key.startswith("without "):
+                        fixed.pop(key.removeprefix("without "), None)
+                    else:
+                        fixed[key] = yaml.safe_load(value)
+                fixed["name"] = check["name"]
+                sub = tmp_path / "one"
+                sub.mkdir(exist_ok=True)
+                (again,) = _check(sub, "  - " + json.dumps(fixed) + "\n")
+                assert again.passed, (result.name, s, [o.message for o in again.outcomes])
+                applied += 1
+    assert applied >= 8
