@@ -113,6 +113,10 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
     Raises :class:`ExplainError` naming what was found and what is missing (the model, the GPU).
     """
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if log.unreadable:
+        more = f" (and {len(log.unreadable) - 2} more)" if len(log.unreadable) > 2 else ""
+        raise ExplainError(f"the log has numbers no engine prints: {'; '.join(log.unreadable[:2])}{more}",
+                           "the log is garbled or cut at that line: fix or remove it")
     values: dict[str, Any] = {"engine": log.engine or "vllm"}
     notes: list[str] = []
     if log.model:
@@ -237,12 +241,13 @@ def _mismatches(log: StartupLog, cap: Capacity) -> list[str]:
         out.append(f"KV cache tokens {cap.kv_cache_tokens:,} != {log.kv_cache_tokens:,}")
     if log.max_concurrency is not None and round(cap.max_concurrency, 2) != round(log.max_concurrency, 2):
         out.append(f"max concurrency {cap.max_concurrency:.2f}x != {log.max_concurrency:.2f}x")
-    if log.refusal is not None:
+    if log.starts is False:
         if cap.starts:
-            out.append("the engine refused to start; these blocks would start")
-        elif log.refusal.estimated_max_model_len is not None and cap.longest_startable_len != log.refusal.estimated_max_model_len:
+            out.append(f"the engine did not start ({log.not_started}); these blocks would start")
+        elif log.refusal is not None and log.refusal.estimated_max_model_len is not None \
+                and cap.longest_startable_len != log.refusal.estimated_max_model_len:
             out.append(f"longest length {cap.longest_startable_len:,} != {log.refusal.estimated_max_model_len:,}")
-    elif log.has_capacity and not cap.starts and (log.kv_cache_tokens or log.max_concurrency):
+    elif log.starts and not cap.starts:
         out.append("these blocks would not start the engine, which started")
     return out
 

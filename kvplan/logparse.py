@@ -19,7 +19,10 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
+from kvplan.limits import MAX_TOKENS
+
 NUMBER = r"(-?[0-9][0-9,]*\.?[0-9]*)"
+INT = r"([0-9](?:[0-9,]*[0-9])?)"  # a count as printed, without the comma or full stop after it
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,11 @@ class StartupLog:
     refusal: Refusal | None = None
     sglang_k_gib: float | None = None
     sglang_v_gib: float | None = None
+    no_memory_line: int | None = None  # the line of "No available memory for the cache blocks"
+    not_started: str | None = None  # why the log shows the engine did not start (None: it did, or it does not say)
     warnings: tuple[str, ...] = ()
     matched: tuple[str, ...] = ()  # the field names found, in the order they were found
+    unreadable: tuple[str, ...] = ()  # "line N: cannot read the number ..." for numbers no engine prints
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (``refusal`` as a mapping)."""
@@ -96,19 +102,47 @@ class StartupLog:
     def has_capacity(self) -> bool:
         """Whether the log states anything about the KV pool (memory, blocks, tokens, a refusal)."""
         return any(x is not None for x in (self.available_kv_gib, self.num_gpu_blocks, self.kv_cache_tokens,
-                                           self.refusal, self.sglang_k_gib, self.max_concurrency))
+                                           self.refusal, self.sglang_k_gib, self.max_concurrency, self.not_started))
+
+    @property
+    def starts(self) -> bool | None:
+        """Whether the log shows the engine started: False with a reason (``not_started``), True when it
+        prints its pool, None when it says nothing about the pool."""
+        if self.not_started is not None:
+            return False
+        return True if self.has_capacity else None
 
 
 # ---------------------------------------------------------------------------------------------
 # numbers as printed
 
 
+class Unreadable(ValueError):
+    """A number in a line the parser matched that is not a number the engine prints (garbled or cut)."""
+
+
+_PRINTED_NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]*)?")
+MAX_LOGGED = MAX_TOKENS  # no count, length, size (GiB) or ratio a start-up log prints is larger
+_MAX_DIGITS = 15  # a double holds 15 significant digits: more were not printed by the engine
+
+
+def _checked(text: str, integer: bool) -> str:
+    """``text`` without its thousands separators, or :class:`Unreadable`: misplaced commas (``409,6001``),
+    a fraction where a count belongs, more digits than a printed number has, past :data:`MAX_LOGGED`."""
+    plain = text.replace(",", "")
+    digits = plain.lstrip("-").replace(".", "").lstrip("0")
+    if (not _PRINTED_NUMBER.fullmatch(text) or (integer and "." in text) or len(digits) > _MAX_DIGITS
+            or abs(float(plain)) > MAX_LOGGED):
+        raise Unreadable(text)
+    return plain
+
+
 def _num(text: str) -> float:
-    return float(text.replace(",", ""))
+    return float(_checked(text, integer=False))
 
 
 def _int(text: str) -> int:
-    return int(float(text.replace(",", "")))
+    return int(_checked(text, integer=True))
 
 
 def decimals(text: str) -> int:
@@ -146,16 +180,16 @@ _RULES: tuple[_Rule, ...] = (
     _r("model", r"Starting to load model ([^\s.][^\s]*?)(?:\.\.\.)?\s*$", lambda m: m.group(1)),
     _r("model", r"\bvllm serve\s+\"?([A-Za-z0-9_./-]+)\"?", lambda m: m.group(1)),
     _r("dtype", r"\bdtype=torch\.(\w+)", lambda m: m.group(1)),
-    _r("max_model_len", r"\bmax_seq_len=([0-9]+)", lambda m: int(m.group(1))),
-    _r("max_model_len", r"Using max model len ([0-9]+)", lambda m: int(m.group(1))),
-    _r("tp", r"\btensor_parallel_size=([0-9]+)", lambda m: int(m.group(1))),
-    _r("pp", r"\bpipeline_parallel_size=([0-9]+)", lambda m: int(m.group(1))),
+    _r("max_model_len", r"\bmax_seq_len=([0-9]+)", lambda m: _int(m.group(1))),
+    _r("max_model_len", r"Using max model len ([0-9]+)", lambda m: _int(m.group(1))),
+    _r("tp", r"\btensor_parallel_size=([0-9]+)", lambda m: _int(m.group(1))),
+    _r("pp", r"\bpipeline_parallel_size=([0-9]+)", lambda m: _int(m.group(1))),
     _r("kv_cache_dtype", r"\bkv_cache_dtype=(\w+)", lambda m: m.group(1)),
     _r("quantization", r"\bquantization=(\w+)", lambda m: None if m.group(1) == "None" else m.group(1)),
     _r("enforce_eager", r"\benforce_eager=(True|False)", lambda m: m.group(1) == "True"),
-    _r("max_num_batched_tokens", r"max_num_batched_tokens=([0-9]+)", lambda m: int(m.group(1))),
-    _r("block_size", r"Setting (?:attention|kv cache) block size to ([0-9]+) tokens", lambda m: int(m.group(1))),
-    _r("block_size", r"Setting kv cache block size to ([0-9]+)", lambda m: int(m.group(1))),
+    _r("max_num_batched_tokens", r"max_num_batched_tokens=([0-9]+)", lambda m: _int(m.group(1))),
+    _r("block_size", r"Setting (?:attention|kv cache) block size to ([0-9]+) tokens", lambda m: _int(m.group(1))),
+    _r("block_size", r"Setting kv cache block size to ([0-9]+)", lambda m: _int(m.group(1))),
     _r("usage_context", r"(api_server\.py|APIServer pid|model_tag)", lambda m: "serve"),
     # the budget terms
     _r("total_memory_gib", r"total_gpu_memory[ =(]+\s*" + NUMBER + r"\s*GiB"),
@@ -188,26 +222,27 @@ _RULES: tuple[_Rule, ...] = (
     _r("available_kv_gib", r"\bkv_cache_size=" + NUMBER + r"GiB"),
     _r("available_kv_gib", r"available_kv_cache_memory\s+" + NUMBER + r"\s*GiB"),
     # the capacity
-    _r("num_gpu_blocks", r"#? ?(?:GPU|CUDA) blocks: ([0-9,]+)", lambda m: _int(m.group(1))),
-    _r("num_gpu_blocks", r"num_gpu_blocks is: ([0-9,]+)", lambda m: _int(m.group(1))),
+    _r("num_gpu_blocks", r"#? ?(?:GPU|CUDA) blocks: " + INT, lambda m: _int(m.group(1))),
+    _r("num_gpu_blocks", r"num_gpu_blocks is: " + INT, lambda m: _int(m.group(1))),
     _r("kv_cache_tokens", r"GPU KV cache size: ([0-9,]+) tokens", lambda m: _int(m.group(1))),
-    _r("padding_layers", r"Add ([0-9]+) padding layers", lambda m: int(m.group(1))),
+    _r("padding_layers", r"Add ([0-9]+) padding layers", lambda m: _int(m.group(1))),
     # SGLang
     _r("sglang_kv", r"KV Cache is allocated\. #tokens: ([0-9,]+), K size: ([0-9.]+) GB, V size: ([0-9.]+) GB",
        lambda m: (_int(m.group(1)), _num(m.group(2)), _num(m.group(3)))),
-    _r("sglang_tokens", r"max_total_num_tokens=([0-9,]+)", lambda m: _int(m.group(1))),
+    _r("sglang_tokens", r"max_total_num_tokens=" + INT, lambda m: _int(m.group(1))),
     _r("gpu_memory_utilization", r"mem_fraction_static[=:]\s*" + NUMBER),
-    _r("sglang_tp", r"\btp_size=([0-9]+)", lambda m: int(m.group(1))),
+    _r("sglang_tp", r"\btp_size=([0-9]+)", lambda m: _int(m.group(1))),
     _r("sglang_model", r"model_path='([^']+)'", lambda m: m.group(1)),
-    _r("sglang_context", r"context_len=([0-9]+)", lambda m: int(m.group(1))),
+    _r("sglang_context", r"context_len=([0-9]+)", lambda m: _int(m.group(1))),
 )
 
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([0-9,]+) tokens per request: " + NUMBER + r"x")
-_V0_REFUSAL = re.compile(r"max seq len \(([0-9]+)\) is larger than the maximum number of tokens that can be stored in "
-                         r"KV cache \(([0-9]+)\)")
-_V1_REFUSAL = re.compile(r"max seq len \(([0-9]+)\),?\s*\(?([0-9.]+) GiB KV cache is needed, which is larger than the "
-                         r"available KV cache memory \(([0-9.]+) GiB\)")
-_V1_ESTIMATE = re.compile(r"estimated maximum model length is ([0-9]+)")
+_V0_REFUSAL = re.compile(r"max (?:seq|model)[ _]len \(([0-9,.]+)\) is larger than the maximum number of tokens that can "
+                         r"be stored in KV cache \(([0-9,.]+)\)")
+_V1_REFUSAL = re.compile(r"max seq len \(([0-9,.]+)\),?\s*\(?(-?[0-9,.]+) GiB KV cache is needed, which is larger than "
+                         r"the available KV cache memory \((-?[0-9,.]+) GiB\)")
+_V1_ESTIMATE = re.compile(r"estimated maximum model length is " + INT)
+_NO_MEMORY = re.compile(r"No available memory for the cache blocks")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _SERVE_FLAG = re.compile(r"--([a-z-]+)[ =]\"?([^\s\"]+)")
 _WORKER_RANK = re.compile(r"(?:rank=|TP|_TP)(\d+)")
@@ -225,16 +260,28 @@ _FIELD_TYPES = {"tp": int, "pp": int, "max_model_len": int, "max_num_seqs": int,
                 "block_size": int, "gpu_memory_utilization": float}
 
 
+# vLLM's human-readable integers (``--max-model-len 32k``): k/m/g = 10^3/10^6/10^9, K/M/G = 2^10/2^20/2^30
+_HUMAN_INT = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kmgKMG])")
+_HUMAN_UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
 def _typed(field: str, value: Any) -> Any:
     kind = _FIELD_TYPES.get(field)
     if field == "enforce_eager":
         return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "")
     if kind is None:
         return None if value is None else str(value)
+    text = str(value).replace(",", "")
+    short = _HUMAN_INT.fullmatch(text) if kind is int else None
     try:
-        return kind(str(value).replace(",", ""))
+        number = round(float(short.group(1)) * _HUMAN_UNITS[short.group(2)]) if short else kind(text)
     except ValueError:
+        if any(ch.isdigit() for ch in text):
+            raise Unreadable(text[:40]) from None  # digits, but not a number (or 5,000 of them)
         return None
+    if not abs(number) <= MAX_LOGGED:  # NaN too
+        raise Unreadable(text[:40])
+    return number
 
 
 def _args_dict(line: str) -> dict[str, Any]:
@@ -272,6 +319,7 @@ class _Collect:
         self.warnings: list[str] = []
         self.kv_by_rank: list[tuple[int | None, float]] = []
         self.sglang_lines = 0
+        self.unreadable: list[str] = []
 
     def set(self, field: str, value: Any, *, keep_first: bool = False) -> None:
         if value is None or (keep_first and field in self.values):
@@ -281,15 +329,20 @@ class _Collect:
             self.order.append(field)
 
 
-def _read_line(c: _Collect, line: str) -> None:
+def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
+    """Read one line (``lineno``: 1-based, for the unreadable-number messages)."""
     for field, pattern, read in _RULES:
         m = pattern.search(line)
         if not m:
             continue
-        value = read(m)
+        try:
+            value = read(m)
+        except Unreadable as exc:
+            c.unreadable.append(_unreadable(lineno, field, exc, line))
+            continue
         if field == "available_kv_gib":
             rank = _WORKER_RANK.search(line)
-            c.kv_by_rank.append((int(rank.group(1)) if rank else None, value))
+            c.kv_by_rank.append((int(rank.group(1)[:9]) if rank else None, value))
         if field.startswith("sglang_"):
             c.sglang_lines += 1
         if field == "sglang_kv":
@@ -308,28 +361,46 @@ def _read_line(c: _Collect, line: str) -> None:
             c.set(field, value)
     m = _CONCURRENCY.search(line)
     if m:
-        c.set("concurrency_len", _int(m.group(1)))
-        c.set("max_concurrency", _num(m.group(2)))
+        try:
+            c.set("concurrency_len", _int(m.group(1)))
+            c.set("max_concurrency", _num(m.group(2)))
+        except Unreadable as exc:
+            c.unreadable.append(_unreadable(lineno, "max_concurrency", exc, line))
     for key, value in {**_args_dict(line), **(_serve_flags(line) if "vllm serve" in line else {})}.items():
         if key in _ARG_FIELDS:
             field = _ARG_FIELDS[key]
-            c.set(field, _typed(field, value))
-    refusal = _refusal(line)
+            try:
+                c.set(field, _typed(field, value))
+            except Unreadable as exc:
+                c.unreadable.append(_unreadable(lineno, field, exc, line))
+    try:
+        refusal = _refusal(line)
+    except Unreadable as exc:
+        c.unreadable.append(_unreadable(lineno, "refusal", exc, line))
+        refusal = None
     if refusal is not None:
         c.set("refusal", refusal)
+    if _NO_MEMORY.search(line):
+        c.set("no_memory_line", lineno)
     if _WARNINGS.search(line):
         c.warnings.append(line.strip()[:300])
+
+
+def _unreadable(lineno: int, field: str, exc: Unreadable, line: str) -> str:
+    text = line.strip()
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return f"line {lineno}: cannot read the number {str(exc)[:40]!r} ({field}) in {text!r}"
 
 
 def _refusal(line: str) -> Refusal | None:
     m = _V0_REFUSAL.search(line)
     if m:
-        return Refusal(int(m.group(1)), kv_tokens=int(m.group(2)))
+        return Refusal(_int(m.group(1)), kv_tokens=_int(m.group(2)))
     m = _V1_REFUSAL.search(line)
     if m:
         est = _V1_ESTIMATE.search(line)
-        return Refusal(int(m.group(1)), needed_gib=_num(m.group(2)), available_gib=_num(m.group(3)),
-                       estimated_max_model_len=int(est.group(1)) if est else None)
+        return Refusal(_int(m.group(1)), needed_gib=_num(m.group(2)), available_gib=_num(m.group(3)),
+                       estimated_max_model_len=_int(est.group(1)) if est else None)
     return None
 
 
@@ -352,19 +423,38 @@ def _finish(c: _Collect) -> StartupLog:
             v["mode"] = "V1"
     if v.get("max_model_len") is None:
         v["max_model_len"] = v.get("concurrency_len") or (v["refusal"].max_model_len if v.get("refusal") else None)
+    v["not_started"] = _not_started(v)
     known = {f.name for f in fields(StartupLog)}
     return StartupLog(**{k: val for k, val in v.items() if k in known}, warnings=tuple(c.warnings),
-                      matched=tuple(k for k in c.order if k in known))
+                      matched=tuple(k for k in c.order if k in known), unreadable=tuple(c.unreadable))
+
+
+def _not_started(v: dict[str, Any]) -> str | None:
+    """Why the log shows the engine did not start (vLLM raises on each of these), or None."""
+    refusal = v.get("refusal")
+    if refusal is not None and refusal.kv_tokens is not None:
+        return (f"max_model_len {refusal.max_model_len:,} is larger than the {refusal.kv_tokens:,} tokens the KV cache "
+                "holds")
+    if refusal is not None:
+        return (f"one request at max_model_len {refusal.max_model_len:,} needs {refusal.needed_gib} GiB of KV cache, "
+                f"more than the {refusal.available_gib} GiB available")
+    if v.get("no_memory_line") is not None:
+        return f"no available memory for the cache blocks (line {v['no_memory_line']})"
+    for field, what in (("available_kv_gib", "available KV cache memory {} GiB"), ("num_gpu_blocks", "{} GPU blocks"),
+                        ("kv_cache_tokens", "a KV cache of {} tokens")):
+        if v.get(field) is not None and v[field] <= 0:
+            return what.format(v[field]) + ": no memory for the cache blocks"
+    return None
 
 
 def parse_log(text: str) -> StartupLog:
     """Parse a start-up log (any mix of vLLM / SGLang lines; unknown lines are skipped)."""
     c = _Collect()
-    for line in str(text).splitlines():
+    for lineno, line in enumerate(str(text).splitlines(), 1):
         if len(line) > 100_000:  # a garbled megabyte line: nothing of ours is that long
             line = line[:100_000]
-        _read_line(c, line)
+        _read_line(c, line, lineno)
     return _finish(c)
 
 
-__all__ = ["StartupLog", "Refusal", "parse_log", "printed_interval", "decimals"]
+__all__ = ["StartupLog", "Refusal", "Unreadable", "parse_log", "printed_interval", "decimals"]

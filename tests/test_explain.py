@@ -256,12 +256,80 @@ def test_an_unknown_log_says_what_it_found_and_what_is_missing():
     assert "Traceback" not in r.output
 
 
+V1_HEAD = ("INFO 05-01 10:00:00 [api_server.py:1] vLLM API server version 0.10.1.1\n"
+           "INFO 05-01 10:00:05 [gpu_model_runner.py:1] Model loading took 14.99 GiB and 5.1 seconds\n")
+NEGATIVE_BUDGET = V1_HEAD + ("INFO 05-01 10:00:10 [gpu_worker.py:1] Available KV cache memory: -5.00 GiB\n"
+                             "INFO 05-01 10:00:10 [kv_cache_utils.py:1] GPU KV cache size: 0 tokens\n"
+                             "INFO 05-01 10:00:10 [kv_cache_utils.py:1] Maximum concurrency for 8,192 tokens per request: 0.00x\n")
+NO_MEMORY = V1_HEAD + ("ERROR 05-01 10:00:10 [core.py:1] ValueError: No available memory for the cache blocks. Try "
+                       "increasing `gpu_memory_utilization` when initializing the engine.\n")
+MODEL_8B = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "8192"]
+
+
+@pytest.mark.parametrize("text, reason", [
+    (NEGATIVE_BUDGET, "available KV cache memory -5.0 GiB: no memory for the cache blocks"),
+    (NO_MEMORY, "no available memory for the cache blocks (line 3)"),
+    (REPORTS["qwen-295-qwen15-7b-refused"]["log_excerpt"],
+     "max_model_len 32,768 is larger than the 7,344 tokens the KV cache holds"),
+])
+def test_a_log_whose_engine_did_not_start_says_so(text, reason):
+    """was: the log's column said the engine started (no max_model_len refusal line), and the verdict was
+    'the logged terms reproduce every capacity line of the log exactly' with nothing about the start."""
+    log = parse_log(text)
+    assert (log.starts, log.not_started) == (False, reason)
+
+
+def test_explain_compares_the_logs_failed_start_with_kvplans_start_verdict():
+    r = runner.invoke(app, ["explain", "-", *MODEL_8B, "--gpu", "H100", "--json"], input=NEGATIVE_BUDGET)
+    assert r.exit_code == 0, r.output
+    starts = json.loads(r.stdout)["reconciled"]["starts"]
+    assert starts["log"] is False and starts["from_logged_terms"] is False  # -5 GiB: 0 blocks
+    assert starts["log_reason"] == "available KV cache memory -5.0 GiB: no memory for the cache blocks"
+    assert starts["from_kvplan_terms"] is True and starts["kvplan_reason"] is None  # an 8B fits an H100
+    r = runner.invoke(app, ["explain", "-", *MODEL_8B, "--gpu", "H100"], input=NEGATIVE_BUDGET, env={"COLUMNS": "200"})
+    assert "the engine did not start: available KV cache memory -5.0 GiB" in r.stdout
+    assert "kvplan's own terms start it with" in r.stdout and "kvplan's plan is more optimistic" in r.stdout
+    assert "reproduce every capacity line" not in r.stdout
+    # a 70B on one H100: kvplan does not start it either, and says why
+    r = runner.invoke(app, ["explain", "-", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--max-model-len", "8192",
+                            "--gpu", "H100"], input=NO_MEMORY, env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "the engine did not start: no available memory for the cache blocks (line 3); kvplan's own terms do not " \
+           "start it either (no memory left for the KV cache" in r.stdout
+
+
+@pytest.mark.parametrize("line, number", [
+    ("GPU KV cache size: 409,6001234567890123456789 tokens", "409,6001234567890123456789"),  # misplaced commas
+    ("GPU KV cache size: 99999999999999999999 tokens", "99999999999999999999"),  # was read as 1e20 (float)
+    ("Available KV cache memory: 1,2.34 GiB", "1,2.34"),
+    ("Maximum concurrency for 8,19 tokens per request: 5.00x", "8,19"),
+    ("max_seq_len=" + "9" * 5000 + ",", "9" * 40),  # was: int() of 5,000 digits, a ValueError traceback
+    ("non-default args: {'max_model_len': 10**30}", None),  # not a literal: the dict is skipped as garbled
+    ("non-default args: {'max_model_len': " + "1" * 31 + "}", "1" * 31),  # was: max_model_len 10^30 planned
+    ("vllm serve x --max-model-len 12ab", "12ab"),  # was: silently dropped
+])
+def test_numbers_no_engine_prints_are_errors_naming_the_line(line, number):
+    text = NEGATIVE_BUDGET.replace("Available KV cache memory: -5.00 GiB", "Available KV cache memory: 50.00 GiB")
+    text = text.replace("GPU KV cache size: 0 tokens", "x") + f"INFO 05-01 10:00:11 [x.py:1] {line}\n"
+    log = parse_log(text)  # the parser flags, never raises
+    if number is None:
+        assert log.unreadable == () and log.max_model_len == 8192  # from the concurrency line
+        return
+    (flag,) = log.unreadable
+    assert flag.startswith(f"line 6: cannot read the number {number!r}")
+    r = runner.invoke(app, ["explain", "-", *MODEL_8B, "--gpu", "H100"], input=text)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    (err,) = r.stderr.strip().splitlines()
+    assert err.startswith("kvplan: error: the log has numbers no engine prints: line 6: cannot read the number")
+
+
 LOGS = [REPORTS[rid]["log_excerpt"] for rid in ("eole-gemma-3-1b-it-v0130-llm", "vllm-12330-a100-40-llama3-8b",
                                                  "rocm-blog-r1-distill-qwen-14b-tp2-v0111")]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(which=st.integers(0, len(LOGS) - 1), cut=st.floats(0, 1), noise=st.text(max_size=40),
+@given(which=st.integers(0, len(LOGS) - 1), cut=st.floats(0, 1),
+       noise=st.text(max_size=40) | st.text(alphabet="0123456789,.-", max_size=5000),  # garbled numbers too
        at=st.floats(0, 1), drop=st.booleans())
 def test_truncated_or_garbled_logs_never_crash(which, cut, noise, at, drop):
     text = LOGS[which][: int(len(LOGS[which]) * cut)]
@@ -269,6 +337,8 @@ def test_truncated_or_garbled_logs_never_crash(which, cut, noise, at, drop):
     text = text[:pos] + noise + text[pos + (len(noise) if drop else 0):]
     log = parse_log(text)  # the parser never raises
     assert isinstance(log.to_dict(), dict)
+    numbers = [v for v in log.to_dict().values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    assert all(abs(v) <= 1 << 32 for v in numbers), numbers  # what it cannot read is flagged, not misread
     try:
         ex = explain(text, {"model": "google/gemma-3-1b-it", "gpu": "H100", "offline": True})
     except KvplanError as exc:
@@ -297,3 +367,9 @@ def test_a_long_warning_wraps_whole_at_80_columns():
     start = next(i for i, line in enumerate(lines) if line.startswith("! log:"))
     shown = " ".join(line.strip() for line in lines[start:start + 4])
     assert "! log: " + warning in shown
+
+
+def test_vllm_human_readable_integers_on_a_serve_line_are_read():
+    # vLLM takes --max-model-len 32k (10^3) and 1K (2^10); they were dropped, now read, not flagged
+    log = parse_log("vllm serve meta-llama/Llama-3.1-8B --max-model-len 32k --max-num-seqs 1K\n")
+    assert (log.max_model_len, log.max_num_seqs, log.unreadable) == (32_000, 1_024, ())

@@ -58,8 +58,9 @@ def explanation_to_dict(ex: "Explanation") -> dict[str, Any]:
             "longest_startable_len": {"log": refusal.estimated_max_model_len if refusal else None,
                                       "from_logged_terms": logged and logged["longest_startable_len"],
                                       "from_kvplan_terms": own["longest_startable_len"]},
-            "starts": {"log": None if not log.has_capacity else refusal is None,
-                       "from_logged_terms": logged and logged["starts"], "from_kvplan_terms": own["starts"]},
+            "starts": {"log": log.starts, "from_logged_terms": logged and logged["starts"],
+                       "from_kvplan_terms": own["starts"], "log_reason": log.not_started,
+                       "kvplan_reason": p.answer.refusal},
             "kv_cache_tokens_from_logged_terms": logged and logged["kv_cache_tokens"],
             "kv_cache_tokens_from_kvplan_terms": own["kv_cache_tokens"],
             "max_concurrency_from_logged_terms": logged and logged["max_concurrency"],
@@ -83,6 +84,23 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}x"
     return f"{value:,}"
+
+
+def _start_verdict(ex: "Explanation"):  # noqa: ANN202 - a rich Text
+    """One line when the log shows the engine did not start: why, and kvplan's own start verdict beside it."""
+    from rich.text import Text
+
+    text = Text()
+    if ex.log.starts is not False:
+        return text
+    own, answer = ex.from_kvplan, ex.plan.answer
+    text.append(f"the engine did not start: {ex.log.not_started}", style="bold red")
+    if own.starts:
+        text.append(f"; kvplan's own terms start it with {own.num_blocks:,} blocks ({own.kv_cache_tokens:,} tokens): "
+                    "kvplan's plan is more optimistic than this deployment\n")
+    else:
+        text.append(f"; kvplan's own terms do not start it either ({answer.refusal})\n")
+    return text
 
 
 def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
@@ -113,17 +131,17 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
     cap.add_row("KV cache tokens", _fmt(log.kv_cache_tokens), _fmt(lg and lg.kv_cache_tokens), _fmt(own.kv_cache_tokens))
     cap.add_row(f"max concurrency at {p.max_model_len:,}", _fmt(log.max_concurrency),
                 _fmt(lg and lg.max_concurrency), _fmt(own.max_concurrency))
-    cap.add_row("starts", _fmt(None if not log.has_capacity else log.refusal is None), _fmt(lg and lg.starts),
-                _fmt(own.starts))
+    cap.add_row("starts", _fmt(log.starts), _fmt(lg and lg.starts), _fmt(own.starts))
     if log.refusal is not None:
         cap.add_row("longest max_model_len", _fmt(log.refusal.estimated_max_model_len),
                     _fmt(lg and lg.longest_startable_len), _fmt(own.longest_startable_len))
-    verdict = Text()
+    verdict = _start_verdict(ex)
     rule = RULES.get(p.engine.kv_tokens_rule, p.engine.kv_tokens_rule)
     if ex.matches:
         span = ex.logged_blocks
         which = "" if not span or span[0] == span[1] else f" (the logged budget allows {span[0]:,} - {span[1]:,} blocks)"
-        verdict.append("the logged terms reproduce every capacity line of the log exactly", style="bold green")
+        verdict.append("the logged terms reproduce every capacity line of the log exactly" if ex.log.starts is not False
+                       else "the logged terms reproduce the log: the engine does not start with them", style="bold green")
         verdict.append(f"{which}; token line: {rule}\n")
     elif ex.matches is False:
         verdict.append("the logged terms do not reproduce the log: ", style="bold red")
