@@ -296,6 +296,12 @@ BY_FIELD: dict[str, Opt] = {o.field_name: o for o in OPTIONS if o.in_options}
 CLI_OPTIONS: tuple[Opt, ...] = tuple(o for o in OPTIONS if o.panel)
 YAML_OPTIONS: tuple[Opt, ...] = tuple(o for o in OPTIONS if o.yaml)
 
+# options that say where a model is read from, not what is planned
+SOURCE_ONLY = ("hub", "offline", "refresh")
+PLAN_OPTIONS: tuple[Opt, ...] = tuple(o for o in YAML_OPTIONS if o.in_options and o.name not in SOURCE_ONLY)
+"""Every option that changes a plan, in table order: what a report row or a plan's :func:`option_values_of`
+holds so that the plan can be made again."""
+
 # the per-request axes of a sweep, outermost first: everything else decides the pool (budget, layout, blocks)
 ROW_AXES = ("max_model_len", "context", "batch")
 # a sweep's canonical nesting: the pool-deciding options outermost (table order), the per-request ones innermost
@@ -371,6 +377,28 @@ def check_context(context: int, max_model_len: int | None, *, auto: bool = False
                          f"lower --context to {max_model_len}")
     raise InputError(f"--context {context:,} exceeds --max-model-len {max_model_len:,}: the engine rejects requests "
                      "longer than max_model_len", f"raise --max-model-len to {context} or lower --context")
+
+
+def typed_value(opt: Opt, value: Any) -> Any:
+    """An :class:`Options` value as the option takes it (:func:`options_from_values`, a YAML file): sizes as
+    a number of GiB (bytes / 2^30, exact in a float), a calibration as its file's path, the rest as stored."""
+    from kvplan.units import GiB
+
+    if value is None:
+        return None
+    if opt.kind.startswith("size"):
+        return value / GiB
+    if opt.kind == "calibration":
+        return value.path
+    return value
+
+
+def option_values_of(options: Any, resolved: dict[str, Any]) -> dict[str, Any]:
+    """Every option of :data:`PLAN_OPTIONS` (table order) as :func:`options_from_values` takes it: the value
+    ``resolved`` by a plan where it has one (the engine's defaults made explicit), else as set in
+    ``options`` (``None``: the default). Planning these values again gives the same plan."""
+    return {o.name: resolved[o.name] if o.name in resolved else typed_value(o, getattr(options, o.field_name))
+            for o in PLAN_OPTIONS}
 
 
 def _options_class() -> type:

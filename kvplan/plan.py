@@ -15,7 +15,7 @@ from kvplan.answer import Answer, Deployment
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
-from kvplan.options import Options, check_context, options_from_values
+from kvplan.options import Options, check_context, option_values_of, options_from_values
 from kvplan.spec import LayerCache, LayerKind, ModelSpec, Overrides
 from kvplan.units import DType, GiB, parse_dtype, plural
 
@@ -118,6 +118,22 @@ class Plan:
             ssm_dtype=next((x.ssm_dtype for x in self.rank_layers if x.is_state and x.ssm_dtype), None)
             if o.ssm_dtype else None,
             is_cpu=self.gpu.is_cpu, revision=o.revision)
+
+    @property
+    def option_values(self) -> dict[str, Any]:
+        """Every option that changes this plan (:data:`kvplan.options.PLAN_OPTIONS`) as
+        :func:`options_from_values` takes it: as resolved here (GPU, engine release: the one asked for, else
+        the first of the modelled range, dtypes, block size, utilisation, batching limits, prefix caching) or
+        as set. Planning them again gives this plan."""
+        o, e = self.options, self.engine
+        return option_values_of(o, {
+            "model": self.spec.model_id, "gpu": self.gpu.name if o.gpu else None, "engine": e.engine,
+            "engine_version": e.requested_version or (e.release_range.split()[0] if e.release_range else e.version),
+            "usage_context": e.usage_context,
+            "dtype": self.model_dtype, "kv_dtype": self.kv_dtype, "weights_dtype": self.weights_dtype,
+            "block_size": e.block_size, "gpu_util": self.budget.gpu_util, "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.answer.max_num_seqs,
+            "prefix_caching": self.prefix_caching})
 
     @property
     def serve_model(self) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 from kvplan import memory
 from kvplan.errors import InputError, KvplanError
 from kvplan.plan import Plan, options_from_values, plan_for_spec
-from kvplan.options import ROW_AXES
+from kvplan.options import PLAN_OPTIONS, ROW_AXES
 from kvplan.scenario import WhatIfFile, model_error
 from kvplan.yamldoc import ScenarioFileError, Where
 from kvplan.spec import ModelSpec, Overrides
@@ -43,14 +43,19 @@ MAX_POOLS = 10_000
 """Distinct pool configurations (every option but context, batch, max_model_len) a report may plan without
 ``--force``: each is one full plan (2-4 ms, ~8 KiB kept), so 10,000 take ~30 s."""
 
-# the key figures of a row, in column order (CSV / JSON); bytes are per GPU
-ROW_FIELDS = (
-    "name", "model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size", "gpu_util",
-    "context", "batch", "max_model_len",
+# the columns of a row (CSV / JSON), from the option table: the scenario's name, every option that changes the
+# plan (kvplan.options.PLAN_OPTIONS, as Plan.option_values gives them: feed them back to plan the row again),
+# the per-request axes, then the figures (bytes per GPU)
+POOL_LABELS = tuple(o.name for o in PLAN_OPTIONS if o.name not in ROW_AXES)
+LABEL_FIELDS = ("name", *POOL_LABELS, "context", "batch", "max_model_len")
+FIGURE_FIELDS = (
     "kv_bytes_per_token", "weights_bytes", "total_bytes", "usable_bytes", "activation_bytes", "overhead_bytes",
     "cudagraph_bytes", "kv_budget_bytes", "num_blocks", "kv_tokens", "max_requests", "max_concurrency",
     "max_context_at_batch", "fits", "engine_starts", "decode_tokens_per_s",
 )
+ROW_FIELDS = LABEL_FIELDS + FIGURE_FIELDS
+# the labels the tables show when they vary (the others only when the file sets them)
+SHOWN_LABELS = ("model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size", "gpu_util")
 
 
 class Pool:
@@ -60,7 +65,7 @@ class Pool:
     num_blocks, engine, weights) are read for the other rows.
     """
 
-    LABELS = ("model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size", "gpu_util")
+    LABELS = POOL_LABELS
     __slots__ = ("plan", "label", "deployment", "_rkv", "_tps", "_validated", "_labels", "_figures")
 
     def __init__(self, plan: Plan, label: Mapping[str, Any]) -> None:
@@ -70,10 +75,9 @@ class Pool:
         self._rkv: dict[int, int] = {}
         self._tps: dict[tuple[int, int], float] = {}
         self._validated: set[int] = set()
-        p, o, b = plan, plan.options, plan.budget
-        self._labels = {"model": p.spec.model_id, "gpu": p.gpu.name, "gpus": o.gpu_count, "tp": o.tp, "pp": o.pp,
-                        "engine": p.engine.engine, "dtype": p.model_dtype, "kv_dtype": p.kv_dtype,
-                        "weights_dtype": p.weights_dtype, "block_size": p.layout.block_size, "gpu_util": b.gpu_util}
+        p, b = plan, plan.budget
+        values = plan.option_values
+        self._labels = {k: values[k] for k in POOL_LABELS}  # gpu None: a custom GPU (gpu_memory)
         self._figures = {"kv_bytes_per_token": p.kv_bytes_per_token_gpu, "weights_bytes": b.weights.bytes,
                          "total_bytes": b.total_bytes, "usable_bytes": b.usable_bytes,
                          "activation_bytes": b.activation.bytes, "overhead_bytes": b.overhead.bytes,
@@ -81,7 +85,8 @@ class Pool:
                          "num_blocks": p.answer.num_blocks}
 
     def labels(self) -> dict[str, Any]:
-        """What the pool is: model, GPU, parallelism, engine, dtypes, block size, utilisation."""
+        """What the pool is: every option of :data:`POOL_LABELS` as the plan resolved it (``max_num_seqs`` at
+        the first row's max_model_len: a row has its own)."""
         return self._labels
 
     def figures(self) -> dict[str, Any]:
@@ -130,7 +135,8 @@ class Row(NamedTuple):
     pool: Pool
     context: int
     batch: int
-    max_model_len: int
+    max_model_len: int | None  # as set: None when it follows the context (then the longest context is the model's)
+    max_num_seqs: int  # the engine's limit on requests at once at max_model_len (SGLang's depends on it)
     kv_tokens: int
     max_requests: int  # whole requests of `context` tokens that fit at once
     max_concurrency: float  # vLLM's "Maximum concurrency" at max_model_len
@@ -144,7 +150,7 @@ class Row(NamedTuple):
         mc = self.max_concurrency
         tps = self.decode_tokens_per_s
         return {
-            "name": self.name, **self.pool.labels(),
+            "name": self.name, **self.pool.labels(), "max_num_seqs": self.max_num_seqs,
             "context": self.context, "batch": self.batch, "max_model_len": self.max_model_len,
             **self.pool.figures(),
             "kv_tokens": self.kv_tokens, "max_requests": self.max_requests,
@@ -162,16 +168,13 @@ def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, na
     mml = max_model_len or context
     n = d.max_requests(context, mml)
     fits = d.fits(batch, context, mml)
-    return Row(name, pool, context, batch, mml, d.kv_tokens(mml), n,
+    return Row(name, pool, context, batch, max_model_len, d.request_limit(mml), d.kv_tokens(mml), n,
                memory.vllm_max_concurrency(d.blocks, d.blocks_per_request(mml)),
                d.max_context(batch, max_model_len),
                fits,
                pool.engine_starts(mml),
                pool.decode_tokens_per_s(context, min(n, batch) if fits else n) if n else None)
 
-
-LABEL_FIELDS = ("name", "model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size",
-                "gpu_util", "context", "batch", "max_model_len")
 
 Progress = Callable[[int, int], None]
 
@@ -241,6 +244,7 @@ class Report:
     mml_differs: bool  # some row's max_model_len differs from its context
     digest: RowDigest = field(repr=False, compare=False, default_factory=RowDigest)
     rows: tuple[Row, ...] | None = None
+    given: tuple[str, ...] = ()  # the LABEL_FIELDS the file sets (defaults, sweep, zip, scenarios)
 
     def header(self) -> dict[str, Any]:
         """Everything :meth:`to_dict` holds but the rows (written before the rows when streaming)."""
@@ -458,7 +462,15 @@ class Sweep:
         pools = list({id(p): p for p in [p for _, p in self._sweep_pools] + self._explicit_pools}.values())
         row_values = self._row_value_sets()
         return Report(self.whatif.title, self.whatif.description, self.whatif.display, self.num_rows,
-                      _varying(pools, row_values), _notes(pools), tuple(pools), row_values["mml_differs"], digest, rows)
+                      _varying(pools, row_values), _notes(pools), tuple(pools), row_values["mml_differs"], digest, rows,
+                      self._given())
+
+    def _given(self) -> tuple[str, ...]:
+        """The label columns the file sets (``gpu_count`` is the ``gpus`` column)."""
+        w = self.whatif
+        keys = set(w.defaults) | {n for a in w.axes for n in a.names} | {k for e in w.scenarios for k in e.values}
+        keys = {"gpus" if k == "gpu_count" else k for k in keys}
+        return tuple(k for k in LABEL_FIELDS if k in keys)
 
     def _row_value_sets(self) -> dict[str, Any]:
         """Distinct names, contexts, batches and max_model_lens over the rows (without making the rows)."""

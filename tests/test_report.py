@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from kvplan.cli import app
 from kvplan.plan import estimate, options_from_values
-from kvplan.report import ROW_FIELDS, build_report
+from kvplan.report import LABEL_FIELDS, ROW_FIELDS, Pool, build_report, make_row
 from kvplan.scenario import load_whatif
 
 runner = CliRunner()
@@ -59,6 +59,46 @@ def test_rows_equal_full_plans(tmp_path):
             "decode_tokens_per_s": round(plan.roofline.tokens_per_s, 1) if plan.roofline else None,
         }
         assert {k: d[k] for k in figures} == expected, d
+
+
+def test_every_option_that_changes_the_plan_is_a_column():
+    # engine_version, max_num_seqs and prefix_tokens were missing from the rows (a hand-written column list):
+    # the columns come from the option table, only where-to-read options (hub, offline, refresh) left out
+    from kvplan.options import SOURCE_ONLY, YAML_OPTIONS
+
+    assert {o.name for o in YAML_OPTIONS} - set(ROW_FIELDS) == set(SOURCE_ONLY)
+    assert {"engine_version", "max_num_seqs", "prefix_tokens", "max_num_batched_tokens", "usage_context"} <= set(ROW_FIELDS)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_row_plans_again_from_its_own_columns(tmp_path, engine):
+    """Feeding a CSV/JSON row's option columns back into the planner gives the row's figures: every option
+    that changes the plan is in the row, as the planner takes it."""
+    path = write(tmp_path, f"""\
+        defaults: {{engine: {engine}, prefix_tokens: 512, usage_context: llm}}
+        sweep:
+          model: [meta-llama/Llama-3.1-8B, Qwen/Qwen3-Next-80B-A3B-Thinking]
+          gpu: [H100, L40S]
+          engine_version: [{'"0.10.1", "0.29"' if engine == 'vllm' else '"0.5.4"'}]
+          max_model_len: [16k, 32k]
+          context: [1k, 16k]
+          batch: [1, 40]
+        scenarios:
+          - {{model: meta-llama/Llama-3.1-8B, gpu_memory: 23.5GiB, tp: 2, gpu_util: 0.8, block_size: 32, enforce_eager: true,
+              max_num_batched_tokens: 4096, kv_dtype: fp8, context: 4k}}
+          - {{model: meta-llama/Llama-3.1-8B, max_num_seqs: 8, kv_budget: 9.5GiB, context: 2k, batch: 9}}
+          - {{model: Qwen/Qwen3-Next-80B-A3B-Thinking, tp: 4, weights_gib: 170.25, activation_gib: 1.5, max_model_len: 64k}}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    rows = [r.to_dict() for r in report.rows]
+    labels = [k for k in ROW_FIELDS if k in LABEL_FIELDS and k != "name"]
+    sample = rows[::5] + rows[-3:]
+    assert len({(d["engine_version"], d["max_num_seqs"], d["kv_budget"], d["weights_gib"]) for d in sample}) > 3
+    for d in sample:
+        plan = estimate(options_from_values({**{k: d[k] for k in labels}, "offline": True}))
+        again = make_row(Pool(plan, {}), d["context"], d["batch"], d["max_model_len"], d["name"]).to_dict()
+        assert again == d, ({k: v for k, v in d.items() if k in labels and v is not None}, {k: (d[k], again[k]) for k in d if d[k] != again[k]})
+        assert d["prefix_tokens"] == 512 and d["usage_context"] == "llm" and d["engine"] == engine
 
 
 def test_hand_derived_row(tmp_path):

@@ -41,9 +41,14 @@ _FIGURES: list[tuple[str, str]] = [
 ]
 
 
+def _title(key: str) -> str:
+    """A label column's title (``max_num_seqs`` -> ``max num seqs`` for those without their own)."""
+    return _LABEL_TITLES.get(key, key.replace("_", " "))
+
+
 def _fmt(key: str, value: Any) -> str:
     if value is None:
-        return "" if key == "name" else "-"
+        return "" if key == "name" else ("custom" if key == "gpu" else "-")
     if key == "kv_bytes_per_token":
         return fmt_bytes(value)
     if key.endswith("_bytes"):
@@ -61,9 +66,17 @@ def _fmt(key: str, value: Any) -> str:
     return str(value)
 
 
+def _shown(report: "Report", key: str) -> bool:
+    """Whether tables show the label ``key``: the usual ones, and any other the file sets (every label is in
+    the CSV / JSON rows)."""
+    from kvplan.report import SHOWN_LABELS
+
+    return key in SHOWN_LABELS or key in report.given or key in ("name", "context", "batch", "max_model_len")
+
+
 def columns(report: "Report") -> list[str]:
     """Label columns shown in tables: those that vary (max_model_len only when it differs from context)."""
-    cols = [c for c in report.varying if c not in ("max_model_len", "gpus")]  # gpus = tp x pp, shown by those
+    cols = [c for c in report.varying if c not in ("max_model_len", "gpus") and _shown(report, c)]  # gpus = tp x pp
     if "max_model_len" in report.varying and report.mml_differs:
         cols.append("max_model_len")
     return cols or ["model"]
@@ -76,11 +89,13 @@ def constants(report: "Report") -> list[tuple[str, str]]:
     first = report.digest.head[0].to_dict()
     shown = set(columns(report))
     out = []
-    for key in ("model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size",
-                "gpu_util", "context", "batch", "max_model_len"):
+    from kvplan.report import LABEL_FIELDS
+
+    for key in LABEL_FIELDS:
         if key in shown or key in report.varying or (key == "max_model_len" and "context" in report.varying):
             continue
-        out.append((_LABEL_TITLES[key], _fmt(key, first[key])))
+        if key != "name" and _shown(report, key):
+            out.append((_title(key), _fmt(key, first[key])))
     return out
 
 
@@ -93,6 +108,7 @@ def _table_rows(report: "Report", cols: list[str], limit: int) -> tuple[list[lis
             out.append(["…"] * (len(cols) + len(_FIGURES)))
             continue
         d = row.to_dict()
+        d["max_model_len"] = d["max_model_len"] or d["context"]  # None: it follows the context
         out.append([_fmt(c, d[c]) for c in cols] + [_fmt(k, d[k]) for _, k in _FIGURES])
     return out, max(0, report.num_rows - limit)
 
@@ -114,7 +130,7 @@ def _tokens_short(n: int) -> str:
 def _terminal_cell(key: str, value: Any) -> str:
     """Compact cells for the terminal (the documents and CSV keep full figures)."""
     if value is None:
-        return "" if key == "name" else "-"
+        return _fmt(key, value)
     if key in ("dtype", "kv_dtype", "weights_dtype"):
         return _SHORT_DTYPES.get(value, value)
     if key == "model":
@@ -141,7 +157,7 @@ _RIGHT = ("context", "batch", "tp", "gpus", "pp", "max_model_len")
 def _label_col(key: str) -> Any:
     from kvplan.render.fit import Col
 
-    return Col(_TERMINAL_TITLES.get(key, _LABEL_TITLES[key]), wrap=key == "name",
+    return Col(_TERMINAL_TITLES.get(key, _title(key)), wrap=key == "name",
                justify="right" if key in _RIGHT else "left")
 
 
@@ -158,6 +174,7 @@ def _table_cols(labels: list[str], chosen: "list[Row | None]") -> list[Any]:
             cells: list[Any] = ["…"] * len(cols)
         else:
             d = row.to_dict()
+            d["max_model_len"] = d["max_model_len"] or d["context"]  # None: it follows the context
             cells = [_terminal_cell(c, d[c]) for c in labels]
             for _, key in _FIGURES:
                 text = _terminal_cell(key, d[key])
@@ -173,7 +190,7 @@ def _pool_line(row: "Row", keys: list[str]) -> tuple[str, ...]:
     items = []
     for key in keys:
         value = d[key] if key == "model" else _terminal_cell(key, d[key])
-        items.append(str(value) if key in ("model", "gpu", "engine") else f"{_LABEL_TITLES[key]} {value}")
+        items.append(str(value) if key in ("model", "gpu", "engine") else f"{_title(key)} {value}")
     return tuple(items)
 
 
@@ -351,14 +368,14 @@ def _series_label(pool: "Pool", keys: list[str]) -> str:
     parts = []
     for k in keys:
         v = labels[k]
-        parts.append(str(v).split("/")[-1] if k == "model" else (f"{k} {v}" if k in ("tp", "pp", "gpus", "block_size", "gpu_util") else str(v)))
+        parts.append(str(v).split("/")[-1] if k == "model" else (f"{k} {v}" if k in ("tp", "pp", "gpus", "block_size", "gpu_util") else _fmt(k, v)))
     return " · ".join(parts) or labels["model"].split("/")[-1]
 
 
 def _pool_keys(report: "Report") -> list[str]:
     from kvplan.report import Pool
 
-    return [k for k in report.varying if k in Pool.LABELS and k != "gpus"]  # gpus = tp x pp
+    return [k for k in report.varying if k in Pool.LABELS and k != "gpus" and _shown(report, k)]  # gpus = tp x pp
 
 
 def _png(fig: Any) -> bytes:
@@ -480,7 +497,7 @@ def to_markdown(report: "Report", images: dict[str, str], notes: list[str]) -> s
         lines += ["For every row: " + ", ".join(f"**{k}** {v}" for k, v in const) + ".", ""]
     for name, path in images.items():
         lines += [f"![{PLOT_TITLES[name]}]({path})", ""]
-    header = [_LABEL_TITLES[c] for c in cols] + [t for t, _ in _FIGURES]
+    header = [_title(c) for c in cols] + [t for t, _ in _FIGURES]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join("---" if i < len(cols) else "---:" for i in range(len(header))) + "|")
     for row in cells:
@@ -543,7 +560,7 @@ def to_html(report: "Report", plots: dict[str, bytes], notes: list[str]) -> str:
     for note in list(report.notes) + notes:
         out.append(f'<p class="note">note: {esc(note)}</p>')
     out.append('<div class="wrap"><table><thead><tr>')
-    out.extend(f'<th class="n">{esc(_LABEL_TITLES[c])}</th>' if c in numeric else f"<th>{esc(_LABEL_TITLES[c])}</th>"
+    out.extend(f'<th class="n">{esc(_title(c))}</th>' if c in numeric else f"<th>{esc(_title(c))}</th>"
                for c in cols)
     out.extend(f"<th>{esc(t)}</th>" if k == "fits" else f'<th class="n">{esc(t)}</th>' for t, k in _FIGURES)
     out.append("</tr></thead><tbody>")
