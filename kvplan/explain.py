@@ -318,13 +318,17 @@ def calibration_terms(ex: Explanation) -> tuple[dict[str, int], str]:
     kv = budget.usable_bytes - sum(terms.values()) - sum(unmeasured.values())  # a calibrated plan's KV budget
     blocks = ex.from_logged.num_blocks
     target = blocks * layout.block_bytes + layout.block_bytes // 2
-    if memory.num_blocks(kv, layout) == blocks:
+    what = f"{blocks:,} blocks"
+    if blocks == 0 and ex.logged_kv_bytes is not None and ex.logged_kv_bytes <= 0:
+        # the engine did not start: 0 blocks is a floor, the printed (negative) budget is the measurement
+        target, what = ex.logged_kv_bytes, f"KV budget of {ex.logged_kv_bytes / GiB:,.2f} GiB (the engine did not start)"
+    elif memory.num_blocks(kv, layout) == blocks:
         return terms, ""
     shift = kv - target  # > 0: the terms leave too much for the KV cache
     implied = next((k for k in _IMPLIED if k in unmeasured), None)
     if implied is not None and unmeasured[implied] + shift >= 0:
         terms[implied] = unmeasured[implied] + shift
-        return terms, (f"{implied.removesuffix('_bytes')} implied by the log's {blocks:,} blocks: requested - the "
+        return terms, (f"{implied.removesuffix('_bytes')} implied by the log's {what}: requested - the "
                        "printed terms - kvplan's estimates of the others - the KV budget")
     name = next(k for k in _ABSORBING if k in terms)
     if abs(shift) > PRINT_HALF_STEP_BYTES * (2 + len(terms)) or terms[name] + shift < 0:

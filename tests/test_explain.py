@@ -298,6 +298,21 @@ def test_explain_compares_the_logs_failed_start_with_kvplans_start_verdict():
            "start it either (no memory left for the KV cache" in r.stdout
 
 
+def test_calibrating_from_a_failed_start_keeps_its_negative_budget(tmp_path):
+    """0 blocks is a floor, not the measurement: was an activation of 60 GB implied by '0 blocks', which a
+    calibrated plan turned into a budget of +0.0 GiB instead of the logged -5.00 GiB."""
+    cal = tmp_path / "calib.yaml"
+    r = runner.invoke(app, ["explain", "-", *MODEL_8B, "--gpu", "H100", "--calibrate", str(cal)], input=NEGATIVE_BUDGET)
+    assert r.exit_code == 0, r.output
+    entry = yaml.safe_load(cal.read_text())["calibrations"][0]
+    assert "implied by the log's KV budget of -5.00 GiB (the engine did not start)" in entry["note"]
+    d = json.loads(runner.invoke(app, ["estimate", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+                                       "--max-model-len", "8192", "--engine-version", "0.10.1.1", "--calibration",
+                                       str(cal), "--json"]).output)
+    assert abs(d["budget"]["kv_budget_bytes"] - (-5 * GiB)) <= 0.005 * GiB  # the logged budget, to its print precision
+    assert d["answer"]["limited_by"] == "refused" and d["engine_report"]["refusal"]
+
+
 @pytest.mark.parametrize("line, number", [
     ("GPU KV cache size: 409,6001234567890123456789 tokens", "409,6001234567890123456789"),  # misplaced commas
     ("GPU KV cache size: 99999999999999999999 tokens", "99999999999999999999"),  # was read as 1e20 (float)
