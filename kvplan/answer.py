@@ -24,7 +24,7 @@ from kvplan import memory
 from kvplan.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvplan.engines import Engine, EngineDefaults
+    from kvplan.engines import Engine, EngineDefaults, ModelLength
 
 MEMO_ENTRIES = 65_536  # memoised per-length figures per deployment (a report asks for many), cleared when full
 
@@ -50,6 +50,8 @@ class Answer:
     pool_requests: int = 0  # requests of `context` tokens the pool's blocks hold (memory alone)
     max_num_seqs: int = 0  # requests the engine's scheduler runs at once at most
     refusal: str | None = None  # why the engine refuses to start (None: it starts)
+    model_max_len: int | None = None  # the longest max_model_len the engine accepts for the model (None: no maximum)
+    model_max_len_rule: str = ""  # how it follows from the config (max_position_embeddings, rope scaling)
 
     @property
     def limited_by(self) -> str:
@@ -90,9 +92,14 @@ class Deployment:
         return self._get(("blocks", tokens), lambda: self.demand.blocks(tokens))
 
     @property
+    def model_length(self) -> "ModelLength":
+        """The model's maximum length as the engine derives it (``model_max_len``), with its rule."""
+        return self._get(("model_length",), lambda: self.rules.model_max_len(self.engine, self.spec))
+
+    @property
     def model_limit(self) -> int:
-        """The longest max_model_len the engine accepts: the model's maximum (max_position_embeddings)."""
-        return self.spec.max_position_embeddings or memory.UNBOUNDED_TOKENS
+        """The longest max_model_len the engine accepts (tokens; unbounded when the config names none)."""
+        return self.model_length.tokens or memory.UNBOUNDED_TOKENS
 
     def kv_tokens(self, max_model_len: int) -> int:
         """The token figure the engine logs at start-up with this max_model_len."""
@@ -190,4 +197,6 @@ class Deployment:
             pool_requests=self.pool_requests(context),
             max_num_seqs=self.request_limit(mml),
             refusal=refusal,
+            model_max_len=self.model_length.tokens,
+            model_max_len_rule=self.model_length.rule,
         )

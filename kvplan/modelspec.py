@@ -113,6 +113,25 @@ class RotaryCache:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """One set of the config's rope parameters (one per layer type when ``rope_parameters`` is nested), as far
+    as an engine's maximum length needs it: engines derive the longest max_model_len they accept from
+    ``max_position_embeddings``, the ``rope_type`` and its ``factor`` (:mod:`kvplan.engines`).
+
+    ``rope_type``: ``rope_type`` or the legacy ``type`` (``su`` read as ``longrope``, ``mrope`` as ``default``,
+    as vLLM's ``patch_legacy_rope_type`` does). ``factor``: None when the parameters have none.
+    ``original``: the parameters' ``original_max_position_embeddings`` (tokens); ``config_original``: the
+    config's own top-level ``original_max_position_embeddings`` (Phi-3), which transformers 5 puts into the
+    parameters of ``llama3`` / ``yarn`` / ``longrope`` in its place.
+    """
+
+    rope_type: str
+    factor: float | None = None
+    original: int | None = None
+    config_original: int | None = None
+
+
+@dataclass(frozen=True)
 class VisionEncoder:
     """The image encoder of a multimodal checkpoint, as far as an engine's profile run needs it (element counts).
 
@@ -175,6 +194,7 @@ class ModelSpec:
     routed_expert_layers: int = 0  # decoder layers with routed experts (MoE); 0: dense
     rotary_caches: tuple[RotaryCache, ...] = ()  # the rope tables an engine builds at load (none: no rope)
     vision: VisionEncoder | None = None  # the image encoder an engine profiles (None: text-only or not modelled)
+    rope_scaling: tuple[RopeScaling, ...] = ()  # the config's rope parameters, in order (none: no rope keys)
 
     @property
     def expert_parameters(self) -> int:

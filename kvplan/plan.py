@@ -506,8 +506,8 @@ def _auto_max_model_len(deployment: Deployment) -> tuple[int, str]:
     if longest < 1:
         why = deployment.refusal(1) or "not even one block fits in the KV budget"
         raise InputError(f"--max-model-len auto: the engine starts with no max_model_len: {why}")
-    cap = deployment.model_limit
-    capped = f", capped at the model's {cap:,}" if cap < memory.UNBOUNDED_TOKENS else ""
+    limit = deployment.model_length
+    capped = f", capped at the model's maximum {limit.rule}" if limit.tokens else ""
     return longest, f"max_model_len auto: {longest:,} tokens (the longest the engine starts with{capped})"
 
 

@@ -10,6 +10,9 @@ Called by :mod:`kvplan.spec` with its config reader. Both feed the engine's budg
   (``original + max_position_embeddings``); every other type (``default``, ``llama3``, ``mrope``, ...)
   ``max_position_embeddings``. ``rotary_dim = head_dim x partial_rotary_factor``. Gemma 3's local layers
   use ``rope_local_base_freq`` without scaling, a second table (so do per-layer-type ``rope_parameters``).
+- :func:`rope_scaling`: the config's rope parameters (``rope_parameters``, per layer type when nested, or
+  ``rope_scaling``), from which each engine derives the longest max_model_len it accepts
+  (:func:`kvplan.engines.vllm_rules.model_max_len`, :func:`kvplan.engines.sglang.model_max_len`).
 - :func:`vision_encoder`: the image encoder of Gemma 3's multimodal checkpoints (SigLIP), whose dummy image
   batch vLLM's profile run pushes through the encoder (:mod:`kvplan.engines.vllm_profile`). Other
   multimodal families are not modelled (``None``; the spec's note says so).
@@ -25,7 +28,7 @@ from typing import Any, Mapping
 from kvplan.config_reader import ConfigReader
 from kvplan.errors import ConfigError
 from kvplan.limits import MAX_ROPE_TABLE_ELEMENTS
-from kvplan.modelspec import LayerCache, LayerKind, RotaryCache, VisionEncoder
+from kvplan.modelspec import LayerCache, LayerKind, RopeScaling, RotaryCache, VisionEncoder
 
 _PARTIAL_KEYS = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction")  # vLLM's patch_rope_parameters
 _KIND_LAYER_TYPES = {LayerKind.FULL: "full_attention", LayerKind.SLIDING: "sliding_attention",
@@ -116,6 +119,31 @@ def _bounded(r: ConfigReader, table: RotaryCache) -> RotaryCache:
     return table
 
 
+_LEGACY_ROPE_TYPES = {"su": "longrope", "mrope": "default"}  # vLLM's patch_legacy_rope_type
+
+
+def _whole(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and number >= 1 else None
+
+
+def rope_scaling(r: ConfigReader) -> tuple[RopeScaling, ...]:
+    """The config's rope parameters in order: one entry per layer type when ``rope_parameters`` is nested
+    (transformers 5), else the one ``rope_parameters`` / ``rope_scaling`` dict; none without either."""
+    raw = r.raw("rope_parameters") or r.raw("rope_scaling")
+    if not isinstance(raw, Mapping) or not raw:
+        return ()
+    nested = all(isinstance(v, Mapping) for v in raw.values())
+    sets = [v for v in raw.values() if v] if nested else [raw]
+    top = _whole(r.raw("original_max_position_embeddings"))
+    out = []
+    for params in sets:
+        kind = str(params.get("rope_type") or params.get("type") or "default")
+        out.append(RopeScaling(_LEGACY_ROPE_TYPES.get(kind, kind), _number(params.get("factor")),
+                               _whole(params.get("original_max_position_embeddings")), top))
+    return tuple(out)
+
+
 def vision_encoder(config: Mapping[str, Any], where: str) -> VisionEncoder | None:
     """Gemma 3's image encoder (``model_type: gemma3`` with a ``vision_config``), else ``None``."""
     vision = config.get("vision_config")
@@ -133,4 +161,4 @@ def vision_encoder(config: Mapping[str, Any], where: str) -> VisionEncoder | Non
                          f"mm_tokens_per_image {tokens}")
 
 
-__all__ = ["rotary_caches", "vision_encoder", "GEMMA3_IMAGE_MARKER_TOKENS"]
+__all__ = ["rotary_caches", "rope_scaling", "vision_encoder", "GEMMA3_IMAGE_MARKER_TOKENS"]

@@ -225,6 +225,8 @@ def _engine_report(plan: Plan) -> dict[str, Any]:
         "starts": a.engine_starts,
         "refusal": a.refusal,
         "longest_startable_len": a.longest_startable_len,
+        "model_max_len": a.model_max_len,
+        "model_max_len_rule": a.model_max_len_rule or None,
         "serve_command": None if a.refusal else plan.rules.serve_command(plan.launch),
     }
 

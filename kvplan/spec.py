@@ -454,6 +454,7 @@ def spec_from_config(
                    embedding_parameters=spec.vocab_size * hidden * (1 if tied else 2),
                    routed_expert_layers=routed_expert_layers(spec, r), provenance=MappingProxyType(dict(r.provenance)),
                    rotary_caches=rope_vision.rotary_caches(r, layers, spec.max_position_embeddings),
+                   rope_scaling=rope_vision.rope_scaling(r),
                    vision=rope_vision.vision_encoder(config, where))
 
 

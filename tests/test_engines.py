@@ -221,10 +221,10 @@ def test_cpu_backend(llama3):
 
 
 def test_versions_and_default_utilisation():
-    assert vllm.DEFAULT_VERSION == "0.29" == vllm.VERSIONS[-1]
+    assert vllm.DEFAULT_VERSION == "0.30" == vllm.VERSIONS[-1]
     utils = {v: vllm.defaults(v, H100, False).gpu_util for v in vllm.VERSIONS}
     # CacheConfig.gpu_memory_utilization: Field(default=0.9) through 0.19.x, 0.92 from 0.20.0
-    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.21", "0.26", "0.28", "0.29"}
+    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.21", "0.26", "0.28", "0.29", "0.30"}
     assert vllm.defaults("0.6", H100, False).mode == "V0"
     assert vllm.defaults("0.19.1", H100, False).gpu_util == 0.9 and vllm.defaults("0.20.0", H100, False).gpu_util == 0.92
     with pytest.raises(InputError, match="older than every modelled"):
@@ -237,7 +237,8 @@ def test_versions_and_default_utilisation():
         ("0.11.0rc2.dev98+g393de22d2", "0.11", "0.11.0 - 0.11.x"),
         ("0.13.0", "0.13", "0.13.0 - 0.13.x"),
     ("0.15.2rc1.dev93+g11a4c9d30", "0.14", "0.14.0 - 0.16.x"),
-    ("0.29.1rc1.dev17+gd2d649e67", "0.29", "0.29.0 and later"),
+    ("0.29.1rc1.dev17+gd2d649e67", "0.29", "0.29.0 - 0.29.x"),
+    ("0.31.0", "0.30", "0.30.0 and later"),
     ("0.10.1.dev101+gbda9d0535", "0.9", "0.9.0 - 0.10.x"),  # a dev build before 0.10.1 is 0.10.x code
     ("v0.20.0", "0.20", "0.20.0"),
     ("0.20.1", "0.20.1", "0.20.1 - 0.20.x"),
@@ -252,7 +253,7 @@ def test_any_pep440_version_maps_to_the_release_that_covers_it(typed, release, c
 def test_versions_outside_every_range_are_refused_with_the_ranges():
     with pytest.raises(InputError, match="older than every modelled") as err:
         vllm.resolve_version("0.1.dev7548+gbaba038")
-    assert "0.6: 0.6.0 - 0.7.x" in err.value.hint and "0.29: 0.29.0 and later" in err.value.hint
+    assert "0.6: 0.6.0 - 0.7.x" in err.value.hint and "0.30: 0.30.0 and later" in err.value.hint
     with pytest.raises(InputError, match="invalid --engine-version 'next'"):
         vllm.resolve_version("next")
     assert "newer than the newest release checked" in vllm.resolve_version("0.40.0")[1]

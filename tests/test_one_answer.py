@@ -174,12 +174,14 @@ def check_limits(spec, model_id: str, gpu: str, engine: str, version: str | None
     for batch in (1, 4, 5):
         check_max_context(replan(seqs, batch=batch), batch)
     assert not replan(seqs, batch=5).answer.fits and replan(seqs, batch=5).answer.max_context_at_batch == 0
-    limit = spec.max_position_embeddings
-    if limit and limit < (1 << 22):
+    limit = seqs.deployment.model_limit  # the engine's own (max_position_embeddings, rope scaling)
+    assert seqs.answer.model_max_len == (limit if limit < memory.UNBOUNDED_TOKENS else None)
+    if limit < (1 << 22):
         past = replan(seqs, context=2 * limit)
         check_answer_agrees(past)
         # the engine refuses a max_model_len past the model's maximum (VLLM_ALLOW_LONG_MAX_MODEL_LEN aside)
-        assert not past.answer.engine_starts and "max_position_embeddings" in past.answer.refusal
+        assert not past.answer.engine_starts and "exceeds the model's maximum length" in past.answer.refusal
+        assert seqs.answer.model_max_len_rule in past.answer.refusal
         assert past.answer.max_requests == 0 and past.answer.longest_startable_len <= limit
         assert past.answer.max_context_at_batch == seqs.answer.max_context_at_batch or version == "0.6"
         if past.answer.fix and past.answer.fix.startswith("--context "):

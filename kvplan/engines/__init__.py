@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Protocol
 
 from kvplan.errors import InputError
-from kvplan.memory import PoolLayout
+from kvplan.memory import UNBOUNDED_TOKENS, PoolLayout
 from kvplan.options import USAGE_CONTEXTS as USAGE_CONTEXTS  # re-exported for the engine modules
 from kvplan.spec import ModelSpec
 
@@ -100,10 +101,11 @@ class EngineDefaults:
     concurrent_batches: int = 1  # batches in flight at once (2 with vLLM >= 0.26's async scheduling)
     prefix_caching: bool | None = None  # forced by the engine for this model (vLLM's CPU MLA: off); None: not forced
     kv_in_model_dtype: bool = False  # the engine keeps this model's KV cache in the model dtype (vLLM's Falcon)
+    max_len_rule: str = ""  # how rope scaling sets the model's maximum length (vLLM's Profile.max_len_rule)
 
     @property
     def label(self) -> str:
-        """``vllm 0.19.0`` (the version asked for) or ``vllm 0.29.0 and later`` (the modelled range)."""
+        """``vllm 0.19.0`` (the version asked for) or ``vllm 0.30.0 and later`` (the modelled range)."""
         return f"{self.engine} {self.requested_version or self.release_range or self.version}"
 
 
@@ -227,19 +229,37 @@ def launch_flags(launch: Launch, spelling: tuple[tuple[str, str], ...]) -> list[
     return out
 
 
-def length_refusal(spec: ModelSpec, max_model_len: int, *, setting: str, env: str) -> str | None:
-    """Why an engine refuses ``max_model_len`` above the model's own maximum length, or None.
+@dataclass(frozen=True)
+class ModelLength:
+    """The longest max_model_len an engine accepts for a model without its override (tokens; None: the config
+    names no maximum), and how it follows from the config (``rule``: ``131,072 = original_max_position_embeddings
+    32,768 x yarn factor 4``). Each engine's ``model_max_len`` derives it."""
+
+    tokens: int | None
+    rule: str = ""
+
+
+def scaled_length(tokens: int, factor: float) -> int:
+    """``floor(tokens x factor)``, exactly (engines compare a max_model_len with the float product, so its
+    integer part is the longest they accept), kept within 1 .. ``UNBOUNDED_TOKENS`` (a factor of
+    1e300 or of 0 in a config stays a number the plan can use)."""
+    exact = math.floor(Fraction(tokens) * Fraction(factor))
+    return min(max(exact, 1), UNBOUNDED_TOKENS)
+
+
+def length_refusal(limit: ModelLength, max_model_len: int, *, setting: str, env: str) -> str | None:
+    """Why an engine refuses ``max_model_len`` above the model's maximum length ``limit``, or None.
 
     vLLM (``ModelConfig._get_and_verify_max_len``) and SGLang (``ModelConfig._derive_context_length``)
-    both refuse a length above the one derived from the config (kvplan: ``max_position_embeddings``, also
-    read from ``n_positions`` and similar keys) unless an environment variable ``env`` allows it, since
-    positions past it give NaNs (RoPE) or out-of-bounds errors (learned positions).
+    both refuse a length above the one they derive from the config (each engine's ``model_max_len``) unless
+    an environment variable ``env`` allows it, since positions past it give NaNs (RoPE) or out-of-bounds
+    errors (learned positions).
     """
-    limit = spec.max_position_embeddings
-    if not limit or max_model_len <= limit:
+    top = limit.tokens
+    if not top or max_model_len <= top:
         return None
-    return (f"{setting} {max_model_len:,} exceeds the model's maximum length {limit:,} (max_position_embeddings); "
-            f"the engine allows it only with {env}=1 set (positions past {limit:,} give wrong outputs)")
+    return (f"{setting} {max_model_len:,} exceeds the model's maximum length {limit.rule}; "
+            f"the engine allows it only with {env}=1 set (positions past {top:,} give wrong outputs)")
 
 
 class Engine(Protocol):
@@ -248,8 +268,10 @@ class Engine(Protocol):
     Versions, budget and defaults: ``ENGINE`` (its name), ``VERSIONS``, ``DEFAULT_VERSION``,
     :meth:`resolve_version`, :meth:`defaults` (and :meth:`for_model`, what it forces for one model), :meth:`budget`.
     Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`, :meth:`default_prefix_caching`,
-    :meth:`start_blocks` / :meth:`starts` (the pool's start-up check), :meth:`refusal` (every reason it refuses
-    to start; :meth:`serving_release`, the release that still serves a dropped architecture), :meth:`request_limit` (requests at once), :meth:`check_batching` (limits it rejects),
+    :meth:`model_max_len` (the longest max_model_len it accepts), :meth:`start_blocks` / :meth:`starts` (the
+    pool's start-up check), :meth:`refusal` (every reason it refuses to start; :meth:`serving_release`, the
+    release that still serves a dropped architecture), :meth:`request_limit` (requests at once),
+    :meth:`check_batching` (limits it rejects),
     :meth:`kv_tokens` (the token figure it logs). The dtypes it runs a checkpoint in: :meth:`auto_dtype`
     (``--dtype auto``), :meth:`ssm_dtype` (state layers' SSM cache). What it prints and how it is launched:
     :meth:`report`, :meth:`serve_command`. A new engine is a module with these names plus one line in
@@ -287,6 +309,10 @@ class Engine(Protocol):
 
     def start_blocks(self, engine: EngineDefaults, blocks: int) -> int:
         """Blocks the start-up check lets one request of max_model_len use."""
+
+    def model_max_len(self, engine: EngineDefaults, spec: ModelSpec) -> ModelLength:
+        """The longest max_model_len the engine accepts for ``spec`` (from max_position_embeddings and rope
+        scaling), with how it follows from the config."""
 
     def starts(self, engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
         """Whether the pool passes the engine's start-up check when one request of max_model_len holds

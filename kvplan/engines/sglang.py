@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 
 from kvplan import memory
-from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, Term, launch_flags, length_refusal,
-                            release_ranges, resolve_release)
+from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, ModelLength, Term, launch_flags,
+                            length_refusal, release_ranges, resolve_release, scaled_length)
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec
 from kvplan.units import DType, GiB, MiB
@@ -232,12 +232,27 @@ def starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool
     return blocks > 0
 
 
+def model_max_len(engine: EngineDefaults, spec: ModelSpec) -> ModelLength:  # noqa: ARG001 - the Engine interface
+    """The longest ``--context-length`` SGLang accepts (``get_context_length``, tokens): the model's maximum
+    length times the rope ``factor``, unless the rope parameters name an ``original_max_position_embeddings``
+    or are ``llama3`` (then the maximum as it is). It reads one flat ``rope_scaling`` dict: parameters nested
+    per layer type (several sets) have no ``factor`` at the top, so they leave the maximum as it is."""
+    base = spec.max_position_embeddings
+    if not base:
+        return ModelLength(None, "")
+    rp = spec.rope_scaling[0] if len(spec.rope_scaling) == 1 else None
+    if rp is None or rp.factor is None or rp.original is not None or rp.rope_type == "llama3":
+        return ModelLength(base, f"{base:,} (max_position_embeddings)")
+    tokens = scaled_length(base, rp.factor)
+    return ModelLength(tokens, f"{tokens:,} = max_position_embeddings {base:,} x {rp.rope_type} factor {rp.factor:g}")
+
+
 def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_blocks: int, block_bytes: int,
             max_model_len: int) -> str | None:
     """Why SGLang refuses to start, or None: ``--context-length`` above the model's maximum
     (``_derive_context_length``; :data:`LONG_LEN_ENV` overrides), or an empty pool (``init_memory_pool``:
     "Not enough memory. Please try to increase --mem-fraction-static")."""
-    too_long = length_refusal(spec, max_model_len, setting="context_length", env=LONG_LEN_ENV)
+    too_long = length_refusal(model_max_len(engine, spec), max_model_len, setting="context_length", env=LONG_LEN_ENV)
     if too_long:
         return too_long
     if not starts(engine, blocks, per_request_blocks):

@@ -20,8 +20,8 @@ from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, En
 from kvplan.engines.vllm_profile import ImageProfile, image_profile, rope_cache_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
     DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
-    default_prefix_caching, inflight_tokens, kv_tokens, refusal, release_of, report, request_limit, serve_command,
-    serving_release, ssm_dtype, start_blocks, starts)
+    default_prefix_caching, inflight_tokens, kv_tokens, model_max_len, refusal, release_of, report, request_limit,
+    serve_command, serving_release, ssm_dtype, start_blocks, starts)
 from kvplan.errors import InputError
 from kvplan.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, MiB
@@ -46,7 +46,10 @@ class Profile:
     ``concurrency`` (``int(max_concurrency x max_model_len)``). ``concurrent_batches``: batches in
     flight, whose tokens sliding windows also hold (2 with async scheduling). ``non_torch_bytes``:
     the non-torch increase during profiling at tp 1. ``mm_profile``: how the profile run sizes its dummy
-    image batch (:mod:`kvplan.engines.vllm_profile`). ``change``: what this release changed.
+    image batch (:mod:`kvplan.engines.vllm_profile`). ``max_len_rule``: how the model's maximum length
+    follows from YaRN rope parameters (:func:`~kvplan.engines.vllm_rules.model_max_len`): ``yarn-original``
+    (``original_max_position_embeddings x factor``) or ``yarn-unscaled`` (``max_position_embeddings``, 0.30+).
+    ``change``: what this release changed.
     """
 
     version: str
@@ -64,6 +67,7 @@ class Profile:
     non_torch_bytes: int
     concurrent_batches: int = 1
     mm_profile: str = "embeds"
+    max_len_rule: str = "yarn-original"
 
 
 # Non-torch increase (NCCL / cuBLAS / attention workspaces created after the baseline snapshot) at tp 1.
@@ -158,6 +162,12 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
        **dict(_V1_13, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
               rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2, refusal="null_block")),
+    # 0.30: _get_and_verify_max_len no longer scales max_position_embeddings by a YaRN factor (yarn,
+    # deepseek_yarn, deepseek_llama_scaling join su/longrope/llama3; vllm#56446, read in 0.29.0 and 0.30.0)
+    _p("0.30", (0, 30, 0), "the model's maximum length ignores YaRN's factor (max_position_embeddings as it is)",
+       **dict(_V1_13, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
+              rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2, refusal="null_block",
+              max_len_rule="yarn-unscaled")),
 )}
 VERSIONS = tuple(PROFILES)
 DEFAULT_VERSION = VERSIONS[-1]
@@ -232,12 +242,13 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
     p = profile(version)
     if is_cpu:  # async scheduling is off on the CPU backend: one batch in flight
         return EngineDefaults(ENGINE, p.version, 1.0, CPU_BLOCK_SIZE, CPU_MAX_NUM_BATCHED_TOKENS, 256, p.mode,
-                              usage_context, False, p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version])
+                              usage_context, False, p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
+                              max_len_rule=p.max_len_rule)
     mnbt, seqs = batch_defaults(version, gpu_memory_bytes, gpu_name=gpu_name, max_model_len=max_model_len,
                                 usage_context=usage_context)
     return EngineDefaults(ENGINE, p.version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,
                           p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
-                          concurrent_batches=p.concurrent_batches)
+                          concurrent_batches=p.concurrent_batches, max_len_rule=p.max_len_rule)
 
 
 CPU_MLA_BLOCK_SIZE = 16
@@ -260,7 +271,7 @@ def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_l
             "whatever --kv-dtype says",))
     if not is_cpu or not any(layer.kind is LayerKind.MLA for layer in spec.layers):
         return engine
-    longest = max_model_len or spec.max_position_embeddings or 0
+    longest = max_model_len or model_max_len(engine, spec).tokens or 0
     return replace(engine, block_size=CPU_MLA_BLOCK_SIZE, prefix_caching=False,
                    max_num_batched_tokens=max(longest, SCHEDULER_DEFAULT_TOKENS),
                    notes=engine.notes + ("vLLM's CPU backend runs MLA with its reference kernel (no AMX): block size "

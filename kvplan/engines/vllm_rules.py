@@ -1,8 +1,8 @@
 """vLLM's rules over one deployment (the :class:`~kvplan.engines.Engine` interface's rules, re-exported by
 :mod:`kvplan.engines.vllm`): what a request holds in flight, prefix caching's default, the start-up checks
-(:func:`refusal`: the architecture, the model's maximum length, the pool), the scheduler's limits
-(:func:`request_limit`, :func:`check_batching`), the token figure it logs, the command line that launches it
-(:func:`serve_command`) and the dtypes it runs a checkpoint in.
+(:func:`refusal`: the architecture, the model's maximum length (:func:`model_max_len`), the pool), the
+scheduler's limits (:func:`request_limit`, :func:`check_batching`), the token figure it logs, the command line
+that launches it (:func:`serve_command`) and the dtypes it runs a checkpoint in.
 
 Release differences come from :class:`~kvplan.engines.EngineDefaults` (``mode``, ``refusal``,
 ``kv_tokens_rule``, ``concurrent_batches``), filled from :data:`kvplan.engines.vllm.PROFILES`.
@@ -11,7 +11,8 @@ Release differences come from :class:`~kvplan.engines.EngineDefaults` (``mode``,
 from __future__ import annotations
 
 from kvplan import memory
-from kvplan.engines import EngineDefaults, Launch, launch_flags, length_refusal, release_tuple
+from kvplan.engines import (EngineDefaults, Launch, ModelLength, launch_flags, length_refusal, release_tuple,
+                            scaled_length)
 from kvplan.errors import InputError
 from kvplan.spec import ModelSpec
 from kvplan.units import GiB
@@ -58,12 +59,54 @@ def release_of(engine: EngineDefaults) -> tuple[int, int, int]:
     return release_tuple(engine.requested_version or engine.version, ENGINE)
 
 
+# rope types whose factor never scales the maximum length ("su" is read as longrope)
+_UNSCALED_ROPE_TYPES = ("longrope", "llama3")
+_YARN_TYPES = ("yarn", "deepseek_yarn", "deepseek_llama_scaling")  # unscaled too from 0.30 (max_len_rule)
+
+
+def model_max_len(engine: EngineDefaults, spec: ModelSpec) -> ModelLength:
+    """The longest max_model_len vLLM accepts (``_get_and_verify_max_len``'s derived length, tokens).
+
+    ``max_position_embeddings`` (kvplan's reader) times the rope ``factor`` of the last rope parameters
+    whose type scales it (each set's ``factor``, absent: the one before; none: 1): ``linear``, ``dynamic``
+    and every other type except ``longrope`` / ``su`` and ``llama3``, and Gemma 3 never (its maximum is
+    already scaled). YaRN (``engine.max_len_rule``): before 0.30 ``yarn`` starts from
+    ``original_max_position_embeddings`` (transformers 5: the config's top-level one first, else
+    max_position_embeddings) times the factor, and ``deepseek_yarn`` / ``deepseek_llama_scaling`` scale
+    max_position_embeddings; from 0.30 none of them scales it. vLLM compares with the float product, so
+    the integer part is the longest length it accepts.
+    """
+    base = spec.max_position_embeddings
+    if not base:
+        return ModelLength(None, "")
+    plain = ModelLength(base, f"{base:,} (max_position_embeddings)")
+    if not spec.rope_scaling or "gemma3" in spec.model_type:
+        return plain
+    unscaled = _UNSCALED_ROPE_TYPES + (_YARN_TYPES if engine.max_len_rule == "yarn-unscaled" else ())
+    start, start_rule, factor, kind, ignored = base, "max_position_embeddings", None, "", ""
+    for rp in spec.rope_scaling:
+        if rp.rope_type in unscaled:
+            if rp.rope_type in _YARN_TYPES and rp.factor is not None:
+                ignored = f"; vLLM 0.30 and later do not scale it by the {rp.rope_type} factor {rp.factor:g}"
+            continue
+        if rp.factor is not None:
+            factor, kind = rp.factor, rp.rope_type
+        if rp.rope_type == "yarn":
+            start = rp.config_original or rp.original or base
+            start_rule = "original_max_position_embeddings" if rp.config_original or rp.original else start_rule
+    if factor is None and start == base:
+        return ModelLength(base, f"{base:,} (max_position_embeddings{ignored})")
+    tokens = scaled_length(start, 1.0 if factor is None else factor)
+    scaled = "" if factor is None else f" x {kind} factor {factor:g}"
+    return ModelLength(tokens, f"{tokens:,} = {start_rule} {start:,}{scaled}")
+
+
 def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_blocks: int, block_bytes: int,
             max_model_len: int) -> str | None:
     """Why vLLM refuses to start, in the order it checks, or None:
 
     1. the release does not serve the architecture (:data:`DROPPED_ARCHITECTURES`);
-    2. max_model_len above the model's maximum (``_get_and_verify_max_len``; :data:`LONG_LEN_ENV` overrides);
+    2. max_model_len above the model's maximum (:func:`model_max_len`; :data:`LONG_LEN_ENV` overrides);
     3. no KV cache memory at all, or one request of max_model_len does not fit in :func:`start_blocks`
        (``_check_enough_kv_cache_memory``).
     """
@@ -72,7 +115,7 @@ def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_bl
         first = ".".join(map(str, dropped[0][:2]))
         return (f"vllm {first} and later do not serve {spec.architecture} ({dropped[2]}); "
                 f"vllm {dropped[1]} and earlier or --engine sglang serve it")
-    too_long = length_refusal(spec, max_model_len, setting="max_model_len", env=LONG_LEN_ENV)
+    too_long = length_refusal(model_max_len(engine, spec), max_model_len, setting="max_model_len", env=LONG_LEN_ENV)
     if too_long:
         return too_long
     if blocks <= 0:

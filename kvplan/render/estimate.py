@@ -176,6 +176,8 @@ def _engine_panel(plan: "Plan") -> Panel:
         eng.append(f"  {line}\n", style="grey62")
     eng.append("serve: ", style="bold")
     eng.append(plan.rules.serve_command(plan.launch))
+    if " factor " in a.model_max_len_rule:  # rope scaling decided it (or was ignored)
+        eng.append(f"\n  the model's maximum length: {a.model_max_len_rule}", style="grey62")
     if not plan.launch.max_num_seqs_flag:
         eng.append(f"\n  max_num_seqs stays {plan.engine.engine}'s {a.max_num_seqs:,}: the pool holds "
                    f"{plural(a.pool_requests, 'request')} of {a.context:,} tokens at once and more shorter ones; the "
