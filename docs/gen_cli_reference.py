@@ -1,14 +1,19 @@
 """Regenerate what the docs quote from the CLI: docs/cli-reference.md (typer's `utils docs` over
---help), the README's sample output (`kvplan estimate ...` rendered at 80 columns) and docs/explain.md's
-example (`kvplan explain vllm.log ...` on a log of benchmarks/engine_reports.yaml, at 100 columns).
+--help), the README's sample output (`kvplan estimate ...` rendered at 80 columns) and every output block of
+docs/*.md: a ```text block whose first line is `$ kvplan ARGS` holds what ARGS prints (stdout, then stderr;
+at 100 columns), run in a scratch folder holding docs/examples/*.yaml, docs/examples/mistakes/*.yaml (inputs
+with deliberate mistakes) and `vllm.log` (a log of benchmarks/engine_reports.yaml). `observe` blocks are
+left alone (they need a live server; tests/test_observe.py checks that command).
 
-    python3 docs/gen_cli_reference.py          # rewrite both
-    python3 docs/gen_cli_reference.py --check  # exit 1 if either is stale (used by the tests)
+    python3 docs/gen_cli_reference.py          # rewrite what is stale
+    python3 docs/gen_cli_reference.py --check  # exit 1 if anything is stale (used by the tests)
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -40,32 +45,58 @@ def readme_with_sample(readme: str) -> str:
     return readme[:start] + out.rstrip() + "\n" + readme[end:]
 
 
-EXPLAIN_DOC = REPO / "docs" / "explain.md"
-EXPLAIN_LOG = "dennislee-2xa100-80-qwen2-7b-tp2"  # the report whose log_excerpt is the example's vllm.log
-EXPLAIN_ARGS = ["explain", "vllm.log", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "A100-PCIe-80GB",
-                "--engine-version", "0.10.1.1"]
-EXPLAIN_INTRO = "```text\n$ kvplan " + " ".join(EXPLAIN_ARGS) + "\n"
+EXPLAIN_LOG = "dennislee-2xa100-80-qwen2-7b-tp2"  # the report whose log_excerpt is the docs' vllm.log
+OUTPUT_BLOCK = re.compile(r"^```text\n\$ kvplan (?P<args>[^\n]*)\n(?P<out>.*?)^```", re.S | re.M)
+LIVE = ("observe",)  # commands whose output blocks are not regenerated (a live server)
+DOCS = sorted((REPO / "docs").glob("*.md"))
 
 
-def explain_with_example(doc: str) -> str:
-    """docs/explain.md with its example's output replaced by what `kvplan explain` prints now."""
+def output_blocks(doc: str) -> list[re.Match[str]]:
+    """The regenerated output blocks of a doc (``$ kvplan ARGS`` first), in order."""
+    return [m for m in OUTPUT_BLOCK.finditer(doc) if m["args"].split()[0] not in LIVE]
+
+
+def _scratch(folder: Path) -> None:
+    import shutil
+
     import yaml
 
+    examples = REPO / "docs" / "examples"
+    for path in [*examples.glob("*.yaml"), *(examples / "mistakes").glob("*.yaml")]:
+        shutil.copy(path, folder / path.name)
     reports = yaml.safe_load((REPO / "benchmarks" / "engine_reports.yaml").read_text())
-    log = next(r["log_excerpt"] for r in reports if r["id"] == EXPLAIN_LOG)
+    (folder / "vllm.log").write_text(next(r["log_excerpt"] for r in reports if r["id"] == EXPLAIN_LOG))
+
+
+def run_example(args: str, folder: Path) -> str:
+    """What ``kvplan ARGS`` prints in ``folder`` (stdout then stderr, lines right-stripped). A traceback is
+    an error of this script, not an output to quote."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1"}
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "vllm.log").write_text(log)
-        out = subprocess.run([sys.executable, "-m", "kvplan", *EXPLAIN_ARGS], check=True, env=env,
-                             capture_output=True, text=True, cwd=tmp).stdout
-    start = doc.index(EXPLAIN_INTRO) + len(EXPLAIN_INTRO)
-    end = doc.index("```", start)
-    return doc[:start] + "\n".join(line.rstrip() for line in out.rstrip().splitlines()) + "\n" + doc[end:]
+    r = subprocess.run([sys.executable, "-m", "kvplan", *shlex.split(args)], env=env, capture_output=True,
+                       text=True, cwd=folder, timeout=300)
+    if "Traceback" in r.stderr or r.returncode not in (0, 1, 2):
+        raise RuntimeError(f"kvplan {args} exited {r.returncode}:\n{r.stderr[-2000:]}")
+    out = (r.stdout.rstrip() + "\n" + r.stderr.rstrip()).strip("\n")
+    return "\n".join(line.rstrip() for line in out.splitlines()) + "\n"
+
+
+def with_outputs(doc: str, folder: Path) -> str:
+    """``doc`` with every output block replaced by what its command prints now."""
+    parts, last = [], 0
+    for m in output_blocks(doc):
+        parts += [doc[last:m.start("out")], run_example(m["args"], folder)]
+        last = m.end("out")
+    return "".join(parts) + doc[last:]
 
 
 def main() -> int:
-    targets = {TARGET: generate(), README: readme_with_sample(README.read_text()),
-               EXPLAIN_DOC: explain_with_example(EXPLAIN_DOC.read_text())}
+    targets = {TARGET: generate(), README: readme_with_sample(README.read_text())}
+    with tempfile.TemporaryDirectory() as tmp:
+        _scratch(Path(tmp))
+        for path in DOCS:
+            text = path.read_text()
+            if path != TARGET and output_blocks(text):
+                targets[path] = with_outputs(text, Path(tmp))
     stale = [path for path, text in targets.items() if not path.exists() or path.read_text() != text]
     if "--check" in sys.argv:
         for path in stale:

@@ -30,12 +30,17 @@ NOT_HERE = ("observe", "explain")  # own tests; they need a server or a log
 
 
 def _code_block_commands(text: str) -> list[str]:
-    out, in_block, pending = [], False, ""
-    for line in text.splitlines():
+    """The kvplan commands of the code blocks, but for output blocks (```text then ``$ kvplan ARGS``): those
+    are run by docs/gen_cli_reference.py, whose output the docs must quote exactly (test_docs.py)."""
+    out, in_block, pending, output_block = [], False, "", False
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         if line.strip().startswith("```"):
             in_block, pending = not in_block, ""
+            output_block = in_block and line.strip() == "```text" and i + 1 < len(lines) \
+                and lines[i + 1].startswith("$ kvplan ")
             continue
-        if not in_block:
+        if not in_block or output_block:
             continue
         line = line.strip().removeprefix("$ ")
         if pending:

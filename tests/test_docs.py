@@ -36,6 +36,47 @@ def test_worked_example_matches_kvplan():
 
 
 def test_cli_reference_and_readme_sample_are_current():
-    # also docs/explain.md's example output (the generator reruns it on the same log)
+    # and every output block of docs/*.md (```text + `$ kvplan ARGS`: ci.md, explain.md, reports.md, simulate.md),
+    # which the generator reruns on docs/examples (and docs/examples/mistakes)
     r = subprocess.run([sys.executable, str(REPO / "docs" / "gen_cli_reference.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def test_docs_name_no_internal_tracker_or_notes():
+    # docs/engines.md said "issue 15" six times and docs/dev a "DESIGN.md §4": users know neither our tracker
+    # nor our internal notes (upstream references such as vllm#2863 are public and stay)
+    import re
+
+    internal = re.compile(r"(?i)(?<![\w-])issues? #?\d+|\bDESIGN\.md\b|\bthis session\b|\bthe issue's\b")
+    found = [f"{p.relative_to(REPO)}:{i}: {line.strip()[:80]}" for p in DOCS
+             for i, line in enumerate(p.read_text().splitlines(), 1) if internal.search(line)]
+    assert not found, found
+
+
+def test_version_claims_match_the_engine_tables():
+    # docs/ci.md credited its figures to "kvplan's vLLM 0.32 budget model" while the newest modelled release
+    # is 0.29: every vLLM / SGLang version the docs name is one whose source was read, and what the docs say
+    # the defaults are is what kvplan.engines says
+    import re
+
+    from kvplan.engines import sglang, vllm
+
+    newest = {"vllm": vllm.NEWEST_CHECKED, "sglang": max(sglang.FIRSTS.values())}
+    for p in DOCS:
+        text = p.read_text()
+        for m in re.finditer(r"(?i)\b(vllm|sglang)(?:-cpu)? v?(\d+)\.(\d+)(?:\.(\d+))?\b", text):
+            version = tuple(int(x or 0) for x in m.groups()[1:])
+            assert version <= newest[m[1].lower()], f"{p.relative_to(REPO)}: {m[0]} is newer than any release read"
+        # "kvplan's vLLM 0.32 budget model": what kvplan models is one of its modelled releases
+        for m in re.finditer(r"(?i)(?:kvplan's (vllm|sglang) (\d+\.\d+)|(vllm|sglang) (\d+\.\d+)(?:\.\d+)? (?:budget )?model\b)",
+                             text):
+            engine, version = (m[1] or m[3]).lower(), m[2] or m[4]
+            modelled = vllm.VERSIONS if engine == "vllm" else sglang.VERSIONS
+            assert version in modelled, f"{p.relative_to(REPO)}: {m[0]!r} is not a modelled release ({modelled})"
+    engines = " ".join((REPO / "docs" / "engines.md").read_text().split())
+    read = ".".join(map(str, vllm.NEWEST_CHECKED))
+    assert f"({read}) get the newest rules" in engines
+    assert f"models the newest release (`{vllm.DEFAULT_VERSION}`, \"{vllm.RANGES[vllm.DEFAULT_VERSION]}\")" in engines
