@@ -80,7 +80,8 @@ class StartupLog:
     refusal: Refusal | None = None
     sglang_k_gib: float | None = None
     sglang_v_gib: float | None = None
-    no_memory_line: int | None = None  # the line of "No available memory for the cache blocks"
+    no_memory_line: int | None = None  # the line of "No available memory for the cache blocks" (SGLang: "Not enough memory")
+    out_of_memory_line: int | None = None  # the first line of a CUDA / HIP out-of-memory error
     not_started: str | None = None  # why the log shows the engine did not start (None: it did, or it does not say)
     warnings: tuple[str, ...] = ()
     matched: tuple[str, ...] = ()  # the field names found, in the order they were found
@@ -242,7 +243,9 @@ _V0_REFUSAL = re.compile(r"max (?:seq|model)[ _]len \(([0-9,.]+)\) is larger tha
 _V1_REFUSAL = re.compile(r"max seq len \(([0-9,.]+)\),?\s*\(?(-?[0-9,.]+) GiB KV cache is needed, which is larger than "
                          r"the available KV cache memory \((-?[0-9,.]+) GiB\)")
 _V1_ESTIMATE = re.compile(r"estimated maximum model length is " + INT)
-_NO_MEMORY = re.compile(r"No available memory for the cache blocks")
+_NO_MEMORY = re.compile(r"No available memory for the cache blocks|Not enough memory\. Please try to increase "
+                        r"--mem-fraction-static")
+_OUT_OF_MEMORY = re.compile(r"(?:CUDA|HIP) out of memory|OutOfMemoryError")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _SERVE_FLAG = re.compile(r"--([a-z-]+)[ =]\"?([^\s\"]+)")
 _WORKER_RANK = re.compile(r"(?:rank=|TP|_TP)(\d+)")
@@ -381,7 +384,9 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
     if refusal is not None:
         c.set("refusal", refusal)
     if _NO_MEMORY.search(line):
-        c.set("no_memory_line", lineno)
+        c.set("no_memory_line", lineno, keep_first=True)
+    if _OUT_OF_MEMORY.search(line):
+        c.set("out_of_memory_line", lineno, keep_first=True)
     if _WARNINGS.search(line):
         c.warnings.append(line.strip()[:300])
 
@@ -440,6 +445,9 @@ def _not_started(v: dict[str, Any]) -> str | None:
                 f"more than the {refusal.available_gib} GiB available")
     if v.get("no_memory_line") is not None:
         return f"no available memory for the cache blocks (line {v['no_memory_line']})"
+    sized = any(v.get(k) is not None for k in ("available_kv_gib", "num_gpu_blocks", "kv_cache_tokens"))
+    if v.get("out_of_memory_line") is not None and not sized:  # after sizing (graph capture): a warning line only
+        return f"out of GPU memory (line {v['out_of_memory_line']}) before the KV cache was sized"
     for field, what in (("available_kv_gib", "available KV cache memory {} GiB"), ("num_gpu_blocks", "{} GPU blocks"),
                         ("kv_cache_tokens", "a KV cache of {} tokens")):
         if v.get(field) is not None and v[field] <= 0:
