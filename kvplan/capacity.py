@@ -123,9 +123,9 @@ def describe_requirement(key: str, required: Any, plan: Plan) -> str:
     """The requirement in words, with the conditions it is measured under."""
     o = plan.options
     if key == "concurrency":
-        return f">= {plural(required, 'request')} at {o.context:,} tokens"
+        return f">= {plural(required, 'request')} at {plural(o.context, 'token')}"
     if key == "context":
-        return f">= {required:,} tokens at batch {o.batch}"
+        return f">= {plural(required, 'token')} at batch {o.batch}"
     if key == "kv_tokens":
         return f">= {required:,} KV tokens (max_model_len {plan.max_model_len:,})"
     if key == "headroom_pct":
@@ -155,7 +155,7 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
     if not passed and key in ("fits", "engine_starts") and required:
         if key == "fits":
             short = -plan.answer.fits_margin_blocks
-            message += f" (short by {short:,} blocks = {short * plan.layout.block_size:,} token slots)"
+            message += f" (short by {plural(short, 'block')} = {short * plan.layout.block_size:,} token slots)"
         else:
             message += (f" ({plan.answer.refusal}; the longest max_model_len that starts is "
                         f"{plan.answer.longest_startable_len:,})")

@@ -21,7 +21,7 @@ from typing import Any
 
 from kvplan.errors import InputError, KvplanError
 from kvplan.logparse import StartupLog, parse_log, printed_interval
-from kvplan.units import GiB
+from kvplan.units import GiB, plural
 
 TERMS = ("weights", "activation", "overhead", "cudagraph")
 
@@ -318,7 +318,7 @@ def calibration_terms(ex: Explanation) -> tuple[dict[str, int], str]:
     kv = budget.usable_bytes - sum(terms.values()) - sum(unmeasured.values())  # a calibrated plan's KV budget
     blocks = ex.from_logged.num_blocks
     target = blocks * layout.block_bytes + layout.block_bytes // 2
-    what = f"{blocks:,} blocks"
+    what = plural(blocks, 'block')
     if blocks == 0 and ex.logged_kv_bytes is not None and ex.logged_kv_bytes <= 0:
         # the engine did not start: 0 blocks is a floor, the printed (negative) budget is the measurement
         target, what = ex.logged_kv_bytes, f"KV budget of {ex.logged_kv_bytes / GiB:,.2f} GiB (the engine did not start)"
@@ -332,11 +332,11 @@ def calibration_terms(ex: Explanation) -> tuple[dict[str, int], str]:
                        "printed terms - kvplan's estimates of the others - the KV budget")
     name = next(k for k in _ABSORBING if k in terms)
     if abs(shift) > PRINT_HALF_STEP_BYTES * (2 + len(terms)) or terms[name] + shift < 0:
-        return terms, (f"the printed terms give {memory.num_blocks(kv, layout):,} blocks, not the log's {blocks:,} "
+        return terms, (f"the printed terms give {plural(memory.num_blocks(kv, layout), 'block')}, not the log's {blocks:,} "
                        f"({shift / GiB:+.3f} GiB, more than their print precision): stored as printed")
     terms[name] += shift
     return terms, (f"{name.removesuffix('_bytes')} {shift:+,} B: the printed GiB figures, fitted within their 0.01 GiB "
-                   f"precision to the log's {blocks:,} blocks")
+                   f"precision to the log's {plural(blocks, 'block')}")
 
 
 def calibration_entry(ex: Explanation, source: str) -> Any:

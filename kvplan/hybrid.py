@@ -40,7 +40,7 @@ def state_elements(state_kind: str, dims: tuple[int, ...], tp: int = 1) -> tuple
     def div(value: int, what: str) -> int:
         if value % tp:
             raise InputError(f"--tp {tp} does not divide the {state_kind} layers' {what} ({value})",
-                             "use a tp that divides it, as vLLM requires")
+                             "use a tp that divides it: the engine splits it over the tp ranks")
         return value // tp
 
     if state_kind == "mamba1":

@@ -339,7 +339,7 @@ def _validate(self: Any) -> None:
     if self.gpu is None and self.gpu_memory_bytes is None:
         object.__setattr__(self, "gpu", DEFAULT_GPU)
     if self.prefix_tokens > self.context:
-        raise InputError(f"--prefix-tokens {self.prefix_tokens:,} exceeds --context {self.context:,}")
+        raise InputError(f"--prefix-tokens {self.prefix_tokens} exceeds --context {self.context}")
 
 
 def _check_high(opt: Opt, value: Any, high: int, typed: Any = None) -> None:
@@ -355,8 +355,8 @@ def _check_high(opt: Opt, value: Any, high: int, typed: Any = None) -> None:
         elif opt.kind.startswith("size"):
             got = f"{value:,} B" if isinstance(value, int) else repr(value)
         else:
-            got = f"{value:,}"
-        most = fmt_bytes(high) if opt.kind.startswith("size") else f"{high:,}"
+            got = str(value)  # as the option takes it: no thousands separators
+        most = fmt_bytes(high) if opt.kind.startswith("size") else str(high)
         raise InputError(f"invalid {opt.flag} {got}: must be at most {most}",
                          "a value this large is a typo or a unit mix-up") from None
 
@@ -366,16 +366,17 @@ def check_context(context: int, max_model_len: int | None, *, auto: bool = False
     truncate them), so a plan for them would count memory no request can use.
 
     Checked on what a user gives (:func:`options_from_values`: the CLI, the YAML files, the Python API) and
-    on ``--max-model-len auto`` once the plan has resolved it (``auto``); kvplan's own probes
-    (``dataclasses.replace`` of a plan's options) may look past it. Hints print values as the flags take them.
+    on ``--max-model-len auto`` once the plan has resolved it (``auto``) and on every suggested change
+    (:func:`kvplan.suggest.revise`); kvplan's own probes (``dataclasses.replace`` of a plan's options) may look
+    past it. Messages and hints print values as the flags take them (``32768``, never ``32,768``).
     """
     if max_model_len is None or context <= max_model_len:
         return
     if auto:
-        raise InputError(f"--context {context:,} exceeds --max-model-len auto = {max_model_len:,} (the longest the "
+        raise InputError(f"--context {context} exceeds --max-model-len auto = {max_model_len} (the longest the "
                          "engine starts with): the engine rejects requests longer than max_model_len",
                          f"lower --context to {max_model_len}")
-    raise InputError(f"--context {context:,} exceeds --max-model-len {max_model_len:,}: the engine rejects requests "
+    raise InputError(f"--context {context} exceeds --max-model-len {max_model_len}: the engine rejects requests "
                      "longer than max_model_len", f"raise --max-model-len to {context} or lower --context")
 
 

@@ -73,7 +73,7 @@ class Plan:
         a = self.answer
         return (f"Plan({self.spec.model_id} on {self.options.gpu_count}x {self.gpu.name}: "
                 f"{self.kv_bytes_per_token_gpu:,} B/token/GPU, KV budget {self.budget.kv_budget_bytes / GiB:.2f} GiB, "
-                f"{a.kv_tokens:,} KV tokens, {plural(a.max_requests, 'request')} at {a.context:,} tokens, "
+                f"{a.kv_tokens:,} KV tokens, {plural(a.max_requests, 'request')} at {plural(a.context, 'token')}, "
                 f"{'fits' if a.fits else 'does not fit'} {a.batch} x {a.context:,})")
 
     @property
@@ -278,7 +278,8 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
 
     heads = spec.num_attention_heads
     if heads and heads % options.tp:  # vLLM's ModelConfig.verify_with_parallel_config
-        raise InputError(f"--tp {options.tp} does not divide the model's {heads} attention heads (vLLM requires it)",
+        raise InputError(f"--tp {options.tp} does not divide the model's {heads} attention heads ({rules.ENGINE} "
+                         "requires it)",
                          "use a tp that divides " + f"{heads}: " + ", ".join(str(t) for t in (1, 2, 4, 8, 16, 32, 64)
                                                                             if t <= heads and heads % t == 0))
     layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
@@ -296,7 +297,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
         weights_source = f"{quantized_how}: {weights_source}"
     n_gpus = options.tp * options.pp
     weights_term = Term("weights", math.ceil(weights_total / n_gpus),
-                        weights_source + (f", split over {n_gpus} GPUs" if n_gpus > 1 else ""))
+                        weights_source + (f", split over {plural(n_gpus, 'GPU')}" if n_gpus > 1 else ""))
 
     terms, calibration_note = _given_terms(spec, options, gpu, engine, model_dtype, weights_term)
     budget: Budget = rules.budget(
@@ -508,7 +509,7 @@ def _auto_max_model_len(deployment: Deployment) -> tuple[int, str]:
         raise InputError(f"--max-model-len auto: the engine starts with no max_model_len: {why}")
     limit = deployment.model_length
     capped = f", capped at the model's maximum {limit.rule}" if limit.tokens else ""
-    return longest, f"max_model_len auto: {longest:,} tokens (the longest the engine starts with{capped})"
+    return longest, f"max_model_len auto: {plural(longest, 'token')} (the longest the engine starts with{capped})"
 
 
 __all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]

@@ -33,6 +33,7 @@ from kvplan.options import PLAN_OPTIONS, ROW_AXES
 from kvplan.scenario import WhatIfFile, model_error
 from kvplan.yamldoc import ScenarioFileError, Where
 from kvplan.spec import ModelSpec, Overrides
+from kvplan.units import plural
 
 SCHEMA_VERSION = 1
 MAX_ROWS = 1_000_000
@@ -346,7 +347,7 @@ class Sweep:
         axes = " x ".join(f"{'+'.join(a.names)} {len(a.values):,}" for a in self.whatif.axes)
         extra = len(self.whatif.scenarios)
         parts = [p for p in (axes, f"{extra:,} scenarios" if extra else "") if p]
-        return f"{self.num_rows:,} rows ({' + '.join(parts)})" if parts else f"{self.num_rows:,} rows"
+        return f"{plural(self.num_rows, 'row')} ({' + '.join(parts)})" if parts else f"{plural(self.num_rows, 'row')}"
 
     def check_bounds(self, force: bool = False) -> None:
         """Raise InputError past :data:`MAX_ROWS` rows or :data:`MAX_POOLS` pool configurations, unless ``force``."""
@@ -354,7 +355,7 @@ class Sweep:
             return
         hint = "use --force to run it anyway, or sweep fewer values"
         if self.num_rows > MAX_ROWS:
-            raise InputError(f"{self.whatif.display}: {self.describe_size()}, past the bound of {MAX_ROWS:,} rows "
+            raise InputError(f"{self.whatif.display}: {self.describe_size()}, past the bound of {plural(MAX_ROWS, 'row')} "
                              f"(about 30 s and 1 GB of CSV + JSON)", hint)
         if self.num_pools > MAX_POOLS:
             raise InputError(f"{self.whatif.display}: up to {self.num_pools:,} configurations to plan (every option but "

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvplan import memory
 from kvplan.spec import LayerCache, LayerKind
-from kvplan.units import DType, parse_dtype
+from kvplan.units import DType, parse_dtype, plural
 
 SCHEMA_VERSION = 1
 Plan = Any  # a kvplan.plan.Plan (not imported: plan imports this module, never the other way)
@@ -49,14 +49,14 @@ def formula_lines(layers: tuple[LayerCache, ...], kv_dtype: DType, model_dtype: 
         per_token = memory.layer_token_bytes(cache, kv_dtype) * count
         size = f"{elem} B" if elem is not None else f"{kv_dtype.name}"
         if cache.kind is LayerKind.MLA:
-            lines.append(f"{count} layers x {cache.head_dim} latent x {size} = {per_token:,} B/token (MLA)")
+            lines.append(f"{plural(count, 'layer')} x {cache.head_dim} latent x {size} = {per_token:,} B/token (MLA)")
         elif cache.kind is LayerKind.CROSS:
             fixed = memory.cross_bytes_per_request((cache,) * count, kv_dtype)
             lines.append(f"2 x {count} cross_attention layers x {cache.kv_heads} kv_heads x {cache.head_dim} head_dim x "
                          f"{size} x {cache.window_tokens or 0:,} image tokens = {fixed:,} B/request (fixed)")
         elif cache.caches_tokens:
             win = f" (window {cache.window_tokens:,})" if cache.window_tokens else ""
-            lines.append(f"2 x {count} layers x {cache.kv_heads} kv_heads x {cache.head_dim} head_dim x {size} = "
+            lines.append(f"2 x {plural(count, 'layer')} x {cache.kv_heads} kv_heads x {cache.head_dim} head_dim x {size} = "
                          f"{per_token:,} B/token [{cache.kind.value}{win}]")
         elif cache.is_state:
             state = memory.layer_state_bytes(cache, model_dtype) * count

@@ -52,7 +52,7 @@ from kvplan.sim.model import (
 )
 from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.streams import RequestSource
-from kvplan.units import cdiv, check_number
+from kvplan.units import cdiv, check_number, plural
 
 __all__ = [
     "DEFAULT_PREFILL_EFFICIENCY", "MAX_POOL_BLOCKS", "MAX_WORK", "POLICIES", "POLICY_LABELS", "ClosedLoop", "PolicyResult", "Pool",
@@ -155,13 +155,13 @@ def simulate(config: SimConfig, source: RequestSource | Sequence[Request], *, po
         sum(g.state_blocks for g in pool.groups)
     if need > usable:
         raise InputError(f"the pool ({usable:,} usable blocks) cannot hold one request at max_model_len "
-                         f"{pool.max_model_len:,} ({need:,} blocks); vLLM would refuse to start",
+                         f"{pool.max_model_len:,} ({plural(need, 'block')}); vLLM would refuse to start",
                          "lower max_model_len or raise kv_budget")
     for p in policies:
         if p not in POLICIES:
             raise InputError(f"unknown policy {p!r}", "use one of: " + ", ".join(POLICIES))
     if pool.num_blocks > MAX_POOL_BLOCKS and not force:
-        raise InputError(f"the pool has {pool.num_blocks:,} blocks, past the {MAX_POOL_BLOCKS:,} the simulator holds "
+        raise InputError(f"the pool has {plural(pool.num_blocks, 'block')}, past the {MAX_POOL_BLOCKS:,} the simulator holds "
                          f"without --force (~163 B of allocator state each)",
                          "use --force, or a smaller kv_budget or a larger block_size")
     if work is None and source.expected is not None:
@@ -217,7 +217,7 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
         raise InputError(f"{plan.engine.engine} refuses to start this deployment: {plan.answer.refusal}",
                          f"use max_model_len {longest}" if longest else "see kvplan estimate for what would start")
     if plan.answer.num_blocks < 2:
-        raise InputError(f"the KV pool has {plan.answer.num_blocks} blocks: nothing to simulate",
+        raise InputError(f"the KV pool has {plural(plan.answer.num_blocks, 'block')}: nothing to simulate",
                          "raise kv_budget, use a bigger GPU or lower the weights")
     pool = Pool(plan.answer.num_blocks, bs, groups, plan.max_model_len, plan.answer.max_num_seqs, mnbt, prefix_state)
     kv_dtype, model_dtype = layout.kv_dtype, layout.model_dtype

@@ -24,6 +24,7 @@ from kvplan.limits import MAX_LAYERS, MAX_PARAMETERS
 from kvplan.model_source import ModelSource, WeightFacts
 from kvplan.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
 from kvplan.params import TIED_BY_DEFAULT, inventory, mtp_layers, parameter_count, routed_expert_layers
+from kvplan.units import plural
 
 __all__ = ["STATE_KINDS", "TOKEN_KINDS", "LayerCache", "LayerGroup", "LayerKind", "ModelSpec", "Overrides",
            "build_spec", "spec_from_config"]
@@ -134,7 +135,7 @@ def _pattern_length(r: ConfigReader) -> int | None:
         value = r.raw(key)
         if isinstance(value, (list, str)) and value:
             if len(value) > MAX_LAYERS:
-                raise r.fail(key, f"<{len(value):,} entries>", f"at most {MAX_LAYERS:,} layers")
+                raise r.fail(key, f"<{len(value):,} entries>", f"at most {plural(MAX_LAYERS, 'layer')}")
             r.provenance["num_layers"] = f"len({r.prefix}{key})"
             return len(value)
     return None
@@ -360,12 +361,12 @@ def _cross_attention(r: ConfigReader, config: Mapping[str, Any], layers: list[La
     for i in indices:
         self_layer = layers[i]
         layers[i] = LayerCache(LayerKind.CROSS, self_layer.kv_heads, self_layer.head_dim, window_tokens=per_image)
-    r.provenance["cross_attention"] = (f"{r.prefix}cross_attention_layers ({len(indices)} layers); image tokens "
+    r.provenance["cross_attention"] = (f"{r.prefix}cross_attention_layers ({plural(len(indices), 'layer')}); image tokens "
                                        f"{tiles} x ((vision_config.image_size {size} // patch_size {patch})^2 + 1)")
     return (f"cross-attention layers ({len(indices)} of {len(layers)}: cross_attention_layers) cache the request's "
             f"image tokens, not its text tokens: assumed 1 image x {tiles} tiles (vision_config.max_num_tiles) x "
-            f"{per_tile:,} tokens per tile ((image_size {size} / patch_size {patch})^2 + 1 class token) = "
-            f"{per_image:,} tokens per request; --images N for N cross-attended images. Engines: SGLang serves "
+            f"{plural(per_tile, 'token')} per tile ((image_size {size} / patch_size {patch})^2 + 1 class token) = "
+            f"{plural(per_image, 'token')} per request; --images N for N cross-attended images. Engines: SGLang serves "
             "mllama; vLLM served it up to 0.10.2 (V0 engine) and dropped it in 0.11")
 
 
@@ -462,7 +463,7 @@ def _bounded_parameters(r: ConfigReader, parameters: int | None, spec: ModelSpec
     """The parameter count, or a ConfigError past :data:`~kvplan.limits.MAX_PARAMETERS` (fields each within
     their bound can still multiply to an absurd model)."""
     if parameters is not None and parameters > MAX_PARAMETERS:
-        raise ConfigError(f"{r.where}: the config describes {parameters:,} parameters ({len(spec.layers)} layers, "
+        raise ConfigError(f"{r.where}: the config describes {parameters:,} parameters ({plural(len(spec.layers), 'layer')}, "
                           f"{r.prefix}hidden_size {spec.hidden_size:,}, intermediate_size {spec.intermediate_size:,}, "
                           f"vocab_size {spec.vocab_size:,}, {spec.num_experts:,} experts): at most {MAX_PARAMETERS:,}",
                           "check the sizes for a typo")

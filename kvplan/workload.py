@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.yamldoc import ScenarioFileError, Where, YamlDoc, display_path, option_locations, read_yaml, validate_doc
 from kvplan.yamltypes import OPTION_FIELDS, finish_values, number, option_values
-from kvplan.units import check_number
+from kvplan.units import check_number, plural
 from kvplan.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
 
 # estimate options that make no sense for a simulation (the policies decide prefix caching; the
@@ -242,7 +242,7 @@ class Workload:
         else:
             arrive = "trace arrival times"
         if self.trace is not None:
-            lengths = f"{len(self.trace):,} requests from {self.trace_path}"
+            lengths = f"{plural(len(self.trace), 'request')} from {self.trace_path}"
         else:
             pre = " + ".join(f"{p.tokens:,}-token {p.name} ({p.share:.0%})" for p in self.prefixes)
             lengths = f"prompt {pre + ' + ' if pre else ''}{self.prompt.describe()}, output {self.output.describe()}"  # type: ignore[union-attr]
@@ -250,7 +250,7 @@ class Workload:
         if self.duration_s:
             stop.append(f"{self.duration_s:g} s")
         if self.num_requests:
-            stop.append(f"{self.num_requests:,} requests")
+            stop.append(f"{plural(self.num_requests, 'request')}")
         return f"{arrive}; {lengths}; {' or '.join(stop) or 'the whole trace'}; seed {self.seed}"
 
     def source(self) -> RequestSource:
@@ -341,7 +341,7 @@ def _plan_values(ref: str, doc: YamlDoc) -> dict[str, Any]:
     capacity = load_capacity(path)
     if not name:
         if len(capacity.checks) != 1:
-            raise doc.error(("plan",), f"{file} has {len(capacity.checks)} checks: name one",
+            raise doc.error(("plan",), f"{file} has {plural(len(capacity.checks), 'check')}: name one",
                             "write plan: FILE#CHECK-NAME; checks: " + ", ".join(c.name for c in capacity.checks))
         return dict(capacity.checks[0].values)
     for check in capacity.checks:

@@ -252,7 +252,7 @@ def test_max_model_len_auto_is_the_longest_that_starts():
     assert p.max_model_len == 511 * 16
     assert p.answer.engine_starts and any("auto" in n for n in p.notes)
     # a context longer than that is the same error as --context 8k --max-model-len 8176: vLLM rejects it
-    with pytest.raises(InputError, match="--context 8,192 exceeds --max-model-len auto = 8,176") as err:
+    with pytest.raises(InputError, match="--context 8192 exceeds --max-model-len auto = 8176") as err:
         estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto"}))
     assert err.value.hint == "lower --context to 8176"
     # capped at max_position_embeddings when memory is plentiful

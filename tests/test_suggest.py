@@ -100,7 +100,7 @@ def test_every_estimate_suggestion_pasted_parses_and_fits(values):
 
 def test_a_context_suggestion_takes_the_prefix_down_with_it():
     # gpt2 (1,024 positions) at 2k with a 2k shared prefix: "--context 1024" alone is rejected
-    # ("--prefix-tokens 2,048 exceeds --context 1,024"); the suggestion names both
+    # ("--prefix-tokens 2048 exceeds --context 1024"); the suggestion names both
     p = plan_for_spec(spec_of("openai-community/gpt2"),
                       options_from_values({"model": "openai-community/gpt2", "context": "2k", "prefix_tokens": "2k"}))
     assert p.answer.fix == "--context 1024 --prefix-tokens 1024"
@@ -203,3 +203,88 @@ def test_every_check_suggestion_applied_to_the_file_passes(tmp_path):
                 assert again.passed, (result.name, s, [o.message for o in again.outcomes])
                 applied += 1
     assert applied >= 8
+
+
+# ---------------------------------------------------------------------------------------------
+# wording: counts in the right number, values as the options accept them, no tracker numbers, the engine used
+
+
+def _flat(text: str) -> str:
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def test_short_by_one_block_is_singular(tmp_path):
+    # Llama-3.1-8B, 10 GiB of KV = 5,120 blocks of 2 MiB (one null): ten 8k requests need 10 x 512 = 5,120 > 5,119,
+    # short by 1 block (before: "short by 1 blocks")
+    args = ("meta-llama/Llama-3.1-8B", "-g", "H100", "--kv-budget", "10GiB", "-c", "8k", "-b", "10")
+    assert "does NOT fit (short by 1 block = 2 MiB)" in _flat(kvplan("estimate", *args).stdout)
+    path = tmp_path / "c.yaml"
+    path.write_text("defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100, kv_budget: 10GiB, context: 8k}\n"
+                    "checks:\n  - {name: ten, batch: 10, require: {fits: true}}\n", encoding="utf-8")
+    (r,) = run_checks(load_capacity(path), offline=True).results
+    assert "(short by 1 block = 16 token slots)" in r.outcomes[0].message
+
+
+# f-string values before a plural noun that are not counts in kvplan's own words: layer kinds ("sliding layers"),
+# vLLM's verbatim log line ("KV cache size: N tokens; ... for N tokens per request"), a float peak, an assert
+NOT_COUNTS = {"cache.kind.value", "value", "other[0]", "state_kind", "launch.kv_tokens", "launch.max_model_len",
+              "s.running_peak", "len(cached)"}
+
+
+def test_no_user_facing_string_has_a_count_before_a_plural_noun_unchecked():
+    """Every f-string that puts a number in front of blocks/requests/tokens/layers/rows/GPUs/checks goes through
+    ``plural`` (``1 block``, ``2 blocks``); the exceptions are vLLM's own log line and nouns after a word."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "kvplan"
+    bad = []
+    pattern = re.compile(r"^(blocks|requests|tokens|layers|rows|GPUs|checks)\b")
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.JoinedStr):
+                continue
+            parts = node.values
+            for value, after in zip(parts, parts[1:]):
+                if (isinstance(value, ast.FormattedValue) and isinstance(after, ast.Constant)
+                        and isinstance(after.value, str) and pattern.match(after.value.removeprefix(" "))
+                        and after.value.startswith(" ")):
+                    text = ast.unparse(value.value)
+                    rate = after.value.split()[0].endswith("/") or "/" in after.value.split()[0]  # tokens/s
+                    signed = value.format_spec is not None and "+" in ast.unparse(value.format_spec)
+                    if rate or signed or text in NOT_COUNTS or text.startswith("_count("):
+                        continue
+                    bad.append(f"{path.relative_to(root)}:{node.lineno}: {{{text}}}{after.value[:12]}")
+    assert bad == []
+
+
+def test_errors_echo_values_the_options_accept():
+    # before: "--context 32,768 exceeds --max-model-len 8,192" (the options reject "8,192")
+    line = assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", "-c", "32k", "--max-model-len", "8k"))
+    assert "--context 32768 exceeds --max-model-len 8192" in line and not re.search(r"\d,\d", line)
+    line = assert_one_line(kvplan("estimate", "openai-community/gpt2", "-c", "1k", "--prefix-tokens", "2k"))
+    assert "--prefix-tokens 2048 exceeds --context 1024" in line
+
+
+def test_no_tracker_numbers_in_user_facing_strings():
+    """"issue 15" means nothing to a user: no string literal in kvplan/ (comments and docstrings aside) names one."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "kvplan"
+    bad = []
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and re.search(r"\bissue #?\d+", node.value, re.I)):
+                bad.append(f"{path.relative_to(root)}:{node.lineno}: {node.value[:60]}")
+    assert bad == []
+
+
+def test_the_tp_error_names_the_engine_used():
+    # Llama-3.1-8B has 32 attention heads: tp 3 divides nothing; SGLang refuses it too (before: "(vLLM requires it)")
+    line = assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", "--tp", "3", "--engine", "sglang"))
+    assert "does not divide the model's 32 attention heads (sglang requires it)" in line and "vLLM" not in line
+    assert "(vllm requires it)" in assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", "--tp", "3"))

@@ -24,7 +24,7 @@ from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's r
     serve_command, serving_release, ssm_dtype, start_blocks, starts)
 from kvplan.errors import InputError
 from kvplan.spec import LayerKind, ModelSpec
-from kvplan.units import GiB, MiB
+from kvplan.units import GiB, MiB, plural
 
 ENGINE = "vllm"
 BLOCK_SIZES: tuple[int, ...] | None = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices
@@ -87,7 +87,7 @@ NON_TORCH_BYTES = round(0.30 * GiB)
 # - pcie: +0: 0.25 and 0.20 GiB logged at tp 2 on 24 GB GeForce cards, inside the tp-1 range.
 TP_NON_TORCH_BYTES = {"nvlink-switch": round(1.75 * GiB), "nvlink": round(0.41 * GiB),
                       "infinity-fabric": round(0.41 * GiB), "pcie": 0}
-TP_NON_TORCH_SOURCES = {"nvlink-switch": "all-reduce fusion workspace from 0.17; issue 15", "nvlink": "1 log",
+TP_NON_TORCH_SOURCES = {"nvlink-switch": "all-reduce fusion workspace from 0.17; ~2 GiB reported at tp 2 on H100s", "nvlink": "1 log",
                         "infinity-fabric": "unverified", "pcie": "2 logs"}
 ALLREDUCE_FUSION_FROM = (0, 17, 0)
 
@@ -332,10 +332,10 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
 
 def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes: int, forward: int, sampler: int,
                        path: str, copies: int, images: ImageProfile | None) -> str:
-    what = (f"{rows:,} rows x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
-            f"{path} path, {rows:,} rows: model-dtype logits + 3 fp32 [rows, vocab] tensors"
+    what = (f"{plural(rows, 'row')} x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
+            f"{path} path, {plural(rows, 'row')}: model-dtype logits + 3 fp32 [rows, vocab] tensors"
             + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
-    text = (f"forward {mnbt:,} tokens x {forward_bytes_per_token(spec, tp, act_bytes):,} B = {forward / GiB:.2f} GiB, "
+    text = (f"forward {plural(mnbt, 'token')} x {forward_bytes_per_token(spec, tp, act_bytes):,} B = {forward / GiB:.2f} GiB, "
             f"sampler {what} = {sampler / GiB:.2f} GiB")
     if images is None:
         return f"estimate: max({text})"

@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 
 from kvplan.modelspec import ModelSpec
+from kvplan.units import plural
 
 MM_LIMIT_PER_PROMPT = 999  # vLLM's default --limit-mm-per-prompt for a modality it is not told about
 
@@ -62,7 +63,7 @@ class ImageProfile:
         return self.pixel_bytes + self.cached_bytes
 
     def describe(self) -> str:
-        return (f"{self.items} dummy images ({self.tokens_per_item} tokens each, encoder budget "
+        return (f"{self.items} dummy images ({plural(self.tokens_per_item, 'token')} each, encoder budget "
                 f"{self.encoder_budget_tokens:,}): pixels + cached outputs {self.resident_bytes / 2**30:.2f} GiB "
                 f"kept through the text profile, encoder peak {self.encoder_peak_bytes / 2**30:.2f} GiB")
 

@@ -215,7 +215,7 @@ def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
     requests the engine runs at once whatever the pool (its ``max_num_seqs``; 0 when it does not start).
     """
     if prefix_tokens > tokens:
-        raise InputError(f"--prefix-tokens {prefix_tokens:,} exceeds the context {tokens:,}")
+        raise InputError(f"--prefix-tokens {prefix_tokens} exceeds --context {tokens}")
     layout = demand.layout
     per_full = prefix_tokens // layout.block_size
     growing = sum(1 for g in layout.groups if g.cache.kind in (LayerKind.FULL, LayerKind.MLA))

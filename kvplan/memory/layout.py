@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, LayerKind, ModelSpec
-from kvplan.units import DType, cdiv, parse_dtype
+from kvplan.units import DType, cdiv, parse_dtype, plural
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -90,7 +90,7 @@ def pp_layer_counts(num_layers: int, pp: int) -> list[int]:
     if pp < 1:
         raise InputError(f"invalid --pp {pp}: must be at least 1")
     if pp > num_layers:
-        raise InputError(f"--pp {pp} exceeds the model's {num_layers} layers")
+        raise InputError(f"--pp {pp} exceeds the model's {plural(num_layers, 'layer')}")
     counts = [num_layers // pp] * pp
     for i in range(2, num_layers % pp + 2):
         counts[-i] += 1

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 from kvplan.errors import KvplanError
 from kvplan.observe.metrics import FAMILIES
 from kvplan.observe.session import SeriesResult
+from kvplan.units import plural
 
 
 def _bool(text: str) -> bool | None:
@@ -258,10 +259,10 @@ def compare(view: PlanView, series: SeriesResult, planner: Planner | None = None
         findings.append(f"{who}: the server's block size is {s.block_size}, the plan's {plan.layout.block_size} "
                         "(pass --block-size)")
     if s.running_peak is not None:
-        lines.append(f"concurrency: running peak {s.running_peak:,.0f}; the plan fits {a.max_requests:,} requests of "
-                     f"{a.context:,} tokens (max concurrency {a.max_concurrency:.2f}x at max_model_len {plan.max_model_len:,})")
+        lines.append(f"concurrency: running peak {s.running_peak:,.0f}; the plan fits {plural(a.max_requests, 'request')} of "
+                     f"{plural(a.context, 'token')} (max concurrency {a.max_concurrency:.2f}x at max_model_len {plan.max_model_len:,})")
         if s.running_peak > a.max_requests:
             findings.append(f"{who}: {s.running_peak:,.0f} requests ran at once, more than the {a.max_requests:,} the "
-                            f"plan fits at {a.context:,} tokens: requests were shorter than --context")
+                            f"plan fits at {plural(a.context, 'token')}: requests were shorter than --context")
     return Comparison(who, s.num_gpu_blocks, a.num_blocks, s.block_size, plan.layout.block_size, s.max_total_num_tokens,
                       a.capacity_tokens, s.running_peak, a.max_requests, a.context, tuple(lines), tuple(findings))

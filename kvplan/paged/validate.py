@@ -22,7 +22,7 @@ from kvplan.paged import accounting
 from kvplan.paged.allocator import BlockAllocator
 from kvplan.paged.groups import exact_layout, plan_allocator
 from kvplan.spec import LayerKind
-from kvplan.units import GiB, fmt_bytes, round_up
+from kvplan.units import GiB, fmt_bytes, round_up, plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.plan import Plan
@@ -303,13 +303,13 @@ def _judge_fill(fill: FillResult, layout: memory.PoolLayout, failures: list[str]
     the allocator's demand is exactly the plan's) one more does not. A plan of no request checks nothing
     about concurrency, so it cannot pass."""
     if fill.planned_requests == 0:
-        failures.append(f"the plan fits no request of {fill.context_tokens:,} tokens, so the fill checked nothing "
+        failures.append(f"the plan fits no request of {plural(fill.context_tokens, 'token')}, so the fill checked nothing "
                         "(raise --kv-budget or lower --context to validate the concurrency)")
     if fill.filled_requests < fill.planned_requests:
-        failures.append(f"only {fill.filled_requests} of the planned {fill.planned_requests} requests at "
-                        f"{fill.context_tokens:,} tokens fit")
+        failures.append(f"only {fill.filled_requests} of the planned {plural(fill.planned_requests, 'request')} at "
+                        f"{plural(fill.context_tokens, 'token')} fit")
     if fill.peak_blocks > fill.planned_blocks_per_request:
-        failures.append(f"a request held {fill.peak_blocks} blocks at once, the plan allows "
+        failures.append(f"a request held {plural(fill.peak_blocks, 'block')} at once, the plan allows "
                         f"{fill.planned_blocks_per_request}")
     if fill.exact and fill.one_more_fits:
         failures.append(f"request {fill.planned_requests + 1} also fits: the plan underestimates the concurrency")

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from kvplan import memory
 from kvplan.serialize import formula_lines, group_rows
-from kvplan.units import GiB, parse_dtype
+from kvplan.units import GiB, parse_dtype, plural
 
 if TYPE_CHECKING:
     from kvplan.gpus import Gpu
@@ -102,7 +102,7 @@ def model_detail(spec: "ModelSpec", source: str, kv_dtype_name: str | None = Non
 
 
 def render_model_detail(d: dict[str, Any]) -> Group:
-    head = Text.assemble((d["id"], "bold"), f"  {d['kind']} · {d['architecture']} · {d['num_layers']} layers · {d['dtype']}\n",
+    head = Text.assemble((d["id"], "bold"), f"  {d['kind']} · {d['architecture']} · {plural(d['num_layers'], 'layer')} · {d['dtype']}\n",
                          (f"source: {d['source']}\n", "grey62"))
     if d["parameters"]:
         head.append(f"parameters: {d['parameters']:,}")
@@ -136,7 +136,7 @@ def render_gpus(catalogue: "tuple[Gpu, ...]", width: int | None = None) -> Any:
         for col, cell in zip(cols, (g.name, mem, bw, tuple(g.aliases[:4]))):
             col.cells.append(cell)
     table, dropped = fitted_table(cols, width or terminal_width(), **COMPACT,
-                                  title=f"{len(catalogue)} GPUs (memory as the CUDA/HIP runtime reports it)",
+                                  title=f"{plural(len(catalogue), 'GPU')} (memory as the CUDA/HIP runtime reports it)",
                                   title_justify="left")
     if not dropped:
         return table

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from kvplan.capacity import CheckReport, CheckResult, Outcome
 
 from kvplan.capacity import format_value
+from kvplan.units import plural
 
 SCHEMA_VERSION = 1
 
@@ -75,7 +76,7 @@ def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN2
                             "every larger catalogue GPU)\n", style="yellow")
         parts.append(text)
     n, failed = len(report.results), report.num_failed
-    summary = Text(f"{n - failed} of {n} checks passed", style="bold green" if not failed else "bold red")
+    summary = Text(f"{n - failed} of {plural(n, 'check')} passed", style="bold green" if not failed else "bold red")
     parts.append(summary)
     return Group(*parts)
 

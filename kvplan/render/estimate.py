@@ -60,7 +60,7 @@ def _model_panel(plan: "Plan") -> Panel:
     o, spec, prov = plan.options, plan.spec, plan.spec.provenance
     head = Text.assemble((spec.model_id, "bold"), "\n")
     full = next((layer for layer in spec.layers if layer.caches_tokens), None)
-    facts = [spec.kind_summary, f"{spec.num_layers} layers"]
+    facts = [spec.kind_summary, f"{plural(spec.num_layers, 'layer')}"]
     if full is not None:
         facts.append(f"kv_heads {full.kv_heads} ({prov.get('kv_heads', '?')})")
         facts.append(f"head_dim {full.head_dim} ({prov.get('head_dim', '?')})")
@@ -123,7 +123,7 @@ def _answer_panel(plan: "Plan") -> Panel:
     a, lay = plan.answer, plan.layout
     ans = Text()
     shared = f", each block one page in each of {len(lay.groups)} groups" if len(lay.groups) > 1 else ""
-    ans.append(f"KV cache: {a.num_blocks:,} blocks x {plural(lay.block_size, 'token')} = {a.capacity_tokens:,} token slots"
+    ans.append(f"KV cache: {plural(a.num_blocks, 'block')} x {plural(lay.block_size, 'token')} = {a.capacity_tokens:,} token slots"
                f" ({fmt_bytes(lay.block_bytes)} per block{shared})\n")
     ans.append(f"at {a.context:,} tokens/request: ", style="bold")
     ans.append(plural(a.max_requests, "concurrent request"), style="bold cyan")
@@ -136,12 +136,12 @@ def _answer_panel(plan: "Plan") -> Panel:
         ans.append(f" ({plural(a.blocks_per_request, 'block')} each; the pool binds, max_num_seqs "
                    f"{a.max_num_seqs:,})\n")
     ans.append(f"max context at batch {a.batch}: ", style="bold")
-    ans.append(f"{a.max_context_at_batch:,} tokens\n", style="bold cyan")
+    ans.append(f"{plural(a.max_context_at_batch, 'token')}\n", style="bold cyan")
     verdict = ("fits", "bold green") if a.fits else ("does NOT fit", "bold red")
-    ans.append(f"{a.batch} x {a.context:,} tokens: ")
+    ans.append(f"{a.batch} x {plural(a.context, 'token')}: ")
     ans.append(verdict[0], style=verdict[1])
     if a.fits:
-        ans.append(f" ({a.fits_margin_blocks:,} blocks = {a.fits_margin_blocks * lay.block_size:,} tokens spare)")
+        ans.append(f" ({plural(a.fits_margin_blocks, 'block')} = {plural(a.fits_margin_blocks * lay.block_size, 'token')} spare)")
         return Panel(ans, title="answer", title_align="left")
     if a.refusal:
         why = f"{plan.engine.engine} does not start"
@@ -180,7 +180,7 @@ def _engine_panel(plan: "Plan") -> Panel:
         eng.append(f"\n  the model's maximum length: {a.model_max_len_rule}", style="grey62")
     if not plan.launch.max_num_seqs_flag:
         eng.append(f"\n  max_num_seqs stays {plan.engine.engine}'s {a.max_num_seqs:,}: the pool holds "
-                   f"{plural(a.pool_requests, 'request')} of {a.context:,} tokens at once and more shorter ones; the "
+                   f"{plural(a.pool_requests, 'request')} of {plural(a.context, 'token')} at once and more shorter ones; the "
                    "scheduler admits only what the free blocks hold", style="grey62")
     return Panel(eng, title="engine", title_align="left")
 
@@ -196,13 +196,13 @@ def _paging_panel(plan: "Plan") -> Panel:
     more.append(f"paged (block {lay.block_size}): {plural(f.paged_max_requests, 'request')}, {fmt_bytes(f.paged_waste_bytes)} slack each")
     state_blocks = sum(plan.demand.state_blocks(g) for g in lay.groups)
     if state_blocks > sum(1 for g in lay.groups if g.cache.is_state):
-        more.append(f" (with prefix caching the state groups keep {state_blocks} blocks per request, checkpoints "
+        more.append(f" (with prefix caching the state groups keep {plural(state_blocks, 'block')} per request, checkpoints "
                     "included)")
     if lay.padding_layers:
         more.append(f"\n{lay.padding_layers} padded layer slot(s) per block (hybrid grouping)")
     if plan.prefix:
         p = plan.prefix
-        more.append(f"\nprefix {p.prefix_tokens:,} tokens shared: {p.shared_blocks:,} blocks stored once; "
+        more.append(f"\nprefix {plural(p.prefix_tokens, 'token')} shared: {plural(p.shared_blocks, 'block')} stored once; "
                     f"{p.max_requests_unshared:,} -> {plural(p.max_requests_shared, 'request')}; "
                     f"{p.prefill_tokens_saved:,} prefill tokens (~{p.prefill_flops_saved / 1e12:,.1f} TFLOP) not recomputed")
     if plan.roofline:

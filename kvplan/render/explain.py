@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvplan.units import GiB
+from kvplan.units import GiB, plural
 
 if TYPE_CHECKING:
     from kvplan.explain import Capacity, Explanation
@@ -139,7 +139,7 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
     rule = RULES.get(p.engine.kv_tokens_rule, p.engine.kv_tokens_rule)
     if ex.matches:
         span = ex.logged_blocks
-        which = "" if not span or span[0] == span[1] else f" (the logged budget allows {span[0]:,} - {span[1]:,} blocks)"
+        which = "" if not span or span[0] == span[1] else f" (the logged budget allows {span[0]:,} - {plural(span[1], 'block')})"
         verdict.append("the logged terms reproduce every capacity line of the log exactly" if ex.log.starts is not False
                        else "the logged terms reproduce the log: the engine does not start with them", style="bold green")
         verdict.append(f"{which}; token line: {rule}\n")

@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from kvplan.units import plural
+
 SCHEMA_VERSION = 1
 # tracker row field -> JSON / CSV key
 ROW_KEYS = {
@@ -161,8 +163,8 @@ def _n(x: float | None, digits: int = 0) -> str:
 
 def _pool(s: Any) -> str:
     if s.num_gpu_blocks is not None:
-        return f"{s.num_gpu_blocks:,} blocks" + (f" x {s.block_size}" if s.block_size else "")
-    return "-" if s.max_total_num_tokens is None else f"{s.max_total_num_tokens:,} tokens"
+        return f"{plural(s.num_gpu_blocks, 'block')}" + (f" x {s.block_size}" if s.block_size else "")
+    return "-" if s.max_total_num_tokens is None else f"{plural(s.max_total_num_tokens, 'token')}"
 
 
 ROWS: list[tuple[str, Any]] = [
@@ -233,8 +235,8 @@ def _plan_text(view: Any, comparisons: Sequence[Any]):  # noqa: ANN202
     if plan.answer.refusal is not None:
         text.append(f"the engine does not start ({plan.answer.refusal})\n")
     else:
-        text.append(f"{plan.answer.num_blocks:,} blocks x {plan.layout.block_size} tokens, "
-                    f"{plan.answer.max_requests:,} requests of {plan.answer.context:,} tokens\n")
+        text.append(f"{plural(plan.answer.num_blocks, 'block')} x {plural(plan.layout.block_size, 'token')}, "
+                    f"{plural(plan.answer.max_requests, 'request')} of {plural(plan.answer.context, 'token')}\n")
     shown = ", ".join(f"{n} {v}{' (' + src + ')' if src.startswith('endpoint') else ''}"
                       for n, v, src in view.assumptions()[1:] if v is not None)
     text.append(f"assumes: {shown}\n", style="grey62")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable
 
-from kvplan.units import GiB, fmt_bytes
+from kvplan.units import GiB, fmt_bytes, plural
 
 if TYPE_CHECKING:
     from kvplan.report import Pool, Report, Row
@@ -259,7 +259,7 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
                           "CSV / JSON outputs and --json)", style="yellow"))
     hidden = max(0, num_rows - limit)
     if hidden:
-        parts.append(Text(f"… {hidden:,} of {num_rows:,} rows not shown (--rows N shows more); every row goes to the "
+        parts.append(Text(f"… {hidden:,} of {plural(num_rows, 'row')} not shown (--rows N shows more); every row goes to the "
                           f"CSV/JSON outputs and --json", style="yellow"))
     for note in report.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
@@ -504,7 +504,7 @@ def to_markdown(report: "Report", images: dict[str, str], notes: list[str]) -> s
         lines.append("| " + " | ".join(_md_cell(c) for c in row) + " |")
     lines.append("")
     if hidden:
-        lines += [f"*{hidden:,} rows not shown; the CSV and JSON outputs hold all {report.num_rows:,}.*", ""]
+        lines += [f"*{plural(hidden, 'row')} not shown; the CSV and JSON outputs hold all {report.num_rows:,}.*", ""]
     for note in list(report.notes) + notes:
         lines.append(f"- note: {note}")
     lines += ["", _footnote(), ""]
@@ -579,7 +579,7 @@ def to_html(report: "Report", plots: dict[str, bytes], notes: list[str]) -> str:
         out.append("<tr>" + "".join(tds) + "</tr>")
     out.append("</tbody></table></div>")
     if hidden:
-        out.append(f'<p class="note">{hidden:,} rows not shown; the CSV and JSON outputs hold all {report.num_rows:,}.</p>')
+        out.append(f'<p class="note">{plural(hidden, "row")} not shown; the CSV and JSON outputs hold all {report.num_rows:,}.</p>')
     out.append(f'<p class="foot">{esc(_footnote()).replace("*", "")}</p>')
     out.append("</body></html>\n")
     return "\n".join(out)

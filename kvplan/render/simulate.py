@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.render import PLOT_SUFFIXES, plot_path  # noqa: F401 - part of this module's API (commands, tests)
-from kvplan.units import GiB
+from kvplan.units import GiB, plural
 
 SCHEMA_VERSION = 1
 
@@ -67,7 +67,7 @@ def render_simulation(run: Any):  # noqa: ANN201 - rich renderable
     head.append(f"{wl.name}", style="bold")
     head.append(f"  ({wl.display})\n", style="grey62")
     head.append(f"{plan.spec.model_id} on {plan.options.gpu_count}x {plan.gpu.name}: KV budget "
-                f"{plan.budget.kv_budget_bytes / GiB:.2f} GiB = {pool.num_blocks:,} blocks x {pool.block_size} tokens "
+                f"{plan.budget.kv_budget_bytes / GiB:.2f} GiB = {plural(pool.num_blocks, 'block')} x {plural(pool.block_size, 'token')} "
                 f"({plan.kv_dtype}), max_model_len {pool.max_model_len:,}, max_num_seqs {pool.max_num_seqs}, "
                 f"max_num_batched_tokens {pool.max_num_batched_tokens:,}\n")
     head.append(f"traffic: {wl.describe_traffic()}", style="grey62")

@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from kvplan.units import fmt_bytes
+from kvplan.units import fmt_bytes, plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.paged.validate import ValidationResult
@@ -37,8 +37,8 @@ def render_result(result: "ValidationResult", plan: "Plan") -> Group:
     r = result
     head = Text.assemble((r.model_id, "bold"), f" on {r.device}",
                          f" (rank {r.rank} of {r.world_size}, pp stage {r.pp_stage})" if r.world_size > 1 else "", "\n",
-                         f"{r.num_layers} layers in {r.num_groups} group(s) of {r.group_size}, block {r.block_size} tokens, "
-                         f"page {r.page_bytes:,} B, block id {r.block_bytes:,} B, {r.num_blocks:,} blocks, "
+                         f"{plural(r.num_layers, 'layer')} in {r.num_groups} group(s) of {r.group_size}, block {plural(r.block_size, 'token')}, "
+                         f"page {r.page_bytes:,} B, block id {r.block_bytes:,} B, {plural(r.num_blocks, 'block')}, "
                          f"KV {r.kv_dtype} (torch {r.torch_kv_dtype})")
     parts: list[Any] = [head]
     if r.measure is not None:
@@ -49,7 +49,7 @@ def render_result(result: "ValidationResult", plan: "Plan") -> Group:
         parts.append(_attention_table(r))
     if r.probe is not None:
         p = r.probe
-        parts.append(Text(f"probe: {p.blocks_fit:,} blocks of {p.block_bytes:,} B fit in {fmt_bytes(p.free_bytes)} free "
+        parts.append(Text(f"probe: {plural(p.blocks_fit, 'block')} of {p.block_bytes:,} B fit in {fmt_bytes(p.free_bytes)} free "
                           f"(free // block = {p.blocks_by_free_memory:,}); the plan budgets {p.planned_blocks:,} "
                           f"({p.blocks_fit - p.planned_blocks:+,} blocks: weights, activations and graphs are not loaded here)"))
     for note in r.notes:
@@ -87,7 +87,7 @@ def _measure_parts(r: "ValidationResult") -> list[Any]:
         sources.append("driver = torch.cuda.mem_get_info free-memory delta (2 MiB segments)")
     if m.rss_bytes is not None:
         sources.append("RSS = /proc/self/statm resident delta after zero-filling")
-    return [t, Text(f"  {fmt_bytes(m.estimate_bytes)} estimated = {r.num_blocks:,} blocks x {r.block_bytes:,} B "
+    return [t, Text(f"  {fmt_bytes(m.estimate_bytes)} estimated = {plural(r.num_blocks, 'block')} x {r.block_bytes:,} B "
                     f"in {m.num_tensors} tensor(s); " + "; ".join(sources), style="grey62")]
 
 
@@ -95,7 +95,7 @@ def _fill_table(r: "ValidationResult") -> Table:
     """Requests the plan promises vs what the allocator held."""
     f = r.fill
     assert f is not None
-    t = Table(title=f"requests at {f.context_tokens:,} tokens (prefill chunks of {f.chunk_tokens:,})",
+    t = Table(title=f"requests at {plural(f.context_tokens, 'token')} (prefill chunks of {f.chunk_tokens:,})",
               title_justify="left", show_edge=False)
     t.add_column("what")
     t.add_column("plan", justify="right")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from kvplan.errors import InputError
 from kvplan.paged.allocator import GroupSpec
-from kvplan.units import check_number
+from kvplan.units import check_number, plural
 
 POLICIES = ("contiguous", "paged", "prefix_caching")
 POLICY_LABELS = {"contiguous": "contiguous", "paged": "paged", "prefix_caching": "paged + prefix cache"}
@@ -40,7 +40,7 @@ class Request:
             raise InputError(f"a request needs at least one prompt and one output token, got "
                              f"{self.prompt_tokens} and {self.output_tokens}")
         if not 0 <= self.prefix_tokens <= self.prompt_tokens:
-            raise InputError(f"prefix_tokens {self.prefix_tokens} must be within the prompt's {self.prompt_tokens} tokens")
+            raise InputError(f"prefix_tokens {self.prefix_tokens} must be within the prompt's {plural(self.prompt_tokens, 'token')}")
         _finite("arrival_s", self.arrival_s)
 
 
