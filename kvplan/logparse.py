@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from kvplan.limits import MAX_TOKENS
+from kvplan.units import plural
 
 NUMBER = r"(-?[0-9][0-9,]*\.?[0-9]*)"
 INT = r"([0-9](?:[0-9,]*[0-9])?)"  # a count as printed, without the comma or full stop after it
@@ -438,7 +439,7 @@ def _not_started(v: dict[str, Any]) -> str | None:
     """Why the log shows the engine did not start (vLLM raises on each of these), or None."""
     refusal = v.get("refusal")
     if refusal is not None and refusal.kv_tokens is not None:
-        return (f"max_model_len {refusal.max_model_len:,} is larger than the {refusal.kv_tokens:,} tokens the KV cache "
+        return (f"max_model_len {refusal.max_model_len:,} is larger than the {plural(refusal.kv_tokens, 'token')} the KV cache "
                 "holds")
     if refusal is not None:
         return (f"one request at max_model_len {refusal.max_model_len:,} needs {refusal.needed_gib} GiB of KV cache, "

@@ -96,7 +96,7 @@ def _start_verdict(ex: "Explanation"):  # noqa: ANN202 - a rich Text
     own, answer = ex.from_kvplan, ex.plan.answer
     text.append(f"the engine did not start: {ex.log.not_started}", style="bold red")
     if own.starts:
-        text.append(f"; kvplan's own terms start it with {own.num_blocks:,} blocks ({own.kv_cache_tokens:,} tokens): "
+        text.append(f"; kvplan's own terms start it with {plural(own.num_blocks, 'block')} ({plural(own.kv_cache_tokens, 'token')}): "
                     "kvplan's plan is more optimistic than this deployment\n")
     else:
         text.append(f"; kvplan's own terms do not start it either ({answer.refusal})\n")
