@@ -153,12 +153,15 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
         margin = round(margin, 3)
     message = f"{key}: required {describe_requirement(key, required, plan)}, got {format_value(actual, unit)}"
     if not passed and key in ("fits", "engine_starts") and required:
-        if key == "fits":
-            short = -plan.answer.fits_margin_blocks
-            message += f" (short by {plural(short, 'block')} = {short * plan.layout.block_size:,} token slots)"
+        a = plan.answer
+        longest = a.longest_startable_len
+        if a.refusal:  # the engine does not start: nothing runs, whatever the pool holds
+            message += f" ({a.refusal}" + (f"; the longest max_model_len that starts is {longest:,})" if longest else ")")
+        elif a.batch > a.max_num_seqs:
+            message += f" (max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once)"
         else:
-            message += (f" ({plan.answer.refusal}; the longest max_model_len that starts is "
-                        f"{plan.answer.longest_startable_len:,})")
+            short = -a.fits_margin_blocks
+            message += f" (short by {plural(short, 'block')} = {short * plan.layout.block_size:,} token slots)"
     return Outcome(key, required, actual, margin, unit, passed, message)
 
 
@@ -217,7 +220,7 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
     offer("more tensor parallelism", more_tp(spec, o, planner, holds))
     if refuses_the_model(plan.deployment):
         for hit in other_engines(spec, o, planner, holds):
-            offer("an engine that serves the model", hit)
+            offer("another engine" if hit[0].engine != o.engine else "a release that serves the model", hit)
     offer("another GPU", other_gpu(o, planner, holds, plan.gpu.memory_bytes))
     return tuple(out)
 

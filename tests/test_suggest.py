@@ -288,3 +288,21 @@ def test_the_tp_error_names_the_engine_used():
     line = assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", "--tp", "3", "--engine", "sglang"))
     assert "does not divide the model's 32 attention heads (sglang requires it)" in line and "vLLM" not in line
     assert "(vllm requires it)" in assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", "--tp", "3"))
+
+
+def test_check_on_a_release_that_dropped_the_architecture(tmp_path):
+    # a refused start says why, and no "longest max_model_len that starts is 0" nor "short by -N blocks";
+    # the suggestions are the release that serves it and SGLang, each re-planned
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "vision" / "config.json").write_text(json.dumps(LLAMA_32_90B_VISION))
+    model = str(tmp_path / "vision")
+    starts, fits = _check(tmp_path, f"  - {{name: s, model: {model}, gpu: H200, tp: 4, weights_gib: 177,"
+                                    " require: {engine_starts: true}}\n"
+                                    f"  - {{name: f, model: {model}, gpu: H200, tp: 4, weights_gib: 177,"
+                                    " require: {fits: true}}\n")
+    for result in (starts, fits):
+        o = result.outcomes[0]
+        assert "do not serve MllamaForConditionalGeneration" in o.message
+        assert "starts is 0" not in o.message and "short by" not in o.message, o.message
+        assert o.suggestions == (f"a release that serves the model: engine_version: 0.10.2 ({o.requirement} yes)",
+                                 f"another engine: engine: sglang ({o.requirement} yes)")
