@@ -37,8 +37,9 @@ from kvplan.units import plural
 
 SCHEMA_VERSION = 1
 MAX_ROWS = 1_000_000
-"""Rows a report may have without ``--force``: ~30 s and ~1 GB of CSV + JSON (a row is ~230 B of CSV and
-~800 B of JSON); the terminal, Markdown and HTML show a head and a tail of them anyway."""
+"""Rows a report may have without ``--force``: about a minute and ~1.6 GB of CSV + JSON (a row is ~260 B of
+CSV and ~1.3 KB of JSON: every option that changes the plan, then the figures); the terminal, Markdown and
+HTML show a head and a tail of them anyway."""
 MEMO_ENTRIES = 65_536  # per-pool memo of two-key figures, cleared when full (memory stays bounded)
 MAX_POOLS = 10_000
 """Distinct pool configurations (every option but context, batch, max_model_len) a report may plan without
@@ -356,7 +357,7 @@ class Sweep:
         hint = "use --force to run it anyway, or sweep fewer values"
         if self.num_rows > MAX_ROWS:
             raise InputError(f"{self.whatif.display}: {self.describe_size()}, past the bound of {plural(MAX_ROWS, 'row')} "
-                             f"(about 30 s and 1 GB of CSV + JSON)", hint)
+                             f"(about a minute and 1.6 GB of CSV + JSON)", hint)
         if self.num_pools > MAX_POOLS:
             raise InputError(f"{self.whatif.display}: up to {self.num_pools:,} configurations to plan (every option but "
                              f"context, batch and max_model_len), past the bound of {MAX_POOLS:,} (about 30 s)", hint)
