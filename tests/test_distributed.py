@@ -81,5 +81,14 @@ def test_two_gloo_ranks_pipeline_parallel_text():
 
 def test_world_size_must_match_tp_times_pp():
     proc = _torchrun("meta-llama/Llama-3.1-8B", *CPU)
-    assert proc.returncode != 0 and "exitcode: 2" in proc.stderr  # torchrun reports the ranks' exit code 2
+    assert proc.returncode != 0 and "exitcode: 2" in proc.stderr  # torchrun reports rank 0's exit code 2
     assert proc.stderr.count("kvplan: error: torchrun started 2 processes but --tp 1 x --pp 1 = 1") == 1
+
+
+def test_a_rank_other_than_0_leaves_quietly_so_rank_0_can_say_why():
+    # torchrun stops every rank when one exits non-zero: rank 1 leaving first with code 2 let a loaded machine
+    # kill rank 0 before it printed the error (seen in CI). Rank 1 runs here alone, as torchrun starts it.
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "kvplan", "validate", "meta-llama/Llama-3.1-8B", *CPU],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")

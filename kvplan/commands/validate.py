@@ -13,6 +13,10 @@ DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="Where to all
 ProbeOpt = Annotated[bool, typer.Option("--probe", help="CUDA only: allocate blocks until out of memory and compare with the plan.",
                                         rich_help_panel="validate")]
 
+# Under torchrun, ranks other than 0 exit 0 whatever the verdict: rank 0 gathers every rank's result (or error)
+# and exits with the verdict. A rank that failed first would make torchrun stop rank 0 before it says why.
+_QUIET_RANK_EXIT = 0
+
 EPILOG = ("Examples: kvplan validate meta-llama/Llama-3.1-8B --gpu H200  ·  "
           "kvplan validate Qwen/Qwen3-8B --gpu cpu --gpu-memory 8GiB --kv-budget 0.5GiB --context 2k  ·  "
           "torchrun --nproc-per-node 2 -m kvplan validate meta-llama/Llama-3.1-70B --gpu H100 --tp 2")
@@ -45,15 +49,15 @@ def register(app: typer.Typer) -> None:
             if world is not None and world.size > 1:
                 try:
                     results = validate_distributed(plan, world, device, probe=probe, progress=progress)
-                except KvplanError as exc:  # every rank raises the same error: rank 0 alone says it
+                except KvplanError:  # every rank raises the same error: rank 0 alone says it and fails
                     if world.rank != 0:
-                        raise typer.Exit(exc.exit_code) from None
+                        raise typer.Exit(_QUIET_RANK_EXIT) from None
                     raise
             else:
                 results = [validate_plan(plan, device, probe=probe, progress=progress)]
         ok = all(r.ok for r in results)
         if world is not None and world.size > 1 and world.rank != 0:
-            raise typer.Exit(0 if ok else 1)
+            raise typer.Exit(_QUIET_RANK_EXIT)  # rank 0 holds every rank's result and gives the verdict
         if json_out:
             print_json(result_json(results[0], plan) if len(results) == 1 else ranks_json(results, plan))
         else:
