@@ -45,7 +45,7 @@ def main() -> None:
         for _ in range(args.repeat):
             from kvplan import memory, sources
 
-            sources.load_bundled.cache_clear()  # cold: resolve every spec again
+            sources.clear_spec_cache()  # cold: resolve every spec again
             memory.layout._cached_layout.cache_clear()
             t = time.perf_counter()
             report = build_report(load_whatif(path), offline=True)
