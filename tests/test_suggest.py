@@ -306,3 +306,16 @@ def test_check_on_a_release_that_dropped_the_architecture(tmp_path):
         assert "starts is 0" not in o.message and "short by" not in o.message, o.message
         assert o.suggestions == (f"a release that serves the model: engine_version: 0.10.2 ({o.requirement} yes)",
                                  f"another engine: engine: sglang ({o.requirement} yes)")
+
+
+def test_the_serve_line_offers_a_max_model_len_flag_only_when_the_options_accept_it():
+    # gpt2 at 2k: "it starts with --max-model-len 1024" is rejected with --context 2k (context past max_model_len)
+    text = _flat(kvplan("estimate", "openai-community/gpt2", "-c", "2k").stdout)
+    assert "serve: none for max_model_len 2,048; the longest max_model_len it starts with is 1,024" in text
+    assert "--max-model-len 1024" not in text
+    # an explicit max_model_len past the pool, at a context that fits: the flag is one the options accept
+    text = _flat(kvplan("estimate", "meta-llama/Llama-3.1-8B", "-g", "H100", "--kv-budget", "10GiB", "-c", "8k",
+                        "--max-model-len", "128k").stdout)
+    assert "it starts with --max-model-len 81904" in text  # 5,119 usable blocks x 16 tokens
+    assert kvplan("estimate", "meta-llama/Llama-3.1-8B", "-g", "H100", "--kv-budget", "10GiB", "-c", "8k",
+                  "--max-model-len", "81904").returncode == 0

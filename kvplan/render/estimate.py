@@ -163,9 +163,12 @@ def _engine_panel(plan: "Plan") -> Panel:
         eng.append(f"{plan.engine.label} will refuse to start: ", style="bold red")
         eng.append(a.refusal + "\n")
         eng.append("serve: ", style="bold")
-        if a.longest_startable_len >= 1:
+        if a.longest_startable_len >= a.context:  # a flag the options accept with this --context
             eng.append(f"none for max_model_len {plan.max_model_len:,}; it starts with --max-model-len "
                        f"{a.longest_startable_len}")
+        elif a.longest_startable_len >= 1:  # shorter than the context: a length, not a flag to paste
+            eng.append(f"none for max_model_len {plan.max_model_len:,}; the longest max_model_len it starts with is "
+                       f"{a.longest_startable_len:,}")
         else:
             eng.append("none: no max_model_len starts")
         return Panel(eng, title="engine", title_align="left")
