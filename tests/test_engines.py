@@ -259,6 +259,9 @@ def test_versions_outside_every_range_are_refused_with_the_ranges():
     assert "newer than the newest release checked" in vllm.resolve_version("0.40.0")[1]
     assert sglang.resolve_version("0.4.6.post1")[0] == "0.4" and sglang.resolve_version("0.5.3")[0] == "0.5"
     assert sglang.resolve_version("0.5.2")[0] == "0.4"  # memory-tier mem_fraction_static arrived in 0.5.3
+    # a modelled release's own name selects it, as the list of modelled versions names it; 0.5.0 stays 0.4's
+    assert sglang.resolve_version("0.5")[0] == "0.5" and sglang.resolve_version("0.5.0")[0] == "0.4"
+    assert all(vllm.resolve_version(key)[0] == key for key in vllm.PROFILES)
     with pytest.raises(InputError, match="older than every modelled sglang"):
         sglang.resolve_version("0.3.6")
 

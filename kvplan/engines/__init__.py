@@ -407,11 +407,13 @@ def resolve_release(engine: str, text: str, firsts: dict[str, tuple[int, ...]]) 
 
     ``firsts`` maps each modelled release (oldest first) to the first version it covers; a release
     covers everything up to the next one's first version, the newest one everything after it.
-    Versions older than the oldest modelled release are refused, with the ranges in the message.
+    Versions older than the oldest modelled release are refused, with the ranges in the message. A modelled
+    release's own name selects it (SGLang ``0.5`` is the modelled 0.5, which starts at 0.5.3, although
+    ``0.5`` as a version, 0.5.0, falls in 0.4's range).
     """
     release = release_tuple(text, engine)
-    chosen = None
-    for key, first in firsts.items():
+    chosen = str(text).strip() if str(text).strip() in firsts else None
+    for key, first in firsts.items() if chosen is None else ():
         if release >= (tuple(first) + (0, 0, 0))[:3]:
             chosen = key
     ranges = release_ranges(firsts)
