@@ -439,12 +439,22 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
     if pool.model_dtype.name != spec.dtype:
         notes.append(_dtype_note(pool, spec.dtype))
     if budget.kv_budget_bytes <= 0:
-        notes.append(f"no memory left for the KV cache: weights alone take {budget.weights.bytes / GiB:.2f} GiB of "
-                     f"{budget.usable_bytes / GiB:.2f} GiB usable per GPU")
+        notes.append(_no_kv_memory_note(budget))
     if layout.padding_layers:
         notes.append(f"{layout.padding_layers} padded layer slot(s) in the last group of a kind waste "
                      f"{layout.padding_layers}/{len(layout.groups) * layout.group_size} of each block")
     return tuple(notes)
+
+
+def _no_kv_memory_note(budget: Budget) -> str:
+    """Why the KV budget is empty: the weights alone, or the terms together (each named, GiB per GPU)."""
+    usable = f"{budget.usable_bytes / GiB:.2f} GiB usable per GPU"
+    if budget.weights.bytes >= budget.usable_bytes:
+        return f"no memory left for the KV cache: weights alone take {budget.weights.bytes / GiB:.2f} GiB of {usable}"
+    terms = [t for t in budget.terms if t.bytes]
+    taken = sum(t.bytes for t in terms)
+    listed = " + ".join(f"{t.name} {t.bytes / GiB:.2f}" for t in terms)
+    return f"no memory left for the KV cache: {listed} = {taken / GiB:.2f} GiB of {usable}"
 
 
 STATE_NOTE = "state layers:"  # how the spec's note on state layers begins (the plan's own replaces it)

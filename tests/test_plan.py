@@ -278,3 +278,15 @@ def test_usage_context_is_validated():
     with pytest.raises(InputError, match="usage-context"):
         plan(usage_context="batch")
     assert plan(usage_context="llm").engine.usage_context == "llm"
+
+
+def test_an_empty_kv_budget_names_the_terms_that_took_the_memory():
+    # A10G: 22.49 GiB x 0.9 = 20.29 GiB usable; the 14.96 GiB of weights fit, a 12 GiB activation does not:
+    # the note must not blame "weights alone" for what the terms take together
+    plan = estimate(options_from_values({"model": LLAMA, "gpu": "A10G", "activation_gib": "12"}))
+    note = next(n for n in plan.notes if n.startswith("no memory left for the KV cache"))
+    assert "weights alone" not in note and "activation 12.00" in note and "weights 14.96" in note
+    taken = sum(t.bytes for t in plan.budget.terms) / GiB
+    assert note.endswith(f"= {taken:.2f} GiB of {plan.budget.usable_bytes / GiB:.2f} GiB usable per GPU")
+    heavy = estimate(options_from_values({"model": LLAMA, "gpu": "A10G", "weights_gib": "30"}))
+    assert any(n.startswith("no memory left for the KV cache: weights alone take 30.00 GiB of") for n in heavy.notes)

@@ -372,7 +372,7 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
         source += f" + {extra / GiB:.2f} GiB at tp {tp} over {interconnect} ({TP_NON_TORCH_SOURCES[interconnect]})"
         notes.append(f"non-torch memory at tp {tp} over {interconnect} is an estimate ({(base + extra) / GiB:.2f} GiB "
                      "per GPU; logs range 0.2 - 3.6 GiB): pass --overhead-gib with your log's non-torch increase")
-    source += f" + rotary cos/sin cache {rope / MiB:.0f} MiB (vLLM logs it with the weights)"
+    source += f" + rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)"
     return Term("overhead", base + extra + rope, source), notes
 
 
