@@ -28,6 +28,7 @@ Plan = Any  # kvplan.plan.Plan: this module is handed a planner (plan.py calls i
 Planner = Callable[[Options], Plan]  # options -> their plan (``plan_for_spec`` of one spec, no suggestions)
 
 TP_FACTORS = (2, 4, 8)  # more tensor parallelism: the smallest of x2, x4, x8 that works
+NOTHING_FITS = "no single change of batch, context, max_model_len, max_num_seqs, KV dtype, tp, engine or GPU fits"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -319,3 +319,12 @@ def test_the_serve_line_offers_a_max_model_len_flag_only_when_the_options_accept
     assert "it starts with --max-model-len 81904" in text  # 5,119 usable blocks x 16 tokens
     assert kvplan("estimate", "meta-llama/Llama-3.1-8B", "-g", "H100", "--kv-budget", "10GiB", "-c", "8k",
                   "--max-model-len", "81904").returncode == 0
+
+
+def test_validate_with_no_pool_gives_the_replanned_suggestion():
+    # 70B weights (131 GiB) on a 24 GB card: nothing to validate; the hint is estimate's re-planned change
+    # (before: the bare flags "--tp 8", or "--kv-budget, --gpu-util", which do not help when the weights do not fit)
+    args = ("validate", "meta-llama/Llama-3.1-70B", "--gpu", "rtx4090", "--device", "cpu")
+    assert_one_line(kvplan(*args), "the plan leaves 0 KV blocks on this GPU", "(try --tp 8)")
+    line = assert_one_line(kvplan(*args, "-c", "128k", "-b", "64"), "no single change of batch, context")
+    assert "--kv-budget" not in line

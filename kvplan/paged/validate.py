@@ -22,6 +22,7 @@ from kvplan.paged import accounting
 from kvplan.paged.allocator import BlockAllocator
 from kvplan.paged.groups import exact_layout, plan_allocator
 from kvplan.spec import LayerKind
+from kvplan.suggest import NOTHING_FITS
 from kvplan.units import GiB, fmt_bytes, round_up, plural
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -261,8 +262,8 @@ def _checked_estimate(torch: Any, plan: "Plan", layout: memory.PoolLayout, devic
     pool would not fit in the device's available memory."""
     num_blocks = plan.answer.num_blocks
     if num_blocks < 1 + memory.NULL_BLOCKS:
-        raise InputError(f"the plan leaves {num_blocks} KV block(s) on this GPU: nothing to validate",
-                         plan.answer.fix or "give the KV cache more memory (--kv-budget, --gpu-util)")
+        raise InputError(f"the plan leaves {plural(num_blocks, 'KV block')} on this GPU: nothing to validate",
+                         f"try {plan.answer.fix}" if plan.answer.fix else NOTHING_FITS)
     estimate = memory.pool_bytes(num_blocks, layout)
     available = accounting.available_bytes(torch, device)
     if available is not None and estimate > available * MEMORY_HEADROOM:

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan.serialize import formula_lines
+from kvplan.suggest import NOTHING_FITS
 from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural
 
 if TYPE_CHECKING:
@@ -149,8 +150,7 @@ def _answer_panel(plan: "Plan") -> Panel:
         why = f"max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once"
     else:
         why = f"short by {plural(-a.fits_margin_blocks, 'block')} = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}"
-    ans.append(f" ({why}); " + (f"try {a.fix}" if a.fix else "no single change of batch, context, max_model_len, "
-                                 "max_num_seqs, KV dtype, tp, engine or GPU fits"))
+    ans.append(f" ({why}); " + (f"try {a.fix}" if a.fix else NOTHING_FITS))
     return Panel(ans, title="answer", title_align="left")
 
 
