@@ -52,6 +52,7 @@ class Answer:
     refusal: str | None = None  # why the engine refuses to start (None: it starts)
     model_max_len: int | None = None  # the longest max_model_len the engine accepts for the model (None: no maximum)
     model_max_len_rule: str = ""  # how it follows from the config (max_position_embeddings, rope scaling)
+    idle_reason: str | None = None  # why no request of max_model_len runs although the engine starts with it
 
     @property
     def limited_by(self) -> str:
@@ -167,12 +168,27 @@ class Deployment:
 
     def longest_startable_len(self) -> int:
         """The longest max_model_len (at most the model's maximum) with which the engine starts; 0 when it
-        refuses whatever the length. Block-aligned when the pool is what limits it."""
+        refuses whatever the length. Block-aligned when the pool is what limits it (the engine's
+        ``longest_start``: the same check as :meth:`refusal`). At least :meth:`max_context` at batch 1; longer
+        where the engine starts with a length no request of which runs (:meth:`idle_reason`)."""
         if self.refusal(1):
             return 0
-        usable = self.rules.start_blocks(self.engine, self.blocks)
-        return self._get(("longest",), lambda: memory.max_context(usable, self.demand, 1,
-                                                                   limit_tokens=self.model_limit, null_blocks=0))
+        return self._get(("longest",), lambda: self.rules.longest_start(self.engine, self.blocks, self.demand,
+                                                                         self.model_limit))
+
+    def longest_runnable_len(self) -> int:
+        """The longest max_model_len with which the engine starts and one request that long runs (tokens; 0:
+        none): what ``--max-model-len auto`` picks."""
+        return min(self.longest_startable_len(), self.max_context(1))
+
+    def idle_reason(self, max_model_len: int) -> str | None:
+        """Why no request of ``max_model_len`` tokens runs although the engine starts with it (the engine's
+        ``idle_reason``: vLLM before 0.29 counts the null block in its start-up check; SGLang caps a request at
+        the pool), or None: one runs, or the engine refuses (:meth:`refusal` says why)."""
+        if self.refusal(max_model_len) or self.pool_requests(max_model_len) >= 1:
+            return None
+        return self.rules.idle_reason(self.engine, max_model_len, self.blocks_per_request(max_model_len),
+                                      self.blocks, self.max_context(1))
 
     def answer(self, context: int, batch: int, max_model_len: int | None = None) -> Answer:
         """Every headline figure at ``batch`` x ``context`` (``max_model_len`` None: it follows the context)."""
@@ -199,4 +215,5 @@ class Deployment:
             refusal=refusal,
             model_max_len=self.model_length.tokens,
             model_max_len_rule=self.model_length.rule,
+            idle_reason=self.idle_reason(mml),
         )

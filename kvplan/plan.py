@@ -512,14 +512,19 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
 
 
 def _auto_max_model_len(deployment: Deployment) -> tuple[int, str]:
-    """``--max-model-len auto``: the longest length the engine starts with (at most the model's maximum)."""
-    longest = deployment.longest_startable_len()
+    """``--max-model-len auto``: the longest length the engine starts with and one request that long runs
+    (:meth:`Deployment.longest_runnable_len`; at most the model's maximum)."""
+    longest = deployment.longest_runnable_len()
     if longest < 1:
         why = deployment.refusal(1) or "not even one block fits in the KV budget"
         raise InputError(f"--max-model-len auto: the engine starts with no max_model_len: {why}")
     limit = deployment.model_length
-    capped = f", capped at the model's maximum {limit.rule}" if limit.tokens else ""
-    return longest, f"max_model_len auto: {plural(longest, 'token')} (the longest the engine starts with{capped})"
+    capped = f", capped at the model's maximum {limit.rule}" if limit.tokens and longest == limit.tokens else ""
+    startable = deployment.longest_startable_len()
+    idle = (f"; {deployment.engine.engine} would start with up to {startable:,}, but no request that long runs"
+            if startable > longest else "")
+    return longest, (f"max_model_len auto: {plural(longest, 'token')} (the longest the engine starts with and one "
+                     f"request that long runs{capped}{idle})")
 
 
 __all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]

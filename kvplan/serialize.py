@@ -227,6 +227,7 @@ def _engine_report(plan: Plan) -> dict[str, Any]:
         "longest_startable_len": a.longest_startable_len,
         "model_max_len": a.model_max_len,
         "model_max_len_rule": a.model_max_len_rule or None,
+        "idle_reason": a.idle_reason,
         "serve_command": None if a.refusal else plan.rules.serve_command(plan.launch),
     }
 

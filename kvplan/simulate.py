@@ -155,7 +155,7 @@ def simulate(config: SimConfig, source: RequestSource | Sequence[Request], *, po
         sum(g.state_blocks for g in pool.groups)
     if need > usable:
         raise InputError(f"the pool ({usable:,} usable blocks) cannot hold one request at max_model_len "
-                         f"{pool.max_model_len:,} ({plural(need, 'block')}); vLLM would refuse to start",
+                         f"{pool.max_model_len:,} ({plural(need, 'block')}): no request that long would ever run",
                          "lower max_model_len or raise kv_budget")
     for p in policies:
         if p not in POLICIES:
@@ -216,6 +216,10 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
         longest = plan.answer.longest_startable_len
         raise InputError(f"{plan.engine.engine} refuses to start this deployment: {plan.answer.refusal}",
                          f"use max_model_len {longest}" if longest else "see kvplan estimate for what would start")
+    if plan.answer.idle_reason:  # it starts, but a request of max_model_len never runs: nothing to simulate
+        longest = plan.deployment.longest_runnable_len()
+        raise InputError(f"no request of max_model_len {plan.max_model_len:,} runs: {plan.answer.idle_reason}",
+                         f"use max_model_len {longest}" if longest else "see kvplan estimate for what would run")
     if plan.answer.num_blocks < 2:
         raise InputError(f"the KV pool has {plural(plan.answer.num_blocks, 'block')}: nothing to simulate",
                          "raise kv_budget, use a bigger GPU or lower the weights")

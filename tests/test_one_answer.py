@@ -10,7 +10,12 @@ allocator all read one :class:`kvplan.memory.Demand`, so:
 - ``max_context_at_batch`` at batch n fits n requests and one more token (a new block) does not;
 - the max context at batch 1 never exceeds the longest max_model_len the engine starts with, nor the
   model's maximum, and it does not depend on the context asked for (max_model_len follows the context);
-- the engine starts exactly when max_model_len is at most that longest length (engines that refuse);
+- the engine starts exactly when max_model_len is at most that longest length (every engine, every release);
+- one rule for starting and running: where the engine starts with max_model_len L, a request of L runs, or
+  the answer says precisely why not (``idle_reason``: vLLM before 0.29 counts the null block in its start-up
+  check, SGLang caps a request at the pool), and it does so for every length between the longest that runs
+  (``max_context_at_batch`` at 1) and the longest that starts; ``--max-model-len auto`` picks a length that
+  starts and at which one request runs;
 - requests at once are the pool's capped by max_num_seqs (``--max-num-seqs 4``: 4 fit, 5 do not, at any
   context), and none when the engine refuses (a context past the model's maximum: refused, no serve line);
 - validate and simulate build the same allocator groups, holding the plan's blocks.
@@ -82,8 +87,26 @@ def check_answer_agrees(p: Plan) -> None:
     assert not replan(p, batch=n + 1).answer.fits, where
     # the max context at batch 1 never exceeds what the engine starts with, nor the model's maximum
     assert a.max_context_at_batch <= a.longest_startable_len <= d.model_limit, where
-    if p.engine.refusal != "pool":
-        assert a.engine_starts == (p.max_model_len <= a.longest_startable_len), where
+    assert a.engine_starts == (p.max_model_len <= a.longest_startable_len), where
+    check_start_and_run(p)
+
+
+def check_start_and_run(p: Plan) -> None:
+    """Starting and running come from one rule: where the engine starts with a length, one request that long
+    runs or the answer says why not; between the longest that runs and the longest that starts it says why."""
+    a, d, mml = p.answer, p.deployment, p.max_model_len
+    where = f"{p.spec.model_id} {p.engine.engine} {p.engine.version} max_model_len {mml}"
+    assert (a.idle_reason is not None) == (a.engine_starts and not d.fits(1, mml, mml)), where
+    runs, starts = d.max_context(1), d.longest_startable_len()
+    assert d.longest_runnable_len() == runs <= starts, where
+    if runs >= 1:
+        assert d.refusal(runs) is None and d.idle_reason(runs) is None and d.fits(1, runs, runs), where
+    for length in sorted({runs + 1, starts}):  # the gap: the engine starts, nothing that long runs
+        if runs < length <= starts:
+            why = d.idle_reason(length)
+            assert d.refusal(length) is None and why and f"{runs:,} tokens" in why, (where, length, why)
+    if starts < d.model_limit:
+        assert d.refusal(starts + 1), where  # one token more: refused (the start check binds)
 
 
 def check_max_context(p: Plan, batch: int) -> None:
@@ -111,8 +134,8 @@ def check_allocators_agree(p: Plan) -> None:
     groups = allocator_groups(p.demand)
     allocator, demand = plan_allocator(p, p.layout, 2)  # the groups do not depend on the pool's size
     assert allocator.groups == groups and demand == p.demand
-    if p.answer.refusal:  # nothing runs, nothing to simulate
-        with pytest.raises(InputError, match="refuses to start"):
+    if p.answer.refusal or p.answer.idle_reason:  # nothing runs, nothing to simulate; the error names the engine
+        with pytest.raises(InputError, match=f"{p.engine.engine} (refuses to start|starts with)"):
             config_from_plan(p)
         return
     sim, _ = config_from_plan(p)
@@ -159,10 +182,26 @@ def test_every_section_agrees(model_id):
                 check_prefix_sharing(p)
                 if caching:
                     longest_at_batch_1.add(replan(p, batch=1).answer.max_context_at_batch)
+        if version != "0.6":  # V0's pool follows max_model_len (batching defaults): auto is not a fixed point there
+            check_auto(spec, model_id, gpu, engine, version)
         if version != "0.6":  # V0's batching defaults (so its pool) follow max_model_len
             # the longest context is the deployment's, not --context's: the same at every context asked for
             assert len(longest_at_batch_1) == 1, (model_id, gpu, engine, version, longest_at_batch_1)
         check_limits(spec, model_id, gpu, engine, version)
+
+
+def check_auto(spec, model_id: str, gpu: str, engine: str, version: str | None) -> None:
+    """``--max-model-len auto`` picks a length the engine starts with and one request of which runs."""
+    options = Options(model=model_id, gpu=gpu, engine=engine, engine_version=version, context=1,
+                      auto_max_model_len=True)
+    try:
+        p = plan_for_spec(spec, options)
+    except InputError as err:  # nothing starts at all (no blocks, a dropped architecture)
+        assert "the engine starts with no max_model_len" in str(err), (model_id, engine, version, err)
+        return
+    a, d = p.answer, p.deployment
+    assert a.engine_starts and a.idle_reason is None and d.fits(1, p.max_model_len, p.max_model_len), model_id
+    assert p.max_model_len == d.longest_runnable_len() == d.max_context(1), model_id
 
 
 def check_limits(spec, model_id: str, gpu: str, engine: str, version: str | None) -> None:
@@ -210,3 +249,40 @@ def test_the_two_hybrids_of_issue_11():
     assert not falcon.answer.fits and m < 32768
     assert 35 * falcon.demand.blocks(m) <= falcon.answer.num_blocks - memory.NULL_BLOCKS
     assert 35 * falcon.demand.blocks(m + 1) > falcon.answer.num_blocks - memory.NULL_BLOCKS
+
+
+def test_starting_without_running_is_said_and_auto_avoids_it():
+    """Two engines start with a length no request of which runs (issue 11's acceptance test): vLLM before 0.29
+    (its start-up check counts every block; block 0 is the null block) and SGLang (it starts whatever the
+    length and caps a request at the pool). The answer says why, and ``auto`` stops where one request runs."""
+    from kvplan.units import GiB
+
+    llama = spec_of("meta-llama/Llama-3.1-8B")  # 2 x 32 layers x 8 heads x 128 x 2 B = 128 KiB/token, 2 MiB/block
+    old = plan_for_spec(llama, Options(model="meta-llama/Llama-3.1-8B", gpu="H100", kv_budget_bytes=GiB,
+                                       context=8192, engine_version="0.11"))
+    a = old.answer  # 1 GiB / 2 MiB = 512 blocks; 8,192 tokens = 512 blocks: the check passes (512 <= 512)
+    assert a.engine_starts and a.max_requests == 0 and not a.fits
+    assert (a.longest_startable_len, a.max_context_at_batch) == (512 * 16, 511 * 16)
+    assert a.idle_reason == ("vllm 0.11 starts with max_model_len 8,192 (its start-up check counts all 512 blocks) "
+                             "but one 8,192-token request needs 512 blocks and 511 hold requests (block 0 is the null "
+                             "block): none runs; the longest that runs is 8,176 tokens (vllm 0.29 and later refuse to "
+                             "start instead)")
+    assert old.to_dict()["engine_report"]["idle_reason"] == a.idle_reason
+    auto = replan(old, context=4096, auto_max_model_len=True)
+    assert auto.max_model_len == 8176 and auto.answer.fits and auto.answer.idle_reason is None
+    assert any("vllm would start with up to 8,192, but no request that long runs" in n for n in auto.notes)
+
+    # Qwen3-32B on an H100 under SGLang at 32k: 18,051 one-token pages. Before: "starts" next to a longest
+    # startable length of 18,051. SGLang does start (any context_length up to the model's 40,960), and admits
+    # a request of at most max_total_num_tokens - 1 = 18,050 tokens.
+    qwen = plan_for_spec(spec_of("Qwen/Qwen3-32B"), Options(model="Qwen/Qwen3-32B", gpu="H100", engine="sglang",
+                                                            context=32768))
+    q = qwen.answer
+    assert q.num_blocks == 18_051 and q.engine_starts and q.max_requests == 0
+    assert (q.longest_startable_len, q.max_context_at_batch) == (40_960, 18_050)
+    assert q.idle_reason == ("sglang starts with context_length 32,768 but admits a request of at most 18,050 tokens "
+                             "(max_req_len: max_total_num_tokens 18,051 - 1): no request of 32,768 tokens runs")
+    assert replan(qwen, auto_max_model_len=True, context=1024).max_model_len == 18_050
+    # simulate names the plan's engine (it said "vLLM would refuse to start")
+    with pytest.raises(InputError, match="no request of max_model_len 32,768 runs: sglang starts with context_length"):
+        config_from_plan(qwen)

@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Protocol
 
 from kvplan.errors import InputError
-from kvplan.memory import UNBOUNDED_TOKENS, PoolLayout
+from kvplan.memory import UNBOUNDED_TOKENS, Demand, PoolLayout
 from kvplan.options import USAGE_CONTEXTS as USAGE_CONTEXTS  # re-exported for the engine modules
 from kvplan.spec import ModelSpec
 
@@ -268,8 +268,8 @@ class Engine(Protocol):
     Versions, budget and defaults: ``ENGINE`` (its name), ``VERSIONS``, ``DEFAULT_VERSION``,
     :meth:`resolve_version`, :meth:`defaults` (and :meth:`for_model`, what it forces for one model), :meth:`budget`.
     Rules over one engine's :class:`EngineDefaults`: :meth:`inflight_tokens`, :meth:`default_prefix_caching`,
-    :meth:`model_max_len` (the longest max_model_len it accepts), :meth:`start_blocks` / :meth:`starts` (the
-    pool's start-up check), :meth:`refusal` (every reason it refuses to start; :meth:`serving_release`, the
+    :meth:`model_max_len` (the longest max_model_len it accepts), :meth:`starts` / :meth:`longest_start` (the
+    pool's start-up check; :meth:`idle_reason`, why it starts although no request of max_model_len runs), :meth:`refusal` (every reason it refuses to start; :meth:`serving_release`, the
     release that still serves a dropped architecture), :meth:`request_limit` (requests at once),
     :meth:`check_batching` (limits it rejects),
     :meth:`kv_tokens` (the token figure it logs). The dtypes it runs a checkpoint in: :meth:`auto_dtype`
@@ -307,8 +307,13 @@ class Engine(Protocol):
     def default_prefix_caching(self, engine: EngineDefaults) -> bool:
         """Whether the engine runs with prefix caching when the user does not say."""
 
-    def start_blocks(self, engine: EngineDefaults, blocks: int) -> int:
-        """Blocks the start-up check lets one request of max_model_len use."""
+    def longest_start(self, engine: EngineDefaults, blocks: int, demand: Demand, limit_tokens: int) -> int:
+        """The longest max_model_len (at most ``limit_tokens``) with which the pool passes the start-up check."""
+
+    def idle_reason(self, engine: EngineDefaults, max_model_len: int, per_request_blocks: int, blocks: int,
+                    longest_runs: int) -> str:
+        """Why the engine starts with ``max_model_len`` although no request that long runs (one line), when
+        :meth:`Deployment <kvplan.answer.Deployment.idle_reason>` finds so; ``longest_runs``: the longest that runs."""
 
     def model_max_len(self, engine: EngineDefaults, spec: ModelSpec) -> ModelLength:
         """The longest max_model_len the engine accepts for ``spec`` (from max_position_embeddings and rope

@@ -27,7 +27,7 @@ from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Laun
                             length_refusal, release_ranges, resolve_release, scaled_length)
 from kvplan.errors import InputError
 from kvplan.spec import LayerCache, ModelSpec
-from kvplan.units import DType, GiB, MiB
+from kvplan.units import DType, GiB, MiB, plural
 
 ENGINE = "sglang"
 BLOCK_SIZES: tuple[int, ...] | None = None  # --page-size takes any positive number of tokens
@@ -221,15 +221,26 @@ def default_prefix_caching(engine: EngineDefaults) -> bool:
     return True
 
 
-def start_blocks(engine: EngineDefaults, blocks: int) -> int:
-    """SGLang keeps no null page: the whole pool (of one-token pages) is there for one request."""
-    return blocks
-
-
 def starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
     """The pool's start-up check: SGLang caps a request's length at the pool instead of refusing to start,
     so any pool of at least one page passes (``init_memory_pool``: ``max_total_num_tokens > 0``)."""
     return blocks > 0
+
+
+def longest_start(engine: EngineDefaults, blocks: int, demand: memory.Demand, limit_tokens: int) -> int:
+    """SGLang's start does not depend on the context length (it caps each request at the pool instead):
+    every length up to ``limit_tokens`` (the model's maximum) starts when the pool is not empty."""
+    return limit_tokens if starts(engine, blocks, 0) else 0
+
+
+def idle_reason(engine: EngineDefaults, max_model_len: int, per_request_blocks: int, blocks: int,
+                longest_runs: int) -> str:
+    """Why SGLang starts with ``max_model_len`` although no request that long runs: its scheduler admits a
+    request of at most ``max_total_num_tokens - 1`` tokens (``max_req_len = min(context_len - 1,
+    max_total_num_tokens - 1)``; kvplan: the pool less one page)."""
+    return (f"sglang starts with context_length {max_model_len:,} but admits a request of at most "
+            f"{plural(longest_runs, 'token')} (max_req_len: max_total_num_tokens {blocks * engine.block_size:,} - 1): "
+            f"no request of {plural(max_model_len, 'token')} runs")
 
 
 def model_max_len(engine: EngineDefaults, spec: ModelSpec) -> ModelLength:  # noqa: ARG001 - the Engine interface

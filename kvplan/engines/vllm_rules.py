@@ -15,7 +15,7 @@ from kvplan.engines import (EngineDefaults, Launch, ModelLength, launch_flags, l
                             scaled_length)
 from kvplan.errors import InputError
 from kvplan.spec import ModelSpec
-from kvplan.units import GiB
+from kvplan.units import GiB, plural
 
 ENGINE = "vllm"
 V0_LONG_CONTEXT_TOKENS = 32 * 1024  # V0 `vllm serve` above 32K context turns chunked prefill on
@@ -51,6 +51,24 @@ def start_blocks(engine: EngineDefaults, blocks: int) -> int:
 def starts(engine: EngineDefaults, blocks: int, per_request_blocks: int) -> bool:
     """The pool's start-up check: one request of max_model_len fits in :func:`start_blocks`."""
     return start_blocks(engine, blocks) >= per_request_blocks
+
+
+def longest_start(engine: EngineDefaults, blocks: int, demand: memory.Demand, limit_tokens: int) -> int:
+    """The longest max_model_len (at most ``limit_tokens``, the model's maximum) whose one request passes the
+    pool's start-up check (:func:`starts`: it fits in :func:`start_blocks`); block-aligned when the pool binds."""
+    return memory.max_context(start_blocks(engine, blocks), demand, 1, limit_tokens=limit_tokens, null_blocks=0)
+
+
+def idle_reason(engine: EngineDefaults, max_model_len: int, per_request_blocks: int, blocks: int,
+                longest_runs: int) -> str:
+    """Why vLLM starts with ``max_model_len`` although no request that long runs: before 0.29 its start-up
+    check counts every block (:func:`start_blocks`), but block 0 is the null block, so a request needing all
+    of them never gets them (from 0.29 the check keeps the null block out and refuses instead)."""
+    return (f"vllm {engine.version} starts with max_model_len {max_model_len:,} (its start-up check counts all "
+            f"{plural(blocks, 'block')}) but one {max_model_len:,}-token request needs "
+            f"{plural(per_request_blocks, 'block')} and {max(0, blocks - memory.NULL_BLOCKS):,} hold requests (block 0 "
+            f"is the null block): none runs; the longest that runs is {plural(longest_runs, 'token')} (vllm 0.29 and "
+            "later refuse to start instead)")
 
 
 def release_of(engine: EngineDefaults) -> tuple[int, int, int]:

@@ -175,6 +175,9 @@ def _engine_panel(plan: "Plan") -> Panel:
     first, *explained = plan.rules.report(plan.launch)
     eng.append(f"{plan.engine.label} will report: ", style="bold")
     eng.append(first + "\n")
+    if a.idle_reason:
+        eng.append("no request of max_model_len runs: ", style="bold red")
+        eng.append(a.idle_reason + "\n")
     for line in explained:
         eng.append(f"  {line}\n", style="grey62")
     eng.append("serve: ", style="bold")
