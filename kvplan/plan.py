@@ -356,12 +356,11 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
     callers that re-plan many variants themselves pass ``suggest=False``.
     """
     pool = _pool(spec, options)
-    options, demand, blocks = pool.options, pool.demand, pool.blocks
-    deployment = Deployment(spec, pool.engine, engine_rules(pool.engine.engine), demand, blocks, options.max_num_seqs)
+    deployment = _deployment(spec, pool)
     fixed, auto_note = options.max_model_len, None
     if options.auto_max_model_len:
         try:
-            fixed, auto_note = _auto_max_model_len(deployment)
+            pool, deployment, fixed, auto_note = _auto_max_model_len(spec, pool, deployment)
         except InputError as exc:
             if not suggest:
                 raise
@@ -370,6 +369,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
             raise InputError(exc.message, start_hint(spec, options, _planner(spec, source), pool.kv_dtype.bits,
                                                      pool.gpu.memory_bytes)) from None
         check_context(options.context, fixed, auto=True)
+    options, demand, blocks = pool.options, pool.demand, pool.blocks
     max_model_len = fixed or options.context
     deployment.rules.check_batching(pool.engine, max_model_len)
     answer = deployment.answer(options.context, options.batch, fixed)
@@ -511,20 +511,63 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
                      "pass --weights-gib SIZE")
 
 
-def _auto_max_model_len(deployment: Deployment) -> tuple[int, str]:
+def _deployment(spec: ModelSpec, pool: _Pool) -> Deployment:
+    """The engine's answers over ``pool`` (starts, requests, fits, max context)."""
+    return Deployment(spec, pool.engine, engine_rules(pool.engine.engine), pool.demand, pool.blocks,
+                      pool.options.max_num_seqs)
+
+
+def _auto_max_model_len(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tuple[_Pool, Deployment, int, str]:
     """``--max-model-len auto``: the longest length the engine starts with and one request that long runs
-    (:meth:`Deployment.longest_runnable_len`; at most the model's maximum)."""
+    (:meth:`Deployment.longest_runnable_len`; at most the model's maximum), with the pool the engine sizes for it.
+
+    Where the pool follows max_model_len (vLLM's V0 engine batches ``max_model_len`` tokens below 32K, so its
+    activation peak grows with the length), the length found on the pool planned for ``--context`` is checked
+    on its own pool; when that pool no longer runs it, the longest length whose own pool runs it is searched
+    (a shorter length's pool is never smaller, so the predicate holds up to one length and fails after it).
+    """
     longest = deployment.longest_runnable_len()
     if longest < 1:
         why = deployment.refusal(1) or "not even one block fits in the KV budget"
         raise InputError(f"--max-model-len auto: the engine starts with no max_model_len: {why}")
+    settled = _runs_at(spec, pool.options, longest)
+    if settled is None:
+        low, high = 0, longest  # runs at low (0: none yet), not at high
+        while high - low > 1:
+            mid = (low + high) // 2
+            if _runs_at(spec, pool.options, mid) is None:
+                high = mid
+            else:
+                low = mid
+        if low < 1:
+            raise InputError("--max-model-len auto: the engine starts with no max_model_len: the pool it sizes for "
+                             "each length runs no request that long")
+        longest, settled = low, _runs_at(spec, pool.options, low)
+        assert settled is not None
+    asked = pool.options  # the plan keeps the options as given (the context, auto), on the pool sized for longest
+    pool, deployment = settled
+    pool = replace(pool, options=replace(pool.options, context=asked.context, max_model_len=asked.max_model_len,
+                                         auto_max_model_len=asked.auto_max_model_len))
     limit = deployment.model_length
     capped = f", capped at the model's maximum {limit.rule}" if limit.tokens and longest == limit.tokens else ""
     startable = deployment.longest_startable_len()
     idle = (f"; {deployment.engine.engine} would start with up to {startable:,}, but no request that long runs"
             if startable > longest else "")
-    return longest, (f"max_model_len auto: {plural(longest, 'token')} (the longest the engine starts with and one "
-                     f"request that long runs{capped}{idle})")
+    return pool, deployment, longest, (f"max_model_len auto: {plural(longest, 'token')} (the longest the engine "
+                                       f"starts with and one request that long runs{capped}{idle})")
+
+
+def _runs_at(spec: ModelSpec, options: Options, length: int) -> tuple[_Pool, Deployment] | None:
+    """The pool and answers the engine has at ``max_model_len = length``, or None when it does not start there,
+    refuses its batching, or runs no request that long."""
+    try:
+        pool = _pool(spec, replace(options, max_model_len=length, auto_max_model_len=False,
+                                   context=min(options.context, length)))
+        deployment = _deployment(spec, pool)
+        deployment.rules.check_batching(pool.engine, length)
+    except InputError:
+        return None
+    return (pool, deployment) if deployment.longest_runnable_len() >= length else None
 
 
 __all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]

@@ -182,8 +182,7 @@ def test_every_section_agrees(model_id):
                 check_prefix_sharing(p)
                 if caching:
                     longest_at_batch_1.add(replan(p, batch=1).answer.max_context_at_batch)
-        if version != "0.6":  # V0's pool follows max_model_len (batching defaults): auto is not a fixed point there
-            check_auto(spec, model_id, gpu, engine, version)
+        check_auto(spec, model_id, gpu, engine, version)
         if version != "0.6":  # V0's batching defaults (so its pool) follow max_model_len
             # the longest context is the deployment's, not --context's: the same at every context asked for
             assert len(longest_at_batch_1) == 1, (model_id, gpu, engine, version, longest_at_batch_1)
@@ -201,7 +200,18 @@ def check_auto(spec, model_id: str, gpu: str, engine: str, version: str | None) 
         return
     a, d = p.answer, p.deployment
     assert a.engine_starts and a.idle_reason is None and d.fits(1, p.max_model_len, p.max_model_len), model_id
-    assert p.max_model_len == d.longest_runnable_len() == d.max_context(1), model_id
+    assert p.options.auto_max_model_len and p.options.context == 1, model_id  # the options as given
+    if version != "0.6":  # the pool does not follow max_model_len: auto is the pool's longest runnable length
+        assert p.max_model_len == d.longest_runnable_len() == d.max_context(1), model_id
+    # the longest: one token more (its own pool: V0's grows its batch, so its activation, with the length) is
+    # refused, or runs no request that long, or passes the model's maximum
+    if not d.model_length.tokens or p.max_model_len < d.model_length.tokens:
+        try:
+            longer = plan_for_spec(spec, replace(options, auto_max_model_len=False, max_model_len=p.max_model_len + 1))
+        except InputError:
+            return
+        assert not (longer.answer.engine_starts and longer.deployment.fits(1, p.max_model_len + 1, p.max_model_len + 1)), \
+            (model_id, engine, version, p.max_model_len)
 
 
 def check_limits(spec, model_id: str, gpu: str, engine: str, version: str | None) -> None:
@@ -286,3 +296,21 @@ def test_starting_without_running_is_said_and_auto_avoids_it():
     # simulate names the plan's engine (it said "vLLM would refuse to start")
     with pytest.raises(InputError, match="no request of max_model_len 32,768 runs: sglang starts with context_length"):
         config_from_plan(qwen)
+
+
+def test_auto_on_v0_settles_on_the_pool_the_engine_sizes_for_that_length():
+    # vLLM 0.6 (V0) batches max_model_len tokens below 32K, so its activation peak and pool follow the length:
+    # on an A10G the pool planned for --context 8k ran 27,344 tokens, whose own pool V0 refused to batch
+    # ("max_num_batched_tokens 8192 is below max_model_len 27344"). auto now answers a length whose own pool
+    # runs it, and the same deployment planned with that length written out gives the same blocks.
+    from kvplan.plan import estimate, options_from_values
+
+    given = {"model": "meta-llama/Llama-3.1-8B", "gpu": "A10G", "engine_version": "0.6"}
+    auto = estimate(options_from_values({**given, "max_model_len": "auto"}))
+    length = auto.max_model_len
+    assert auto.engine.max_num_batched_tokens == length < 32_768  # V0's batch is the length itself
+    assert auto.answer.engine_starts and auto.deployment.fits(1, length, length)
+    written = estimate(options_from_values({**given, "max_model_len": str(length)}))
+    assert (written.answer.num_blocks, written.answer.max_requests) == (auto.answer.num_blocks, auto.answer.max_requests)
+    longer = estimate(options_from_values({**given, "max_model_len": str(length + 1)}))
+    assert not longer.deployment.fits(1, length + 1, length + 1)
