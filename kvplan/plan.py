@@ -518,43 +518,16 @@ def _deployment(spec: ModelSpec, pool: _Pool) -> Deployment:
 
 
 def _auto_max_model_len(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tuple[_Pool, Deployment, int, str]:
-    """``--max-model-len auto``: the longest length the engine starts with and one request that long runs
-    (:meth:`Deployment.longest_runnable_len`; at most the model's maximum), with the pool the engine sizes for it.
+    """``--max-model-len auto`` (:func:`kvplan.auto_length.settle`) on the pools :func:`_runs_at` plans; the
+    plan keeps the options as given (the context, auto) on the pool sized for the length chosen."""
+    from kvplan.auto_length import settle
 
-    Where the pool follows max_model_len (vLLM's V0 engine batches ``max_model_len`` tokens below 32K, so its
-    activation peak grows with the length), the length found on the pool planned for ``--context`` is checked
-    on its own pool; when that pool no longer runs it, the longest length whose own pool runs it is searched
-    (a shorter length's pool is never smaller, so the predicate holds up to one length and fails after it).
-    """
-    longest = deployment.longest_runnable_len()
-    if longest < 1:
-        why = deployment.refusal(1) or "not even one block fits in the KV budget"
-        raise InputError(f"--max-model-len auto: the engine starts with no max_model_len: {why}")
-    settled = _runs_at(spec, pool.options, longest)
-    if settled is None:
-        low, high = 0, longest  # runs at low (0: none yet), not at high
-        while high - low > 1:
-            mid = (low + high) // 2
-            if _runs_at(spec, pool.options, mid) is None:
-                high = mid
-            else:
-                low = mid
-        if low < 1:
-            raise InputError("--max-model-len auto: the engine starts with no max_model_len: the pool it sizes for "
-                             "each length runs no request that long")
-        longest, settled = low, _runs_at(spec, pool.options, low)
-        assert settled is not None
-    asked = pool.options  # the plan keeps the options as given (the context, auto), on the pool sized for longest
-    pool, deployment = settled
-    pool = replace(pool, options=replace(pool.options, context=asked.context, max_model_len=asked.max_model_len,
-                                         auto_max_model_len=asked.auto_max_model_len))
-    limit = deployment.model_length
-    capped = f", capped at the model's maximum {limit.rule}" if limit.tokens and longest == limit.tokens else ""
-    startable = deployment.longest_startable_len()
-    idle = (f"; {deployment.engine.engine} would start with up to {startable:,}, but no request that long runs"
-            if startable > longest else "")
-    return pool, deployment, longest, (f"max_model_len auto: {plural(longest, 'token')} (the longest the engine "
-                                       f"starts with and one request that long runs{capped}{idle})")
+    (settled, deployment), longest, note = settle(deployment, lambda length: _runs_at(spec, pool.options, length))
+    asked = pool.options
+    settled = replace(settled, options=replace(settled.options, context=asked.context,
+                                               max_model_len=asked.max_model_len,
+                                               auto_max_model_len=asked.auto_max_model_len))
+    return settled, deployment, longest, note
 
 
 def _runs_at(spec: ModelSpec, options: Options, length: int) -> tuple[_Pool, Deployment] | None:

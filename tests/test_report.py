@@ -190,12 +190,12 @@ def test_error_leaves_existing_reports_untouched(tmp_path):
 
 
 def test_missing_matplotlib_is_one_line_and_reports_still_written(tmp_path, monkeypatch):
-    from kvplan.render import report as render_report
+    from kvplan.render import report_plots
 
     def no_pyplot():
-        raise render_report.PlotsUnavailable("matplotlib is not installed: reports written without plots")
+        raise report_plots.PlotsUnavailable("matplotlib is not installed: reports written without plots")
 
-    monkeypatch.setattr(render_report, "_pyplot", no_pyplot)
+    monkeypatch.setattr(report_plots, "_pyplot", no_pyplot)
     path = write(tmp_path, """\
         defaults: {model: meta-llama/Llama-3.1-8B}
         sweep: {context: [4k, 8k]}

@@ -1,0 +1,148 @@
+"""The what-if report's plots (PNG bytes): max concurrency vs context, and the memory per GPU.
+
+matplotlib is an optional extra, imported when a plot is drawn: without it :class:`PlotsUnavailable` says so
+and the reports are written without plots.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any, Callable
+
+from kvplan.render.report_cells import cell as _fmt, label_shown as _shown
+from kvplan.units import GiB
+
+if TYPE_CHECKING:
+    from kvplan.report import Pool, Report
+
+MAX_SERIES = 12  # lines in the concurrency plot
+MAX_BARS = 24  # bars in the memory plot
+
+
+
+class PlotsUnavailable(Exception):
+    """matplotlib is not installed (the reports are written without plots)."""
+
+
+def _pyplot():  # noqa: ANN202 - the pyplot module
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotsUnavailable("matplotlib is not installed: reports written without plots "
+                               "(pip install 'kvplan[plot]' to add them)") from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series_label(pool: "Pool", keys: list[str]) -> str:
+    labels = pool.labels()
+    parts = []
+    for k in keys:
+        v = labels[k]
+        parts.append(str(v).split("/")[-1] if k == "model" else (f"{k} {v}" if k in ("tp", "pp", "gpus", "block_size", "gpu_util") else _fmt(k, v)))
+    return " · ".join(parts) or labels["model"].split("/")[-1]
+
+
+def _pool_keys(report: "Report") -> list[str]:
+    from kvplan.report import Pool
+
+    return [k for k in report.varying if k in Pool.LABELS and k != "gpus" and _shown(report, k)]  # gpus = tp x pp
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def plot_concurrency(report: "Report") -> tuple[bytes | None, str | None]:
+    """Max concurrent requests vs context, one line per pool (model/GPU/dtype...). (png, caption note)."""
+    keys = _pool_keys(report)
+    shown = list(report.digest.lines.values())[:MAX_SERIES]
+    num_lines = report.digest.num_lines
+    if not shown:
+        return None, "the concurrency plot needs more than one context (sweep context)"
+    plt = _pyplot()
+    colors = plt.get_cmap("tab20").colors if len(shown) > 10 else plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    for i, (pool, points) in enumerate(shown):
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, linewidth=1.6, color=colors[i % len(colors)],
+                linestyle="-" if i < len(colors) else "--", label=_series_label(pool, keys))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("context (tokens per request)")
+    ax.set_ylabel("max concurrent requests (0 = none fits)")
+    ax.set_title("Max concurrency vs context")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x / 1024:g}k" if x >= 1024 else f"{x:g}"))
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    data = _png(fig)
+    plt.close(fig)
+    note = f"{len(shown)} of {num_lines} configurations plotted" if num_lines > len(shown) else None
+    return data, note
+
+
+def plot_memory(report: "Report") -> tuple[bytes | None, str | None]:
+    """Per-GPU memory breakdown as stacked bars, one per configuration. (png, caption note)."""
+    # the KV dtype and block size change no budget term: one bar per distinct breakdown
+    keys = [k for k in _pool_keys(report) if k not in ("kv_dtype", "block_size")]
+    pools, seen = [], set()
+    for pool in report.pools:
+        b = pool.plan.budget
+        key = (tuple(pool.labels()[k] for k in keys), b.total_bytes, b.usable_bytes, b.weights.bytes, b.activation.bytes,
+               b.overhead.bytes, b.cudagraph.bytes, b.kv_budget_bytes)
+        if key not in seen:
+            seen.add(key)
+            pools.append(pool)
+    shown = pools[:MAX_BARS]
+    plt = _pyplot()
+    parts = [
+        ("weights", lambda b: b.weights.bytes, "#8e44ad"),
+        ("activation", lambda b: b.activation.bytes, "#f39c12"),
+        ("overhead + CUDA graphs", lambda b: b.overhead.bytes + b.cudagraph.bytes, "#c0392b"),
+        ("KV cache budget", lambda b: max(0, b.kv_budget_bytes), "#27ae60"),
+        ("not used (1 - gpu_util)", lambda b: max(0, b.total_bytes - b.usable_bytes), "#bdc3c7"),
+    ]
+    height = max(2.5, 0.42 * len(shown) + 1.4)
+    fig, ax = plt.subplots(figsize=(9, height))
+    labels = [_series_label(p, keys) for p in shown]
+    left = [0.0] * len(shown)
+    for name, get, color in parts:
+        values = [get(p.plan.budget) / GiB for p in shown]
+        ax.barh(labels, values, left=left, color=color, label=name, edgecolor="white", linewidth=0.5)
+        left = [a + b for a, b in zip(left, values)]
+    for i, p in enumerate(shown):
+        if p.plan.budget.kv_budget_bytes <= 0:
+            ax.text(left[i], i, "  no KV budget", va="center", fontsize=8, color="#c0392b")
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB per GPU (as the runtime reports it)")
+    ax.set_title("Memory per GPU")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 if len(shown) > 3 else -0.3), ncol=3, frameon=False)
+    ax.grid(True, axis="x", alpha=0.3)
+    data = _png(fig)
+    plt.close(fig)
+    note = f"{len(shown)} of {len(pools)} configurations shown" if len(pools) > len(shown) else None
+    return data, note
+
+
+_PLOTTERS: dict[str, Callable[["Report"], tuple[bytes | None, str | None]]] = {
+    "concurrency": plot_concurrency, "memory": plot_memory,
+}
+
+
+def make_plots(report: "Report", which: tuple[str, ...]) -> tuple[dict[str, bytes], list[str]]:
+    """PNG bytes per plot name, and notes (plots skipped or truncated). Raises PlotsUnavailable."""
+    plots: dict[str, bytes] = {}
+    notes: list[str] = []
+    for name in which:
+        data, note = _PLOTTERS[name](report)
+        if data is not None:
+            plots[name] = data
+        if note:
+            notes.append(note)
+    return plots, notes
