@@ -48,14 +48,19 @@ def revise(options: Options, **changes: Any) -> Options:
 
 
 def spell_value(field: str, value: Any) -> str:
-    """One option value as its flag and YAML key accept it: integers without separators, sizes in bytes
-    with their unit (``25769803776B``), switches as ``true``/``false``."""
+    """One option value as its flag and YAML key accept it: integers without separators, sizes in the
+    largest binary unit that holds them exactly (``24GiB``, ``1536MiB``, else bytes: ``1000B``), switches as
+    ``true``/``false``."""
     kind = BY_FIELD[field].kind
     if isinstance(value, bool):
         return "true" if value else "false"
     if kind.startswith("size"):
-        return f"{value}B"
+        unit = next((u for u in _SIZE_UNITS if value and value % u[1] == 0), ("B", 1))
+        return f"{value // unit[1]}{unit[0]}"
     return str(value)
+
+
+_SIZE_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 
 
 def _changed(old: Options, new: Options) -> list[tuple[str, Any]]:

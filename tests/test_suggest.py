@@ -98,6 +98,15 @@ def test_every_estimate_suggestion_pasted_parses_and_fits(values):
     assert tried >= 10  # the scenarios do exercise suggestions
 
 
+@pytest.mark.parametrize("size,spelled", [(24 << 30, "24GiB"), (1536 << 20, "1536MiB"), (3 << 40, "3TiB"),
+                                          (1000, "1000B"), ((8 << 30) + 1, "8589934593B")])
+def test_a_suggested_size_is_spelled_in_a_unit_a_person_reads_and_the_option_takes_back(size, spelled):
+    from kvplan.suggest import spell_value
+
+    assert spell_value("kv_budget_bytes", size) == spelled  # was "25769803776B" for 24 GiB
+    assert options_from_values({"model": "x", "kv_budget": spelled}).kv_budget_bytes == size
+
+
 def test_a_context_suggestion_takes_the_prefix_down_with_it():
     # gpt2 (1,024 positions) at 2k with a 2k shared prefix: "--context 1024" alone is rejected
     # ("--prefix-tokens 2048 exceeds --context 1024"); the suggestion names both
