@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import math
-from fractions import Fraction
 from typing import Any, Mapping
 
 from kvplan.config_reader import ConfigReader
 from kvplan.errors import ConfigError
 from kvplan.limits import MAX_ROPE_TABLE_ELEMENTS
 from kvplan.modelspec import LayerCache, LayerKind, RopeScaling, RotaryCache, VisionEncoder
+from kvplan.units import scaled
 
 _PARTIAL_KEYS = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction")  # vLLM's patch_rope_parameters
 _KIND_LAYER_TYPES = {LayerKind.FULL: "full_attention", LayerKind.SLIDING: "sliding_attention",
@@ -48,7 +48,7 @@ def _number(value: Any) -> float | None:
 
 def _ceil_product(rows: int, factor: float) -> int:
     """``ceil(rows x factor)`` exactly (a factor of 1e300 is a huge integer for the bound, not an overflow)."""
-    return math.ceil(Fraction(rows) * Fraction(factor))
+    return scaled(rows, factor, ceil=True)
 
 
 def _positions(params: Mapping[str, Any], max_pos: int, original: int | None) -> tuple[int, str]:

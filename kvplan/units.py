@@ -37,6 +37,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def scaled(n: int, factor: float, *, ceil: bool = False) -> int:
+    """``floor(n x factor)`` (or ``ceil``) exactly, for a finite ``factor``: the float's own ratio, so a
+    factor of 1e300 is a huge integer, not an overflow, and 4 x 1.1 is 4.4, not 4.4000000000000004."""
+    num, den = float(factor).as_integer_ratio()
+    return cdiv(n * num, den) if ceil else n * num // den
+
+
 def round_up(a: int, multiple: int) -> int:
     """``a`` rounded up to a multiple of ``multiple``."""
     return cdiv(a, multiple) * multiple

@@ -1,6 +1,9 @@
 """Units: sizes (GB vs GiB), token counts (k = 1024), dtype byte counts."""
 
+import math
+
 import pytest
+from hypothesis import given, strategies as st
 
 from kvplan.errors import InputError
 from kvplan.units import (BF16, FP8_E4M3, INT4, INT4_WEIGHTS, GB, GiB, cdiv, fmt_bytes, parse_bytes, parse_dtype,
@@ -61,3 +64,15 @@ def test_cdiv_and_format():
     assert fmt_bytes(131072) == "128 KiB"
     assert fmt_bytes(GiB) == "1 GiB"
     assert fmt_bytes(1536 * 2**20) == "1.50 GiB"
+
+
+@given(st.integers(0, 10**12), st.one_of(st.floats(0, 1e6), st.sampled_from([1e300, 4.0, 1.1, 0.1, 2.5, 0.0, 1 / 3])))
+def test_scaled_is_the_exact_floor_and_ceiling_of_the_product(n, factor):
+    # rope factors scale lengths and table rows: 4 x 1.1 must give 4, not floor(4.4000000000000004), and
+    # 1e300 a huge integer (bounded by the caller), never an overflow
+    from fractions import Fraction
+
+    from kvplan.units import scaled
+
+    exact = Fraction(n) * Fraction(factor)
+    assert scaled(n, factor) == math.floor(exact) and scaled(n, factor, ceil=True) == math.ceil(exact)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Protocol
 
 from kvplan.errors import InputError
 from kvplan.memory import UNBOUNDED_TOKENS, Demand, PoolLayout
 from kvplan.options import USAGE_CONTEXTS as USAGE_CONTEXTS  # re-exported for the engine modules
 from kvplan.spec import ModelSpec
+from kvplan.units import scaled
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ def scaled_length(tokens: int, factor: float) -> int:
     """``floor(tokens x factor)``, exactly (engines compare a max_model_len with the float product, so its
     integer part is the longest they accept), kept within 1 .. ``UNBOUNDED_TOKENS`` (a factor of
     1e300 or of 0 in a config stays a number the plan can use)."""
-    exact = math.floor(Fraction(tokens) * Fraction(factor))
+    exact = scaled(tokens, factor)
     return min(max(exact, 1), UNBOUNDED_TOKENS)
 
 
