@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Callable
 
 from kvplan.errors import InputError
-from kvplan.limits import MAX_COUNT, MAX_LAYERS, MAX_SIZE_BYTES, MAX_TOKENS
+from kvplan.limits import MAX_COUNT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_SIZE_BYTES, MAX_TOKENS
 
 ENGINE_NAMES = ("vllm", "sglang")  # the --engine choices; kvplan.engines.registry maps each to its module
 USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for the LLM class
@@ -286,8 +286,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("refresh", "flag", "Ask the Hub for the revision even when the HF cache holds it (default: a cached model is "
         "answered from the cache, its commit stated).", PANEL_HUB, default=False),
     Opt("layers", "count", "Override the number of layers.", PANEL_MODEL, high=MAX_LAYERS),
-    Opt("kv_heads", "count", "Override the number of KV heads.", PANEL_MODEL),
-    Opt("head_dim", "count", "Override the head dimension.", PANEL_MODEL),
+    Opt("kv_heads", "count", "Override the number of KV heads.", PANEL_MODEL, high=MAX_HEADS),
+    Opt("head_dim", "count", "Override the head dimension.", PANEL_MODEL, high=MAX_HEAD_DIM),
     Opt("images", "count", "Images per request whose tokens cross-attention layers cache (Llama-3.2-Vision; "
         "default 1 at the most tiles).", PANEL_MODEL),
 )

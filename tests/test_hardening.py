@@ -248,6 +248,9 @@ def test_wrap_items_breaks_only_between_items():
     (["--batch", "99999999999"], ["invalid --batch", "must be at most 1048576"]),
     # one object per layer: a million layers planned for ~40 s in 2 GB before this bound (kvplan.limits)
     (["--layers", "1000000"], ["invalid --layers 1000000", "must be at most 4096"]),
+    # the overrides take the bounds the same fields have in a config (kvplan.limits: one table)
+    (["--head-dim", "1000000"], ["invalid --head-dim 1000000", "must be at most 65536"]),
+    (["--kv-heads", "100000"], ["invalid --kv-heads 100000", "must be at most 65536"]),
 ])
 def test_out_of_range_options_are_one_line_errors(args, needles):
     assert_one_line(kvplan("estimate", "meta-llama/Llama-3.1-8B", *args), *needles)
