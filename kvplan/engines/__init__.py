@@ -416,11 +416,9 @@ def resolve_release(engine: str, text: str, firsts: dict[str, tuple[int, ...]]) 
     release's own name selects it (SGLang ``0.5`` is the modelled 0.5, which starts at 0.5.3, although
     ``0.5`` as a version, 0.5.0, falls in 0.4's range).
     """
-    release = release_tuple(text, engine)
-    chosen = str(text).strip() if str(text).strip() in firsts else None
-    for key, first in firsts.items() if chosen is None else ():
-        if release >= (tuple(first) + (0, 0, 0))[:3]:
-            chosen = key
+    release, name = release_tuple(text, engine), str(text).strip()
+    covering = [key for key, first in firsts.items() if release >= (tuple(first) + (0, 0, 0))[:3]]
+    chosen = name if name in firsts else (covering[-1] if covering else None)
     ranges = release_ranges(firsts)
     if chosen is None:
         listed = "; ".join(f"{key}: {rng}" for key, rng in ranges.items())
