@@ -1,6 +1,6 @@
 """How close kvplan's engine model comes to what real vLLM / SGLang start-ups printed.
 
-Runs ``kvplan.plan.plan_for_spec`` on every report of ``benchmarks/engine_reports.yaml`` that names a
+Runs ``kvplan.planning.plan.plan_for_spec`` on every report of ``benchmarks/engine_reports.yaml`` that names a
 model kvplan can build and a GPU whose memory is known, and prints one row per report:
 
 - ``reported``: the engine's capacity as logged (KV tokens, blocks x block size, the refusal's token
@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from kvplan.plan import Options, plan_for_spec
-from kvplan.sources import WeightFacts, load_bundled
-from kvplan.spec import ModelSpec, build_spec, spec_from_config
+from kvplan.planning.plan import Options, plan_for_spec
+from kvplan.model.sources import WeightFacts, load_bundled
+from kvplan.model.spec import ModelSpec, build_spec, spec_from_config
 
 GIB = 2**30
 REPORTS = Path(__file__).with_name("engine_reports.yaml")

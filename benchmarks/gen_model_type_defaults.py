@@ -16,8 +16,8 @@ classes). This script writes, for every ``model_type`` transformers knows (``CON
   default model_type, the keyword arguments transformers uses when that key is absent, and ``flat`` when
   the class then reads the language model's fields from the top level (pre-v5 Qwen2-VL saves).
 
-"The fields kvplan reads" are the quoted identifiers in kvplan's config readers (``kvplan/spec.py``,
-``kvplan/hybrid.py``, ``kvplan/model_types.py``) that are a field of some config class, so the table grows
+"The fields kvplan reads" are the quoted identifiers in kvplan's config readers (``kvplan/model/spec.py``,
+``kvplan/model/hybrid.py``, ``kvplan/model/model_types.py``) that are a field of some config class, so the table grows
 with the parser. Derived defaults (``num_key_value_heads`` = heads, ``head_dim`` = hidden // heads,
 ``layer_types`` from a pattern) stay kvplan's rules; ``benchmarks/transformers_sweep.py`` checks them.
 
@@ -64,7 +64,7 @@ def kvplan_keys(field_names: set[str]) -> list[str]:
     """Config field names kvplan's readers mention (quoted identifiers that are a config class field)."""
     found: set[str] = set()
     for name in READERS:
-        path = REPO / "kvplan" / name
+        path = REPO / "kvplan" / "model" / name
         if path.exists():
             found |= set(re.findall(r'"([a-z_][a-z0-9_]*)"', path.read_text()))
     return sorted((found & field_names) - _SKIP_KEYS)

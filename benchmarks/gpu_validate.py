@@ -37,7 +37,7 @@ SCENARIOS = [
 def run_scenario(name: str, values: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     from kvplan.errors import KvplanError
     from kvplan.paged.validate import validate_plan
-    from kvplan.plan import estimate, options_from_values
+    from kvplan.planning.plan import estimate, options_from_values
 
     values = {**values, "gpu": args.gpu, "gpu_memory": args.gpu_memory, "kv_budget": args.kv_budget,
               "context": args.context}
@@ -62,7 +62,7 @@ def attention_suite(device: str, tokens: int) -> list[dict[str, Any]]:
 
     from kvplan.paged.allocator import BlockAllocator, GroupSpec
     from kvplan.paged.attention import check_decode
-    from kvplan.serialize import to_jsonable
+    from kvplan.planning.serialize import to_jsonable
 
     bs = 16
     num_blocks = 2 * (tokens // bs) + 8

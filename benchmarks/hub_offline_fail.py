@@ -1,4 +1,4 @@
-"""Time-to-fail of ``kvplan.hub.fetch_model`` when the Hub cannot answer and nothing is cached.
+"""Time-to-fail of ``kvplan.model.hub.fetch_model`` when the Hub cannot answer and nothing is cached.
 
 Two cases, each the median of 5 runs in one process (huggingface_hub already imported), plus one cold run
 in a fresh interpreter (what a CLI user waits for, import of huggingface_hub included):
@@ -35,7 +35,7 @@ def closed_port() -> int:
 def time_to_fail(offline: bool) -> tuple[float, str]:
     """Seconds until fetch_model raises, and the error's one-line text."""
     from kvplan.errors import KvplanError
-    from kvplan.hub import fetch_model
+    from kvplan.model.hub import fetch_model
 
     start = time.perf_counter()
     try:
@@ -49,7 +49,7 @@ COLD = """
 import time, sys
 start = time.perf_counter()
 from kvplan.errors import KvplanError
-from kvplan.hub import fetch_model
+from kvplan.model.hub import fetch_model
 try:
     fetch_model({repo!r}, offline={offline})
 except KvplanError:

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from kvplan.paged import allocator as alloc_mod
-from kvplan.plan import estimate, options_from_values
-from kvplan.simulate import POLICIES, config_from_plan, simulate
-from kvplan.workload import load_workload
+from kvplan.planning.plan import estimate, options_from_values
+from kvplan.sim.simulate import POLICIES, config_from_plan, simulate
+from kvplan.sim.workload import load_workload
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "examples" / "shared_prompt.yaml"
 

@@ -34,8 +34,8 @@ def main() -> None:
     args = parser.parse_args()
 
     t0 = time.perf_counter()
-    from kvplan.report import build_report
-    from kvplan.scenario import load_whatif
+    from kvplan.checks.report import build_report
+    from kvplan.checks.scenario import load_whatif
 
     import_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
@@ -43,7 +43,8 @@ def main() -> None:
         path.write_text(WHATIF, encoding="utf-8")
         times = []
         for _ in range(args.repeat):
-            from kvplan import memory, sources
+            from kvplan import memory
+            from kvplan.model import sources
 
             sources.clear_spec_cache()  # cold: resolve every spec again
             memory.layout._cached_layout.cache_clear()

@@ -13,7 +13,7 @@ also in full, then:
   serving engines cache (``kv_lora_rank + qk_rope_head_dim``), not as the K/V transformers expands;
   mllama's ``cross_attention_layers`` as cross-attention layers (their image-token count is kvplan's
   assumption from the vision config, not a transformers attribute, so only kind, heads and head_dim count).
-- **kvplan's view**: ``kvplan.sources.resolve_model(path)`` + ``kvplan.spec.build_spec``, read back per
+- **kvplan's view**: ``kvplan.model.sources.resolve_model(path)`` + ``kvplan.model.spec.build_spec``, read back per
   layer (kind, KV heads, head_dim, window) plus the dtype when the config states one.
 
 Every model type ends in exactly one outcome: ``agrees`` (every variation equal), ``refused`` (kvplan
@@ -46,8 +46,8 @@ from doc_section import replace_section  # noqa: E402
 from gen_model_type_defaults import quiet_transformers  # noqa: E402
 
 from kvplan.errors import KvplanError  # noqa: E402
-from kvplan.sources import resolve_model  # noqa: E402
-from kvplan.spec import LayerKind, build_spec  # noqa: E402
+from kvplan.model.sources import resolve_model  # noqa: E402
+from kvplan.model.spec import LayerKind, build_spec  # noqa: E402
 
 COVERAGE = REPO / "docs" / "coverage.md"
 BEGIN, END = "<!-- transformers-sweep:begin -->", "<!-- transformers-sweep:end -->"
@@ -342,7 +342,7 @@ def run(only: str | None, verbose: bool) -> list[Result]:
     quiet_transformers()
     from transformers import CONFIG_MAPPING, AutoConfig
 
-    from kvplan import model_types
+    from kvplan.model import model_types
 
     results = []
     with tempfile.TemporaryDirectory(prefix="kvplan-sweep-") as tmp:
@@ -376,7 +376,7 @@ def run(only: str | None, verbose: bool) -> list[Result]:
 def summary(results: list[Result]) -> str:
     import transformers
 
-    from kvplan import model_types
+    from kvplan.model import model_types
 
     counts = Counter(r.outcome for r in results)
     decoders = [r for r in results if model_types.role(r.model_type) == "decoder"]

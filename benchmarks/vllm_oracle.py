@@ -39,9 +39,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvplan.plan import Options, plan_for_spec  # noqa: E402
-from kvplan.sources import load_bundled  # noqa: E402
-from kvplan.spec import spec_from_config  # noqa: E402
+from kvplan.planning.plan import Options, plan_for_spec  # noqa: E402
+from kvplan.model.sources import load_bundled  # noqa: E402
+from kvplan.model.spec import spec_from_config  # noqa: E402
 from kvplan.units import GiB  # noqa: E402
 
 SHARED = REPO.parent / "shared"

@@ -166,7 +166,7 @@ def tiny_config(model_type: str, archs: set[str]) -> tuple[dict[str, Any] | None
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from kvplan import model_types
+    from kvplan.model import model_types
 
     arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     if model_types.role(model_type) != "decoder":
@@ -294,8 +294,8 @@ def probe(only: str | None, retry_errors: bool) -> None:
 
 def kvplan_numbers(config: dict[str, Any], setting: dict[str, Any], budget_gib: float) -> dict[str, Any]:
     from kvplan.options import Options
-    from kvplan.plan import plan_for_spec
-    from kvplan.spec import spec_from_config
+    from kvplan.planning.plan import plan_for_spec
+    from kvplan.model.spec import spec_from_config
     from kvplan.units import GiB
 
     spec = spec_from_config(config, model_id="tiny", where="vllm_sweep_results.json")

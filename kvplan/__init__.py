@@ -5,6 +5,8 @@ Python API (the CLI is a thin layer over it; the API never prints or exits)::
     import kvplan
     plan = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", context=8192)
     plan.answer.max_requests, plan.to_dict()
+
+May import: kvplan.api, kvplan.io, kvplan.planning, kvplan.checks (each inside the function that needs it)
 """
 
 from __future__ import annotations
@@ -14,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from kvplan.plan import Plan
+    from kvplan.planning.plan import Plan
 
 
 def estimate(model: str, *, token: str | None = None, **options: Any) -> "Plan":
     """Plan ``model`` (a Hub id, a bundled id or a local path) under ``options`` (any estimate option:
     ``gpu="H100"``, ``context="8k"``, ``tp=2``, ``kv_dtype="fp8"``, ``kv_budget="40GiB"``...) and return the
-    frozen :class:`~kvplan.plan.Plan`.
+    frozen :class:`~kvplan.planning.plan.Plan`.
 
     Raises :class:`kvplan.errors.KvplanError` for bad input, a wrong-typed argument included.
     """
     from os import fspath
 
     from kvplan.api import check_estimate
-    from kvplan.plan import estimate as _estimate, options_from_values
+    from kvplan.planning.plan import estimate as _estimate, options_from_values
 
     check_estimate(model, token, options)
     return _estimate(options_from_values({"model": fspath(model), **options}), token=token)
@@ -45,7 +47,7 @@ def _doc(function: str, name: str, source: Any, kind: str) -> Any:
         return data
     import yaml
 
-    from kvplan.yamldoc import parse_yaml
+    from kvplan.io.yamldoc import parse_yaml
 
     return parse_yaml(yaml.safe_dump(data, sort_keys=False), Path.cwd() / f"<{kind}>.yaml", f"<{kind}>")
 
@@ -54,12 +56,12 @@ def sweep(whatif: Any, *, offline: bool = False, token: str | None = None) -> An
     """Expand a what-if sweep into rows: ``whatif`` is a YAML path or the same structure as a mapping,
     e.g. ``{"defaults": {"context": "8k"}, "sweep": {"model": [...], "gpu": ["H100", "A100-40GB"]}}``.
 
-    Returns the frozen :class:`kvplan.report.Report` (``.rows``, ``.to_dict()``); writes nothing.
+    Returns the frozen :class:`kvplan.checks.report.Report` (``.rows``, ``.to_dict()``); writes nothing.
     Raises :class:`kvplan.errors.KvplanError` for bad input, a wrong-typed argument included.
     """
     from kvplan.api import check_run
-    from kvplan.report import build_report
-    from kvplan.scenario import load_whatif
+    from kvplan.checks.report import build_report
+    from kvplan.checks.scenario import load_whatif
 
     check_run("sweep", offline, token)
     return build_report(load_whatif(_doc("sweep", "whatif", whatif, "sweep")), offline=offline, token=token)
@@ -68,12 +70,12 @@ def sweep(whatif: Any, *, offline: bool = False, token: str | None = None) -> An
 def check(capacity: Any, *, offline: bool = False, token: str | None = None) -> Any:
     """Run capacity checks: ``capacity`` is a YAML path or a mapping with ``defaults`` and ``checks``.
 
-    Returns the frozen :class:`kvplan.capacity.CheckReport` (each result's verdict, margin, suggestions).
+    Returns the frozen :class:`kvplan.checks.capacity.CheckReport` (each result's verdict, margin, suggestions).
     Raises :class:`kvplan.errors.KvplanError` for bad input, a wrong-typed argument included.
     """
     from kvplan.api import check_run
-    from kvplan.capacity import run_checks
-    from kvplan.scenario import load_capacity
+    from kvplan.checks.capacity import run_checks
+    from kvplan.checks.scenario import load_capacity
 
     check_run("check", offline, token)
     return run_checks(load_capacity(_doc("check", "capacity", capacity, "capacity"), keep_going=True),

@@ -1,4 +1,9 @@
-from kvplan.cli import main
+"""``python -m kvplan``: the same command line as the ``kvplan`` entry point.
+
+May import: kvplan.cli
+"""
+
+from kvplan.cli.app import main
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,8 @@ inside (the docs promise :class:`~kvplan.errors.KvplanError` subclasses for all 
 
 Only types are checked here; values (``context="lots"``, an unknown GPU) are checked by the same parsers
 the CLI and the YAML files use. Imports nothing heavy (``import kvplan`` stays cheap).
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.options
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def require(function: str, name: str, value: Any, types: tuple[type, ...], expec
         if isinstance(value, str) and "\x00" in value:
             raise InputError(f"kvplan.{function}(): {name} contains a NUL character")
         return
-    from kvplan.yamldoc import short
+    from kvplan.io.yamldoc import short
 
     raise InputError(f"kvplan.{function}(): {name} must be {expected}, got {type(value).__name__} {short(value)}")
 
@@ -72,7 +74,7 @@ def option_type(key: str) -> tuple[tuple[type, ...], str]:
     if key in BY_NAME:
         types, expected = KIND_TYPES[BY_NAME[key].kind]
         if BY_NAME[key].kind == "calibration":
-            from kvplan.calibration import Calibration
+            from kvplan.io.calibration import Calibration
 
             types = (*types, Calibration)
         return types, expected
@@ -90,7 +92,7 @@ def document(function: str, name: str, source: Any) -> Any:
     """A what-if / capacity argument: a path (returned as given) or a mapping, returned as plain YAML data
     (dicts with string keys, lists, scalars). Anything else, nesting past the YAML reader's bound, or more
     values than it accepts is an :class:`InputError` naming where in ``source`` the bad value is."""
-    from kvplan.yamldoc import MAX_YAML_DEPTH, MAX_YAML_VALUES
+    from kvplan.io.yamldoc import MAX_YAML_DEPTH, MAX_YAML_VALUES
 
     require(function, name, source, (*PATH, Mapping), "a YAML file path (str or os.PathLike) or a mapping")
     if not isinstance(source, Mapping):

@@ -3,6 +3,8 @@
 Three failure channels (STYLE.md): "does not fit" is data in a result; a user mistake raises a
 :class:`KvplanError` (one line, plus an optional hint); a broken invariant is an ``assert``.
 Library code raises; only the CLI turns these into messages and exit codes.
+
+May import: nothing in kvplan
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The GPU catalogue: how much memory the runtime reports for each accelerator, and how fast it is.
 
-The data lives in ``kvplan/data/gpus.yaml`` (read with :func:`kvplan.files.parse_bundled_yaml`). ``memory_bytes`` is the
+The data lives in ``kvplan/data/gpus.yaml`` (read with :func:`kvplan.io.files.parse_bundled_yaml`). ``memory_bytes`` is the
 total that ``torch.cuda.mem_get_info()[1]`` reports — what vLLM multiplies by
 ``gpu_memory_utilization`` — not the marketing "80 GB" and not nvidia-smi's total. Every number says
 where it came from (``memory_source``), and says so plainly when it was derived rather than observed.
@@ -8,6 +8,8 @@ where it came from (``memory_source``), and says so plainly when it was derived 
 Names are forgiving: ``find_gpu("h100")``, ``find_gpu("H100-80GB")``, ``find_gpu("NVIDIA GeForce RTX
 4090")`` all work; an unknown name raises :class:`GpuNotFoundError` whose hint lists the closest names.
 For anything not in the catalogue, :func:`custom_gpu` builds an entry from a memory size.
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ def parse_catalogue(data: Any, source: str = "gpus.yaml") -> tuple[Gpu, ...]:
 @functools.lru_cache(maxsize=1)
 def load_gpus() -> tuple[Gpu, ...]:
     """The bundled catalogue, in file order (cached after the first call)."""
-    from kvplan.files import parse_bundled_yaml, read_text
+    from kvplan.io.files import parse_bundled_yaml, read_text
 
     data = parse_bundled_yaml(read_text(DATA_FILE, "GPU catalogue"), str(DATA_FILE))
     return parse_catalogue(data, str(DATA_FILE))

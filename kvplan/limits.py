@@ -3,6 +3,8 @@
 Each bound is far past any real deployment or checkpoint, so only a typo, a unit mix-up or a hostile file
 reaches it; past it the option or config field is refused with a one-line error instead of planning for
 minutes (the planner keeps one object per layer, so a million layers is ~40 s and 2 GB).
+
+May import: nothing in kvplan
 """
 
 from __future__ import annotations

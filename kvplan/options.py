@@ -4,9 +4,9 @@
 
 - the :class:`Options` dataclass (one field per option, in base units: tokens, bytes) and
   :func:`options_from_values`, which parses what a user typed (``8k``, ``24GiB``);
-- the CLI options of ``kvplan estimate`` / ``kvplan validate`` (:mod:`kvplan.cli_options`: flags, help,
+- the CLI options of ``kvplan estimate`` / ``kvplan validate`` (:mod:`kvplan.cli.options`: flags, help,
   panel, default);
-- the YAML scenario fields of capacity, what-if and workload files (:mod:`kvplan.scenario`: key, type,
+- the YAML scenario fields of capacity, what-if and workload files (:mod:`kvplan.checks.scenario`: key, type,
   description).
 
 **Adding an option is a one-place change**: append an :class:`Opt` to :data:`OPTIONS` (name, kind, help,
@@ -16,6 +16,8 @@ docs/cli-reference.md. A new *kind* of value (not one of :data:`KINDS`) is the o
 the projections: its typer type in cli_options.py and its YAML type in scenario.py.
 
 This module imports neither typer nor pydantic: plan.py and the Python API use it without them.
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
 """
 
 from __future__ import annotations
@@ -107,14 +109,14 @@ def _as_typed(value: Any, flag: str) -> Any:
 
 
 def _calibration(value: Any, flag: str) -> Any:
-    """A calibration file's path -> the loaded :class:`kvplan.calibration.Calibration` (already loaded: kept)."""
-    from kvplan.calibration import Calibration, load_calibration
+    """A calibration file's path -> the loaded :class:`kvplan.io.calibration.Calibration` (already loaded: kept)."""
+    from kvplan.io.calibration import Calibration, load_calibration
 
     return value if isinstance(value, Calibration) else load_calibration(str(value))
 
 
 def _is_calibration(value: Any) -> bool:
-    from kvplan.calibration import Calibration
+    from kvplan.io.calibration import Calibration
 
     return isinstance(value, Calibration)
 
@@ -367,7 +369,7 @@ def check_context(context: int, max_model_len: int | None, *, auto: bool = False
 
     Checked on what a user gives (:func:`options_from_values`: the CLI, the YAML files, the Python API) and
     on ``--max-model-len auto`` once the plan has resolved it (``auto``) and on every suggested change
-    (:func:`kvplan.suggest.revise`); kvplan's own probes (``dataclasses.replace`` of a plan's options) may look
+    (:func:`kvplan.planning.suggest.revise`); kvplan's own probes (``dataclasses.replace`` of a plan's options) may look
     past it. Messages and hints print values as the flags take them (``32768``, never ``32,768``).
     """
     if max_model_len is None or context <= max_model_len:
@@ -426,7 +428,7 @@ def options_from_values(values: dict[str, Any]) -> Any:
     parsed by their kind (sizes take a number of GiB or a size with its unit, ``80GB``, ``24GiB``; token
     counts ``8192``, ``8k``, ``128k``; ``max_model_len`` also ``auto``), or :class:`Options` field names
     with values in base units (``gpu_count``, ``kv_budget_bytes``). ``None`` values are left at their
-    defaults; ``token`` is not an option of a plan (pass it to :func:`kvplan.plan.estimate`).
+    defaults; ``token`` is not an option of a plan (pass it to :func:`kvplan.planning.plan.estimate`).
     """
     known = {f.name for f in fields(Options)}
     kwargs: dict[str, Any] = {}

@@ -2,6 +2,8 @@
 
 Bytes are ``int`` everywhere inside kvplan. GiB (2**30) and GB (10**9) exist only at the edges:
 parsing what a user typed and rendering what a user reads, always labelled.
+
+May import: kvplan.errors
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fuzz worker for tests/test_fuzz.py: feeds generated files and option values to the real CLI entry point.
 
 Run as ``python tests/fuzz_worker.py MODE EXAMPLES`` in a fresh interpreter (the test measures its memory
-and wall time from outside). For every input, ``kvplan.cli.main`` must end in ``SystemExit`` with 0, 1
+and wall time from outside). For every input, ``kvplan.cli.app.main`` must end in ``SystemExit`` with 0, 1
 or 2; exit 2 must print only ``kvplan: error: ...`` lines; nothing may raise anything else (a traceback)
 or run past :data:`DEADLINE_S` (a SIGALRM turns a hang into a failure that names the input).
 
@@ -78,7 +78,7 @@ def run_cli(args: list[str], cwd: Path, event_lines: bool = False, stdout: list[
     """One CLI invocation: must exit 0/1/2, exit 2 with only one-line errors (``event_lines``: observe's
     ``kvplan: [t s] ...`` lines may come first), within the deadline; returns the exit code and stderr
     (and appends stdout to ``stdout`` when given)."""
-    from kvplan.cli import main
+    from kvplan.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     old = os.getcwd()

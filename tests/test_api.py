@@ -38,7 +38,7 @@ def test_api_functions_survive_submodule_imports():
     import pkgutil
 
     for mod in pkgutil.walk_packages(kvplan.__path__, "kvplan."):
-        if not mod.name.startswith(("kvplan.paged.", "kvplan.commands.")):
+        if not mod.name.startswith(("kvplan.paged.", "kvplan.cli.commands.")):
             importlib.import_module(mod.name)
     assert all(callable(getattr(kvplan, name)) and not isinstance(getattr(kvplan, name), type(kvplan))
                for name in ("estimate", "sweep", "check"))
@@ -154,7 +154,7 @@ def test_a_mapping_with_a_value_yaml_cannot_hold_names_where_it_is(doc, where):
 
 
 def test_a_mapping_nested_past_the_yaml_bound_is_refused():
-    from kvplan.yamldoc import MAX_YAML_DEPTH
+    from kvplan.io.yamldoc import MAX_YAML_DEPTH
 
     doc: dict = {}
     inner = doc

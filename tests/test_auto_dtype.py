@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 import kvplan
-from kvplan.cli import app
+from kvplan.cli.app import app
 from kvplan.engines import sglang, vllm
 from kvplan.gpus import find_gpu
-from kvplan.model_source import WeightFacts
-from kvplan.spec import spec_from_config
+from kvplan.model.source import WeightFacts
+from kvplan.model.spec import spec_from_config
 
 # PaliGemma-3B's language model (gemma, 18 layers, MQA, head_dim 256), float32 checkpoint.
 PALIGEMMA = {
@@ -118,7 +118,7 @@ def test_weights_of_a_float32_checkpoint_are_loaded_in_bf16() -> None:
     assert WeightFacts(total_bytes=2_000, params_by_dtype={"BF16": 1_000}).loaded_bytes("bfloat16", "float32") == 4_000
     spec = spec_from_config({**PALIGEMMA["text_config"], "torch_dtype": "float32"}, model_id="x", where="cfg",
                             weights=WeightFacts(total_bytes=4 * 10**9, parameters=10**9, dtype="float32"))
-    plan = kvplan.plan.plan_for_spec(spec, kvplan.plan.options_from_values({"model": "x", "gpu": "H100"}))
+    plan = kvplan.planning.plan.plan_for_spec(spec, kvplan.planning.plan.options_from_values({"model": "x", "gpu": "H100"}))
     # 10**9 parameters x 2 B (bf16), not the checkpoint's 4 x 10**9 B
     assert plan.budget.weights.bytes == 2 * 10**9 and "float32 tensors loaded as bfloat16" in plan.budget.weights.source
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from kvplan.capacity import run_checks
+from kvplan.checks.capacity import run_checks
 from kvplan.gpus import find_gpu, load_gpus
-from kvplan.plan import estimate, options_from_values
-from kvplan.cli import app
-from kvplan.scenario import load_capacity
+from kvplan.planning.plan import estimate, options_from_values
+from kvplan.cli.app import app
+from kvplan.checks.scenario import load_capacity
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
@@ -218,7 +218,7 @@ def test_per_check_revision_is_honoured(tmp_path, hub):
 
 def test_each_requirement_reads_each_word_once(tmp_path):
     """The table's requirement column: the key and its condition, no word twice ("fits 1 x 8,192 fits" was)."""
-    from kvplan.capacity import requirement_text
+    from kvplan.checks.capacity import requirement_text
 
     report = run_checks(load_capacity(write(tmp_path, """\
         - name: every-kind

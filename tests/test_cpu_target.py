@@ -12,7 +12,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kvplan.cli import app
+from kvplan.cli.app import app
 from kvplan.engines import vllm
 
 runner = CliRunner()

@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvplan import memory
-from kvplan.cli import app
+from kvplan.cli.app import app
 from kvplan.errors import ConfigError
 from kvplan.paged.groups import allocator_groups
-from kvplan.plan import options_from_values, plan_for_spec
-from kvplan.spec import LayerKind, spec_from_config
+from kvplan.planning.plan import options_from_values, plan_for_spec
+from kvplan.model.spec import LayerKind, spec_from_config
 
 CROSS_LAYERS = list(range(3, 100, 5))  # 3, 8, ..., 98: 20 layers
 LLAMA_32_90B_VISION = {

@@ -2,7 +2,7 @@
 planned as starting, the scheduler's max_num_seqs was ignored, the launch command dropped options that change
 the plan, and three outputs did not add up (the CPU panel, a hint the option rejects, a cut source column).
 
-The rules live in one place (:class:`kvplan.answer.Deployment` over the engine's ``refusal`` /
+The rules live in one place (:class:`kvplan.planning.answer.Deployment` over the engine's ``refusal`` /
 ``request_limit`` / ``serve_command``); tests/test_one_answer.py checks the same properties over every
 bundled spec.
 """
@@ -20,9 +20,9 @@ import pytest
 
 from kvplan.errors import InputError
 from kvplan.options import OPTIONS
-from kvplan.plan import estimate, options_from_values, plan_for_spec
-from kvplan.sources import load_bundled
-from kvplan.spec import build_spec
+from kvplan.planning.plan import estimate, options_from_values, plan_for_spec
+from kvplan.model.sources import load_bundled
+from kvplan.model.spec import build_spec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_hardening import assert_one_line, kvplan  # noqa: E402
@@ -137,8 +137,8 @@ def test_max_num_seqs_bounds_the_answer_fits_and_the_roofline():
 
 
 def test_a_capacity_check_counts_what_the_scheduler_runs(tmp_path):
-    from kvplan.capacity import run_checks
-    from kvplan.scenario import load_capacity
+    from kvplan.checks.capacity import run_checks
+    from kvplan.checks.scenario import load_capacity
 
     path = tmp_path / "capacity.yaml"
     path.write_text(f"defaults: {{model: {LLAMA}, gpu: H100, context: 8192, max_num_seqs: 4}}\n"
@@ -339,7 +339,7 @@ def test_the_memory_panel_wraps_its_sources(columns):
 def test_simulate_runs_the_engines_limits():
     """simulate's scheduler seats what the answer says (SGLang's derived max_running_requests, not its 4,096
     ceiling), and a deployment the engine refuses is not simulated."""
-    from kvplan.simulate import config_from_plan
+    from kvplan.sim.simulate import config_from_plan
 
     p = _plan(engine="sglang", context="128k")
     sim, _ = config_from_plan(p)

@@ -44,7 +44,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
 
 def _estimate_bytes(tp: int, pp: int) -> int:
     from kvplan import memory
-    from kvplan.plan import estimate, options_from_values
+    from kvplan.planning.plan import estimate, options_from_values
 
     plan = estimate(options_from_values({"model": "meta-llama/Llama-3.1-8B", "gpu": "cpu", "gpu_memory": "8GiB",
                                          "kv_budget": "0.125GiB", "context": "1k", "tp": tp, "pp": pp}))

@@ -1,6 +1,6 @@
 """Every kvplan command the docs show runs: README.md, docs/*.md code blocks and the commands' help epilogs.
 
-Each command is run through the real entry point (``kvplan.cli.main``) in a scratch folder holding the
+Each command is run through the real entry point (``kvplan.cli.app.main``) in a scratch folder holding the
 example files, and must exit 0, or 1 where it is a check that may fail; never 2 (a documented command
 that is rejected) and never a traceback. Placeholders become real inputs: ``capacity.yaml``,
 ``whatif.yaml`` and ``workload.yaml`` the tested examples, ``./my-model/`` a local config folder.
@@ -58,7 +58,7 @@ def _epilog_commands() -> list[str]:
     """The "Examples:" of every command's --help (typer's epilogs)."""
     import typer.main
 
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     group = typer.main.get_command(app)
     commands = list(group.commands.values())  # type: ignore[attr-defined]
@@ -122,7 +122,7 @@ def test_the_docs_show_commands_of_every_command():
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_documented_command_runs(command, scratch):
-    from kvplan.cli import main
+    from kvplan.cli.app import main
 
     args = _args(command)
     out, err = io.StringIO(), io.StringIO()

@@ -7,9 +7,9 @@ import pytest
 from kvplan.engines import Device, Term, forward_bytes_per_token, padded_vocab, sampler_bytes
 from kvplan.engines import sglang, vllm
 from kvplan.errors import InputError
-from kvplan.plan import Options, plan_for_spec
-from kvplan.sources import load_bundled
-from kvplan.spec import build_spec
+from kvplan.planning.plan import Options, plan_for_spec
+from kvplan.model.sources import load_bundled
+from kvplan.model.spec import build_spec
 from kvplan.units import GiB, MiB
 
 H100 = 85_045_477_376  # catalogue: CUDA total of an H100 SXM (81,106 MiB)
@@ -435,7 +435,7 @@ def test_non_torch_memory_by_tp_and_interconnect(llama3):
 
 def test_the_catalogue_carries_interconnect_and_sm_count():
     from kvplan.gpus import find_gpu
-    from kvplan.plan import resolve_gpu
+    from kvplan.planning.plan import resolve_gpu
 
     assert (find_gpu("h100").interconnect, find_gpu("h100").sm_count) == ("nvlink-switch", 132)
     assert find_gpu("h100-pcie").interconnect == "pcie" and find_gpu("a100").interconnect == "nvlink"

@@ -17,10 +17,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 from typer.testing import CliRunner
 
-from kvplan.cli import app
+from kvplan.cli.app import app
 from kvplan.errors import KvplanError
-from kvplan.explain import ExplainError, explain, log_values
-from kvplan.logparse import parse_log
+from kvplan.explain.reconcile import ExplainError, explain, log_values
+from kvplan.explain.logparse import parse_log
 from kvplan.units import GiB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,9 +187,9 @@ def _prints_a_term(report_id: str) -> bool:
 def test_a_calibrated_plan_reproduces_the_logs_blocks(report_id):
     # explain --calibrate, then a plan of the same deployment with that file: the log's block count, exactly
     # (the logs that print no budget term at all have nothing to calibrate: --calibrate says so)
-    from kvplan.calibration import Calibration
-    from kvplan.explain import calibration_entry
-    from kvplan.plan import estimate, options_from_values
+    from kvplan.io.calibration import Calibration
+    from kvplan.explain.reconcile import calibration_entry
+    from kvplan.planning.plan import estimate, options_from_values
 
     ex = explain(REPORTS[report_id]["log_excerpt"], overrides(report_id))
     entry = calibration_entry(ex, "log")

@@ -1,4 +1,4 @@
-"""kvplan.files, the one reader for user files, and what the CLI makes of broken config files.
+"""kvplan.io.files, the one reader for user files, and what the CLI makes of broken config files.
 
 Every broken shape ends in one KvplanError line naming the file (exit 2 from the CLI), never a traceback;
 ``Infinity``/``NaN`` are kept as floats for the fields that read them to judge.
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvplan.cli import app
+from kvplan.cli.app import app
 from kvplan.errors import ConfigError, ScenarioError
-from kvplan.files import MAX_JSON_DEPTH, parse_json, read_json, read_json_object, read_text
+from kvplan.io.files import MAX_JSON_DEPTH, parse_json, read_json, read_json_object, read_text
 
 runner = CliRunner()
 
@@ -48,7 +48,7 @@ def test_broken_files_raise_one_config_error_naming_the_file(tmp_path: Path, cas
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_cli_broken_config_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
-    """Before kvplan.files: invalid UTF-8, binary, huge ints and deep nesting ended in a traceback (exit 1)."""
+    """Before kvplan.io.files: invalid UTF-8, binary, huge ints and deep nesting ended in a traceback (exit 1)."""
     data, phrase = BROKEN[case]
     (tmp_path / "config.json").write_bytes(data)
     r = runner.invoke(app, ["estimate", str(tmp_path), "--json"])

@@ -55,7 +55,7 @@ def test_reading_a_small_file_does_not_allocate_the_size_bound(tmp_path):
     # files.read_bytes used read(64 MiB + 1): 64 MiB allocated for every YAML, config or trace read
     import tracemalloc
 
-    from kvplan.files import MAX_FILE_BYTES, read_text
+    from kvplan.io.files import MAX_FILE_BYTES, read_text
 
     path = tmp_path / "small.yaml"
     path.write_text("defaults: {}\n")
@@ -110,9 +110,9 @@ def test_models_at_80_columns_shows_every_id_whole():
 
 
 def test_check_at_80_columns_keeps_names_whole():
-    from kvplan.capacity import run_checks
+    from kvplan.checks.capacity import run_checks
     from kvplan.render.check import render_check
-    from kvplan.scenario import load_capacity
+    from kvplan.checks.scenario import load_capacity
 
     report = run_checks(load_capacity(ROOT / "docs" / "examples" / "capacity.yaml"), offline=True)
     lines = _render(render_check(report, width=80), 80)
@@ -153,8 +153,8 @@ def test_report_at_80_columns_shows_the_results_and_whole_ids(tmp_path, source):
     import shutil
 
     from kvplan.render.report import render_report
-    from kvplan.report import build_report
-    from kvplan.scenario import load_whatif
+    from kvplan.checks.report import build_report
+    from kvplan.checks.scenario import load_whatif
 
     if source == "docs":
         shutil.copy(ROOT / "docs" / "examples" / "whatif.yaml", tmp_path / "whatif.yaml")
@@ -388,7 +388,7 @@ def _plan(**kw):
 def test_suggestions_are_flags_that_parse_and_fit():
     # "try --context 80,464": the option rejects commas; every suggestion must re-plan and fit
     from kvplan.options import options_from_values
-    from kvplan.plan import estimate
+    from kvplan.planning.plan import estimate
 
     p = _plan(gpu="A100-40GB", context="128k", batch=4)
     # tp 2 does not fit 4 x 128k: the smallest tp that does is suggested (before: only the first, tp 2, was tried)
@@ -511,7 +511,7 @@ def test_a_validation_that_checks_no_request_does_not_pass():
 
 
 def test_moe_active_parameters_by_hand():
-    from kvplan.sources import load_spec
+    from kvplan.model.sources import load_spec
 
     spec, _ = load_spec("Qwen/Qwen3-30B-A3B", offline=True)
     # 48 MoE layers of 128 experts, 8 per token; an expert is 3 x 2,048 x 768 = 4,718,592 parameters.

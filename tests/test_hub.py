@@ -1,4 +1,4 @@
-"""kvplan.hub against a local Hub emulator (tests/hub_emulator.py): no network, no real weights."""
+"""kvplan.model.hub against a local Hub emulator (tests/hub_emulator.py): no network, no real weights."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvplan import hub as kvhub
+from kvplan.model import hub as kvhub
 from kvplan.errors import ConfigError, HubError, KvplanError, ModelNotFoundError
-from kvplan.sources import resolve_model
+from kvplan.model.sources import resolve_model
 
 try:
     from tests.hub_emulator import HubEmulator, VirtualFile, safetensors_header
@@ -210,7 +210,7 @@ def test_a_config_that_does_not_parse_is_not_kept_in_the_cache(hub: HubEmulator,
 def test_cli_hub_config_not_utf8_is_one_line_exit_2(hub: HubEmulator) -> None:
     from typer.testing import CliRunner
 
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     hub.add_repo(REPO, {"config.json": b'{"model_type": "llama\xff", "num_hidden_layers": 2}'})
     r = CliRunner().invoke(app, ["estimate", REPO, "--json"])
@@ -464,7 +464,7 @@ def test_broken_shard_header_falls_back_to_index_total_size(hub: HubEmulator) ->
 
 
 # ------------------------------------------------------------------------------------------------
-# through kvplan.sources
+# through kvplan.model.sources
 
 
 def test_resolve_model_force_hub_goes_through_hub_module(hub: HubEmulator) -> None:

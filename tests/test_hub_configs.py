@@ -17,7 +17,7 @@ import yaml
 
 from kvplan import memory
 from kvplan.errors import ConfigError
-from kvplan.spec import LayerKind, spec_from_config
+from kvplan.model.spec import LayerKind, spec_from_config
 from kvplan.units import parse_dtype
 
 HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"

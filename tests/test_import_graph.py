@@ -22,7 +22,7 @@ def _modules() -> dict[str, Path]:
 def import_graph() -> dict[str, set[str]]:
     """Module -> the kvplan modules it imports anywhere in its body (top level, functions, TYPE_CHECKING).
 
-    ``from kvplan import hub`` is an edge to ``kvplan.hub``; the package root itself is not a node an
+    ``from kvplan import hub`` is an edge to ``kvplan.model.hub``; the package root itself is not a node an
     import can close a cycle through (its API functions import lazily, by design).
     """
     modules = _modules()
@@ -87,16 +87,99 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_no_import_cycles() -> None:
-    """hub<->sources and spec<->hybrid were cycles (lazy imports both ways) before kvplan.model_source,
-    kvplan.modelspec and kvplan.config_reader took the shared types."""
+    """hub<->sources and spec<->hybrid were cycles (lazy imports both ways) before kvplan.model.source,
+    kvplan.model.modelspec and kvplan.model.config_reader took the shared types."""
     unexpected = [c for c in cycles(import_graph()) if c not in KNOWN_CYCLES]
     assert unexpected == []
 
 
 def test_the_source_layer_imports_nothing_downstream() -> None:
     graph = import_graph()
-    downstream = {"kvplan.memory", "kvplan.plan", "kvplan.engines", "kvplan.render", "kvplan.report", "kvplan.cli"}
-    for module in ("kvplan.files", "kvplan.model_source", "kvplan.hub", "kvplan.modelspec", "kvplan.config_reader",
-                   "kvplan.hybrid", "kvplan.params", "kvplan.quant", "kvplan.checkpoint", "kvplan.spec",
-                   "kvplan.sources"):
+    downstream = {"kvplan.memory", "kvplan.planning.plan", "kvplan.engines", "kvplan.render", "kvplan.checks.report", "kvplan.cli.app"}
+    for module in ("kvplan.io.files", "kvplan.model.source", "kvplan.model.hub", "kvplan.model.modelspec", "kvplan.model.config_reader",
+                   "kvplan.model.hybrid", "kvplan.model.params", "kvplan.model.quant", "kvplan.model.checkpoint", "kvplan.model.spec",
+                   "kvplan.model.sources"):
         assert not {d for d in graph[module] if any(d == x or d.startswith(x + ".") for x in downstream)}, module
+
+
+# ---------------------------------------------------------------------------------------------------
+# The stage order: each package (and each shared module kept flat in kvplan/) says in its docstring what
+# it may import ("May import: ..."); an import against that order fails here, so the docstrings cannot drift.
+
+FLAT_LIMIT = 8  # modules directly in kvplan/ besides __init__.py and __main__.py
+
+
+def _stage(module: str) -> str:
+    """``kvplan.model.hub.request`` -> ``kvplan.model``: the stage a module belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+def declared_imports() -> dict[str, set[str] | str]:
+    """Stage -> the stages its docstring allows (a set), or ``"*"`` / ``"* but X"`` for the top stages."""
+    import re
+
+    out: dict[str, set[str] | str] = {}
+    stages = {_stage(m) for m in _modules()}
+    for stage in stages:
+        path = _modules()[stage]
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        match = re.search(r"May import: (.+?)(?:\n\n|$)", doc, re.S)
+        assert match, f"{path}: the docstring does not say what it may import ('May import: ...')"
+        text = " ".join(match.group(1).split())
+        text = re.sub(r"\s*\(.*\)$", "", text)
+        if text == "nothing in kvplan":
+            out[stage] = set()
+        elif text == "anything in kvplan":
+            out[stage] = "*"
+        elif text.startswith("anything in kvplan but "):
+            out[stage] = "* but " + text.removeprefix("anything in kvplan but ")
+        else:
+            names = {n.strip() for n in text.split(",")}
+            unknown = names - stages
+            assert not unknown, f"{path}: 'May import' names what does not exist: {sorted(unknown)}"
+            out[stage] = names
+    return out
+
+
+def _allowed(declared: dict[str, set[str] | str], stage: str, target: str) -> bool:
+    rule = declared[stage]
+    if rule == "*":
+        return True
+    if isinstance(rule, str):
+        return target != rule.removeprefix("* but ")
+    return target in rule
+
+
+def test_at_most_eight_flat_modules_and_every_package_documented() -> None:
+    flat = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(flat) <= FLAT_LIMIT, flat
+    for init in PACKAGE.rglob("__init__.py"):
+        assert ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), f"{init} has no docstring"
+
+
+def test_every_import_follows_the_declared_stage_order() -> None:
+    declared = declared_imports()
+    against = sorted(f"{module} imports {dep}" for module, deps in import_graph().items() for dep in deps
+                     if _stage(module) != _stage(dep) and not _allowed(declared, _stage(module), _stage(dep)))
+    assert against == []
+
+
+def test_the_declared_order_has_no_cycle_and_packages_import_no_cycle() -> None:
+    declared = declared_imports()
+    stages = set(declared)
+    graph = {s: ({t for t in stages if t != s and _allowed(declared, s, t)}) for s in stages}
+    # the top stages ("anything") may import everything; the order below them must be acyclic
+    bounded = {s: {t for t in deps if isinstance(declared[t], set)} for s, deps in graph.items()
+               if isinstance(declared[s], set)}
+    assert cycles(bounded) == []
+    actual: dict[str, set[str]] = {}
+    for module, deps in import_graph().items():
+        actual.setdefault(_stage(module), set()).update(_stage(d) for d in deps if _stage(d) != _stage(module))
+    assert cycles(actual) == []
+
+
+def test_an_import_against_the_order_is_caught() -> None:
+    declared = declared_imports()
+    assert not _allowed(declared, "kvplan.model", "kvplan.planning")
+    assert not _allowed(declared, "kvplan.render", "kvplan.cli")
+    assert _allowed(declared, "kvplan.cli", "kvplan.render")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvplan import memory
 from kvplan.errors import InputError
-from kvplan.spec import LayerCache, LayerKind, spec_from_config
+from kvplan.model.spec import LayerCache, LayerKind, spec_from_config
 from kvplan.units import parse_dtype
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"

@@ -32,9 +32,9 @@ from dataclasses import replace
 import pytest
 
 from kvplan.engines import sglang, vllm
-from kvplan.modelspec import RopeScaling
-from kvplan.plan import Options, plan_for_spec
-from kvplan.spec import spec_from_config
+from kvplan.model.modelspec import RopeScaling
+from kvplan.planning.plan import Options, plan_for_spec
+from kvplan.model.spec import spec_from_config
 from kvplan.units import GiB
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvplan.sources import bundled_ids, load_bundled, specs_dir
+from kvplan.model.sources import bundled_ids, load_bundled, specs_dir
 
 HUB_CONFIGS = Path("/work/shared/hub-configs")
 
@@ -175,7 +175,7 @@ def test_plain_attention_kv_bytes_match_manifest(entry):
 
 
 def _bundled_spec(model_id: str):
-    from kvplan.spec import build_spec
+    from kvplan.model.spec import build_spec
 
     return build_spec(load_bundled(model_id))
 

@@ -1,4 +1,4 @@
-"""A missing field takes the default of its model type's transformers config class (kvplan/model_types.py).
+"""A missing field takes the default of its model type's transformers config class (kvplan/model/model_types.py).
 
 Each test is a config shape kvplan got wrong or refused before the generated table
 (kvplan/data/model_type_defaults.json); the numbers are derived by hand in the comments.
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvplan import memory, model_types
+from kvplan import memory
+from kvplan.model import model_types
 from kvplan.errors import ConfigError
-from kvplan.spec import LayerKind, spec_from_config
+from kvplan.model.spec import LayerKind, spec_from_config
 from kvplan.units import parse_dtype
 
 BF16 = parse_dtype("bf16")

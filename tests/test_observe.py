@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 import kvplan
-from kvplan.cli import app
+from kvplan.cli.app import app
 from kvplan.errors import InputError
 from kvplan.observe.gates import evaluate, parse_gate
 from kvplan.observe.metrics import PageError, parse_page
@@ -724,7 +724,7 @@ def test_ctrl_c_ends_cleanly_with_the_summary():
 
 
 def test_estimate_start_up_does_not_import_prometheus_client():
-    code = ("import sys\nfrom kvplan.cli import main\n"
+    code = ("import sys\nfrom kvplan.cli.app import main\n"
             "sys.argv = ['kvplan', 'estimate', 'meta-llama/Llama-3.1-8B', '--json']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "sys.stderr.write(str('prometheus_client' in sys.modules))\n")

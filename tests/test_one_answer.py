@@ -34,11 +34,11 @@ from kvplan import memory
 from kvplan.errors import InputError
 from kvplan.paged.allocator import BlockAllocator, GroupSpec
 from kvplan.paged.groups import allocator_groups, exact_layout, plan_allocator
-from kvplan.plan import Options, Plan, plan_for_spec
-from kvplan.report import Pool, make_row
-from kvplan.simulate import config_from_plan
-from kvplan.sources import bundled_ids, load_bundled
-from kvplan.spec import build_spec
+from kvplan.planning.plan import Options, Plan, plan_for_spec
+from kvplan.checks.report import Pool, make_row
+from kvplan.sim.simulate import config_from_plan
+from kvplan.model.sources import bundled_ids, load_bundled
+from kvplan.model.spec import build_spec
 
 CONTEXTS = (1024, 8192, 32768)
 # (gpu, engine, engine_version): the default vLLM, two older releases with other refusal / token rules,
@@ -303,7 +303,7 @@ def test_auto_on_v0_settles_on_the_pool_the_engine_sizes_for_that_length():
     # on an A10G the pool planned for --context 8k ran 27,344 tokens, whose own pool V0 refused to batch
     # ("max_num_batched_tokens 8192 is below max_model_len 27344"). auto now answers a length whose own pool
     # runs it, and the same deployment planned with that length written out gives the same blocks.
-    from kvplan.plan import estimate, options_from_values
+    from kvplan.planning.plan import estimate, options_from_values
 
     given = {"model": "meta-llama/Llama-3.1-8B", "gpu": "A10G", "engine_version": "0.6"}
     auto = estimate(options_from_values({**given, "max_model_len": "auto"}))

@@ -21,7 +21,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_import_is_light():
-    code = "import sys, kvplan.cli; print([m for m in {!r} if m in sys.modules])".format(HEAVY)
+    code = "import sys, kvplan.cli.app; print([m for m in {!r} if m in sys.modules])".format(HEAVY)
     r = _python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -30,7 +30,7 @@ def test_cli_import_is_light():
 def test_estimate_imports_no_torch_or_matplotlib():
     code = (
         "import sys\n"
-        "from kvplan.cli import main\n"
+        "from kvplan.cli.app import main\n"
         "sys.argv = ['kvplan', 'estimate', 'meta-llama/Llama-3.1-8B', '--gpu', 'H100', '--json']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "sys.stderr.write(repr([m for m in {!r} if m in sys.modules]))\n".format(HEAVY)
@@ -47,7 +47,7 @@ def test_python_dash_m_works():
 
 def test_every_module_imports_in_a_fresh_interpreter():
     names = [m.name for m in pkgutil.walk_packages(kvplan.__path__, "kvplan.")]
-    assert "kvplan.memory" in names and "kvplan.cli" in names
+    assert "kvplan.memory" in names and "kvplan.cli.app" in names
     for name in names:
         r = _python(f"import {name}")
         assert r.returncode == 0, f"{name}: {r.stderr[-500:]}"
@@ -66,7 +66,7 @@ def test_wheel_contains_model_specs_and_finds_them(tmp_path):
     # installed from the wheel (unpacked, no checkout on the path), the bundled specs are found
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = "import kvplan.sources as s; print(s.specs_dir()); print(len(s.bundled_ids()))"
+    code = "import kvplan.model.sources as s; print(s.specs_dir()); print(len(s.bundled_ids()))"
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr

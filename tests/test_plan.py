@@ -7,9 +7,9 @@ from hypothesis import given, settings, strategies as st
 
 from kvplan import memory
 from kvplan.errors import InputError
-from kvplan.plan import Options, estimate, options_from_values, plan_for_spec
-from kvplan.sources import load_bundled
-from kvplan.spec import LayerKind, build_spec
+from kvplan.planning.plan import Options, estimate, options_from_values, plan_for_spec
+from kvplan.model.sources import load_bundled
+from kvplan.model.spec import LayerKind, build_spec
 from kvplan.units import GiB, parse_dtype
 
 LLAMA = "meta-llama/Llama-3.1-8B"

@@ -12,8 +12,8 @@ from kvplan.errors import ConfigError  # noqa: E402
 from kvplan.paged.allocator import BlockAllocator  # noqa: E402
 from kvplan.paged.attention import slot_mapping, write_slots  # noqa: E402
 from kvplan.paged.pool import allocate_pool, used_blocks  # noqa: E402
-from kvplan.sources import bundled_ids, load_bundled  # noqa: E402
-from kvplan.spec import LayerCache, LayerKind, build_spec  # noqa: E402
+from kvplan.model.sources import bundled_ids, load_bundled  # noqa: E402
+from kvplan.model.spec import LayerCache, LayerKind, build_spec  # noqa: E402
 from kvplan.units import parse_dtype  # noqa: E402
 
 BF16 = parse_dtype("bf16")

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from kvplan import quant
+from kvplan.model import quant
 from kvplan.errors import ConfigError
-from kvplan.model_source import WeightFacts
-from kvplan.params import Tensors
-from kvplan.plan import Options, estimate, plan_for_spec
-from kvplan.sources import load_bundled, load_spec
-from kvplan.spec import spec_from_config
+from kvplan.model.source import WeightFacts
+from kvplan.model.params import Tensors
+from kvplan.planning.plan import Options, estimate, plan_for_spec
+from kvplan.model.sources import load_bundled, load_spec
+from kvplan.model.spec import spec_from_config
 from tests.test_hardening import assert_one_line, kvplan
 
 HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvplan.cli import app
-from kvplan.plan import estimate, options_from_values
-from kvplan.report import LABEL_FIELDS, ROW_FIELDS, Pool, build_report, make_row
-from kvplan.scenario import load_whatif
+from kvplan.cli.app import app
+from kvplan.planning.plan import estimate, options_from_values
+from kvplan.checks.report import LABEL_FIELDS, ROW_FIELDS, Pool, build_report, make_row
+from kvplan.checks.scenario import load_whatif
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
@@ -277,7 +277,7 @@ def test_streamed_outputs_equal_the_whole_report(tmp_path):
 _PEAK = """
 import sys, tracemalloc
 from typer.testing import CliRunner
-from kvplan.cli import app
+from kvplan.cli.app import app
 runner = CliRunner()
 assert runner.invoke(app, ["report", sys.argv[1], "--offline"]).exit_code == 0  # imports are not the report's memory
 tracemalloc.start()
@@ -311,7 +311,7 @@ def test_a_large_report_is_announced_and_streamed_in_flat_memory(tmp_path):
 
 
 def test_output_paths_are_checked_before_the_work(tmp_path, monkeypatch):
-    from kvplan import report as report_mod
+    from kvplan.checks import report as report_mod
 
     monkeypatch.setattr(report_mod.Sweep, "plan", lambda self, progress=None: pytest.fail("planned before the check"))
     (tmp_path / "file").write_text("not a folder")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvplan.cli import app
-from kvplan.scenario import load_capacity, load_whatif
-from kvplan.yamldoc import ScenarioFileError
+from kvplan.cli.app import app
+from kvplan.checks.scenario import load_capacity, load_whatif
+from kvplan.io.yamldoc import ScenarioFileError
 
 runner = CliRunner()
 
@@ -232,7 +232,7 @@ def test_scenario_errors_are_located(tmp_path):
 
 
 def test_import_cli_does_not_import_pydantic():
-    code = "import sys, kvplan.cli; bad = [m for m in ('pydantic', 'matplotlib', 'torch') if m in sys.modules]; print(bad)"
+    code = "import sys, kvplan.cli.app; bad = [m for m in ('pydantic', 'matplotlib', 'torch') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]"
@@ -362,7 +362,7 @@ def test_every_kind_of_check_mistake_is_listed_with_the_others(tmp_path, drop):
 
 
 def test_errors_past_the_limit_are_counted(tmp_path):
-    from kvplan.yamldoc import MAX_FILE_ERRORS
+    from kvplan.io.yamldoc import MAX_FILE_ERRORS
 
     checks = "".join(f"  - {{name: c{i}, tp: x, require: {{fits: true}}}}\n" for i in range(MAX_FILE_ERRORS + 5))
     path = write(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n" + checks)

@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from kvplan import memory
 from kvplan.paged.allocator import FULL, GroupSpec
-from kvplan.yamldoc import ScenarioFileError
-from kvplan.simulate import (
+from kvplan.io.yamldoc import ScenarioFileError
+from kvplan.sim.simulate import (
     Pool, Request, RequestSource, Scheduler, SimConfig, Timing, config_from_plan, simulate, window_sum,
 )
-from kvplan.workload import load_workload, run_workload
+from kvplan.sim.workload import load_workload, run_workload
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 runner = CliRunner()
@@ -216,7 +216,7 @@ def test_taking_k_steps_at_once_is_exact(shared, monkeypatch):
 
 def test_closed_loop_keeps_users_busy():
     wl = load_workload(EXAMPLES / "shared_prompt.yaml")
-    from kvplan.simulate import ClosedLoop
+    from kvplan.sim.simulate import ClosedLoop
 
     wl = replace(wl, rate=None, closed_loop=ClosedLoop(8, 0.5), duration_s=30.0, policies=("paged",))
     r = run_workload(wl, record_series=False).result.results[0]
@@ -226,7 +226,7 @@ def test_closed_loop_keeps_users_busy():
 
 
 def test_config_from_plan_maps_the_layout():
-    from kvplan.plan import estimate, options_from_values
+    from kvplan.planning.plan import estimate, options_from_values
 
     plan = estimate(options_from_values({"model": "google/gemma-2-9b-it", "gpu": "H100", "kv_budget": "4GiB", "context": 8192}))
     config, _ = config_from_plan(plan)
@@ -240,7 +240,7 @@ def test_config_from_plan_maps_the_layout():
 
 
 def test_prefill_cost_from_flops():
-    from kvplan.plan import estimate, options_from_values
+    from kvplan.planning.plan import estimate, options_from_values
 
     plan = estimate(options_from_values({"model": "meta-llama/Llama-3.1-8B", "gpu": "H100", "kv_budget": "4GiB"}))
     config, _ = config_from_plan(plan, prefill_efficiency=0.5)
@@ -315,7 +315,7 @@ def test_plan_from_a_capacity_check(tmp_path):
 
 
 def test_cli_json(tmp_path):
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: 20\nprefixes: [{tokens: 512, share: 0.5}]\n")
     r = runner.invoke(app, ["simulate", str(path), "--json", "--seed", "3"])
@@ -331,7 +331,7 @@ def test_cli_json(tmp_path):
 
 def test_cli_table_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: 20\n")
     png = tmp_path / "pool.png"
@@ -342,7 +342,7 @@ def test_cli_table_and_plot(tmp_path):
 
 
 def test_cli_bad_file_exits_2_with_location(tmp_path):
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: lots\n")
     r = runner.invoke(app, ["simulate", str(path)])
@@ -369,7 +369,7 @@ def _one_line_error(r):
                                           ("-inf", "not a finite number"), ("0", "must be > 0"), ("-5", "must be > 0")])
 def test_cli_duration_must_be_finite_and_positive(value, needle):
     # nan used to pass "must be positive" (nan <= 0 is False) and ran forever at ~4 MB/s
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     r = runner.invoke(app, ["simulate", str(EXAMPLES / "shared_prompt.yaml"), "--duration", value])
     assert needle in _one_line_error(r) and "--duration" in r.stderr
@@ -405,7 +405,7 @@ def test_api_rejects_non_finite_numbers():
 def test_a_million_requests_per_second_for_an_hour_is_refused_with_the_numbers():
     # used to grow to 24 GB and be OOM-killed with nothing printed; now refused before any work:
     # 1,000,000 req/s x 3,600 s = 3.6e9 requests x (1 prefill + 199 decode steps) x 3 policies = 2.2e12
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     text = BASE.replace("arrivals: {rate: 2}", "arrivals: {rate: 1000000}").replace("duration_s: 10", "duration_s: 3600")
     import tempfile
@@ -421,7 +421,7 @@ def test_a_million_requests_per_second_for_an_hour_is_refused_with_the_numbers()
 
 
 def test_work_estimate_by_hand():
-    from kvplan.simulate import MAX_WORK, estimate_work
+    from kvplan.sim.simulate import MAX_WORK, estimate_work
 
     pool = tiny(max_model_len=4096, mnbt=2048)
     # 100 requests of 5,000-token prompts (3 prefill chunks of <= 2,048) and 10 output tokens (9 more steps)
@@ -434,7 +434,7 @@ def test_work_estimate_by_hand():
 
 def test_workload_work_counts_closed_loops_and_num_requests():
     wl = load_workload(EXAMPLES / "shared_prompt.yaml")
-    from kvplan.simulate import ClosedLoop
+    from kvplan.sim.simulate import ClosedLoop
 
     pool = tiny(max_model_len=4096, mnbt=8192)
     w = wl.work(pool, 0.005)
@@ -448,10 +448,10 @@ def test_workload_work_counts_closed_loops_and_num_requests():
 
 
 def test_force_runs_past_the_bound_and_the_runtime_stop(monkeypatch):
-    from kvplan import simulate as sim
+    from kvplan.sim import simulate as sim
     from kvplan.errors import InputError
     from kvplan.sim import scheduler
-    from kvplan.simulate import Work
+    from kvplan.sim.simulate import Work
 
     monkeypatch.setattr(scheduler, "TICK_EVENTS", 16)
 
@@ -540,18 +540,18 @@ def test_series_recorder_is_bounded_and_covers_the_run():
 @pytest.fixture
 def no_simulation(monkeypatch):
     """Fail the test if the simulation runs (the path must be refused first)."""
-    import kvplan.workload
+    import kvplan.sim.workload
 
     def boom(*a, **k):
         raise AssertionError("the simulation ran before the plot path was checked")
 
-    monkeypatch.setattr(kvplan.workload, "run_workload", boom)
+    monkeypatch.setattr(kvplan.sim.workload, "run_workload", boom)
 
 
 @pytest.mark.parametrize("name,needle", [("pool.txt", "unknown image format '.txt'"), (".", "it is a folder"),
                                          ("file/pool.png", "is not a folder")])
 def test_plot_path_refused_before_the_work(tmp_path, no_simulation, name, needle):
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     (tmp_path / "file").write_text("a file, not a folder")
     path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: 20\n")
@@ -565,7 +565,7 @@ def test_plot_into_a_read_only_folder_is_refused_before_the_work(tmp_path, no_si
     import shutil
     import subprocess
 
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: 20\n")
     ro = tmp_path / "ro"
@@ -590,7 +590,7 @@ def test_plot_into_a_read_only_folder_is_refused_before_the_work(tmp_path, no_si
 
 def test_plot_without_a_suffix_writes_png_and_says_so(tmp_path):
     pytest.importorskip("matplotlib")
-    from kvplan.cli import app
+    from kvplan.cli.app import app
 
     path = _write(tmp_path, BASE + "prompt_tokens: 100\noutput_tokens: 20\n")
     r = runner.invoke(app, ["simulate", str(path), "--policy", "paged", "--plot", str(tmp_path / "p")])

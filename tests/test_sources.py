@@ -1,12 +1,12 @@
-"""kvplan.sources.load_spec: the one cache of resolved specs (estimate, check, report, models show)."""
+"""kvplan.model.sources.load_spec: the one cache of resolved specs (estimate, check, report, models show)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from kvplan.sources import clear_spec_cache, load_spec
-from kvplan.spec import Overrides
+from kvplan.model.sources import clear_spec_cache, load_spec
+from kvplan.model.spec import Overrides
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "vocab_size": 1000, "torch_dtype": "bfloat16"}
@@ -42,6 +42,6 @@ def test_capacity_and_report_share_the_cache(tmp_path: Path) -> None:
                             "checks": [{"name": "a", "require": {"concurrency": 1}}]})
     swept = kvplan.sweep({"defaults": {"model": str(tmp_path), "weights_gib": 1}, "sweep": {"gpu": ["H100", "L4"]}})
     assert checked.results and swept.rows
-    from kvplan import sources
+    from kvplan.model import sources
 
     assert len(sources._SPECS) == 1  # one resolution served the check and both report rows

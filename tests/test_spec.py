@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from kvplan import memory
 from kvplan.errors import ConfigError, KvplanError
-from kvplan.sources import load_bundled
-from kvplan.spec import LayerKind, Overrides, spec_from_config
+from kvplan.model.sources import load_bundled
+from kvplan.model.spec import LayerKind, Overrides, spec_from_config
 from kvplan.units import parse_dtype
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"

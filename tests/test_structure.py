@@ -42,7 +42,7 @@ def test_no_engine_branches_outside_the_engines_package() -> None:
 
 def test_no_engine_version_literals_in_plan() -> None:
     """Which release does what is the engines' business (their profiles), not plan.py's."""
-    text = (PACKAGE / "plan.py").read_text(encoding="utf-8")
+    text = (PACKAGE / "planning" / "plan.py").read_text(encoding="utf-8")
     assert re.findall(r"""["']\d+\.\d+["']""", text) == []
 
 
@@ -52,10 +52,10 @@ def test_every_option_is_declared_once_in_the_table() -> None:
 
     import typer.main
 
-    from kvplan.cli import app
+    from kvplan.cli.app import app
     from kvplan.options import CLI_OPTIONS, KINDS, OPTIONS, YAML_OPTIONS, Options
-    from kvplan.scenario import OptionsModel
-    from kvplan.yamltypes import KIND_TYPES, OPTION_FIELDS
+    from kvplan.checks.scenario import OptionsModel
+    from kvplan.checks.fields import KIND_TYPES, OPTION_FIELDS
 
     assert all(o.kind in KINDS and o.kind in KIND_TYPES for o in OPTIONS)
     command = typer.main.get_command(app)
@@ -70,15 +70,15 @@ def test_every_option_is_declared_once_in_the_table() -> None:
 
 
 def test_docs_name_functions_that_exist_and_every_json_key() -> None:
-    """docs/math.md's "Where each rule lives" names real functions; docs/cli.md's JSON table lists every key."""
+    """docs/architecture.md's "Where each rule lives" names real functions; docs/cli.md's JSON table lists every key."""
     import importlib
 
     import kvplan
 
     repo = PACKAGE.parent
-    math_md = (repo / "docs" / "math.md").read_text(encoding="utf-8")
-    table = math_md[math_md.index("## 7. Where each rule lives"):]
-    names = set(re.findall(r"`((?:memory|engines|plan|paged|hybrid|answer)(?:\.\w+)+)`", table))
+    math_md = (repo / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = math_md[math_md.index("## Where each rule lives"):]
+    names = set(re.findall(r"`((?:memory|engines|planning|paged|model)(?:\.\w+)+)`", table))
     assert len(names) > 25
     for dotted in names:
         module_path, _, attr = f"kvplan.{dotted}".rpartition(".")

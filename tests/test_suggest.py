@@ -5,7 +5,7 @@ Before: Llama-3.2-Vision on a vLLM release that dropped mllama got "try a bigger
 ``kvplan check`` offered "require concurrency <= 0"; gpt2 with ``--prefix-tokens 2k`` got ``--context 1024``,
 which the options then reject (prefix past the context); ``--max-model-len auto`` with ``--kv-dtype fp8``
 hinted "use --kv-dtype fp8". A suggestion is now a set of option changes validated like user input
-(:func:`kvplan.suggest.revise`), re-planned, and printed from the difference (:func:`kvplan.suggest.spell`).
+(:func:`kvplan.planning.suggest.revise`), re-planned, and printed from the difference (:func:`kvplan.planning.suggest.spell`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from kvplan.capacity import run_checks
+from kvplan.checks.capacity import run_checks
 from kvplan.errors import InputError
 from kvplan.options import OPTIONS
-from kvplan.plan import options_from_values, plan_for_spec
-from kvplan.scenario import load_capacity
-from kvplan.sources import bundled_ids, load_bundled, load_spec
-from kvplan.spec import build_spec
+from kvplan.planning.plan import options_from_values, plan_for_spec
+from kvplan.checks.scenario import load_capacity
+from kvplan.model.sources import bundled_ids, load_bundled, load_spec
+from kvplan.model.spec import build_spec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cross_attention import LLAMA_32_90B_VISION  # noqa: E402
@@ -101,7 +101,7 @@ def test_every_estimate_suggestion_pasted_parses_and_fits(values):
 @pytest.mark.parametrize("size,spelled", [(24 << 30, "24GiB"), (1536 << 20, "1536MiB"), (3 << 40, "3TiB"),
                                           (1000, "1000B"), ((8 << 30) + 1, "8589934593B")])
 def test_a_suggested_size_is_spelled_in_a_unit_a_person_reads_and_the_option_takes_back(size, spelled):
-    from kvplan.suggest import spell_value
+    from kvplan.planning.suggest import spell_value
 
     assert spell_value("kv_budget_bytes", size) == spelled  # was "25769803776B" for 24 GiB
     assert options_from_values({"model": "x", "kv_budget": spelled}).kv_budget_bytes == size

@@ -59,7 +59,7 @@ def test_decoders_kvplan_does_not_model_are_refused_with_the_reason(model_type: 
 
 @pytest.mark.parametrize(("model_type", "why"), sorted(NOT_DECODERS.items()))
 def test_models_without_a_text_decoder_are_refused(model_type: str, why: str, work: Path):
-    from kvplan import model_types
+    from kvplan.model import model_types
 
     result = sweep.check_non_decoder(model_type, model_types.role(model_type) or "", work)
     assert result.outcome == "refused" and why in result.reason

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvplan.cli import app
+from kvplan.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -23,7 +23,7 @@ def run(*args: str):
 
 
 def test_import_kvplan_cli_and_the_command_stay_torch_free():
-    code = ("import sys, kvplan.cli, kvplan.commands.validate, kvplan.paged.validate, kvplan.paged.distributed; "
+    code = ("import sys, kvplan.cli.app, kvplan.cli.commands.validate, kvplan.paged.validate, kvplan.paged.distributed; "
             "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
@@ -162,7 +162,7 @@ def test_a_pool_bigger_than_the_machine_is_refused_with_a_hint():
 
 def test_progress_reaches_the_planned_concurrency():
     from kvplan.paged.validate import validate_plan
-    from kvplan.plan import estimate, options_from_values
+    from kvplan.planning.plan import estimate, options_from_values
 
     plan = estimate(options_from_values({"model": "tiiuae/falcon-7b", "gpu": "cpu", "gpu_memory": "8GiB",
                                          "kv_budget": "0.25GiB", "context": "512"}))
@@ -176,7 +176,7 @@ def test_progress_reaches_the_planned_concurrency():
 
 def test_pipeline_stage_layouts():
     from kvplan.paged.validate import rank_layout
-    from kvplan.plan import estimate, options_from_values
+    from kvplan.planning.plan import estimate, options_from_values
 
     plan = estimate(options_from_values({"model": "meta-llama/Llama-3.1-8B", "gpu": "cpu", "gpu_memory": "8GiB",
                                          "kv_budget": "0.25GiB", "tp": 2, "pp": 2}))
@@ -223,7 +223,7 @@ def test_validate_takes_every_estimate_option():
 
     import typer.main
 
-    from kvplan import cli
+    from kvplan.cli import app as cli
 
     estimate_options = set(inspect.signature(cli.estimate).parameters) - {"json_out"}
     validate = typer.main.get_command(app).commands["validate"]

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from kvplan.options import Options
-from kvplan.plan import plan_for_spec
-from kvplan.spec import LayerKind, spec_from_config
+from kvplan.planning.plan import plan_for_spec
+from kvplan.model.spec import LayerKind, spec_from_config
 from kvplan.units import GiB
 
 BUDGET = GiB // 4  # 268,435,456 B

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 import kvplan
-from kvplan.cli import app
+from kvplan.cli.app import app
 from kvplan.engines import quantization_weights
 from kvplan.errors import InputError
 from kvplan.units import GiB

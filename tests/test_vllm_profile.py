@@ -11,9 +11,9 @@ import pytest
 from kvplan.engines import Device, Term, vllm
 from kvplan.engines.vllm_profile import image_profile, rope_cache_bytes
 from kvplan.memory import num_blocks
-from kvplan.plan import Options, plan_for_spec
-from kvplan.sources import load_bundled
-from kvplan.spec import build_spec, spec_from_config
+from kvplan.planning.plan import Options, plan_for_spec
+from kvplan.model.sources import load_bundled
+from kvplan.model.spec import build_spec, spec_from_config
 
 H100 = 85_045_477_376  # the catalogue's CUDA total of an H100 SXM
 H100_DEVICE = Device("cuda", 132, "nvlink-switch")

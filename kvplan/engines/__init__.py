@@ -10,6 +10,8 @@ interface below); :func:`kvplan.engines.registry.engine` finds one by name. Noth
 package asks which engine it is: it asks the engine. Any PEP 440 version string (``0.19.0``,
 ``0.15.2rc1.dev93+g11a4c9d30``) maps to the modelled release whose range covers it
 (:func:`resolve_release`). The derivations and their sources are in docs/engines.md.
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Protocol
 from kvplan.errors import InputError
 from kvplan.memory import UNBOUNDED_TOKENS, Demand, PoolLayout
 from kvplan.options import USAGE_CONTEXTS as USAGE_CONTEXTS  # re-exported for the engine modules
-from kvplan.spec import ModelSpec
+from kvplan.model.spec import ModelSpec
 from kvplan.units import scaled
 
 
@@ -313,7 +315,7 @@ class Engine(Protocol):
     def idle_reason(self, engine: EngineDefaults, max_model_len: int, per_request_blocks: int, blocks: int,
                     longest_runs: int) -> str:
         """Why the engine starts with ``max_model_len`` although no request that long runs (one line), when
-        :meth:`Deployment <kvplan.answer.Deployment.idle_reason>` finds so; ``longest_runs``: the longest that runs."""
+        :meth:`Deployment <kvplan.planning.answer.Deployment.idle_reason>` finds so; ``longest_runs``: the longest that runs."""
 
     def model_max_len(self, engine: EngineDefaults, spec: ModelSpec) -> ModelLength:
         """The longest max_model_len the engine accepts for ``spec`` (from max_position_embeddings and rope

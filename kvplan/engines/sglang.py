@@ -26,7 +26,7 @@ from kvplan import memory
 from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, ModelLength, Term, launch_flags,
                             length_refusal, release_ranges, resolve_release, scaled_length)
 from kvplan.errors import InputError
-from kvplan.spec import LayerCache, ModelSpec
+from kvplan.model.spec import LayerCache, ModelSpec
 from kvplan.units import DType, GiB, MiB, plural
 
 ENGINE = "sglang"

@@ -23,7 +23,7 @@ from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's r
     default_prefix_caching, inflight_tokens, kv_tokens, model_max_len, refusal, release_of, report, request_limit,
     idle_reason, longest_start, serve_command, serving_release, ssm_dtype, start_blocks, starts)
 from kvplan.errors import InputError
-from kvplan.spec import LayerKind, ModelSpec
+from kvplan.model.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, MiB, plural
 
 ENGINE = "vllm"

@@ -3,7 +3,7 @@
 - **Rotary tables** (:func:`rope_cache_bytes`): ``get_rope`` builds each distinct cos/sin table once while the
   model loads (``RotaryEmbedding.__init__``: ``cache.to(dtype)``, a non-persistent buffer), so vLLM's
   "Model loading took" includes them; kvplan keeps the weights term at the checkpoint's bytes and counts the
-  tables in overhead. Rows per table: :mod:`kvplan.rope_vision`.
+  tables in overhead. Rows per table: :mod:`kvplan.model.rope_vision`.
 - **The multimodal profile** (:func:`image_profile`, V1 engine): before the text forward, ``profile_run``
   builds ``_get_mm_dummy_batch(modality, max_items_per_batch)`` - that many images of the largest size,
   moved to the GPU in the model dtype - runs the encoder on them (``embed_multimodal``) and keeps the
@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvplan.modelspec import ModelSpec
+from kvplan.model.modelspec import ModelSpec
 from kvplan.units import plural
 
 MM_LIMIT_PER_PROMPT = 999  # vLLM's default --limit-mm-per-prompt for a modality it is not told about
@@ -71,7 +71,7 @@ class ImageProfile:
 def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
     """The rotary cos/sin tables vLLM allocates while loading (kvplan: in "overhead"), replicated on every rank.
 
-    ``sum(positions x rotary_dim) x dtype bytes`` over the spec's distinct tables (:mod:`kvplan.rope_vision`):
+    ``sum(positions x rotary_dim) x dtype bytes`` over the spec's distinct tables (:mod:`kvplan.model.rope_vision`):
     Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are 14.9888 GiB against a 14.9577 GiB
     checkpoint; Llama-3-8B at 8,192 positions: 2 MiB, 14.9595 GiB); Gemma-3-27B a local table of 131,072 rows
     and a global one of 131,072 x 8 (linear scaling) = 288 MiB. MLA models rotate only ``qk_rope_head_dim``

@@ -14,7 +14,7 @@ from kvplan import memory
 from kvplan.engines import (EngineDefaults, Launch, ModelLength, launch_flags, length_refusal, release_tuple,
                             scaled_length)
 from kvplan.errors import InputError
-from kvplan.spec import ModelSpec
+from kvplan.model.spec import ModelSpec
 from kvplan.units import GiB, plural
 
 ENGINE = "vllm"

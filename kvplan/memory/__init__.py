@@ -15,6 +15,8 @@ Vocabulary (vLLM v1's, see DESIGN.md section 4a):
   ``group_size x page`` bytes and backs one page in every group;
 - a request at length L needs, per group, ``ceil(L / block_size)`` blocks (full attention) or fewer
   (sliding window, chunked attention, fixed state).
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.model
 """
 
 from kvplan.memory.capacity import (

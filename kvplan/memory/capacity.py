@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from kvplan.errors import InputError
-from kvplan.spec import LayerCache, LayerKind, ModelSpec
+from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
 from kvplan.units import DType, cdiv
 
 from kvplan.memory.layout import KVGroup, PoolLayout, layer_state_bytes, layer_token_bytes

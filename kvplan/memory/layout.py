@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from kvplan.errors import InputError
-from kvplan.spec import LayerCache, LayerKind, ModelSpec
+from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
 from kvplan.units import DType, cdiv, parse_dtype, plural
 
 DEFAULT_BLOCK_SIZE = 16
@@ -130,7 +130,7 @@ def shard_layer(layer: LayerCache, tp: int) -> LayerCache:
         return layer
     if layer.is_state:
         if layer.state_dims:
-            from kvplan.hybrid import state_elements
+            from kvplan.model.hybrid import state_elements
 
             conv, ssm = state_elements(layer.state_kind, layer.state_dims, tp)
             return replace(layer, conv_elements=conv, ssm_elements=ssm)

@@ -10,4 +10,7 @@ judges ``--require`` expressions. Nothing here prints or exits; ``kvplan/render/
 
 ``prometheus_client`` (its text-format parser) is imported only when a page is parsed, so the rest of
 kvplan starts without it.
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
+kvplan.engines, kvplan.planning, kvplan.checks
 """

@@ -1,6 +1,6 @@
 """The observation beside the plan for the same deployment.
 
-The plan is :func:`kvplan.plan.estimate` on the command line's estimate options, exactly what
+The plan is :func:`kvplan.planning.plan.estimate` on the command line's estimate options, exactly what
 ``kvplan estimate`` prints; nothing here recomputes capacity. Where the user left an option at its
 default and vLLM's ``vllm:cache_config_info`` says what the server runs with (block size,
 ``gpu_memory_utilization``, KV cache dtype, prefix caching, an explicit KV budget), the plan is made once
@@ -98,7 +98,7 @@ class PlanView:
     """The plan and where its options came from: ``from_endpoint`` maps an option to ``label=text``;
     ``given``: the options the user gave (None: those in ``values`` that are not None)."""
 
-    plan: Any  # kvplan.plan.Plan
+    plan: Any  # kvplan.planning.plan.Plan
     values: Mapping[str, Any]
     from_endpoint: Mapping[str, str]
     notes: tuple[str, ...] = ()
@@ -137,7 +137,7 @@ class Planner:
 
     def __init__(self, values: Mapping[str, Any], token: str | None = None, given: frozenset[str] | None = None,
                  served_name: str | None = None) -> None:
-        from kvplan.plan import estimate, options_from_values
+        from kvplan.planning.plan import estimate, options_from_values
 
         self.values, self.token, self.given, self.served_name = dict(values), token, given, served_name
         self.view = PlanView(estimate(options_from_values(self.values), token=token), self.values, {}, given=given)
@@ -159,7 +159,7 @@ class Planner:
         filled = endpoint_values(cache_config, self.values)
         if not filled:
             return False
-        from kvplan.plan import estimate, options_from_values
+        from kvplan.planning.plan import estimate, options_from_values
 
         merged = {**self.values, **{k: v for k, (v, _) in filled.items()}}
         try:

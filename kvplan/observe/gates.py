@@ -4,7 +4,7 @@ An expression is ``NAME OP NUMBER``: OP one of ``< <= > >= == !=``; NUMBER may e
 is 0.95 for fractions, 10 for ``headroom_pct``). NAME is a key of the summary (``kv_cache_usage_peak``,
 ``running_peak``, ``preemptions``, ...), a short alias (``usage_peak``), or ``headroom_pct`` — the
 ``kvplan check`` requirement, here the % of the pool still free at the observed peak. Each gate becomes a
-:class:`kvplan.capacity.Outcome`, as ``kvplan check``'s requirements do; a metric the server did not
+:class:`kvplan.checks.capacity.Outcome`, as ``kvplan check``'s requirements do; a metric the server did not
 report fails its gate (a CI gate must not pass on nothing).
 """
 
@@ -75,9 +75,9 @@ def parse_gate(text: str) -> Gate:
     return Gate(text.strip(), name, op, value)
 
 
-def evaluate(gate: Gate, summary: Summary):  # noqa: ANN201 - kvplan.capacity.Outcome
-    """The gate against the run's summary, as a :class:`kvplan.capacity.Outcome`."""
-    from kvplan.capacity import Outcome, format_value
+def evaluate(gate: Gate, summary: Summary):  # noqa: ANN201 - kvplan.checks.capacity.Outcome
+    """The gate against the run's summary, as a :class:`kvplan.checks.capacity.Outcome`."""
+    from kvplan.checks.capacity import Outcome, format_value
 
     actual = _measure(gate.name)(summary)
     unit = gate.unit()

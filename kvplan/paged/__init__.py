@@ -2,4 +2,8 @@
 simulator), the torch block pool (``pool``), attention over scattered blocks (``attention``), the
 validator (``validate``) and its torch.distributed runner (``distributed``). Imported only by the
 ``validate`` and ``simulate`` commands; this file imports nothing so that ``import
-kvplan.paged.allocator`` stays torch-free."""
+kvplan.paged.allocator`` stays torch-free.
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
+kvplan.engines, kvplan.planning
+"""

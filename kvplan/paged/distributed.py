@@ -18,7 +18,7 @@ from kvplan.errors import InputError, KvplanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.paged.validate import Progress, ValidationResult
-    from kvplan.plan import Plan
+    from kvplan.planning.plan import Plan
 
 INIT_TIMEOUT = timedelta(seconds=120)
 

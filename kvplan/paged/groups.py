@@ -1,6 +1,6 @@
 """The one mapping from a plan's KV-cache groups onto the plain-Python allocator's groups.
 
-:func:`kvplan.paged.validate.validate_plan` (filling a real pool) and :func:`kvplan.simulate.config_from_plan`
+:func:`kvplan.paged.validate.validate_plan` (filling a real pool) and :func:`kvplan.sim.simulate.config_from_plan`
 (a scheduler over the allocator) both build their allocator from :func:`allocator_groups`, so they hold
 the blocks the plan's :class:`~kvplan.memory.Demand` counts:
 
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 from kvplan.memory import Demand, KVGroup, PoolLayout
 from kvplan.paged.allocator import BlockAllocator, GroupSpec
-from kvplan.spec import LayerKind
+from kvplan.model.spec import LayerKind
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvplan.plan import Plan
+    from kvplan.planning.plan import Plan
 
 
 def allocator_group(demand: Demand, group: KVGroup) -> GroupSpec:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvplan import memory
-from kvplan.spec import LayerCache, LayerKind
+from kvplan.model.spec import LayerCache, LayerKind
 from kvplan.units import DType, cdiv, parse_dtype
 
 INT4_SCALE_GROUP = 32  # elements of head_dim per float16 scale (kvplan.units.INT4)

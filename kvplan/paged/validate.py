@@ -1,4 +1,4 @@
-"""Check a :class:`~kvplan.plan.Plan` against a real paged KV cache on a real device.
+"""Check a :class:`~kvplan.planning.plan.Plan` against a real paged KV cache on a real device.
 
 :func:`validate_plan` allocates the pool the plan says (torch tensors shaped like an engine's), measures
 it with the device's own accounting, fills it through the plain-Python allocator with requests at the
@@ -21,12 +21,12 @@ from kvplan.errors import InputError, TorchMissingError
 from kvplan.paged import accounting
 from kvplan.paged.allocator import BlockAllocator
 from kvplan.paged.groups import exact_layout, plan_allocator
-from kvplan.spec import LayerKind
-from kvplan.suggest import NOTHING_FITS
+from kvplan.model.spec import LayerKind
+from kvplan.planning.suggest import NOTHING_FITS
 from kvplan.units import GiB, fmt_bytes, round_up, plural
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvplan.plan import Plan
+    from kvplan.planning.plan import Plan
 
 Progress = Callable[[int, int], None]  # (requests filled, requests planned)
 
@@ -155,7 +155,7 @@ class ValidationResult:
         return not self.failures
 
     def to_dict(self) -> dict[str, Any]:
-        from kvplan.serialize import to_jsonable
+        from kvplan.planning.serialize import to_jsonable
 
         data = to_jsonable(self)
         data["ok"] = self.ok

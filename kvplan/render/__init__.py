@@ -1,6 +1,8 @@
 """Rendering: plans and results -> terminal (rich), JSON, Markdown, HTML, CSV, JUnit.
 
 rich is imported only by the modules in this package; each command's renderer lives in its own module.
+
+May import: anything in kvplan but kvplan.cli
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def plot_path(path: str | Path) -> Path:
     suffix: ``.png`` is added) that can be written, with matplotlib installed."""
     import importlib.util
 
-    from kvplan.atomic import check_writable
+    from kvplan.io.atomic import check_writable
     from kvplan.errors import InputError, TorchMissingError
 
     path = Path(path)
@@ -59,7 +61,7 @@ def save_figure(plt: Any, fig: Any, path: Path) -> None:
     """Render ``fig`` in ``path``'s format, close it, and write the file atomically."""
     import io
 
-    from kvplan.atomic import write_atomic
+    from kvplan.io.atomic import write_atomic
 
     buf = io.BytesIO()
     fig.savefig(buf, format=path.suffix.lower().lstrip("."))

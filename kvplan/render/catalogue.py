@@ -9,20 +9,20 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan import memory
-from kvplan.serialize import formula_lines, group_rows
+from kvplan.planning.serialize import formula_lines, group_rows
 from kvplan.units import GiB, parse_dtype, plural
 
 if TYPE_CHECKING:
     from kvplan.gpus import Gpu
-    from kvplan.spec import ModelSpec
+    from kvplan.model.spec import ModelSpec
     from kvplan.units import DType
 
 
 def models_rows() -> list[dict[str, Any]]:
     """One row per bundled spec: id, kind, layers, bf16 bytes/token, parameters."""
     from kvplan.errors import KvplanError
-    from kvplan.sources import bundled_ids, load_bundled
-    from kvplan.spec import build_spec
+    from kvplan.model.sources import bundled_ids, load_bundled
+    from kvplan.model.spec import build_spec
 
     rows: list[dict[str, Any]] = []
     for model_id in bundled_ids():

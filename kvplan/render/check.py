@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvplan.capacity import CheckReport, CheckResult, Outcome
+    from kvplan.checks.capacity import CheckReport, CheckResult, Outcome
 
-from kvplan.capacity import format_value
+from kvplan.checks.capacity import format_value
 from kvplan.units import plural
 
 SCHEMA_VERSION = 1
@@ -38,7 +38,7 @@ def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN2
     from rich.console import Group
     from rich.text import Text
 
-    from kvplan.capacity import requirement_text
+    from kvplan.checks.capacity import requirement_text
     from kvplan.render.fit import Col, fitted_table, terminal_width
 
     cols = [Col("check"), Col("requirement", wrap=True), Col("actual", justify="right"),
@@ -132,7 +132,7 @@ def junit_xml(report: "CheckReport") -> str:
     suite = ET.SubElement(suites, "testsuite", name=f"kvplan check {report.file}", tests=str(n), failures=str(failed),
                           errors="0", skipped="0", time="0")
     for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname=f"kvplan.capacity.{Path(report.file).stem}", name=r.name,
+        case = ET.SubElement(suite, "testcase", classname=f"kvplan.checks.capacity.{Path(report.file).stem}", name=r.name,
                              file=r.where.file, line=str(r.where.line), time="0")
         if not r.passed:
             message, details = _failure_text(r)
@@ -155,7 +155,7 @@ def junit_error_xml(file: str, error: Any) -> str:
     suite = ET.SubElement(suites, "testsuite", name=f"kvplan check {file}", tests="1", failures="0", errors="1",
                           skipped="0", time="0")
     attrs = {"file": where.file, "line": str(where.line)} if where is not None else {"file": file}
-    case = ET.SubElement(suite, "testcase", classname=f"kvplan.capacity.{Path(file).stem}",
+    case = ET.SubElement(suite, "testcase", classname=f"kvplan.checks.capacity.{Path(file).stem}",
                          name="capacity file is valid", time="0", **attrs)
     lines = error.lines()
     err = ET.SubElement(case, "error", message=lines[0], type=type(error).__name__)

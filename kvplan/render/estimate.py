@@ -1,4 +1,4 @@
-"""Rich rendering of a :class:`~kvplan.plan.Plan` (``kvplan estimate``), readable at 80 columns."""
+"""Rich rendering of a :class:`~kvplan.planning.plan.Plan` (``kvplan estimate``), readable at 80 columns."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvplan.serialize import formula_lines
-from kvplan.suggest import NOTHING_FITS
+from kvplan.planning.serialize import formula_lines
+from kvplan.planning.suggest import NOTHING_FITS
 from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural
 
 if TYPE_CHECKING:
-    from kvplan.plan import Plan
+    from kvplan.planning.plan import Plan
 
 
 def _gib(n: int) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from kvplan.units import GiB, plural
 
 if TYPE_CHECKING:
-    from kvplan.explain import Capacity, Explanation
+    from kvplan.explain.reconcile import Capacity, Explanation
 
 RULES = {"blocks": "num_blocks x block_size", "groups": "num_blocks // num_groups x block_size",
          "concurrency": "int(max_concurrency x max_model_len)"}

@@ -109,7 +109,7 @@ def csv_text(obs: Any) -> str:
 
 
 def write_csv(obs: Any, path: str | Path) -> None:
-    from kvplan.atomic import write_atomic
+    from kvplan.io.atomic import write_atomic
 
     write_atomic(path, csv_text(obs))
 

@@ -17,7 +17,7 @@ from kvplan.render.report_cells import cell as _fmt, label_shown as _shown, titl
 from kvplan.units import GiB, plural
 
 if TYPE_CHECKING:
-    from kvplan.report import Report, Row
+    from kvplan.checks.report import Report, Row
 
 TERMINAL_ROWS = 40  # rows shown in the terminal before truncating (head + tail)
 DOCUMENT_ROWS = 2000  # rows in the Markdown / HTML table (CSV and JSON hold them all)
@@ -50,7 +50,7 @@ def constants(report: "Report") -> list[tuple[str, str]]:
     first = report.digest.head[0].to_dict()
     shown = set(columns(report))
     out = []
-    from kvplan.report import LABEL_FIELDS
+    from kvplan.checks.report import LABEL_FIELDS
 
     for key in LABEL_FIELDS:
         if key in shown or key in report.varying or (key == "max_model_len" and "context" in report.varying):
@@ -237,7 +237,7 @@ class CsvRows:
     """Rows streamed to CSV: every figure of every row (bytes as integers, per GPU)."""
 
     def __init__(self, fh: IO[str]) -> None:
-        from kvplan.report import ROW_FIELDS
+        from kvplan.checks.report import ROW_FIELDS
 
         self._fields = ROW_FIELDS
         self._writer = csv.writer(fh, lineterminator="\n")
@@ -420,7 +420,7 @@ ROW_SUFFIXES = (".csv", ".json")  # outputs that hold every row (streamed)
 
 def open_row_writers(files: Any, outputs: tuple[Path, ...], header: dict[str, Any]) -> list[Any]:
     """A streaming writer (``add(row)``, ``close()``) for each CSV / JSON output, writing into temporary
-    files of ``files`` (a :class:`kvplan.atomic.AtomicFiles`) that replace the outputs on commit."""
+    files of ``files`` (a :class:`kvplan.io.atomic.AtomicFiles`) that replace the outputs on commit."""
     writers: list[Any] = []
     for path in outputs:
         suffix = path.suffix.lower()

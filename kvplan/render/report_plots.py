@@ -13,7 +13,7 @@ from kvplan.render.report_cells import cell as _fmt, label_shown as _shown
 from kvplan.units import GiB
 
 if TYPE_CHECKING:
-    from kvplan.report import Pool, Report
+    from kvplan.checks.report import Pool, Report
 
 MAX_SERIES = 12  # lines in the concurrency plot
 MAX_BARS = 24  # bars in the memory plot
@@ -46,7 +46,7 @@ def _series_label(pool: "Pool", keys: list[str]) -> str:
 
 
 def _pool_keys(report: "Report") -> list[str]:
-    from kvplan.report import Pool
+    from kvplan.checks.report import Pool
 
     return [k for k in report.varying if k in Pool.LABELS and k != "gpus" and _shown(report, k)]  # gpus = tp x pp
 

@@ -17,7 +17,7 @@ from kvplan.units import fmt_bytes, plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.paged.validate import ValidationResult
-    from kvplan.plan import Plan
+    from kvplan.planning.plan import Plan
 
 PROGRESS_MIN_REQUESTS = 64  # below this, filling is instant: no bar
 

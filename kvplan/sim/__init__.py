@@ -1,4 +1,4 @@
-"""The pieces of ``kvplan simulate`` (the public API is :mod:`kvplan.simulate`).
+"""The pieces of ``kvplan simulate`` (the public API is :mod:`kvplan.sim.simulate`).
 
 * :mod:`~kvplan.sim.model`: the inputs (requests, pool, timing) and outputs (per-policy results);
 * :mod:`~kvplan.sim.streams`: request streams that every policy replays, and the live requests;
@@ -7,4 +7,7 @@
 * :mod:`~kvplan.sim.scheduler`: the continuous-batching step loop.
 
 Library code: never prints, never exits.
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
+kvplan.engines, kvplan.planning, kvplan.checks, kvplan.paged
 """

@@ -1,4 +1,4 @@
-"""The continuous-batching step loop of one policy (see :mod:`kvplan.simulate` for the model).
+"""The continuous-batching step loop of one policy (see :mod:`kvplan.sim.simulate` for the model).
 
 Each step: running requests go first (a decoder that needs a block when none is free preempts the
 newest running request), partial prefills continue, then (if nothing was preempted) waiting requests are

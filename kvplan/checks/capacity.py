@@ -1,0 +1,316 @@
+"""Capacity checks: plans + requirements -> results (never prints, never exits).
+
+Each check is one :class:`~kvplan.planning.plan.Plan` (``plan_for_spec``, the spec resolved once per model) and a
+verdict per requirement. A failed requirement carries what would make it pass: the smallest single change
+(fewer requests, shorter context, fp8 KV, more tensor parallelism, another GPU), each found by re-planning
+with ``plan_for_spec`` and checking the same requirement again, never guessed.
+
+The workload of a check is ``batch x context``: ``batch`` is the check's ``batch`` option when given, else
+the required ``concurrency``, else 1. Requirements:
+
+- ``concurrency: N``: at least N whole requests of ``context`` tokens run at once (``answer.max_requests``: what
+  the pool holds, capped by the engine's ``max_num_seqs``; none when the engine refuses to start);
+- ``context: C``: the longest context that fits ``batch`` requests is at least C (``answer.max_context_at_batch``);
+- ``kv_tokens: K``: vLLM's "GPU KV cache size" at ``max_model_len`` is at least K (``answer.kv_tokens``);
+- ``headroom_pct: P``: after ``batch x context`` at least P % of the pool's usable blocks stay free;
+- ``fits: true``: ``batch x context`` fits; ``engine_starts: true``: one request at ``max_model_len`` fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from kvplan import memory
+from kvplan.errors import KvplanError, ScenarioError
+from kvplan.planning.plan import Options, Plan, options_from_values, plan_for_spec
+from kvplan.checks.scenario import CapacityFile, CheckScenario, model_error
+from kvplan.planning.suggest import largest, more_tp, other_engines, other_gpu, refuses_the_model, replan, spell, spell_was
+from kvplan.io.yamldoc import Where
+from kvplan.model.spec import ModelSpec, Overrides
+from kvplan.units import plural
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One requirement of one check: what was required, what the plan gives, and the verdict.
+
+    ``required``/``actual`` are numbers (requests, tokens, percent) or booleans; ``margin`` is
+    ``actual - required`` for numbers (negative: short by). ``suggestions``: changes that make it pass.
+    """
+
+    requirement: str
+    required: Any
+    actual: Any
+    margin: float | int | None
+    unit: str
+    passed: bool
+    message: str
+    suggestions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The plan of one check and its outcomes."""
+
+    name: str
+    description: str | None
+    where: Where
+    plan: Plan
+    outcomes: tuple[Outcome, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outcomes)
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every check of a capacity file, in file order."""
+
+    file: str
+    results: tuple[CheckResult, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def num_failed(self) -> int:
+        return sum(not r.passed for r in self.results)
+
+
+# ---------------------------------------------------------------------------------------------
+# requirements: measure a plan, compare with what is required
+
+
+def headroom_pct(plan: Plan) -> float:
+    """% of the pool's usable blocks (all but the null block) free after ``batch x context``."""
+    a = plan.answer
+    usable = a.num_blocks - memory.NULL_BLOCKS
+    if usable <= 0:
+        return -100.0
+    return 100.0 * a.fits_margin_blocks / usable
+
+
+_MEASURES: dict[str, tuple[Callable[[Plan], Any], str]] = {
+    "concurrency": (lambda p: p.answer.max_requests, "requests"),
+    "context": (lambda p: p.answer.max_context_at_batch, "tokens"),
+    "kv_tokens": (lambda p: p.answer.kv_tokens, "tokens"),
+    "headroom_pct": (headroom_pct, "%"),
+    "fits": (lambda p: p.answer.fits, ""),
+    "engine_starts": (lambda p: p.answer.engine_starts, ""),
+}
+
+
+def _holds(key: str, required: Any, plan: Plan) -> bool:
+    actual = _MEASURES[key][0](plan)
+    return actual == required if isinstance(required, bool) else actual >= required
+
+
+def format_value(value: Any, unit: str) -> str:
+    """A measured value with its unit: ``54 requests``, ``12.5%``, ``yes``."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if unit == "%":
+        return f"{value:.1f}%"
+    if unit in ("requests", "tokens", "blocks"):
+        return plural(value, unit[:-1])
+    return f"{value:,} {unit}".strip()
+
+
+def describe_requirement(key: str, required: Any, plan: Plan) -> str:
+    """The requirement in words, with the conditions it is measured under."""
+    o = plan.options
+    if key == "concurrency":
+        return f">= {plural(required, 'request')} at {plural(o.context, 'token')}"
+    if key == "context":
+        return f">= {plural(required, 'token')} at batch {o.batch}"
+    if key == "kv_tokens":
+        return f">= {required:,} KV tokens (max_model_len {plan.max_model_len:,})"
+    if key == "headroom_pct":
+        return f">= {required:g}% free after {o.batch} x {o.context:,}"
+    if key == "fits":
+        return f"{o.batch} x {o.context:,} {'fits' if required else 'does not fit'}"
+    return f"engine {'starts' if required else 'does not start'} at max_model_len {plan.max_model_len:,}"
+
+
+def requirement_text(key: str, required: Any, plan: Plan) -> str:
+    """The requirement as a table row says it, each word once: the key and its condition
+    (``concurrency >= 48 requests at 8,192 tokens``); a yes/no requirement's description already names it
+    (``1 x 8,192 fits``, ``engine starts at max_model_len 131,072``)."""
+    text = describe_requirement(key, required, plan)
+    return text if isinstance(required, bool) else f"{key} {text}"
+
+
+def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
+    """One requirement against one plan (no suggestions)."""
+    measure, unit = _MEASURES[key]
+    actual = measure(plan)
+    passed = _holds(key, required, plan)
+    margin = None if isinstance(required, bool) else actual - required
+    if isinstance(margin, float):
+        margin = round(margin, 3)
+    message = f"{key}: required {describe_requirement(key, required, plan)}, got {format_value(actual, unit)}"
+    if not passed and key in ("fits", "engine_starts") and required:
+        a = plan.answer
+        longest = a.longest_startable_len
+        if a.refusal:  # the engine does not start: nothing runs, whatever the pool holds
+            message += f" ({a.refusal}" + (f"; the longest max_model_len that starts is {longest:,})" if longest else ")")
+        elif a.batch > a.max_num_seqs:
+            message += f" (max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once)"
+        else:
+            short = -a.fits_margin_blocks
+            message += f" (short by {plural(short, 'block')} = {short * plan.layout.block_size:,} token slots)"
+    return Outcome(key, required, actual, margin, unit, passed, message)
+
+
+# ---------------------------------------------------------------------------------------------
+# what would make a failed requirement pass (each candidate re-planned and re-checked)
+
+
+def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[str, ...]:
+    """The smallest single changes (one per kind) under which ``key`` holds, each re-planned with the options
+    validated as a user's (:mod:`kvplan.planning.suggest`) and written as the file's keys accept them."""
+    o, a = plan.options, plan.answer
+    measure, unit = _MEASURES[key]
+
+    def planner(options: Options) -> Plan:
+        return plan_for_spec(spec, options, plan.source, suggest=False)
+
+    def holds(p: Plan) -> bool:
+        return _holds(key, required, p)
+
+    def at(**changes: Any) -> tuple[Options, Plan] | None:
+        hit = replan(planner, o, **changes)
+        return hit if hit and holds(hit[1]) else None
+
+    out: list[str] = []
+
+    def offer(label: str, hit: tuple[Options, Plan] | None, was: bool = False) -> None:
+        if hit:
+            after = f"was {spell_was(o, hit[0])}" if was else f"{key} {format_value(measure(hit[1]), unit)}"
+            out.append(f"{label}: {spell(o, hit[0], 'yaml')} ({after})")
+
+    if key == "concurrency" and a.max_requests >= 1:  # a requirement of 0 requests checks nothing
+        out.append(f"require concurrency <= {a.max_requests} (what fits now)")
+    if key == "context" and a.max_context_at_batch >= 1:
+        out.append(f"require context <= {a.max_context_at_batch} (what fits now)")
+    if key in ("context", "headroom_pct", "fits") and o.batch > 1:
+        n = largest(1, o.batch - 1, lambda b: at(batch=b) is not None)
+        offer("fewer requests", at(batch=n) if n else None, was=True)
+
+    def shorter(n: int) -> tuple[Options, Plan] | None:  # prefix_tokens follows the context down
+        return at(context=n, prefix_tokens=min(o.prefix_tokens, n))
+
+    if key in ("concurrency", "headroom_pct", "fits") and o.context > 1:
+        c = largest(1, o.context - 1, lambda c: shorter(c) is not None)
+        offer("shorter context", shorter(c) if c else None, was=True)
+    if key == "engine_starts" and required:
+        def at_len(n: int) -> tuple[Options, Plan] | None:  # without a max_model_len, it is the context
+            return shorter(n) if o.max_model_len is None else at(max_model_len=n)
+
+        n = largest(1, plan.max_model_len - 1, lambda n: at_len(n) is not None)
+        offer("shorter max_model_len", at_len(n) if n else None, was=True)
+    running = required if key == "concurrency" else o.batch
+    if key in ("concurrency", "headroom_pct", "fits") and running > a.max_num_seqs:
+        offer("more requests at once", at(max_num_seqs=running))  # the scheduler caps requests at once
+    if plan.layout.kv_dtype.bits > 8:
+        offer("fp8 KV cache", at(kv_dtype="fp8"))
+    offer("more tensor parallelism", more_tp(spec, o, planner, holds))
+    if refuses_the_model(plan.deployment):
+        for hit in other_engines(spec, o, planner, holds):
+            offer("another engine" if hit[0].engine != o.engine else "a release that serves the model", hit)
+    offer("another GPU", other_gpu(o, planner, holds, plan.gpu.memory_bytes))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# running a capacity file
+
+
+SpecResolver = Callable[[CheckScenario], tuple[ModelSpec, str]]
+
+
+def spec_resolver(offline: bool = False, token: str | None = None) -> SpecResolver:
+    """Resolve each (model, revision, overrides) once (:func:`kvplan.model.sources.load_spec` keeps them);
+    errors point at the file line of ``model``."""
+    from kvplan.model.sources import load_spec
+
+    failed: dict[tuple[Any, ...], KvplanError] = {}  # a model that failed is not asked for again (the Hub)
+
+    def resolve(check: CheckScenario) -> tuple[ModelSpec, str]:
+        v = check.values
+        key = (str(v["model"]), v.get("revision"), v.get("hub"), v.get("offline"), v.get("refresh"), v.get("layers"),
+               v.get("kv_heads"), v.get("head_dim"))
+        try:
+            if key in failed:
+                raise failed[key]
+            spec, source = load_spec(str(v["model"]), revision=v.get("revision"), token=token,
+                                     force_hub=bool(v.get("hub")), offline=offline or bool(v.get("offline")),
+                                     refresh=bool(v.get("refresh")),
+                                     overrides=Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
+        except KvplanError as exc:
+            failed[key] = exc
+            raise model_error(check.where_of("model"), f"check {check.name!r}: ", v["model"], exc) from None
+        return spec, source.describe()
+
+    return resolve
+
+
+def _located(where: Where, message: str, hint: str | None) -> ScenarioError:
+    from kvplan.io.yamldoc import ScenarioFileError
+
+    return ScenarioFileError(where, message, hint)
+
+
+def check_options(check: CheckScenario, calibration: Any = None) -> Options:
+    """The check's options, with ``batch`` defaulting to the required concurrency (and ``--calibration``'s
+    loaded file when the check names none)."""
+    values = dict(check.values)
+    if calibration is not None and values.get("calibration") is None:
+        values["calibration"] = calibration
+    if not check.batch_given and check.require.concurrency is not None:
+        values["batch"] = check.require.concurrency
+    try:
+        return options_from_values(values)
+    except KvplanError as exc:
+        raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
+
+
+def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: Any = None) -> CheckResult:
+    """Plan one check and judge each requirement (failures carry suggestions)."""
+    options = check_options(check, calibration)
+    try:
+        plan = plan_for_spec(spec, options, source)
+    except KvplanError as exc:
+        raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
+    outcomes = []
+    for key, required in check.require.items():
+        outcome = evaluate(key, required, plan)
+        if not outcome.passed:
+            outcome = replace(outcome, suggestions=suggestions(key, required, plan, spec))
+        outcomes.append(outcome)
+    return CheckResult(check.name, check.description, check.where, plan, tuple(outcomes))
+
+
+def run_checks(capacity: CapacityFile, *, offline: bool = False, token: str | None = None,
+               resolve: SpecResolver | None = None, calibration: Any = None) -> CheckReport:
+    """Every check of ``capacity``; raises :class:`ScenarioError` for a model or option that cannot be planned,
+    listing every check's such mistake with the file's own (``capacity.mistakes``), in file order, up to
+    :data:`kvplan.io.yamldoc.MAX_FILE_ERRORS`.
+
+    ``calibration``: a loaded :class:`kvplan.io.calibration.Calibration` for checks that do not name their own."""
+    from kvplan.io.yamldoc import ScenarioFileError, combine_errors
+
+    resolve = resolve or spec_resolver(offline=offline, token=token)
+    results, errors = [], list(capacity.mistakes)
+    for check in capacity.checks:
+        try:
+            spec, source = resolve(check)
+            results.append(run_check(check, spec, source, calibration))
+        except ScenarioFileError as exc:
+            errors.append(exc)
+    if errors:
+        raise combine_errors(errors)
+    return CheckReport(capacity.display, tuple(results))

@@ -1,0 +1,225 @@
+"""The YAML projection of the option table: each kind of option value (:data:`kvplan.options.KINDS`) as
+a pydantic field type with one validator (its message says what was expected) and a JSON-Schema
+description, and every estimate option a scenario file may set (:data:`OPTION_FIELDS`).
+
+Option keys come from the option table (:data:`kvplan.options.OPTIONS`: the CLI flag names with
+underscores; ``gpus`` for ``--gpus``) and take the same spellings (``8k``, ``24GiB``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable, Mapping
+
+from pydantic import BaseModel, Field, PlainValidator, WithJsonSchema
+
+from kvplan.errors import KvplanError
+from kvplan.options import ENGINE_NAMES, USAGE_CONTEXTS, YAML_OPTIONS
+
+# ---------------------------------------------------------------------------------------------
+# value types (one validator each; the message says what was expected)
+
+
+def _expect(kind: str, check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def validate(value: Any) -> Any:
+        if value is None:
+            raise ValueError(f"no value; expected {kind}")
+        try:
+            out = check(value)
+        except KvplanError as exc:
+            hint = f" ({exc.hint})" if exc.hint else ""
+            raise ValueError(f"{exc.message}; expected {kind}{hint}") from None
+        except (TypeError, ValueError):
+            raise ValueError(f"expected {kind}") from None
+        return out
+
+    return validate
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError
+    return value
+
+
+def _tokens(allow_zero: bool) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        from kvplan.units import parse_tokens
+
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError
+        if allow_zero and value in (0, "0"):
+            return 0
+        return parse_tokens(value)
+
+    return parse
+
+
+def _size(allow_zero: bool) -> Callable[[Any], Any]:
+    def parse(value: Any) -> Any:
+        from kvplan.units import parse_gib
+
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        if isinstance(value, (int, float)) and value < 0:
+            raise ValueError
+        if isinstance(value, str) and value.strip().startswith("-"):
+            raise ValueError
+        zero = value == 0 or (isinstance(value, str) and value.strip() in ("0", "0GiB", "0GB"))
+        if zero:
+            if allow_zero:
+                return 0
+            raise ValueError
+        parse_gib(value)
+        return value  # kept as typed: options_from_values parses it again (same parser)
+
+    return parse
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError
+    return float(value)
+
+
+def _percent(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 100:
+        raise ValueError
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError
+    return value.strip()
+
+
+def _revision(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise ValueError
+    return str(value).strip()  # a bare hex commit id may be read as an int by YAML
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError
+    return value
+
+
+def _dtype(kv: bool, weights: bool = False) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        from kvplan.units import parse_dtype
+
+        if not isinstance(value, str):
+            raise ValueError
+        if kv and value.strip().lower() == "auto":
+            return "auto"
+        parse_dtype(value, "dtype", weights=weights)
+        return value.strip()
+
+    return parse
+
+
+def _gpu(value: Any) -> str:
+    from kvplan.gpus import find_gpu
+
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError
+    find_gpu(value)  # GpuNotFoundError names the closest catalogue entries
+    return value.strip()
+
+
+def _engine(value: Any) -> str:
+    if value not in ENGINE_NAMES:
+        raise ValueError
+    return value
+
+
+def _usage(value: Any) -> str:
+    if value not in USAGE_CONTEXTS:
+        raise ValueError
+    return value
+
+
+def expect_type(kind: str, check: Callable[[Any], Any], schema: dict[str, Any]) -> Any:
+    """A field type: ``check`` validates (raising ValueError/TypeError/KvplanError), ``kind`` says what was
+    expected (in the error and in the JSON Schema's description)."""
+    return Annotated[Any, PlainValidator(_expect(kind, check)), WithJsonSchema({**schema, "description": kind})]
+
+
+def number(kind: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+           integer: bool = False) -> Any:
+    """A numeric field checked by :func:`kvplan.units.check_number` (finite, in range), described as ``kind``."""
+
+    def check(value: Any) -> Any:
+        from kvplan.units import check_number
+
+        try:
+            return check_number(value, "value", low=low, high=high, low_open=low_open, integer=integer)
+        except KvplanError as exc:
+            raise ValueError(f"{exc.message.partition(': ')[2]}; expected {kind}") from None
+
+    schema: dict[str, Any] = {"type": "integer" if integer else "number"}
+    if low is not None:
+        schema["exclusiveMinimum" if low_open else "minimum"] = low
+    if high is not None:
+        schema["maximum"] = high
+    return Annotated[Any, PlainValidator(check), WithJsonSchema({**schema, "description": kind})]
+
+
+_TOKENS_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^\s*[0-9.]+\s*[kKmM]?\s*$"}]}
+_SIZE_SCHEMA = {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
+                          {"type": "string", "pattern": r"^\s*[0-9.]+(e[+-]?[0-9]+)?\s*[a-zA-Z]*\s*$"}]}
+PositiveInt = expect_type("a positive integer", _positive_int, {"type": "integer", "minimum": 1})
+Tokens = expect_type("a token count such as 8192, 8k or 128k", _tokens(False), _TOKENS_SCHEMA)
+TokensOrZero = expect_type("a token count (0 or more) such as 0, 512 or 2k", _tokens(True), _TOKENS_SCHEMA)
+Size = expect_type("a positive size: GiB as a number (24) or with a unit (24GiB, 80GB)", _size(False), _SIZE_SCHEMA)
+SizeOrZero = expect_type("a size of 0 or more: GiB as a number or with a unit (0, 1.5GiB)", _size(True), _SIZE_SCHEMA)
+Fraction = expect_type("a number in (0, 1], e.g. 0.9", _fraction, {"type": "number", "exclusiveMinimum": 0, "maximum": 1})
+Percent = expect_type("a percentage in [0, 100), e.g. 10", _percent, {"type": "number", "minimum": 0, "exclusiveMaximum": 100})
+Text = expect_type("a non-empty string", _text, {"type": "string", "minLength": 1})
+Revision = expect_type("a Hub revision (branch, tag or commit)", _revision, {"type": "string", "minLength": 1})
+Bool = expect_type("true or false", _bool, {"type": "boolean"})
+ModelDType = expect_type("a dtype: auto, fp32, bf16, fp16", _dtype(True), {"type": "string"})
+KvDType = expect_type("a KV dtype: auto, bf16, fp16, fp8, fp8_e5m2, int8, int4", _dtype(True), {"type": "string"})
+WeightsDType = expect_type("a weights dtype: bf16, fp16, fp8, int8, int4", _dtype(False, weights=True), {"type": "string"})
+GpuName = expect_type("a GPU from the catalogue (`kvplan gpus`)", _gpu, {"type": "string"})
+Engine = expect_type("an engine: " + " or ".join(ENGINE_NAMES), _engine, {"type": "string", "enum": list(ENGINE_NAMES)})
+UsageContext = expect_type("serve (`vllm serve`) or llm (the LLM class)", _usage, {"type": "string", "enum": list(USAGE_CONTEXTS)})
+
+# the YAML type of each kind of option (kvplan.options.KINDS)
+KIND_TYPES: dict[str, Any] = {
+    "text": Text, "revision": Revision, "version": Text, "gpu": GpuName, "dtype": ModelDType, "kv_dtype": KvDType,
+    "weights_dtype": WeightsDType, "ssm_dtype": ModelDType, "engine": Engine, "usage": UsageContext,
+    "count": PositiveInt, "tokens": Tokens, "tokens_or_zero": TokensOrZero, "max_model_len": Tokens, "size": Size,
+    "size_or_zero": SizeOrZero, "fraction": Fraction, "flag": Bool, "switch": Bool, "calibration": Text,
+}
+# Every estimate option a scenario may set, from the option table: name -> (type, description). Keys are
+# those of kvplan.options.options_from_values (the CLI flags with underscores; `gpus` = --gpus).
+OPTION_FIELDS: dict[str, tuple[Any, str]] = {o.name: (KIND_TYPES[o.kind], o.help) for o in YAML_OPTIONS}
+
+
+def option_fields(wrap: Callable[[Any], Any] = lambda t: t, min_length: int | None = None) -> dict[str, Any]:
+    """:data:`OPTION_FIELDS` as ``create_model`` fields (each optional; ``wrap`` the type: ``list[t]`` for a sweep)."""
+    return {name: (wrap(typ), Field(None, description=desc, min_length=min_length))
+            for name, (typ, desc) in OPTION_FIELDS.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# scenario keys -> option values
+
+
+def option_values(fields_set: Mapping[str, Any]) -> dict[str, Any]:
+    """Scenario keys -> :func:`kvplan.planning.plan.options_from_values` keys (``gpus`` -> ``gpu_count``)."""
+    return {("gpu_count" if k == "gpus" else k): v for k, v in fields_set.items()}
+
+
+def set_fields(model: BaseModel) -> dict[str, Any]:
+    """The estimate options a validated section of a file sets (its other keys left out)."""
+    return {k: getattr(model, k) for k in model.model_fields_set if k in OPTION_FIELDS}
+
+
+def finish_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Defaults that every scenario shares with ``kvplan estimate`` (the GPU defaults to H100)."""
+    if values.get("gpu") is None and values.get("gpu_memory") is None:
+        values["gpu"] = "H100"
+    return values

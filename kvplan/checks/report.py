@@ -1,0 +1,534 @@
+"""What-if reports: expand a sweep into rows of key figures (never prints, never exits).
+
+Structure of a sweep (so that 100,000 rows take well under two seconds):
+
+- each model's spec is resolved ONCE (``kvplan.model.sources.load_spec``, the one spec cache);
+- every combination of the *pool* options (model, GPU, parallelism, dtypes, engine settings: everything
+  but ``context``, ``batch`` and ``max_model_len``) is planned ONCE with :func:`kvplan.planning.plan.plan_for_spec`:
+  that gives the budget, the pool layout and ``num_blocks``, which do not depend on the per-request axes;
+- each (context, batch, max_model_len) row then uses only the pool's :class:`kvplan.memory.Demand`
+  (``blocks``, ``bytes``) and the cheap functions of :mod:`kvplan.memory` (``max_requests``,
+  ``kv_cache_tokens``, ``vllm_max_concurrency``, ``max_context``, ``decode_roofline``) and the engine's
+  rules (``plan.rules.starts``, ``plan.rules.kv_tokens``), memoised per pool, combined exactly as
+  ``plan_for_spec`` combines them (a test compares rows with full plans).
+
+Size: a :class:`Sweep` counts its rows and pool configurations before any work and refuses past
+:data:`MAX_ROWS` rows or :data:`MAX_POOLS` configurations unless forced; it plans every pool first (so
+the columns that vary and the notes are known), then yields rows one at a time. :class:`RowDigest` keeps
+what tables and plots need from them (head, tail, plot points) in bounded memory, so the CLI streams
+every row to CSV / JSON without holding them; :func:`build_report` (the Python API) keeps them all.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+from itertools import product
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
+
+from kvplan import memory
+from kvplan.errors import InputError, KvplanError
+from kvplan.planning.plan import Plan, options_from_values, plan_for_spec
+from kvplan.options import PLAN_OPTIONS, ROW_AXES
+from kvplan.checks.scenario import WhatIfFile, model_error
+from kvplan.io.yamldoc import ScenarioFileError, Where
+from kvplan.model.spec import ModelSpec, Overrides
+from kvplan.units import plural
+
+SCHEMA_VERSION = 1
+MAX_ROWS = 1_000_000
+"""Rows a report may have without ``--force``: about a minute and ~1.6 GB of CSV + JSON (a row is ~260 B of
+CSV and ~1.3 KB of JSON: every option that changes the plan, then the figures); the terminal, Markdown and
+HTML show a head and a tail of them anyway."""
+MEMO_ENTRIES = 65_536  # per-pool memo of two-key figures, cleared when full (memory stays bounded)
+MAX_POOLS = 10_000
+"""Distinct pool configurations (every option but context, batch, max_model_len) a report may plan without
+``--force``: each is one full plan (2-4 ms, ~8 KiB kept), so 10,000 take ~30 s."""
+
+# the columns of a row (CSV / JSON), from the option table: the scenario's name, every option that changes the
+# plan (kvplan.options.PLAN_OPTIONS, as Plan.option_values gives them: feed them back to plan the row again),
+# the per-request axes, then the figures (bytes per GPU)
+POOL_LABELS = tuple(o.name for o in PLAN_OPTIONS if o.name not in ROW_AXES)
+LABEL_FIELDS = ("name", *POOL_LABELS, "context", "batch", "max_model_len")
+FIGURE_FIELDS = (
+    "kv_bytes_per_token", "weights_bytes", "total_bytes", "usable_bytes", "activation_bytes", "overhead_bytes",
+    "cudagraph_bytes", "kv_budget_bytes", "num_blocks", "kv_tokens", "max_requests", "max_concurrency",
+    "max_context_at_batch", "fits", "engine_starts", "decode_tokens_per_s",
+)
+ROW_FIELDS = LABEL_FIELDS + FIGURE_FIELDS
+# the labels the tables show when they vary (the others only when the file sets them)
+SHOWN_LABELS = ("model", "gpu", "gpus", "tp", "pp", "engine", "dtype", "kv_dtype", "weights_dtype", "block_size", "gpu_util")
+
+
+class Pool:
+    """One planned pool (a combination of pool options) and its memoised per-request figures.
+
+    ``plan`` is the full plan at the pool's first row; only its pool-level parts (budget, layout,
+    num_blocks, engine, weights) are read for the other rows.
+    """
+
+    LABELS = POOL_LABELS
+    __slots__ = ("plan", "label", "deployment", "_rkv", "_tps", "_validated", "_labels", "_figures")
+
+    def __init__(self, plan: Plan, label: Mapping[str, Any]) -> None:
+        self.plan = plan
+        self.label = dict(label)
+        self.deployment = plan.deployment  # the answer's rules, memoised per length
+        self._rkv: dict[int, int] = {}
+        self._tps: dict[tuple[int, int], float] = {}
+        self._validated: set[int] = set()
+        p, b = plan, plan.budget
+        values = plan.option_values
+        self._labels = {k: values[k] for k in POOL_LABELS}  # gpu None: a custom GPU (gpu_memory)
+        self._figures = {"kv_bytes_per_token": p.kv_bytes_per_token_gpu, "weights_bytes": b.weights.bytes,
+                         "total_bytes": b.total_bytes, "usable_bytes": b.usable_bytes,
+                         "activation_bytes": b.activation.bytes, "overhead_bytes": b.overhead.bytes,
+                         "cudagraph_bytes": b.cudagraph.bytes, "kv_budget_bytes": b.kv_budget_bytes,
+                         "num_blocks": p.answer.num_blocks}
+
+    def labels(self) -> dict[str, Any]:
+        """What the pool is: every option of :data:`POOL_LABELS` as the plan resolved it (``max_num_seqs`` at
+        the first row's max_model_len: a row has its own)."""
+        return self._labels
+
+    def figures(self) -> dict[str, Any]:
+        """Pool-level figures (bytes per GPU): per-token bytes, budget terms, KV budget, blocks."""
+        return self._figures
+
+    # the deployment's rules (kvplan.planning.answer.Deployment, memoised there) --------------------------
+    def blocks_per_request(self, tokens: int) -> int:
+        return self.deployment.blocks_per_request(tokens)
+
+    def engine_starts(self, max_model_len: int) -> bool:
+        return self.deployment.refusal(max_model_len) is None
+
+    def decode_tokens_per_s(self, context: int, batch: int) -> float | None:
+        p = self.plan
+        if not p.gpu.bandwidth_bytes_per_s:
+            return None
+        key = (context, batch)
+        tps = self._tps.get(key)
+        if tps is None:
+            rkv = self._rkv.get(context)
+            if rkv is None:
+                rkv = self._rkv[context] = p.demand.bytes(context)
+            if len(self._tps) >= MEMO_ENTRIES:  # (context, batch) pairs rarely repeat: keep the memo bounded
+                self._tps.clear()
+            tps = self._tps[key] = memory.decode_roofline(memory.step_weight_bytes(p.budget.weights.bytes, p.spec, batch),
+                                                          rkv, batch,
+                                                          p.gpu.bandwidth_bytes_per_s).tokens_per_s
+        return tps
+
+    def validate_context(self, context: int) -> None:
+        """Options' own check of a context against the pool (only ``prefix_tokens <= context`` depends on it)."""
+        if self.plan.options.prefix_tokens and context not in self._validated:
+            replace(self.plan.options, context=context)  # raises InputError like the CLI would
+            self._validated.add(context)
+
+
+class Row(NamedTuple):
+    """One scenario's key figures (tokens, requests; bytes per GPU in ``pool.plan``).
+
+    Immutable like the frozen dataclasses elsewhere; a NamedTuple because a sweep makes 100,000 of them
+    and a frozen dataclass's ``__init__`` costs four times as much.
+    """
+
+    name: str | None
+    pool: Pool
+    context: int
+    batch: int
+    max_model_len: int | None  # as set: None when it follows the context (then the longest context is the model's)
+    max_num_seqs: int  # the engine's limit on requests at once at max_model_len (SGLang's depends on it)
+    kv_tokens: int
+    max_requests: int  # whole requests of `context` tokens that fit at once
+    max_concurrency: float  # vLLM's "Maximum concurrency" at max_model_len
+    max_context_at_batch: int
+    fits: bool  # batch x context fits
+    engine_starts: bool
+    decode_tokens_per_s: float | None  # decode roofline ceiling (HBM bandwidth bound)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row's figures under :data:`ROW_FIELDS` (bytes as integers)."""
+        mc = self.max_concurrency
+        tps = self.decode_tokens_per_s
+        return {
+            "name": self.name, **self.pool.labels(), "max_num_seqs": self.max_num_seqs,
+            "context": self.context, "batch": self.batch, "max_model_len": self.max_model_len,
+            **self.pool.figures(),
+            "kv_tokens": self.kv_tokens, "max_requests": self.max_requests,
+            "max_concurrency": round(mc, 4) if mc != float("inf") else None,
+            "max_context_at_batch": self.max_context_at_batch, "fits": self.fits, "engine_starts": self.engine_starts,
+            "decode_tokens_per_s": round(tps, 1) if tps is not None else None,
+        }
+
+
+def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, name: str | None = None) -> Row:
+    """The figures of one (context, batch, max_model_len) on ``pool``: the answer's own rules
+    (:class:`kvplan.planning.answer.Deployment`), so a row says what ``kvplan estimate`` says."""
+    d = pool.deployment
+    pool.validate_context(context)
+    mml = max_model_len or context
+    n = d.max_requests(context, mml)
+    fits = d.fits(batch, context, mml)
+    return Row(name, pool, context, batch, max_model_len, d.request_limit(mml), d.kv_tokens(mml), n,
+               memory.vllm_max_concurrency(d.blocks, d.blocks_per_request(mml)),
+               d.max_context(batch, max_model_len),
+               fits,
+               pool.engine_starts(mml),
+               pool.decode_tokens_per_s(context, min(n, batch) if fits else n) if n else None)
+
+
+Progress = Callable[[int, int], None]
+
+
+class RowDigest:
+    """What the tables and the concurrency plot need from a stream of rows, in bounded memory: the first
+    ``keep`` rows, the last ``keep`` after them, and the (context -> max requests) points of the first
+    ``max_lines`` pools that have more than one context (and how many pools have)."""
+
+    def __init__(self, keep: int = 2000, max_lines: int = 12) -> None:
+        self.keep, self.max_lines = keep, max_lines
+        self.count = 0
+        self.head: list[Row] = []
+        self.tail: deque[Row] = deque(maxlen=keep)
+        self.lines: dict[int, tuple[Pool, dict[int, int]]] = {}  # pools plotted (>1 context)
+        self._first: dict[int, tuple[int, int]] = {}  # pools with one context so far: (context, max requests)
+        self.num_lines = 0
+
+    def add(self, row: Row) -> None:
+        self.count += 1
+        if len(self.head) < self.keep:
+            self.head.append(row)
+        else:
+            self.tail.append(row)
+        key = id(row.pool)
+        line = self.lines.get(key)
+        if line is not None:
+            line[1][row.context] = row.max_requests
+            return
+        first = self._first.get(key)
+        if first is None:
+            self._first[key] = (row.context, row.max_requests)
+        elif first[0] == row.context:
+            self._first[key] = (row.context, row.max_requests)
+        elif first[0] != -1:
+            self.num_lines += 1
+            if len(self.lines) < self.max_lines:
+                self.lines[key] = (row.pool, {first[0]: first[1], row.context: row.max_requests})
+            self._first[key] = (-1, 0)  # counted; not plotted
+
+    def sample(self, limit: int) -> list[Row | None]:
+        """At most ``limit`` rows: all of them, or the head and the tail around a ``None`` gap marker."""
+        assert limit <= self.keep, "the digest keeps fewer rows than asked for"
+        if self.count <= limit:
+            return list(self.head[:self.count])
+        head_n = limit - max(1, limit // 8)
+        tail_n = limit - head_n
+        last = (self.head + list(self.tail))[-tail_n:]
+        return list(self.head[:head_n]) + [None] + last
+
+
+@dataclass(frozen=True)
+class Report:
+    """A what-if report: rows in sweep order (pool options outermost, then max_model_len, context, batch).
+
+    ``rows`` holds every row when the report was built whole (:func:`build_report`); a streamed report
+    (the CLI) has ``rows=None`` and its ``digest`` (head, tail, plot points) only.
+    """
+
+    title: str
+    description: str | None
+    file: str
+    num_rows: int
+    varying: tuple[str, ...]  # ROW_FIELDS label columns whose value differs between rows
+    notes: tuple[str, ...]
+    pools: tuple[Pool, ...]  # the distinct pools, in row order
+    mml_differs: bool  # some row's max_model_len differs from its context
+    digest: RowDigest = field(repr=False, compare=False, default_factory=RowDigest)
+    rows: tuple[Row, ...] | None = None
+    given: tuple[str, ...] = ()  # the LABEL_FIELDS the file sets (defaults, sweep, zip, scenarios)
+
+    def header(self) -> dict[str, Any]:
+        """Everything :meth:`to_dict` holds but the rows (written before the rows when streaming)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "title": self.title,
+            "description": self.description,
+            "file": self.file,
+            "num_rows": self.num_rows,
+            "varying": list(self.varying),
+            "notes": list(self.notes),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.rows is None:
+            raise InputError("a streamed report does not keep its rows", "use build_report() for every row")
+        return {**self.header(), "rows": [r.to_dict() for r in self.rows]}
+
+
+class _Planner:
+    """Resolves each model once and plans each pool once."""
+
+    def __init__(self, whatif: WhatIfFile, offline: bool, token: str | None, calibration: Any = None) -> None:
+        self.whatif = whatif
+        self.offline = offline
+        self.token = token
+        self.calibration = calibration  # --calibration: a loaded Calibration every row without its own uses
+        self.pools: dict[tuple[Any, ...], Pool] = {}
+
+    def spec(self, v: Mapping[str, Any], where: Where) -> tuple[ModelSpec, str]:
+        """The model's spec, resolved once per process (:func:`kvplan.model.sources.load_spec`)."""
+        from kvplan.model.sources import load_spec
+
+        try:
+            spec, source = load_spec(str(v["model"]), revision=v.get("revision"), token=self.token,
+                                     force_hub=bool(v.get("hub")), offline=self.offline or bool(v.get("offline")),
+                                     refresh=bool(v.get("refresh")),
+                                     overrides=Overrides(v.get("layers"), v.get("kv_heads"), v.get("head_dim")))
+        except KvplanError as exc:
+            raise model_error(where, "", v["model"], exc) from None
+        return spec, source.describe()
+
+    def pool(self, values: Mapping[str, Any], first_row: Mapping[str, Any], where: Where) -> Pool:
+        if self.calibration is not None and values.get("calibration") is None:
+            values = {**values, "calibration": self.calibration}
+        pool_values = {k: v for k, v in values.items() if k not in ROW_AXES}
+        key = tuple(sorted(pool_values.items()))
+        pool = self.pools.get(key)
+        if pool is None:
+            model_where = self.whatif.where_of("model") if where == self.whatif.where else where
+            spec, source = self.spec(pool_values, model_where)
+            try:
+                plan = plan_for_spec(spec, options_from_values({**pool_values, **first_row}), source)
+            except KvplanError as exc:
+                raise ScenarioFileError(where, f"{_describe_values(pool_values)}: {exc.message}", exc.hint) from None
+            pool = self.pools[key] = Pool(plan, pool_values)
+        return pool
+
+
+def _describe_values(values: Mapping[str, Any]) -> str:
+    shown = {k: v for k, v in values.items() if k in ("model", "gpu", "gpu_memory", "gpu_count", "tp", "pp", "kv_dtype",
+                                                       "weights_dtype", "dtype", "engine", "block_size")}
+    return "row " + ", ".join(f"{'gpus' if k == 'gpu_count' else k}={v}" for k, v in shown.items())
+
+
+def _row_values(values: Mapping[str, Any]) -> tuple[int, int, int | None]:
+    return int(values.get("context") or 8192), int(values.get("batch") or 1), values.get("max_model_len")
+
+
+def _count_of(axes: list[Any]) -> int:
+    n = 1
+    for axis in axes:
+        n *= len(axis.values)
+    return n
+
+
+_CACHED_TRIPLES = 1 << 16  # row-axis products up to this size are kept as a list (shared by every pool)
+
+
+class Sweep:
+    """A what-if file's rows: counted before any work (:attr:`num_rows`, :attr:`num_pools`), pools planned
+    by :meth:`plan`, rows produced one at a time by :meth:`rows` (sweep product, then explicit scenarios)."""
+
+    def __init__(self, whatif: WhatIfFile, *, offline: bool = False, token: str | None = None,
+                 calibration: Any = None) -> None:
+        self.whatif = whatif
+        self._planner = _Planner(whatif, offline, token, calibration)  # calibration: --calibration's loaded file
+        self.pool_axes = [a for a in whatif.axes if not set(a.names) <= set(ROW_AXES)]
+        self.row_axes = [a for a in whatif.axes if set(a.names) <= set(ROW_AXES)]
+        self.num_rows = whatif.num_rows
+        self.num_pools = (_count_of(self.pool_axes) if whatif.axes else 0) + len(whatif.scenarios)  # at most
+        self._sweep_pools: list[tuple[dict[str, Any], Pool]] = []
+        self._explicit_pools: list[Pool] = []
+        self._triples: list[tuple[int, int, int | None]] | None = None
+        self._planned = False
+
+    def describe_size(self) -> str:
+        """``100,000 rows (context 100 x batch 1,000)``: the rows and the axes that make them."""
+        axes = " x ".join(f"{'+'.join(a.names)} {len(a.values):,}" for a in self.whatif.axes)
+        extra = len(self.whatif.scenarios)
+        parts = [p for p in (axes, f"{extra:,} scenarios" if extra else "") if p]
+        return f"{plural(self.num_rows, 'row')} ({' + '.join(parts)})" if parts else f"{plural(self.num_rows, 'row')}"
+
+    def check_bounds(self, force: bool = False) -> None:
+        """Raise InputError past :data:`MAX_ROWS` rows or :data:`MAX_POOLS` pool configurations, unless ``force``."""
+        if force:
+            return
+        hint = "use --force to run it anyway, or sweep fewer values"
+        if self.num_rows > MAX_ROWS:
+            raise InputError(f"{self.whatif.display}: {self.describe_size()}, past the bound of {plural(MAX_ROWS, 'row')} "
+                             f"(about a minute and 1.6 GB of CSV + JSON)", hint)
+        if self.num_pools > MAX_POOLS:
+            raise InputError(f"{self.whatif.display}: up to {self.num_pools:,} configurations to plan (every option but "
+                             f"context, batch and max_model_len), past the bound of {MAX_POOLS:,} (about 30 s)", hint)
+
+    # ---- planning -----------------------------------------------------------------------------
+    def _assigns(self) -> Iterator[dict[str, Any]]:
+        for combo in product(*(a.values for a in self.row_axes)):
+            assign: dict[str, Any] = {}
+            for axis, vals in zip(self.row_axes, combo):
+                assign.update(zip(axis.names, vals))
+            yield assign
+
+    def _row_triples(self) -> Any:
+        """The (context, batch, max_model_len) of each sweep row of a pool (the same for every pool: pool
+        axes never hold a row axis, so only the defaults and the row axes decide them)."""
+        if self._triples is not None:
+            return self._triples
+        base = {k: self.whatif.defaults[k] for k in ROW_AXES if k in self.whatif.defaults}
+        triples = (_row_values({**base, **assign}) for assign in self._assigns())
+        if _count_of(self.row_axes) <= _CACHED_TRIPLES:
+            self._triples = list(triples)
+            return self._triples
+        return triples
+
+    def plan(self, progress: Progress | None = None) -> None:
+        """Plan every pool (each once); errors are ScenarioFileError naming the row's options and line."""
+        if self._planned:
+            return
+        whatif, planner = self.whatif, self._planner
+        first = next(self._assigns(), {}) if whatif.axes else {}
+        done = 0
+        if whatif.axes:
+            for combo in product(*(a.values for a in self.pool_axes)):
+                values = dict(whatif.defaults)
+                for axis, vals in zip(self.pool_axes, combo):
+                    values.update(zip(axis.names, vals))
+                if values.get("gpu") is None and values.get("gpu_memory") is None:
+                    values["gpu"] = "H100"
+                pool = planner.pool(values, {**{k: values[k] for k in ROW_AXES if k in values}, **first}, whatif.where)
+                self._sweep_pools.append((values, pool))
+                done += 1
+                if progress is not None and done % 64 == 0:
+                    progress(done, self.num_pools)
+        for explicit in whatif.scenarios:
+            self._explicit_pools.append(planner.pool(
+                explicit.values, {k: explicit.values[k] for k in ROW_AXES if k in explicit.values}, explicit.where))
+        self._planned = True
+        # the row-level checks (context <= max_model_len, prefix_tokens <= context), made now so that
+        # streaming rows cannot fail
+        from kvplan.options import check_context
+
+        if self._sweep_pools:
+            for context, _, mml in self._row_triples():
+                try:
+                    check_context(context, mml)
+                except KvplanError as exc:
+                    raise ScenarioFileError(whatif.where, exc.message, exc.hint) from None
+        for explicit in whatif.scenarios:
+            context, _, mml = _row_values(explicit.values)
+            try:
+                check_context(context, mml)
+            except KvplanError as exc:
+                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+        contexts = {t[0] for t in self._row_triples()} if self._sweep_pools else set()
+        for values, pool in self._sweep_pools:
+            try:
+                for context in contexts:
+                    pool.validate_context(context)
+            except KvplanError as exc:
+                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
+        for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
+            try:
+                pool.validate_context(_row_values(explicit.values)[0])
+            except KvplanError as exc:
+                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+
+    # ---- rows ---------------------------------------------------------------------------------
+    def rows(self, progress: Progress | None = None) -> Iterator[Row]:
+        """Every row in order; ``progress(rows done, total)`` after each pool's rows."""
+        self.plan()
+        whatif, done = self.whatif, 0
+        for values, pool in self._sweep_pools:
+            try:
+                for context, batch, mml in self._row_triples():
+                    yield make_row(pool, context, batch, mml)
+                    done += 1
+            except KvplanError as exc:
+                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
+            if progress is not None:
+                progress(done, self.num_rows)
+        for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
+            context, batch, mml = _row_values(explicit.values)
+            try:
+                yield make_row(pool, context, batch, mml, explicit.name)
+            except KvplanError as exc:
+                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+            done += 1
+        if progress is not None:
+            progress(done, self.num_rows)
+
+    def report(self, digest: RowDigest, rows: tuple[Row, ...] | None = None) -> Report:
+        """The report of the rows produced (pass the digest that saw them; ``rows`` when kept)."""
+        self.plan()
+        pools = list({id(p): p for p in [p for _, p in self._sweep_pools] + self._explicit_pools}.values())
+        row_values = self._row_value_sets()
+        return Report(self.whatif.title, self.whatif.description, self.whatif.display, self.num_rows,
+                      _varying(pools, row_values), _notes(pools), tuple(pools), row_values["mml_differs"], digest, rows,
+                      self._given())
+
+    def _given(self) -> tuple[str, ...]:
+        """The label columns the file sets (``gpu_count`` is the ``gpus`` column)."""
+        w = self.whatif
+        keys = set(w.defaults) | {n for a in w.axes for n in a.names} | {k for e in w.scenarios for k in e.values}
+        keys = {"gpus" if k == "gpu_count" else k for k in keys}
+        return tuple(k for k in LABEL_FIELDS if k in keys)
+
+    def _row_value_sets(self) -> dict[str, Any]:
+        """Distinct names, contexts, batches and max_model_lens over the rows (without making the rows)."""
+        sets: dict[str, Any] = {"name": set(), "context": set(), "batch": set(), "max_model_len": set(), "mml_differs": False}
+        from itertools import chain
+
+        sweep_rows = ((None, t) for t in self._row_triples()) if self._sweep_pools else ()
+        explicit_rows = ((e.name, _row_values(e.values)) for e in self.whatif.scenarios)
+        for name, (context, batch, mml) in chain(sweep_rows, explicit_rows):
+            mml = mml or context
+            sets["name"].add(name)
+            sets["context"].add(context)
+            sets["batch"].add(batch)
+            sets["max_model_len"].add(mml)
+            sets["mml_differs"] = sets["mml_differs"] or mml != context
+        return sets
+
+
+def build_report(whatif: WhatIfFile, *, offline: bool = False, token: str | None = None,
+                 progress: Progress | None = None, force: bool = False) -> Report:
+    """Every row of ``whatif`` (sweep product, then explicit scenarios), kept in the report.
+
+    Raises ScenarioFileError (file:line) for a bad row, InputError past :data:`MAX_ROWS` rows or
+    :data:`MAX_POOLS` configurations unless ``force``.
+    """
+    sweep = Sweep(whatif, offline=offline, token=token)
+    sweep.check_bounds(force)
+    digest = RowDigest()
+    rows = []
+    for row in sweep.rows(progress):
+        digest.add(row)
+        rows.append(row)
+    return sweep.report(digest, tuple(rows))
+
+
+def _varying(pools: list[Pool], row_values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The label columns whose value differs between rows (constant ones are stated once instead)."""
+    if not pools:
+        return ()
+    varying = {name for name in LABEL_FIELDS if name in Pool.LABELS and len({p.labels()[name] for p in pools}) > 1}
+    for name in ("name", "context", "batch", "max_model_len"):
+        if len(row_values[name]) > 1:
+            varying.add(name)
+    return tuple(n for n in LABEL_FIELDS if n in varying)
+
+
+def _notes(pools: list[Pool]) -> tuple[str, ...]:
+    notes: list[str] = []
+    calibrated = [n for p in pools for n in p.plan.budget.notes if n.startswith("calibration ")]
+    if calibrated:
+        used = sum(1 for n in calibrated if "no entry" not in n)
+        notes.append(f"{calibrated[0].split(':')[0]}: measured terms used in {used} of {len(pools)} configurations "
+                     "(the others had no entry for their deployment)")
+    no_kv = [p for p in pools if p.plan.budget.kv_budget_bytes <= 0]
+    if no_kv:
+        p = no_kv[0].plan
+        notes.append(f"{len(no_kv)} of {len(pools)} configurations leave no memory for the KV cache "
+                     f"(e.g. {p.spec.model_id} on {p.options.gpu_count}x {p.gpu.name})")
+    return tuple(notes)

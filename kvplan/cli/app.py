@@ -1,0 +1,178 @@
+"""The ``kvplan`` command line: one thin function per command (load, compute, render).
+
+Errors: a :class:`~kvplan.errors.KvplanError` becomes one line on stderr and its exit code
+(2: bad input); ``KVPLAN_DEBUG=1`` shows the traceback (:mod:`kvplan.cli.errors`). Commands other than
+the core ones live in ``kvplan/cli/commands/<name>.py`` and register themselves on the app (each imports its
+heavy modules lazily, and never imports this module).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Any, Optional
+
+import typer
+
+from kvplan import __version__
+from kvplan.cli.errors import handle_errors
+from kvplan.cli.options import (
+    HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
+    with_estimate_options,
+)
+from kvplan.cli.commands import check, explain, observe, report, schema, simulate, validate
+
+app = typer.Typer(
+    name="kvplan",
+    help="Plan KV-cache memory for LLM serving: how many requests, at what context, fit on this GPU.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        print(f"kvplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=version_callback, is_eager=True,
+                                                    help="Show the version and exit.")] = None,
+) -> None:
+    """kvplan: KV-cache capacity planning for LLM serving."""
+
+
+@app.command(epilog="Examples: kvplan estimate meta-llama/Llama-3.1-8B --gpu H100 --context 8k  ·  "
+                    "kvplan estimate Qwen/Qwen3-32B -g a100 --tp 2 --kv-dtype fp8 --batch 32 --json")
+@handle_errors
+@with_estimate_options
+def estimate(model: ModelArg, json_out: JsonOpt = False, *, values: dict[str, Any], token: str | None) -> None:
+    """How many requests at what context fit: per-token bytes, memory budget, blocks, concurrency."""
+    from kvplan.planning.plan import estimate as run_estimate, options_from_values
+
+    plan = run_estimate(options_from_values({"model": model, **values}), token=token)
+    if json_out:
+        from kvplan.render import print_json
+
+        print_json(plan.to_dict())
+        return
+    from kvplan.render import console
+    from kvplan.render.estimate import render_plan
+
+    out = console()
+    out.print(f"[grey62]source: {plan.source}[/]")
+    out.print(render_plan(plan))
+
+
+models_app = typer.Typer(help="Bundled model specs (offline, pinned).", invoke_without_command=True, no_args_is_help=False)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+@handle_errors
+def models(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the bundled model specs (`kvplan models show MODEL` for one)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from kvplan.render.catalogue import models_rows, render_models
+
+    rows = models_rows()
+    if json_out:
+        from kvplan.render import print_json
+
+        print_json(rows)
+        return
+    from kvplan.render import console
+
+    console().print(render_models(rows))
+
+
+@models_app.command("show")
+@handle_errors
+@with_aliases
+def models_show(
+    model: ModelArg,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    hub: HubOpt = False,
+    offline: OfflineOpt = False,
+    refresh: RefreshOpt = False,
+    kv_dtype: KvDtypeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One resolved spec: where it came from and what each layer group caches."""
+    from kvplan.render.catalogue import model_detail, render_model_detail
+    from kvplan.model.sources import load_spec
+
+    spec, source = load_spec(model, revision=revision, token=token, force_hub=hub, offline=offline, refresh=refresh)
+    detail = model_detail(spec, source.describe(), kv_dtype)
+    if json_out:
+        from kvplan.render import print_json
+
+        print_json(detail)
+        return
+    from kvplan.render import console
+
+    console().print(render_model_detail(detail))
+
+
+@app.command()
+@handle_errors
+def gpus(json_out: JsonOpt = False) -> None:
+    """The GPU catalogue: memory the runtime reports, bandwidth, aliases."""
+    from kvplan.gpus import load_gpus
+
+    catalogue = load_gpus()
+    if json_out:
+        from kvplan.render import print_json
+
+        print_json([g.to_dict() for g in catalogue])
+        return
+    from kvplan.render import console
+    from kvplan.render.catalogue import render_gpus
+
+    console().print(render_gpus(catalogue))
+
+
+for _command in (validate, check, report, schema, simulate, observe, explain):  # each in kvplan/cli/commands/<name>.py
+    _command.register(app)
+
+
+def usage_error_line(exc: BaseException) -> str | None:
+    """A command-line usage error (unknown option, missing argument, bad value) as one line, or None.
+
+    typer raises click's usage exceptions; only their public attributes are read (``format_message``,
+    ``exit_code``, ``ctx``), so no typer internals are imported.
+    """
+    fmt, code = getattr(exc, "format_message", None), getattr(exc, "exit_code", None)
+    if not callable(fmt) or not isinstance(code, int):
+        return None
+    message = " ".join(str(fmt()).split())
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "kvplan"
+    return f"{message} (see {path} --help)" if message else f"usage error (see {path} --help)"
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point: usage errors are one line on stderr and exit 2, like every other error."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=args, prog_name="kvplan", standalone_mode=False)
+    except typer.Abort:
+        sys.stderr.write("kvplan: error: interrupted\n")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - only click's usage errors are handled here
+        line = usage_error_line(exc)
+        if line is None or os.environ.get("KVPLAN_DEBUG"):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `kvplan` alone: the help, as typer shows it (exit 2)
+            ctx = getattr(exc, "ctx", None)
+            sys.stdout.write((ctx.get_help() if ctx is not None else line) + "\n")
+            sys.exit(getattr(exc, "exit_code", 2))
+        sys.stderr.write(f"kvplan: error: {line}\n")
+        sys.exit(getattr(exc, "exit_code", 2) or 2)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,149 @@
+"""``kvplan observe URL``: a running server's KV pool from its Prometheus ``/metrics``, against the plan.
+
+Exit codes: 0 ok; 1 a ``--require`` gate failed; 2 bad input, or no poll could read the endpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Optional
+
+import typer
+
+from kvplan.cli.options import JsonOpt
+
+EPILOG = ("Examples: kvplan observe http://127.0.0.1:8000/metrics  ·  "
+          "kvplan observe localhost:8000 --model meta-llama/Llama-3.1-8B-Instruct --gpu H100 --duration 60  ·  "
+          "kvplan observe $URL --duration 120 --require 'usage_peak < 0.95' --require 'preemptions == 0' --json")
+
+UrlArg = Annotated[str, typer.Argument(help="The server's metrics URL (http://host:8000/metrics); host:port gets /metrics.",
+                                       show_default=False)]
+ObsModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", help="Model to plan for the comparison (as in `kvplan estimate MODEL`); the estimate options apply.")]
+ServedNameOpt = Annotated[Optional[str], typer.Option(
+    "--served-model-name", help="The endpoint's model_name label for --model (vLLM's --served-model-name), when it is "
+    "an alias: only that series is compared with the plan (default: the series named like --model).",
+    show_default=False)]
+IntervalOpt = Annotated[float, typer.Option("--interval", help="Seconds between polls (0.05 to 86,400).")]
+DurationOpt = Annotated[Optional[float], typer.Option(
+    "--duration", help="Seconds to observe, at most 2,592,000 (30 days) (default: until Ctrl-C).")]
+TimeoutOpt = Annotated[float, typer.Option(
+    "--timeout", help="Seconds one request may take before the poll counts as failed (0.05 to 600).")]
+CsvOpt = Annotated[Optional[str], typer.Option("--csv", help="Write the samples here as CSV (one row per poll and series).")]
+PlotOpt = Annotated[Optional[str], typer.Option("--plot", help="Plot usage, running/waiting and hit rate over time here (.png, .svg, .pdf).")]
+RequireOpt = Annotated[Optional[list[str]], typer.Option(
+    "--require", help="Gate (repeatable): 'usage_peak < 0.95', 'preemptions == 0', 'prefix_hit_rate > 0.5'; exit 1 if one fails.")]
+HeaderOpt = Annotated[Optional[list[str]], typer.Option(
+    "--header", help="HTTP header to send (repeatable), e.g. 'Authorization: Bearer TOKEN'. Never printed.", show_default=False)]
+
+
+def _say(event: Any) -> None:
+    message = " ".join(event.message.splitlines())  # a label value with a newline stays on its line
+    sys.stderr.write(f"kvplan: [{event.elapsed_s:,.1f} s] {message}\n")
+
+
+def _given(ctx: typer.Context, values: dict) -> frozenset[str]:
+    """The estimate options the user typed (or set in the environment), not left at their defaults."""
+    sources = {k: ctx.get_parameter_source(k) for k in values}
+    return frozenset(k for k, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT"))
+
+
+def _compare(planner: Any, obs: Any) -> list[Any]:
+    if planner is None:
+        return []
+    from kvplan.observe.compare import compare
+
+    return [compare(planner.view, s, planner) for s in obs.series]
+
+
+def _observe(session: Any, planner: Any, live: bool) -> Any:
+    """Run the loop; adopt the endpoint's cache config into the plan; redraw the live view each poll."""
+    from kvplan.observe.session import run
+
+    def adopt(s: Any) -> None:
+        if planner is not None:
+            config = next((r.cache_config for r in s.latest.values() if r.cache_config and planner.serves(r.labels)),
+                          None)
+            if config:
+                planner.adopt(config)
+
+    if not live:
+        return run(session, on_poll=adopt)
+    from rich.live import Live
+
+    from kvplan.render import console
+    from kvplan.render.observe import render_observation
+
+    with Live(console=console(), refresh_per_second=4, transient=True) as view:
+        def redraw(s: Any) -> None:
+            adopt(s)
+            obs = s.snapshot(with_polls=False)
+            view.update(render_observation(obs, planner.view if planner else None, _compare(planner, obs)))
+
+        return run(session, on_poll=redraw)
+
+
+def register(app: typer.Typer) -> None:
+    from kvplan.cli.errors import handle_errors
+    from kvplan.cli.options import with_estimate_options
+
+    @app.command("observe", epilog=EPILOG)
+    @handle_errors
+    @with_estimate_options
+    def observe(url: UrlArg, model: ObsModelOpt = None, served_model_name: ServedNameOpt = None, interval: IntervalOpt = 1.0,
+                duration: DurationOpt = None, timeout: TimeoutOpt = 5.0, csv: CsvOpt = None, plot: PlotOpt = None, require: RequireOpt = None,
+                header: HeaderOpt = None, json_out: JsonOpt = False, *, ctx: typer.Context, values: dict,
+                token: Optional[str]) -> None:
+        """Measure a running vLLM or SGLang server's KV pool from its Prometheus /metrics: usage, running and waiting requests, preemptions, prefix hits, tokens/s; compare with the plan; gate CI on it."""
+        from kvplan.observe.compare import Planner
+        from kvplan.observe.gates import evaluate, parse_gate
+        from kvplan.observe.scrape import endpoint
+        from kvplan.observe.session import Session, check_timing
+        from kvplan.io.atomic import check_writable
+        from kvplan.render import console, plot_path, print_json
+        from kvplan.render.observe import observation_to_dict, render_observation
+        from rich.markup import escape
+
+        check_timing(interval, duration, timeout, ("--interval", "--duration", "--timeout"))
+        where = endpoint(url, header or ())
+        gates = [parse_gate(text) for text in require or ()]
+        if csv:
+            check_writable(csv, "--csv")
+        plot_file = plot_path(plot) if plot else None
+        if served_model_name is not None and not model:
+            from kvplan.cli.errors import fail
+
+            raise fail("--served-model-name names the series of --model: pass --model too")
+        planner = Planner({**values, "model": model}, token, given=_given(ctx, values),
+                          served_name=served_model_name) if model else None
+        live = sys.stdout.isatty() and not json_out
+        session = Session(where, interval_s=interval, duration_s=duration, timeout_s=timeout,
+                          on_event=None if live else _say)
+        obs = _observe(session, planner, live)
+        comparisons = _compare(planner, obs)
+        outcomes = [evaluate(g, obs.summary) for g in gates]
+        files = {}
+        if csv:
+            from kvplan.render.observe import write_csv
+
+            write_csv(obs, csv)
+            files["csv"] = str(csv)
+        if plot_file and obs.read_polls:
+            from kvplan.render.observe import write_plot
+
+            files["plot"] = str(write_plot(obs, plot_file))
+        if json_out:
+            print_json(observation_to_dict(obs, planner.view if planner else None, comparisons, outcomes, files))
+        else:
+            out = console()
+            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes, max_events=20))
+            for kind, path in files.items():
+                out.print(f"[grey62]{kind}: {escape(path)}[/]")
+        if not obs.read_polls:
+            last = obs.polls[-1].error if obs.polls else "interrupted before the first poll"
+            from kvplan.cli.errors import fail
+
+            raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {last}")
+        raise typer.Exit(0 if all(o.passed for o in outcomes) else 1)
+
+    _ = observe  # registered on the app

@@ -1,0 +1,164 @@
+"""What a serving engine builds for a model besides its layers' caches and weights: rotary tables and the image encoder.
+
+Called by :mod:`kvplan.model.spec` with its config reader. Both feed the engine's budget, not the KV cache:
+
+- :func:`rotary_caches`: the cos/sin tables vLLM's ``get_rope`` builds at load (one per distinct set of rope
+  parameters, ``[positions, rotary_dim]`` in the model dtype; vLLM logs them with the weights). The rows
+  follow the rope type, as each ``RotaryEmbedding._compute_cos_sin_cache`` does (vLLM 0.8 - 0.32):
+  ``linear`` / ``dynamic`` ``max_position_embeddings x factor``; ``yarn`` / ``deepseek_yarn``
+  ``original_max_position_embeddings x factor``; ``longrope`` the short and the long table
+  (``original + max_position_embeddings``); every other type (``default``, ``llama3``, ``mrope``, ...)
+  ``max_position_embeddings``. ``rotary_dim = head_dim x partial_rotary_factor``. Gemma 3's local layers
+  use ``rope_local_base_freq`` without scaling, a second table (so do per-layer-type ``rope_parameters``).
+- :func:`rope_scaling`: the config's rope parameters (``rope_parameters``, per layer type when nested, or
+  ``rope_scaling``), from which each engine derives the longest max_model_len it accepts
+  (:func:`kvplan.engines.vllm_rules.model_max_len`, :func:`kvplan.engines.sglang.model_max_len`).
+- :func:`vision_encoder`: the image encoder of Gemma 3's multimodal checkpoints (SigLIP), whose dummy image
+  batch vLLM's profile run pushes through the encoder (:mod:`kvplan.engines.vllm_profile`). Other
+  multimodal families are not modelled (``None``; the spec's note says so).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+from kvplan.model.config_reader import ConfigReader
+from kvplan.errors import ConfigError
+from kvplan.limits import MAX_ROPE_TABLE_ELEMENTS
+from kvplan.model.modelspec import LayerCache, LayerKind, RopeScaling, RotaryCache, VisionEncoder
+from kvplan.units import scaled
+
+_PARTIAL_KEYS = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction")  # vLLM's patch_rope_parameters
+_KIND_LAYER_TYPES = {LayerKind.FULL: "full_attention", LayerKind.SLIDING: "sliding_attention",
+                     LayerKind.CHUNKED: "chunked_attention"}
+# text model types whose sliding layers use their own unscaled rope (rope_local_base_freq, transformers default 10000)
+_LOCAL_ROPE_TYPES = frozenset({"gemma3_text", "gemma3n_text"})
+# transformers' SiglipVisionConfig defaults, for a Gemma 3 vision_config that leaves a key out
+_SIGLIP_DEFAULTS = {"image_size": 224, "patch_size": 16, "hidden_size": 768, "intermediate_size": 3072, "num_channels": 3}
+# Gemma 3's processor writes each image as "\n\n<start_of_image>" + N x <image_soft_token> + "<end_of_image>\n\n":
+# N embeddings in N + 4 prompt tokens (vLLM up to 0.12 sized its dummy batch by the prompt tokens: 8,192 // 260 = 31)
+GEMMA3_IMAGE_MARKER_TOKENS = 4
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _ceil_product(rows: int, factor: float) -> int:
+    """``ceil(rows x factor)`` exactly (a factor of 1e300 is a huge integer for the bound, not an overflow)."""
+    return scaled(rows, factor, ceil=True)
+
+
+def _positions(params: Mapping[str, Any], max_pos: int, original: int | None) -> tuple[int, str]:
+    """Rows of the cos/sin table for one set of rope parameters, and how they were derived."""
+    kind = str(params.get("rope_type") or params.get("type") or "default")
+    factor = _number(params.get("factor"))
+    orig = int(_number(params.get("original_max_position_embeddings")) or original or max_pos)
+    if kind in ("linear", "dynamic") and factor:
+        return _ceil_product(max_pos, factor), f"max_position_embeddings {max_pos:,} x {kind} factor {factor:g}"
+    if kind in ("yarn", "deepseek_yarn") and factor:
+        return _ceil_product(orig, factor), f"original_max_position_embeddings {orig:,} x {kind} factor {factor:g}"
+    if kind in ("longrope", "su"):
+        return orig + max_pos, f"longrope: short {orig:,} + long {max_pos:,} positions"
+    return max_pos, f"max_position_embeddings {max_pos:,}" + ("" if kind == "default" else f" ({kind})")
+
+
+def _partial(r: ConfigReader, params: Mapping[str, Any]) -> float:
+    for value in [params.get("partial_rotary_factor")] + [r.raw(k) for k in _PARTIAL_KEYS]:
+        factor = _number(value)
+        if factor is not None and 0 < factor <= 1:
+            return factor
+    return 1.0
+
+
+def _params_by_kind(r: ConfigReader, kinds: list[LayerKind]) -> dict[LayerKind, dict[str, Any]]:
+    """The rope parameters each attention layer kind uses (vLLM: ``config.rope_parameters``, per layer type
+    when nested; Gemma 3's local layers ``rope_local_base_freq`` unscaled)."""
+    raw = r.raw("rope_parameters") or r.raw("rope_scaling")
+    raw = raw if isinstance(raw, Mapping) else {}
+    theta = r.raw("rope_theta")
+    if raw and all(isinstance(v, Mapping) for v in raw.values()):  # transformers v5: one entry per layer type
+        return {k: dict(raw.get(_KIND_LAYER_TYPES[k]) or next(iter(raw.values()))) for k in kinds}
+    flat = {"rope_theta": theta, **raw}
+    out = {k: flat for k in kinds}
+    if LayerKind.SLIDING in kinds and (r.has("rope_local_base_freq") or r.raw("model_type") in _LOCAL_ROPE_TYPES):
+        out[LayerKind.SLIDING] = {"rope_type": "default", "rope_theta": r.raw("rope_local_base_freq") or 10000.0}
+    return out
+
+
+def rotary_caches(r: ConfigReader, layers: list[LayerCache], max_pos: int | None) -> tuple[RotaryCache, ...]:
+    """The distinct rope tables of the model's attention layers (none for MLA-only or state-only models, or
+    without ``max_position_embeddings``); see the module docstring for the rows."""
+    attn = [layer for layer in layers if layer.kind in _KIND_LAYER_TYPES and layer.head_dim]
+    if not attn or not max_pos:
+        return ()
+    kinds = list(dict.fromkeys(layer.kind for layer in attn))
+    head_dim = {layer.kind: layer.head_dim for layer in reversed(attn)}
+    original = r.raw("original_max_position_embeddings")
+    tables: dict[str, RotaryCache] = {}
+    for kind, params in _params_by_kind(r, kinds).items():
+        rows, rule = _positions(params, max_pos, int(original) if _number(original) else None)
+        dim = int(head_dim[kind] * _partial(r, params))
+        kind_name = params.get("rope_type") or params.get("type") or "default"
+        key = json.dumps([rows, dim, kind_name, {k: v for k, v in params.items() if k not in ("rope_type", "type")}],
+                         sort_keys=True, default=str)  # vLLM's get_rope cache key: the parameters and sizes
+        tables.setdefault(key, _bounded(r, RotaryCache(rows, dim, rule)))
+    return tuple(tables.values())
+
+
+def _bounded(r: ConfigReader, table: RotaryCache) -> RotaryCache:
+    """The table, or a ConfigError when it is past :data:`~kvplan.limits.MAX_ROPE_TABLE_ELEMENTS` (vLLM
+    would build it on the GPU at load: a 4-billion-position table is a terabyte)."""
+    elements = table.positions * table.rotary_dim
+    if elements > MAX_ROPE_TABLE_ELEMENTS:
+        raise ConfigError(f"{r.where}: the rotary cos/sin table of {r.prefix}{table.rule} x rotary_dim {table.rotary_dim} "
+                          f"is {elements:,} elements ({elements * 2 / 2**30:,.0f} GiB in bf16): at most "
+                          f"{MAX_ROPE_TABLE_ELEMENTS:,}", "check max_position_embeddings and the rope scaling factor")
+    return table
+
+
+_LEGACY_ROPE_TYPES = {"su": "longrope", "mrope": "default"}  # vLLM's patch_legacy_rope_type
+
+
+def _whole(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and number >= 1 else None
+
+
+def rope_scaling(r: ConfigReader) -> tuple[RopeScaling, ...]:
+    """The config's rope parameters in order: one entry per layer type when ``rope_parameters`` is nested
+    (transformers 5), else the one ``rope_parameters`` / ``rope_scaling`` dict; none without either."""
+    raw = r.raw("rope_parameters") or r.raw("rope_scaling")
+    if not isinstance(raw, Mapping) or not raw:
+        return ()
+    nested = all(isinstance(v, Mapping) for v in raw.values())
+    sets = [v for v in raw.values() if v] if nested else [raw]
+    top = _whole(r.raw("original_max_position_embeddings"))
+    out = []
+    for params in sets:
+        kind = str(params.get("rope_type") or params.get("type") or "default")
+        out.append(RopeScaling(_LEGACY_ROPE_TYPES.get(kind, kind), _number(params.get("factor")),
+                               _whole(params.get("original_max_position_embeddings")), top))
+    return tuple(out)
+
+
+def vision_encoder(config: Mapping[str, Any], where: str) -> VisionEncoder | None:
+    """Gemma 3's image encoder (``model_type: gemma3`` with a ``vision_config``), else ``None``."""
+    vision = config.get("vision_config")
+    if config.get("model_type") != "gemma3" or not isinstance(vision, dict):
+        return None
+    v = ConfigReader({**_SIGLIP_DEFAULTS, **vision}, where, "vision_config.")
+    top = ConfigReader(config, where)
+    tokens = top.int("mm_tokens_per_image", ("mm_tokens_per_image",), default=256)
+    assert tokens is not None
+    size, patch, hidden, inter, channels = (v.int(k, (k,)) for k in ("image_size", "patch_size", "hidden_size",
+                                                                      "intermediate_size", "num_channels"))
+    assert size and patch and hidden and inter and channels
+    return VisionEncoder(size, patch, hidden, inter, tokens, tokens + GEMMA3_IMAGE_MARKER_TOKENS, channels,
+                         f"vision_config (SigLIP {size}x{size}, patch {patch}, hidden {hidden}, intermediate {inter}); "
+                         f"mm_tokens_per_image {tokens}")
+
+
+__all__ = ["rotary_caches", "rope_scaling", "vision_encoder", "GEMMA3_IMAGE_MARKER_TOKENS"]

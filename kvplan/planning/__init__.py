@@ -1,0 +1,11 @@
+"""What a plan is made of: options + model spec + engine rules -> the frozen Plan and its Answer.
+
+- :mod:`kvplan.planning.plan`: :func:`~kvplan.planning.plan.estimate` and the frozen ``Plan``;
+- :mod:`kvplan.planning.answer`: one deployment's answer (starts, requests, fits, max context);
+- :mod:`kvplan.planning.auto_length`: ``--max-model-len auto``;
+- :mod:`kvplan.planning.suggest`: option changes that make a plan fit, re-planned before they are offered;
+- :mod:`kvplan.planning.serialize`: a plan as the JSON every output shares.
+
+May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model,
+kvplan.memory, kvplan.engines
+"""

@@ -1,0 +1,546 @@
+"""Spec + GPU + budget + workload -> :class:`Plan`: the frozen numbers every output renders.
+
+``estimate(options)`` is the one entry point; ``check``, ``report`` and ``simulate`` call it (or
+``plan_for_spec``) and never recompute anything themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from kvplan import memory
+from kvplan.planning.answer import Answer, Deployment
+from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
+from kvplan.engines.registry import engine as engine_rules
+from kvplan.errors import InputError
+from kvplan.options import Options, check_context, option_values_of, options_from_values
+from kvplan.model.spec import LayerCache, LayerKind, ModelSpec, Overrides
+from kvplan.units import DType, GiB, parse_dtype, plural
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The GPU planned for: name, memory the runtime reports (bytes), HBM bandwidth (bytes/s)."""
+
+    name: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: int | None
+    memory_source: str
+    is_cpu: bool = False
+    fp16_tflops: float | None = None  # dense fp16/bf16 peak, for prefill-cost estimates
+    vendor: str = ""  # nvidia, amd, any (the catalogue's), "" for --gpu-memory alone
+    sm_count: int | None = None  # streaming multiprocessors (AMD: compute units)
+    interconnect: str | None = None  # nvlink-switch, nvlink, pcie, infinity-fabric (the catalogue's)
+    bf16: bool = True  # the engine can run bfloat16 here (NVIDIA: compute capability >= 8.0)
+
+    @property
+    def device(self) -> Device:
+        """What the engine's budget needs: platform (``rocm`` for AMD GPUs, else ``cuda``), SMs, interconnect."""
+        return Device("rocm" if self.vendor == "amd" else "cuda", self.sm_count, self.interconnect)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything kvplan computed for one scenario, in bytes and tokens. Renderers only format this."""
+
+    options: Options
+    spec: ModelSpec
+    source: str
+    gpu: GpuInfo
+    engine: EngineDefaults
+    kv_dtype: str
+    model_dtype: str
+    weights_dtype: str
+    rank_layers: tuple[LayerCache, ...]
+    heads_replicated: bool
+    kv_bytes_per_token_model: int  # whole model, all layers (no window), kv dtype
+    kv_bytes_per_token_gpu: int  # one GPU's slice
+    state_bytes_per_request_gpu: int
+    weights_total_bytes: int
+    budget: Budget
+    demand: memory.Demand  # the pool layout and what one request holds in it under the engine's rules
+    max_model_len: int
+    max_num_batched_tokens: int  # the engine's scheduler token budget per step
+    answer: Answer
+    fragmentation: memory.Fragmentation
+    prefix: memory.PrefixSharing | None
+    roofline: memory.Roofline | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __repr__(self) -> str:
+        a = self.answer
+        return (f"Plan({self.spec.model_id} on {self.options.gpu_count}x {self.gpu.name}: "
+                f"{self.kv_bytes_per_token_gpu:,} B/token/GPU, KV budget {self.budget.kv_budget_bytes / GiB:.2f} GiB, "
+                f"{a.kv_tokens:,} KV tokens, {plural(a.max_requests, 'request')} at {plural(a.context, 'token')}, "
+                f"{'fits' if a.fits else 'does not fit'} {a.batch} x {a.context:,})")
+
+    @property
+    def layout(self) -> memory.PoolLayout:
+        """The pool layout (``demand.layout``)."""
+        return self.demand.layout
+
+    @property
+    def rules(self) -> Engine:
+        """The engine's rules (``kvplan.engines.vllm`` or ``kvplan.engines.sglang``), for this plan's ``engine``."""
+        return engine_rules(self.engine.engine)
+
+    @property
+    def deployment(self) -> Deployment:
+        """The pool under the engine's rules: whether it starts, requests at once, the longest context."""
+        return Deployment(self.spec, self.engine, self.rules, self.demand, self.answer.num_blocks,
+                          self.options.max_num_seqs)
+
+    @property
+    def max_model_len_fixed(self) -> int | None:
+        """max_model_len when the user fixed it (``--max-model-len N`` or ``auto``); None when it follows
+        ``--context``."""
+        return self.max_model_len if self.options.max_model_len or self.options.auto_max_model_len else None
+
+    @property
+    def launch(self) -> Launch:
+        """What the engine's start-up log and command line need (``rules.report`` / ``rules.serve_command``):
+        every option of this plan that changes it, as the plan resolved it."""
+        o, a, e = self.options, self.answer, self.engine
+        default_caching = self.rules.default_prefix_caching(e) if e.prefix_caching is None else e.prefix_caching
+        other_usage = o.usage_context != "serve"  # the LLM class's batching defaults: pass them to a server
+        return Launch(
+            self.spec.model_id, self.max_model_len, self.budget.gpu_util, o.tp, o.pp, self.model_dtype, self.kv_dtype,
+            a.max_num_seqs, a.max_requests, a.kv_tokens, a.capacity_tokens, a.max_concurrency, e.kv_tokens_rule,
+            self.layout.block_size if o.block_size else None, o.kv_budget_bytes, self.serve_model,
+            max_num_seqs_flag=o.max_num_seqs or (a.max_num_seqs if other_usage else None),
+            dtype=self.model_dtype if o.dtype and o.dtype != "auto" else None,
+            quantization=o.quantization,
+            max_num_batched_tokens_flag=o.max_num_batched_tokens or (e.max_num_batched_tokens if other_usage else None),
+            enforce_eager=o.enforce_eager,
+            prefix_caching_flag=None if self.prefix_caching == default_caching else self.prefix_caching,
+            ssm_dtype=next((x.ssm_dtype for x in self.rank_layers if x.is_state and x.ssm_dtype), None)
+            if o.ssm_dtype else None,
+            is_cpu=self.gpu.is_cpu, revision=o.revision)
+
+    @property
+    def option_values(self) -> dict[str, Any]:
+        """Every option that changes this plan (:data:`kvplan.options.PLAN_OPTIONS`) as
+        :func:`options_from_values` takes it: as resolved here (GPU, engine release: the one asked for, else
+        the first of the modelled range, dtypes, block size, utilisation, batching limits, prefix caching) or
+        as set. Planning them again gives this plan."""
+        o, e = self.options, self.engine
+        return option_values_of(o, {
+            "model": self.spec.model_id, "gpu": self.gpu.name if o.gpu else None, "engine": e.engine,
+            "engine_version": e.requested_version or (e.release_range.split()[0] if e.release_range else e.version),
+            "usage_context": e.usage_context,
+            "dtype": self.model_dtype, "kv_dtype": self.kv_dtype, "weights_dtype": self.weights_dtype,
+            "block_size": e.block_size, "gpu_util": self.budget.gpu_util, "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.answer.max_num_seqs,
+            "prefix_caching": self.prefix_caching})
+
+    @property
+    def serve_model(self) -> str:
+        """What a launch command names: a local model's folder (engines load the folder), else the model id."""
+        if self.source.startswith("local config "):
+            from pathlib import Path
+
+            return str(Path(self.spec.source).parent)
+        return self.spec.model_id
+
+    @property
+    def inflight_tokens(self) -> int:
+        """Tokens scheduled but not yet computed, which windowed groups also hold (``demand.inflight_tokens``)."""
+        return self.demand.inflight_tokens
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the engine runs with prefix caching (``demand.prefix_caching``)."""
+        return self.demand.prefix_caching
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready numbers under the documented schema (docs/cli.md, "JSON output")."""
+        from kvplan.planning.serialize import plan_to_dict
+
+        return plan_to_dict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_gpu(options: Options) -> GpuInfo:
+    """The GPU from the catalogue (or ``--gpu-memory``), as the runtime reports it."""
+    from kvplan.gpus import find_gpu
+
+    gpu = find_gpu(options.gpu) if options.gpu else None
+    is_cpu = bool(gpu and gpu.is_cpu)
+    memory_bytes = options.gpu_memory_bytes or (gpu.memory_bytes if gpu else None)
+    source = "--gpu-memory" if options.gpu_memory_bytes else (gpu.memory_source if gpu else "")
+    if memory_bytes is None and is_cpu and options.kv_budget_bytes:
+        # The CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory alone.
+        memory_bytes, source = options.kv_budget_bytes, "--kv-budget (the CPU backend needs no host memory size)"
+    if memory_bytes is None:
+        raise InputError(f"GPU {gpu.name if gpu else options.gpu!r} has no fixed memory",
+                         "pass --gpu-memory SIZE (e.g. 64GiB), or for the CPU backend --kv-budget SIZE")
+    name = gpu.name if gpu else "custom"
+    return GpuInfo(name, memory_bytes, gpu.bandwidth_bytes_per_s if gpu else None, source, is_cpu,
+                   gpu.fp16_tflops if gpu else None, gpu.vendor if gpu else "", gpu.sm_count if gpu else None,
+                   gpu.interconnect if gpu else None, gpu.supports_bf16 if gpu else True)
+
+
+def estimate(options: Options, token: str | None = None) -> Plan:
+    """Resolve the model, then :func:`plan_for_spec`. ``token`` is a Hub token (never stored or printed)."""
+    from kvplan.model.sources import load_spec
+
+    spec, source = load_spec(options.model, revision=options.revision, token=token, force_hub=options.hub,
+                             offline=options.offline, refresh=options.refresh,
+                             overrides=Overrides(options.layers, options.kv_heads, options.head_dim))
+    return plan_for_spec(spec, options, source.describe())
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """The per-GPU pool of one scenario: everything that does not depend on context, batch or max_model_len
+    (except the V0 batch default). ``options`` has ``prefix_caching`` resolved to the engine's default."""
+
+    options: Options
+    gpu: GpuInfo
+    engine: EngineDefaults
+    model_dtype: DType
+    kv_dtype: DType
+    weights_dtype: DType | None
+    layers: tuple[LayerCache, ...]
+    demand: memory.Demand
+    weights_total_bytes: int
+    budget: Budget
+    blocks: int
+
+
+def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo) -> EngineDefaults:
+    """The engine's defaults for this GPU, with the user's utilisation / block size / batching limits."""
+    version, version_note = rules.resolve_version(options.engine_version)
+    engine = rules.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
+                                 max_model_len=options.max_model_len or options.context,
+                                 usage_context=options.usage_context, tp=options.tp, pp=options.pp)
+    if version_note:
+        engine = replace(engine, requested_version=options.engine_version or "", notes=(version_note,) + engine.notes)
+    if options.block_size and rules.BLOCK_SIZES and options.block_size not in rules.BLOCK_SIZES:
+        raise InputError(f"invalid --block-size {options.block_size}: {rules.ENGINE}'s choices are "
+                         + ", ".join(map(str, rules.BLOCK_SIZES)), f"{rules.ENGINE}'s default here is {engine.block_size}")
+    if options.gpu_util is not None or options.block_size or options.max_num_batched_tokens or options.max_num_seqs:
+        engine = replace(
+            engine,
+            gpu_util=options.gpu_util if options.gpu_util is not None else engine.gpu_util,
+            block_size=options.block_size or engine.block_size,
+            max_num_batched_tokens=options.max_num_batched_tokens or engine.max_num_batched_tokens,
+            max_num_seqs=options.max_num_seqs or engine.max_num_seqs,
+        )
+    return engine
+
+
+def _with_ssm_dtype(layers: tuple[LayerCache, ...], rules: Engine, options: Options,
+                    gpu: GpuInfo) -> tuple[LayerCache, ...]:
+    """State layers with the SSM dtype the engine stores (``--ssm-dtype``, or the CPU backend's float32)."""
+    requested = parse_dtype(options.ssm_dtype, "--ssm-dtype").name if options.ssm_dtype else None
+    out = []
+    for layer in layers:
+        dtype = rules.ssm_dtype(requested, layer.state_kind, is_cpu=gpu.is_cpu) if layer.is_state else None
+        out.append(replace(layer, ssm_dtype=dtype) if dtype else layer)
+    return tuple(out)
+
+
+def _with_images(layers: tuple[LayerCache, ...], spec: ModelSpec, options: Options) -> tuple[LayerCache, ...]:
+    """Cross-attention layers caching ``--images`` images' tokens per request (the spec counts one)."""
+    if options.images is None:
+        return layers
+    if not any(layer.kind is LayerKind.CROSS for layer in spec.layers):
+        raise InputError(f"--images {options.images}: {spec.model_id} has no cross-attention layers",
+                         "--images sizes the image tokens of cross-attention models such as Llama-3.2-Vision")
+    return tuple(replace(layer, window_tokens=(layer.window_tokens or 0) * options.images)
+                 if layer.kind is LayerKind.CROSS else layer for layer in layers)
+
+
+def _pool(spec: ModelSpec, options: Options) -> _Pool:
+    """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
+    gpu = resolve_gpu(options)
+    rules = engine_rules(options.engine)
+    engine = rules.for_model(_engine_defaults(rules, options, gpu), spec, gpu.is_cpu,
+                             options.max_model_len or options.context)
+    if options.dtype and options.dtype != "auto":
+        model_dtype = parse_dtype(options.dtype, "--dtype")
+    else:  # the engine's --dtype auto: a float32 checkpoint runs in bf16 (fp16 without bf16 support)
+        model_dtype = parse_dtype(rules.auto_dtype(spec.dtype, spec.model_type, bf16=gpu.bf16))
+    kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
+    if engine.kv_in_model_dtype:  # the engine ignores --kv-dtype for this model
+        kv_dtype = model_dtype
+    weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
+    quantized_how = ""
+    if options.quantization:
+        method_dtype, quantized_how = quantization_weights(options.quantization)
+        if weights_dtype is None and method_dtype:
+            weights_dtype = parse_dtype(method_dtype, "--quantization", weights=True)
+
+    heads = spec.num_attention_heads
+    if heads and heads % options.tp:  # vLLM's ModelConfig.verify_with_parallel_config
+        raise InputError(f"--tp {options.tp} does not divide the model's {heads} attention heads ({rules.ENGINE} "
+                         "requires it)",
+                         "use a tp that divides " + f"{heads}: " + ", ".join(str(t) for t in (1, 2, 4, 8, 16, 32, 64)
+                                                                            if t <= heads and heads % t == 0))
+    layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
+                          spec, options)
+    layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
+    prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
+    if engine.prefix_caching is not None:  # the engine forces it for this model
+        prefix_caching = engine.prefix_caching
+    if prefix_caching != options.prefix_caching:
+        options = replace(options, prefix_caching=prefix_caching)
+    demand = memory.Demand(layout, rules.inflight_tokens(engine, options.pp, gpu.is_cpu), prefix_caching)
+
+    weights_total, weights_source = _weights(spec, options, weights_dtype, model_dtype)
+    if quantized_how and options.weights_bytes is None:
+        weights_source = f"{quantized_how}: {weights_source}"
+    n_gpus = options.tp * options.pp
+    weights_term = Term("weights", math.ceil(weights_total / n_gpus),
+                        weights_source + (f", split over {plural(n_gpus, 'GPU')}" if n_gpus > 1 else ""))
+
+    terms, calibration_note = _given_terms(spec, options, gpu, engine, model_dtype, weights_term)
+    budget: Budget = rules.budget(
+        gpu.memory_bytes, engine.gpu_util, *terms, options.kv_budget_bytes,
+        spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
+        version=engine.version, pp=options.pp, device=gpu.device,
+    )
+    if calibration_note:
+        budget = replace(budget, notes=budget.notes + (calibration_note,))
+    return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
+                 memory.num_blocks(budget.kv_budget_bytes, layout))
+
+
+def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: EngineDefaults, model_dtype: DType,
+                 weights: Term) -> tuple[tuple[Term, Term | None, Term | None, Term | None], str]:
+    """The terms the engine does not estimate: the user's (``--activation-gib``, ..., ``--enforce-eager``)
+    and, under them, a matching calibration entry's measured ones; and the calibration note."""
+    def given(name: str, value: int | None) -> Term | None:
+        return None if value is None else Term(name, value, "--" + name.replace("_", "-") + "-gib")
+
+    terms = {"weights": weights, "activation": given("activation", options.activation_bytes),
+             "overhead": given("overhead", options.overhead_bytes), "cudagraph": given("cudagraph", options.cudagraph_bytes)}
+    if terms["cudagraph"] is None and options.enforce_eager:
+        terms["cudagraph"] = Term("cudagraph", 0, "--enforce-eager: no CUDA graphs are captured")
+    note = ""
+    if options.calibration is not None:
+        cal = options.calibration
+        key = dict(model=spec.model_id, gpu=gpu.name, gpu_memory_bytes=gpu.memory_bytes, engine=engine.engine,
+                   release=engine.version, tp=options.tp, pp=options.pp, dtype=model_dtype.name,
+                   max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs)
+        entry = cal.match(**key)
+        if entry is None:
+            note = f"calibration {cal.path}: no entry for this deployment ({cal.mismatch(**key)}): kvplan's estimates used"
+        else:
+            used = []
+            for key, value in entry.terms:
+                name = key.removesuffix("_bytes")
+                user_given = options.weights_bytes is not None if name == "weights" else terms[name] is not None
+                if not user_given:
+                    terms[name] = Term(name, value, f"calibration {cal.path}: measured ({entry.source or 'a log'})")
+                    used.append(name)
+            note = (f"calibration {cal.path}: measured {', '.join(used) or 'no'} term(s) of {entry.source or 'a log'} used"
+                    + (f" ({entry.note})" if entry.note else ""))
+    return (terms["weights"], terms["activation"], terms["overhead"], terms["cudagraph"]), note
+
+
+def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, *, suggest: bool = True) -> Plan:
+    """All the numbers for ``spec`` under ``options`` (pure: no I/O beyond the GPU catalogue).
+
+    :func:`_pool` sizes the pool once; the :class:`~kvplan.planning.answer.Deployment` over it answers (whether the
+    engine starts, requests at once, the longest context) and every other section reads the same
+    :class:`~kvplan.memory.Demand` and request cap, so they count the same blocks. When ``batch x context`` does not fit
+    and ``suggest``, ``answer.fix`` lists the single changes that make it fit, each one re-planned
+    (:func:`kvplan.planning.suggest.fix`; so is the hint of a ``--max-model-len auto`` that starts with no length);
+    callers that re-plan many variants themselves pass ``suggest=False``.
+    """
+    pool = _pool(spec, options)
+    deployment = _deployment(spec, pool)
+    fixed, auto_note = options.max_model_len, None
+    if options.auto_max_model_len:
+        try:
+            pool, deployment, fixed, auto_note = _auto_max_model_len(spec, pool, deployment)
+        except InputError as exc:
+            if not suggest:
+                raise
+            from kvplan.planning.suggest import start_hint
+
+            raise InputError(exc.message, start_hint(spec, options, _planner(spec, source), pool.kv_dtype.bits,
+                                                     pool.gpu.memory_bytes)) from None
+        check_context(options.context, fixed, auto=True)
+    options, demand, blocks = pool.options, pool.demand, pool.blocks
+    max_model_len = fixed or options.context
+    deployment.rules.check_batching(pool.engine, max_model_len)
+    answer = deployment.answer(options.context, options.batch, fixed)
+    if suggest and not answer.fits:
+        from kvplan.planning.suggest import fix, refuses_the_model
+
+        answer = replace(answer, fix=fix(spec, options, _planner(spec, source), answer, refuses_the_model(deployment),
+                                         pool.kv_dtype.bits, pool.gpu.memory_bytes))
+    cap = deployment.request_cap(max_model_len)
+    frag = memory.contiguous_vs_paged(blocks, demand, pool.layers, options.context, max_model_len, cap)
+    prefix = None
+    if options.prefix_tokens:
+        prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters_read(1),
+                                       cap)
+    roofline = None
+    if pool.gpu.bandwidth_bytes_per_s and answer.max_requests >= 1:  # no roofline for a deployment that runs nothing
+        batch = min(answer.max_requests, options.batch) if answer.fits else answer.max_requests
+        roofline = memory.decode_roofline(memory.step_weight_bytes(pool.budget.weights.bytes, spec, batch),
+                                          demand.bytes(options.context), batch,
+                                          pool.gpu.bandwidth_bytes_per_s)
+    replicated = memory.kv_heads_replicated(spec, options.tp)
+    return Plan(
+        options=options,
+        spec=spec,
+        source=source or spec.source,
+        gpu=pool.gpu,
+        engine=pool.engine,
+        kv_dtype=pool.kv_dtype.name,
+        model_dtype=pool.model_dtype.name,
+        weights_dtype=(pool.weights_dtype or pool.model_dtype).name,
+        rank_layers=pool.layers,
+        heads_replicated=replicated,
+        kv_bytes_per_token_model=memory.kv_bytes_per_token(spec, pool.kv_dtype),
+        kv_bytes_per_token_gpu=memory.kv_bytes_per_token(pool.layers, pool.kv_dtype),
+        state_bytes_per_request_gpu=memory.state_bytes_per_request(pool.layers, pool.model_dtype),
+        weights_total_bytes=pool.weights_total_bytes,
+        budget=pool.budget,
+        demand=demand,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=pool.engine.max_num_batched_tokens,
+        answer=answer,
+        fragmentation=frag,
+        prefix=prefix,
+        roofline=roofline,
+        notes=_notes(pool, spec, auto_note, replicated),
+    )
+
+
+def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], Plan]":
+    """Options -> their plan for ``spec`` without suggestions: how :mod:`kvplan.planning.suggest` re-plans a change."""
+    return lambda options: plan_for_spec(spec, options, source, suggest=False)
+
+
+def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool) -> tuple[str, ...]:
+    """What the reader should know: the spec's, the engine's and the budget's notes, plus the plan's own."""
+    options, budget, layout = pool.options, pool.budget, pool.demand.layout
+    state = _state_note(pool, spec)
+    notes = [n for n in spec.notes if not (state and n.startswith(STATE_NOTE))] + list(pool.engine.notes)
+    notes += list(budget.notes) + ([state] if state else [])
+    if auto_note:
+        notes.append(auto_note)
+    if options.tp_from_gpus:
+        notes.append(f"--gpus {options.gpu_count} without --tp/--pp: tensor parallelism over all of them (tp "
+                     f"{options.tp}); pass --tp and --pp to split them otherwise")
+    if replicated:
+        notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
+    if pool.model_dtype.name != spec.dtype:
+        notes.append(_dtype_note(pool, spec.dtype))
+    if budget.kv_budget_bytes <= 0:
+        notes.append(_no_kv_memory_note(budget))
+    if layout.padding_layers:
+        notes.append(f"{layout.padding_layers} padded layer slot(s) in the last group of a kind waste "
+                     f"{layout.padding_layers}/{len(layout.groups) * layout.group_size} of each block")
+    return tuple(notes)
+
+
+def _no_kv_memory_note(budget: Budget) -> str:
+    """Why the KV budget is empty: the weights alone, or the terms together (each named, GiB per GPU)."""
+    usable = f"{budget.usable_bytes / GiB:.2f} GiB usable per GPU"
+    if budget.weights.bytes >= budget.usable_bytes:
+        return f"no memory left for the KV cache: weights alone take {budget.weights.bytes / GiB:.2f} GiB of {usable}"
+    terms = [t for t in budget.terms if t.bytes]
+    taken = sum(t.bytes for t in terms)
+    listed = " + ".join(f"{t.name} {t.bytes / GiB:.2f}" for t in terms)
+    return f"no memory left for the KV cache: {listed} = {taken / GiB:.2f} GiB of {usable}"
+
+
+STATE_NOTE = "state layers:"  # how the spec's note on state layers begins (the plan's own replaces it)
+
+
+def _state_note(pool: _Pool, spec: ModelSpec) -> str | None:
+    """The dtypes state layers are planned in, when the engine changed the spec's (its CPU backend stores the
+    SSM state in float32): one note that replaces the spec's, so they cannot disagree."""
+    planned = sorted({x.ssm_dtype or "" for x in pool.layers if x.is_state})
+    if not planned or planned == sorted({x.ssm_dtype or "" for x in spec.layers if x.is_state}):
+        return None
+    ssm = ", ".join(d or "the model dtype" for d in planned)
+    if pool.options.ssm_dtype:
+        why = f"--ssm-dtype {pool.options.ssm_dtype}"
+    else:
+        why = (f"{pool.engine.engine}'s CPU backend resets it to float32 on CPUs with AVX-512 BF16; --ssm-dtype bf16 "
+               "keeps bf16 for gated-delta-net layers")
+    return f"{STATE_NOTE} conv state in {pool.model_dtype.name}, SSM state in {ssm} ({why})"
+
+
+def _dtype_note(pool: _Pool, checkpoint: str) -> str:
+    """Why the model runs in another dtype than its checkpoint's (KV, activations and weights follow)."""
+    run = pool.model_dtype.name
+    if pool.options.dtype and pool.options.dtype != "auto":
+        why = f"--dtype {pool.options.dtype}: the {checkpoint} checkpoint is cast to {run}"
+    else:
+        no_bf16 = "" if pool.gpu.bf16 else f" ({pool.gpu.name} has no bfloat16: compute capability below 8.0)"
+        why = f"dtype auto: {pool.engine.engine} runs the {checkpoint} checkpoint in {run}{no_bf16}"
+    keep = f"; --dtype {checkpoint} keeps {checkpoint}" if checkpoint == "float32" else ""
+    return f"{why}; the KV cache, activations and weights are sized in {run}{keep}"
+
+
+def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType) -> tuple[int, str]:
+    """Total weight bytes (all GPUs) and where the number came from."""
+    if options.weights_bytes is not None:
+        return options.weights_bytes, "--weights-gib"
+    w = spec.weights
+    if weights_dtype is None:
+        if w is not None and w.total_bytes:
+            loaded = w.loaded_bytes(spec.dtype, model_dtype.name)
+            if loaded is not None:
+                return loaded, f"checkpoint: {w.source or 'total_bytes'}, its {spec.dtype} tensors loaded as {model_dtype.name}"
+            return w.total_bytes, f"checkpoint: {w.source or 'total_bytes'}"
+        if spec.parameters:
+            return memory.weight_bytes(spec.parameters, model_dtype), f"{spec.parameters:,} parameters x {model_dtype.name}"
+    elif spec.parameters:
+        # GPTQ / AWQ / fp8 checkpoints quantize the decoder's linear layers; embeddings and the LM head stay 16-bit
+        embed = min(spec.embedding_parameters, spec.parameters)
+        quantized = spec.parameters - embed
+        total = memory.weight_bytes(quantized, weights_dtype) + memory.weight_bytes(embed, model_dtype)
+        return total, (f"{quantized:,} parameters x {weights_dtype.name} + {embed:,} embedding/LM-head "
+                       f"parameters x {model_dtype.name}")
+    raise InputError(f"{spec.source}: no weight facts (parameter count or checkpoint size)",
+                     "pass --weights-gib SIZE")
+
+
+def _deployment(spec: ModelSpec, pool: _Pool) -> Deployment:
+    """The engine's answers over ``pool`` (starts, requests, fits, max context)."""
+    return Deployment(spec, pool.engine, engine_rules(pool.engine.engine), pool.demand, pool.blocks,
+                      pool.options.max_num_seqs)
+
+
+def _auto_max_model_len(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tuple[_Pool, Deployment, int, str]:
+    """``--max-model-len auto`` (:func:`kvplan.planning.auto_length.settle`) on the pools :func:`_runs_at` plans; the
+    plan keeps the options as given (the context, auto) on the pool sized for the length chosen."""
+    from kvplan.planning.auto_length import settle
+
+    (settled, deployment), longest, note = settle(deployment, lambda length: _runs_at(spec, pool.options, length))
+    asked = pool.options
+    settled = replace(settled, options=replace(settled.options, context=asked.context,
+                                               max_model_len=asked.max_model_len,
+                                               auto_max_model_len=asked.auto_max_model_len))
+    return settled, deployment, longest, note
+
+
+def _runs_at(spec: ModelSpec, options: Options, length: int) -> tuple[_Pool, Deployment] | None:
+    """The pool and answers the engine has at ``max_model_len = length``, or None when it does not start there,
+    refuses its batching, or runs no request that long."""
+    try:
+        pool = _pool(spec, replace(options, max_model_len=length, auto_max_model_len=False,
+                                   context=min(options.context, length)))
+        deployment = _deployment(spec, pool)
+        deployment.rules.check_batching(pool.engine, length)
+    except InputError:
+        return None
+    return (pool, deployment) if deployment.longest_runnable_len() >= length else None
+
+
+__all__ = ["Options", "Plan", "Answer", "GpuInfo", "estimate", "plan_for_spec", "options_from_values"]
