@@ -22,7 +22,7 @@ PATH = (str, os.PathLike)
 # ``"24GiB"``) or the value itself. A test keeps this in step with KINDS.
 KIND_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     **{kind: ((str,), "a string") for kind in ("text", "revision", "version", "gpu", "dtype", "kv_dtype",
-                                               "weights_dtype", "ssm_dtype", "engine", "usage")},
+                                               "weights_dtype", "ssm_dtype", "engine", "usage", "speculative")},
     **{kind: ((int, str), "an integer or a string such as '8k'") for kind in ("count", "tokens", "tokens_or_zero",
                                                                               "max_model_len")},
     **{kind: ((int, float, str), "a number of GiB or a string such as '24GiB'") for kind in ("size", "size_or_zero")},

@@ -32,7 +32,8 @@ _SIZE_TOKEN = re.compile(r"^(\d+)(?:gb|gib|g)$")
 _SEPARATORS = re.compile(r"[\s\-_/]+")
 
 _REQUIRED = ("name", "vendor", "marketing", "memory_bytes", "memory_source", "bandwidth_bytes_per_s", "bandwidth_source")
-_OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect", "compute_capability")
+_OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect", "compute_capability",
+             "smi_memory_mib", "smi_memory_source")
 INTERCONNECTS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric")
 _CAPABILITY = re.compile(r"^(\d+)\.(\d+)$")
 # vLLM's CUDA platform supports bfloat16 from compute capability 8.0 (vllm/platforms/cuda.py supported_dtypes).
@@ -64,6 +65,8 @@ class Gpu:
     sm_count: int | None = None  # streaming multiprocessors (AMD: compute units)
     interconnect: str | None = None  # one of INTERCONNECTS: how tp ranks on one board talk
     compute_capability: str | None = None
+    smi_memory_mib: int | None = None  # the total nvidia-smi shows (MiB): what SGLang's defaults read
+    smi_memory_source: str = ""
 
     @property
     def supports_bf16(self) -> bool:
@@ -177,6 +180,8 @@ def _parse_record(record: Any, index: int, source: str) -> Gpu:
         sm_count=_positive_int(record, "sm_count", where, allow_none=True),
         interconnect=_interconnect(record, where),
         compute_capability=_capability(record, where),
+        smi_memory_mib=_positive_int(record, "smi_memory_mib", where, allow_none=True),
+        smi_memory_source=str(record.get("smi_memory_source") or ""),
     )
 
 

@@ -31,6 +31,7 @@ from kvplan.limits import MAX_COUNT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_SI
 
 ENGINE_NAMES = ("vllm", "sglang")  # the --engine choices; kvplan.engines.registry maps each to its module
 USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for the LLM class
+SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3", "ngram")  # --speculative: vLLM speculative_config methods
 PANEL_PLAN, PANEL_BUDGET, PANEL_MODEL, PANEL_HUB = "plan", "budget", "model", "hub"
 DEFAULT_GPU = "H100"
 
@@ -163,6 +164,7 @@ KINDS: dict[str, Kind] = {
     "flag": Kind("bool", bool),  # --hub
     "switch": Kind("bool", bool),  # --prefix-caching/--no-prefix-caching; None = the engine's default
     "calibration": Kind("object", str, _calibration, _is_calibration, "must be a calibration file"),
+    "speculative": Kind("str", str, choices=SPECULATIVE_METHODS),
 }
 
 
@@ -275,6 +277,19 @@ OPTIONS: tuple[Opt, ...] = (
         "used where model, GPU, engine release, tp/pp, dtype and batching limits match.", PANEL_BUDGET),
     Opt("enforce_eager", "flag", "vLLM's --enforce-eager: no CUDA graphs, so no CUDA-graph memory term.", PANEL_BUDGET,
         default=False),
+    Opt("enable_lora", "flag", "LoRA adapters served (vLLM --enable-lora): their weight slots take memory "
+        "(--max-loras x --max-lora-rank).", PANEL_BUDGET, default=False),
+    Opt("max_loras", "count", "LoRA adapters the engine keeps weight slots for (vLLM --max-loras, default 1 with "
+        "--enable-lora; SGLang --max-loras-per-batch).", PANEL_BUDGET),
+    Opt("max_lora_rank", "count", "The rank LoRA slots are sized for (vLLM --max-lora-rank, default 16).",
+        PANEL_BUDGET),
+    Opt("speculative", "speculative", "Speculative decoding method (vLLM --speculative-config method): mtp gives the "
+        "model's multi-token-prediction layers weights and a KV cache in the pool; eagle, eagle3, ngram.",
+        PANEL_BUDGET),
+    Opt("num_speculative_tokens", "count", "Tokens the draft proposes per step (vLLM num_speculative_tokens, "
+        "default 1).", PANEL_BUDGET),
+    Opt("expert_parallel", "flag", "vLLM --enable-expert-parallel: MoE experts split over the GPUs (each GPU's "
+        "fused-MoE workspaces use the whole expert width).", PANEL_BUDGET, default=False),
     Opt("block_size", "count", "Tokens per KV block (vLLM GPU default 16, CPU 128).", PANEL_BUDGET),
     Opt("max_num_batched_tokens", "tokens", "Engine max_num_batched_tokens (default: the engine's for this GPU).",
         PANEL_BUDGET),
@@ -340,6 +355,9 @@ def _validate(self: Any) -> None:
 
     if self.gpu is None and self.gpu_memory_bytes is None:
         object.__setattr__(self, "gpu", DEFAULT_GPU)
+    if self.num_speculative_tokens and not self.speculative:
+        raise InputError(f"--num-speculative-tokens {self.num_speculative_tokens} needs --speculative",
+                         "name the method: --speculative " + "|".join(SPECULATIVE_METHODS))
     if self.prefix_tokens > self.context:
         raise InputError(f"--prefix-tokens {self.prefix_tokens} exceeds --context {self.context}")
 

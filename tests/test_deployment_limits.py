@@ -172,6 +172,12 @@ LAUNCH: dict[str, tuple[object, str, str]] = {
     "prefix_caching": (False, "--no-enable-prefix-caching", "--disable-radix-cache"),
     "usage_context": ("llm", "--max-num-batched-tokens 16384 --max-num-seqs 1024", ""),
     "revision": ("abc123", "--revision abc123", "--revision abc123"),
+    "enable_lora": (True, "--enable-lora", "--enable-lora"),
+    "max_loras": (4, "--max-loras 4", "--max-loras-per-batch 4"),
+    "max_lora_rank": (64, "--max-lora-rank 64", "--max-lora-rank 64"),
+    "speculative": ("eagle", """--speculative-config '{"method": "eagle", "num_speculative_tokens": 1}'""",
+                    "--speculative-algorithm EAGLE"),
+    "expert_parallel": (True, "--enable-expert-parallel", "--ep-size"),
 }
 # options that are not engine settings, and why
 NOT_LAUNCH = {
@@ -184,6 +190,7 @@ NOT_LAUNCH = {
     "token": "how kvplan reads the Hub", "hub": "how kvplan reads the model", "offline": "how kvplan reads the model",
     "refresh": "how kvplan reads the model", "layers": "a what-if override of the config",
     "kv_heads": "a what-if override of the config", "head_dim": "a what-if override of the config",
+    "num_speculative_tokens": "part of --speculative-config (with --speculative)",
 }
 
 

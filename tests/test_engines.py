@@ -77,22 +77,26 @@ def test_activation_is_max_of_forward_and_sampler(llama3):
     assert b.activation_sampler_bytes == 1_313_341_440
 
 
-def test_v0_10_sampler_two_copies_calibrated_on_flashinfer_logs():
-    # vLLM 0.8 - 0.11 keep 2 fp32 [rows, vocab] copies on CUDA (FlashInfer top-k/top-p, no torch sort);
-    # 0.12 - 0.16 keep 10 (FlashInfer opt-in: native top-k/top-p sort, as V0), and so does ROCm before 0.12
-    # (no FlashInfer there); 0.17+ keep 5.
+def test_sampler_paths_of_0_8_to_0_16_follow_the_code():
+    # Read in the released code: 0.8.0 - 0.9.0 run the native torch-sort top-k/top-p (TopKTopPSampler sends
+    # FlashInfer >= 0.2.3 to forward_native): 10 fp32 [rows, vocab] copies, as V0. 0.9.1 - 0.11 take FlashInfer
+    # where it is installed (the Docker images): flashinfer's top_k_top_p_sampling_from_logits keeps the model-dtype
+    # logits, their fp32 copy, the top-k masked logits and their softmax (2 + 12 B per element) and the batch's
+    # hidden states; 0.12 - 0.16 the native path again; ROCm (no FlashInfer) native until 0.17.
     # Qwen2(.5)-7B, `vllm serve` on an A100: 2048 tokens, 256 rows; vocab 152,064 is a multiple of 64.
-    # (0.17+ derive the sampler peak instead: test_triton_and_flashinfer_sampler_peaks_are_derived)
     qwen = build_spec(load_bundled("Qwen/Qwen2.5-7B-Instruct"))
     forward, sampler = vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.10")
     assert forward == 2048 * (3 * 3584 + 3 * 18944) * 2 == 276_824_064
-    assert sampler == 256 * 152_064 * 4 * 2 == 311_427_072
-    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11.2")[1] == 311_427_072
-    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.12")[1] == 256 * 152_064 * 4 * 10 == 1_557_135_360
+    # 256 x 152,064 x 14 + (2,048 + 2 x 256) x 3,584 x 2 = 544,997,376 + 18,350,080
+    assert sampler == 563_347_456
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11.2")[1] == 563_347_456
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.8.5")[1] == 256 * 152_064 * 4 * 10 == 1_557_135_360
+    assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.12")[1] == 1_557_135_360
     assert vllm.activation_parts(qwen, 1, 2048, 256, 2, "0.11.1", Device("rocm"))[1] == 1_557_135_360
-    # dennislee-a100-80-qwen2-7b-util025: 0.25 x 79.151 GiB - 14.2488 - 5.01 = 0.53 GiB for activation +
-    # non-torch; kvplan's 0.29 GiB activation + 0.31 GiB overhead is within 0.1 GiB of it.
-    assert max(forward, sampler) + vllm.NON_TORCH_BYTES < 0.63 * GiB
+    # dennislee-a100-80-qwen2-7b-util025 (0.10.1.1, "Using FlashInfer for top-p & top-k sampling"):
+    # 0.25 x 79.151 GiB - 14.2488 - 5.01 = 0.53 GiB for activation + non-torch; kvplan's code-derived peak and its
+    # 0.20 GiB non-torch are above it (the safe side) by less than 0.25 GiB.
+    assert 0.53 * GiB < max(forward, sampler) + vllm.NON_TORCH_BYTES < 0.88 * GiB
 
 
 def test_triton_and_flashinfer_sampler_peaks_are_derived(llama31):
@@ -224,7 +228,8 @@ def test_versions_and_default_utilisation():
     assert vllm.DEFAULT_VERSION == "0.30" == vllm.VERSIONS[-1]
     utils = {v: vllm.defaults(v, H100, False).gpu_util for v in vllm.VERSIONS}
     # CacheConfig.gpu_memory_utilization: Field(default=0.9) through 0.19.x, 0.92 from 0.20.0
-    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.21", "0.26", "0.28", "0.29", "0.30"}
+    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.21", "0.26", "0.27", "0.28", "0.29",
+                                                         "0.30"}
     assert vllm.defaults("0.6", H100, False).mode == "V0"
     assert vllm.defaults("0.19.1", H100, False).gpu_util == 0.9 and vllm.defaults("0.20.0", H100, False).gpu_util == 0.92
     with pytest.raises(InputError, match="older than every modelled"):
@@ -233,13 +238,16 @@ def test_versions_and_default_utilisation():
 
 @pytest.mark.parametrize(("typed", "release", "covers"), [
     ("0.19.0", "0.18", "0.18.0 - 0.19.x"),
-    ("0.10.1.1", "0.9", "0.9.0 - 0.10.x"),
+    ("0.10.1.1", "0.9.1", "0.9.1 - 0.10.x"),
+    ("0.9.0.1", "0.9", "0.9.0"),
+    ("0.6.3.post1", "0.6", "0.6.0 - 0.6.3"),
+    ("0.7.3", "0.7.2", "0.7.2 - 0.7.x"),
         ("0.11.0rc2.dev98+g393de22d2", "0.11", "0.11.0 - 0.11.x"),
         ("0.13.0", "0.13", "0.13.0 - 0.13.x"),
     ("0.15.2rc1.dev93+g11a4c9d30", "0.14", "0.14.0 - 0.16.x"),
     ("0.29.1rc1.dev17+gd2d649e67", "0.29", "0.29.0 - 0.29.x"),
     ("0.31.0", "0.30", "0.30.0 and later"),
-    ("0.10.1.dev101+gbda9d0535", "0.9", "0.9.0 - 0.10.x"),  # a dev build before 0.10.1 is 0.10.x code
+    ("0.10.1.dev101+gbda9d0535", "0.9.1", "0.9.1 - 0.10.x"),  # a dev build before 0.10.1 is 0.10.x code
     ("v0.20.0", "0.20", "0.20.0"),
     ("0.20.1", "0.20.1", "0.20.1 - 0.20.x"),
     ("0.23.0", "0.21", "0.21.0 - 0.25.x"),
@@ -253,17 +261,21 @@ def test_any_pep440_version_maps_to_the_release_that_covers_it(typed, release, c
 def test_versions_outside_every_range_are_refused_with_the_ranges():
     with pytest.raises(InputError, match="older than every modelled") as err:
         vllm.resolve_version("0.1.dev7548+gbaba038")
-    assert "0.6: 0.6.0 - 0.7.x" in err.value.hint and "0.30: 0.30.0 and later" in err.value.hint
+    assert "0.6: 0.6.0 - 0.6.3" in err.value.hint and "0.30: 0.30.0 and later" in err.value.hint
     with pytest.raises(InputError, match="invalid --engine-version 'next'"):
         vllm.resolve_version("next")
     assert "newer than the newest release checked" in vllm.resolve_version("0.40.0")[1]
-    assert sglang.resolve_version("0.4.6.post1")[0] == "0.4" and sglang.resolve_version("0.5.3")[0] == "0.5"
-    assert sglang.resolve_version("0.5.2")[0] == "0.4"  # memory-tier mem_fraction_static arrived in 0.5.3
-    # a modelled release's own name selects it, as the list of modelled versions names it; 0.5.0 stays 0.4's
-    assert sglang.resolve_version("0.5")[0] == "0.5" and sglang.resolve_version("0.5.0")[0] == "0.4"
+    # SGLang's releases by the rule each changed (read in the sglang wheels 0.3.6 - 0.5.23)
+    assert [sglang.resolve_version(v)[0] for v in ("0.3.6", "0.4.3.post2", "0.4.6.post1", "0.4.7", "0.4.10",
+                                                   "0.5.2", "0.5.3", "0.5.6", "0.5.12", "0.5.16", "0.5.23")] == [
+        "0.3", "0.4", "0.4.6", "0.4.7", "0.4.8", "0.4.8", "0.5.3", "0.5.5", "0.5.10", "0.5.14", "0.5.20"]
+    # a modelled release's own name selects it; 0.5 as a version is 0.5.0, which 0.4.8's rules cover
+    assert sglang.resolve_version("0.5.10")[0] == "0.5.10" and sglang.resolve_version("0.5")[0] == "0.4.8"
     assert all(vllm.resolve_version(key)[0] == key for key in vllm.PROFILES)
+    assert all(sglang.resolve_version(key)[0] == key for key in sglang.RELEASES)
+    assert "newer than the newest release checked" in sglang.resolve_version("0.6.0")[1]
     with pytest.raises(InputError, match="older than every modelled sglang"):
-        sglang.resolve_version("0.3.6")
+        sglang.resolve_version("0.2.14")
 
 
 def test_plan_selects_version(llama3):
@@ -294,7 +306,9 @@ def test_batch_defaults_by_gpu(version, memory, name, context, usage, expected):
 def test_v0_batch_defaults_follow_max_model_len():
     assert vllm.batch_defaults("0.6", H100, max_model_len=8192) == (8192, 256)
     assert vllm.batch_defaults("0.6", H100, max_model_len=1000) == (2048, 256)
-    assert vllm.batch_defaults("0.6", H100, max_model_len=40_000) == (2048, 256)  # serve: chunked prefill
+    # serve above 32K: chunked prefill of 512 tokens up to 0.6.3 (SchedulerConfig), 2048 from 0.6.4
+    assert vllm.batch_defaults("0.6", H100, max_model_len=40_000) == (512, 256)
+    assert vllm.batch_defaults("0.6.6", H100, max_model_len=40_000) == (2048, 256)
     assert vllm.batch_defaults("0.6", H100, max_model_len=40_000, usage_context="llm") == (40_000, 256)
     with pytest.raises(InputError):
         vllm.batch_defaults("0.6", H100, usage_context="batch")
@@ -319,14 +333,29 @@ def test_sglang_cell_size_gqa_and_mla(qwen3_8b):
 
 
 def test_sglang_mem_fraction_defaults():
+    # the GPU size SGLang's defaults read is nvidia-smi's total: 81,559 MiB on an H100 (the catalogue's
+    # smi_memory_mib); the RTX 4090 has none in the catalogue: its runtime 24,081 MiB + 480 = 24,561 MiB
     assert [sglang.mem_fraction_static("0.4", H100, tp) for tp in (1, 2, 4, 8, 16)] == [0.88, 0.87, 0.85, 0.81, 0.79]
-    # 0.5, H100 81,106 MiB: reserved 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 = 13,440 -> 67,666 / 81,106 = 0.834
-    assert sglang.mem_fraction_static("0.5", H100, 1) == 0.834
-    # RTX 4090 24,081 MiB: 512 + 2048 x 1.5 + 24 x 2 + 128 = 3,760 -> 20,321 / 24,081 = 0.844
-    assert sglang.mem_fraction_static("0.5", RTX4090, 1) == 0.844
-    # tp 8 on an H100: 13,440 + 7/8 x 1024 = 14,336 -> 66,770 / 81,106 = 0.823
-    assert sglang.mem_fraction_static("0.5", H100, 8) == 0.823
+    assert sglang.mem_fraction_static("0.3", H100, 8) == 0.82
+    h100 = Device("cuda", 132, "nvlink-switch", "9.0", 81_559 * MiB)
+    # 0.4.6: above 80 GiB (gpu - 13 GiB) / gpu, unrounded; at or below it the ladder
+    assert sglang.mem_fraction_static("0.4.6", H100, 1, device=h100) == 0.88
+    h200 = Device("cuda", 132, "nvlink-switch", "9.0", 143_771 * MiB)
+    assert sglang.mem_fraction_static("0.4.6", H100, 1, device=h200) == (143_771 - 13_312) / 143_771
+    # 0.4.8 - 0.5.2: reserved (9.5 + tp x pp / 2) GiB below 90 GiB: 10,240 MiB -> 71,319 / 81,559 = 0.874
+    assert [sglang.mem_fraction_static("0.4.8", H100, tp, device=h100) for tp in (1, 2, 4, 8)] == [0.874, 0.868, 0.856, 0.831]
+    # 0.5.3: 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 = 13,440 -> 68,119 / 81,559 = 0.835
+    assert sglang.mem_fraction_static("0.5.3", H100, 1, device=h100) == 0.835
+    # tp 8: cuda_graph_max_bs 512 at tp >= 4: 512 + 12,288 + 1,024 + 1,024 = 14,848 -> 0.818
+    assert sglang.mem_fraction_static("0.5.3", H100, 8, device=h100) == 0.818
+    # 0.5.10+: + 8 MiB per piecewise CUDA graph up to chunked_prefill_size 8192 (58 graphs): 13,904 -> 0.830
+    assert sglang.piecewise_graph_tokens(8192) == 58 and sglang.mem_fraction_static("0.5.10", H100, 1, device=h100) == 0.830
+    # RTX 4090: 512 + 2048 x 1.5 + 16 x 2 + 128 = 3,744 (0.5.3) -> 20,817 / 24,561 = 0.848; 0.5.5: bs 24 -> 0.847;
+    # 0.5.10: + 42 graphs x 8 = 336 -> 0.833; 0.5.20: chunk 4096, bs 48 -> 512 + 6144 + 96 + 128 + 50 x 8 -> 0.704
+    assert [sglang.mem_fraction_static(v, RTX4090, 1) for v in ("0.5.3", "0.5.5", "0.5.10", "0.5.20")] == [
+        0.848, 0.847, 0.833, 0.704]
     assert sglang.chunked_prefill_size("0.4", RTX4090) == 2048 and sglang.chunked_prefill_size("0.4", H100) == 8192
+    assert sglang.cuda_graph_max_bs("0.5.5", H100, 4, h100) == 512 and sglang.cuda_graph_max_bs("0.5.5", H100, 1, h100) == 256
 
 
 def test_sglang_running_requests():
@@ -338,11 +367,12 @@ def test_sglang_running_requests():
 def test_sglang_plan_page_size_one(qwen3_8b):
     plan = plan_for_spec(qwen3_8b, Options(model="x", gpu="h100", engine="sglang", engine_version="0.4"))
     assert plan.engine.block_size == 1 and plan.engine.gpu_util == 0.88
-    # usable = floor(85,045,477,376 x 0.88) = 74,840,020,090; weights 16,381,470,720 (checkpoint);
-    # overhead 768 MiB = 805,306,368; kv = 57,653,243,002 -> // 147,456 B per token = 390,986 tokens
-    assert plan.budget.kv_budget_bytes == 74_840_020_090 - 16_381_470_720 - 805_306_368
+    # every release: pool = (total - used before loading) x frac - weights. usable = floor(85,045,477,376 x 0.88)
+    # = 74,840,020,090; weights 16,381,470,720 (checkpoint); 0.45 GiB in use before loading x 0.88 =
+    # floor(483,183,821 x 0.88) = 425,201,762; kv = 58,033,347,608 -> // 147,456 B per token = 393,563 tokens
+    assert plan.budget.kv_budget_bytes == 74_840_020_090 - 16_381_470_720 - 425_201_762
     assert plan.budget.activation.bytes == 0 and plan.budget.cudagraph.bytes == 0
-    assert plan.answer.num_blocks == 390_986 == plan.answer.capacity_tokens
+    assert plan.answer.num_blocks == 393_563 == plan.answer.capacity_tokens
     with pytest.raises(InputError):
         plan_for_spec(qwen3_8b, Options(model="x", gpu="cpu", gpu_memory_bytes=64 * GiB, engine="sglang"))
 
@@ -393,44 +423,52 @@ def test_token_line_of_multi_group_models_per_release():
     assert r.answer.kv_tokens == 512 * 16
 
 
-def test_rocm_has_no_cudagraph_estimate(llama3):
-    # gpu_worker (0.18+): "Skip on ROCm/HIP as graph pool handles and mem_get_info behave differently"
+def test_rocm_cudagraph_estimate_from_0_26(llama3):
+    # gpu_worker (0.18 - 0.25): "Skip on ROCm/HIP as graph pool handles and mem_get_info behave differently";
+    # 0.26 includes ROCm (#44825)
     common = dict(spec=llama3, tp=1, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
-    rocm = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.32", device=Device("rocm", 304),
+    rocm = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.25.0", device=Device("rocm", 304),
                        **common).cudagraph
     assert rocm.bytes == 0 and "ROCm" in rocm.source
-    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.32", **common).cudagraph.bytes > 0
+    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.26.0", device=Device("rocm", 304),
+                       **common).cudagraph.bytes > 0
+    assert vllm.budget(H100, 0.9, _weights(0), None, None, None, None, version="0.25.0", **common).cudagraph.bytes > 0
 
 
-def test_non_torch_memory_by_tp_and_interconnect(llama3):
-    # tp 1: 0.30 GiB = round(0.30 x 2**30) = 322,122,547 B; tp >= 2 adds by interconnect:
-    # nvlink-switch round(1.75 x 2**30) = 1,879,048,192; nvlink / infinity-fabric round(0.41 x 2**30) = 440,234,148;
-    # pcie 0. Llama-3-8B's rotary cache: 8,192 x 128 x 2 = 2 MiB.
-    common = dict(spec=llama3, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False,
-                  version="0.32")
+def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
+    # tp 1: 0.30 GiB = round(0.30 x 2**30) = 322,122,547 B. At tp >= 2 the NCCL communicators the release
+    # counts: one from 0.11 (torch.distributed's, created lazily by the profile run; PyNccl's is in the snapshot),
+    # two before (+ 18 MiB of custom all-reduce buffers). One communicator: 0.41 GiB = 440,234,148 B of channel
+    # buffers over NVLink / NVSwitch, 0.05 GiB = 53,687,091 over PCIe, + 288 MiB x tp of NVLS buffers on NVSwitch
+    # boards above 2 GPUs. Llama-3-8B's rotary cache: 8,192 x 128 x 2 = 2 MiB.
+    common = dict(spec=llama3, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
     rope = 2 * MiB
+    base, chan, nvls, car = 322_122_547, 440_234_148, 288 * MiB, 18 * MiB
 
-    def overhead(tp, interconnect):
-        b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=tp,
-                        device=Device("cuda", 132, interconnect), **common)
+    def overhead(tp, interconnect, version="0.32", pp=1, cc="9.0"):
+        b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=tp, pp=pp, version=version,
+                        device=Device("cuda", 132, interconnect, cc), **common)
         return b.overhead, b.notes
 
-    assert overhead(1, "nvlink-switch")[0].bytes == 322_122_547 + rope
+    assert overhead(1, "nvlink-switch")[0].bytes == base + rope
     assert overhead(1, "nvlink-switch")[1] == ()
     term, notes = overhead(2, "nvlink-switch")
-    assert term.bytes == 322_122_547 + 1_879_048_192 + rope
+    # 0.17+ on an NVSwitch board at tp 2: + the all-reduce fusion workspace 4 x 2 x min(64 MiB, 2048 x 4096 x 2)
+    assert term.bytes == base + chan + 4 * 2 * 16 * MiB + rope
     assert "at tp 2 over nvlink-switch" in term.source and term.source.startswith("estimate")
     assert notes and "is an estimate" in notes[0] and "--overhead-gib" in notes[0]
-    assert overhead(4, "nvlink")[0].bytes == 322_122_547 + 440_234_148 + rope
-    assert overhead(2, "pcie")[0].bytes == 322_122_547 + rope
+    assert overhead(8, "nvlink-switch")[0].bytes == base + chan + 8 * nvls + 4 * 8 * MiB // 2 + rope
+    assert overhead(8, "nvlink-switch", "0.10.1")[0].bytes == base + 2 * (chan + 8 * nvls) + car + rope
+    assert overhead(4, "nvlink")[0].bytes == base + chan + rope
+    assert overhead(2, "pcie")[0].bytes == base + 53_687_091 + rope
+    assert overhead(4, "pcie", "0.6.6")[0].bytes == base + 2 * 53_687_091 + rope  # custom all-reduce off on > 2 PCIe
     assert overhead(2, None)[0].bytes == overhead(2, "nvlink")[0].bytes  # unknown GPU: as nvlink
-    # the all-reduce fusion workspace of NVSwitch boards exists from 0.17 and only at pp 1: before, as nvlink
-    older = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=2, device=Device("cuda", 132, "nvlink-switch"),
-                        **{**common, "version": "0.16.0"})
-    assert older.overhead.bytes == 322_122_547 + 440_234_148 + rope and "over nvlink (" in older.overhead.source
-    staged = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=2, pp=2,
-                         device=Device("cuda", 132, "nvlink-switch"), **common)
-    assert staged.overhead.bytes == 322_122_547 + 440_234_148 + rope
+    # no fusion workspace before 0.17, at pp > 1, or below compute capability 9.0
+    assert overhead(2, "nvlink-switch", "0.16.0")[0].bytes == base + chan + rope
+    assert overhead(2, "nvlink-switch", pp=2)[0].bytes == base + chan + rope
+    assert overhead(2, "nvlink-switch", cc="8.0")[0].bytes == base + chan + rope
+    # 0.8.0 - 0.9.0 and 0.6.4 charge all non-torch memory: the CUDA context too
+    assert overhead(1, "pcie", "0.8.5")[0].bytes == base + round(0.40 * GiB) + rope
 
 
 def test_the_catalogue_carries_interconnect_and_sm_count():

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, Mapping
 from pydantic import BaseModel, Field, PlainValidator, WithJsonSchema
 
 from kvplan.errors import KvplanError
-from kvplan.options import ENGINE_NAMES, USAGE_CONTEXTS, YAML_OPTIONS
+from kvplan.options import ENGINE_NAMES, SPECULATIVE_METHODS, USAGE_CONTEXTS, YAML_OPTIONS
 
 # ---------------------------------------------------------------------------------------------
 # value types (one validator each; the message says what was expected)
@@ -140,6 +140,12 @@ def _usage(value: Any) -> str:
     return value
 
 
+def _speculative(value: Any) -> str:
+    if value not in SPECULATIVE_METHODS:
+        raise ValueError
+    return value
+
+
 def expect_type(kind: str, check: Callable[[Any], Any], schema: dict[str, Any]) -> Any:
     """A field type: ``check`` validates (raising ValueError/TypeError/KvplanError), ``kind`` says what was
     expected (in the error and in the JSON Schema's description)."""
@@ -185,6 +191,8 @@ WeightsDType = expect_type("a weights dtype: bf16, fp16, fp8, int8, int4", _dtyp
 GpuName = expect_type("a GPU from the catalogue (`kvplan gpus`)", _gpu, {"type": "string"})
 Engine = expect_type("an engine: " + " or ".join(ENGINE_NAMES), _engine, {"type": "string", "enum": list(ENGINE_NAMES)})
 UsageContext = expect_type("serve (`vllm serve`) or llm (the LLM class)", _usage, {"type": "string", "enum": list(USAGE_CONTEXTS)})
+Speculative = expect_type("a speculative decoding method: " + ", ".join(SPECULATIVE_METHODS), _speculative,
+                          {"type": "string", "enum": list(SPECULATIVE_METHODS)})
 
 # the YAML type of each kind of option (kvplan.options.KINDS)
 KIND_TYPES: dict[str, Any] = {
@@ -192,6 +200,7 @@ KIND_TYPES: dict[str, Any] = {
     "weights_dtype": WeightsDType, "ssm_dtype": ModelDType, "engine": Engine, "usage": UsageContext,
     "count": PositiveInt, "tokens": Tokens, "tokens_or_zero": TokensOrZero, "max_model_len": Tokens, "size": Size,
     "size_or_zero": SizeOrZero, "fraction": Fraction, "flag": Bool, "switch": Bool, "calibration": Text,
+    "speculative": Speculative,
 }
 # Every estimate option a scenario may set, from the option table: name -> (type, description). Keys are
 # those of kvplan.options.options_from_values (the CLI flags with underscores; `gpus` = --gpus).

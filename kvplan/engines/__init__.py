@@ -104,6 +104,7 @@ class EngineDefaults:
     prefix_caching: bool | None = None  # forced by the engine for this model (vLLM's CPU MLA: off); None: not forced
     kv_in_model_dtype: bool = False  # the engine keeps this model's KV cache in the model dtype (vLLM's Falcon)
     max_len_rule: str = ""  # how rope scaling sets the model's maximum length (vLLM's Profile.max_len_rule)
+    mla_align_bytes: int = 0  # MLA cache entries padded to this many bytes of the model dtype (vLLM V0 0.7.2+)
 
     @property
     def label(self) -> str:
@@ -125,6 +126,39 @@ class Device:
     platform: str = "cuda"
     sm_count: int | None = None
     interconnect: str | None = None
+    compute_capability: str | None = None  # "9.0" (NVIDIA), None when unknown or not NVIDIA
+    smi_memory_bytes: int | None = None  # the total nvidia-smi shows (SGLang's defaults read it); None: unknown
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability as ``(major, minor)``, None when unknown."""
+        try:
+            major, minor = str(self.compute_capability).split(".")
+            return int(major), int(minor)
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class Features:
+    """Serving features that change the budget, as the engine's flags set them.
+
+    ``max_loras``: adapters whose weight slots the engine keeps (vLLM ``--max-loras``; 0: LoRA off);
+    ``max_lora_rank``: the rank each slot is sized for. ``speculative``: the speculative decoding method
+    (``mtp``, ``eagle``, ``eagle3``, ``ngram``; None: off) and ``speculative_tokens`` the tokens it proposes
+    per step. ``expert_parallel``: experts split over the GPUs instead of their intermediate size
+    (vLLM ``--enable-expert-parallel``).
+    """
+
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    speculative: str | None = None
+    speculative_tokens: int = 0
+    expert_parallel: bool = False
+
+    @property
+    def lora(self) -> bool:
+        return self.max_loras > 0
 
 
 # vLLM's / SGLang's --quantization: methods that quantize a 16-bit checkpoint while it loads (what the
@@ -189,6 +223,29 @@ class Launch:
     ssm_dtype: str | None = None  # --mamba-ssm-cache-dtype to pass (the user's)
     is_cpu: bool = False  # vLLM's CPU backend: no utilisation flag, the KV space sized by --kv-cache-memory-bytes
     revision: str | None = None  # --revision to pass (the Hub revision planned)
+    lora: bool = False  # LoRA adapters served (--enable-lora)
+    max_loras: int | None = None  # --max-loras to pass (the user's)
+    max_lora_rank: int | None = None  # --max-lora-rank to pass (the user's)
+    speculative: str | None = None  # the speculative decoding method (mtp, eagle, eagle3, ngram)
+    speculative_tokens: int = 0  # tokens the draft proposes per step
+    expert_parallel: bool = False  # --enable-expert-parallel
+
+    @property
+    def speculative_config(self) -> str | None:
+        """vLLM's ``--speculative-config`` JSON for the planned method, None when off."""
+        if not self.speculative:
+            return None
+        return f'{{"method": "{self.speculative}", "num_speculative_tokens": {self.speculative_tokens or 1}}}'
+
+    @property
+    def speculative_algorithm(self) -> str | None:
+        """SGLang's ``--speculative-algorithm`` for the planned method (MTP is SGLang's NEXTN), None when off."""
+        return {"mtp": "NEXTN", "eagle": "EAGLE", "eagle3": "EAGLE3", "ngram": "NGRAM"}.get(self.speculative or "")
+
+    @property
+    def ep_size(self) -> int | None:
+        """SGLang's ``--ep-size``: expert parallelism over the tensor-parallel GPUs, None when off."""
+        return self.tp if self.expert_parallel else None
 
     # the settings a command line passes only when they differ from the engine's default
     @property
@@ -291,14 +348,17 @@ class Engine(Protocol):
 
     def defaults(self, version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
                  max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
-                 pp: int = 1) -> EngineDefaults:
+                 pp: int = 1, device: Device | None = None, spec: ModelSpec | None = None) -> EngineDefaults:
         """The engine's defaults for ``version`` on this GPU (utilisation, block size, batching limits)."""
 
     def budget(self, total_bytes: int, gpu_util: float, weights: Term, activation: Term | None,
                overhead: Term | None, cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec,
                tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-               version: str, pp: int = 1, device: Device | None = None) -> Budget:
+               version: str, pp: int = 1, device: Device | None = None, features: Features | None = None) -> Budget:
         """The per-GPU budget; a term given by the caller replaces the engine's estimate."""
+
+    def draft_layers(self, engine: EngineDefaults, spec: ModelSpec, features: Features | None) -> int:
+        """How many draft (multi-token-prediction) decoder layers the engine gives a KV cache in the same pool."""
 
     def for_model(self, engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None) -> EngineDefaults:
         """The defaults with what the engine forces for this model (block size, batching, prefix caching)."""
@@ -461,6 +521,99 @@ def forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
     kv = max(1, kv_heads // tp) * head_dim
     attn = 2 * h + q + 2 * kv + q
     return max(mlp, attn) * act_bytes
+
+
+def dense_forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
+    """Peak live activation bytes per batched token of a dense decoder layer (or a MoE model's attention stage),
+    per GPU: the larger of the MLP stage ``(3 x hidden + 3 x intermediate / tp)`` and the attention stage
+    (residual, input, q, k, v, output), times ``act_bytes`` (see :func:`forward_bytes_per_token`)."""
+    h = spec.hidden_size
+    all_moe = bool(spec.num_experts and spec.moe_intermediate_size
+                   and spec.routed_expert_layers >= spec.num_layers_decoder)
+    mlp = 0 if all_moe else 3 * h + 3 * _per_rank(spec.intermediate_size, tp)
+    heads = spec.num_attention_heads or 1
+    attn_layer = next((layer for layer in spec.layers if layer.kv_heads and layer.head_dim), None)
+    head_dim = attn_layer.head_dim if attn_layer else h // heads
+    kv_heads = attn_layer.kv_heads if attn_layer else heads
+    q = _per_rank(heads * head_dim, tp)
+    kv = max(1, kv_heads // tp) * head_dim
+    return max(mlp, 2 * h + q + 2 * kv + q) * act_bytes
+
+
+# How vLLM's fused-MoE kernels size their workspaces, per release (read in the released code:
+# model_executor/layers/fused_moe/fused_moe.py and modular_kernel.py), per routed token-expert pair, in
+# elements of the activation dtype, with I = moe_intermediate_size / tp (the whole of it under expert
+# parallelism) and H = hidden:
+# - v06 (0.6 - 0.7): intermediate_cache1 [M, k, 2I], cache2 [M k, I], cache3 [M, k, H] -> 3I + H
+# - v08 (0.8 - 0.13): cache1 and cache3 share one buffer of max(2I, H), cache2 [M k, I] -> max(2I, H) + I
+# - v014 (0.14 and later, the modular kernel's TritonExperts workspaces, kept by the workspace manager):
+#   [M, k, max(I, H)] + [M, k, max(2I, H)] -> max(I, H) + max(2I, H)
+MOE_RULES = ("v06", "v08", "v014")
+
+
+def moe_workspace_elements(rule: str, moe_intermediate: int, hidden: int) -> int:
+    """Elements of the fused-MoE workspaces per routed (token, expert) pair under ``rule`` (:data:`MOE_RULES`)."""
+    i, h = moe_intermediate, hidden
+    if rule == "v06":
+        return 3 * i + h
+    if rule == "v08":
+        return max(2 * i, h) + i
+    if rule == "v014":
+        return max(i, h) + max(2 * i, h)
+    raise ValueError(f"unknown MoE workspace rule {rule!r}")
+
+
+def moe_forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, rule: str, chunk: int,
+                      expert_parallel: bool = False) -> int:
+    """Peak bytes of one MoE layer's forward over ``tokens`` batched tokens, per GPU (0 for a dense model).
+
+    The fused-MoE workspaces of ``min(tokens, chunk)`` tokens (``chunk`` 0: no chunking) x ``top_k`` routed
+    pairs (:func:`moe_workspace_elements`), plus what stays alive around the experts call for every token:
+    the residual, the normed input and the layer's output (``3 x hidden``), the router logits (``experts``, model
+    dtype), the top-k weights and ids (12 B per pair: fp32 + int32 + int32) and a shared expert's output
+    (``hidden``). Tokens are not split by tp: every rank routes the whole batch, only the intermediate size
+    shrinks with tp (not at all under expert parallelism), and at most to the hidden-sized floors.
+    """
+    if not (spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size):
+        return 0
+    k, h = spec.num_experts_per_token, spec.hidden_size
+    inter = spec.moe_intermediate_size if expert_parallel else _per_rank(spec.moe_intermediate_size, tp)
+    m = min(tokens, chunk) if chunk else tokens
+    workspace = m * k * moe_workspace_elements(rule, inter, h) * act_bytes
+    shared = h if spec.shared_expert_size else 0
+    around = tokens * ((3 * h + spec.num_experts + shared) * act_bytes + 12 * k)
+    return workspace + around
+
+
+def forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, moe_rule: str = "v06", moe_chunk: int = 0,
+                  expert_parallel: bool = False) -> int:
+    """Peak bytes of the profiled forward over ``tokens`` tokens, per GPU: the larger of a dense layer (or a MoE
+    model's attention stage, :func:`dense_forward_bytes_per_token`) and a MoE layer (:func:`moe_forward_bytes`)."""
+    return max(tokens * dense_forward_bytes_per_token(spec, tp, act_bytes),
+               moe_forward_bytes(spec, tp, tokens, act_bytes, moe_rule, moe_chunk, expert_parallel))
+
+
+def lora_stack_bytes(spec: ModelSpec, tp: int, pp: int, max_loras: int, max_lora_rank: int, act_bytes: int) -> int:
+    """Bytes of the LoRA weight slots an engine keeps per GPU for ``max_loras`` adapters of rank ``max_lora_rank``
+    on every attention and dense-MLP projection (vLLM ``create_lora_weights``: per slot and projection an A
+    ``[rank, input]`` and a B ``[output, rank]`` stack, the tp-split side divided by tp), on this GPU's layers:
+
+    ``max_loras x rank x bytes x (7 x hidden + (2 x q + 2 x kv + 3 x intermediate) / tp)`` per layer
+    (qkv: A 3 hidden, B (q + 2 kv) / tp; o: A q / tp, B hidden; gate/up: A 2 hidden, B 2 intermediate / tp;
+    down: A intermediate / tp, B hidden). MoE experts' adapters are not counted (MoE models use the shared
+    ``intermediate_size`` here). Llama-3-8B, 1 slot of rank 16, bf16: 16 x 2 x 81,920 = 2,621,440 B per layer.
+    """
+    if max_loras <= 0:
+        return 0
+    h = spec.hidden_size
+    heads = spec.num_attention_heads or 1
+    attn_layer = next((layer for layer in spec.layers if layer.kv_heads and layer.head_dim), None)
+    head_dim = attn_layer.head_dim if attn_layer else h // heads
+    q = heads * head_dim
+    kv = (attn_layer.kv_heads if attn_layer else heads) * head_dim
+    per_layer = 7 * h + (2 * q + 2 * kv + 3 * spec.intermediate_size) // tp
+    layers = -(-spec.num_layers_decoder // pp)
+    return max_loras * max_lora_rank * act_bytes * per_layer * layers
 
 
 def padded_vocab(vocab_size: int, multiple: int = 64) -> int:

@@ -1,119 +1,213 @@
-"""SGLang's KV pool: ``mem_fraction_static`` defaults and the token pool it allocates.
+"""SGLang's KV pool, release by release: ``mem_fraction_static`` defaults and the token pool it allocates.
 
-SGLang does not profile activations. It measures free memory around weight loading and gives the
-pool everything inside ``mem_fraction_static`` that the weights (and what was allocated before them)
-do not use; activations and CUDA graphs live in ``1 - mem_fraction_static``.
+SGLang does not profile activations. Every release (read in the sglang wheels 0.3.6 - 0.5.23,
+``ModelRunner.profile_max_num_token`` and its successors) measures the free memory after its distributed
+init (``total_gpu_memory``, misleadingly named: the free memory before the weights load, the minimum over
+ranks) and again after loading, and keeps ``rest = free_after_load - free_before_load x (1 -
+mem_fraction_static)`` for the pool: ``pool = (total - used_before_load) x frac - weights``. Activations and
+CUDA graphs live in ``1 - mem_fraction_static``. ``max_total_num_tokens = pool // cell_size`` (rounded down
+to the page size from 0.4.6), ``cell_size`` the KV bytes of one token over this GPU's layers (MLA:
+``(kv_lora_rank + qk_rope_head_dim) x layers x bytes``); sliding-window models (0.4.10+) split the pool
+between full and windowed layers (:func:`swa_cell_bytes`). Page size 1 is expressed as
+``EngineDefaults(block_size=1)``, so the plan's blocks are tokens and the shared pool math applies.
 
-- ``0.4`` (2024 - mid 2025, ``ModelRunner.profile_max_num_token``): ``rest = free_after_load -
-  total x (1 - mem_fraction_static)``, i.e. ``pool = total x frac - weights - used_before_load``;
-  ``mem_fraction_static`` by tp x pp: 0.88, 0.87 (>= 2), 0.85 (>= 4), 0.81 (>= 8), 0.79 (>= 16);
-  ``chunked_prefill_size`` 2048 below 25,000 MiB of GPU memory, else 8192.
-- ``0.5`` (late 2025 / 2026, ``_handle_gpu_memory_settings``): ``pool = (total - used_before_load) x
-  frac - weights`` (measured against the free memory before loading), with ``frac = round((gpu_mem -
-  reserved) / gpu_mem, 3)`` and ``reserved = 512 + max(chunked_prefill_size, 2048) x 1.5 +
-  cuda_graph_max_bs x 2 + (tp x pp / 8) x 1024`` MiB, at least 10 GiB above 60 GiB of GPU memory.
-
-``max_total_num_tokens = pool // cell_size`` where ``cell_size`` is the KV bytes of one token over
-all of this GPU's layers (MLA: ``(kv_lora_rank + qk_rope_head_dim) x layers x bytes``); page size 1,
-so kvplan expresses the pool as blocks of one token and the shared block math applies.
+``mem_fraction_static``'s default changed often (:data:`RELEASES`, :func:`mem_fraction_static`): a tp ladder
+(0.3 - 0.4.5), a large-GPU reserve (0.4.6, 0.4.7), a reserve by GPU size (0.4.8 - 0.5.2), and from 0.5.3 an
+estimate of the activations and CUDA graphs (``_handle_gpu_memory_settings``). The GPU size in these rules
+is nvidia-smi's total in MiB (the smallest card's), not the runtime's: the catalogue's ``smi_memory_mib``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from kvplan import memory
-from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Launch, ModelLength, Term, launch_flags,
-                            length_refusal, release_ranges, resolve_release, scaled_length)
+from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Launch, ModelLength, Term,
+                            launch_flags, length_refusal, lora_stack_bytes, release_ranges, release_tuple,
+                            resolve_release, scaled_length)
 from kvplan.errors import InputError
-from kvplan.model.spec import LayerCache, ModelSpec
+from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
 from kvplan.units import DType, GiB, MiB, plural
 
 ENGINE = "sglang"
 BLOCK_SIZES: tuple[int, ...] | None = None  # --page-size takes any positive number of tokens
 LONG_LEN_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # ModelConfig._derive_context_length's override
-# The first release each modelled version covers. 0.5.3 brought ServerArgs._handle_gpu_memory_settings
-# (the memory-tier mem_fraction_static); 0.4.0 - 0.5.2 pick the fraction by world size (read in the
-# released sglang wheels 0.4.0, 0.4.10, 0.5.1, 0.5.2 and 0.5.3).
-FIRSTS: dict[str, tuple[int, ...]] = {"0.4": (0, 4, 0), "0.5": (0, 5, 3)}
-VERSIONS = tuple(FIRSTS)
-DEFAULT_VERSION = "0.5"
+
+
+@dataclass(frozen=True)
+class Release:
+    """What the SGLang releases from ``first`` up to the next one do when they size the pool.
+
+    ``fraction``: the ``mem_fraction_static`` rule (``ladder-0.3``, ``ladder``, ``ladder-13g``, ``ladder-big``,
+    ``tiers``, ``estimate``); ``tiers``: the (chunked_prefill_size, cuda_graph_max_bs) table by GPU memory
+    (``small-25000``, ``small-tp``, ``0.4.8``, ``0.5.3``, ``0.5.5``, ``0.5.20``); ``graph_reserve``: the 0.5.10+
+    piecewise CUDA-graph reserve; ``page_rounding``: the pool rounded down to whole pages (0.4.6+);
+    ``clamp_plus_one``: ``max_running_requests``' clamp is one higher (the request pool's padding slot,
+    0.3 - 0.4.6); ``swa``: sliding-window layers get their own smaller pool (0.4.10+).
+    """
+
+    version: str
+    first: tuple[int, int, int]
+    change: str
+    fraction: str
+    tiers: str
+    graph_reserve: bool = False
+    page_rounding: bool = True
+    clamp_plus_one: bool = False
+    swa: bool = True
+
+
+RELEASES: dict[str, Release] = {r.version: r for r in (
+    Release("0.3", (0, 3, 0), "tp ladder 0.88 - 0.79 (0.82 at tp 8)", "ladder-0.3", "small-25000",
+            page_rounding=False, clamp_plus_one=True, swa=False),
+    Release("0.4", (0, 4, 0), "tp ladder 0.88 / 0.87 / 0.85 / 0.81 / 0.79", "ladder", "small-tp",
+            page_rounding=False, clamp_plus_one=True, swa=False),
+    Release("0.4.6", (0, 4, 6), "above 80 GiB: (gpu - 13 GiB) / gpu; page size", "ladder-13g", "small-tp",
+            clamp_plus_one=True, swa=False),
+    Release("0.4.7", (0, 4, 7), "ladder by tp x pp; a reserve above 96 GiB", "ladder-big", "small-tp", swa=False),
+    Release("0.4.8", (0, 4, 8), "a reserve by GPU size: round((gpu - reserved) / gpu, 3); sliding-window pools "
+            "from 0.4.10", "tiers", "0.4.8"),
+    Release("0.5.3", (0, 5, 3), "the reserve estimates activations and CUDA graphs (_handle_gpu_memory_settings)",
+            "estimate", "0.5.3"),
+    Release("0.5.5", (0, 5, 5), "cuda_graph_max_bs 24 on 20 - 35 GiB GPUs", "estimate", "0.5.5"),
+    Release("0.5.10", (0, 5, 10), "a piecewise CUDA-graph reserve", "estimate", "0.5.5", graph_reserve=True),
+    Release("0.5.14", (0, 5, 14), "no speculative-decoding reserve (the draft is inside the pool)", "estimate",
+            "0.5.5", graph_reserve=True),
+    Release("0.5.20", (0, 5, 20), "20 - 35 GiB GPUs: chunked_prefill_size 4096, cuda_graph_max_bs 48 / 160",
+            "estimate", "0.5.20", graph_reserve=True),
+)}
+FIRSTS: dict[str, tuple[int, ...]] = {k: r.first for k, r in RELEASES.items()}
+VERSIONS = tuple(RELEASES)
+DEFAULT_VERSION = VERSIONS[-1]
+NEWEST_CHECKED = (0, 5, 23)  # the newest release whose source was read (sglang 0.5.23)
 RANGES = release_ranges(FIRSTS)
 PAGE_SIZE = 1  # --page-size default: one token per page
 MAX_RUNNING_REQUESTS_CEILING = 4096
+SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio: windowed layers' tokens per full layers' token
 
-# Memory in use before the weights load (CUDA context, NCCL communicators, custom all-reduce
-# buffers), which SGLang's free-memory arithmetic charges to the pool. Calibrated on one report
-# (Qwen3-235B-A22B-FP8, tp 4 on H100: ~2.2 GiB); the 0.75 GiB CUDA context is the usual size of a
-# context with cuBLAS / NCCL kernels loaded.
-CONTEXT_BYTES = 768 * MiB
-NCCL_BYTES_PER_DOUBLING = 512 * MiB
+# Memory in use when SGLang takes its first reading (after its distributed init): the CUDA context (the
+# first mem_get_info creates it) plus NCCL / custom all-reduce ("Init torch distributed ends. mem usage=":
+# 0.00 - 0.19 GiB at tp 1 - 4 on PCIe / L4 logs, 1.25 GiB at tp 8 on H100s; SGLang keeps NVLS off unless
+# --enable-nccl-nvls). "Load weight begin. avail mem" on 24 GB / 80 GB cards puts the whole at 0.35 - 0.8
+# GiB at tp 1 - 4 (calibration part of benchmarks/corpus).
+CONTEXT_BYTES = round(0.45 * GiB)
+COMM_BYTES = {"pcie": round(0.10 * GiB), "nvlink": round(0.30 * GiB), "nvlink-switch": round(0.30 * GiB),
+              "infinity-fabric": round(0.50 * GiB)}
+COMM_BYTES_WIDE = {"nvlink-switch": round(1.20 * GiB), "infinity-fabric": round(1.50 * GiB)}  # tp >= 4
+SMI_EXTRA_MIB = 480  # nvidia-smi's total less the runtime's, when the catalogue has no nvidia-smi figure
 
-# 0.5: (chunked_prefill_size, cuda_graph_max_bs) by GPU memory (MiB upper bound). The 24 GB and
-# 80 GB tiers are the anchors in docs/dev/engine_budget_notes.md (RTX 4090: 2048 / 24 -> ~0.847;
-# H100: 8192 / 256 -> ~0.836); the other tiers are recalled, not re-read (docs/engines.md).
-_TIERS_05 = (
-    (20 * 1024, 2048, 8),
-    (35 * 1024, 2048, 24),
-    (60 * 1024, 4096, 32),
-    (160 * 1024, 8192, 256),
-    (math.inf, 16384, 512),
-)
+# (GiB upper bound of the GPU's memory, chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4)
+_TIERS = {
+    "0.5.3": ((20, 2048, 8, 8), (35, 2048, 16, 80), (60, 4096, 32, 160), (160, 8192, 256, 512),
+              (math.inf, 16384, 512, 512)),
+    "0.5.5": ((20, 2048, 8, 8), (35, 2048, 24, 80), (60, 4096, 32, 160), (160, 8192, 256, 512),
+              (math.inf, 16384, 512, 512)),
+    "0.5.20": ((20, 2048, 8, 8), (35, 4096, 48, 160), (60, 4096, 32, 160), (160, 8192, 256, 512),
+               (math.inf, 16384, 512, 512)),
+}
 
 
 def resolve_version(text: str | None) -> tuple[str, str]:
     """``(modelled version, note)`` for any PEP 440 SGLang version (``0.4.6.post1``, ``0.5.3rc0``);
-    ``None`` is the newest modelled one. Versions before 0.4 are refused, with the ranges."""
+    ``None`` is the newest modelled one. Versions before 0.3 are refused, with the ranges."""
     if text is None:
         return DEFAULT_VERSION, ""
-    return resolve_release(ENGINE, text, FIRSTS)
+    key, note = resolve_release(ENGINE, text, FIRSTS)
+    if release_tuple(text, ENGINE) > NEWEST_CHECKED:
+        note += f"; newer than the newest release checked ({'.'.join(map(str, NEWEST_CHECKED))})"
+    return key, note
 
 
-def _check(version: str) -> None:
-    if version not in VERSIONS:
-        raise InputError(f"unknown --engine-version {version!r} for sglang",
-                         "modelled versions: " + ", ".join(f"{k} ({r})" for k, r in RANGES.items()))
+def release(version: str) -> Release:
+    """The modelled release for ``version``: a key of :data:`RELEASES` or any version it covers."""
+    return RELEASES[version] if version in RELEASES else RELEASES[resolve_version(version)[0]]
 
 
-def _mib(n_bytes: int | None) -> float:
-    return (n_bytes or 0) / MiB
+def smi_mib(gpu_memory_bytes: int | None, device: Device | None = None) -> float:
+    """The GPU memory SGLang's defaults read: nvidia-smi's total (MiB), else the runtime's + a typical gap."""
+    if device is not None and device.smi_memory_bytes:
+        return device.smi_memory_bytes / MiB
+    return (gpu_memory_bytes or 0) / MiB + SMI_EXTRA_MIB if gpu_memory_bytes else 0.0
 
 
-def chunked_prefill_size(version: str, gpu_memory_bytes: int | None) -> int:
+def _tier(r: Release, mib: float, tp: int) -> tuple[int, int]:
+    """``(chunked_prefill_size, cuda_graph_max_bs)`` defaults of release ``r`` for a GPU of ``mib`` MiB."""
+    if r.tiers == "small-25000":  # 0.3
+        return (2048, 4) if mib < 25_000 else (8192, 160)
+    if r.tiers == "small-tp":  # 0.4.0 - 0.4.7
+        chunk = 16384 if r.first >= (0, 4, 7) and mib > 180_000 else 2048 if mib < 25_000 else 8192
+        return chunk, ((8 if tp < 4 else 80) if mib < 25_000 else 160)
+    if r.tiers == "0.4.8":  # 0.4.8 - 0.5.2
+        if mib and mib < 35 * 1024:
+            return 2048, 8 if tp < 4 else 80
+        return (8192 if mib < 160 * 1024 else 16384), (512 if mib > 160_000 else 256 if mib > 90 * 1024 else 160)
+    if not mib:
+        return 4096, 160
+    limit, chunk, small, wide = next(row for row in _TIERS[r.tiers] if mib < row[0] * 1024)
+    return chunk, small if tp < 4 else wide
+
+
+def chunked_prefill_size(version: str, gpu_memory_bytes: int | None, tp: int = 1, device: Device | None = None) -> int:
     """SGLang's default ``--chunked-prefill-size`` (tokens) for this GPU."""
-    _check(version)
-    mib = _mib(gpu_memory_bytes)
-    if version == "0.4":
-        return 2048 if mib < 25_000 else 8192
-    return next(chunk for limit, chunk, _ in _TIERS_05 if mib < limit)
+    return _tier(release(version), smi_mib(gpu_memory_bytes, device), tp)[0]
 
 
-def cuda_graph_max_bs(version: str, gpu_memory_bytes: int | None) -> int:
-    """SGLang 0.5's default ``--cuda-graph-max-bs`` for this GPU (160 in 0.4)."""
-    _check(version)
-    if version == "0.4":
-        return 160
-    mib = _mib(gpu_memory_bytes)
-    return next(bs for limit, _, bs in _TIERS_05 if mib < limit)
+def cuda_graph_max_bs(version: str, gpu_memory_bytes: int | None, tp: int = 1, device: Device | None = None) -> int:
+    """SGLang's default ``--cuda-graph-max-bs`` for this GPU."""
+    return _tier(release(version), smi_mib(gpu_memory_bytes, device), tp)[1]
 
 
-def mem_fraction_static(version: str, gpu_memory_bytes: int | None, tp: int = 1, pp: int = 1) -> float:
-    """SGLang's default ``--mem-fraction-static``.
+def _ladder(world: int, tp8: float = 0.81) -> float:
+    return 0.79 if world >= 16 else tp8 if world >= 8 else 0.85 if world >= 4 else 0.87 if world >= 2 else 0.88
 
-    0.4: by world size ``tp x pp``: 0.79 (>= 16), 0.81 (>= 8), 0.85 (>= 4), 0.87 (>= 2), else 0.88.
-    0.5: ``round((gpu_mib - reserved_mib) / gpu_mib, 3)``; reserved = ``512 + max(chunk, 2048) x 1.5
-    + cuda_graph_max_bs x 2 + world / 8 x 1024`` MiB, raised to 10 GiB above 60 GiB (0.88 when the
-    GPU memory is unknown). H100 (81,106 MiB): 512 + 12288 + 512 + 128 = 13,440 -> 0.834.
+
+def piecewise_graph_tokens(max_tokens: int) -> int:
+    """How many piecewise CUDA graphs 0.5.10+ capture up to ``max_tokens`` tokens (each reserves 8 MiB)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(range(576, 1025, 64))
+             + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    return sum(1 for s in sizes if s <= max_tokens)
+
+
+def mem_fraction_static(version: str, gpu_memory_bytes: int | None, tp: int = 1, pp: int = 1,
+                        device: Device | None = None, spec: ModelSpec | None = None) -> float:
+    """SGLang's default ``--mem-fraction-static`` (``ServerArgs``), by release:
+
+    - 0.3: 0.88, 0.87 (tp >= 2), 0.85 (>= 4), 0.82 (>= 8), 0.79 (>= 16); 0.4 - 0.4.5: the same with 0.81 at 8;
+    - 0.4.6: the ladder up to 80 GiB, above it ``(gpu - 13 GiB) / gpu``; 0.4.7: the ladder by tp x pp, above
+      96 GiB ``min(base + 48 GiB x (1 - base) / gpu, (gpu - 18 GiB) / gpu)``, 0.79 above 180 GB;
+    - 0.4.8 - 0.5.2: ``round((gpu - reserved) / gpu, 3)``, reserved ``(2.8 + tp x pp / 10)`` GiB below 35 GiB,
+      ``(9.5 + tp x pp / 2)`` below 90, ``(12 + tp x pp / 2)`` below 160, else 32 GiB;
+    - 0.5.3+: reserved ``512 + max(chunked_prefill_size, 2048) x 1.5 + cuda_graph_max_bs x 2 + tp x pp / 8 x 1024``
+      MiB (0.5.10+: + 8 MiB per piecewise CUDA graph, 1.5 GiB for MLA models), at least 10 GiB above 60 GiB.
+    ``gpu`` is nvidia-smi's MiB (:func:`smi_mib`); 0.88 when unknown. H100 (81,559 MiB) at tp 1: 0.874 (0.4.8),
+    0.835 (0.5.3), 0.830 (0.5.10).
     """
-    _check(version)
+    r = release(version)
     world = tp * pp
-    if version == "0.4":
-        return 0.79 if world >= 16 else 0.81 if world >= 8 else 0.85 if world >= 4 else 0.87 if world >= 2 else 0.88
-    mib = _mib(gpu_memory_bytes)
+    mib = smi_mib(gpu_memory_bytes, device)
+    if r.fraction == "ladder-0.3":
+        return _ladder(tp, 0.82)
+    if r.fraction == "ladder":
+        return _ladder(tp)
+    if r.fraction == "ladder-13g":
+        return _ladder(tp) if mib <= 81920 else (mib - 13 * 1024) / mib
+    if r.fraction == "ladder-big":
+        base = _ladder(world) if mib <= 81920 else 0.88
+        if mib > 180_000:
+            return 0.79
+        return min(base + 48 * 1024 * (1 - base) / mib, (mib - 18 * 1024) / mib) if mib > 96 * 1024 else base
     if mib <= 0:
         return 0.88
-    reserved = (512 + max(chunked_prefill_size(version, gpu_memory_bytes), 2048) * 1.5
-                + cuda_graph_max_bs(version, gpu_memory_bytes) * 2 + world / 8 * 1024)
+    if r.fraction == "tiers":
+        gib = (2.8 + world / 10 if mib < 35 * 1024 else 9.5 + world / 2 if mib < 90 * 1024
+               else 12 + world / 2 if mib < 160 * 1024 else 32)
+        return round((mib - gib * 1024) / mib, 3)
+    chunk, bs = _tier(r, mib, tp)
+    reserved = 512 + max(chunk, 2048) * 1.5 + bs * 2 + world / 8 * 1024
+    if r.graph_reserve and pp == 1:
+        mla = spec is not None and any(layer.kind is LayerKind.MLA for layer in spec.layers)
+        reserved += 1.5 * 1024 if mla else piecewise_graph_tokens(chunk) * 8
     if mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((mib - reserved) / mib, 3)
@@ -121,19 +215,20 @@ def mem_fraction_static(version: str, gpu_memory_bytes: int | None, tp: int = 1,
 
 def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
              max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
-             pp: int = 1) -> EngineDefaults:
+             pp: int = 1, device: Device | None = None, spec: ModelSpec | None = None) -> EngineDefaults:
     """SGLang's defaults: ``mem_fraction_static`` as ``gpu_util``, page size 1 as ``block_size``,
     ``chunked_prefill_size`` as ``max_num_batched_tokens``; ``max_num_seqs`` is the 4096 ceiling of
     ``max_running_requests`` (the real value follows the pool: :func:`max_running_requests`)."""
-    _check(version)
+    r = release(version)
     if is_cpu:
         raise InputError("SGLang's CPU backend is not modelled", "use --engine vllm for a CPU plan")
     if usage_context not in USAGE_CONTEXTS:
         raise InputError(f"unknown usage context {usage_context!r}", "use serve or llm")
-    return EngineDefaults(ENGINE, version, mem_fraction_static(version, gpu_memory_bytes, tp, pp), PAGE_SIZE,
-                          chunked_prefill_size(version, gpu_memory_bytes), MAX_RUNNING_REQUESTS_CEILING,
-                          mode="sglang", usage_context=usage_context, cudagraph_profiled=False, refusal="pool",
-                          kv_tokens_rule="blocks", release_range=RANGES[version])
+    return EngineDefaults(ENGINE, r.version, mem_fraction_static(r.version, gpu_memory_bytes, tp, pp, device, spec),
+                          PAGE_SIZE, chunked_prefill_size(r.version, gpu_memory_bytes, tp, device),
+                          MAX_RUNNING_REQUESTS_CEILING, mode="sglang", usage_context=usage_context,
+                          cudagraph_profiled=False, refusal="pool", kv_tokens_rule="blocks",
+                          release_range=RANGES[r.version])
 
 
 def cell_size_bytes(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType) -> int:
@@ -145,61 +240,89 @@ def cell_size_bytes(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType)
     return memory.kv_bytes_per_token(layers, kv_dtype)
 
 
-def max_total_num_tokens(kv_budget_bytes: int, cell_size: int) -> int:
-    """``max_total_num_tokens = pool bytes // cell_size`` (0 when the pool is negative)."""
-    return max(0, kv_budget_bytes // cell_size) if cell_size > 0 else 0
+def swa_cell_bytes(layers: tuple[LayerCache, ...], kv_dtype: DType) -> int:
+    """Bytes per pool token of a sliding-window model (0.4.10+, ``HybridSWA`` pools): full layers' bytes per token
+    + ``swa_full_tokens_ratio`` (0.8) x the windowed layers', so ``full tokens = pool // swa_cell`` and the windowed
+    layers get 0.8 of that many; the logged ``max_total_num_tokens`` is the full layers' count. 0 for models
+    without windowed layers (or with chunked attention, Llama 4's own split)."""
+    full = [layer for layer in layers if layer.kind in (LayerKind.FULL, LayerKind.MLA)]
+    swa = [layer for layer in layers if layer.kind is LayerKind.SLIDING]
+    if not swa or not full or any(layer.kind is LayerKind.CHUNKED for layer in layers):
+        return 0
+    return cell_size_bytes(tuple(full), kv_dtype) + math.floor(SWA_FULL_TOKENS_RATIO * cell_size_bytes(tuple(swa), kv_dtype))
 
 
-def max_running_requests(total_num_tokens: int, context_len: int) -> int:
-    """0.4's default: ``min(max(int(max_total_num_tokens / context_len x 512), 2048), 4096)``.
+def max_total_num_tokens(kv_budget_bytes: int, cell_size: int, page_size: int = 1) -> int:
+    """``max_total_num_tokens = pool bytes // cell_size``, rounded down to whole pages (0 when negative)."""
+    tokens = max(0, kv_budget_bytes // cell_size) if cell_size > 0 else 0
+    return tokens // page_size * page_size
 
-    (sglang#4090; newer releases derive it differently - a 2026 log shows 33 - and are not modelled.)
-    """
+
+def max_running_requests(total_num_tokens: int, context_len: int, version: str = DEFAULT_VERSION) -> int:
+    """The default ``max_running_requests``: ``min(tokens // 2, clamp(int(tokens / context_len x 512), 2048,
+    4096))`` (the clamp one higher up to 0.4.6, where the request pool had a padding slot)."""
     if context_len <= 0:
         raise InputError(f"invalid context length {context_len}")
-    return min(max(int(total_num_tokens / context_len * 512), 2048), MAX_RUNNING_REQUESTS_CEILING)
+    extra = 1 if release(version).clamp_plus_one else 0
+    clamp = min(max(int(total_num_tokens / context_len * 512), 2048), MAX_RUNNING_REQUESTS_CEILING) + extra
+    return max(1, min(total_num_tokens // 2, clamp))
 
 
-def pre_load_bytes(tp: int, pp: int) -> int:
-    """Estimated memory in use before the weights load: CUDA context + 0.5 GiB per doubling of ranks."""
+def pre_load_bytes(tp: int, pp: int, device: Device | None = None) -> int:
+    """Estimated memory in use when SGLang takes its first reading: the CUDA context plus NCCL and custom
+    all-reduce at tp x pp >= 2, by interconnect (unknown: ``nvlink``)."""
     world = tp * pp
-    return CONTEXT_BYTES + NCCL_BYTES_PER_DOUBLING * max(0, math.ceil(math.log2(world))) if world > 1 else CONTEXT_BYTES
+    if world < 2:
+        return CONTEXT_BYTES
+    interconnect = (device.interconnect if device else None) or "nvlink"
+    comm = COMM_BYTES_WIDE.get(interconnect, COMM_BYTES.get(interconnect, COMM_BYTES["nvlink"])) if world >= 4 else \
+        COMM_BYTES.get(interconnect, COMM_BYTES["nvlink"])
+    return CONTEXT_BYTES + comm
 
 
 def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-           version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None) -> Budget:
-    """SGLang's pool budget per GPU: ``total x mem_fraction_static - weights - overhead``.
+           version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None,
+           features: Features | None = None) -> Budget:
+    """SGLang's pool budget per GPU: ``(total - used_before_load) x mem_fraction_static - weights``.
 
-    ``overhead`` is the memory in use before loading (0.4: all of it; 0.5: that times the fraction,
-    since the fraction applies to the free memory before loading). No activation or CUDA-graph term:
-    both live in ``1 - mem_fraction_static``. ``--kv-budget`` (like ``--max-total-tokens`` x cell
-    size) replaces the result.
+    ``overhead`` is the memory in use before loading times the fraction (the fraction applies to the free
+    memory then); LoRA adapters' buffers, allocated between loading and the pool, come out of it in full. No
+    activation or CUDA-graph term: both live in ``1 - mem_fraction_static``. ``--kv-budget`` (like
+    ``--max-total-tokens`` x cell size) replaces the result.
     """
-    _check(version)
+    release(version)
+    features = features or Features()
     if is_cpu:
         raise InputError("SGLang's CPU backend is not modelled", "use --engine vllm for a CPU plan")
     usable = math.floor(total_bytes * gpu_util)
+    notes: list[str] = []
     if activation is None:
         activation = Term("activation", 0, "none: SGLang keeps activations in 1 - mem_fraction_static")
     if cudagraph is None:
         cudagraph = Term("cudagraph", 0, "none: SGLang captures CUDA graphs in 1 - mem_fraction_static")
     if overhead is None:
-        before = pre_load_bytes(tp, pp)
-        if version == "0.4":
-            overhead = Term("overhead", before, f"estimate: {before / GiB:.2f} GiB in use before loading "
-                                                 "(CUDA context, NCCL), charged to the pool")
-        else:
-            charged = math.floor(before * gpu_util)
-            overhead = Term("overhead", charged, f"estimate: {before / GiB:.2f} GiB in use before loading x "
-                                                  f"mem_fraction_static {gpu_util}")
+        before = pre_load_bytes(tp, pp, device)
+        charged = math.floor(before * gpu_util)
+        source = (f"estimate: {before / GiB:.2f} GiB in use before loading (CUDA context"
+                  + (", NCCL" if tp * pp > 1 else "") + f") x mem_fraction_static {gpu_util:g}")
+        if features.lora:
+            # SGLang sizes its adapter buffers for --max-loras-per-batch slots of --max-lora-rank
+            stacks = lora_stack_bytes(spec, tp, pp, features.max_loras, features.max_lora_rank, act_bytes)
+            charged += stacks
+            source += f" + LoRA buffers {features.max_loras} x rank {features.max_lora_rank} = {stacks / GiB:.2f} GiB"
+        overhead = Term("overhead", charged, source)
+    if features.speculative:
+        notes.append("SGLang's speculative decoding pools (the draft model's KV and the enlarged target pool) are "
+                     "not modelled: pass --kv-budget with the log's KV size")
     if kv_budget_override is not None:
         kv, source = kv_budget_override, "--kv-budget"
     else:
         kv = usable - weights.bytes - activation.bytes - overhead.bytes - cudagraph.bytes
         source = "total x mem_fraction_static - weights - overhead"
-    return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source, "floor")
+    return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source, "floor",
+                  notes=tuple(notes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +403,7 @@ def serving_release(spec: ModelSpec) -> str | None:
 def request_limit(engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: int, max_model_len: int) -> int:
     """``max_running_requests``: the user's ``--max-running-requests``, else derived from the pool
     (:func:`max_running_requests`)."""
-    return max_num_seqs or max_running_requests(kv_tokens, max_model_len)
+    return max_num_seqs or max_running_requests(kv_tokens, max_model_len, engine.version)
 
 
 def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
@@ -289,8 +412,19 @@ def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
 
 def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
               max_model_len: int) -> int:
-    """``max_total_num_tokens``: the pool's token slots (``blocks x page size``)."""
+    """``max_total_num_tokens``: the pool's token slots (``blocks x page size``); for a sliding-window model
+    (0.4.10+) the full layers' tokens of the split pool (:func:`swa_cell_bytes`)."""
+    if release(engine.version).swa:
+        layers = tuple(g.cache for g in layout.groups for _ in range(g.num_layers))
+        swa = swa_cell_bytes(layers, layout.kv_dtype) if layers else 0
+        if swa:
+            return max_total_num_tokens(blocks * layout.block_bytes, swa, layout.block_size)
     return blocks * layout.block_size
+
+
+def draft_layers(engine: EngineDefaults, spec: ModelSpec, features: Features | None) -> int:
+    """SGLang keeps a speculative draft's KV in pools of its own (not modelled): 0 layers in the target's pool."""
+    return 0
 
 
 def report(launch: Launch) -> tuple[str, ...]:
@@ -305,7 +439,9 @@ SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tp {}"), ("pp_flag"
                ("ssm_dtype", "--mamba-ssm-dtype {}"), ("block_size", "--page-size {}"),
                ("kv_budget_tokens", "--max-total-tokens {}"), ("max_num_batched_tokens_flag", "--chunked-prefill-size {}"),
                ("max_num_seqs_flag", "--max-running-requests {}"), ("enforce_eager", "--disable-cuda-graph"),
-               ("prefix_caching_off", "--disable-radix-cache"))
+               ("prefix_caching_off", "--disable-radix-cache"), ("lora", "--enable-lora"),
+               ("max_loras", "--max-loras-per-batch {}"), ("max_lora_rank", "--max-lora-rank {}"),
+               ("speculative_algorithm", "--speculative-algorithm {}"), ("ep_size", "--ep-size {}"))
 
 
 def serve_command(launch: Launch) -> str:

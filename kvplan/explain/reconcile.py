@@ -325,10 +325,17 @@ def calibration_terms(ex: Explanation) -> tuple[dict[str, int], str]:
     elif memory.num_blocks(kv, layout) == blocks:
         return terms, ""
     shift = kv - target  # > 0: the terms leave too much for the KV cache
-    implied = next((k for k in _IMPLIED if k in unmeasured), None)
-    if implied is not None and unmeasured[implied] + shift >= 0:
-        terms[implied] = unmeasured[implied] + shift
-        return terms, (f"{implied.removesuffix('_bytes')} implied by the log's {what}: requested - the "
+    implied = [k for k in _IMPLIED if k in unmeasured]
+    if implied and sum(unmeasured[k] for k in implied) + shift >= 0:
+        # the unprinted terms take the difference in order, each down to 0 at most
+        taken = []
+        for k in implied:
+            terms[k] = max(0, unmeasured[k] + shift)
+            shift -= terms[k] - unmeasured[k]
+            taken.append(k.removesuffix("_bytes"))
+            if shift == 0:
+                break
+        return terms, (f"{' and '.join(taken)} implied by the log's {what}: requested - the "
                        "printed terms - kvplan's estimates of the others - the KV budget")
     name = next(k for k in _ABSORBING if k in terms)
     if abs(shift) > PRINT_HALF_STEP_BYTES * (2 + len(terms)) or terms[name] + shift < 0:

@@ -195,6 +195,9 @@ class ModelSpec:
     rotary_caches: tuple[RotaryCache, ...] = ()  # the rope tables an engine builds at load (none: no rope)
     vision: VisionEncoder | None = None  # the image encoder an engine profiles (None: text-only or not modelled)
     rope_scaling: tuple[RopeScaling, ...] = ()  # the config's rope parameters, in order (none: no rope keys)
+    mtp_layers: int = 0  # multi-token-prediction layers the config says the checkpoint holds (num_nextn_predict_layers)
+    mtp_parameters: int = 0  # their parameters (loaded only with speculative decoding)
+    shared_expert_size: int = 0  # intermediate size of a MoE layer's shared expert(s), 0 for none
 
     @property
     def expert_parameters(self) -> int:

@@ -199,6 +199,15 @@ def _moe_mlp(m: _Mlp, spec: ModelSpec, at: str) -> list[Tensors]:
     return out
 
 
+def shared_expert_size(spec: ModelSpec, r: ConfigReader) -> int:
+    """The intermediate size of a MoE layer's shared experts (DeepSeek's ``n_shared_experts x
+    moe_intermediate_size``, Qwen-MoE's ``shared_expert_intermediate_size``); 0 for a dense model or none."""
+    if not spec.num_experts:
+        return 0
+    m = _mlp_facts(r, spec)
+    return m.n_shared * spec.moe_intermediate_size + m.shared_size
+
+
 def routed_expert_layers(spec: ModelSpec, r: ConfigReader) -> int:
     """Decoder layers with routed experts (0 for a dense model): the layers whose unpicked experts a token
     does not read (:meth:`kvplan.model.modelspec.ModelSpec.parameters_read`)."""

@@ -23,7 +23,8 @@ from kvplan.errors import ConfigError
 from kvplan.limits import MAX_LAYERS, MAX_PARAMETERS
 from kvplan.model.source import ModelSource, WeightFacts
 from kvplan.model.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
-from kvplan.model.params import TIED_BY_DEFAULT, inventory, mtp_layers, parameter_count, routed_expert_layers
+from kvplan.model.params import (TIED_BY_DEFAULT, inventory, mtp_layers, parameter_count, routed_expert_layers,
+                                 shared_expert_size)
 from kvplan.units import plural
 
 __all__ = ["STATE_KINDS", "TOKEN_KINDS", "LayerCache", "LayerGroup", "LayerKind", "ModelSpec", "Overrides",
@@ -456,7 +457,9 @@ def spec_from_config(
                    routed_expert_layers=routed_expert_layers(spec, r), provenance=MappingProxyType(dict(r.provenance)),
                    rotary_caches=rope_vision.rotary_caches(r, layers, spec.max_position_embeddings),
                    rope_scaling=rope_vision.rope_scaling(r),
-                   vision=rope_vision.vision_encoder(config, where))
+                   vision=rope_vision.vision_encoder(config, where),
+                   mtp_layers=mtp_layers(r), mtp_parameters=sum(t.parameters for t in tensors if t.mtp),
+                   shared_expert_size=shared_expert_size(spec, r))
 
 
 def _bounded_parameters(r: ConfigReader, parameters: int | None, spec: ModelSpec) -> int | None:

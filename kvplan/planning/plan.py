@@ -12,12 +12,12 @@ from typing import Any, Callable
 
 from kvplan import memory
 from kvplan.planning.answer import Answer, Deployment
-from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
+from kvplan.engines import Budget, Device, Engine, EngineDefaults, Features, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
 from kvplan.options import Options, check_context, option_values_of, options_from_values
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec, Overrides
-from kvplan.units import DType, GiB, parse_dtype, plural
+from kvplan.units import DType, GiB, MiB, parse_dtype, plural
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,15 @@ class GpuInfo:
     sm_count: int | None = None  # streaming multiprocessors (AMD: compute units)
     interconnect: str | None = None  # nvlink-switch, nvlink, pcie, infinity-fabric (the catalogue's)
     bf16: bool = True  # the engine can run bfloat16 here (NVIDIA: compute capability >= 8.0)
+    compute_capability: str | None = None  # NVIDIA compute capability (the catalogue's)
+    smi_memory_bytes: int | None = None  # the total nvidia-smi shows (the catalogue's smi_memory_mib)
 
     @property
     def device(self) -> Device:
-        """What the engine's budget needs: platform (``rocm`` for AMD GPUs, else ``cuda``), SMs, interconnect."""
-        return Device("rocm" if self.vendor == "amd" else "cuda", self.sm_count, self.interconnect)
+        """What the engine's budget needs: platform (``rocm`` for AMD GPUs, else ``cuda``), SMs, interconnect,
+        compute capability and nvidia-smi's total."""
+        return Device("rocm" if self.vendor == "amd" else "cuda", self.sm_count, self.interconnect,
+                      self.compute_capability, self.smi_memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,11 @@ class Plan:
             prefix_caching_flag=None if self.prefix_caching == default_caching else self.prefix_caching,
             ssm_dtype=next((x.ssm_dtype for x in self.rank_layers if x.is_state and x.ssm_dtype), None)
             if o.ssm_dtype else None,
-            is_cpu=self.gpu.is_cpu, revision=o.revision)
+            is_cpu=self.gpu.is_cpu, revision=o.revision,
+            lora=bool(o.enable_lora or o.max_loras or o.max_lora_rank), max_loras=o.max_loras,
+            max_lora_rank=o.max_lora_rank,
+            speculative=o.speculative, speculative_tokens=o.num_speculative_tokens or 0,
+            expert_parallel=o.expert_parallel)
 
     @property
     def option_values(self) -> dict[str, Any]:
@@ -179,9 +187,12 @@ def resolve_gpu(options: Options) -> GpuInfo:
         raise InputError(f"GPU {gpu.name if gpu else options.gpu!r} has no fixed memory",
                          "pass --gpu-memory SIZE (e.g. 64GiB), or for the CPU backend --kv-budget SIZE")
     name = gpu.name if gpu else "custom"
+    same_memory = gpu is not None and memory_bytes == gpu.memory_bytes
     return GpuInfo(name, memory_bytes, gpu.bandwidth_bytes_per_s if gpu else None, source, is_cpu,
                    gpu.fp16_tflops if gpu else None, gpu.vendor if gpu else "", gpu.sm_count if gpu else None,
-                   gpu.interconnect if gpu else None, gpu.supports_bf16 if gpu else True)
+                   gpu.interconnect if gpu else None, gpu.supports_bf16 if gpu else True,
+                   gpu.compute_capability if gpu else None,
+                   gpu.smi_memory_mib * MiB if gpu and gpu.smi_memory_mib and same_memory else None)
 
 
 def estimate(options: Options, token: str | None = None) -> Plan:
@@ -212,12 +223,21 @@ class _Pool:
     blocks: int
 
 
-def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo) -> EngineDefaults:
+def features_of(options: Options) -> Features:
+    """The serving features the options turn on (LoRA slots, speculative decoding, expert parallelism)."""
+    loras = options.max_loras or (1 if options.enable_lora or options.max_lora_rank else 0)
+    return Features(max_loras=loras, max_lora_rank=options.max_lora_rank or 16, speculative=options.speculative,
+                    speculative_tokens=options.num_speculative_tokens or (1 if options.speculative else 0),
+                    expert_parallel=options.expert_parallel)
+
+
+def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo, spec: ModelSpec) -> EngineDefaults:
     """The engine's defaults for this GPU, with the user's utilisation / block size / batching limits."""
     version, version_note = rules.resolve_version(options.engine_version)
     engine = rules.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
-                                 max_model_len=options.max_model_len or options.context,
-                                 usage_context=options.usage_context, tp=options.tp, pp=options.pp)
+                            max_model_len=options.max_model_len or options.context,
+                            usage_context=options.usage_context, tp=options.tp, pp=options.pp, device=gpu.device,
+                            spec=spec)
     if version_note:
         engine = replace(engine, requested_version=options.engine_version or "", notes=(version_note,) + engine.notes)
     if options.block_size and rules.BLOCK_SIZES and options.block_size not in rules.BLOCK_SIZES:
@@ -256,12 +276,28 @@ def _with_images(layers: tuple[LayerCache, ...], spec: ModelSpec, options: Optio
                  if layer.kind is LayerKind.CROSS else layer for layer in layers)
 
 
+def _with_engine_layers(layers: tuple[LayerCache, ...], draft: int, engine: EngineDefaults,
+                        model_dtype: DType) -> tuple[LayerCache, ...]:
+    """This GPU's layers as the engine caches them: ``draft`` copies of the last attention layer for the draft
+    (multi-token-prediction) layers it gives a KV cache, and MLA entries padded to ``engine.mla_align_bytes`` of
+    the model dtype (vLLM V0 0.7.2+)."""
+    if draft:
+        last = next((layer for layer in reversed(layers) if layer.caches_tokens), None)
+        layers = layers + (last,) * draft if last is not None else layers
+    if engine.mla_align_bytes:
+        multiple = max(1, engine.mla_align_bytes // model_dtype.nbytes(1))
+        layers = tuple(replace(layer, head_dim=-(-layer.head_dim // multiple) * multiple)
+                       if layer.kind is LayerKind.MLA else layer for layer in layers)
+    return layers
+
+
 def _pool(spec: ModelSpec, options: Options) -> _Pool:
     """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
     gpu = resolve_gpu(options)
     rules = engine_rules(options.engine)
-    engine = rules.for_model(_engine_defaults(rules, options, gpu), spec, gpu.is_cpu,
+    engine = rules.for_model(_engine_defaults(rules, options, gpu, spec), spec, gpu.is_cpu,
                              options.max_model_len or options.context)
+    features = features_of(options)
     if options.dtype and options.dtype != "auto":
         model_dtype = parse_dtype(options.dtype, "--dtype")
     else:  # the engine's --dtype auto: a float32 checkpoint runs in bf16 (fp16 without bf16 support)
@@ -284,6 +320,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                                                                             if t <= heads and heads % t == 0))
     layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
                           spec, options)
+    layers = _with_engine_layers(layers, rules.draft_layers(engine, spec, features), engine, model_dtype)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
     if engine.prefix_caching is not None:  # the engine forces it for this model
@@ -304,7 +341,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
         gpu.memory_bytes, engine.gpu_util, *terms, options.kv_budget_bytes,
         spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
-        version=engine.version, pp=options.pp, device=gpu.device,
+        version=engine.version, pp=options.pp, device=gpu.device, features=features,
     )
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))

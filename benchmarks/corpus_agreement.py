@@ -1,0 +1,366 @@
+"""How close kvplan's engine model comes to what real vLLM / SGLang start-ups printed, over the whole corpus.
+
+Every start in benchmarks/corpus/ that names a model kvplan can plan and a GPU whose memory is known is
+planned from its *inputs* (model, GPU, engine release, tp / pp and the flags the log states; never a
+number the engine derived) and the plan's KV capacity is set beside the logged one:
+
+- ``compare``: which logged figure (``tokens``: "GPU KV cache size" / SGLang ``max_total_num_tokens``;
+  ``blocks``: "# GPU blocks"; ``refusal``: the tokens of a V0 refusal; ``kv_gib``: "Available KV cache
+  memory"; ``concurrency``: "Maximum concurrency");
+- ``err``: (kvplan - logged) / logged; positive = kvplan promises more than the engine gave (the unsafe side);
+- ``gib``: the same gap in GiB of KV per GPU;
+- ``range``: whether the logged value lies in the plan's range (``Plan.kv_range``), when it has one;
+- ``terms``: with every budget term the log prints put in place of kvplan's estimate, the gap that is left,
+  and the term whose estimate differs most from the log.
+
+Rows are summarised by split (calibration / validation, benchmarks/corpus.py) and by engine x release family
+x GPU class x tp.
+
+    PYTHONPATH=. python3 benchmarks/corpus_agreement.py [--split validation] [--markdown] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import corpus  # noqa: E402
+
+from kvplan.errors import KvplanError  # noqa: E402
+from kvplan.units import GiB  # noqa: E402
+
+COMPARE_ORDER = ("tokens", "blocks", "refusal", "kv_gib", "concurrency")
+_DTYPES = {"half": "float16", "float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float32": "float32", "float": "float32", "auto": None}
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    split: str
+    engine: str
+    release: str  # kvplan's modelled release
+    family: str  # the release family of the summary table
+    gpu: str
+    gpu_class: str
+    tp: int
+    compare: str
+    logged: float
+    kvplan: float
+    err_pct: float
+    gib: float  # kvplan - logged, GiB of KV per GPU
+    in_range: bool | None
+    range_width_pct: float | None
+    terms_err_pct: float | None
+    biggest_term: str
+    model: str
+
+
+def _num(x: Any) -> float | None:
+    try:
+        return None if x is None else float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def logged_value(meta: dict[str, Any], compare: str | None) -> tuple[str, float] | None:
+    """The logged figure to compare, and which one (the first of :data:`COMPARE_ORDER` the log prints)."""
+    r = meta.get("reported") or {}
+    values = {
+        "tokens": _num(r.get("kv_cache_tokens")) or _num(r.get("max_total_num_tokens")),
+        "blocks": _num(r.get("num_gpu_blocks")),
+        "refusal": _num(r.get("refusal_kv_tokens")),
+        "kv_gib": _num(r.get("available_kv_gib")),
+        "concurrency": _num(r.get("max_concurrency")),
+    }
+    for key in ((compare,) if compare else COMPARE_ORDER):
+        if values.get(key) is not None and values[key] > 0:
+            return key, values[key]
+    return None
+
+
+def _bundled_ids() -> dict[str, str]:
+    from kvplan.model.sources import bundled_ids
+
+    return {m.lower(): m for m in bundled_ids()}
+
+
+def resolve_model(meta: dict[str, Any]) -> str | None:
+    """The bundled spec to plan with: the curated ``kvplan.model``, else the logged id if it is bundled."""
+    block = meta.get("kvplan") or {}
+    if block.get("model"):
+        return str(block["model"])
+    logged = str(meta.get("model") or "").strip().rstrip("/")
+    return _bundled_ids().get(logged.lower())
+
+
+def _gpu(meta: dict[str, Any]) -> tuple[str | None, int | None]:
+    """``(catalogue name, memory bytes)``: the curated or logged GPU from the catalogue, else the logged total."""
+    from kvplan.gpus import find_gpu
+
+    block = meta.get("kvplan") or {}
+    total = _num((meta.get("reported") or {}).get("total_memory_gib"))
+    name = block.get("gpu")
+    if name is None and "gpu" not in block and meta.get("gpu"):
+        try:
+            name = find_gpu(str(meta["gpu"])).name
+        except KvplanError:
+            name = None
+    if name:
+        return str(name), None
+    return None, round(total * GiB) if total else None
+
+
+def options_for(meta: dict[str, Any], model: str, terms: dict[str, int] | None = None):  # noqa: ANN201 - Options
+    """kvplan's options for one logged start: its inputs only (the flags it states, its release, GPU, tp/pp)."""
+    from kvplan.planning.plan import options_from_values
+
+    block = meta.get("kvplan") or {}
+    flags = dict(meta.get("flags") or {})
+    engine = meta["engine"]
+    gpu, memory = _gpu(meta)
+    values: dict[str, Any] = {"model": model, "engine": engine, "tp": int(meta.get("tp") or 1),
+                              "pp": int(meta.get("pp") or 1), "offline": True}
+    values["gpus"] = values["tp"] * values["pp"]
+    if gpu:
+        values["gpu"] = gpu
+    elif memory:
+        values["gpu_memory"] = f"{memory}B"
+    version = block.get("engine_version") or meta.get("engine_version")
+    if version:
+        values["engine_version"] = str(version)
+    if block.get("usage_context"):
+        values["usage_context"] = block["usage_context"]
+    util = flags.get("gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static")
+    if util is not None:
+        values["gpu_util"] = float(util)
+    length = flags.get("max_model_len") or flags.get("context_length") or flags.get("max_seq_len")
+    if length:
+        values["max_model_len"] = values["context"] = int(length)
+    elif meta.get("reported", {}).get("max_concurrency_tokens"):
+        values["max_model_len"] = values["context"] = int(meta["reported"]["max_concurrency_tokens"])
+    kv = str(flags.get("kv_cache_dtype") or "auto")
+    if kv not in ("auto", "None"):
+        values["kv_dtype"] = kv
+    dtype = _DTYPES.get(str(flags.get("dtype") or "auto").lower())
+    if dtype:
+        values["dtype"] = dtype
+    for flag, option in (("max_num_seqs", "max_num_seqs"), ("max_running_requests", "max_num_seqs"),
+                         ("max_num_batched_tokens", "max_num_batched_tokens"),
+                         ("chunked_prefill_size", "max_num_batched_tokens"), ("block_size", "block_size"),
+                         ("page_size", "block_size")):
+        if flags.get(flag) and option not in values:
+            values[option] = int(flags[flag])
+    if flags.get("enforce_eager") in (True, "true", "True") or flags.get("disable_cuda_graph") in (True, "true"):
+        values["enforce_eager"] = True
+    if "enable_prefix_caching" in flags and flags["enable_prefix_caching"] is not None:
+        values["prefix_caching"] = bool(flags["enable_prefix_caching"])
+    values.update(block.get("options") or {})
+    values.update(terms or {})
+    return options_from_values(values)
+
+
+def logged_terms(meta: dict[str, Any], tp_pp: int) -> dict[str, str]:
+    """The budget terms the log prints, as kvplan option values (per GPU; weights over all GPUs)."""
+    r = meta.get("reported") or {}
+    out: dict[str, str] = {}
+    if _num(r.get("weights_gib")) is not None:
+        out["weights_gib"] = f"{_num(r['weights_gib']) * tp_pp}GiB"
+    if _num(r.get("activation_gib")) is not None:
+        out["activation_gib"] = f"{_num(r['activation_gib'])}GiB"
+    elif _num(r.get("peak_torch_memory_gib")) is not None and _num(r.get("weights_gib")) is not None:
+        out["activation_gib"] = f"{max(0.0, _num(r['peak_torch_memory_gib']) - _num(r['weights_gib']))}GiB"
+    if _num(r.get("non_torch_gib")) is not None:
+        out["overhead_gib"] = f"{max(0.0, _num(r['non_torch_gib']))}GiB"
+    if _num(r.get("cudagraph_gib")) is not None and meta["engine"] == "vllm":
+        out["cudagraph_gib"] = f"{max(0.0, _num(r['cudagraph_gib']))}GiB"
+    return out
+
+
+def measure(plan: Any, compare: str) -> float:
+    """The plan's figure comparable to the logged one."""
+    a = plan.answer
+    if compare == "tokens":
+        return float(a.kv_tokens)
+    if compare == "blocks":
+        return float(a.num_blocks)
+    if compare == "refusal":
+        return float(a.num_blocks * plan.layout.block_size)
+    if compare == "kv_gib":
+        return plan.budget.kv_budget_bytes / GiB
+    return float(a.max_concurrency)
+
+
+def _range(plan: Any, compare: str) -> tuple[float, float] | None:
+    """The plan's range for the compared figure, when the plan carries one (``Plan.kv_range``)."""
+    rng = getattr(plan, "kv_range", None)
+    if rng is None:
+        return None
+    lo, hi = rng.low_plan, rng.high_plan
+    return measure(lo, compare), measure(hi, compare)
+
+
+def family(engine: str, release: str) -> str:
+    """The release family of the summary table (the releases whose budget arithmetic is alike)."""
+    if engine == "sglang":
+        return "sglang 0.3 - 0.4" if release.startswith(("0.3", "0.4")) else "sglang 0.5"
+    major = tuple(int(x) for x in release.split(".")[:2])
+    if major < (0, 8):
+        return "vllm V0 0.6 - 0.7"
+    if major < (0, 11):
+        return "vllm V1 0.8 - 0.10"
+    if major < (0, 20):
+        return "vllm V1 0.11 - 0.19"
+    return "vllm V1 0.20+"
+
+
+def gpu_class(memory_bytes: int, name: str) -> str:
+    gib = memory_bytes / GiB
+    if "cpu" in name.lower():
+        return "cpu"
+    return "<= 24 GB" if gib < 26 else "32 - 48 GB" if gib < 60 else "80 - 96 GB" if gib < 120 else "140+ GB"
+
+
+def run(entry: corpus.Entry) -> Row | str:
+    """One start planned and compared, or the reason it cannot be."""
+    from kvplan.planning.plan import estimate
+
+    meta = entry.meta
+    block = meta.get("kvplan") or {}
+    if block.get("skip"):
+        return f"skip: {block['skip']}"
+    target = logged_value(meta, block.get("compare"))
+    if target is None:
+        return "no capacity figure in the log"
+    compare, value = target
+    model = resolve_model(meta)
+    if model is None:
+        return f"model {meta.get('model')!r} not bundled and not curated"
+    gpu, memory = _gpu(meta)
+    if gpu is None and memory is None:
+        return f"GPU {meta.get('gpu')!r} not in the catalogue and its memory not logged"
+    if not (block.get("engine_version") or meta.get("engine_version")):
+        return "engine version unknown"
+    try:
+        plan = estimate(options_for(meta, model))
+    except KvplanError as exc:
+        return f"kvplan refuses: {exc.message}"
+    predicted = measure(plan, compare)
+    err = (predicted - value) / value * 100
+    gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
+    terms = logged_terms(meta, plan.options.tp * plan.options.pp)
+    terms_err, biggest = None, ""
+    if terms:
+        try:
+            with_terms = estimate(options_for(meta, model, terms))
+            terms_err = (measure(with_terms, compare) - value) / value * 100
+            deltas = {t.name: (t.bytes - w.bytes) / GiB for t, w in zip(plan.budget.terms, with_terms.budget.terms)
+                      if t.bytes != w.bytes}
+            if deltas:
+                name, delta = max(deltas.items(), key=lambda kv: abs(kv[1]))
+                biggest = f"{name} {delta:+.2f} GiB"
+        except KvplanError:
+            pass
+    rng = _range(plan, compare)
+    in_range = width = None
+    if rng is not None:
+        lo, hi = min(rng), max(rng)
+        in_range = lo <= value <= hi
+        width = (hi - lo) / predicted * 100 if predicted else None
+    return Row(entry.id, entry.split, meta["engine"], plan.engine.version, family(meta["engine"], plan.engine.version),
+               plan.gpu.name, gpu_class(plan.gpu.memory_bytes, plan.gpu.name), plan.options.tp, compare, value,
+               predicted, err, gib, in_range, width, terms_err, biggest, model)
+
+
+def rows(split: str | None = None) -> tuple[list[Row], list[tuple[str, str]]]:
+    done: list[Row] = []
+    skipped: list[tuple[str, str]] = []
+    for entry in corpus.entries():
+        if split and entry.split != split:
+            continue
+        result = run(entry)
+        (done.append(result) if isinstance(result, Row) else skipped.append((entry.id, result)))
+    return done, skipped
+
+
+def bad(row: Row) -> bool:
+    """Off by more than 3% of its KV tokens or 0.25 GiB of KV per GPU, whichever is larger."""
+    return abs(row.err_pct) > 3 and abs(row.gib) > 0.25
+
+
+def summary(done: list[Row]) -> dict[str, Any]:
+    errs = [abs(r.err_pct) for r in done]
+    ranged = [r for r in done if r.in_range is not None]
+    return {
+        "rows": len(done),
+        "median_abs_err_pct": statistics.median(errs) if errs else math.nan,
+        "max_abs_err_pct": max(errs) if errs else math.nan,
+        "over_promise_gt_1pct": sum(1 for r in done if r.err_pct > 1),
+        "off_gt_3pct_and_025gib": sum(1 for r in done if bad(r)),
+        "range_coverage": (sum(1 for r in ranged if r.in_range) / len(ranged)) if ranged else None,
+        "range_median_width_pct": statistics.median(r.range_width_pct for r in ranged if r.range_width_pct is not None)
+        if ranged else None,
+    }
+
+
+def by_class(done: list[Row]) -> dict[tuple[str, str, str], list[Row]]:
+    out: dict[tuple[str, str, str], list[Row]] = {}
+    for r in done:
+        tp = "tp 1" if r.tp == 1 else "tp 2" if r.tp == 2 else "tp 4 - 8" if r.tp <= 8 else "tp 16+"
+        out.setdefault((r.family, r.gpu_class, tp), []).append(r)
+    return dict(sorted(out.items()))
+
+
+def markdown(done: list[Row]) -> str:
+    lines = ["| engine, releases | GPU class | tp | logs | median \\|err\\| | max \\|err\\| | over-promising > 1% |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for (fam, cls, tp), rs in by_class(done).items():
+        s = summary(rs)
+        lines.append(f"| {fam} | {cls} | {tp} | {s['rows']} | {s['median_abs_err_pct']:.2f}% | "
+                     f"{s['max_abs_err_pct']:.2f}% | {s['over_promise_gt_1pct']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split", choices=corpus.SPLITS)
+    parser.add_argument("--markdown", action="store_true", help="print the summary table by class (docs/engines.md)")
+    parser.add_argument("--json", type=Path, help="write every row and the summaries as JSON")
+    parser.add_argument("--skipped", action="store_true", help="list the starts that could not be planned")
+    args = parser.parse_args(argv)
+    done, skipped = rows(args.split)
+    out = sys.stdout
+    if args.markdown:
+        out.write(markdown(done) + "\n")
+    else:
+        for r in sorted(done, key=lambda r: (r.family, r.id)):
+            rng = "" if r.in_range is None else (" in range" if r.in_range else " OUT of range")
+            terms = "" if r.terms_err_pct is None else f"  +terms {r.terms_err_pct:+6.1f}% ({r.biggest_term})"
+            out.write(f"{r.id[:58]:58} {r.split[:5]} {r.engine} {r.release:7} {r.gpu[:16]:16} tp{r.tp:<2} "
+                      f"{r.compare:11} {r.logged:>12,.2f} {r.kvplan:>12,.2f} {r.err_pct:+7.2f}% {r.gib:+6.2f} GiB"
+                      f"{rng}{terms}\n")
+    for split in corpus.SPLITS:
+        part = [r for r in done if r.split == split]
+        for engine in ("vllm", "sglang"):
+            s = summary([r for r in part if r.engine == engine])
+            if s["rows"]:
+                out.write(f"{split:11} {engine:6}: {json.dumps(s)}\n")
+    out.write(f"{len(done)} planned, {len(skipped)} skipped\n")
+    if args.skipped:
+        for eid, why in skipped:
+            out.write(f"- {eid}: {why}\n")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": [asdict(r) for r in done], "skipped": skipped}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
