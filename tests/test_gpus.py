@@ -52,8 +52,8 @@ def test_memory_is_below_the_box_and_not_absurdly_low(gpu: Gpu):
 @pytest.mark.parametrize("gpu", REAL, ids=lambda g: g.name)
 def test_every_gpu_has_bandwidth_and_sources(gpu: Gpu):
     assert isinstance(gpu.bandwidth_bytes_per_s, int)
-    # every entry here is between a T4 (320 GB/s) and a Blackwell (8 TB/s)
-    assert 300 * 10**9 <= gpu.bandwidth_bytes_per_s <= 8 * 10**12
+    # every entry here is between the DGX Spark's unified LPDDR5x (GB10, 273 GB/s) and a Blackwell (8 TB/s)
+    assert 250 * 10**9 <= gpu.bandwidth_bytes_per_s <= 8 * 10**12
     assert gpu.bandwidth_source
     # a memory figure says plainly whether it was observed or derived
     assert gpu.memory_source.startswith(("observed", "DERIVED"))
@@ -112,6 +112,12 @@ def test_other_reference_sizes():
         ("rtx4090", "RTX-4090-24GB"),
         ("RTX-3090", "RTX-3090-24GB"),
         ("5090", "RTX-5090-32GB"),
+        ("5080", "RTX-5080-16GB"),
+        ("rtx pro 6000", "RTX-PRO-6000-Blackwell-96GB"),
+        ("dgx spark", "GB10"),
+        ("mi355x", "MI355X-288GB"),
+        ("a40", "A40-48GB"),
+        ("gh200", "GH200-96GB"),
         ("CPU", "cpu"),
     ],
 )
@@ -142,6 +148,13 @@ def test_alias_lookup(query: str, name: str):
         ("NVIDIA GeForce RTX 4090", "RTX-4090-24GB"),
         ("AMD Instinct MI300X", "MI300X-192GB"),
         ("AMD Instinct MI250X", "MI250X-GCD-64GB"),
+        ("NVIDIA GeForce RTX 5080", "RTX-5080-16GB"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000-Blackwell-96GB"),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTX-PRO-6000-Blackwell-96GB"),
+        ("NVIDIA GB10", "GB10"),
+        ("NVIDIA A40", "A40-48GB"),
+        ("NVIDIA GH200 480GB", "GH200-96GB"),
+        ("AMD Instinct MI355X", "MI355X-288GB"),
     ],
 )
 def test_runtime_device_names_resolve(device_name: str, name: str):
