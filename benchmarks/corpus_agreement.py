@@ -168,8 +168,9 @@ def options_for(meta: dict[str, Any], model: str, terms: dict[str, int] | None =
     return options_from_values(values)
 
 
-def logged_terms(meta: dict[str, Any], tp_pp: int) -> dict[str, str]:
-    """The budget terms the log prints, as kvplan option values (per GPU; weights over all GPUs)."""
+def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = True) -> dict[str, str]:
+    """The budget terms the log prints, as kvplan option values (per GPU; weights over all GPUs); the CUDA-graph
+    memory only where the release subtracts it (before, graphs come out of the 1 - util slack)."""
     r = meta.get("reported") or {}
     out: dict[str, str] = {}
     if _num(r.get("weights_gib")) is not None:
@@ -180,7 +181,7 @@ def logged_terms(meta: dict[str, Any], tp_pp: int) -> dict[str, str]:
         out["activation_gib"] = f"{max(0.0, _num(r['peak_torch_memory_gib']) - _num(r['weights_gib']))}GiB"
     if _num(r.get("non_torch_gib")) is not None:
         out["overhead_gib"] = f"{max(0.0, _num(r['non_torch_gib']))}GiB"
-    if _num(r.get("cudagraph_gib")) is not None and meta["engine"] == "vllm":
+    if _num(r.get("cudagraph_gib")) is not None and meta["engine"] == "vllm" and cudagraph_subtracted:
         out["cudagraph_gib"] = f"{max(0.0, _num(r['cudagraph_gib']))}GiB"
     return out
 
@@ -256,7 +257,7 @@ def run(entry: corpus.Entry) -> Row | str:
     predicted = measure(plan, compare)
     err = (predicted - value) / value * 100
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
-    terms = logged_terms(meta, plan.options.tp * plan.options.pp)
+    terms = logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled)
     terms_err, biggest = None, ""
     if terms:
         try:
