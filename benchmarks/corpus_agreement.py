@@ -37,7 +37,9 @@ import corpus  # noqa: E402
 from kvplan.errors import KvplanError  # noqa: E402
 from kvplan.units import GiB  # noqa: E402
 
-COMPARE_ORDER = ("tokens", "blocks", "refusal", "kv_gib", "concurrency")
+COMPARE_ORDER = ("tokens", "blocks", "refusal", "max_len", "kv_gib", "concurrency")
+SPREAD_FILE = Path(__file__).resolve().parents[1] / "kvplan" / "data" / "kv_spread.yaml"
+NOMINAL_GPU_BYTES = 80 * GiB  # a GPU memory for rows planned from the logged budget (it does not enter the blocks)
 _DTYPES = {"half": "float16", "float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float32": "float32", "float": "float32", "auto": None}
 
@@ -46,6 +48,7 @@ _DTYPES = {"half": "float16", "float16": "float16", "fp16": "float16", "bfloat16
 class Row:
     id: str
     split: str
+    basis: str  # "inputs": planned from the log's inputs; "logged budget": the block arithmetic of its KV budget
     engine: str
     release: str  # kvplan's modelled release
     family: str  # the release family of the summary table
@@ -78,6 +81,7 @@ def logged_value(meta: dict[str, Any], compare: str | None) -> tuple[str, float]
         "tokens": _num(r.get("kv_cache_tokens")) or _num(r.get("max_total_num_tokens")),
         "blocks": _num(r.get("num_gpu_blocks")),
         "refusal": _num(r.get("refusal_kv_tokens")),
+        "max_len": _num(r.get("estimated_max_model_len")),
         "kv_gib": _num(r.get("available_kv_gib")),
         "concurrency": _num(r.get("max_concurrency")),
     }
@@ -168,6 +172,15 @@ def options_for(meta: dict[str, Any], model: str, terms: dict[str, int] | None =
     return options_from_values(values)
 
 
+def _stated_lengths(meta: dict[str, Any]) -> set[str]:
+    """``{"max_model_len"}`` when the log states the max_model_len (a flag, or the concurrency line's length)."""
+    flags = meta.get("flags") or {}
+    stated = any(flags.get(k) for k in ("max_model_len", "context_length", "max_seq_len"))
+    stated = stated or bool((meta.get("reported") or {}).get("max_concurrency_tokens"))
+    stated = stated or "max_model_len" in ((meta.get("kvplan") or {}).get("options") or {})
+    return {"max_model_len"} if stated else set()
+
+
 def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = True) -> dict[str, str]:
     """The budget terms the log prints, as kvplan option values (per GPU; weights over all GPUs); the CUDA-graph
     memory only where the release subtracts it (before, graphs come out of the 1 - util slack)."""
@@ -175,8 +188,9 @@ def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = 
     out: dict[str, str] = {}
     if _num(r.get("weights_gib")) is not None:
         out["weights_gib"] = f"{_num(r['weights_gib']) * tp_pp}GiB"
-    if _num(r.get("activation_gib")) is not None:
-        out["activation_gib"] = f"{_num(r['activation_gib'])}GiB"
+    activation = _num(r.get("activation_gib")) if r.get("activation_gib") is not None else _num(r.get("activation_peak_gib"))
+    if activation is not None:
+        out["activation_gib"] = f"{max(0.0, activation)}GiB"
     elif _num(r.get("peak_torch_memory_gib")) is not None and _num(r.get("weights_gib")) is not None:
         out["activation_gib"] = f"{max(0.0, _num(r['peak_torch_memory_gib']) - _num(r['weights_gib']))}GiB"
     if _num(r.get("non_torch_gib")) is not None:
@@ -188,39 +202,54 @@ def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = 
 
 def measure(plan: Any, compare: str) -> float:
     """The plan's figure comparable to the logged one."""
-    a = plan.answer
+    return _figure(plan.answer, plan.budget.kv_budget_bytes, plan.layout.block_size, compare)
+
+
+def _figure(a: Any, kv_budget_bytes: int, block_size: int, compare: str) -> float:
     if compare == "tokens":
         return float(a.kv_tokens)
     if compare == "blocks":
         return float(a.num_blocks)
     if compare == "refusal":
-        return float(a.num_blocks * plan.layout.block_size)
+        return float(a.num_blocks * block_size)
+    if compare == "max_len":
+        return float(a.longest_startable_len)
     if compare == "kv_gib":
-        return plan.budget.kv_budget_bytes / GiB
+        return kv_budget_bytes / GiB
     return float(a.max_concurrency)
 
 
 def _range(plan: Any, compare: str) -> tuple[float, float] | None:
-    """The plan's range for the compared figure, when the plan carries one (``Plan.kv_range``)."""
-    rng = getattr(plan, "kv_range", None)
-    if rng is None:
+    """The plan's range for the compared figure (``Plan.kv_range``), None when it has none."""
+    rng = plan.kv_range
+    if rng is None or rng.kv_budget_low_bytes == rng.kv_budget_high_bytes:
         return None
-    lo, hi = rng.low_plan, rng.high_plan
-    return measure(lo, compare), measure(hi, compare)
+    bs = plan.layout.block_size
+    return (_figure(rng.low, rng.kv_budget_low_bytes, bs, compare), _figure(rng.high, rng.kv_budget_high_bytes, bs, compare))
+
+
+def logged_budget_bytes(meta: dict[str, Any]) -> int | None:
+    """The KV budget per GPU the log prints (vLLM "Available KV cache memory"; SGLang K + V sizes, which hold one
+    padding page more than the pool's tokens)."""
+    r = meta.get("reported") or {}
+    gib = _num(r.get("available_kv_gib"))
+    if gib is None and _num(r.get("k_size_gb")) is not None and _num(r.get("v_size_gb")) is not None:
+        gib = _num(r["k_size_gb"]) + _num(r["v_size_gb"])
+    if gib is None:
+        gib = _num(r.get("kv_size_gb"))
+    return round(gib * GiB) if gib and gib > 0 else None
+
+
+def from_logged_budget(meta: dict[str, Any]) -> bool:
+    """Whether this start is planned from its logged KV budget: its curated GPU note says so."""
+    return str((meta.get("kvplan") or {}).get("gpu_note") or "").startswith("budget from the log")
 
 
 def family(engine: str, release: str) -> str:
-    """The release family of the summary table (the releases whose budget arithmetic is alike)."""
-    if engine == "sglang":
-        return "sglang 0.3 - 0.4" if release.startswith(("0.3", "0.4")) else "sglang 0.5"
-    major = tuple(int(x) for x in release.split(".")[:2])
-    if major < (0, 8):
-        return "vllm V0 0.6 - 0.7"
-    if major < (0, 11):
-        return "vllm V1 0.8 - 0.10"
-    if major < (0, 20):
-        return "vllm V1 0.11 - 0.19"
-    return "vllm V1 0.20+"
+    """The release family of the summary table: the spread's classes (:mod:`kvplan.engines.spread`)."""
+    from kvplan.engines.spread import family as release_family
+
+    return f"{engine} {release_family(engine, release)}"
 
 
 def gpu_class(memory_bytes: int, name: str) -> str:
@@ -246,22 +275,36 @@ def run(entry: corpus.Entry) -> Row | str:
     if model is None:
         return f"model {meta.get('model')!r} not bundled and not curated"
     gpu, memory = _gpu(meta)
-    if gpu is None and memory is None:
+    basis, extra = "inputs", {}
+    if from_logged_budget(meta):
+        budget = logged_budget_bytes(meta)
+        if budget is None:
+            return "planned from the logged budget, but the log prints none"
+        basis, extra = "logged budget", {"kv_budget": f"{budget}B"}
+        if gpu is None and memory is None:
+            extra["gpu_memory"] = f"{NOMINAL_GPU_BYTES}B"
+    elif gpu is None and memory is None:
         return f"GPU {meta.get('gpu')!r} not in the catalogue and its memory not logged"
     if not (block.get("engine_version") or meta.get("engine_version")):
         return "engine version unknown"
     try:
-        plan = estimate(options_for(meta, model))
+        options = options_for(meta, model, extra)
+        plan = estimate(options)
+        if "max_model_len" not in _stated_lengths(meta) and plan.answer.model_max_len:
+            # the engine's default max_model_len is the model's maximum (the log states no other)
+            extra = {**extra, "max_model_len": plan.answer.model_max_len, "context": plan.answer.model_max_len}
+            plan = estimate(options_for(meta, model, extra))
     except KvplanError as exc:
         return f"kvplan refuses: {exc.message}"
     predicted = measure(plan, compare)
     err = (predicted - value) / value * 100
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
-    terms = logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled)
+    terms = logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled) if basis == "inputs" \
+        else {}
     terms_err, biggest = None, ""
     if terms:
         try:
-            with_terms = estimate(options_for(meta, model, terms))
+            with_terms = estimate(options_for(meta, model, {**extra, **terms}))
             terms_err = (measure(with_terms, compare) - value) / value * 100
             deltas = {t.name: (t.bytes - w.bytes) / GiB for t, w in zip(plan.budget.terms, with_terms.budget.terms)
                       if t.bytes != w.bytes}
@@ -276,7 +319,7 @@ def run(entry: corpus.Entry) -> Row | str:
         lo, hi = min(rng), max(rng)
         in_range = lo <= value <= hi
         width = (hi - lo) / predicted * 100 if predicted else None
-    return Row(entry.id, entry.split, meta["engine"], plan.engine.version, family(meta["engine"], plan.engine.version),
+    return Row(entry.id, entry.split, basis, meta["engine"], plan.engine.version, family(meta["engine"], plan.engine.version),
                plan.gpu.name, gpu_class(plan.gpu.memory_bytes, plan.gpu.name), plan.options.tp, compare, value,
                predicted, err, gib, in_range, width, terms_err, biggest, model)
 
@@ -313,11 +356,56 @@ def summary(done: list[Row]) -> dict[str, Any]:
 
 
 def by_class(done: list[Row]) -> dict[tuple[str, str, str], list[Row]]:
+    from kvplan.engines.spread import tp_bucket
+
     out: dict[tuple[str, str, str], list[Row]] = {}
     for r in done:
-        tp = "tp 1" if r.tp == 1 else "tp 2" if r.tp == 2 else "tp 4 - 8" if r.tp <= 8 else "tp 16+"
-        out.setdefault((r.family, r.gpu_class, tp), []).append(r)
+        out.setdefault((r.family, r.gpu_class, tp_bucket(r.tp)), []).append(r)
     return dict(sorted(out.items()))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` by linear interpolation (0 for none)."""
+    if not values:
+        return 0.0
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (pos - lo)
+
+
+SPREAD_QUANTILE = 0.90
+
+
+def spread_table(done: list[Row]) -> list[dict[str, Any]]:
+    """The spread classes (:mod:`kvplan.engines.spread`) from the calibration part's rows planned from inputs: per
+    engine x release family x tp bucket, per engine x family, per engine, the 90th percentiles of the engine's KV
+    shortfall (``over_gib``: kvplan promised more) and excess (``under_gib``), GiB per GPU."""
+    from kvplan.engines.spread import family as release_family, tp_bucket
+
+    rows = [r for r in done if r.split == "calibration" and r.basis == "inputs"]
+    groups: dict[tuple[str, str | None, str | None], list[Row]] = {}
+    for r in rows:
+        fam = release_family(r.engine, r.release)
+        for key in ((r.engine, fam, tp_bucket(r.tp)), (r.engine, fam, None), (r.engine, None, None)):
+            groups.setdefault(key, []).append(r)
+    out = []
+    for (engine, fam, tp), rs in sorted(groups.items(), key=lambda kv: tuple(x or "" for x in kv[0])):
+        out.append({"engine": engine, "family": fam, "tp": tp, "logs": len(rs),
+                    "over_gib": round(_quantile([max(0.0, r.gib) for r in rs], SPREAD_QUANTILE), 3),
+                    "under_gib": round(_quantile([max(0.0, -r.gib) for r in rs], SPREAD_QUANTILE), 3),
+                    "from": sorted(r.id for r in rs)})
+    return out
+
+
+def write_spread(done: list[Row], path: Path) -> None:
+    import yaml
+
+    head = ("# kvplan's KV-budget spread per class, measured on the calibration part of benchmarks/corpus\n"
+            "# (generated: PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-spread; do not edit).\n"
+            "# over_gib: how far the engine's KV budget per GPU fell below kvplan's (90th percentile), under_gib:\n"
+            "# how far above it; from: the logs of the class. Read by kvplan.engines.spread.\n")
+    path.write_text(head + yaml.safe_dump({"classes": spread_table(done)}, sort_keys=False, width=110))
 
 
 def markdown(done: list[Row]) -> str:
@@ -336,24 +424,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print the summary table by class (docs/engines.md)")
     parser.add_argument("--json", type=Path, help="write every row and the summaries as JSON")
     parser.add_argument("--skipped", action="store_true", help="list the starts that could not be planned")
+    parser.add_argument("--write-spread", action="store_true", help="write kvplan/data/kv_spread.yaml from the "
+                        "calibration part")
     args = parser.parse_args(argv)
     done, skipped = rows(args.split)
     out = sys.stdout
+    if args.write_spread:
+        from kvplan.engines import spread
+
+        write_spread(done, SPREAD_FILE)
+        spread._table.cache_clear()
+        done, skipped = rows(args.split)  # the ranges from the spread just written
     if args.markdown:
         out.write(markdown(done) + "\n")
     else:
         for r in sorted(done, key=lambda r: (r.family, r.id)):
             rng = "" if r.in_range is None else (" in range" if r.in_range else " OUT of range")
             terms = "" if r.terms_err_pct is None else f"  +terms {r.terms_err_pct:+6.1f}% ({r.biggest_term})"
-            out.write(f"{r.id[:58]:58} {r.split[:5]} {r.engine} {r.release:7} {r.gpu[:16]:16} tp{r.tp:<2} "
+            out.write(f"{r.id[:58]:58} {r.split[:5]} {r.basis[:6]:6} {r.engine} {r.release:7} {r.gpu[:16]:16} tp{r.tp:<2} "
                       f"{r.compare:11} {r.logged:>12,.2f} {r.kvplan:>12,.2f} {r.err_pct:+7.2f}% {r.gib:+6.2f} GiB"
                       f"{rng}{terms}\n")
     for split in corpus.SPLITS:
-        part = [r for r in done if r.split == split]
-        for engine in ("vllm", "sglang"):
-            s = summary([r for r in part if r.engine == engine])
-            if s["rows"]:
-                out.write(f"{split:11} {engine:6}: {json.dumps(s)}\n")
+        for basis in ("inputs", "logged budget"):
+            part = [r for r in done if r.split == split and r.basis == basis]
+            for engine in ("vllm", "sglang"):
+                s = summary([r for r in part if r.engine == engine])
+                if s["rows"]:
+                    out.write(f"{split:11} {engine:6} {basis:13}: {json.dumps(s)}\n")
     out.write(f"{len(done)} planned, {len(skipped)} skipped\n")
     if args.skipped:
         for eid, why in skipped:

@@ -282,17 +282,17 @@ def test_starting_without_running_is_said_and_auto_avoids_it():
     assert auto.max_model_len == 8176 and auto.answer.fits and auto.answer.idle_reason is None
     assert any("vllm would start with up to 8,192, but no request that long runs" in n for n in auto.notes)
 
-    # Qwen3-32B on an H100 under SGLang (0.5.20's default fraction 0.830) at 32k: 17,785 one-token pages. SGLang
+    # Qwen3-32B on an H100 under SGLang (0.5.20's default fraction 0.830) at 32k: 16,966 one-token pages. SGLang
     # starts (any context_length up to the model's 40,960), and admits a request of at most max_total_num_tokens
-    # - 1 = 17,784 tokens.
+    # - 1 = 16,965 tokens.
     qwen = plan_for_spec(spec_of("Qwen/Qwen3-32B"), Options(model="Qwen/Qwen3-32B", gpu="H100", engine="sglang",
                                                             context=32768))
     q = qwen.answer
-    assert q.num_blocks == 17_785 and q.engine_starts and q.max_requests == 0
-    assert (q.longest_startable_len, q.max_context_at_batch) == (40_960, 17_784)
-    assert q.idle_reason == ("sglang starts with context_length 32,768 but admits a request of at most 17,784 tokens "
-                             "(max_req_len: max_total_num_tokens 17,785 - 1): no request of 32,768 tokens runs")
-    assert replan(qwen, auto_max_model_len=True, context=1024).max_model_len == 17_784
+    assert q.num_blocks == 16_966 and q.engine_starts and q.max_requests == 0
+    assert (q.longest_startable_len, q.max_context_at_batch) == (40_960, 16_965)
+    assert q.idle_reason == ("sglang starts with context_length 32,768 but admits a request of at most 16,965 tokens "
+                             "(max_req_len: max_total_num_tokens 16,966 - 1): no request of 32,768 tokens runs")
+    assert replan(qwen, auto_max_model_len=True, context=1024).max_model_len == 16_965
     # simulate names the plan's engine (it said "vLLM would refuse to start")
     with pytest.raises(InputError, match="no request of max_model_len 32,768 runs: sglang starts with context_length"):
         config_from_plan(qwen)

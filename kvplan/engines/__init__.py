@@ -66,6 +66,8 @@ class Budget:
     notes: tuple[str, ...] = ()
     activation_images_bytes: int = 0
     activation_encoder_bytes: int = 0
+    path_gap_bytes: int = 0  # how much more the activation is where the engine takes its other code path (vLLM
+    # 0.8 - 0.11: the native sampler where FlashInfer is not installed); the low end of the plan's range pays it
 
     @property
     def terms(self) -> tuple[Term, ...]:
@@ -105,6 +107,8 @@ class EngineDefaults:
     kv_in_model_dtype: bool = False  # the engine keeps this model's KV cache in the model dtype (vLLM's Falcon)
     max_len_rule: str = ""  # how rope scaling sets the model's maximum length (vLLM's Profile.max_len_rule)
     mla_align_bytes: int = 0  # MLA cache entries padded to this many bytes of the model dtype (vLLM V0 0.7.2+)
+    long_prefill_chunked: bool = True  # vLLM V0 chunks prefills above 32K by itself (not on ROCm, nor for
+    # multimodal or sliding-window models)
 
     @property
     def label(self) -> str:
@@ -649,6 +653,11 @@ def sampler_peak_bytes(spec: ModelSpec, rows: int, act_bytes: int, max_num_batch
     """
     vocab, padded = spec.vocab_size, padded_vocab(spec.vocab_size)
     logits = rows * padded * act_bytes
+    if path == "flashinfer-old":
+        # vLLM 0.8.0 - 0.9.0 with FlashInfer < 0.2.3 (the 0.8 Docker images): the fp32 logits and FlashInfer's
+        # softmax probs; only the sampled rows' hidden states are alive (the batch's [T, hidden] output is freed)
+        fp32 = rows * vocab * 4 * (1 if act_bytes == 4 else 2)
+        return logits + fp32 + rows * spec.hidden_size * act_bytes
     fp32 = rows * vocab * 4 * (2 if act_bytes == 4 else 3)
     buffer = 0
     if path == "triton":

@@ -96,6 +96,11 @@ COMM_BYTES = {"pcie": round(0.10 * GiB), "nvlink": round(0.30 * GiB), "nvlink-sw
               "infinity-fabric": round(0.50 * GiB)}
 COMM_BYTES_WIDE = {"nvlink-switch": round(1.20 * GiB), "infinity-fabric": round(1.50 * GiB)}  # tp >= 4
 SMI_EXTRA_MIB = 480  # nvidia-smi's total less the runtime's, when the catalogue has no nvidia-smi figure
+# What "Load weight end ... mem usage" shows above the checkpoint's bytes per GPU (loader buffers, rotary caches,
+# padded vocabularies): +0.20 / +0.21 / +0.28 GiB at tp 2 - 4 (calibration part of benchmarks/corpus:
+# sglang-projecta-4x4090, sglang-exp001-2x4090, sglang-llmsinclouds-4xl4). Charged in full: it is in use before
+# the pool is sized.
+LOAD_EXTRA_BYTES = round(0.20 * GiB)
 
 # (GiB upper bound of the GPU's memory, chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4)
 _TIERS = {
@@ -304,9 +309,10 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         cudagraph = Term("cudagraph", 0, "none: SGLang captures CUDA graphs in 1 - mem_fraction_static")
     if overhead is None:
         before = pre_load_bytes(tp, pp, device)
-        charged = math.floor(before * gpu_util)
+        charged = math.floor(before * gpu_util) + LOAD_EXTRA_BYTES
         source = (f"estimate: {before / GiB:.2f} GiB in use before loading (CUDA context"
-                  + (", NCCL" if tp * pp > 1 else "") + f") x mem_fraction_static {gpu_util:g}")
+                  + (", NCCL" if tp * pp > 1 else "") + f") x mem_fraction_static {gpu_util:g} + "
+                  f"{LOAD_EXTRA_BYTES / GiB:.2f} GiB loaded above the checkpoint's bytes")
         if features.lora:
             # SGLang sizes its adapter buffers for --max-loras-per-batch slots of --max-lora-rank
             stacks = lora_stack_bytes(spec, tp, pp, features.max_loras, features.max_lora_rank, act_bytes)

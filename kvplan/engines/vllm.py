@@ -101,9 +101,9 @@ MEASURES = ("free-delta", "absolute", "increase", "post-nccl", "consumed")
 # median 0.10 over 17 logs; 0.13 - 0.14 on an H100 machine): kvplan keeps 0.30 GiB, above nearly all of them
 # (an overestimate promises less KV, the safe side; with it 59 vLLM 0.19 H100 logs agreed to 0.08% at the median).
 NON_TORCH_BYTES = round(0.30 * GiB)
-# The CUDA context, which the "absolute" releases charge (0.6.4: 0.44 - 0.73 GiB logged in all at tp 1, less
-# the tp-1 increase above; a context with cuBLAS / NCCL kernels loaded is 0.3 - 0.5 GiB).
-CUDA_CONTEXT_BYTES = round(0.40 * GiB)
+# The CUDA context, which the "absolute" releases charge: 0.6.4 logs 0.15 - 0.47 GiB of non-torch memory in all
+# at tp 1 (calibration part: vllm-10517, three GTX 1080 runs), so with the tp-1 increase above kvplan adds 0.15.
+CUDA_CONTEXT_BYTES = round(0.15 * GiB)
 # One NCCL communicator's buffers per GPU, by interconnect: channel buffers (NCCL's own sizes: 4 MiB per
 # channel and peer for the Simple protocol, plus LL/LL128) and, on NVSwitch boards with more than 2 GPUs,
 # NVLink SHARP (NVLS) multicast buffers, ``nvlsPerRankSize`` 288 MiB per rank in the communicator
@@ -134,10 +134,11 @@ _V0 = dict(mode="V0", gpu_util=0.9, rounding="floor", batch_rule="v0", sampler="
            cudagraph="none", refusal="tokens", kv_tokens_rule="blocks", non_torch_bytes=NON_TORCH_BYTES,
            mm_profile="none", measure="free-delta", moe="v06", v0_chunk_tokens=512)
 _V0_65 = dict(_V0, measure="increase", v0_chunk_tokens=2048, lora_in_budget=False)
-# 0.8.0 - 0.9.0: V1 measures the absolute torch peak plus all non-torch memory, and the native sampler runs
-# (0.8's TopKTopPSampler sends FlashInfer >= 0.2.3 to forward_native); the fused-MoE caches share a buffer.
-_V1_8 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="native", refusal="bytes", mm_profile="ceil-placeholder",
-             measure="absolute", moe="v08", v0_chunk_tokens=2048)
+# 0.8.0 - 0.9.0: V1 measures the absolute torch peak plus all non-torch memory; the sampler takes FlashInfer
+# only if it is older than 0.2.3 (TopKTopPSampler sends newer ones to forward_native): the 0.8 Docker images
+# ship FlashInfer 0.2.1 (the FlashInfer path), a plain pip install none (native); the fused-MoE caches share a buffer.
+_V1_8 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer-old", sampler_copies=0, refusal="bytes",
+             mm_profile="ceil-placeholder", measure="absolute", moe="v08", v0_chunk_tokens=2048)
 # 0.9.1: memory_profiling (the increase since a pre-NCCL snapshot); FlashInfer's sampler when it is installed
 # (an optional extra of the wheel; in the project's Docker images); the token line by KV-cache groups.
 _V1_91 = dict(_V1_8, batch_rule="v1", kv_tokens_rule="groups", mm_profile="placeholder", measure="increase",
@@ -234,7 +235,8 @@ def profile(version: str) -> Profile:
 
 
 def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str | None = None,
-                   max_model_len: int | None = None, usage_context: str = "serve") -> tuple[int, int]:
+                   max_model_len: int | None = None, usage_context: str = "serve",
+                   long_prefill_chunked: bool = True) -> tuple[int, int]:
     """``(max_num_batched_tokens, max_num_seqs)`` vLLM picks when the user sets neither.
 
     V0 (``0.6``): 256 sequences; chunked prefill only for ``vllm serve`` above 32K context (then
@@ -250,7 +252,7 @@ def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str 
     p = profile(version)
     rule = p.batch_rule
     if rule == "v0":
-        if serve and max_model_len is not None and max_model_len > V0_LONG_CONTEXT_TOKENS:
+        if serve and long_prefill_chunked and max_model_len is not None and max_model_len > V0_LONG_CONTEXT_TOKENS:
             return p.v0_chunk_tokens, 256
         return max(max_model_len or DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS), 256
     memory = gpu_memory_bytes or 0
@@ -275,12 +277,23 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
         return EngineDefaults(ENGINE, p.version, 1.0, CPU_BLOCK_SIZE, CPU_MAX_NUM_BATCHED_TOKENS, 256, p.mode,
                               usage_context, False, p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
                               max_len_rule=p.max_len_rule)
+    chunked = v0_long_prefill_chunked(device, spec)
     mnbt, seqs = batch_defaults(version, gpu_memory_bytes, gpu_name=gpu_name, max_model_len=max_model_len,
-                                usage_context=usage_context)
+                                usage_context=usage_context, long_prefill_chunked=chunked)
     return EngineDefaults(ENGINE, p.version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,
                           p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
                           concurrent_batches=p.concurrent_batches, max_len_rule=p.max_len_rule,
-                          mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0)
+                          mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0, long_prefill_chunked=chunked)
+
+
+def v0_long_prefill_chunked(device: Device | None, spec: ModelSpec | None) -> bool:
+    """Whether vLLM V0 turns chunked prefill on by itself above 32K tokens (``EngineArgs``: on CUDA only, and not
+    for multimodal models nor models with a sliding window, which then profile a whole max_model_len batch)."""
+    if device is not None and device.platform != "cuda":
+        return False
+    if spec is not None and (spec.vision is not None or any(layer.kind is LayerKind.SLIDING for layer in spec.layers)):
+        return False
+    return True
 
 
 CPU_MLA_BLOCK_SIZE = 16
@@ -322,6 +335,7 @@ def requested_bytes(total_bytes: int, gpu_util: float, rounding: str) -> int:
 
 
 FLASHINFER_MIN_SMS = 17  # flashinfer_sampler_supported(): GPUs with 16 or fewer SMs use the native path
+INSTALLED_SAMPLERS = ("flashinfer-old", "flashinfer-installed")  # FlashInfer only where it is installed
 
 
 def sampler_path(version: str, device: Device | None = None) -> tuple[str, int]:
@@ -334,7 +348,7 @@ def sampler_path(version: str, device: Device | None = None) -> tuple[str, int]:
     """
     p = profile(version)
     device = device or Device()
-    if device.platform == "rocm" and p.sampler == "flashinfer-installed":
+    if device.platform == "rocm" and p.sampler in ("flashinfer-installed", "flashinfer-old"):
         native = PROFILES["0.12"]
         return native.sampler, native.sampler_copies
     if p.sampler == "flashinfer" and (device.platform == "rocm" or (device.sm_count or DEFAULT_SM_COUNT)
@@ -588,15 +602,23 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                            f"{weights.source} + MTP layers {mtp / GiB:.2f} GiB (loaded for speculative decoding; "
                            "embedding and LM head shared with the model's)")
     images = None
+    path_gap = 0
     if activation is None:
         forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
                                             device, features)
         images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version)
-        peak = max(forward, sampler) + (images.resident_bytes if images else 0)
+        resident = images.resident_bytes if images else 0
+        peak = max(forward, sampler) + resident
         rows = min(max_num_seqs, max_num_batched_tokens)
         activation = Term("activation", max(peak, images.encoder_peak_bytes if images else 0),
                           _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
                                              *sampler_path(version, device), images))
+        if p.sampler in INSTALLED_SAMPLERS and sampler_path(version, device)[0] != "native":
+            native = sampler_bytes(rows, spec.vocab_size, PROFILES["0.12"].sampler_copies)
+            path_gap = max(0, max(forward, native) + resident - activation.bytes)
+            notes.append(f"vllm {p.version}'s sampler takes FlashInfer where it is installed (the Docker images) and "
+                         f"the native path otherwise ({path_gap / GiB:.2f} GiB more activation): kvplan plans FlashInfer; "
+                         "the low end of the range is the native path")
     if overhead is None:
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens)
         notes.extend(note)
@@ -620,4 +642,4 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         source = "usable - weights - activation - overhead - cudagraph"
     return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                   p.rounding, forward, sampler, tuple(notes), images.resident_bytes if images else 0,
-                  images.encoder_peak_bytes if images else 0)
+                  images.encoder_peak_bytes if images else 0, path_gap)

@@ -158,8 +158,10 @@ def request_limit(engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: i
 
 
 def chunked_prefill(engine: EngineDefaults, max_model_len: int) -> bool:
-    """Whether prefills are chunked: always in V1; in V0 only for ``vllm serve`` above 32K tokens."""
-    return engine.mode != "V0" or (engine.usage_context == "serve" and max_model_len > V0_LONG_CONTEXT_TOKENS)
+    """Whether prefills are chunked: always in V1; in V0 only for ``vllm serve`` above 32K tokens, where V0 turns
+    it on (``EngineDefaults.long_prefill_chunked``)."""
+    return engine.mode != "V0" or (engine.usage_context == "serve" and engine.long_prefill_chunked
+                                   and max_model_len > V0_LONG_CONTEXT_TOKENS)
 
 
 def check_batching(engine: EngineDefaults, max_model_len: int) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from kvplan import memory
 from kvplan.planning.answer import Answer, Deployment
+from kvplan.planning.kv_range import KvRange, kv_range
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Features, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
@@ -72,6 +73,7 @@ class Plan:
     prefix: memory.PrefixSharing | None
     roofline: memory.Roofline | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    kv_range: KvRange | None = None  # the answer at the ends of the KV budget's spread (kvplan.planning.kv_range)
 
     def __repr__(self) -> str:
         a = self.answer
@@ -452,6 +454,8 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         prefix=prefix,
         roofline=roofline,
         notes=_notes(pool, spec, auto_note, replicated),
+        kv_range=kv_range(pool.budget, pool.engine, deployment, answer, options.tp, options.context, options.batch,
+                          fixed, pool.gpu.is_cpu),
     )
 
 

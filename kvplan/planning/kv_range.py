@@ -1,0 +1,66 @@
+"""The plan's range: its answer at the low and the high end of the KV budget's spread.
+
+The budget's terms are estimates; :func:`kvplan.engines.spread.spread` says how far real engines of the same
+class (engine, release family, tp) strayed from kvplan's KV budget on the corpus of real start-up logs. The
+range re-answers the same deployment (:class:`~kvplan.planning.answer.Deployment`, the same rules) with the
+blocks that the budget less that shortfall, and plus that excess, hold. Where the engine's code path depends
+on its installation (vLLM 0.8 - 0.11's sampler) the low end pays the costlier path too. A KV budget the user
+gives (``--kv-budget``) has no spread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvplan import memory
+from kvplan.engines import Budget, EngineDefaults
+from kvplan.engines.spread import spread
+from kvplan.planning.answer import Answer, Deployment
+from kvplan.units import GiB
+
+
+@dataclass(frozen=True)
+class KvRange:
+    """The answer at the low and high end of the KV budget's spread (bytes per GPU), and where the spread came from."""
+
+    low: Answer
+    high: Answer
+    kv_budget_low_bytes: int
+    kv_budget_high_bytes: int
+    source: str
+
+    def to_dict(self) -> dict:
+        def end(a: Answer, kv: int) -> dict:
+            return {"kv_budget_bytes": kv, "num_blocks": a.num_blocks, "kv_tokens": a.kv_tokens,
+                    "max_requests": a.max_requests, "max_concurrency": round(a.max_concurrency, 6),
+                    "max_context_at_batch": a.max_context_at_batch, "fits": a.fits}
+        return {"low": end(self.low, self.kv_budget_low_bytes), "high": end(self.high, self.kv_budget_high_bytes),
+                "source": self.source}
+
+
+def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, answer: Answer, tp: int, context: int,
+             batch: int, max_model_len: int | None, is_cpu: bool) -> KvRange:
+    """The range of ``answer`` (the plan's, at ``batch`` x ``context``) for a deployment of ``tp`` GPUs."""
+    kv = budget.kv_budget_bytes
+    layout = deployment.demand.layout
+    s = None if is_cpu or budget.kv_budget_source.startswith("--kv-budget") else spread(engine.engine, engine.version, tp)
+    if s is None:
+        why = ("the KV budget is given (--kv-budget)" if budget.kv_budget_source.startswith("--kv-budget") or is_cpu
+               else "no measured spread for this engine")
+        return KvRange(answer, answer, kv, kv, why)
+    over = max(s.over_bytes, budget.path_gap_bytes)
+    low_kv, high_kv = kv - over, kv + s.under_bytes
+
+    def at(budget_bytes: int) -> Answer:
+        blocks = memory.num_blocks(budget_bytes, layout) if budget_bytes > 0 else 0
+        if blocks == deployment.blocks:
+            return answer
+        return replace(deployment, blocks=blocks).answer(context, batch, max_model_len)
+
+    source = s.source
+    if budget.path_gap_bytes > s.over_bytes:
+        source += f"; the low end pays the engine's costlier code path ({budget.path_gap_bytes / GiB:.2f} GiB)"
+    return KvRange(at(low_kv), at(high_kv), low_kv, high_kv, source)
+
+
+__all__ = ["KvRange", "kv_range"]
