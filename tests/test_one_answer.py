@@ -111,7 +111,7 @@ def check_start_and_run(p: Plan) -> None:
 
 def check_max_context(p: Plan, batch: int) -> None:
     """max_context_at_batch(n) fits at n; one more token (it opens a new block) does not; and a plan at that
-    context fits n requests (engines whose pool does not depend on max_model_len: not V0)."""
+    context fits n requests (where the pool does not depend on max_model_len: not V0, not a dummy video)."""
     d, fixed = p.deployment, p.max_model_len_fixed
     m = d.max_context(batch, fixed)
     where = f"{p.spec.model_id} {p.engine.engine} {p.engine.version} batch {batch} max ctx {m}"
@@ -119,7 +119,7 @@ def check_max_context(p: Plan, batch: int) -> None:
     limit = fixed or d.model_limit
     if m >= 1:
         assert d.fits(batch, m, fixed or m), where
-        if p.engine.mode != "V0":
+        if not p.engine.pool_follows_length:
             assert replan(p, batch=batch, context=m, prefix_tokens=0).answer.fits, where
     if m < limit:
         assert not d.fits(batch, m + 1, fixed or m + 1), where
@@ -169,11 +169,12 @@ def check_prefix_sharing(p: Plan) -> None:
 def test_every_section_agrees(model_id):
     spec = spec_of(model_id)
     for gpu, engine, version in ENGINES:
-        longest_at_batch_1 = set()
+        longest_at_batch_1, follows = set(), False
         for context in CONTEXTS:
             for caching in (True, False):
                 p = plan_for_spec(spec, Options(model=model_id, gpu=gpu, engine=engine, engine_version=version,
                                                 context=context, prefix_caching=caching))
+                follows = follows or p.engine.pool_follows_length
                 check_answer_agrees(p)
                 check_report_row(p)
                 for batch in sorted({1, max(1, p.answer.max_requests)}):
@@ -183,7 +184,7 @@ def test_every_section_agrees(model_id):
                 if caching:
                     longest_at_batch_1.add(replan(p, batch=1).answer.max_context_at_batch)
         check_auto(spec, model_id, gpu, engine, version)
-        if version != "0.6":  # V0's batching defaults (so its pool) follow max_model_len
+        if not follows:  # V0's batching defaults and a dummy video's frames (so the pool) follow max_model_len
             # the longest context is the deployment's, not --context's: the same at every context asked for
             assert len(longest_at_batch_1) == 1, (model_id, gpu, engine, version, longest_at_batch_1)
         check_limits(spec, model_id, gpu, engine, version)
@@ -201,7 +202,7 @@ def check_auto(spec, model_id: str, gpu: str, engine: str, version: str | None) 
     a, d = p.answer, p.deployment
     assert a.engine_starts and a.idle_reason is None and d.fits(1, p.max_model_len, p.max_model_len), model_id
     assert p.options.auto_max_model_len and p.options.context == 1, model_id  # the options as given
-    if version != "0.6":  # the pool does not follow max_model_len: auto is the pool's longest runnable length
+    if not p.engine.pool_follows_length:  # auto is then the pool's longest runnable length
         assert p.max_model_len == d.longest_runnable_len() == d.max_context(1), model_id
     # the longest: one token more (its own pool: V0's grows its batch, so its activation, with the length) is
     # refused, or runs no request that long, or passes the model's maximum
@@ -232,7 +233,7 @@ def check_limits(spec, model_id: str, gpu: str, engine: str, version: str | None
         assert not past.answer.engine_starts and "exceeds the model's maximum length" in past.answer.refusal
         assert seqs.answer.model_max_len_rule in past.answer.refusal
         assert past.answer.max_requests == 0 and past.answer.longest_startable_len <= limit
-        assert past.answer.max_context_at_batch == seqs.answer.max_context_at_batch or version == "0.6"
+        assert past.answer.max_context_at_batch == seqs.answer.max_context_at_batch or seqs.engine.pool_follows_length
         if past.answer.fix and past.answer.fix.startswith("--context "):
             ctx = int(past.answer.fix.split()[1])
             assert ctx <= limit and replan(past, context=ctx).answer.fits

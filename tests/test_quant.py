@@ -236,9 +236,14 @@ def test_active_parameters_without_mtp_layers_are_unchanged(model_id, active_b):
 
 
 def test_the_weights_term_excludes_the_mtp_layer():
+    from kvplan.engines.vllm_weights import loaded_extra_bytes
+
     p = estimate(Options(model="deepseek-ai/DeepSeek-V3", gpu="H200", tp=8))
     assert p.weights_total_bytes == 673_150_611_808  # 688,574,839,360 - 15,424,227,552
-    assert p.budget.weights.bytes == math.ceil(673_150_611_808 / 8)
+    # the checkpoint's split plus what vLLM's load keeps for MLA (replicated projections, up-projections)
+    extra, why = loaded_extra_bytes(p.spec, 8, 1, (0, 30, 0), (9, 0))
+    assert extra > 0 and why in p.budget.weights.source
+    assert p.budget.weights.bytes == math.ceil(673_150_611_808 / 8) + extra
     assert "less the MTP layers' 14.36 GiB (not loaded)" in p.budget.weights.source
 
 

@@ -37,6 +37,14 @@ class Term:
     source: str
 
 
+GIVEN_SOURCES = ("--", "calibration")  # a term the user gave (--weights-gib ...) or a calibration file measured
+
+
+def given(term: Term) -> bool:
+    """Whether ``term`` was given rather than estimated: an engine adds nothing of its own to it."""
+    return term.source.startswith(GIVEN_SOURCES)
+
+
 @dataclass(frozen=True)
 class Budget:
     """Per-GPU memory budget (bytes).
@@ -107,6 +115,7 @@ class EngineDefaults:
     kv_in_model_dtype: bool = False  # the engine keeps this model's KV cache in the model dtype (vLLM's Falcon)
     max_len_rule: str = ""  # how rope scaling sets the model's maximum length (vLLM's Profile.max_len_rule)
     mla_align_bytes: int = 0  # MLA cache entries padded to this many bytes of the model dtype (vLLM V0 0.7.2+)
+    pool_follows_length: bool = False  # the budget depends on max_model_len (vLLM V0's batch, a dummy video's frames)
     long_prefill_chunked: bool = True  # vLLM V0 chunks prefills above 32K by itself (not on ROCm, nor for
     # multimodal or sliding-window models)
 
@@ -358,7 +367,8 @@ class Engine(Protocol):
     def budget(self, total_bytes: int, gpu_util: float, weights: Term, activation: Term | None,
                overhead: Term | None, cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec,
                tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
-               version: str, pp: int = 1, device: Device | None = None, features: Features | None = None) -> Budget:
+               version: str, pp: int = 1, device: Device | None = None, features: Features | None = None,
+               max_model_len: int | None = None) -> Budget:
         """The per-GPU budget; a term given by the caller replaces the engine's estimate."""
 
     def draft_layers(self, engine: EngineDefaults, spec: ModelSpec, features: Features | None) -> int:

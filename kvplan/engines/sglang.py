@@ -289,7 +289,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
            version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None,
-           features: Features | None = None) -> Budget:
+           features: Features | None = None, max_model_len: int | None = None) -> Budget:
     """SGLang's pool budget per GPU: ``(total - used_before_load) x mem_fraction_static - weights``.
 
     ``overhead`` is the memory in use before loading times the fraction (the fraction applies to the free

@@ -15,9 +15,10 @@ import math
 from dataclasses import dataclass, replace
 
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Term,
-                            forward_bytes, lora_stack_bytes, padded_vocab, release_ranges, release_tuple,
+                            forward_bytes, given, lora_stack_bytes, padded_vocab, release_ranges, release_tuple,
                             resolve_release, sampler_bytes, sampler_peak_bytes)
 from kvplan.engines.vllm_profile import ImageProfile, image_profile, rope_cache_bytes
+from kvplan.engines.vllm_weights import loaded_extra_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
     DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
     default_prefix_caching, inflight_tokens, kv_tokens, model_max_len, refusal, release_of, report, request_limit,
@@ -160,7 +161,8 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; native sampler; "
        "batch defaults >= 70 GiB include the A100", _V1_8),
     # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1)
-    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier", _V1_8, batch_rule="v1"),
+    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; multimodal items floored", _V1_8, batch_rule="v1",
+       mm_profile="placeholder"),
     _p("0.9.1", (0, 9, 1), "memory profiling of the increase since a pre-NCCL snapshot; FlashInfer sampler when "
        "installed; token line num_blocks // groups x block size", _V1_91),
     _p("0.11", (0, 11, 0), "the memory snapshot moves after NCCL init; multimodal profiling copies each dummy "
@@ -311,6 +313,9 @@ def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_l
     ``cpu`` target assumes): block size 16, chunked prefill and prefix caching off, so one step takes a
     whole prompt: ``max_num_batched_tokens = max(max_model_len, 2048)``.
     """
+    if engine.mode == "V0" or (spec.vision is not None and spec.vision.max_video_frames):
+        # V0 batches max_model_len tokens below 32K; a dummy video's frames follow max_model_len
+        engine = replace(engine, pool_follows_length=True)
     if spec.architecture in _CACHE_CONFIG_IGNORED or spec.model_type in ("falcon", "RefinedWeb", "RefinedWebModel"):
         engine = replace(engine, kv_in_model_dtype=True, notes=engine.notes + (
             "vLLM's Falcon builds its attention without the cache config: the KV cache stays in the model dtype "
@@ -413,9 +418,10 @@ def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes
 
 
 def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
-                      version: str = DEFAULT_VERSION) -> ImageProfile | None:
+                      version: str = DEFAULT_VERSION, max_model_len: int | None = None) -> ImageProfile | None:
     """The dummy image batch of ``version``'s profile run (:func:`kvplan.engines.vllm_profile.image_profile`)."""
-    return image_profile(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, profile(version).mm_profile)
+    return image_profile(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, profile(version).mm_profile,
+                         max_model_len)
 
 
 @dataclass(frozen=True)
@@ -561,7 +567,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
            version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None,
-           features: Features | None = None) -> Budget:
+           features: Features | None = None, max_model_len: int | None = None) -> Budget:
     """The per-GPU budget with every term; any term given by the caller replaces the model's.
 
     ``device``: platform, SM count, interconnect, compute capability (:class:`~kvplan.engines.Device`; the
@@ -592,7 +598,12 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                              "process): pass --kv-budget with the size your log states")
         return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                       p.rounding, 0, 0, tuple(notes))
-    if not weights.source.startswith("--"):  # the user's --weights-gib stands as given
+    if not given(weights):  # the user's --weights-gib or a calibration file's measurement stands as given
+        device_ = device or Device()
+        extra, why = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
+                                        features.expert_parallel)
+        if extra:
+            weights = Term("weights", weights.bytes + extra, f"{weights.source} + {why} (vLLM's load)")
         if features.lora:
             weights, note = lora_weights_term(p, weights, spec, tp, pp, act_bytes, features)
             notes.extend(note)
@@ -606,7 +617,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     if activation is None:
         forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
                                             device, features)
-        images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version)
+        images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version, max_model_len)
         resident = images.resident_bytes if images else 0
         peak = max(forward, sampler) + resident
         rows = min(max_num_seqs, max_num_batched_tokens)

@@ -81,22 +81,34 @@ def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
 
 
 def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
-                  rule: str) -> ImageProfile | None:
-    """The dummy image batch of vLLM's profile run under ``rule`` (module docstring), or ``None`` when the
-    model has no modelled image encoder or the release's rule is ``none``."""
+                  rule: str, max_model_len: int | None = None) -> ImageProfile | None:
+    """The dummy multimodal batch of vLLM's profile run under ``rule`` (module docstring), or ``None`` when the
+    model has no modelled image encoder or the release's rule is ``none``.
+
+    The modality with the most tokens per item is profiled (ties to the video): a Qwen-VL model's dummy video
+    holds ``grid_t = min(max frames / 2, max_model_len // tokens per frame pair)`` pairs of the largest frames, so
+    from 32K tokens of max_model_len one video outweighs an image (32,768 tokens, 131,072 encoder patches for
+    Qwen2.5-VL at 32K; 114,688 tokens and 458,752 patches at 128K).
+    """
     vision = spec.vision
     if vision is None or rule == "none":
         return None
     per_item = vision.tokens_per_image if rule == "embeds" else vision.placeholder_tokens
+    frames = 1
+    if vision.max_video_frames and max_model_len:
+        frames = max(1, min(vision.max_video_frames // 2, max_model_len // vision.tokens_per_image))
+        per_item = per_item * frames
     budget = max(max_num_batched_tokens, per_item)
     by_encoder = -(-budget // per_item) if rule == "ceil-placeholder" else budget // per_item
     items = max(1, min(by_encoder, max_num_seqs * MM_LIMIT_PER_PROMPT))
-    pixels = items * vision.pixels_per_image * act_bytes
-    out_rows = budget if rule == "scattered" and vision.tokens_per_image < budget else vision.tokens_per_image
+    pixels = items * frames * vision.pixels_per_image * act_bytes
+    embeds = vision.tokens_per_image * frames
+    out_rows = budget if rule == "scattered" and embeds < budget else embeds
     cached = items * out_rows * spec.hidden_size * act_bytes
     h, inner = vision.hidden_size, math.ceil(vision.intermediate_size / tp)
-    per_patch = max(2 * h + 2 * inner, 2 * h + 4 * math.ceil(h / tp))  # MLP stage; attention: q, k, v and output
-    encoder = pixels + items * vision.patches_per_image * per_patch * act_bytes
+    mlp = 2 * h + (3 if vision.gated_mlp else 2) * inner  # residual, normed input, (gate,) up/fc1 and activation outputs
+    per_patch = max(mlp, 2 * h + 4 * math.ceil(h / tp))  # the attention stage: q, k, v and output
+    encoder = pixels + items * frames * vision.patches_per_image * per_patch * act_bytes
     return ImageProfile(items, per_item, budget, pixels, cached, encoder, rule)
 
 

@@ -149,6 +149,10 @@ class VisionEncoder:
     placeholder_tokens: int
     channels: int = 3
     source: str = ""
+    kind: str = "siglip"  # "siglip" (Gemma 3) or "qwen-vl" (Qwen2-VL / 2.5-VL / 3-VL: patches merged 2x2, video)
+    temporal_patch: int = 1  # frames one patch spans (Qwen-VL: 2; an image is its own pair of frames)
+    gated_mlp: bool = False  # the encoder's MLP is gate/up/down (SwiGLU) rather than fc1/fc2
+    max_video_frames: int = 0  # the most frames of the dummy video (0: no video modality)
 
     @property
     def patches_per_image(self) -> int:
@@ -156,7 +160,7 @@ class VisionEncoder:
 
     @property
     def pixels_per_image(self) -> int:
-        return self.channels * self.image_size * self.image_size
+        return self.channels * self.temporal_patch * self.image_size * self.image_size
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,8 @@ class ModelSpec:
     mtp_layers: int = 0  # multi-token-prediction layers the config says the checkpoint holds (num_nextn_predict_layers)
     mtp_parameters: int = 0  # their parameters (loaded only with speculative decoding)
     shared_expert_size: int = 0  # intermediate size of a MoE layer's shared expert(s), 0 for none
+    quant_method: str = ""  # the checkpoint's quantization_config quant_method ("mxfp4", "fp8", ...), "" for none
+    mla_dims: tuple[int, ...] = ()  # MLA: (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
 
     @property
     def expert_parameters(self) -> int:

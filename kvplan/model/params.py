@@ -199,6 +199,23 @@ def _moe_mlp(m: _Mlp, spec: ModelSpec, at: str) -> list[Tensors]:
     return out
 
 
+def mla_dims(r: ConfigReader) -> tuple[int, ...]:
+    """An MLA config's ``(q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)``, () if not MLA."""
+    if r.raw("kv_lora_rank") is None:
+        return ()
+    get = lambda key: r.int(key, (key,), required=False, minimum=0) or 0  # noqa: E731
+    return tuple(get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+
+
+def quant_method(r: ConfigReader) -> str:
+    """The checkpoint's ``quantization_config`` (or ``compression_config``) ``quant_method``, "" for none."""
+    for key in ("quantization_config", "compression_config"):
+        value = r.raw(key)
+        if isinstance(value, dict):
+            return str(value.get("quant_method") or ("modelopt" if "quant_algo" in value else "")).lower()
+    return ""
+
+
 def shared_expert_size(spec: ModelSpec, r: ConfigReader) -> int:
     """The intermediate size of a MoE layer's shared experts (DeepSeek's ``n_shared_experts x
     moe_intermediate_size``, Qwen-MoE's ``shared_expert_intermediate_size``); 0 for a dense model or none."""

@@ -144,10 +144,50 @@ def rope_scaling(r: ConfigReader) -> tuple[RopeScaling, ...]:
     return tuple(out)
 
 
+# Qwen2-VL's image processor defaults (preprocessor_config.json, not config.json): max_pixels 12,845,056 =
+# 16,384 merged tokens of 28 x 28 pixels; Qwen3-VL's longest_edge 16,777,216 pixels = 16,384 tokens of 32 x 32.
+QWEN_VL_MAX_PIXELS = {"qwen2_vl": 12_845_056, "qwen2_5_vl": 12_845_056, "qwen3_vl": 16_777_216,
+                      "qwen3_vl_moe": 16_777_216}
+QWEN_VL_MAX_VIDEO_FRAMES = 14  # vLLM's _MAX_FRAMES_PER_VIDEO from 0.11 (16 before)
+
+
+def _qwen_vl(config: Mapping[str, Any], vision: Mapping[str, Any], where: str) -> VisionEncoder:
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: patches of ``patch_size`` over ``temporal_patch_size`` frames, merged
+    ``spatial_merge_size`` x ``spatial_merge_size`` into one token; vLLM's dummy image is the largest the image
+    processor takes (``max_pixels``), its dummy video that many pixels a frame pair over up to 14 frames."""
+    model_type = str(config.get("model_type"))
+    v = ConfigReader(dict(vision), where, "vision_config.")
+    patch = v.int("patch_size", ("patch_size", "spatial_patch_size"), default=14) or 14
+    merge = v.int("spatial_merge_size", ("spatial_merge_size",), default=2) or 2
+    temporal = v.int("temporal_patch_size", ("temporal_patch_size",), default=2) or 2
+    channels = v.int("in_channels", ("in_channels", "in_chans"), default=3) or 3
+    if model_type == "qwen2_vl":  # embed_dim is the encoder's width, mlp_ratio its MLP's (hidden_size: the output)
+        hidden = v.int("embed_dim", ("embed_dim",), default=1280) or 1280
+        inter = int(hidden * float(vision.get("mlp_ratio") or 4))
+        gated = False
+    else:
+        hidden = v.int("hidden_size", ("hidden_size",), default=1280) or 1280
+        inter = v.int("intermediate_size", ("intermediate_size",), default=3420) or 3420
+        gated = model_type == "qwen2_5_vl"
+    unit = patch * merge
+    tokens = QWEN_VL_MAX_PIXELS.get(model_type, 12_845_056) // (unit * unit)
+    side = math.isqrt(tokens) * unit  # the dummy image: square, its merged tokens a square number
+    tokens = (side // unit) ** 2
+    return VisionEncoder(side, patch, hidden, inter, tokens, tokens + 2, channels,
+                         f"vision_config ({model_type}: patch {patch} x {temporal} frames, merge {merge}x{merge}, "
+                         f"hidden {hidden}, intermediate {inter}); the dummy image {side}x{side} (max_pixels)",
+                         kind="qwen-vl", temporal_patch=temporal, gated_mlp=gated,
+                         max_video_frames=QWEN_VL_MAX_VIDEO_FRAMES)
+
+
 def vision_encoder(config: Mapping[str, Any], where: str) -> VisionEncoder | None:
-    """Gemma 3's image encoder (``model_type: gemma3`` with a ``vision_config``), else ``None``."""
+    """The image encoder an engine profiles: Gemma 3's (SigLIP) and the Qwen-VL family's, else ``None``."""
     vision = config.get("vision_config")
-    if config.get("model_type") != "gemma3" or not isinstance(vision, dict):
+    if not isinstance(vision, dict):
+        return None
+    if str(config.get("model_type")) in QWEN_VL_MAX_PIXELS:
+        return _qwen_vl(config, vision, where)
+    if config.get("model_type") != "gemma3":
         return None
     v = ConfigReader({**_SIGLIP_DEFAULTS, **vision}, where, "vision_config.")
     top = ConfigReader(config, where)

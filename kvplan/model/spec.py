@@ -23,8 +23,8 @@ from kvplan.errors import ConfigError
 from kvplan.limits import MAX_LAYERS, MAX_PARAMETERS
 from kvplan.model.source import ModelSource, WeightFacts
 from kvplan.model.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
-from kvplan.model.params import (TIED_BY_DEFAULT, inventory, mtp_layers, parameter_count, routed_expert_layers,
-                                 shared_expert_size)
+from kvplan.model.params import (TIED_BY_DEFAULT, inventory, mla_dims, mtp_layers, parameter_count, quant_method,
+                                 routed_expert_layers, shared_expert_size)
 from kvplan.units import plural
 
 __all__ = ["STATE_KINDS", "TOKEN_KINDS", "LayerCache", "LayerGroup", "LayerKind", "ModelSpec", "Overrides",
@@ -459,7 +459,7 @@ def spec_from_config(
                    rope_scaling=rope_vision.rope_scaling(r),
                    vision=rope_vision.vision_encoder(config, where),
                    mtp_layers=mtp_layers(r), mtp_parameters=sum(t.parameters for t in tensors if t.mtp),
-                   shared_expert_size=shared_expert_size(spec, r))
+                   shared_expert_size=shared_expert_size(spec, r), quant_method=quant_method(r), mla_dims=mla_dims(r))
 
 
 def _bounded_parameters(r: ConfigReader, parameters: int | None, spec: ModelSpec) -> int | None:

@@ -344,6 +344,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
         spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
         version=engine.version, pp=options.pp, device=gpu.device, features=features,
+        max_model_len=options.max_model_len or options.context,
     )
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))

@@ -1,0 +1,97 @@
+"""What vLLM holds for the weights beyond the checkpoint's bytes: "Model loading took X GiB" per GPU.
+
+"Model loading took" is the torch allocator's live bytes after ``process_weights_after_loading`` (read in every
+release: ``DeviceMemoryProfiler`` around ``load_model``): copies made while loading that are freed do not count,
+layouts a kernel needs do. kvplan's weights term is the checkpoint's bytes split over the GPUs; this module adds
+what the released code keeps on top of them, per release and GPU generation (read in the released wheels'
+``model_executor/layers/quantization/mxfp4.py``, ``fused_moe/oracle/mxfp4.py`` and the vendored
+``triton_kernels``, ``attention/backends/mla/common.py`` and ``models/deepseek_v2.py``):
+
+- **MXFP4 experts** (gpt-oss): each backend pads the expert matrices and re-lays the scales and biases -
+  Marlin (Ampere / Ada; compute capability < 9): intermediate to 128, hidden to 256, biases bf16;
+  Triton (Hopper, 9.x): intermediate to 64, hidden as it is, biases fp32, the scales re-laid with rows padded
+  to 256 while the originals stay referenced through 0.22 (both counted), the packed weight dimension padded
+  by 2.2% in 0.17 - 0.20; TRT-LLM (Blackwell, 10.x): intermediate to 256 (128 from 0.27), hidden to 256, biases
+  fp32. gpt-oss-120b on one H100 (0.10 - 0.14): 64.33 GiB against a 60.77 GiB checkpoint (logged 64.38).
+- **MLA** (DeepSeek V2 / V3 / R1, Kimi K2): ``q_a_proj``, ``kv_a_proj_with_mqa`` and the router are replicated
+  on every rank, not split; and the MLA backend keeps the up-projections for the absorbed attention - from 0.8
+  the bf16 ``W_UK_T`` / ``W_UV`` (``2 x kv_lora x heads/tp x (nope + v)`` bytes per layer); V0 0.7.x also the
+  absorbed ``W_Q_UK`` and ``W_UV_O`` requantized to fp8 and a bf16 ``W_QR`` (0.7.1 - 0.7.2 keep the
+  ``kv_b_proj`` copy in fp32). DeepSeek-R1 at tp 8 on H200s with V0 0.7.3: 83.78 GiB (logged 83.88).
+"""
+
+from __future__ import annotations
+
+from kvplan.model.modelspec import ModelSpec
+from kvplan.units import GiB, cdiv
+
+MXFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 32  # 4-bit values + one e8m0 scale byte per 32
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return cdiv(n, multiple) * multiple
+
+
+def mxfp4_backend(capability: tuple[int, int] | None) -> str:
+    """The MXFP4 MoE backend vLLM picks on a GPU of this compute capability: ``marlin`` (< 9), ``triton`` (9.x),
+    ``trtllm`` (10.x and later); ``triton`` when unknown (kvplan's default GPU is an H100)."""
+    if capability is None:
+        return "triton"
+    return "marlin" if capability[0] < 9 else "triton" if capability[0] == 9 else "trtllm"
+
+
+def _mxfp4_layer_bytes(backend: str, experts: int, inter: int, hidden: int, release: tuple[int, ...]) -> float:
+    """One MoE layer's expert bytes per GPU as loaded: ``inter`` the per-rank intermediate size."""
+    if backend == "marlin":
+        ip, hp, bias = _round_up(inter, 128), _round_up(hidden, 256), 2
+    elif backend == "trtllm":
+        ip, hp, bias = _round_up(inter, 256 if release < (0, 27, 0) else 128), _round_up(hidden, 256), 4
+    else:
+        ip, hp, bias = _round_up(inter, 64), hidden, 4
+    weights = 1.5 * ip * hp  # w13 [2 ip, hp] and w2 [hp, ip] at 4 bits
+    scales = 3 * ip * hp / 32
+    if backend == "triton":
+        if (0, 17, 0) <= release < (0, 21, 0):
+            weights *= 1.022  # the vendored triton_kernels pads the packed dimension (1440 -> 1472)
+        relaid = (_round_up(2 * ip, 256) * hp + _round_up(hp, 256) * ip) / 32
+        scales = relaid + (scales if release < (0, 25, 0) else 0)  # the originals stay referenced through 0.22
+    return experts * (weights + scales + (2 * ip + hp) * bias)
+
+
+def _mxfp4_checkpoint_layer_bytes(experts: int, inter: int, hidden: int) -> float:
+    return experts * (3 * inter * hidden * MXFP4_BYTES_PER_ELEMENT + (2 * inter + hidden) * 2)
+
+
+def _mla_extra_layer_bytes(spec: ModelSpec, tp: int, release: tuple[int, ...]) -> float:
+    """MLA's per-layer bytes per GPU beyond the checkpoint's split: replicated projections and the absorbed copies."""
+    q_lora, kv_lora, nope, rope, v_dim = spec.mla_dims
+    heads = max(1, spec.num_attention_heads // tp)
+    h = spec.hidden_size
+    weight_bytes = 1 if spec.quant_method == "fp8" else 2
+    replicated = (h * q_lora + h * (kv_lora + rope)) * weight_bytes + spec.num_experts * h * 2
+    extra = replicated * (1 - 1 / tp)
+    extra += 2 * kv_lora * heads * (nope + v_dim) * (2 if (0, 7, 1) <= release < (0, 7, 3) else 1)
+    if (0, 7, 1) <= release < (0, 8, 0):  # V0's absorbed matrices: W_Q_UK, W_UV_O in fp8, W_QR in bf16
+        extra += q_lora * heads * kv_lora + heads * kv_lora * h + 2 * q_lora * heads * rope
+    return extra
+
+
+def loaded_extra_bytes(spec: ModelSpec, tp: int, pp: int, release: tuple[int, ...],
+                       capability: tuple[int, int] | None, platform: str = "cuda",
+                       expert_parallel: bool = False) -> tuple[int, str]:
+    """Bytes per GPU vLLM's "Model loading took" holds above the checkpoint's split, and why ("" for none)."""
+    layers = cdiv(spec.routed_expert_layers or spec.num_layers_decoder, pp)
+    if spec.quant_method == "mxfp4" and spec.num_experts and spec.moe_intermediate_size and platform == "cuda":
+        backend = mxfp4_backend(capability)
+        experts = cdiv(spec.num_experts, tp) if expert_parallel else spec.num_experts
+        inter = spec.moe_intermediate_size if expert_parallel else cdiv(spec.moe_intermediate_size, tp)
+        extra = (_mxfp4_layer_bytes(backend, experts, inter, spec.hidden_size, release)
+                 - _mxfp4_checkpoint_layer_bytes(experts, inter, spec.hidden_size)) * layers
+        return max(0, round(extra)), f"MXFP4 experts as the {backend} backend lays them out {extra / GiB:.2f} GiB"
+    if len(spec.mla_dims) == 5 and all(spec.mla_dims[1:]):
+        extra = _mla_extra_layer_bytes(spec, tp, release) * cdiv(spec.num_layers_decoder, pp)
+        return max(0, round(extra)), f"MLA projections replicated and up-projections kept {extra / GiB:.2f} GiB"
+    return 0, ""
+
+
+__all__ = ["loaded_extra_bytes", "mxfp4_backend"]
