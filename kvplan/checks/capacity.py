@@ -58,6 +58,7 @@ class CheckResult:
     where: Where
     plan: Plan
     outcomes: tuple[Outcome, ...]
+    judged: str = "estimate"  # "estimate": kvplan's plan; "low end": the low end of its range (conservative)
 
     @property
     def passed(self) -> bool:
@@ -278,29 +279,49 @@ def check_options(check: CheckScenario, calibration: Any = None) -> Options:
         raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
 
 
-def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: Any = None) -> CheckResult:
-    """Plan one check and judge each requirement (failures carry suggestions)."""
+def low_end(plan: Plan, spec: ModelSpec) -> Plan:
+    """The plan at the low end of its range (:attr:`Plan.kv_range`): the same deployment with the KV budget less
+    the spread kvplan measured on real start-ups of its class, so a check judged on it does not pass on a number
+    the engine may not give. The plan itself when it has no spread (a given KV budget)."""
+    rng = plan.kv_range
+    if rng is None or rng.kv_budget_low_bytes >= plan.budget.kv_budget_bytes:
+        return plan
+    return plan_for_spec(spec, replace(plan.options, kv_budget_bytes=max(0, rng.kv_budget_low_bytes)), plan.source)
+
+
+def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: Any = None,
+              conservative: bool = False) -> CheckResult:
+    """Plan one check and judge each requirement (failures carry suggestions); ``conservative`` (or the check's
+    ``conservative: true``) judges them at the low end of the plan's range."""
     options = check_options(check, calibration)
     try:
         plan = plan_for_spec(spec, options, source)
     except KvplanError as exc:
         raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
+    judged, how = plan, "estimate"
+    if conservative or check.conservative:
+        judged, how = low_end(plan, spec), "low end"
     outcomes = []
     for key, required in check.require.items():
-        outcome = evaluate(key, required, plan)
+        outcome = evaluate(key, required, judged)
+        if how == "low end" and judged is not plan:
+            estimate = _MEASURES[key][0](plan)
+            outcome = replace(outcome, message=f"{outcome.message} at the low end of kvplan's range "
+                                               f"({format_value(estimate, _MEASURES[key][1])} at its estimate)")
         if not outcome.passed:
-            outcome = replace(outcome, suggestions=suggestions(key, required, plan, spec))
+            outcome = replace(outcome, suggestions=suggestions(key, required, judged, spec))
         outcomes.append(outcome)
-    return CheckResult(check.name, check.description, check.where, plan, tuple(outcomes))
+    return CheckResult(check.name, check.description, check.where, plan, tuple(outcomes), how)
 
 
 def run_checks(capacity: CapacityFile, *, offline: bool = False, token: str | None = None,
-               resolve: SpecResolver | None = None, calibration: Any = None) -> CheckReport:
+               resolve: SpecResolver | None = None, calibration: Any = None, conservative: bool = False) -> CheckReport:
     """Every check of ``capacity``; raises :class:`ScenarioError` for a model or option that cannot be planned,
     listing every check's such mistake with the file's own (``capacity.mistakes``), in file order, up to
     :data:`kvplan.io.yamldoc.MAX_FILE_ERRORS`.
 
-    ``calibration``: a loaded :class:`kvplan.io.calibration.Calibration` for checks that do not name their own."""
+    ``calibration``: a loaded :class:`kvplan.io.calibration.Calibration` for checks that do not name their own.
+    ``conservative``: judge every check at the low end of its plan's range (``--conservative``)."""
     from kvplan.io.yamldoc import ScenarioFileError, combine_errors
 
     resolve = resolve or spec_resolver(offline=offline, token=token)
@@ -308,7 +329,7 @@ def run_checks(capacity: CapacityFile, *, offline: bool = False, token: str | No
     for check in capacity.checks:
         try:
             spec, source = resolve(check)
-            results.append(run_check(check, spec, source, calibration))
+            results.append(run_check(check, spec, source, calibration, conservative))
         except ScenarioFileError as exc:
             errors.append(exc)
     if errors:

@@ -61,6 +61,7 @@ CheckModel = create_model(
     name=(Text, Field(..., description="unique name (one JUnit test case)")),
     description=(Text, Field(None, description="free text")),
     require=(RequireModel, Field(..., description="what must hold")),
+    conservative=(Bool, Field(None, description="judge at the low end of kvplan's range (default: the file's)")),
     **option_fields(),
 )
 
@@ -70,6 +71,8 @@ class CapacityModel(BaseModel):
 
     model_config = _FORBID
     defaults: OptionsModel = Field(default_factory=OptionsModel, description="options shared by every check")  # type: ignore[valid-type]
+    conservative: Bool = Field(None, description="judge every check at the low end of kvplan's range: the KV "
+                               "budget less the spread measured on real start-ups (a check's own key wins)")
     checks: list[CheckModel] = Field(..., min_length=1, description="the checks (each a scenario with require)")  # type: ignore[valid-type]
 
 
@@ -154,6 +157,7 @@ class CheckScenario:
 
     ``batch_given``: the scenario set ``batch`` (else the batch is the required concurrency, or 1).
     ``where``: the check's entry; ``locations``: key -> where that key's value was written.
+    ``conservative``: judge the requirements at the low end of the plan's range.
     """
 
     name: str
@@ -163,6 +167,7 @@ class CheckScenario:
     batch_given: bool
     where: Where
     locations: Mapping[str, Where] = field(default_factory=dict)
+    conservative: bool = False
 
     def where_of(self, key: str) -> Where:
         return self.locations.get(key, self.where)
@@ -197,9 +202,11 @@ def load_capacity(path: str | Path | YamlDoc, *, keep_going: bool = False) -> Ca
         if valid is None:  # invalid defaults: no check can be read without them
             raise combine_errors(errors) from None
     checks: list[CheckScenario] = []
+    raw = doc.data if isinstance(doc.data, dict) else {}
+    conservative = raw.get("conservative") is True
     for i, check in valid:
         try:
-            checks.append(_check_scenario(doc, i, check, defaults))
+            checks.append(_check_scenario(doc, i, check, defaults, conservative))
         except ScenarioFileError as exc:
             errors.append(exc)
     if errors and not keep_going:
@@ -244,7 +251,8 @@ def _duplicate_names(doc: YamlDoc) -> list[ScenarioFileError]:
     return errors
 
 
-def _check_scenario(doc: YamlDoc, i: int, check: Any, defaults: dict[str, Any]) -> CheckScenario:
+def _check_scenario(doc: YamlDoc, i: int, check: Any, defaults: dict[str, Any],
+                    conservative: bool = False) -> CheckScenario:
     """The validated ``checks[i]`` merged with the defaults; ScenarioFileError for what the schema cannot say."""
     require = Requirement(**{k: getattr(check.require, k) for k in check.require.model_fields_set
                              if getattr(check.require, k) is not None})
@@ -262,6 +270,7 @@ def _check_scenario(doc: YamlDoc, i: int, check: Any, defaults: dict[str, Any]) 
         batch_given="batch" in values,
         where=doc.where(("checks", i)),
         locations=option_locations(doc, [("defaults",), ("checks", i)], OPTION_FIELDS),
+        conservative=conservative if check.conservative is None else bool(check.conservative),
     )
 
 

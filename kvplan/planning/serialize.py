@@ -90,6 +90,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "budget": _budget(plan),
         "pool": _pool(plan),
         "answer": _answer(plan),
+        "range": plan.kv_range.to_dict() if plan.kv_range else None,
         "engine_report": _engine_report(plan),
         "fragmentation": _plain(plan.fragmentation),
         "prefix": _plain(plan.prefix) if plan.prefix else None,

@@ -91,6 +91,7 @@ def report_to_dict(report: "CheckReport") -> dict[str, Any]:
             "file": r.where.file,
             "line": r.where.line,
             "passed": r.passed,
+            "judged": r.judged,
             "requirements": [{
                 "requirement": o.requirement,
                 "required": o.required,

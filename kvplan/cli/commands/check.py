@@ -31,6 +31,10 @@ def register(app: typer.Typer) -> None:
         calibration: Annotated[Optional[str], typer.Option("--calibration", help="Calibration file written by "
                                                           "`kvplan explain --calibrate`: measured terms for the "
                                                           "deployments it matches.")] = None,
+        conservative: Annotated[bool, typer.Option("--conservative", help="Judge every check at the low end of "
+                                                  "kvplan's range (the KV budget less the spread measured on real "
+                                                  "start-ups), so a gate never passes on a number the engine may "
+                                                  "not give.")] = False,
         offline: OfflineOpt = False,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
@@ -49,7 +53,8 @@ def register(app: typer.Typer) -> None:
         try:
             capacity = load_capacity(path, keep_going=True)  # its mistakes listed with planning's
             report = run_checks(capacity, offline=offline, token=token,
-                                calibration=load_calibration(calibration) if calibration else None)
+                                calibration=load_calibration(calibration) if calibration else None,
+                                conservative=conservative)
         except KvplanError as exc:  # invalid file, unknown model, ...: still a JUnit report, with one error
             if _in_github_actions():
                 from kvplan.render.check import github_annotation
