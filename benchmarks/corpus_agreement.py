@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus  # noqa: E402
 
+from kvplan.engines.spread import rough_weights  # noqa: E402
 from kvplan.errors import KvplanError  # noqa: E402
 from kvplan.units import GiB  # noqa: E402
 
@@ -65,6 +66,7 @@ class Row:
     terms_err_pct: float | None
     biggest_term: str
     model: str
+    rough: bool = False  # the weights were counted from parameters x a dtype (the range allows more of them)
 
 
 def _num(x: Any) -> float | None:
@@ -321,7 +323,8 @@ def run(entry: corpus.Entry) -> Row | str:
         width = (hi - lo) / predicted * 100 if predicted else None
     return Row(entry.id, entry.split, basis, meta["engine"], plan.engine.version, family(meta["engine"], plan.engine.version),
                plan.gpu.name, gpu_class(plan.gpu.memory_bytes, plan.gpu.name), plan.options.tp, compare, value,
-               predicted, err, gib, in_range, width, terms_err, biggest, model)
+               predicted, err, gib, in_range, width, terms_err, biggest, model,
+               rough_weights(plan.budget.weights.source))
 
 
 def rows(split: str | None = None) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -378,16 +381,17 @@ SPREAD_QUANTILE = 0.90
 
 
 def spread_table(done: list[Row]) -> list[dict[str, Any]]:
-    """The spread classes (:mod:`kvplan.engines.spread`) from the calibration part's rows planned from inputs: per
-    engine x release family x tp bucket, per engine x family, per engine, the 90th percentiles of the engine's KV
+    """The spread classes (:mod:`kvplan.engines.spread`) from the calibration part's rows planned from inputs (less
+    those whose weights were counted from parameters, which the range widens by their own allowance): per engine x
+    release family x tp bucket, per engine x tp bucket, per engine, the 90th percentiles of the engine's KV
     shortfall (``over_gib``: kvplan promised more) and excess (``under_gib``), GiB per GPU."""
     from kvplan.engines.spread import family as release_family, tp_bucket
 
-    rows = [r for r in done if r.split == "calibration" and r.basis == "inputs"]
+    rows = [r for r in done if r.split == "calibration" and r.basis == "inputs" and not r.rough]
     groups: dict[tuple[str, str | None, str | None], list[Row]] = {}
     for r in rows:
         fam = release_family(r.engine, r.release)
-        for key in ((r.engine, fam, tp_bucket(r.tp)), (r.engine, fam, None), (r.engine, None, None)):
+        for key in ((r.engine, fam, tp_bucket(r.tp)), (r.engine, None, tp_bucket(r.tp)), (r.engine, None, None)):
             groups.setdefault(key, []).append(r)
     out = []
     for (engine, fam, tp), rs in sorted(groups.items(), key=lambda kv: tuple(x or "" for x in kv[0])):

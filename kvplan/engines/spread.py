@@ -22,7 +22,12 @@ from kvplan.engines import release_tuple
 from kvplan.units import GiB
 
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "kv_spread.yaml"
-MIN_LOGS = 5
+MIN_LOGS = 8
+MIN_ENGINE_LOGS = 3  # an engine with fewer calibration logs than MIN_LOGS still gets its engine-wide spread
+# A weights term counted from the parameters and a weights dtype (no checkpoint size: --weights-dtype on a 16-bit
+# spec) is rough: calibration logs load 13 - 17% more than that estimate (vllm-f33676930891, an fp8 Qwen3-Next;
+# vllm-f51900802258, an NVFP4 Qwen3.6): the low end allows this much more of it.
+ROUGH_WEIGHTS_FRACTION = 0.15
 FLOOR_BYTES = round(0.05 * GiB)  # the narrowest spread kept on either side (printed GiB figures are 0.01 precise)
 
 # release families: the releases whose budget arithmetic is alike (first release, name)
@@ -69,13 +74,21 @@ def _table() -> tuple[dict[str, Any], ...]:
     return tuple(doc.get("classes") or ())
 
 
+def rough_weights(source: str) -> bool:
+    """Whether a weights term's source says it was counted from parameters x a dtype, not a checkpoint's size."""
+    return "parameters x" in source and "checkpoint" not in source
+
+
 def spread(engine: str, version: str, tp: int) -> Spread | None:
-    """The spread of the class (engine, release family, tp), else its family's, else the engine's (None: no data)."""
+    """The spread of the class (engine, release family, tp), else of (engine, tp), else the engine's (None: no
+    data); classes of fewer than :data:`MIN_LOGS` logs are skipped (the engine-wide row needs
+    :data:`MIN_ENGINE_LOGS`)."""
     fam, bucket = family(engine, version), tp_bucket(tp)
     rows = [r for r in _table() if r.get("engine") == engine]
-    for want_family, want_tp in ((fam, bucket), (fam, None), (None, None)):
+    for want_family, want_tp in ((fam, bucket), (None, bucket), (None, None)):
+        least = MIN_LOGS if want_tp else MIN_ENGINE_LOGS  # the engine's own row: whatever it has, if anything
         row = next((r for r in rows if r.get("family") == want_family and r.get("tp") == want_tp
-                    and int(r.get("logs") or 0) >= MIN_LOGS), None)
+                    and int(r.get("logs") or 0) >= least), None)
         if row is not None:
             basis = ", ".join(x for x in (engine, want_family, want_tp) if x)
             return Spread(max(FLOOR_BYTES, round(float(row["over_gib"]) * GiB)),
@@ -83,4 +96,4 @@ def spread(engine: str, version: str, tp: int) -> Spread | None:
     return None
 
 
-__all__ = ["FAMILIES", "Spread", "family", "spread", "tp_bucket"]
+__all__ = ["FAMILIES", "ROUGH_WEIGHTS_FRACTION", "Spread", "family", "rough_weights", "spread", "tp_bucket"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from kvplan import memory
 from kvplan.engines import Budget, EngineDefaults
-from kvplan.engines.spread import spread
+from kvplan.engines.spread import ROUGH_WEIGHTS_FRACTION, rough_weights, spread
 from kvplan.planning.answer import Answer, Deployment
 from kvplan.units import GiB
 
@@ -49,7 +49,8 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
                else "no measured spread for this engine")
         return KvRange(answer, answer, kv, kv, why)
     over = max(s.over_bytes, budget.path_gap_bytes)
-    low_kv, high_kv = kv - over, kv + s.under_bytes
+    rough = round(ROUGH_WEIGHTS_FRACTION * budget.weights.bytes) if rough_weights(budget.weights.source) else 0
+    low_kv, high_kv = kv - over - rough, kv + s.under_bytes
 
     def at(budget_bytes: int) -> Answer:
         blocks = memory.num_blocks(budget_bytes, layout) if budget_bytes > 0 else 0
@@ -58,6 +59,9 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
         return replace(deployment, blocks=blocks).answer(context, batch, max_model_len)
 
     source = s.source
+    if rough:
+        source += (f"; the weights, counted from parameters and a dtype, may load {ROUGH_WEIGHTS_FRACTION:.0%} more "
+                   f"({rough / GiB:.2f} GiB)")
     if budget.path_gap_bytes > s.over_bytes:
         source += f"; the low end pays the engine's costlier code path ({budget.path_gap_bytes / GiB:.2f} GiB)"
     return KvRange(at(low_kv), at(high_kv), low_kv, high_kv, source)
