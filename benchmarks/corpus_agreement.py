@@ -422,6 +422,81 @@ def markdown(done: list[Row]) -> str:
     return "\n".join(lines)
 
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "engines.md"
+BEGIN, END = "<!-- corpus-agreement:begin -->", "<!-- corpus-agreement:end -->"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}%"
+
+
+def makeup(done: list[Row], skipped: list[tuple[str, str]]) -> list[str]:
+    """The corpus's size and make-up, in words."""
+    entries = list(corpus.entries())
+    by_engine = {e: sum(1 for x in entries if x.meta["engine"] == e) for e in ("vllm", "sglang")}
+    versions = {str(x.meta.get("engine_version") or (x.meta.get("kvplan") or {}).get("engine_version"))
+                for x in entries if x.meta.get("engine_version") or (x.meta.get("kvplan") or {}).get("engine_version")}
+    gpus = {r.gpu for r in done if r.gpu != "custom"}
+    splits = {s: sum(1 for x in entries if x.split == s) for s in corpus.SPLITS}
+    feats: dict[str, int] = {}
+    for x in entries:
+        for f in x.meta.get("features") or ():
+            feats[f] = feats.get(f, 0) + 1
+    tps = sorted({int(x.meta.get("tp") or 1) for x in entries})
+    return [f"{len(entries)} engine starts ({by_engine['vllm']} vLLM, {by_engine['sglang']} SGLang) from public sources, "
+            f"{len(versions)} distinct release strings, tp {', '.join(map(str, tps))}; split by source into "
+            f"{splits['calibration']} calibration and {splits['validation']} validation starts. Planned: {len(done)} "
+            f"({sum(1 for r in done if r.basis == 'inputs')} from their inputs, {sum(1 for r in done if r.basis != 'inputs')}"
+            f" from their logged KV budget: block arithmetic only) on {len(gpus)} catalogue GPUs; {len(skipped)} skipped, "
+            "each with its reason (`--skipped`). Features: " + ", ".join(f"{k} {v}" for k, v in sorted(feats.items()))
+            + "."]
+
+
+def summary_table(done: list[Row]) -> list[str]:
+    lines = ["| part | engine | planned from | logs | median \\|err\\| | max \\|err\\| | over-promising > 1% | off > 3% and "
+             "> 0.25 GiB | range holds the log | range's median width |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for split in corpus.SPLITS:
+        for engine in ("vllm", "sglang"):
+            for basis in ("inputs", "logged budget"):
+                rs = [r for r in done if r.split == split and r.engine == engine and r.basis == basis]
+                if not rs:
+                    continue
+                s = summary(rs)
+                cov = "-" if s["range_coverage"] is None else f"{s['range_coverage']:.0%}"
+                lines.append(f"| {split} | {engine} | {basis} | {s['rows']} | {_pct(s['median_abs_err_pct'])} | "
+                             f"{_pct(s['max_abs_err_pct'])} | {s['over_promise_gt_1pct']} | {s['off_gt_3pct_and_025gib']} | "
+                             f"{cov} | {_pct(s['range_median_width_pct'])} |")
+    return lines
+
+
+def off_rows(done: list[Row]) -> list[str]:
+    """Every validation start planned from its inputs that is more than 2% off, with what the log says of it."""
+    out = []
+    for r in sorted((r for r in done if r.split == "validation" and r.basis == "inputs" and abs(r.err_pct) > 2),
+                    key=lambda r: -abs(r.err_pct)):
+        why = (f"with the log's terms {r.terms_err_pct:+.1f}%, biggest gap {r.biggest_term}" if r.terms_err_pct is not None
+               else "the log prints no budget term")
+        out.append(f"- `{r.id}` ({r.family}, {r.gpu}, tp {r.tp}): {r.err_pct:+.1f}% ({r.gib:+.2f} GiB per GPU); {why}")
+    return out
+
+
+def write_docs(done: list[Row], skipped: list[tuple[str, str]]) -> None:
+    from doc_section import replace_section
+
+    validation = [r for r in done if r.split == "validation" and r.basis == "inputs"]
+    section = [BEGIN, "### Agreement with the corpus of real start-up logs (generated)", "",
+               "`PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-docs` regenerates this section; the corpus "
+               "and its split are benchmarks/corpus/README.md's. `err` is (kvplan - logged) / logged for the figure the "
+               "log prints (KV tokens, blocks, a refusal's tokens, the KV GiB or the concurrency); positive promises "
+               "more than the engine gave. The validation part is never used to fit anything.", ""]
+    section += makeup(done, skipped) + [""] + summary_table(done) + ["",
+                "By engine x release family x GPU class x tp (validation part, planned from the inputs):", ""]
+    section += markdown(validation).splitlines() + ["", "Validation starts more than 2% off:", ""] + off_rows(done)
+    section += ["", END]
+    replace_section(DOC, "\n".join(section) + "\n", BEGIN, END)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", choices=corpus.SPLITS)
@@ -430,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skipped", action="store_true", help="list the starts that could not be planned")
     parser.add_argument("--write-spread", action="store_true", help="write kvplan/data/kv_spread.yaml from the "
                         "calibration part")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite docs/engines.md's agreement section")
     args = parser.parse_args(argv)
     done, skipped = rows(args.split)
     out = sys.stdout
@@ -439,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         write_spread(done, SPREAD_FILE)
         spread._table.cache_clear()
         done, skipped = rows(args.split)  # the ranges from the spread just written
+    if args.write_docs:
+        write_docs(done, skipped)
     if args.markdown:
         out.write(markdown(done) + "\n")
     else:
