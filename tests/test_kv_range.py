@@ -94,3 +94,26 @@ def test_the_low_end_plan_is_the_same_deployment_with_the_low_budget():
     assert low.budget.kv_budget_bytes == max(0, p.kv_range.kv_budget_low_bytes)
     assert low.answer.max_requests == p.kv_range.low.max_requests
     assert plan_for_spec(p.spec, p.options).answer == p.answer
+
+
+def test_the_engine_docs_state_the_modelled_releases_and_the_current_agreement():
+    """docs/engines.md's release tables are the engines' own, and its generated agreement section is what the
+    corpus gives today (regenerate: PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-docs)."""
+    from kvplan.engines import sglang, vllm
+
+    text = (ROOT / "docs" / "engines.md").read_text()
+    for key, profile in vllm.PROFILES.items():
+        assert f"| `{key}`{' (default)' if key == vllm.DEFAULT_VERSION else ''} | {vllm.RANGES[key]} | {profile.change} |" in text
+    for key, release in sglang.RELEASES.items():
+        assert f"| `{key}`{' (default)' if key == sglang.DEFAULT_VERSION else ''} | {sglang.RANGES[key]} | {release.change} |" in text
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    module = importlib.util.spec_from_file_location("corpus_agreement_docs", ROOT / "benchmarks" / "corpus_agreement.py")
+    ca = importlib.util.module_from_spec(module)
+    sys.modules["corpus_agreement_docs"] = ca
+    module.loader.exec_module(ca)
+    done, skipped = ca.rows()
+    begin, end = text.index(ca.BEGIN), text.index(ca.END)
+    section = text[begin:end]
+    assert ca.summary_table(done)[2] in section, "regenerate docs/engines.md's agreement section"
+    for line in ca.off_rows(done):
+        assert line in section, line

@@ -158,8 +158,8 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
        "LoRA slots charged nowhere", _V0_65),
     _p("0.7.2", (0, 7, 2), "V0 pads MLA cache entries to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)", _V0_65,
        mla_align=True),
-    _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; native sampler; "
-       "batch defaults >= 70 GiB include the A100", _V1_8),
+    _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; the sampler takes "
+       "FlashInfer < 0.2.3 (the Docker images) or the native path; batch defaults >= 70 GiB include the A100", _V1_8),
     # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1)
     _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; multimodal items floored", _V1_8, batch_rule="v1",
        mm_profile="placeholder"),
