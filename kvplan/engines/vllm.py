@@ -279,13 +279,39 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
         return EngineDefaults(ENGINE, p.version, 1.0, CPU_BLOCK_SIZE, CPU_MAX_NUM_BATCHED_TOKENS, 256, p.mode,
                               usage_context, False, p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
                               max_len_rule=p.max_len_rule)
+    fallback = v0_fallback(p, device, spec)
+    notes: tuple[str, ...] = ()
+    if fallback:
+        v0 = PROFILES[V0_FALLBACK_RULES]
+        notes = (f"vllm {p.version} runs the V0 engine here ({fallback}): the rules of {v0.version} "
+                 f"({RANGES[v0.version]}) apply",)
+        p, version = v0, v0.version
     chunked = v0_long_prefill_chunked(device, spec)
     mnbt, seqs = batch_defaults(version, gpu_memory_bytes, gpu_name=gpu_name, max_model_len=max_model_len,
                                 usage_context=usage_context, long_prefill_chunked=chunked)
     return EngineDefaults(ENGINE, p.version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,
-                          p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
-                          concurrent_batches=p.concurrent_batches, max_len_rule=p.max_len_rule,
-                          mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0, long_prefill_chunked=chunked)
+                          p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, notes=notes,
+                          release_range=RANGES[p.version], concurrent_batches=p.concurrent_batches,
+                          max_len_rule=p.max_len_rule, mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0,
+                          long_prefill_chunked=chunked)
+
+
+V0_FALLBACK_RULES = "0.7.2"  # the newest V0 rules: what 0.8 - 0.10 run when they fall back to the V0 engine
+V0_FALLBACK_METHODS = ("bitsandbytes", "gguf")  # checkpoint formats V1 did not take before 0.11
+
+
+def v0_fallback(p: Profile, device: Device | None, spec: ModelSpec | None) -> str:
+    """Why vLLM 0.8 - 0.10 fall back to the V0 engine for this GPU and model ("" when they do not): the V1 engine
+    needs compute capability 8.0 (T4, V100 run V0) and did not take bitsandbytes or GGUF checkpoints
+    (``EngineArgs._is_v1_supported_oracle``)."""
+    if p.mode != "V1" or p.first >= (0, 11, 0):
+        return ""
+    capability = device.capability if device is not None else None
+    if capability is not None and capability < (8, 0):
+        return f"compute capability {capability[0]}.{capability[1]} is below V1's 8.0"
+    if spec is not None and spec.quant_method in V0_FALLBACK_METHODS:
+        return f"V1 does not load {spec.quant_method} checkpoints before 0.11"
+    return ""
 
 
 def v0_long_prefill_chunked(device: Device | None, spec: ModelSpec | None) -> bool:
