@@ -189,6 +189,7 @@ class Launch:
     ssm_dtype: str | None = None  # --mamba-ssm-cache-dtype to pass (the user's)
     is_cpu: bool = False  # vLLM's CPU backend: no utilisation flag, the KV space sized by --kv-cache-memory-bytes
     revision: str | None = None  # --revision to pass (the Hub revision planned)
+    kv_memory_bytes: int = 0  # the KV budget per GPU (what vLLM logs as "Available KV cache memory")
 
     # the settings a command line passes only when they differ from the engine's default
     @property
@@ -352,6 +353,9 @@ class Engine(Protocol):
 
     def report(self, launch: Launch) -> tuple[str, ...]:
         """What the engine will log about its KV cache (first line: the log itself; then explanations)."""
+
+    def log_lines(self, launch: Launch) -> tuple[str, ...]:
+        """The engine's own start-up lines about its KV cache, one per line, as it prints them."""
 
     def serve_command(self, launch: Launch) -> str:
         """The command line that launches the engine as planned."""
