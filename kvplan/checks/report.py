@@ -526,6 +526,12 @@ def _notes(pools: list[Pool]) -> tuple[str, ...]:
         used = sum(1 for n in calibrated if "no entry" not in n)
         notes.append(f"{calibrated[0].split(':')[0]}: measured terms used in {used} of {len(pools)} configurations "
                      "(the others had no entry for their deployment)")
+    shared = [p for p in pools if p.plan.options.prefix_tokens]
+    if shared:
+        credited = sum(1 for p in shared if p.deployment.prefix_tokens)
+        notes.append(f"prefix_tokens: requests, max context and fits count the shared prefix once where prefix caching "
+                     f"is on ({credited} of {len(shared)} configurations with a prefix; the others store a copy per "
+                     "request)")
     no_kv = [p for p in pools if p.plan.budget.kv_budget_bytes <= 0]
     if no_kv:
         p = no_kv[0].plan

@@ -16,8 +16,9 @@ import typer
 
 from kvplan import __version__
 from kvplan.cli.errors import handle_errors
+from kvplan.errors import InputError
 from kvplan.cli.options import (
-    HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
+    BriefOpt, HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
     with_estimate_options,
 )
 from kvplan.cli.commands import check, explain, observe, report, schema, simulate, validate
@@ -50,10 +51,13 @@ def _root(
                     "kvplan estimate Qwen/Qwen3-32B -g a100 --tp 2 --kv-dtype fp8 --batch 32 --json")
 @handle_errors
 @with_estimate_options
-def estimate(model: ModelArg, json_out: JsonOpt = False, *, values: dict[str, Any], token: str | None) -> None:
-    """How many requests at what context fit: per-token bytes, memory budget, blocks, concurrency."""
+def estimate(model: ModelArg, json_out: JsonOpt = False, brief: BriefOpt = False, *, values: dict[str, Any],
+             token: str | None) -> None:
+    """How many requests at what context fit: the answer first, then per-token bytes, memory budget, blocks."""
     from kvplan.planning.plan import estimate as run_estimate, options_from_values
 
+    if brief and json_out:
+        raise InputError("--brief and --json: give one of them", "--json holds every figure --brief prints")
     plan = run_estimate(options_from_values({"model": model, **values}), token=token)
     if json_out:
         from kvplan.render import print_json
@@ -61,9 +65,12 @@ def estimate(model: ModelArg, json_out: JsonOpt = False, *, values: dict[str, An
         print_json(plan.to_dict())
         return
     from kvplan.render import console
-    from kvplan.render.estimate import render_plan
+    from kvplan.render.estimate import render_brief, render_plan
 
     out = console()
+    if brief:
+        out.print(render_brief(plan))
+        return
     out.print(f"[grey62]source: {plan.source}[/]")
     out.print(render_plan(plan))
 

@@ -19,6 +19,8 @@ from kvplan.options import BY_NAME, CLI_OPTIONS, KINDS, Opt
 
 ModelArg = Annotated[str, typer.Argument(help="Hub id (meta-llama/Llama-3.1-8B), bundled id, or local path to a config.json / model folder.", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+BriefOpt = Annotated[bool, typer.Option("--brief", help="Print only the lines the engine logs about its KV cache "
+                                        "and the verdict.")]
 
 
 def split_flags(opt: Opt) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]:

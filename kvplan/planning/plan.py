@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from kvplan import memory
-from kvplan.planning.answer import Answer, Deployment
+from kvplan.planning.answer import Answer, Deployment, credited_prefix
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
@@ -90,7 +90,7 @@ class Plan:
     def deployment(self) -> Deployment:
         """The pool under the engine's rules: whether it starts, requests at once, the longest context."""
         return Deployment(self.spec, self.engine, self.rules, self.demand, self.answer.num_blocks,
-                          self.options.max_num_seqs)
+                          self.options.max_num_seqs, credited_prefix(self.options.prefix_tokens, self.prefix_caching))
 
     @property
     def max_model_len_fixed(self) -> int | None:
@@ -117,7 +117,7 @@ class Plan:
             prefix_caching_flag=None if self.prefix_caching == default_caching else self.prefix_caching,
             ssm_dtype=next((x.ssm_dtype for x in self.rank_layers if x.is_state and x.ssm_dtype), None)
             if o.ssm_dtype else None,
-            is_cpu=self.gpu.is_cpu, revision=o.revision)
+            is_cpu=self.gpu.is_cpu, revision=o.revision, kv_memory_bytes=self.budget.kv_budget_bytes)
 
     @property
     def option_values(self) -> dict[str, Any]:
@@ -379,11 +379,12 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         answer = replace(answer, fix=fix(spec, options, _planner(spec, source), answer, refuses_the_model(deployment),
                                          pool.kv_dtype.bits, pool.gpu.memory_bytes))
     cap = deployment.request_cap(max_model_len)
-    frag = memory.contiguous_vs_paged(blocks, demand, pool.layers, options.context, max_model_len, cap)
+    frag = memory.contiguous_vs_paged(blocks, demand, pool.layers, options.context, max_model_len, cap,
+                                      deployment.prefix_tokens)
     prefix = None
     if options.prefix_tokens:
         prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters_read(1),
-                                       cap)
+                                       cap, credited=bool(deployment.prefix_tokens))
     roofline = None
     if pool.gpu.bandwidth_bytes_per_s and answer.max_requests >= 1:  # no roofline for a deployment that runs nothing
         batch = min(answer.max_requests, options.batch) if answer.fits else answer.max_requests
@@ -514,7 +515,7 @@ def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, mod
 def _deployment(spec: ModelSpec, pool: _Pool) -> Deployment:
     """The engine's answers over ``pool`` (starts, requests, fits, max context)."""
     return Deployment(spec, pool.engine, engine_rules(pool.engine.engine), pool.demand, pool.blocks,
-                      pool.options.max_num_seqs)
+                      pool.options.max_num_seqs, credited_prefix(pool.options.prefix_tokens, pool.demand.prefix_caching))
 
 
 def _auto_max_model_len(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tuple[_Pool, Deployment, int, str]:

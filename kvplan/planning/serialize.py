@@ -208,6 +208,9 @@ def _answer(plan: Plan) -> dict[str, Any]:
         "fits": a.fits,
         "fits_margin_blocks": a.fits_margin_blocks,
         "fix": a.fix,
+        "shared_prefix_tokens": a.shared_prefix_tokens,
+        "shared_blocks": a.shared_blocks,
+        "unshared_requests": a.unshared_requests,
     }
 
 
