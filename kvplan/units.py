@@ -149,6 +149,20 @@ def fmt_gib(n_bytes: int | float, digits: int = 2) -> str:
     return f"{n_bytes / GiB:,.{digits}f} GiB"
 
 
+def rounded_parts(whole: int, parts: list[int], unit: int) -> list[int]:
+    """``parts`` (bytes, summing to ``whole``) in units of ``unit`` bytes, each rounded down or up so that
+    they sum to ``whole`` rounded (largest remainder): figures shown beside their total add up to it
+    (``usable 72.87 = weights 14.96 + ... + KV budget 54.82``). Exact integer arithmetic."""
+    assert sum(parts) == whole, "the parts must sum to the whole"
+    target = (2 * whole + unit) // (2 * unit)  # round half up
+    floors = [p // unit for p in parts]
+    order = sorted(range(len(parts)), key=lambda i: parts[i] - floors[i] * unit, reverse=True)
+    out = list(floors)
+    for i in order[:max(0, target - sum(floors))]:
+        out[i] += 1
+    return out
+
+
 def fmt_gb(n_bytes: int | float, digits: int = 2) -> str:
     """``80000000000`` -> ``'80.00 GB'``."""
     return f"{n_bytes / GB:,.{digits}f} GB"

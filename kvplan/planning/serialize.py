@@ -205,6 +205,7 @@ def _answer(plan: Plan) -> dict[str, Any]:
         "max_concurrency": _finite(a.max_concurrency),
         "batch": a.batch,
         "max_context_at_batch": a.max_context_at_batch,
+        "max_context_max_model_len": (plan.max_model_len_fixed or a.max_context_at_batch) or None,
         "fits": a.fits,
         "fits_margin_blocks": a.fits_margin_blocks,
         "fix": a.fix,

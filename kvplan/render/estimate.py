@@ -11,7 +11,7 @@ from rich.text import Text
 
 from kvplan.planning.serialize import formula_lines
 from kvplan.planning.suggest import NOTHING_FITS
-from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural
+from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural, rounded_parts
 
 if TYPE_CHECKING:
     from kvplan.planning.plan import Plan
@@ -21,17 +21,50 @@ def _gib(n: int) -> str:
     return fmt_gib(n)
 
 
-def memory_bar(plan: "Plan", width: int = 60) -> Text:
-    """A one-line bar of the GPU's memory: weights | activation | overhead | KV budget | headroom."""
+TERM_STYLES = {"weights": "magenta", "activation": "yellow", "overhead": "red", "cudagraph": "bright_red"}
+LEGEND_WIDTH = 74  # the memory panel's width at 80 columns, less its borders
+UNUSED = "unused"  # the legend's name for total - usable (the share gpu_util leaves out)
+KV_BUDGET = "KV budget"
+
+
+def memory_figures(plan: "Plan") -> dict[str, str]:
+    """Every GiB figure of the memory panel, as its rows and the bar's legend print it (two decimals): the
+    total, ``usable``, each budget term, the KV budget and what gpu_util leaves unused. The parts are rounded
+    together so that they add up as printed (``total = usable + unused``; ``usable = terms + KV budget`` where
+    the KV budget is what the terms leave: :func:`kvplan.units.rounded_parts`)."""
     b = plan.budget
-    total = b.total_bytes
-    parts = [
-        ("weights", b.weights.bytes, "magenta"),
-        ("act", b.activation.bytes, "yellow"),
-        ("ovh", b.overhead.bytes + b.cudagraph.bytes, "red"),
-        ("KV", max(0, b.kv_budget_bytes), "green"),
-        ("free", max(0, total - b.usable_bytes), "grey42"),
-    ]
+
+    def centi(n: int) -> int:  # hundredths of a GiB, rounded half up, exactly
+        return (200 * n + GiB) // (2 * GiB) if n >= 0 else -((200 * -n + GiB) // (2 * GiB))
+
+    total, usable = centi(b.total_bytes), centi(b.usable_bytes)
+    shown = {"total": total, "usable": usable, UNUSED: total - usable}
+    terms = [t.bytes for t in b.terms]
+    if b.kv_budget_bytes >= 0 and min(terms, default=0) >= 0 and b.usable_bytes == sum(terms) + b.kv_budget_bytes:
+        scaled = rounded_parts(b.usable_bytes * 100, [x * 100 for x in terms + [b.kv_budget_bytes]], GiB)
+        assert sum(scaled) == usable
+    else:  # an explicit or negative KV budget: each figure on its own
+        scaled = [centi(x) for x in terms + [b.kv_budget_bytes]]
+    shown.update({t.name: c for t, c in zip(b.terms, scaled)})
+    shown[KV_BUDGET] = scaled[-1]
+    return {name: f"{c / 100:,.2f}" for name, c in shown.items()}
+
+
+def bar_parts(plan: "Plan") -> list[tuple[str, int, str]]:
+    """The memory bar's parts, ``(name, bytes, style)``: each budget term under its row's name, the KV budget,
+    and what gpu_util leaves unused (total - usable); terms of 0 bytes are left out."""
+    b = plan.budget
+    parts = [(t.name, t.bytes, TERM_STYLES.get(t.name, "red")) for t in b.terms if t.bytes > 0]
+    parts.append((KV_BUDGET, max(0, b.kv_budget_bytes), "green"))
+    parts.append((UNUSED, max(0, b.total_bytes - b.usable_bytes), "grey42"))
+    return parts
+
+
+def memory_bar(plan: "Plan", width: int = 60) -> Text:
+    """A one-line bar of the GPU's memory (:func:`bar_parts`) and its legend in GiB, each figure its row's
+    (:func:`memory_figures`)."""
+    total = plan.budget.total_bytes
+    parts, figures = bar_parts(plan), memory_figures(plan)
     bar = Text()
     used = 0
     for i, (_, size, style) in enumerate(parts):
@@ -41,10 +74,17 @@ def memory_bar(plan: "Plan", width: int = 60) -> Text:
         cells = max(0, min(cells, width - used))
         used += cells
         bar.append("█" * cells, style=style)
-    legend = Text("  ")
-    for name, size, style in parts:
+    legend, line = Text("  "), 2
+    items = [(f"{name} {figures[name]}", style) for name, _, style in parts]
+    for i, (item, style) in enumerate(items):
+        item += " GiB" if i == len(items) - 1 else ""
+        if line + len(item) + 2 > LEGEND_WIDTH:  # break between items, never inside one
+            legend.append("\n  ")
+            line = 2
         legend.append("■ ", style=style)
-        legend.append(f"{name} {size / GiB:.1f}  ")
+        legend.append(item + "  ")
+        line += len(item) + 4
+    legend.rstrip()
     return Text.assemble(bar, "\n", legend)
 
 
@@ -87,14 +127,15 @@ def _memory_panel(plan: "Plan") -> Panel:
     space and the weights beside it, :func:`_cpu_memory_panel`). Sources wrap; nothing is cut."""
     if plan.gpu.is_cpu:
         return _cpu_memory_panel(plan)
-    b = plan.budget
+    b, shown = plan.budget, memory_figures(plan)
     t = _terms_table()
-    t.add_row("total (runtime-reported)", _gib(b.total_bytes), Text(f"{plan.gpu.name}, {b.total_bytes / GB:.2f} GB"))
-    t.add_row(f"usable (x {b.gpu_util:g})", _gib(b.usable_bytes), Text(f"{b.requested_rounding}(total x gpu_util)"))
+    t.add_row("total (runtime-reported)", f"{shown['total']} GiB", Text(f"{plan.gpu.name}, {b.total_bytes / GB:,.2f} GB"))
+    t.add_row(f"usable (x {b.gpu_util:g})", f"{shown['usable']} GiB", Text(f"{b.requested_rounding}(total x gpu_util)"))
     for term in b.terms:
-        t.add_row(f"− {term.name}", _gib(term.bytes), Text(term.source))  # Text: sources hold "[rows, vocab]"
+        t.add_row(f"− {term.name}", f"{shown[term.name]} GiB", Text(term.source))  # Text: sources hold "[rows, vocab]"
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
-    t.add_row(Text("= KV budget", style=style), Text(_gib(b.kv_budget_bytes), style=style), Text(b.kv_budget_source))
+    t.add_row(Text(f"= {KV_BUDGET}", style=style), Text(f"{shown[KV_BUDGET]} GiB", style=style),
+              Text(b.kv_budget_source))
     return Panel(Group(t, memory_bar(plan)), title=f"memory per GPU ({plan.options.gpu_count}x {plan.gpu.name})",
                  title_align="left")
 
@@ -141,7 +182,7 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     """
     a, lay = plan.answer, plan.layout
     kv_tokens = plural(a.kv_tokens, "token")
-    requests = plural(a.max_requests, "request")
+    requests = plural(a.max_requests, "concurrent request")
     lines: list[Text] = []
     if brief:
         if a.refusal:
@@ -159,7 +200,7 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     groups = f", each one page in each of {len(lay.groups)} groups" if len(lay.groups) > 1 else ""
     kv.append(f", {fmt_bytes(lay.block_bytes)} per block{groups})")
     lines.append(kv)
-    at = Text.assemble((f"at {a.context:,} tokens/request: ", "bold"), (requests, "bold cyan"), " at once")
+    at = Text.assemble((f"at {a.context:,} tokens/request: ", "bold"), (requests, "bold cyan"))
     if a.limited_by == "refused":
         at.append(f" ({plan.engine.engine} does not start: see engine)")
     elif a.limited_by == "max_num_seqs":
@@ -222,8 +263,10 @@ def _verdict(plan: "Plan") -> Text:
     line = Text(f"{a.batch} x {plural(a.context, 'token')}: ")
     if a.fits:
         line.append("fits", style="bold green")
-        line.append(f" ({plural(a.fits_margin_blocks, 'block')} = {plural(a.fits_margin_blocks * lay.block_size, 'token')}"
-                    " spare" + (", the shared prefix stored once" if a.shared_prefix_tokens else "") + ")")
+        spare = plural(a.fits_margin_blocks * lay.block_size, "token")
+        if lay.block_size > 1:
+            spare = f"{plural(a.fits_margin_blocks, 'block')} = {spare}"
+        line.append(f" ({spare} spare" + (", the shared prefix stored once" if a.shared_prefix_tokens else "") + ")")
         return line
     line.append("does NOT fit", style="bold red")
     if a.refusal:
