@@ -195,6 +195,7 @@ class ModelSpec:
     rotary_caches: tuple[RotaryCache, ...] = ()  # the rope tables an engine builds at load (none: no rope)
     vision: VisionEncoder | None = None  # the image encoder an engine profiles (None: text-only or not modelled)
     rope_scaling: tuple[RopeScaling, ...] = ()  # the config's rope parameters, in order (none: no rope keys)
+    quantization: str = ""  # the checkpoint's quantization_config quant_method ("": its weights are not quantized)
 
     @property
     def expert_parameters(self) -> int:

@@ -456,7 +456,22 @@ def spec_from_config(
                    routed_expert_layers=routed_expert_layers(spec, r), provenance=MappingProxyType(dict(r.provenance)),
                    rotary_caches=rope_vision.rotary_caches(r, layers, spec.max_position_embeddings),
                    rope_scaling=rope_vision.rope_scaling(r),
-                   vision=rope_vision.vision_encoder(config, where))
+                   vision=rope_vision.vision_encoder(config, where), quantization=checkpoint_quantization(config))
+
+
+def checkpoint_quantization(config: Mapping[str, Any]) -> str:
+    """The quantization method a checkpoint's config declares (``quantization_config.quant_method``, a
+    ``compression_config``: ``compressed-tensors``, ModelOpt's ``quant_algo``), lower case; "" for none."""
+    for key in ("quantization_config", "compression_config"):
+        q = config.get(key)
+        if isinstance(q, Mapping):
+            method = q.get("quant_method")
+            if isinstance(method, str) and method.strip():
+                return method.strip().lower()
+            if "quant_algo" in q:
+                return "modelopt"
+            return "compressed-tensors" if key == "compression_config" else "unknown"
+    return ""
 
 
 def _bounded_parameters(r: ConfigReader, parameters: int | None, spec: ModelSpec) -> int | None:

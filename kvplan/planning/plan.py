@@ -111,7 +111,7 @@ class Plan:
             self.layout.block_size if o.block_size else None, o.kv_budget_bytes, self.serve_model,
             max_num_seqs_flag=o.max_num_seqs or (a.max_num_seqs if other_usage else None),
             dtype=self.model_dtype if o.dtype and o.dtype != "auto" else None,
-            quantization=o.quantization,
+            quantization=served_weights(self)[0],
             max_num_batched_tokens_flag=o.max_num_batched_tokens or (e.max_num_batched_tokens if other_usage else None),
             enforce_eager=o.enforce_eager,
             prefix_caching_flag=None if self.prefix_caching == default_caching else self.prefix_caching,
@@ -273,6 +273,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     quantized_how = ""
     if options.quantization:
         method_dtype, quantized_how = quantization_weights(options.quantization)
+        check_quantization(spec, options.quantization, method_dtype, rules.ENGINE)
         if weights_dtype is None and method_dtype:
             weights_dtype = parse_dtype(method_dtype, "--quantization", weights=True)
 
@@ -486,6 +487,63 @@ def _dtype_note(pool: _Pool, checkpoint: str) -> str:
         why = f"dtype auto: {pool.engine.engine} runs the {checkpoint} checkpoint in {run}{no_bf16}"
     keep = f"; --dtype {checkpoint} keeps {checkpoint}" if checkpoint == "float32" else ""
     return f"{why}; the KV cache, activations and weights are sized in {run}{keep}"
+
+
+# quantization methods of one family: an engine takes one for a checkpoint of another (vLLM's awq_marlin for awq)
+_QUANT_FAMILIES = ({"awq", "awq_marlin", "awq_triton"},
+                   {"gptq", "gptq_marlin", "gptq_marlin_24", "marlin", "gptq_bitblas", "bitblas"},
+                   {"fp8", "fbgemm_fp8", "ptpc_fp8"}, {"compressed-tensors", "compressed_tensors"})
+# what a checkpoint quantized to each planned weights dtype is commonly stored as (the serve note names them)
+_CHECKPOINTS_FOR = {"int4": "an AWQ or GPTQ 4-bit checkpoint", "int8": "a GPTQ 8-bit or compressed-tensors W8A8 "
+                    "checkpoint", "fp8_e4m3": "an fp8 checkpoint", "fp8_e5m2": "an fp8 (e5m2) checkpoint"}
+
+
+def _same_method(a: str, b: str) -> bool:
+    a, b = a.strip().lower(), b.strip().lower()
+    return a == b or any(a in family and b in family for family in _QUANT_FAMILIES)
+
+
+def check_quantization(spec: ModelSpec, method: str, method_dtype: str | None, engine: str) -> None:
+    """``--quantization`` as the engine takes it: a checkpoint format needs a checkpoint stored in it (the
+    config's quantization_config), and a quantized checkpoint takes only its own method (vLLM's
+    ``_verify_quantization``); an InputError otherwise."""
+    held = spec.quantization
+    if held and not _same_method(method, held):
+        raise InputError(f"--quantization {method} does not match {spec.model_id}'s quantization_config "
+                         f"(quant_method {held}): {engine} refuses the pair",
+                         f"drop --quantization: {engine} reads {held} from the checkpoint's config")
+    if not held and method_dtype is None:
+        raise InputError(f"--quantization {method}: {spec.model_id} is a {spec.dtype} checkpoint with no "
+                         f"quantization_config, and {method} is a checkpoint format ({engine} loads only a checkpoint "
+                         "stored in it)",
+                         f"serve a checkpoint of the model stored as {method} instead of this one, or plan one here with "
+                         "--weights-dtype int4 (or --weights-gib SIZE); --quantization fp8 quantizes this checkpoint "
+                         "while it loads")
+
+
+def served_weights(plan: "Plan") -> tuple[str | None, str | None]:
+    """What the launch command serves against what was planned: ``(the --quantization it passes, a note when the
+    weights it loads are not the ones planned)``.
+
+    ``--quantization`` as given; a ``--weights-dtype fp8`` plan of a 16-bit checkpoint is served with vLLM's
+    and SGLang's online ``--quantization fp8`` (linear layers quantized while loading, as planned). Any other
+    ``--weights-dtype`` that the checkpoint does not store (int8, int4, or a quantized checkpoint planned in
+    another dtype) is a checkpoint to serve in its place: the note says so, and what the named one holds."""
+    o, spec = plan.options, plan.spec
+    if o.quantization:
+        return o.quantization, None
+    if not o.weights_dtype or o.weights_bytes is not None:
+        return None, None
+    planned = plan.weights_dtype
+    if not spec.quantization and planned == "fp8_e4m3":  # what the engines' online fp8 stores
+        return "fp8", None
+    model_dtype = parse_dtype(plan.model_dtype)
+    stored, _ = _weights(spec, replace(o, weights_dtype=None), None, model_dtype)
+    held = f"{spec.quantization}-quantized" if spec.quantization else spec.dtype
+    instead = _CHECKPOINTS_FOR.get(planned, f"a {planned} checkpoint")
+    return None, (f"the plan's weights are {planned} ({plan.weights_total_bytes / GiB:,.2f} GiB in all) but "
+                  f"{plan.serve_model} is a {held} checkpoint ({stored / GiB:,.2f} GiB): this command loads it as "
+                  f"stored; serve {instead} of the model in its place")
 
 
 def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType) -> tuple[int, str]:

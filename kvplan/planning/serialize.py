@@ -233,7 +233,14 @@ def _engine_report(plan: Plan) -> dict[str, Any]:
         "model_max_len_rule": a.model_max_len_rule or None,
         "idle_reason": a.idle_reason,
         "serve_command": None if a.refusal else plan.rules.serve_command(plan.launch),
+        "serve_note": None if a.refusal else _served_weights(plan)[1],
     }
+
+
+def _served_weights(plan: Plan) -> tuple[str | None, str | None]:
+    from kvplan.planning.plan import served_weights  # plan imports this module: imported when used
+
+    return served_weights(plan)
 
 
 def _plain(obj: Any) -> dict[str, Any]:

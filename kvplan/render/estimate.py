@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from kvplan.planning.plan import served_weights
 from kvplan.planning.serialize import formula_lines
 from kvplan.planning.suggest import NOTHING_FITS
 from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural, rounded_parts
@@ -309,6 +310,9 @@ def _engine_panel(plan: "Plan") -> Panel:
         eng.append(f"  {line}\n", style="grey62")
     eng.append("serve: ", style="bold")
     eng.append(plan.rules.serve_command(plan.launch))
+    serve_note = served_weights(plan)[1]
+    if serve_note:
+        eng.append(f"\n  not what was planned: {serve_note}", style="yellow")
     if " factor " in a.model_max_len_rule:  # rope scaling decided it (or was ignored)
         eng.append(f"\n  the model's maximum length: {a.model_max_len_rule}", style="grey62")
     if not plan.launch.max_num_seqs_flag:
