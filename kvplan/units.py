@@ -91,11 +91,21 @@ def _bound(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e18 else f"{x:,g}"
 
 
-def parse_bytes(text: str | int | float, what: str = "size") -> int:
+def parse_bytes(text: str | int | float, what: str = "size", shown: object = None) -> int:
     """Parse ``80GB`` (10**9), ``79.19GiB`` (2**30), ``512MiB``, ``1e9`` into a positive int of bytes.
 
-    A bare number is bytes. Raises :class:`InputError` for garbage, zero or negative sizes.
+    A bare number is bytes. Raises :class:`InputError` for garbage, zero or negative sizes; its message
+    echoes ``shown`` (what the user typed) when given, else ``text``.
     """
+    try:
+        return _parse_bytes(text, what)
+    except InputError as exc:
+        if shown is None:
+            raise
+        raise InputError(exc.message.replace(f" {text!r}", f" {shown!r}", 1), exc.hint) from None
+
+
+def _parse_bytes(text: str | int | float, what: str) -> int:
     if isinstance(text, bool):
         raise InputError(f"invalid {what} {text!r}")
     if isinstance(text, (int, float)):
@@ -118,9 +128,9 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
 def parse_gib(text: str | int | float, what: str = "size") -> int:
     """Like :func:`parse_bytes`, but a bare number means GiB (for ``--weights-gib``, ``--kv-budget``)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return parse_bytes(f"{float(text)!r}GiB", what)
+        return parse_bytes(f"{float(text)!r}GiB", what, shown=text)
     value, unit = _split_number(str(text), what)
-    return parse_bytes(text if unit else f"{text}GiB", what)
+    return parse_bytes(text if unit else f"{text}GiB", what, shown=text)
 
 
 def parse_tokens(text: str | int, what: str = "token count") -> int:

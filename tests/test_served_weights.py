@@ -2,7 +2,7 @@
 
 ``--weights-dtype int4`` planned 36.8 GiB of weights for Llama-3.1-70B while its ``vllm serve`` line loads the
 131 GiB bf16 checkpoint, with no note; ``--quantization awq`` on a bf16 checkpoint was accepted, which vLLM
-refuses. The rule is :func:`kvplan.planning.plan.served_weights` (and :func:`~kvplan.planning.plan.check_quantization`
+refuses. The rule is :func:`kvplan.planning.weights.served_weights` (and :func:`~kvplan.planning.weights.check_quantization`
 for ``--quantization``): over every bundled spec and weights dtype, either the command loads the weights planned,
 or it passes the online ``--quantization fp8`` that makes them, or a note says what it loads instead and which
 checkpoint to serve.
@@ -21,7 +21,8 @@ from kvplan.engines import CHECKPOINT_QUANTIZATION, ONLINE_QUANTIZATION
 from kvplan.errors import InputError
 from kvplan.model.sources import bundled_ids, load_bundled
 from kvplan.model.spec import build_spec
-from kvplan.planning.plan import Options, _weights, plan_for_spec, served_weights
+from kvplan.planning.plan import Options, plan_for_spec
+from kvplan.planning.weights import served_weights, weights_bytes as _weights
 from kvplan.units import GiB, parse_dtype
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -313,7 +313,11 @@ def _describe_values(values: Mapping[str, Any]) -> str:
 
 
 def _row_values(values: Mapping[str, Any]) -> tuple[int, int, int | None]:
-    return int(values.get("context") or 8192), int(values.get("batch") or 1), values.get("max_model_len")
+    """A row's (context, batch, max_model_len): a max_model_len given without a context is the context too
+    (:func:`kvplan.options.options_from_values`' rule)."""
+    mml = values.get("max_model_len")
+    context = values.get("context") or (mml if isinstance(mml, int) and not isinstance(mml, bool) else 8192)
+    return int(context), int(values.get("batch") or 1), mml
 
 
 def _count_of(axes: list[Any]) -> int:

@@ -69,6 +69,19 @@ def estimate(model: ModelArg, json_out: JsonOpt = False, brief: BriefOpt = False
 
     if brief and json_out:
         raise InputError("--brief and --json: give one of them", "--json holds every figure --brief prints")
+    from kvplan.checks.compare import compare, listed_axes
+
+    if listed_axes(values):  # --gpu H100,H200 ...: one compact row per combination
+        comparison = compare({"model": model, **values}, token=token)
+        from kvplan.render import console, print_json
+
+        if json_out:
+            print_json(comparison.to_dict())
+            return
+        from kvplan.render.compare import render_comparison
+
+        console().print(render_comparison(comparison))
+        return
     plan = run_estimate(options_from_values({"model": model, **values}), token=token)
     if json_out:
         from kvplan.render import print_json

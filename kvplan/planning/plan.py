@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from kvplan import memory
 from kvplan.planning.answer import Answer, Deployment, credited_prefix
+from kvplan.planning.weights import check_quantization, served_weights, weights_bytes as _weights
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
@@ -279,10 +280,14 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
 
     heads = spec.num_attention_heads
     if heads and heads % options.tp:  # vLLM's ModelConfig.verify_with_parallel_config
+        divisors = ", ".join(str(t) for t in (1, 2, 4, 8, 16, 32, 64) if t <= heads and heads % t == 0)
+        if options.tp_from_gpus:  # the user said --gpus N: speak of it
+            raise InputError(f"--gpus {options.gpu_count} (tensor parallelism over all of them) does not divide the "
+                             f"model's {heads} attention heads ({rules.ENGINE} requires it)",
+                             f"use --gpus {divisors.replace(', ', ', --gpus ')}; or split them with --tp and --pp "
+                             f"(tp x pp = {options.gpu_count}, tp dividing {heads})")
         raise InputError(f"--tp {options.tp} does not divide the model's {heads} attention heads ({rules.ENGINE} "
-                         "requires it)",
-                         "use a tp that divides " + f"{heads}: " + ", ".join(str(t) for t in (1, 2, 4, 8, 16, 32, 64)
-                                                                            if t <= heads and heads % t == 0))
+                         "requires it)", f"use a tp that divides {heads}: {divisors}")
     layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
                           spec, options)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
@@ -433,6 +438,8 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
     notes += list(budget.notes) + ([state] if state else [])
     if auto_note:
         notes.append(auto_note)
+    if options.gpu_memory_bytes:
+        notes.append(_gpu_memory_note(pool.gpu, options))
     if options.tp_from_gpus:
         notes.append(f"--gpus {options.gpu_count} without --tp/--pp: tensor parallelism over all of them (tp "
                      f"{options.tp}); pass --tp and --pp to split them otherwise")
@@ -446,6 +453,30 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
         notes.append(f"{layout.padding_layers} padded layer slot(s) in the last group of a kind waste "
                      f"{layout.padding_layers}/{len(layout.groups) * layout.group_size} of each block")
     return tuple(notes)
+
+
+def _gpu_memory_note(gpu: GpuInfo, options: Options) -> str:
+    """What ``--gpu-memory`` means (the total the runtime reports, in GiB), in decimal units where it was given
+    in them, and the catalogue GPU nearest to it with what that one reports (``--gpu-memory 80GB`` is 74.51 GiB;
+    an H100 reports 79.20 GiB)."""
+    from kvplan.gpus import load_gpus
+    from kvplan.units import GB
+
+    size = options.gpu_memory_bytes
+    what = f"--gpu-memory: {size / GiB:,.2f} GiB ({size:,} B), planned as the total the runtime reports"
+    if size % GB == 0 and size % GiB:
+        what += f" (GB is 10^9 B: {size // GB:,} GB = {size / GiB:,.2f} GiB)"
+    gpus = [g for g in load_gpus() if not g.is_cpu and g.memory_bytes]
+    boxed = [g for g in gpus if g.marketing_gb and size in (round(g.marketing_gb * GB), round(g.marketing_gb * GiB))]
+    near = boxed or [g for g in gpus if 0.8 <= g.memory_bytes / size <= 1.25]
+    if not near or options.gpu:
+        return what
+    # the size on a box names the first such GPU of the catalogue (H100 SXM for 80 GB), else the nearest in size
+    best = near[0] if boxed else min(near, key=lambda g: abs(math.log(g.memory_bytes / size)))
+    flag = min((best.name, *best.aliases), key=len).lower()
+    return (f"{what}; the catalogue's {best.name} reports {best.memory_bytes / GiB:,.2f} GiB, not its box's "
+            f"{best.marketing_gb:g} GB (--gpu {flag} plans that)" if boxed else
+            f"{what}; the catalogue's {best.name} reports {best.memory_bytes / GiB:,.2f} GiB (--gpu {flag} plans that)")
 
 
 def _no_kv_memory_note(budget: Budget) -> str:
@@ -487,87 +518,6 @@ def _dtype_note(pool: _Pool, checkpoint: str) -> str:
         why = f"dtype auto: {pool.engine.engine} runs the {checkpoint} checkpoint in {run}{no_bf16}"
     keep = f"; --dtype {checkpoint} keeps {checkpoint}" if checkpoint == "float32" else ""
     return f"{why}; the KV cache, activations and weights are sized in {run}{keep}"
-
-
-# quantization methods of one family: an engine takes one for a checkpoint of another (vLLM's awq_marlin for awq)
-_QUANT_FAMILIES = ({"awq", "awq_marlin", "awq_triton"},
-                   {"gptq", "gptq_marlin", "gptq_marlin_24", "marlin", "gptq_bitblas", "bitblas"},
-                   {"fp8", "fbgemm_fp8", "ptpc_fp8"}, {"compressed-tensors", "compressed_tensors"})
-# what a checkpoint quantized to each planned weights dtype is commonly stored as (the serve note names them)
-_CHECKPOINTS_FOR = {"int4": "an AWQ or GPTQ 4-bit checkpoint", "int8": "a GPTQ 8-bit or compressed-tensors W8A8 "
-                    "checkpoint", "fp8_e4m3": "an fp8 checkpoint", "fp8_e5m2": "an fp8 (e5m2) checkpoint"}
-
-
-def _same_method(a: str, b: str) -> bool:
-    a, b = a.strip().lower(), b.strip().lower()
-    return a == b or any(a in family and b in family for family in _QUANT_FAMILIES)
-
-
-def check_quantization(spec: ModelSpec, method: str, method_dtype: str | None, engine: str) -> None:
-    """``--quantization`` as the engine takes it: a checkpoint format needs a checkpoint stored in it (the
-    config's quantization_config), and a quantized checkpoint takes only its own method (vLLM's
-    ``_verify_quantization``); an InputError otherwise."""
-    held = spec.quantization
-    if held and not _same_method(method, held):
-        raise InputError(f"--quantization {method} does not match {spec.model_id}'s quantization_config "
-                         f"(quant_method {held}): {engine} refuses the pair",
-                         f"drop --quantization: {engine} reads {held} from the checkpoint's config")
-    if not held and method_dtype is None:
-        raise InputError(f"--quantization {method}: {spec.model_id} is a {spec.dtype} checkpoint with no "
-                         f"quantization_config, and {method} is a checkpoint format ({engine} loads only a checkpoint "
-                         "stored in it)",
-                         f"serve a checkpoint of the model stored as {method} instead of this one, or plan one here with "
-                         "--weights-dtype int4 (or --weights-gib SIZE); --quantization fp8 quantizes this checkpoint "
-                         "while it loads")
-
-
-def served_weights(plan: "Plan") -> tuple[str | None, str | None]:
-    """What the launch command serves against what was planned: ``(the --quantization it passes, a note when the
-    weights it loads are not the ones planned)``.
-
-    ``--quantization`` as given; a ``--weights-dtype fp8`` plan of a 16-bit checkpoint is served with vLLM's
-    and SGLang's online ``--quantization fp8`` (linear layers quantized while loading, as planned). Any other
-    ``--weights-dtype`` that the checkpoint does not store (int8, int4, or a quantized checkpoint planned in
-    another dtype) is a checkpoint to serve in its place: the note says so, and what the named one holds."""
-    o, spec = plan.options, plan.spec
-    if o.quantization:
-        return o.quantization, None
-    if not o.weights_dtype or o.weights_bytes is not None:
-        return None, None
-    planned = plan.weights_dtype
-    if not spec.quantization and planned == "fp8_e4m3":  # what the engines' online fp8 stores
-        return "fp8", None
-    model_dtype = parse_dtype(plan.model_dtype)
-    stored, _ = _weights(spec, replace(o, weights_dtype=None), None, model_dtype)
-    held = f"{spec.quantization}-quantized" if spec.quantization else spec.dtype
-    instead = _CHECKPOINTS_FOR.get(planned, f"a {planned} checkpoint")
-    return None, (f"the plan's weights are {planned} ({plan.weights_total_bytes / GiB:,.2f} GiB in all) but "
-                  f"{plan.serve_model} is a {held} checkpoint ({stored / GiB:,.2f} GiB): this command loads it as "
-                  f"stored; serve {instead} of the model in its place")
-
-
-def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType) -> tuple[int, str]:
-    """Total weight bytes (all GPUs) and where the number came from."""
-    if options.weights_bytes is not None:
-        return options.weights_bytes, "--weights-gib"
-    w = spec.weights
-    if weights_dtype is None:
-        if w is not None and w.total_bytes:
-            loaded = w.loaded_bytes(spec.dtype, model_dtype.name)
-            if loaded is not None:
-                return loaded, f"checkpoint: {w.source or 'total_bytes'}, its {spec.dtype} tensors loaded as {model_dtype.name}"
-            return w.total_bytes, f"checkpoint: {w.source or 'total_bytes'}"
-        if spec.parameters:
-            return memory.weight_bytes(spec.parameters, model_dtype), f"{spec.parameters:,} parameters x {model_dtype.name}"
-    elif spec.parameters:
-        # GPTQ / AWQ / fp8 checkpoints quantize the decoder's linear layers; embeddings and the LM head stay 16-bit
-        embed = min(spec.embedding_parameters, spec.parameters)
-        quantized = spec.parameters - embed
-        total = memory.weight_bytes(quantized, weights_dtype) + memory.weight_bytes(embed, model_dtype)
-        return total, (f"{quantized:,} parameters x {weights_dtype.name} + {embed:,} embedding/LM-head "
-                       f"parameters x {model_dtype.name}")
-    raise InputError(f"{spec.source}: no weight facts (parameter count or checkpoint size)",
-                     "pass --weights-gib SIZE")
 
 
 def _deployment(spec: ModelSpec, pool: _Pool) -> Deployment:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kvplan import memory
 from kvplan.model.spec import LayerCache, LayerKind
+from kvplan.planning.weights import served_weights
 from kvplan.units import DType, parse_dtype, plural
 
 SCHEMA_VERSION = 1
@@ -233,14 +234,8 @@ def _engine_report(plan: Plan) -> dict[str, Any]:
         "model_max_len_rule": a.model_max_len_rule or None,
         "idle_reason": a.idle_reason,
         "serve_command": None if a.refusal else plan.rules.serve_command(plan.launch),
-        "serve_note": None if a.refusal else _served_weights(plan)[1],
+        "serve_note": None if a.refusal else served_weights(plan)[1],
     }
-
-
-def _served_weights(plan: Plan) -> tuple[str | None, str | None]:
-    from kvplan.planning.plan import served_weights  # plan imports this module: imported when used
-
-    return served_weights(plan)
 
 
 def _plain(obj: Any) -> dict[str, Any]:

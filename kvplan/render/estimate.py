@@ -9,7 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvplan.planning.plan import served_weights
+from kvplan.planning.weights import served_weights
 from kvplan.planning.serialize import formula_lines
 from kvplan.planning.suggest import NOTHING_FITS
 from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural, rounded_parts
@@ -173,6 +173,16 @@ def _answer_panel(plan: "Plan") -> Panel:
     return Panel(Text("\n").join(answer_lines(plan)), title="answer", title_align="left")
 
 
+def answer_figures(plan: "Plan") -> dict[str, str]:
+    """The answer's figures as every output prints them (the answer panel, ``--brief``, comparison rows): the
+    KV budget, the engine's KV-token figure, requests of the context at once, the longest context at the batch,
+    the verdict in a word. The one place to change how they are written."""
+    a = plan.answer
+    return {"kv_budget": f"{max(0, plan.budget.kv_budget_bytes) / GiB:,.2f} GiB", "kv_tokens": f"{a.kv_tokens:,}",
+            "requests": f"{a.max_requests:,}", "max_context": f"{a.max_context_at_batch:,}" if a.max_context_at_batch
+            else "none", "fits": "fits" if a.fits else ("refused" if a.refusal else "does NOT fit")}
+
+
 def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     """The answer's lines, the one place its figures are written (the answer panel and ``--brief``).
 
@@ -181,9 +191,9 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     ``brief``: the lines the engine logs about its KV cache (vLLM: available KV memory, KV cache size,
     maximum concurrency), then the verdict.
     """
-    a, lay = plan.answer, plan.layout
-    kv_tokens = plural(a.kv_tokens, "token")
-    requests = plural(a.max_requests, "concurrent request")
+    a, lay, figures = plan.answer, plan.layout, answer_figures(plan)
+    kv_tokens = figures["kv_tokens"] + (" token" if a.kv_tokens == 1 else " tokens")
+    requests = figures["requests"] + (" concurrent request" if a.max_requests == 1 else " concurrent requests")
     lines: list[Text] = []
     if brief:
         if a.refusal:
@@ -247,7 +257,7 @@ def _max_context_line(plan: "Plan") -> Text:
             line.append(f" (not one token each: {plural(a.batch, 'request')} need more than the pool's "
                         f"{plural(a.num_blocks, 'block')})")
         return line
-    line.append(plural(m, "token"), style="bold cyan")
+    line.append(answer_figures(plan)["max_context"] + (" token" if m == 1 else " tokens"), style="bold cyan")
     if fixed is not None:
         if m == fixed:
             line.append(f" (max_model_len {fixed:,} caps it)")
