@@ -215,7 +215,7 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     if a.limited_by == "refused":
         at.append(f" ({plan.engine.engine} does not start: see engine)")
     elif a.limited_by == "max_num_seqs":
-        at.append(f" (max_num_seqs {a.max_num_seqs:,} binds; the pool holds {a.pool_requests:,})")
+        at.append(f" (max_num_seqs {a.max_num_seqs:,} binds; the pool holds {plural(a.pool_requests, 'request')})")
     else:
         at.append(f" (the pool binds: {plural(a.blocks_per_request, 'block')} each; max_num_seqs {a.max_num_seqs:,})")
     lines.append(at)
