@@ -15,9 +15,10 @@ from itertools import product
 from typing import Any
 
 from kvplan.errors import InputError, KvplanError
+from kvplan.options import OPTIONS
 from kvplan.planning.plan import Plan, estimate, options_from_values
 
-COMPARED = ("gpu", "tp", "kv_dtype", "context")  # the options a list of values compares
+COMPARED = tuple(o.name for o in OPTIONS if o.compare)  # the options a list of values compares (the table's)
 MAX_ROWS = 64
 
 

@@ -25,6 +25,7 @@ from kvplan.cli.options import (
     with_estimate_options,
 )
 from kvplan.errors import InputError
+from kvplan.options import CLI_OPTIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     app: typer.Typer
@@ -69,9 +70,9 @@ def estimate(model: ModelArg, json_out: JsonOpt = False, brief: BriefOpt = False
 
     if brief and json_out:
         raise InputError("--brief and --json: give one of them", "--json holds every figure --brief prints")
-    from kvplan.checks.compare import compare, listed_axes
+    if any("," in str(values.get(o.name) or "") for o in CLI_OPTIONS if o.compare):  # one row per combination
+        from kvplan.checks.compare import compare
 
-    if listed_axes(values):  # --gpu H100,H200 ...: one compact row per combination
         comparison = compare({"model": model, **values}, token=token)
         from kvplan.render import console, print_json
 
