@@ -207,3 +207,15 @@ def test_the_python_api_suggests_an_option_and_lists_only_itself():
         kvplan.estimate(LLAMA, gpux="H100")
     assert err.value.hint == "did you mean 'gpu'?"
     assert dir(kvplan) == sorted(kvplan.__all__) == ["__version__", "check", "estimate", "sweep"]
+
+
+def test_the_memory_panel_separates_thousands_beside_numbers_that_do():
+    # "87960.93 GB" stood beside "79.20 GiB"-style figures with separators
+    from rich.console import Console
+
+    from kvplan.render.estimate import render_plan
+
+    console = Console(width=120, record=True, color_system=None)
+    console.print(render_plan(kvplan.estimate(LLAMA, gpu_memory="1000")))
+    text = console.export_text()
+    assert "1,073.74 GB" in text and "1,000.00 GiB" in text
