@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import statistics
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -410,6 +411,7 @@ def write_spread(done: list[Row], path: Path) -> None:
             "# over_gib: how far the engine's KV budget per GPU fell below kvplan's (90th percentile), under_gib:\n"
             "# how far above it; from: the logs of the class. Read by kvplan.engines.spread.\n")
     path.write_text(head + yaml.safe_dump({"classes": spread_table(done)}, sort_keys=False, width=110))
+    subprocess.run([sys.executable, str(Path(__file__).with_name("gen_bundled_index.py"))], check=True)  # it ships
 
 
 def markdown(done: list[Row]) -> str:

@@ -14,6 +14,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["__version__", "check", "estimate", "sweep"]
+
+
+def __dir__() -> list[str]:
+    """The public API only (not ``Any``, ``annotations`` or the submodules imported so far)."""
+    return list(__all__)
 
 if TYPE_CHECKING:
     from kvplan.planning.plan import Plan

@@ -252,12 +252,22 @@ def find_gpu(name: str) -> Gpu:
     if key in index:
         return index[key]
     closest: list[str] = []
-    for match in difflib.get_close_matches(key, list(index), n=len(index), cutoff=0.4):
+    for match in closest_keys(key, list(index)):
         if index[match].name not in closest:
             closest.append(index[match].name)
     tail = "`kvplan gpus` lists them all; for any other GPU give its memory, e.g. --gpu-memory 24GiB"
     hint = f"closest: {', '.join(closest[:3])}; {tail}" if closest else tail
     raise GpuNotFoundError(f"unknown GPU {str(name)!r}", hint=hint)
+
+
+def closest_keys(key: str, keys: list[str], cutoff: float = 0.4) -> list[str]:
+    """``keys`` like ``key``, closest first: by similarity once a letter O among digits is read as a zero
+    (``h1oo`` is ``h100``), names that begin with ``key``'s first character before those that do not (so
+    ``H1OO`` gets the H100s, not ``cpu``)."""
+    fixed = re.sub(r"o(?=[\do]*\d)|(?<=\d)o+", lambda m: "0" * len(m.group()), key) if any(c.isdigit() for c in key) else key
+    scored = [(difflib.SequenceMatcher(None, fixed, k).ratio(), k) for k in keys]
+    kept = [(r, k) for r, k in scored if r >= cutoff]
+    return [k for r, k in sorted(kept, key=lambda rk: (rk[1][:1] != fixed[:1], -rk[0]))]
 
 
 def custom_gpu(memory_bytes: int, name: str = "custom", bandwidth_bytes_per_s: int | None = None) -> Gpu:

@@ -13,6 +13,8 @@ MAX_COUNT = 1 << 20  # GPUs, tp, pp, batch, sequences, heads: far past any deplo
 MAX_LAYERS = 4096  # decoder layers: the deepest published decoders have ~200
 MAX_TOKENS = 1 << 32  # a token count (context, max_model_len, batched tokens): 4 billion tokens
 MAX_SIZE_BYTES = 1 << 50  # a size (GPU memory, KV budget, weights): 1 PiB
+MAX_DEVICE_BYTES = 1 << 44  # one device's memory (--gpu-memory; a CPU host's too): 16 TiB [288 GB]
+MAX_BARE_GIB = 1024  # --gpu-memory without a unit is GiB; a larger bare number is taken for MiB (nvidia-smi's)
 MAX_CONFIG_INT = 1 << 48  # any other integer a config sizes something with
 
 # config widths and counts: each 16x or more past the largest published value (in brackets)

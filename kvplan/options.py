@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Callable
 
 from kvplan.errors import InputError
-from kvplan.limits import MAX_COUNT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_SIZE_BYTES, MAX_TOKENS
+from kvplan.limits import (MAX_BARE_GIB, MAX_COUNT, MAX_DEVICE_BYTES, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
+                           MAX_SIZE_BYTES, MAX_TOKENS)
 
 ENGINE_NAMES = ("vllm", "sglang")  # the --engine choices; kvplan.engines.registry maps each to its module
 USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for the LLM class
@@ -91,6 +92,22 @@ def _size(value: Any, flag: str) -> int:
     from kvplan.units import parse_gib
 
     return parse_gib(value, flag)
+
+
+def _device_size(value: Any, flag: str) -> int:
+    """A device's memory: a size, where a bare number is GiB up to :data:`~kvplan.limits.MAX_BARE_GIB` (a
+    larger one is nvidia-smi's MiB more often than TiB of GPU: an error that says both)."""
+    from kvplan.units import GiB, MiB, fmt_bytes
+
+    text = str(value).strip()
+    bare = not isinstance(value, bool) and (isinstance(value, (int, float)) or text.replace(".", "", 1).isdigit())
+    if bare and float(text) > MAX_BARE_GIB:
+        mib = math.ceil(float(text)) * MiB
+        raise InputError(f"invalid {flag} {text}: a number without a unit is GiB, so this is "
+                         f"{fmt_bytes(float(text) * GiB)} of one device",
+                         f"nvidia-smi prints MiB: for {fmt_bytes(mib)} write {flag} {text}MiB; else give the unit, "
+                         "e.g. 80GiB")
+    return _size(value, flag)
 
 
 def _size_or_zero(value: Any, flag: str) -> int:
@@ -160,7 +177,8 @@ KINDS: dict[str, Kind] = {
     "max_model_len": Kind("int", str, _tokens, _positive, "must be a positive integer", high=MAX_TOKENS),  # or "auto"
     "size": Kind("int", str, _size, _positive, "must be positive", high=MAX_SIZE_BYTES),
     "size_or_zero": Kind("int", str, _size_or_zero, _not_negative, "must not be negative", high=MAX_SIZE_BYTES),
-    "fraction": Kind("float", float, _number, _fraction, "must be in (0, 1]"),
+    "size_device": Kind("int", str, _device_size, _positive, "must be positive", high=MAX_DEVICE_BYTES),
+    "fraction": Kind("float", str, _number, _fraction, "must be in (0, 1]"),
     "flag": Kind("bool", bool),  # --hub
     "switch": Kind("bool", bool),  # --prefix-caching/--no-prefix-caching; None = the engine's default
     "calibration": Kind("object", str, _calibration, _is_calibration, "must be a calibration file"),
@@ -196,6 +214,7 @@ class Opt:
     in_options: bool = True
     show_default: bool = True
     high: int | None = None  # a tighter bound than the kind's (``--layers``)
+    compare: bool = False  # ``kvplan estimate`` takes a comma-separated list of values (kvplan.checks.compare)
 
     @property
     def limit(self) -> int | None:
@@ -220,24 +239,25 @@ class Opt:
         """The CLI default as typed (``"8192"`` for a token count of 8,192)."""
         if self.cli_default is not ...:
             return self.cli_default
-        if self.default is None or KINDS[self.kind].cli_type is not str:
+        if self.default is None or (KINDS[self.kind].cli_type is not str and not self.compare):
             return self.default
-        return str(self.default)
+        return str(self.default)  # typed text (a list of values is text too)
 
 
 OPTIONS: tuple[Opt, ...] = (
     Opt("model", "text", "Hub id, bundled id or local path", panel=""),
-    Opt("gpu", "gpu", "GPU from the catalogue (`kvplan gpus`), e.g. H100, a100-40gb, mi300x, cpu.",
-        flags=("--gpu", "-g")),
-    Opt("gpu_memory", "size", "GPU memory as the runtime reports it, e.g. 24GiB, 80GB (bare number = GiB). "
-        "Overrides the catalogue.", field="gpu_memory_bytes"),
+    Opt("gpu", "gpu", "GPU from the catalogue (`kvplan gpus`), e.g. H100, a100-40gb, mi300x, cpu; a list "
+        "(H100,H200,MI300X) prints one row per GPU.", flags=("--gpu", "-g"), compare=True),
+    Opt("gpu_memory", "size_device", "GPU memory as the runtime reports it, e.g. 24GiB, 81559MiB (bare number = "
+        "GiB, at most 1024; 80GB is 10^9 bytes x 80 = 74.51 GiB). Overrides the catalogue.", field="gpu_memory_bytes"),
     Opt("gpus", "count", "Number of GPUs (= tp x pp).", default=1, field="gpu_count", cli_default=None),
-    Opt("tp", "count", "Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights.", default=1,
-        flags=("--tp", "--tensor-parallel-size")),
+    Opt("tp", "count", "Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights; a list "
+        "(1,2,4) prints one row per size.", default=1, flags=("--tp", "--tensor-parallel-size"), compare=True),
     Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides).", default=1,
         flags=("--pp", "--pipeline-parallel-size")),
-    Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k.", default=8192,
-        flags=("--context", "-c")),
+    Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k (default: the "
+        "--max-model-len given, else 8192); a list (8k,32k) prints one row per context.", default=8192,
+        flags=("--context", "-c"), cli_default=None, compare=True),
     Opt("batch", "count", "Concurrent requests for the fits verdict and max context.", default=1,
         flags=("--batch", "-b")),
     Opt("max_model_len", "max_model_len", "Engine max_model_len (default: --context); `auto` = the longest that fits."),
@@ -253,8 +273,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("dtype", "dtype", "The dtype the engine runs the model in, weights and activations: auto, bfloat16, float16 "
         "(half), float32 (float) (default auto: the engine's choice; vLLM runs float32 checkpoints in bf16, fp16 "
         "without bf16 support).", PANEL_MODEL),
-    Opt("kv_dtype", "kv_dtype", "KV cache dtype: auto, bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, int8, int4.", PANEL_MODEL,
-        flags=("--kv-dtype", "--kv-cache-dtype")),
+    Opt("kv_dtype", "kv_dtype", "KV cache dtype: auto, bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, int8, int4; a list "
+        "(auto,fp8) prints one row per dtype.", PANEL_MODEL, flags=("--kv-dtype", "--kv-cache-dtype"), compare=True),
     Opt("weights_dtype", "weights_dtype", "Quantized weights: fp8, int8, int4 (with fp16 group scales).", PANEL_MODEL),
     Opt("quantization", "text", "vLLM's --quantization: fp8 (and fbgemm_fp8, ptpc_fp8) quantizes a 16-bit "
         "checkpoint's linear layers to 1 byte/param at load, embeddings and LM head kept; bitsandbytes to 4 bits; "
@@ -362,6 +382,24 @@ def _validate(self: Any) -> None:
         raise InputError(f"--prefix-tokens {self.prefix_tokens} exceeds --context {self.context}")
 
 
+def _typed(value: Any) -> str:
+    """A value as the user typed it: ``92`` (not ``92.0``), ``'lots'`` (text quoted)."""
+    if isinstance(value, str):
+        text = value.strip()
+        return text if _NUMERIC.match(text) else repr(value)
+    return repr(value)
+
+
+def _mistyped_hint(opt: Opt, parsed: Any) -> str | None:
+    """What a value that breaks its option's rule most likely meant: a percentage for a fraction."""
+    if opt.kind == "fraction" and isinstance(parsed, (int, float)) and 1 < parsed <= 100:
+        return f"did you mean {opt.flag} {parsed / 100:g}? it is a fraction of the memory, not a percentage"
+    return None
+
+
+_NUMERIC = __import__("re").compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
 def _check_high(opt: Opt, value: Any, high: int, typed: Any = None) -> None:
     """``value`` (base units) must be at most ``high``; the error echoes what the user typed (``typed``, e.g.
     ``1e30``) when known, else the value in base units (bytes, tokens)."""
@@ -444,7 +482,8 @@ def options_from_values(values: dict[str, Any]) -> Any:
 
     Keys are option names (:data:`OPTIONS`: the CLI flags with underscores, ``gpus`` for ``--gpus``),
     parsed by their kind (sizes take a number of GiB or a size with its unit, ``80GB``, ``24GiB``; token
-    counts ``8192``, ``8k``, ``128k``; ``max_model_len`` also ``auto``), or :class:`Options` field names
+    counts ``8192``, ``8k``, ``128k``; ``max_model_len`` also ``auto``; a ``max_model_len`` given without a
+    ``context`` is the context too), or :class:`Options` field names
     with values in base units (``gpu_count``, ``kv_budget_bytes``). ``None`` values are left at their
     defaults; ``token`` is not an option of a plan (pass it to :func:`kvplan.planning.plan.estimate`).
     """
@@ -458,13 +497,22 @@ def options_from_values(values: dict[str, Any]) -> Any:
             kwargs["auto_max_model_len"] = True
         elif opt is not None and opt.in_options:
             kind = KINDS[opt.kind]
-            kwargs[opt.field_name] = kind.parse(value, opt.flag)
+            kwargs[opt.field_name] = parsed = kind.parse(value, opt.flag)
+            blank = isinstance(value, str) and not value.strip()  # Options says "must not be empty"
+            if kind.check is not None and parsed is not None and not blank and not kind.check(parsed):
+                raise InputError(f"invalid {opt.flag} {_typed(value)}: {kind.rule}", _mistyped_hint(opt, parsed))
             if opt.limit is not None and isinstance(value, str):
                 _check_high(opt, kwargs[opt.field_name], opt.limit, typed=value)
         elif key in known:
             kwargs[key] = value
         else:
-            raise InputError(f"unknown option {key!r}")
+            import difflib
+
+            near = difflib.get_close_matches(key, [o.name for o in OPTIONS if o.in_options], n=1, cutoff=0.6)
+            raise InputError(f"unknown option {key!r}", f"did you mean {near[0]!r}?" if near else
+                             "the options are the CLI flags with underscores: gpu, context, kv_dtype, ...")
+    if "context" not in kwargs and kwargs.get("max_model_len"):
+        kwargs["context"] = kwargs["max_model_len"]  # a max_model_len given alone is the context planned
     options = Options(**kwargs)
     check_context(options.context, options.max_model_len)
     return options

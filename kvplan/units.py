@@ -91,11 +91,21 @@ def _bound(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e18 else f"{x:,g}"
 
 
-def parse_bytes(text: str | int | float, what: str = "size") -> int:
+def parse_bytes(text: str | int | float, what: str = "size", shown: object = None) -> int:
     """Parse ``80GB`` (10**9), ``79.19GiB`` (2**30), ``512MiB``, ``1e9`` into a positive int of bytes.
 
-    A bare number is bytes. Raises :class:`InputError` for garbage, zero or negative sizes.
+    A bare number is bytes. Raises :class:`InputError` for garbage, zero or negative sizes; its message
+    echoes ``shown`` (what the user typed) when given, else ``text``.
     """
+    try:
+        return _parse_bytes(text, what)
+    except InputError as exc:
+        if shown is None:
+            raise
+        raise InputError(exc.message.replace(f" {text!r}", f" {shown!r}", 1), exc.hint) from None
+
+
+def _parse_bytes(text: str | int | float, what: str) -> int:
     if isinstance(text, bool):
         raise InputError(f"invalid {what} {text!r}")
     if isinstance(text, (int, float)):
@@ -118,9 +128,9 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
 def parse_gib(text: str | int | float, what: str = "size") -> int:
     """Like :func:`parse_bytes`, but a bare number means GiB (for ``--weights-gib``, ``--kv-budget``)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return parse_bytes(f"{float(text)!r}GiB", what)
+        return parse_bytes(f"{float(text)!r}GiB", what, shown=text)
     value, unit = _split_number(str(text), what)
-    return parse_bytes(text if unit else f"{text}GiB", what)
+    return parse_bytes(text if unit else f"{text}GiB", what, shown=text)
 
 
 def parse_tokens(text: str | int, what: str = "token count") -> int:
@@ -147,6 +157,20 @@ def parse_tokens(text: str | int, what: str = "token count") -> int:
 def fmt_gib(n_bytes: int | float, digits: int = 2) -> str:
     """``1073741824`` -> ``'1.00 GiB'``."""
     return f"{n_bytes / GiB:,.{digits}f} GiB"
+
+
+def rounded_parts(whole: int, parts: list[int], unit: int) -> list[int]:
+    """``parts`` (bytes, summing to ``whole``) in units of ``unit`` bytes, each rounded down or up so that
+    they sum to ``whole`` rounded (largest remainder): figures shown beside their total add up to it
+    (``usable 72.87 = weights 14.96 + ... + KV budget 54.82``). Exact integer arithmetic."""
+    assert sum(parts) == whole, "the parts must sum to the whole"
+    target = (2 * whole + unit) // (2 * unit)  # round half up
+    floors = [p // unit for p in parts]
+    order = sorted(range(len(parts)), key=lambda i: parts[i] - floors[i] * unit, reverse=True)
+    out = list(floors)
+    for i in order[:max(0, target - sum(floors))]:
+        out[i] += 1
+    return out
 
 
 def fmt_gb(n_bytes: int | float, digits: int = 2) -> str:

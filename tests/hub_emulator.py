@@ -15,6 +15,13 @@ A threaded stdlib HTTP server on 127.0.0.1 that answers the calls huggingface_hu
   ``GatedRepo`` (401 without a token, 403 with a token not granted), ``RevisionNotFound`` (404),
   ``EntryNotFound`` (404 with ``X-Repo-Commit``); an unknown token (when ``valid_tokens`` is set) gets
   401 "Invalid credentials in Authorization header".
+* ``GET /api/models/{org}/{name}[/revision/{revision}]`` - the model info ``HfApi.model_info`` reads: ``id``,
+  ``sha`` (the commit) and, as the Hub computes it from the safetensors headers of the commit, ``safetensors``
+  (``parameters`` per dtype and their ``total``); left out when the commit has no safetensors file, when a
+  header does not parse (the Hub cannot read it either), or while ``model_info_safetensors`` is False (a
+  repository whose info the Hub has not computed).
+* ``GET /api/agent-harnesses`` - the registry huggingface_hub reads for its user agent (at most once a day:
+  it keeps it in ``HF_HOME``), empty here.
 * Modes: ``"ok"``, ``"error500"`` (every request answers 500) and ``"drop"`` (the connection is closed
   without a response).
 
@@ -130,6 +137,7 @@ class HubEmulator:
         # Tokens the Hub knows; None accepts any token as a valid (if not necessarily granted) one.
         self.valid_tokens: set[str] | None = None
         self.requests: list[RecordedRequest] = []
+        self.model_info_safetensors = True  # False: model info without safetensors parameters (not computed)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -233,6 +241,14 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/cdn/"):
             self._serve_blob(path[len("/cdn/") :], body)
             return
+        if path == "/api/agent-harnesses":  # huggingface_hub's user-agent registry (it caches it for a day)
+            self._send_bytes(json.dumps({"standardEnvVars": [], "harnesses": {}}).encode(), body,
+                             {"Content-Type": "application/json"})
+            return
+        info = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
+        if info is not None:
+            self._serve_model_info(info.group(1), unquote(info.group(2) or "main"), body)
+            return
         match = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if match is None:
             self._reply(404, b"Not Found", body=body)
@@ -286,6 +302,24 @@ class _Handler(BaseHTTPRequestHandler):
         etag = hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()  # git blob sha1
         self._send_bytes(content, body, {"X-Repo-Commit": commit, "ETag": f'"{etag}"'})
 
+    def _serve_model_info(self, repo_id: str, revision: str, body: bool) -> None:
+        repo = self.hub.repos.get(repo_id)
+        if repo is None:
+            status = 404 if self._token() else 401
+            self._reply(status, b'{"error":"Repository not found"}', body=body, headers={
+                "X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"})
+            return
+        commit = repo.refs.get(revision) or (revision if revision in repo.commits else None)
+        if commit is None:
+            self._reply(404, b'{"error":"Invalid rev id"}', body=body, headers={
+                "X-Error-Code": "RevisionNotFound", "X-Error-Message": f"Invalid rev id: {revision}"})
+            return
+        info: dict[str, Any] = {"_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": repo_id, "sha": commit}
+        parameters = _safetensors_parameters(repo.commits[commit]) if self.hub.model_info_safetensors else None
+        if parameters:
+            info["safetensors"] = {"parameters": parameters, "total": sum(parameters.values())}
+        self._send_bytes(json.dumps(info).encode(), body, {"Content-Type": "application/json"})
+
     def _serve_blob(self, sha256: str, body: bool) -> None:
         for repo in self.hub.repos.values():
             for tree in repo.commits.values():
@@ -338,6 +372,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if body and payload:
             self.wfile.write(payload)
+
+
+def _safetensors_parameters(tree: Mapping[str, bytes | VirtualFile]) -> dict[str, int] | None:
+    """Elements per dtype over every ``*.safetensors`` file of a commit (the Hub's ``safetensors.parameters``),
+    or None when there is none or a header does not parse."""
+    counts: dict[str, int] = {}
+    files = [content for name, content in tree.items() if name.endswith(".safetensors")]
+    for content in files:
+        head = content.head if isinstance(content, VirtualFile) else content
+        if len(head) < 8:
+            return None
+        (length,) = struct.unpack("<Q", head[:8])
+        try:
+            header = json.loads(head[8:8 + length])
+        except ValueError:
+            return None
+        for name, tensor in header.items():
+            if name != "__metadata__":
+                counts[tensor["dtype"]] = counts.get(tensor["dtype"], 0) + math.prod(tensor["shape"])
+    return dict(sorted(counts.items())) if files else None
 
 
 def point_huggingface_hub_at(monkeypatch: Any, endpoint: str, hf_home: str) -> None:

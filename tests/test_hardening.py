@@ -35,7 +35,8 @@ def assert_one_line(r: subprocess.CompletedProcess, *needles: str) -> str:
 @pytest.mark.parametrize("args,needles", [
     (["estimate", "meta-llama/Llama-3.1-8B", "--nope"], ["No such option: --nope", "(see kvplan estimate --help)"]),
     (["estimate"], ["Missing argument", "(see kvplan estimate --help)"]),
-    (["estimate", "x", "--tp", "abc"], ["'abc' is not a valid int"]),
+    (["estimate", "x", "--block-size", "abc"], ["'abc' is not a valid int"]),  # --tp takes a list: text, parsed by kvplan
+    (["estimate", "x", "--tp", "abc"], ["invalid --tp 'abc': must be a positive integer"]),
     (["nocommand"], ["No such command 'nocommand'", "(see kvplan --help)"]),
     (["report", "--rows", "0", "x.yaml"], ["--rows"]),
     (["simulate", "docs/examples/shared_prompt.yaml", "--duration", "abc"], ["--duration"]),
@@ -243,7 +244,7 @@ def test_wrap_items_breaks_only_between_items():
     (["--dtype", "int8"], ["invalid --dtype 'int8'", "--weights-dtype"]),
     (["--tp", "1024"], ["--tp 1024 does not divide the model's 32 attention heads"]),
     (["--block-size", "3"], ["invalid --block-size 3", "1, 8, 16, 32, 64, 128, 256"]),
-    (["--gpu-memory", "1e30"], ["invalid --gpu-memory", "must be at most 1,024 TiB"]),
+    (["--gpu-memory", "1e30"], ["invalid --gpu-memory", "must be at most 16 TiB"]),  # one device (kvplan.limits)
     (["--context", "1e12"], ["invalid --context 1e12: must be at most 4294967296"]),
     (["--batch", "99999999999"], ["invalid --batch", "must be at most 1048576"]),
     # one object per layer: a million layers planned for ~40 s in 2 GB before this bound (kvplan.limits)

@@ -115,12 +115,22 @@ def test_first_fetch_reads_config_and_safetensors_header(hub: HubEmulator) -> No
     assert w.dtype == "BF16"
     assert "safetensors metadata" in w.source
     assert source.notes == ""
-    # Never downloads weights: every GET of the safetensors file (at the Hub or the CDN) asks for a range.
+    # Never downloads weights: the Hub's model info holds the counts, so no request touches a weight file ...
+    assert not [r for r in hub.requests if ".safetensors" in r.path or "/cdn/" in r.path]
+    # ... and where the Hub has none, every GET of the safetensors file (at the Hub or the CDN) asks for a range.
+    hub.model_info_safetensors = False
+    hub.add_repo("acme/no-info", _single_file_repo())
+    headers = kvhub.fetch_model("acme/no-info").weights
+    assert headers is not None and (headers.parameters, headers.total_bytes) == (w.parameters, w.total_bytes)
+    assert "safetensors metadata (1 file)" in headers.source
     weight_gets = [r for r in hub.requests if r.method == "GET" and (".safetensors" in r.path or "/cdn/" in r.path)]
     assert weight_gets and all(r.headers.get("range", "").startswith("bytes=0-") for r in weight_gets)
 
 
-def test_sharded_repo_sums_every_shard(hub: HubEmulator, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("model_info", [True, False], ids=["hub-counts", "headers"])
+def test_sharded_repo_sums_every_shard(hub: HubEmulator, capfd: pytest.CaptureFixture[str], model_info: bool) -> None:
+    # the Hub's counts per dtype cover every shard; where it has none, every shard's header is read
+    hub.model_info_safetensors = model_info
     hub.add_repo(REPO, _sharded_repo())
     w = kvhub.fetch_model(REPO).weights
     assert capfd.readouterr() == ("", "")  # library code prints nothing: no progress bars
@@ -128,7 +138,7 @@ def test_sharded_repo_sums_every_shard(hub: HubEmulator, capfd: pytest.CaptureFi
     assert dict(w.params_by_dtype) == {"BF16": 321_536, "F32": 256, "F8_E4M3": 131_072, "F4": 300}
     assert w.parameters == 453_164
     assert w.total_bytes == 775_318
-    assert "2 files" in w.source
+    assert ("the Hub's parameters per dtype" if model_info else "2 files") in w.source
 
 
 def test_second_fetch_answers_from_the_cache_without_a_request(hub: HubEmulator) -> None:
@@ -168,6 +178,7 @@ def test_refresh_uses_cache_when_hub_is_gone(hub: HubEmulator) -> None:
 
 
 def test_without_the_summary_the_cached_index_gives_total_size(hub: HubEmulator, hf_home: Path) -> None:
+    hub.model_info_safetensors = False  # the headers are read, so the index is cached
     hub.add_repo(REPO, _sharded_repo())
     kvhub.fetch_model(REPO)
     for summary in (hf_home / "assets" / "kvplan").rglob("*.json"):
@@ -298,7 +309,9 @@ def test_offline_env_not_cached_names_the_variable(hub: HubEmulator, monkeypatch
 # revisions
 
 
-def test_revision_pinning(hub: HubEmulator) -> None:
+@pytest.mark.parametrize("model_info", [True, False], ids=["hub-counts", "headers"])
+def test_revision_pinning(hub: HubEmulator, model_info: bool) -> None:
+    hub.model_info_safetensors = model_info
     c1 = hub.add_repo(REPO, _single_file_repo(), refs=("main", "v1"))
     c2 = hub.add_commit(REPO, {**_single_file_repo(), "config.json": CONFIG_V2}, refs=("v2",))
     assert c1 != c2
@@ -307,8 +320,9 @@ def test_revision_pinning(hub: HubEmulator) -> None:
     assert by_tag.config["num_hidden_layers"] == 6 and by_tag.revision == c2
     by_sha = kvhub.fetch_model(REPO, revision=c1)
     assert by_sha.config["num_hidden_layers"] == 4 and by_sha.revision == c1
-    # The headers were read at the pinned commit, not at main.
-    assert any(f"/resolve/{c2}/model.safetensors" in r.path for r in hub.requests)
+    # The counts (or the headers) were read at the pinned commit, not at main.
+    pinned = f"/api/models/{REPO}/revision/{c2}" if model_info else f"/resolve/{c2}/model.safetensors"
+    assert any(pinned in r.path for r in hub.requests)
     # Both revisions are cached side by side.
     assert kvhub.fetch_model(REPO, revision="v2", offline=True).config["num_hidden_layers"] == 6
     assert kvhub.fetch_model(REPO, revision=c1, offline=True).config["num_hidden_layers"] == 4

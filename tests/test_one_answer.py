@@ -311,7 +311,8 @@ def test_auto_on_v0_settles_on_the_pool_the_engine_sizes_for_that_length():
     length = auto.max_model_len
     assert auto.engine.max_num_batched_tokens == length < 32_768  # V0's batch is the length itself
     assert auto.answer.engine_starts and auto.deployment.fits(1, length, length)
-    written = estimate(options_from_values({**given, "max_model_len": str(length)}))
+    # the context written out too: a max_model_len given alone is the context (auto keeps --context's 8192)
+    written = estimate(options_from_values({**given, "max_model_len": str(length), "context": "8192"}))
     assert (written.answer.num_blocks, written.answer.max_requests) == (auto.answer.num_blocks, auto.answer.max_requests)
     longer = estimate(options_from_values({**given, "max_model_len": str(length + 1)}))
     assert not longer.deployment.fits(1, length + 1, length + 1)

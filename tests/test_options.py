@@ -42,4 +42,6 @@ def test_the_gpu_defaults_to_h100_unless_its_memory_is_given():
 
 def test_every_option_names_its_flag_and_its_field():
     assert BY_NAME["kv_budget"].flag == "--kv-budget" and BY_NAME["kv_budget"].field_name == "kv_budget_bytes"
-    assert BY_NAME["prefix_caching"].flag == "--prefix-caching" and BY_NAME["context"].cli_value == "8192"
+    # --context has no CLI default of its own: a --max-model-len given alone is the context, else 8192
+    assert BY_NAME["prefix_caching"].flag == "--prefix-caching" and BY_NAME["context"].cli_value is None
+    assert BY_NAME["context"].default == 8192

@@ -63,6 +63,7 @@ def test_wheel_contains_model_specs_and_finds_them(tmp_path):
     repo_specs = list((REPO / "model_specs").glob("*/*.yaml"))
     assert len(specs) == len(repo_specs) > 0
     assert "kvplan/data/gpus.yaml" in names
+    assert "kvplan/data/bundled_index.json" in names  # the shipped YAML, parsed (no PyYAML at start-up)
     # installed from the wheel (unpacked, no checkout on the path), the bundled specs are found
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -216,8 +216,10 @@ def test_schema_command_prints_json_schema():
     assert "concurrency" in schema["$defs"]["RequireModel"]["properties"]
     r = runner.invoke(app, ["schema", "whatif"])
     assert r.exit_code == 0 and "sweep" in json.loads(r.stdout)["properties"]
-    r = runner.invoke(app, ["schema", "workload"])
-    assert r.exit_code == 2 and "unknown schema 'workload'" in r.stderr
+    r = runner.invoke(app, ["schema", "workload"])  # kvplan simulate's file (errors point users here)
+    assert r.exit_code == 0 and "arrivals" in json.loads(r.stdout)["properties"]
+    r = runner.invoke(app, ["schema", "nope"])
+    assert r.exit_code == 2 and "unknown schema 'nope'" in r.stderr
 
 
 def test_scenario_errors_are_located(tmp_path):

@@ -40,8 +40,13 @@ def test_online_fp8_quantization_keeps_embeddings_and_lm_head():
     assert p.budget.weights.bytes == 9_080_934_400
     assert p.budget.weights.source.startswith("--quantization fp8")
     assert p.budget.weights.bytes == kvplan.estimate(LLAMA, gpu="H100", weights_dtype="fp8").budget.weights.bytes
-    # a checkpoint format keeps the checkpoint's size; an unknown method is an error naming the choices
-    assert kvplan.estimate(LLAMA, gpu="H100", quantization="awq").budget.weights.bytes == 16_060_522_496
+    # a checkpoint format keeps the checkpoint's size (one stored in it: gpt-oss's mxfp4 experts); on a 16-bit
+    # checkpoint it is refused, as vLLM refuses it; an unknown method is an error naming the choices
+    gpt_oss = kvplan.estimate("openai/gpt-oss-20b", gpu="H100")
+    assert kvplan.estimate("openai/gpt-oss-20b", gpu="H100", quantization="mxfp4").budget.weights.bytes == \
+        gpt_oss.budget.weights.bytes
+    with pytest.raises(InputError, match="bfloat16 checkpoint with no quantization_config"):
+        kvplan.estimate(LLAMA, gpu="H100", quantization="awq")
     assert quantization_weights("bitsandbytes")[0] == "int4"
     with pytest.raises(InputError, match="unknown --quantization 'fp3'"):
         quantization_weights("fp3")

@@ -14,6 +14,9 @@ the required ``concurrency``, else 1. Requirements:
 - ``kv_tokens: K``: vLLM's "GPU KV cache size" at ``max_model_len`` is at least K (``answer.kv_tokens``);
 - ``headroom_pct: P``: after ``batch x context`` at least P % of the pool's usable blocks stay free;
 - ``fits: true``: ``batch x context`` fits; ``engine_starts: true``: one request at ``max_model_len`` fits.
+
+With ``prefix_tokens`` and prefix caching on, requests, context, headroom and fits count the shared prefix once
+(the answer's own rule, :meth:`kvplan.planning.answer.Deployment.batch_blocks`), and each requirement says so.
 """
 
 from __future__ import annotations
@@ -120,19 +123,31 @@ def format_value(value: Any, unit: str) -> str:
     return f"{value:,} {unit}".strip()
 
 
+def shared_prefix_words(plan: Plan) -> str:
+    """How a check counts the file's ``prefix_tokens``: ``, a 4,096-token prefix stored once`` (prefix caching
+    on: the answer credits it), ``, a 4,096-token prefix not shared (prefix caching off)``, or nothing."""
+    o, a = plan.options, plan.answer
+    if not o.prefix_tokens:
+        return ""
+    if a.shared_prefix_tokens:
+        return f", a {o.prefix_tokens:,}-token prefix stored once"
+    return f", a {o.prefix_tokens:,}-token prefix not shared (prefix caching off)"
+
+
 def describe_requirement(key: str, required: Any, plan: Plan) -> str:
-    """The requirement in words, with the conditions it is measured under."""
+    """The requirement in words, with the conditions it is measured under (a shared prefix: whether it is
+    counted once, :func:`shared_prefix_words`)."""
     o = plan.options
     if key == "concurrency":
-        return f">= {plural(required, 'request')} at {plural(o.context, 'token')}"
+        return f">= {plural(required, 'request')} at {plural(o.context, 'token')}{shared_prefix_words(plan)}"
     if key == "context":
-        return f">= {plural(required, 'token')} at batch {o.batch}"
+        return f">= {plural(required, 'token')} at batch {o.batch}{shared_prefix_words(plan)}"
     if key == "kv_tokens":
         return f">= {required:,} KV tokens (max_model_len {plan.max_model_len:,})"
     if key == "headroom_pct":
-        return f">= {required:g}% free after {o.batch} x {o.context:,}"
+        return f">= {required:g}% free after {o.batch} x {o.context:,}{shared_prefix_words(plan)}"
     if key == "fits":
-        return f"{o.batch} x {o.context:,} {'fits' if required else 'does not fit'}"
+        return f"{o.batch} x {o.context:,} {'fits' if required else 'does not fit'}{shared_prefix_words(plan)}"
     return f"engine {'starts' if required else 'does not start'} at max_model_len {plan.max_model_len:,}"
 
 
@@ -216,6 +231,8 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
     running = required if key == "concurrency" else o.batch
     if key in ("concurrency", "headroom_pct", "fits") and running > a.max_num_seqs:
         offer("more requests at once", at(max_num_seqs=running))  # the scheduler caps requests at once
+    if o.prefix_tokens and not plan.prefix_caching and key != "kv_tokens":
+        offer("prefix caching (the shared prefix stored once)", at(prefix_caching=True))
     if plan.layout.kv_dtype.bits > 8:
         offer("fp8 KV cache", at(kv_dtype="fp8"))
     offer("more tensor parallelism", more_tp(spec, o, planner, holds))

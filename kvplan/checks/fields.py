@@ -12,7 +12,7 @@ from typing import Annotated, Any, Callable, Mapping
 
 from pydantic import BaseModel, Field, PlainValidator, WithJsonSchema
 
-from kvplan.errors import KvplanError
+from kvplan.errors import InputError, KvplanError
 from kvplan.options import ENGINE_NAMES, SPECULATIVE_METHODS, USAGE_CONTEXTS, YAML_OPTIONS
 
 # ---------------------------------------------------------------------------------------------
@@ -39,6 +39,20 @@ def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError
     return value
+
+
+def _gpu_count(value: Any) -> int:
+    """``gpus``: a number of GPUs; a GPU's name here is the ``gpu`` key mistyped."""
+    if isinstance(value, str) and value.strip():
+        from kvplan.errors import GpuNotFoundError
+        from kvplan.gpus import find_gpu
+
+        try:
+            find_gpu(value)
+        except GpuNotFoundError:
+            raise ValueError from None
+        raise InputError("a GPU's name, not a number of GPUs", "did you mean gpu? gpus is how many")
+    return _positive_int(value)
 
 
 def _tokens(allow_zero: bool) -> Callable[[Any], int]:
@@ -199,12 +213,15 @@ KIND_TYPES: dict[str, Any] = {
     "text": Text, "revision": Revision, "version": Text, "gpu": GpuName, "dtype": ModelDType, "kv_dtype": KvDType,
     "weights_dtype": WeightsDType, "ssm_dtype": ModelDType, "engine": Engine, "usage": UsageContext,
     "count": PositiveInt, "tokens": Tokens, "tokens_or_zero": TokensOrZero, "max_model_len": Tokens, "size": Size,
-    "size_or_zero": SizeOrZero, "fraction": Fraction, "flag": Bool, "switch": Bool, "calibration": Text,
+    "size_device": Size, "size_or_zero": SizeOrZero, "fraction": Fraction, "flag": Bool, "switch": Bool, "calibration": Text,
     "speculative": Speculative,
 }
 # Every estimate option a scenario may set, from the option table: name -> (type, description). Keys are
 # those of kvplan.options.options_from_values (the CLI flags with underscores; `gpus` = --gpus).
-OPTION_FIELDS: dict[str, tuple[Any, str]] = {o.name: (KIND_TYPES[o.kind], o.help) for o in YAML_OPTIONS}
+GpuCount = expect_type("a positive integer (the number of GPUs)", _gpu_count, {"type": "integer", "minimum": 1})
+NAMED_TYPES: dict[str, Any] = {"gpus": GpuCount}  # options whose YAML type is not their kind's
+OPTION_FIELDS: dict[str, tuple[Any, str]] = {o.name: (NAMED_TYPES.get(o.name, KIND_TYPES[o.kind]), o.help)
+                                             for o in YAML_OPTIONS}
 
 
 def option_fields(wrap: Callable[[Any], Any] = lambda t: t, min_length: int | None = None) -> dict[str, Any]:

@@ -313,7 +313,11 @@ def _describe_values(values: Mapping[str, Any]) -> str:
 
 
 def _row_values(values: Mapping[str, Any]) -> tuple[int, int, int | None]:
-    return int(values.get("context") or 8192), int(values.get("batch") or 1), values.get("max_model_len")
+    """A row's (context, batch, max_model_len): a max_model_len given without a context is the context too
+    (:func:`kvplan.options.options_from_values`' rule)."""
+    mml = values.get("max_model_len")
+    context = values.get("context") or (mml if isinstance(mml, int) and not isinstance(mml, bool) else 8192)
+    return int(context), int(values.get("batch") or 1), mml
 
 
 def _count_of(axes: list[Any]) -> int:
@@ -526,6 +530,12 @@ def _notes(pools: list[Pool]) -> tuple[str, ...]:
         used = sum(1 for n in calibrated if "no entry" not in n)
         notes.append(f"{calibrated[0].split(':')[0]}: measured terms used in {used} of {len(pools)} configurations "
                      "(the others had no entry for their deployment)")
+    shared = [p for p in pools if p.plan.options.prefix_tokens]
+    if shared:
+        credited = sum(1 for p in shared if p.deployment.prefix_tokens)
+        notes.append(f"prefix_tokens: requests, max context and fits count the shared prefix once where prefix caching "
+                     f"is on ({credited} of {len(shared)} configurations with a prefix; the others store a copy per "
+                     "request)")
     no_kv = [p for p in pools if p.plan.budget.kv_budget_bytes <= 0]
     if no_kv:
         p = no_kv[0].plan

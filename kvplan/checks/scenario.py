@@ -121,13 +121,17 @@ class WhatIfModel(BaseModel):
 SCHEMAS: dict[str, type[BaseModel]] = {"capacity": CapacityModel, "whatif": WhatIfModel}
 
 
-def json_schema(kind: str) -> dict[str, Any]:
-    """The JSON Schema of a capacity or what-if file (for editors: yaml-language-server)."""
-    if kind not in SCHEMAS:
-        raise ScenarioError(f"unknown schema {kind!r}", "use one of: " + ", ".join(SCHEMAS))
-    schema = SCHEMAS[kind].model_json_schema()
+SCHEMA_KINDS = ("capacity", "whatif", "workload")  # every YAML file kvplan reads (workload: kvplan simulate's)
+
+
+def json_schema(kind: str, model: type[BaseModel] | None = None) -> dict[str, Any]:
+    """The JSON Schema of a capacity or what-if file (for editors: yaml-language-server), or of ``model``
+    (the workload file's, which :mod:`kvplan.sim.workload` owns) under ``kind``."""
+    if kind not in SCHEMA_KINDS or (model is None and kind not in SCHEMAS):
+        raise ScenarioError(f"unknown schema {kind!r}", "use one of: " + ", ".join(SCHEMA_KINDS))
+    schema = (model or SCHEMAS[kind]).model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = {"capacity": "kvplan capacity file", "whatif": "kvplan what-if file"}[kind]
+    schema["title"] = f"kvplan {({'whatif': 'what-if'}).get(kind, kind)} file"
     return schema
 
 

@@ -4,32 +4,44 @@ Errors: a :class:`~kvplan.errors.KvplanError` becomes one line on stderr and its
 (2: bad input); ``KVPLAN_DEBUG=1`` shows the traceback (:mod:`kvplan.cli.errors`). Commands other than
 the core ones live in ``kvplan/cli/commands/<name>.py`` and register themselves on the app (each imports its
 heavy modules lazily, and never imports this module).
+
+Start-up: :func:`main` builds a typer app holding only the command it runs (:func:`build_app`), so neither the
+other commands' modules nor their typer parameters are made; ``app`` (every command: ``--help``, the docs,
+typer's test runner) is built on first use.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
 from kvplan import __version__
 from kvplan.cli.errors import handle_errors
 from kvplan.cli.options import (
-    HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
+    BriefOpt, HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
     with_estimate_options,
 )
-from kvplan.cli.commands import check, explain, observe, report, schema, simulate, validate
+from kvplan.errors import InputError
+from kvplan.options import CLI_OPTIONS
 
-app = typer.Typer(
-    name="kvplan",
-    help="Plan KV-cache memory for LLM serving: how many requests, at what context, fit on this GPU.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+if TYPE_CHECKING:  # pragma: no cover
+    app: typer.Typer
+
+
+def _new_app() -> typer.Typer:
+    new = typer.Typer(
+        name="kvplan",
+        help="Plan KV-cache memory for LLM serving: how many requests, at what context, fit on this GPU.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode="rich",
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    new.callback()(_root)
+    return new
 
 
 def version_callback(value: bool) -> None:
@@ -38,7 +50,6 @@ def version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: Annotated[Optional[bool], typer.Option("--version", callback=version_callback, is_eager=True,
                                                     help="Show the version and exit.")] = None,
@@ -46,14 +57,32 @@ def _root(
     """kvplan: KV-cache capacity planning for LLM serving."""
 
 
-@app.command(epilog="Examples: kvplan estimate meta-llama/Llama-3.1-8B --gpu H100 --context 8k  ·  "
-                    "kvplan estimate Qwen/Qwen3-32B -g a100 --tp 2 --kv-dtype fp8 --batch 32 --json")
+ESTIMATE_EPILOG = ("Examples: kvplan estimate meta-llama/Llama-3.1-8B --gpu H100 --context 8k  ·  "
+                   "kvplan estimate Qwen/Qwen3-32B -g a100 --tp 2 --kv-dtype fp8 --batch 32 --json")
+
+
 @handle_errors
 @with_estimate_options
-def estimate(model: ModelArg, json_out: JsonOpt = False, *, values: dict[str, Any], token: str | None) -> None:
-    """How many requests at what context fit: per-token bytes, memory budget, blocks, concurrency."""
+def estimate(model: ModelArg, json_out: JsonOpt = False, brief: BriefOpt = False, *, values: dict[str, Any],
+             token: str | None) -> None:
+    """How many requests at what context fit: the answer first, then per-token bytes, memory budget, blocks."""
     from kvplan.planning.plan import estimate as run_estimate, options_from_values
 
+    if brief and json_out:
+        raise InputError("--brief and --json: give one of them", "--json holds every figure --brief prints")
+    if any("," in str(values.get(o.name) or "") for o in CLI_OPTIONS if o.compare):  # one row per combination
+        from kvplan.checks.compare import compare
+
+        comparison = compare({"model": model, **values}, token=token)
+        from kvplan.render import console, print_json
+
+        if json_out:
+            print_json(comparison.to_dict())
+            return
+        from kvplan.render.compare import render_comparison
+
+        console().print(render_comparison(comparison))
+        return
     plan = run_estimate(options_from_values({"model": model, **values}), token=token)
     if json_out:
         from kvplan.render import print_json
@@ -61,18 +90,16 @@ def estimate(model: ModelArg, json_out: JsonOpt = False, *, values: dict[str, An
         print_json(plan.to_dict())
         return
     from kvplan.render import console
-    from kvplan.render.estimate import render_plan
+    from kvplan.render.estimate import render_brief, render_plan
 
     out = console()
+    if brief:
+        out.print(render_brief(plan))
+        return
     out.print(f"[grey62]source: {plan.source}[/]")
     out.print(render_plan(plan))
 
 
-models_app = typer.Typer(help="Bundled model specs (offline, pinned).", invoke_without_command=True, no_args_is_help=False)
-app.add_typer(models_app, name="models")
-
-
-@models_app.callback(invoke_without_command=True)
 @handle_errors
 def models(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """List the bundled model specs (`kvplan models show MODEL` for one)."""
@@ -91,7 +118,6 @@ def models(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     console().print(render_models(rows))
 
 
-@models_app.command("show")
 @handle_errors
 @with_aliases
 def models_show(
@@ -120,7 +146,6 @@ def models_show(
     console().print(render_model_detail(detail))
 
 
-@app.command()
 @handle_errors
 def gpus(json_out: JsonOpt = False) -> None:
     """The GPU catalogue: memory the runtime reports, bandwidth, aliases."""
@@ -138,8 +163,69 @@ def gpus(json_out: JsonOpt = False) -> None:
     console().print(render_gpus(catalogue))
 
 
-for _command in (validate, check, report, schema, simulate, observe, explain):  # each in kvplan/cli/commands/<name>.py
-    _command.register(app)
+def _register_estimate(target: typer.Typer) -> None:
+    target.command("estimate", epilog=ESTIMATE_EPILOG)(estimate)
+
+
+def _register_models(target: typer.Typer) -> None:
+    models_app = typer.Typer(help="Bundled model specs (offline, pinned).", invoke_without_command=True,
+                             no_args_is_help=False)
+    models_app.callback(invoke_without_command=True)(models)
+    models_app.command("show")(models_show)
+    target.add_typer(models_app, name="models")
+
+
+def _register_gpus(target: typer.Typer) -> None:
+    target.command("gpus")(gpus)
+
+
+def _register_module(name: str) -> Callable[[typer.Typer], None]:
+    """A command of ``kvplan/cli/commands/<name>.py``, its module imported only when it is registered."""
+    def register(target: typer.Typer) -> None:
+        from importlib import import_module
+
+        import_module(f"kvplan.cli.commands.{name}").register(target)
+
+    return register
+
+
+# every command, in the order --help lists them: name -> how it is registered on an app
+COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
+    "estimate": _register_estimate, "models": _register_models, "gpus": _register_gpus,
+    **{name: _register_module(name) for name in ("validate", "check", "report", "schema", "simulate", "observe",
+                                                 "explain")},
+}
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The typer app with every command, or with the command ``only`` alone (what :func:`main` runs)."""
+    new = _new_app()
+    for name, register in COMMANDS.items():
+        if only is None or name == only:
+            register(new)
+    return new
+
+
+_FULL: list[typer.Typer] = []
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: the app with every command, built on first use."""
+    if name == "app":
+        if not _FULL:
+            _FULL.append(build_app())
+        return _FULL[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), "app"])
+
+
+def _command_of(args: list[str]) -> str | None:
+    """The command ``args`` run (their first word, when it names one; options come after it)."""
+    first = args[0] if args else ""
+    return first if first in COMMANDS else None
 
 
 def usage_error_line(exc: BaseException) -> str | None:
@@ -159,7 +245,9 @@ def usage_error_line(exc: BaseException) -> str | None:
 
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point: usage errors are one line on stderr and exit 2, like every other error."""
-    command = typer.main.get_command(app)
+    if args is None:
+        args = sys.argv[1:]
+    command = typer.main.get_command(build_app(_command_of(args)))
     try:
         rv = command.main(args=args, prog_name="kvplan", standalone_mode=False)
     except typer.Abort:

@@ -19,6 +19,8 @@ from kvplan.options import BY_NAME, CLI_OPTIONS, KINDS, Opt
 
 ModelArg = Annotated[str, typer.Argument(help="Hub id (meta-llama/Llama-3.1-8B), bundled id, or local path to a config.json / model folder.", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+BriefOpt = Annotated[bool, typer.Option("--brief", help="Print only the lines the engine logs about its KV cache "
+                                        "and the verdict.")]
 
 
 def split_flags(opt: Opt) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]:
@@ -45,7 +47,7 @@ def split_flags(opt: Opt) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]
 
 def cli_annotation(opt: Opt) -> Any:
     """``Annotated[type, typer.Option(...)]`` for one table entry (its kind decides the type)."""
-    typ: Any = KINDS[opt.kind].cli_type
+    typ: Any = str if opt.compare else KINDS[opt.kind].cli_type  # a list of values is text
     if opt.cli_value is None:
         typ = Optional[typ]
     extra = {} if opt.show_default else {"show_default": False}
@@ -59,7 +61,7 @@ def alias_parameters(name: str) -> list[inspect.Parameter]:
         if opt.name == name:
             help_ = f"Turns {opt.flag} off." if negates else f"Same as {opt.flag}."
             option = typer.Option(flag, help=help_, rich_help_panel=opt.panel, show_default=False)
-            typ = Optional[bool if negates else KINDS[opt.kind].cli_type]
+            typ = Optional[bool if negates else (str if opt.compare else KINDS[opt.kind].cli_type)]
             out.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None,
                                          annotation=Annotated[typ, option]))
     return out

@@ -37,7 +37,8 @@ class Term:
     source: str
 
 
-GIVEN_SOURCES = ("--", "calibration")  # a term the user gave (--weights-gib ...) or a calibration file measured
+# a term the user gave (--weights-gib ...) or a calibration file measured; "--quantization fp8: ..." is an estimate
+GIVEN_SOURCES = ("--weights-gib", "--activation-gib", "--overhead-gib", "--cudagraph-gib", "--enforce-eager", "calibration")
 
 
 def given(term: Term) -> bool:
@@ -236,6 +237,7 @@ class Launch:
     ssm_dtype: str | None = None  # --mamba-ssm-cache-dtype to pass (the user's)
     is_cpu: bool = False  # vLLM's CPU backend: no utilisation flag, the KV space sized by --kv-cache-memory-bytes
     revision: str | None = None  # --revision to pass (the Hub revision planned)
+    kv_memory_bytes: int = 0  # the KV budget per GPU (what vLLM logs as "Available KV cache memory")
     lora: bool = False  # LoRA adapters served (--enable-lora)
     max_loras: int | None = None  # --max-loras to pass (the user's)
     max_lora_rank: int | None = None  # --max-lora-rank to pass (the user's)
@@ -426,6 +428,9 @@ class Engine(Protocol):
 
     def report(self, launch: Launch) -> tuple[str, ...]:
         """What the engine will log about its KV cache (first line: the log itself; then explanations)."""
+
+    def log_lines(self, launch: Launch) -> tuple[str, ...]:
+        """The engine's own start-up lines about its KV cache, one per line, as it prints them."""
 
     def serve_command(self, launch: Launch) -> str:
         """The command line that launches the engine as planned."""

@@ -433,10 +433,16 @@ def draft_layers(engine: EngineDefaults, spec: ModelSpec, features: Features | N
     return 0
 
 
+def log_lines(launch: Launch) -> tuple[str, ...]:
+    """SGLang's start-up line about its pool, its numbers as it prints them (no thousands separators):
+    ``max_total_num_tokens``, ``max_running_requests`` (``launch.max_num_seqs``), ``context_len``."""
+    return (f"max_total_num_tokens={launch.kv_tokens}, max_running_requests={launch.max_num_seqs}, "
+            f"context_len={launch.max_model_len}",)
+
+
 def report(launch: Launch) -> tuple[str, ...]:
-    """SGLang's start-up line: ``max_total_num_tokens`` and ``max_running_requests`` (``launch.max_num_seqs``)."""
-    return (f"max_total_num_tokens={launch.kv_tokens:,}, max_running_requests={launch.max_num_seqs:,} "
-            f"(context_len {launch.max_model_len:,}; mem_fraction_static {launch.gpu_util:g})",)
+    """SGLang's start-up line (:func:`log_lines`) and the ``mem_fraction_static`` it was sized with."""
+    return (f"{log_lines(launch)[0]} (mem_fraction_static {launch.gpu_util:g})",)
 
 
 # how `python -m sglang.launch_server` spells each setting of a Launch, in command-line order

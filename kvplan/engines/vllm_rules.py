@@ -191,11 +191,18 @@ def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, pe
     return memory.kv_cache_tokens(blocks, per_request_blocks, max_model_len)
 
 
+def log_lines(launch: Launch) -> tuple[str, ...]:
+    """vLLM's three start-up lines about the KV cache: the memory it has for it, its token figure, the
+    maximum concurrency at max_model_len."""
+    device = "CPU" if launch.is_cpu else "GPU"
+    return (f"Available KV cache memory: {max(0, launch.kv_memory_bytes) / (1 << 30):.2f} GiB",
+            f"{device} KV cache size: {launch.kv_tokens:,} tokens",
+            f"Maximum concurrency for {launch.max_model_len:,} tokens per request: {launch.max_concurrency:.2f}x")
+
+
 def report(launch: Launch) -> tuple[str, ...]:
     """vLLM's start-up lines about the KV cache, and what its token figure means when it is not the slots."""
-    device = "CPU" if launch.is_cpu else "GPU"
-    lines = [f"{device} KV cache size: {launch.kv_tokens:,} tokens; Maximum concurrency for {launch.max_model_len:,} "
-             f"tokens per request: {launch.max_concurrency:.2f}x"]
+    lines = ["; ".join(log_lines(launch)[1:])]
     if launch.kv_tokens != launch.capacity_tokens:
         what = ("num_blocks // KV-cache groups x block size" if launch.kv_tokens_rule == "groups" else
                 f"max concurrency x max_model_len: the tokens whole {launch.max_model_len:,}-token requests hold")

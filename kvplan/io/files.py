@@ -188,14 +188,59 @@ def _json_type(data: Any) -> str:
     return "a number"
 
 
+BUNDLED_INDEX = Path(__file__).resolve().parents[1] / "data" / "bundled_index.json"
+"""Every YAML file kvplan ships, parsed: ``{digest of its text: its data as JSON text}`` (written by
+benchmarks/gen_bundled_index.py, kept current by a test)."""
+
+
+def text_digest(text: str) -> str:
+    """A shipped file's key in :data:`BUNDLED_INDEX`: two checksums of its UTF-8 bytes and their length."""
+    import zlib
+
+    raw = text.encode("utf-8")
+    return f"{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}-{len(raw)}"
+
+
+def bundled_index_text(texts: list[str]) -> str:
+    """The :data:`BUNDLED_INDEX` file for the shipped files' ``texts``: each parsed as
+    :func:`parse_bundled_yaml` parses it, kept when JSON holds the same data (else it is read as YAML)."""
+    import yaml
+
+    index = {}
+    for text in texts:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+        encoded = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        if json.loads(encoded) == data:
+            index[text_digest(text)] = encoded
+    return json.dumps(dict(sorted(index.items())), indent=0) + "\n"
+
+
+_INDEX: list[dict[str, str]] = []
+
+
+def _bundled_data(text: str) -> Any:
+    """``text``'s data from :data:`BUNDLED_INDEX` (a fresh object each call), or None when it is not there."""
+    if not _INDEX:
+        try:
+            _INDEX.append(json.loads(BUNDLED_INDEX.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            _INDEX.append({})
+    encoded = _INDEX[0].get(text_digest(text))
+    return None if encoded is None else json.loads(encoded)
+
+
 def parse_bundled_yaml(text: str, where: str) -> Any:
     """Parse a YAML file kvplan ships (the GPU catalogue, bundled model specs) with safe loading.
 
-    Uses libyaml's ``CSafeLoader`` when PyYAML was built with it (about 10x faster than the pure-Python
-    loader, which dominated ``kvplan estimate``'s start-up), else ``SafeLoader``. User-written YAML
+    The parsed files are in :data:`BUNDLED_INDEX` (JSON, keyed by the text's digest), so a shipped file that
+    has not changed costs no PyYAML import; any other text is parsed with libyaml's ``CSafeLoader`` when PyYAML
+    was built with it (about 10x faster than the pure-Python loader), else ``SafeLoader``. User-written YAML
     (scenario and capacity files) goes through :mod:`kvplan.io.yamldoc`'s loader instead, which keeps
     node positions for file:line:col errors.
     """
+    data = _bundled_data(text)
+    if data is not None:
+        return data
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

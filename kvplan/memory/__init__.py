@@ -22,7 +22,7 @@ May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.model
 from kvplan.memory.capacity import (
     NULL_BLOCKS, UNBOUNDED_TOKENS, Demand, Fragmentation, PrefixSharing, Roofline, contiguous_vs_paged,
     decode_roofline, step_weight_bytes, group_blocks_per_request, grouped_kv_tokens, kv_cache_tokens, max_context, max_requests,
-    prefix_sharing, raw_request_bytes, vllm_max_concurrency, weight_bytes,
+    max_sharing_requests, prefix_sharing, raw_request_bytes, vllm_max_concurrency, weight_bytes,
 )
 from kvplan.memory.layout import (
     DEFAULT_BLOCK_SIZE, GROUP_RATIO, KVGroup, PoolLayout, cached_pool_layout, cross_bytes_per_request,
@@ -40,5 +40,5 @@ __all__ = [
     "shard_layer", "state_bytes_per_request", "tp_kv_heads",
     "NULL_BLOCKS", "UNBOUNDED_TOKENS", "Demand", "Fragmentation", "PrefixSharing", "Roofline", "contiguous_vs_paged",
     "decode_roofline", "step_weight_bytes", "group_blocks_per_request", "grouped_kv_tokens", "kv_cache_tokens", "max_context",
-    "max_requests", "prefix_sharing", "raw_request_bytes", "vllm_max_concurrency", "weight_bytes",
+    "max_requests", "max_sharing_requests", "prefix_sharing", "raw_request_bytes", "vllm_max_concurrency", "weight_bytes",
 ]

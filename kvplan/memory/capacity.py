@@ -97,6 +97,32 @@ class Demand:
         fixed = group.cache.is_state or group.cache.kind is LayerKind.CROSS
         return self.group_blocks(group, 1) if fixed else 0
 
+    def shared_blocks(self, tokens: int, prefix_tokens: int) -> int:
+        """Block ids of a ``prefix_tokens``-token prefix that requests of ``tokens`` tokens store once (prefix
+        caching): the prefix's full blocks in each group that keeps every token (full attention, MLA;
+        windowed, cross-attention and state groups keep their own). At most ``tokens - 1`` tokens of it: the
+        engine recomputes a prompt's last token (vLLM caps a cache hit at the prompt less one token), so each
+        request holds at least one block of its own in such a group."""
+        shared_tokens = max(0, min(prefix_tokens, tokens - 1))
+        if not shared_tokens:
+            return 0
+        return sum(shared_tokens // (g.block_size or self.layout.block_size) for g in self.layout.groups
+                   if g.cache.kind in (LayerKind.FULL, LayerKind.MLA))
+
+    def batch_blocks(self, batch: int, tokens: int, prefix_tokens: int = 0) -> int:
+        """Block ids ``batch`` requests of ``tokens`` tokens hold at once, a prefix of ``prefix_tokens`` tokens
+        that they all share stored once (0: nothing shared): ``batch x blocks - (batch - 1) x shared``.
+
+        The one rule for a shared prefix in the pool: the answer's requests, fits, margin and max context
+        (:class:`kvplan.planning.answer.Deployment`), prefix sharing and paging all count with it. Non-decreasing
+        in ``tokens`` (a request shorter than the prefix shares its first ``tokens - 1`` tokens)."""
+        if batch <= 0:
+            return 0
+        per_request = self.blocks(tokens)
+        if batch == 1 or not prefix_tokens:
+            return batch * per_request
+        return batch * per_request - (batch - 1) * self.shared_blocks(tokens, prefix_tokens)
+
     def with_layout(self, layout: PoolLayout) -> "Demand":
         """The same engine rules over another layout (another pipeline stage's pool)."""
         return replace(self, layout=layout)
@@ -135,6 +161,18 @@ def max_requests(blocks: int, per_request_blocks: int) -> int:
     return max(0, blocks - NULL_BLOCKS) // per_request_blocks
 
 
+def max_sharing_requests(blocks: int, demand: Demand, tokens: int, prefix_tokens: int = 0) -> int:
+    """Requests of ``tokens`` tokens that fit at once when they share a ``prefix_tokens``-token prefix: the
+    largest n with :meth:`Demand.batch_blocks` ``(n) <= num_blocks - 1 null block`` (no prefix:
+    :func:`max_requests`). The first request holds the shared blocks, each other only its own."""
+    per_request = demand.blocks(tokens)
+    usable = max(0, blocks - NULL_BLOCKS)
+    if per_request <= 0 or usable < per_request:
+        return 0
+    own = per_request - demand.shared_blocks(tokens, prefix_tokens)
+    return 1 + (usable - per_request) // own
+
+
 def kv_cache_tokens(blocks: int, per_request_blocks: int, max_model_len: int) -> int:
     """vLLM's "GPU KV cache size: N tokens" = ``int(max_concurrency x max_model_len)``.
 
@@ -161,11 +199,11 @@ UNBOUNDED_TOKENS = 1 << 40  # a context beyond any model's; returned when only w
 
 
 def max_context(blocks: int, demand: Demand, batch: int, limit_tokens: int = UNBOUNDED_TOKENS,
-                null_blocks: int = NULL_BLOCKS) -> int:
+                null_blocks: int = NULL_BLOCKS, prefix_tokens: int = 0) -> int:
     """Longest context (tokens, at most ``limit_tokens``) such that ``batch`` requests fit in
-    ``num_blocks - null_blocks`` blocks.
+    ``num_blocks - null_blocks`` blocks, sharing a ``prefix_tokens``-token prefix (0: none).
 
-    Binary search over the non-decreasing ``demand.blocks``; 0 when not even one token fits;
+    Binary search over the non-decreasing :meth:`Demand.batch_blocks`; 0 when not even one token fits;
     ``limit_tokens`` when everything up to it fits (always, when only windows and state are cached).
     Below the limit the result is block-aligned by construction (demand steps at block boundaries).
     """
@@ -174,7 +212,7 @@ def max_context(blocks: int, demand: Demand, batch: int, limit_tokens: int = UNB
     usable = blocks - null_blocks
 
     def ok(tokens: int) -> bool:
-        return batch * demand.blocks(tokens) <= usable
+        return demand.batch_blocks(batch, tokens, prefix_tokens) <= usable
 
     if not ok(1):
         return 0
@@ -191,7 +229,10 @@ def max_context(blocks: int, demand: Demand, batch: int, limit_tokens: int = UNB
 class PrefixSharing:
     """What sharing a ``prefix_tokens``-token prefix across requests buys.
 
-    ``shared_blocks``: full blocks of the prefix stored once (``floor(P / bs)`` per growing group).
+    ``shared_blocks``: block ids of the prefix stored once (:meth:`Demand.shared_blocks`: its full blocks in
+    each group that keeps every token). ``credited``: whether the plan's answer counts with it (the engine
+    runs with prefix caching); without prefix caching each request stores its own copy, and the ``shared``
+    figures say what turning it on would give.
     """
 
     prefix_tokens: int
@@ -203,11 +244,13 @@ class PrefixSharing:
     blocks_saved: int
     prefill_tokens_saved: int
     prefill_flops_saved: int
+    credited: bool = True
 
 
 def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
-                   parameters: int | None, request_cap: int | None = None) -> PrefixSharing:
-    """N requests of ``tokens`` tokens sharing a ``prefix_tokens`` prefix store its full blocks once.
+                   parameters: int | None, request_cap: int | None = None, credited: bool = True) -> PrefixSharing:
+    """N requests of ``tokens`` tokens sharing a ``prefix_tokens`` prefix store its full blocks once
+    (:func:`max_sharing_requests`, the same rule the answer counts with when ``credited``).
 
     Only groups that keep every token (full attention, MLA) share; windowed groups keep their own.
     Prefill FLOPs saved ~ 2 x ``parameters`` per token not recomputed (pass the parameters one token
@@ -216,31 +259,25 @@ def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
     """
     if prefix_tokens > tokens:
         raise InputError(f"--prefix-tokens {prefix_tokens} exceeds --context {tokens}")
-    layout = demand.layout
-    per_full = prefix_tokens // layout.block_size
-    growing = sum(1 for g in layout.groups if g.cache.kind in (LayerKind.FULL, LayerKind.MLA))
-    shared = per_full * growing
+    shared = demand.shared_blocks(tokens, prefix_tokens)
     per_req = demand.blocks(tokens)
-    per_req_shared = per_req - shared
-    usable = max(0, blocks - NULL_BLOCKS)
-    unshared_n = usable // per_req if per_req else 0
-    if usable < shared + per_req_shared or per_req_shared <= 0:
-        shared_n = unshared_n if per_req_shared > 0 else (1 if usable >= per_req else 0)
-    else:
-        shared_n = (usable - shared) // per_req_shared
+    unshared_n = max_requests(blocks, per_req)
+    shared_n = max_sharing_requests(blocks, demand, tokens, prefix_tokens)
     if request_cap is not None:
         unshared_n, shared_n = min(unshared_n, request_cap), min(shared_n, request_cap)
-    saved_tokens = max(0, shared_n - 1) * per_full * layout.block_size
+    bs = demand.layout.block_size  # a prefix hit is whole blocks: the tokens of a partial block are recomputed
+    saved_tokens = max(0, shared_n - 1) * (max(0, min(prefix_tokens, tokens - 1)) // bs * bs) if shared else 0
     return PrefixSharing(
         prefix_tokens=prefix_tokens,
         shared_blocks=shared,
         blocks_per_request_unshared=per_req,
-        blocks_per_request_shared=per_req_shared,
+        blocks_per_request_shared=per_req - shared,
         max_requests_unshared=unshared_n,
         max_requests_shared=shared_n,
         blocks_saved=max(0, shared_n - 1) * shared,
         prefill_tokens_saved=saved_tokens,
         prefill_flops_saved=2 * (parameters or 0) * saved_tokens,
+        credited=credited,
     )
 
 
@@ -263,7 +300,7 @@ class Fragmentation:
 
 
 def contiguous_vs_paged(blocks: int, demand: Demand, layers: tuple[LayerCache, ...], tokens: int,
-                        max_model_len: int, request_cap: int | None = None) -> Fragmentation:
+                        max_model_len: int, request_cap: int | None = None, prefix_tokens: int = 0) -> Fragmentation:
     """Compare a worst-case contiguous reservation of ``max_model_len`` per request with paging, in the same
     pool of ``blocks`` blocks under the same per-request rules (:class:`Demand`).
 
@@ -273,7 +310,8 @@ def contiguous_vs_paged(blocks: int, demand: Demand, layers: tuple[LayerCache, .
     tokens (a sliding or chunked layer too: a contiguous reservation is sized before the request runs, not
     by its window) and the state and image blocks the engine keeps. So for ``tokens <= max_model_len`` the
     contiguous side never fits more requests than paging. The waste of each side is measured against the
-    raw bytes at ``tokens`` (windows applied, no block slack).
+    raw bytes at ``tokens`` (windows applied, no block slack). ``prefix_tokens``: a prefix the paged requests
+    share (the engine's prefix caching, which needs paging: a contiguous reservation shares nothing).
     """
     layout = demand.layout
     raw = raw_request_bytes(layers, tokens, layout.kv_dtype, layout.model_dtype)
@@ -282,6 +320,7 @@ def contiguous_vs_paged(blocks: int, demand: Demand, layers: tuple[LayerCache, .
     per_req = demand.blocks(tokens)
     paged = per_req * layout.block_bytes
     cap = UNBOUNDED_TOKENS if request_cap is None else request_cap
+    paged_n = max_sharing_requests(blocks, demand, tokens, prefix_tokens)
     return Fragmentation(
         tokens=tokens,
         max_model_len=max_model_len,
@@ -289,7 +328,7 @@ def contiguous_vs_paged(blocks: int, demand: Demand, layers: tuple[LayerCache, .
         paged_request_bytes=paged,
         raw_request_bytes=raw,
         contiguous_max_requests=min(max_requests(blocks, reserved), cap),
-        paged_max_requests=min(max_requests(blocks, per_req), cap),
+        paged_max_requests=min(paged_n, cap),
         contiguous_waste_bytes=contiguous - raw,
         paged_waste_bytes=paged - raw,
     )

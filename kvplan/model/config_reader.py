@@ -45,7 +45,9 @@ class ConfigReader:
 
     def int(self, name: str, keys: tuple[str, ...], *, default: int | None = None, minimum: int = 1,
             required: bool = True) -> int | None:
-        for key in keys:
+        # a key the file gives wins over one the model type's defaults filled in (a Qwen3-MoE file's
+        # num_experts over the class default of num_local_experts)
+        for key in [k for k in keys if k not in self.defaulted] + [k for k in keys if k in self.defaulted]:
             value = self.config.get(key)
             if value is None:
                 continue

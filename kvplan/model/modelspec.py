@@ -202,7 +202,7 @@ class ModelSpec:
     mtp_layers: int = 0  # multi-token-prediction layers the config says the checkpoint holds (num_nextn_predict_layers)
     mtp_parameters: int = 0  # their parameters (loaded only with speculative decoding)
     shared_expert_size: int = 0  # intermediate size of a MoE layer's shared expert(s), 0 for none
-    quant_method: str = ""  # the checkpoint's quantization_config quant_method ("mxfp4", "fp8", ...), "" for none
+    quant_method: str = ""  # the checkpoint's quantization_config quant_method ("mxfp4", "fp8", ...), "" when not quantized
     mla_dims: tuple[int, ...] = ()  # MLA: (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
 
     @property

@@ -208,11 +208,18 @@ def mla_dims(r: ConfigReader) -> tuple[int, ...]:
 
 
 def quant_method(r: ConfigReader) -> str:
-    """The checkpoint's ``quantization_config`` (or ``compression_config``) ``quant_method``, "" for none."""
+    """The quantization method a checkpoint's config declares, lower case: ``quantization_config.quant_method``
+    (or a ``compression_config``'s: ``compressed-tensors``), ``modelopt`` for ModelOpt's ``quant_algo``,
+    ``unknown`` for a quantization_config naming no method; "" when the checkpoint is not quantized."""
     for key in ("quantization_config", "compression_config"):
-        value = r.raw(key)
-        if isinstance(value, dict):
-            return str(value.get("quant_method") or ("modelopt" if "quant_algo" in value else "")).lower()
+        q = r.raw(key)
+        if isinstance(q, dict):
+            method = q.get("quant_method")
+            if isinstance(method, str) and method.strip():
+                return method.strip().lower()
+            if "quant_algo" in q:
+                return "modelopt"
+            return "compressed-tensors" if key == "compression_config" else "unknown"
     return ""
 
 

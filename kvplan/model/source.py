@@ -63,7 +63,8 @@ _SAFETENSORS_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 class ModelSource:
     """A resolved model: its raw Hub-format config and where it came from.
 
-    ``kind`` is ``"local"``, ``"bundled"`` or ``"hub"``; ``location`` the file path or repo URL.
+    ``kind`` is ``"local"``, ``"bundled"``, ``"hub"`` or ``"options"`` (described by ``--layers``,
+    ``--kv-heads`` and ``--head-dim`` alone); ``location`` the file path, repo URL or those options.
     ``cached``: for a Hub model answered from the local HF cache, how (``HF cache, commit <sha>``).
     """
 
@@ -81,7 +82,8 @@ class ModelSource:
         ``Hugging Face Hub https://huggingface.co/org/name@<commit>`` plus ``(HF cache, commit ...)`` when
         the answer came from the local cache (``cached``) without asking the Hub."""
         rev = f"@{self.revision}" if self.revision and self.kind == "hub" else ""
-        label = {"local": "local config", "bundled": "bundled spec", "hub": "Hugging Face Hub"}[self.kind]
+        label = {"local": "local config", "bundled": "bundled spec", "hub": "Hugging Face Hub",
+                 "options": "no config, described by"}[self.kind]
         how = f" ({self.cached}; --refresh asks the Hub)" if self.cached else ""
         return f"{label} {self.location}{rev}{how}"
 

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 
-from kvplan.errors import ConfigError, ModelNotFoundError
+from kvplan.errors import ConfigError, HubError, KvplanError, ModelNotFoundError
 from kvplan.io.files import parse_bundled_yaml, read_text
 from kvplan.model.source import ModelSource, WeightFacts, read_config_file, weights_from_index
 from kvplan.model.spec import ModelSpec, Overrides, build_spec
@@ -158,10 +158,26 @@ def resolve_model(
     if not force_hub and revision is None and _bundled_key(name) is not None:
         return load_bundled(name)
     if "/" not in name or name.startswith((".", "/", "~")):
-        raise ModelNotFoundError(f"model {name!r} is not a local path, a bundled spec or a Hub id", _closest_hint(name))
+        raise ModelNotFoundError(f"model {name!r} is not a local path, a bundled spec or a Hub id",
+                                 _closest_hint(name) + "; or describe it: --layers N --kv-heads N --head-dim N "
+                                 "--weights-gib SIZE")
     from kvplan.model import hub  # lazy: huggingface_hub only when the Hub is used
 
-    return hub.fetch_model(name, revision=revision, token=token, offline=offline, refresh=refresh)
+    try:
+        return hub.fetch_model(name, revision=revision, token=token, offline=offline, refresh=refresh)
+    except (ModelNotFoundError, HubError) as exc:
+        near = [] if force_hub or revision is not None else did_you_mean(name)
+        if not near or "gated" in exc.message:
+            raise
+        raise type(exc)(exc.message, f"did you mean the bundled {near}? " + (exc.hint or "")) from None
+
+
+def did_you_mean(name: str) -> str | None:
+    """The bundled id a mistyped ``name`` most likely meant (``meta-llama/Lama-3.1-8B``: ``meta-llama/Llama-3.1-8B``),
+    or None when none is that close."""
+    ids = {i.lower(): i for i in bundled_ids()}
+    hits = difflib.get_close_matches(name.strip().lower(), list(ids), n=1, cutoff=0.85)
+    return ids[hits[0]] if hits else None
 
 
 def _is_local(name: str) -> bool:
@@ -192,9 +208,37 @@ def load_spec(name: str, *, overrides: Overrides | None = None, token: str | Non
     key = (name, tuple(sorted(where.items())), overrides, _local_stamp(name))
     hit = _SPECS.get(key)
     if hit is None:
-        source = resolve_model(name, token=token, **where)
-        hit = _SPECS[key] = (build_spec(source, overrides), source)
+        try:
+            source = resolve_model(name, token=token, **where)
+        except (ModelNotFoundError, HubError) as exc:
+            source = described_by_options(name, overrides, exc)
+        spec = build_spec(source, overrides)
+        if source.kind == OPTIONS_DESCRIBED:
+            from dataclasses import replace
+
+            spec = replace(spec, notes=(source.notes,) + spec.notes)
+        hit = _SPECS[key] = (spec, source)
     return hit
+
+
+OPTIONS_DESCRIBED = "options"  # ModelSource.kind of a model that --layers/--kv-heads/--head-dim describe alone
+
+
+def described_by_options(name: str, overrides: Overrides, exc: KvplanError) -> ModelSource:
+    """A model no source knows (``exc`` says why), described by ``--layers``, ``--kv-heads`` and ``--head-dim``
+    alone: a config holding only those, in bfloat16; re-raises ``exc`` unless all three are given. The rest
+    of its shape follows the same rules as a config that leaves it out (attention heads = KV heads, hidden =
+    heads x head_dim), and the weights need ``--weights-gib``; the source says so."""
+    if not (overrides.num_layers and overrides.kv_heads and overrides.head_dim) or "gated" in exc.message:
+        raise exc
+    described = f"--layers {overrides.num_layers} --kv-heads {overrides.kv_heads} --head-dim {overrides.head_dim}"
+    return ModelSource(
+        model_id=name, kind=OPTIONS_DESCRIBED, location=described,
+        config={"num_hidden_layers": overrides.num_layers, "num_key_value_heads": overrides.kv_heads,
+                "num_attention_heads": overrides.kv_heads, "head_dim": overrides.head_dim, "torch_dtype": "bfloat16"},
+        notes=(f"{name!r} has no config ({exc.message}): described by {described} alone, every layer full "
+               "attention in bfloat16 (--dtype for another); attention heads = KV heads and hidden = heads x "
+               "head_dim for the activation estimate (--activation-gib for a measured one)"))
 
 
 def clear_spec_cache() -> None:

@@ -115,6 +115,7 @@ class AttentionCheck:
     atol: float
     rtol: float
     ok: bool
+    request: int = 0  # which filled request (1-based: 1 the first, the last filled), 0: not from a fill
 
 
 def check_decode(case: str, k_cache: torch.Tensor, v_cache: torch.Tensor | None, block_table: Sequence[int],

@@ -416,12 +416,13 @@ def _attention_sample(plan: "Plan", pool: Any, allocator: BlockAllocator, fill: 
                 window = (tokens - 1) % cache.window_tokens + 1  # attends within the current chunk only
             case = _case_name(cache, kv_heads, q_heads)
             if cache.kind is LayerKind.MLA:
-                checks.append(check_decode(case, view.tensors["latent"], None, table, tokens, view.block_size,
-                                           q_heads, value_dim=max(1, cache.head_dim - MLA_ROPE_DIM), generator=gen,
-                                           null_block=allocator.null_block))
+                check = check_decode(case, view.tensors["latent"], None, table, tokens, view.block_size,
+                                     q_heads, value_dim=max(1, cache.head_dim - MLA_ROPE_DIM), generator=gen,
+                                     null_block=allocator.null_block)
             else:
-                checks.append(check_decode(case, view.k, view.v, table, tokens, view.block_size, q_heads,
-                                           window=window, generator=gen, null_block=allocator.null_block))
+                check = check_decode(case, view.k, view.v, table, tokens, view.block_size, q_heads,
+                                     window=window, generator=gen, null_block=allocator.null_block)
+            checks.append(replace(check, request=req + 1))  # the rows of one case differ by their request
     return tuple(checks)
 
 

@@ -7,7 +7,9 @@ Three limits decide what runs at once, and each is asked here only:
   does not serve, a max_model_len past the model's maximum, a pool too small for one request);
 - the scheduler runs at most ``max_num_seqs`` requests (:meth:`Deployment.request_limit`: vLLM's
   ``max_num_seqs``, SGLang's ``max_running_requests``);
-- the pool's blocks (:class:`~kvplan.memory.Demand`: what one request holds).
+- the pool's blocks (:class:`~kvplan.memory.Demand`: what one request holds; with prefix caching on, a prefix
+  every request shares is stored once: :meth:`~kvplan.memory.Demand.batch_blocks`, asked through
+  :meth:`Deployment.batch_blocks`).
 
 ``max_model_len`` is either fixed (``--max-model-len N`` or ``auto``) or follows the context (the default:
 the engine is launched with ``--max-model-len`` = the context); the longest context at a batch is the longest
@@ -53,6 +55,9 @@ class Answer:
     model_max_len: int | None = None  # the longest max_model_len the engine accepts for the model (None: no maximum)
     model_max_len_rule: str = ""  # how it follows from the config (max_position_embeddings, rope scaling)
     idle_reason: str | None = None  # why no request of max_model_len runs although the engine starts with it
+    shared_prefix_tokens: int = 0  # the prefix every request shares, counted once (prefix caching on; 0: none)
+    shared_blocks: int = 0  # block ids of that prefix stored once (in the requests, fits and max context above)
+    unshared_requests: int = 0  # max_requests were each request to store its own copy of the prefix
 
     @property
     def limited_by(self) -> str:
@@ -68,6 +73,8 @@ class Deployment:
     how many requests run at once and the longest context at a batch (all lengths in tokens).
 
     ``max_num_seqs``: the user's limit (None: the engine's own, which SGLang derives from the pool).
+    ``prefix_tokens``: a prefix every request shares, which the pool stores once (pass it only when the engine
+    runs with prefix caching: :func:`credited_prefix`); requests, fits, margin and max context count with it.
     ``max_model_len`` arguments: the engine's max_model_len, or None when it follows the context.
     """
 
@@ -77,6 +84,7 @@ class Deployment:
     demand: memory.Demand
     blocks: int
     max_num_seqs: int | None = None
+    prefix_tokens: int = 0
     _memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     # per-length figures (memoised) -------------------------------------------------------------
@@ -120,9 +128,22 @@ class Deployment:
         return self.rules.request_limit(self.engine, self.max_num_seqs, slots, max_model_len)
 
     # the answer ----------------------------------------------------------------------------------
+    def batch_blocks(self, batch: int, context: int) -> int:
+        """Block ids ``batch`` requests of ``context`` tokens hold, the shared prefix stored once
+        (:meth:`kvplan.memory.Demand.batch_blocks`)."""
+        return self.demand.batch_blocks(batch, context, self.prefix_tokens)
+
+    def shared_blocks(self, context: int) -> int:
+        """Block ids of the shared prefix stored once at ``context`` (0: no prefix credited)."""
+        return self.demand.shared_blocks(context, self.prefix_tokens) if self.prefix_tokens else 0
+
     def pool_requests(self, context: int) -> int:
-        """Requests of ``context`` tokens the pool's blocks hold at once (the null block reserved)."""
-        return memory.max_requests(self.blocks, self.blocks_per_request(context))
+        """Requests of ``context`` tokens the pool's blocks hold at once (the null block reserved; the shared
+        prefix stored once)."""
+        if not self.prefix_tokens:
+            return memory.max_requests(self.blocks, self.blocks_per_request(context))
+        return self._get(("pool", context), lambda: memory.max_sharing_requests(self.blocks, self.demand, context,
+                                                                                  self.prefix_tokens))
 
     def request_cap(self, max_model_len: int) -> int:
         """The most requests running at once whatever the pool: 0 when the engine refuses, else its limit."""
@@ -134,7 +155,9 @@ class Deployment:
 
     def margin_blocks(self, batch: int, context: int) -> int:
         """Free usable blocks after ``batch`` requests of ``context`` tokens (negative: short by)."""
-        return max(0, self.blocks - memory.NULL_BLOCKS) - batch * self.blocks_per_request(context)
+        if not self.prefix_tokens:
+            return max(0, self.blocks - memory.NULL_BLOCKS) - batch * self.blocks_per_request(context)
+        return max(0, self.blocks - memory.NULL_BLOCKS) - self.batch_blocks(batch, context)
 
     def fits(self, batch: int, context: int, max_model_len: int | None = None) -> bool:
         """``batch`` requests of ``context`` tokens run at once: the engine starts, the scheduler takes
@@ -151,11 +174,11 @@ class Deployment:
             if batch > self.request_cap(max_model_len):
                 return 0
             return self._get(("ctx", batch, max_model_len), lambda: memory.max_context(
-                self.blocks, self.demand, batch, limit_tokens=max_model_len))
+                self.blocks, self.demand, batch, limit_tokens=max_model_len, prefix_tokens=self.prefix_tokens))
         if self.refusal(1):
             return 0  # it refuses whatever the length (the model, an empty pool)
         longest = self._get(("ctx", batch, None), lambda: memory.max_context(
-            self.blocks, self.demand, batch, limit_tokens=self.model_limit))
+            self.blocks, self.demand, batch, limit_tokens=self.model_limit, prefix_tokens=self.prefix_tokens))
         if longest < 1 or batch <= self.request_limit(longest):
             return longest
         # the scheduler's limit shrinks as the length grows (SGLang derives it from the pool): the longest
@@ -216,4 +239,14 @@ class Deployment:
             model_max_len=self.model_length.tokens,
             model_max_len_rule=self.model_length.rule,
             idle_reason=self.idle_reason(mml),
+            shared_prefix_tokens=self.prefix_tokens,
+            shared_blocks=self.shared_blocks(context),
+            unshared_requests=min(memory.max_requests(self.blocks, self.blocks_per_request(context)),
+                                  self.request_cap(mml)),
         )
+
+
+def credited_prefix(prefix_tokens: int, prefix_caching: bool) -> int:
+    """The shared prefix a deployment's answer counts once: ``prefix_tokens`` when the engine runs with prefix
+    caching, else 0 (each request then stores its own copy)."""
+    return prefix_tokens if prefix_caching else 0

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from kvplan import memory
-from kvplan.planning.answer import Answer, Deployment
+from kvplan.planning.answer import Answer, Deployment, credited_prefix
 from kvplan.planning.kv_range import KvRange, kv_range
+from kvplan.planning.weights import check_quantization, served_weights, weights_bytes as _weights
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Features, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
@@ -96,7 +97,7 @@ class Plan:
     def deployment(self) -> Deployment:
         """The pool under the engine's rules: whether it starts, requests at once, the longest context."""
         return Deployment(self.spec, self.engine, self.rules, self.demand, self.answer.num_blocks,
-                          self.options.max_num_seqs)
+                          self.options.max_num_seqs, credited_prefix(self.options.prefix_tokens, self.prefix_caching))
 
     @property
     def max_model_len_fixed(self) -> int | None:
@@ -117,13 +118,13 @@ class Plan:
             self.layout.block_size if o.block_size else None, o.kv_budget_bytes, self.serve_model,
             max_num_seqs_flag=o.max_num_seqs or (a.max_num_seqs if other_usage else None),
             dtype=self.model_dtype if o.dtype and o.dtype != "auto" else None,
-            quantization=o.quantization,
+            quantization=served_weights(self)[0],
             max_num_batched_tokens_flag=o.max_num_batched_tokens or (e.max_num_batched_tokens if other_usage else None),
             enforce_eager=o.enforce_eager,
             prefix_caching_flag=None if self.prefix_caching == default_caching else self.prefix_caching,
             ssm_dtype=next((x.ssm_dtype for x in self.rank_layers if x.is_state and x.ssm_dtype), None)
             if o.ssm_dtype else None,
-            is_cpu=self.gpu.is_cpu, revision=o.revision,
+            is_cpu=self.gpu.is_cpu, revision=o.revision, kv_memory_bytes=self.budget.kv_budget_bytes,
             lora=bool(o.enable_lora or o.max_loras or o.max_lora_rank), max_loras=o.max_loras,
             max_lora_rank=o.max_lora_rank,
             speculative=o.speculative, speculative_tokens=o.num_speculative_tokens or 0,
@@ -311,15 +312,20 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     quantized_how = ""
     if options.quantization:
         method_dtype, quantized_how = quantization_weights(options.quantization)
+        check_quantization(spec, options.quantization, method_dtype, rules.ENGINE)
         if weights_dtype is None and method_dtype:
             weights_dtype = parse_dtype(method_dtype, "--quantization", weights=True)
 
     heads = spec.num_attention_heads
     if heads and heads % options.tp:  # vLLM's ModelConfig.verify_with_parallel_config
+        divisors = ", ".join(str(t) for t in (1, 2, 4, 8, 16, 32, 64) if t <= heads and heads % t == 0)
+        if options.tp_from_gpus:  # the user said --gpus N: speak of it
+            raise InputError(f"--gpus {options.gpu_count} (tensor parallelism over all of them) does not divide the "
+                             f"model's {heads} attention heads ({rules.ENGINE} requires it)",
+                             f"use --gpus {divisors.replace(', ', ', --gpus ')}; or split them with --tp and --pp "
+                             f"(tp x pp = {options.gpu_count}, tp dividing {heads})")
         raise InputError(f"--tp {options.tp} does not divide the model's {heads} attention heads ({rules.ENGINE} "
-                         "requires it)",
-                         "use a tp that divides " + f"{heads}: " + ", ".join(str(t) for t in (1, 2, 4, 8, 16, 32, 64)
-                                                                            if t <= heads and heads % t == 0))
+                         "requires it)", f"use a tp that divides {heads}: {divisors}")
     layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
                           spec, options)
     layers = _with_engine_layers(layers, rules.draft_layers(engine, spec, features), engine, model_dtype)
@@ -419,11 +425,12 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         answer = replace(answer, fix=fix(spec, options, _planner(spec, source), answer, refuses_the_model(deployment),
                                          pool.kv_dtype.bits, pool.gpu.memory_bytes))
     cap = deployment.request_cap(max_model_len)
-    frag = memory.contiguous_vs_paged(blocks, demand, pool.layers, options.context, max_model_len, cap)
+    frag = memory.contiguous_vs_paged(blocks, demand, pool.layers, options.context, max_model_len, cap,
+                                      deployment.prefix_tokens)
     prefix = None
     if options.prefix_tokens:
         prefix = memory.prefix_sharing(blocks, demand, options.context, options.prefix_tokens, spec.parameters_read(1),
-                                       cap)
+                                       cap, credited=bool(deployment.prefix_tokens))
     roofline = None
     if pool.gpu.bandwidth_bytes_per_s and answer.max_requests >= 1:  # no roofline for a deployment that runs nothing
         batch = min(answer.max_requests, options.batch) if answer.fits else answer.max_requests
@@ -473,6 +480,8 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
     notes += list(budget.notes) + ([state] if state else [])
     if auto_note:
         notes.append(auto_note)
+    if options.gpu_memory_bytes:
+        notes.append(_gpu_memory_note(pool.gpu, options))
     if options.tp_from_gpus:
         notes.append(f"--gpus {options.gpu_count} without --tp/--pp: tensor parallelism over all of them (tp "
                      f"{options.tp}); pass --tp and --pp to split them otherwise")
@@ -486,6 +495,30 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
         notes.append(f"{layout.padding_layers} padded layer slot(s) in the last group of a kind waste "
                      f"{layout.padding_layers}/{len(layout.groups) * layout.group_size} of each block")
     return tuple(notes)
+
+
+def _gpu_memory_note(gpu: GpuInfo, options: Options) -> str:
+    """What ``--gpu-memory`` means (the total the runtime reports, in GiB), in decimal units where it was given
+    in them, and the catalogue GPU nearest to it with what that one reports (``--gpu-memory 80GB`` is 74.51 GiB;
+    an H100 reports 79.20 GiB)."""
+    from kvplan.gpus import load_gpus
+    from kvplan.units import GB
+
+    size = options.gpu_memory_bytes
+    what = f"--gpu-memory: {size / GiB:,.2f} GiB ({size:,} B), planned as the total the runtime reports"
+    if size % GB == 0 and size % GiB:
+        what += f" (GB is 10^9 B: {size // GB:,} GB = {size / GiB:,.2f} GiB)"
+    gpus = [g for g in load_gpus() if not g.is_cpu and g.memory_bytes]
+    boxed = [g for g in gpus if g.marketing_gb and size in (round(g.marketing_gb * GB), round(g.marketing_gb * GiB))]
+    near = boxed or [g for g in gpus if 0.8 <= g.memory_bytes / size <= 1.25]
+    if not near or options.gpu:
+        return what
+    # the size on a box names the first such GPU of the catalogue (H100 SXM for 80 GB), else the nearest in size
+    best = near[0] if boxed else min(near, key=lambda g: abs(math.log(g.memory_bytes / size)))
+    flag = min((best.name, *best.aliases), key=len).lower()
+    return (f"{what}; the catalogue's {best.name} reports {best.memory_bytes / GiB:,.2f} GiB, not its box's "
+            f"{best.marketing_gb:g} GB (--gpu {flag} plans that)" if boxed else
+            f"{what}; the catalogue's {best.name} reports {best.memory_bytes / GiB:,.2f} GiB (--gpu {flag} plans that)")
 
 
 def _no_kv_memory_note(budget: Budget) -> str:
@@ -529,34 +562,10 @@ def _dtype_note(pool: _Pool, checkpoint: str) -> str:
     return f"{why}; the KV cache, activations and weights are sized in {run}{keep}"
 
 
-def _weights(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType) -> tuple[int, str]:
-    """Total weight bytes (all GPUs) and where the number came from."""
-    if options.weights_bytes is not None:
-        return options.weights_bytes, "--weights-gib"
-    w = spec.weights
-    if weights_dtype is None:
-        if w is not None and w.total_bytes:
-            loaded = w.loaded_bytes(spec.dtype, model_dtype.name)
-            if loaded is not None:
-                return loaded, f"checkpoint: {w.source or 'total_bytes'}, its {spec.dtype} tensors loaded as {model_dtype.name}"
-            return w.total_bytes, f"checkpoint: {w.source or 'total_bytes'}"
-        if spec.parameters:
-            return memory.weight_bytes(spec.parameters, model_dtype), f"{spec.parameters:,} parameters x {model_dtype.name}"
-    elif spec.parameters:
-        # GPTQ / AWQ / fp8 checkpoints quantize the decoder's linear layers; embeddings and the LM head stay 16-bit
-        embed = min(spec.embedding_parameters, spec.parameters)
-        quantized = spec.parameters - embed
-        total = memory.weight_bytes(quantized, weights_dtype) + memory.weight_bytes(embed, model_dtype)
-        return total, (f"{quantized:,} parameters x {weights_dtype.name} + {embed:,} embedding/LM-head "
-                       f"parameters x {model_dtype.name}")
-    raise InputError(f"{spec.source}: no weight facts (parameter count or checkpoint size)",
-                     "pass --weights-gib SIZE")
-
-
 def _deployment(spec: ModelSpec, pool: _Pool) -> Deployment:
     """The engine's answers over ``pool`` (starts, requests, fits, max context)."""
     return Deployment(spec, pool.engine, engine_rules(pool.engine.engine), pool.demand, pool.blocks,
-                      pool.options.max_num_seqs)
+                      pool.options.max_num_seqs, credited_prefix(pool.options.prefix_tokens, pool.demand.prefix_caching))
 
 
 def _auto_max_model_len(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tuple[_Pool, Deployment, int, str]:

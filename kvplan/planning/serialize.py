@@ -13,6 +13,7 @@ from typing import Any
 
 from kvplan import memory
 from kvplan.model.spec import LayerCache, LayerKind
+from kvplan.planning.weights import served_weights
 from kvplan.units import DType, parse_dtype, plural
 
 SCHEMA_VERSION = 1
@@ -206,9 +207,13 @@ def _answer(plan: Plan) -> dict[str, Any]:
         "max_concurrency": _finite(a.max_concurrency),
         "batch": a.batch,
         "max_context_at_batch": a.max_context_at_batch,
+        "max_context_max_model_len": (plan.max_model_len_fixed or a.max_context_at_batch) or None,
         "fits": a.fits,
         "fits_margin_blocks": a.fits_margin_blocks,
         "fix": a.fix,
+        "shared_prefix_tokens": a.shared_prefix_tokens,
+        "shared_blocks": a.shared_blocks,
+        "unshared_requests": a.unshared_requests,
     }
 
 
@@ -230,6 +235,7 @@ def _engine_report(plan: Plan) -> dict[str, Any]:
         "model_max_len_rule": a.model_max_len_rule or None,
         "idle_reason": a.idle_reason,
         "serve_command": None if a.refusal else plan.rules.serve_command(plan.launch),
+        "serve_note": None if a.refusal else served_weights(plan)[1],
     }
 
 

@@ -201,7 +201,7 @@ def fix(spec: "ModelSpec", options: Options, planner: Planner, answer: "Answer",
 
     Tried: fewer requests, a shorter context (at most the model's maximum; ``--prefix-tokens`` follows it
     down), a max_model_len the engine starts with (when one was given), a ``--max-num-seqs`` that takes the
-    batch, an fp8 KV cache, the smallest of x2, x4, x8 tensor parallelism that fits; when the engine refuses
+    batch, prefix caching (a shared prefix stored once) when it is off, an fp8 KV cache, the smallest of x2, x4, x8 tensor parallelism that fits; when the engine refuses
     the model itself, another release or engine that serves it; when none of these fits, the smallest larger
     catalogue GPU."""
     def fits(p: Plan) -> bool:
@@ -219,6 +219,8 @@ def fix(spec: "ModelSpec", options: Options, planner: Planner, answer: "Answer",
         candidates.append({"max_model_len": longest, "auto_max_model_len": False})
     if options.batch > answer.max_num_seqs:
         candidates.append({"max_num_seqs": options.batch})
+    if options.prefix_tokens and options.prefix_caching is False:  # the shared prefix stored once
+        candidates.append({"prefix_caching": True})
     if kv_bits > 8:
         candidates.append({"kv_dtype": "fp8"})
     found = [hit for hit in (replan(planner, options, **c) for c in candidates) if hit and fits(hit[1])]

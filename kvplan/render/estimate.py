@@ -9,9 +9,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from kvplan.planning.weights import served_weights
 from kvplan.planning.serialize import formula_lines
 from kvplan.planning.suggest import NOTHING_FITS
-from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural
+from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural, rounded_parts
 
 if TYPE_CHECKING:
     from kvplan.planning.plan import Plan
@@ -21,17 +22,50 @@ def _gib(n: int) -> str:
     return fmt_gib(n)
 
 
-def memory_bar(plan: "Plan", width: int = 60) -> Text:
-    """A one-line bar of the GPU's memory: weights | activation | overhead | KV budget | headroom."""
+TERM_STYLES = {"weights": "magenta", "activation": "yellow", "overhead": "red", "cudagraph": "bright_red"}
+LEGEND_WIDTH = 74  # the memory panel's width at 80 columns, less its borders
+UNUSED = "unused"  # the legend's name for total - usable (the share gpu_util leaves out)
+KV_BUDGET = "KV budget"
+
+
+def memory_figures(plan: "Plan") -> dict[str, str]:
+    """Every GiB figure of the memory panel, as its rows and the bar's legend print it (two decimals): the
+    total, ``usable``, each budget term, the KV budget and what gpu_util leaves unused. The parts are rounded
+    together so that they add up as printed (``total = usable + unused``; ``usable = terms + KV budget`` where
+    the KV budget is what the terms leave: :func:`kvplan.units.rounded_parts`)."""
     b = plan.budget
-    total = b.total_bytes
-    parts = [
-        ("weights", b.weights.bytes, "magenta"),
-        ("act", b.activation.bytes, "yellow"),
-        ("ovh", b.overhead.bytes + b.cudagraph.bytes, "red"),
-        ("KV", max(0, b.kv_budget_bytes), "green"),
-        ("free", max(0, total - b.usable_bytes), "grey42"),
-    ]
+
+    def centi(n: int) -> int:  # hundredths of a GiB, rounded half up, exactly
+        return (200 * n + GiB) // (2 * GiB) if n >= 0 else -((200 * -n + GiB) // (2 * GiB))
+
+    total, usable = centi(b.total_bytes), centi(b.usable_bytes)
+    shown = {"total": total, "usable": usable, UNUSED: total - usable}
+    terms = [t.bytes for t in b.terms]
+    if b.kv_budget_bytes >= 0 and min(terms, default=0) >= 0 and b.usable_bytes == sum(terms) + b.kv_budget_bytes:
+        scaled = rounded_parts(b.usable_bytes * 100, [x * 100 for x in terms + [b.kv_budget_bytes]], GiB)
+        assert sum(scaled) == usable
+    else:  # an explicit or negative KV budget: each figure on its own
+        scaled = [centi(x) for x in terms + [b.kv_budget_bytes]]
+    shown.update({t.name: c for t, c in zip(b.terms, scaled)})
+    shown[KV_BUDGET] = scaled[-1]
+    return {name: f"{c / 100:,.2f}" for name, c in shown.items()}
+
+
+def bar_parts(plan: "Plan") -> list[tuple[str, int, str]]:
+    """The memory bar's parts, ``(name, bytes, style)``: each budget term under its row's name, the KV budget,
+    and what gpu_util leaves unused (total - usable); terms of 0 bytes are left out."""
+    b = plan.budget
+    parts = [(t.name, t.bytes, TERM_STYLES.get(t.name, "red")) for t in b.terms if t.bytes > 0]
+    parts.append((KV_BUDGET, max(0, b.kv_budget_bytes), "green"))
+    parts.append((UNUSED, max(0, b.total_bytes - b.usable_bytes), "grey42"))
+    return parts
+
+
+def memory_bar(plan: "Plan", width: int = 60) -> Text:
+    """A one-line bar of the GPU's memory (:func:`bar_parts`) and its legend in GiB, each figure its row's
+    (:func:`memory_figures`)."""
+    total = plan.budget.total_bytes
+    parts, figures = bar_parts(plan), memory_figures(plan)
     bar = Text()
     used = 0
     for i, (_, size, style) in enumerate(parts):
@@ -41,19 +75,32 @@ def memory_bar(plan: "Plan", width: int = 60) -> Text:
         cells = max(0, min(cells, width - used))
         used += cells
         bar.append("█" * cells, style=style)
-    legend = Text("  ")
-    for name, size, style in parts:
+    legend, line = Text("  "), 2
+    items = [(f"{name} {figures[name]}", style) for name, _, style in parts]
+    for i, (item, style) in enumerate(items):
+        item += " GiB" if i == len(items) - 1 else ""
+        if line + len(item) + 2 > LEGEND_WIDTH:  # break between items, never inside one
+            legend.append("\n  ")
+            line = 2
         legend.append("■ ", style=style)
-        legend.append(f"{name} {size / GiB:.1f}  ")
+        legend.append(item + "  ")
+        line += len(item) + 4
+    legend.rstrip()
     return Text.assemble(bar, "\n", legend)
 
 
 def render_plan(plan: "Plan") -> Group:
-    """The estimate as rich renderables: model, memory, answer, engine report, paging, prefix, roofline."""
-    parts = [_model_panel(plan), _memory_panel(plan), _answer_panel(plan), _engine_panel(plan), _paging_panel(plan)]
+    """The estimate as rich renderables: the answer first, then how it follows (model, memory, engine report,
+    paging, prefix, roofline)."""
+    parts = [_answer_panel(plan), _model_panel(plan), _memory_panel(plan), _engine_panel(plan), _paging_panel(plan)]
     if plan.notes:
         parts.append(Text("\n".join(f"note: {n}" for n in plan.notes), style="yellow"))
     return Group(*parts)
+
+
+def render_brief(plan: "Plan") -> Text:
+    """``--brief``: what the engine will log about its KV cache, then the verdict (:func:`answer_lines`)."""
+    return Text("\n").join(answer_lines(plan, brief=True))
 
 
 def _model_panel(plan: "Plan") -> Panel:
@@ -81,14 +128,15 @@ def _memory_panel(plan: "Plan") -> Panel:
     space and the weights beside it, :func:`_cpu_memory_panel`). Sources wrap; nothing is cut."""
     if plan.gpu.is_cpu:
         return _cpu_memory_panel(plan)
-    b = plan.budget
+    b, shown = plan.budget, memory_figures(plan)
     t = _terms_table()
-    t.add_row("total (runtime-reported)", _gib(b.total_bytes), Text(f"{plan.gpu.name}, {b.total_bytes / GB:.2f} GB"))
-    t.add_row(f"usable (x {b.gpu_util:g})", _gib(b.usable_bytes), Text(f"{b.requested_rounding}(total x gpu_util)"))
+    t.add_row("total (runtime-reported)", f"{shown['total']} GiB", Text(f"{plan.gpu.name}, {b.total_bytes / GB:,.2f} GB"))
+    t.add_row(f"usable (x {b.gpu_util:g})", f"{shown['usable']} GiB", Text(f"{b.requested_rounding}(total x gpu_util)"))
     for term in b.terms:
-        t.add_row(f"− {term.name}", _gib(term.bytes), Text(term.source))  # Text: sources hold "[rows, vocab]"
+        t.add_row(f"− {term.name}", f"{shown[term.name]} GiB", Text(term.source))  # Text: sources hold "[rows, vocab]"
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
-    t.add_row(Text("= KV budget", style=style), Text(_gib(b.kv_budget_bytes), style=style), Text(b.kv_budget_source))
+    t.add_row(Text(f"= {KV_BUDGET}", style=style), Text(f"{shown[KV_BUDGET]} GiB", style=style),
+              Text(b.kv_budget_source))
     return Panel(Group(t, memory_bar(plan)), title=f"memory per GPU ({plan.options.gpu_count}x {plan.gpu.name})",
                  title_align="left")
 
@@ -120,38 +168,128 @@ def _cpu_memory_panel(plan: "Plan") -> Panel:
 
 
 def _answer_panel(plan: "Plan") -> Panel:
-    """Blocks, requests at the context (and which limit binds), max context at the batch, and the verdict."""
-    a, lay = plan.answer, plan.layout
-    ans = Text()
-    shared = f", each block one page in each of {len(lay.groups)} groups" if len(lay.groups) > 1 else ""
-    ans.append(f"KV cache: {plural(a.num_blocks, 'block')} x {plural(lay.block_size, 'token')} = {a.capacity_tokens:,} token slots"
-               f" ({fmt_bytes(lay.block_bytes)} per block{shared})\n")
-    ans.append(f"at {a.context:,} tokens/request: ", style="bold")
-    ans.append(plural(a.max_requests, "concurrent request"), style="bold cyan")
-    if a.limited_by == "refused":
-        ans.append(f" ({plan.engine.engine} does not start: see engine)\n")
-    elif a.limited_by == "max_num_seqs":
-        ans.append(f" (max_num_seqs {a.max_num_seqs:,} binds; the pool holds {a.pool_requests:,} of "
-                   f"{plural(a.blocks_per_request, 'block')} each)\n")
+    """The answer, first: KV tokens, requests at the context, max context at the batch, the verdict
+    (:func:`answer_lines`)."""
+    return Panel(Text("\n").join(answer_lines(plan)), title="answer", title_align="left")
+
+
+def answer_figures(plan: "Plan") -> dict[str, str]:
+    """The answer's figures as every output prints them (the answer panel, ``--brief``, comparison rows): the
+    KV budget, the engine's KV-token figure, requests of the context at once, the longest context at the batch,
+    the verdict in a word. The one place to change how they are written."""
+    a = plan.answer
+    return {"kv_budget": f"{max(0, plan.budget.kv_budget_bytes) / GiB:,.2f} GiB", "kv_tokens": f"{a.kv_tokens:,}",
+            "requests": f"{a.max_requests:,}", "max_context": f"{a.max_context_at_batch:,}" if a.max_context_at_batch
+            else "none", "fits": "fits" if a.fits else ("refused" if a.refusal else "does NOT fit")}
+
+
+def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
+    """The answer's lines, the one place its figures are written (the answer panel and ``--brief``).
+
+    In full: the KV cache (the engine's token figure, its blocks), requests of the context running at once
+    (and what binds), the longest context at the batch (and the max_model_len it holds for), the verdict.
+    ``brief``: the lines the engine logs about its KV cache (vLLM: available KV memory, KV cache size,
+    maximum concurrency), then the verdict.
+    """
+    a, lay, figures = plan.answer, plan.layout, answer_figures(plan)
+    kv_tokens = figures["kv_tokens"] + (" token" if a.kv_tokens == 1 else " tokens")
+    requests = figures["requests"] + (" concurrent request" if a.max_requests == 1 else " concurrent requests")
+    lines: list[Text] = []
+    if brief:
+        if a.refusal:
+            lines.append(Text.assemble((f"{plan.engine.label} will refuse to start: ", "bold red"), a.refusal))
+        else:
+            lines += [Text(line) for line in plan.rules.log_lines(plan.launch)]
+        lines.append(_verdict(plan))
+        return lines
+    kv = Text.assemble(("KV cache: ", "bold"), (kv_tokens, "bold cyan"))
+    slots = f"{plural(a.num_blocks, 'block')} x {plural(lay.block_size, 'token')}"
+    if a.kv_tokens != a.capacity_tokens:
+        kv.append(f" as {plan.engine.engine} reports it ({slots} = {a.capacity_tokens:,} token slots")
     else:
-        ans.append(f" ({plural(a.blocks_per_request, 'block')} each; the pool binds, max_num_seqs "
-                   f"{a.max_num_seqs:,})\n")
-    ans.append(f"max context at batch {a.batch}: ", style="bold")
-    ans.append(f"{plural(a.max_context_at_batch, 'token')}\n", style="bold cyan")
-    verdict = ("fits", "bold green") if a.fits else ("does NOT fit", "bold red")
-    ans.append(f"{a.batch} x {plural(a.context, 'token')}: ")
-    ans.append(verdict[0], style=verdict[1])
+        kv.append(f" ({slots}")
+    groups = f", each one page in each of {len(lay.groups)} groups" if len(lay.groups) > 1 else ""
+    kv.append(f", {fmt_bytes(lay.block_bytes)} per block{groups})")
+    lines.append(kv)
+    at = Text.assemble((f"at {a.context:,} tokens/request: ", "bold"), (requests, "bold cyan"))
+    if a.limited_by == "refused":
+        at.append(f" ({plan.engine.engine} does not start: see engine)")
+    elif a.limited_by == "max_num_seqs":
+        at.append(f" (max_num_seqs {a.max_num_seqs:,} binds; the pool holds {plural(a.pool_requests, 'request')})")
+    else:
+        at.append(f" (the pool binds: {plural(a.blocks_per_request, 'block')} each; max_num_seqs {a.max_num_seqs:,})")
+    lines.append(at)
+    shared = _shared_prefix_line(plan)
+    if shared:
+        lines.append(Text(f"  {shared}", style="grey62"))
+    lines.append(_max_context_line(plan))
+    lines.append(_verdict(plan))
+    return lines
+
+
+def _shared_prefix_line(plan: "Plan") -> str | None:
+    """Whether the answer counts a shared prefix once: with prefix caching it does (and says what it gains),
+    without it it does not (and says how to turn it on)."""
+    a, o = plan.answer, plan.options
+    if not o.prefix_tokens:
+        return None
+    prefix = f"{o.prefix_tokens:,}-token prefix"
+    if a.shared_prefix_tokens:
+        return (f"sharing a {prefix}, stored once ({plural(a.shared_blocks, 'block')}; prefix caching on): "
+                f"{plural(a.unshared_requests, 'request')} without sharing")
+    return f"a {prefix}, not shared: prefix caching is off (--prefix-caching shares it)"
+
+
+def _max_context_line(plan: "Plan") -> Text:
+    """The longest context ``batch`` requests run at, and the max_model_len it holds for: the planned one when
+    it caps it, else the one a launch needs (the launch line's is the context's)."""
+    a, d = plan.answer, plan.deployment
+    line = Text.assemble((f"max context at batch {a.batch}: ", "bold"))
+    m, fixed = a.max_context_at_batch, plan.max_model_len_fixed
+    if m < 1:
+        line.append("none", style="bold red")
+        if a.refusal and (fixed is not None or d.refusal(1)):
+            line.append(f" ({plan.engine.engine} does not start)")
+        elif a.batch > d.request_cap(fixed or max(1, a.longest_startable_len)):
+            limit = d.request_limit(fixed or max(1, a.longest_startable_len))
+            line.append(f" (max_num_seqs {limit:,} runs at most {plural(limit, 'request')} at once)")
+        else:
+            line.append(f" (not one token each: {plural(a.batch, 'request')} need more than the pool's "
+                        f"{plural(a.num_blocks, 'block')})")
+        return line
+    line.append(answer_figures(plan)["max_context"] + (" token" if m == 1 else " tokens"), style="bold cyan")
+    if fixed is not None:
+        if m == fixed:
+            line.append(f" (max_model_len {fixed:,} caps it)")
+    elif m > plan.max_model_len:  # a flag the options accept with this --context
+        line.append(f" (needs --max-model-len {m})")
+    elif m < plan.max_model_len:
+        line.append(f" (at max_model_len {m:,})")
+    return line
+
+
+def _verdict(plan: "Plan") -> Text:
+    """``32 x 8,192 tokens: fits (... spare)`` or ``does NOT fit (why); try ...``."""
+    a, lay = plan.answer, plan.layout
+    line = Text(f"{a.batch} x {plural(a.context, 'token')}: ")
     if a.fits:
-        ans.append(f" ({plural(a.fits_margin_blocks, 'block')} = {plural(a.fits_margin_blocks * lay.block_size, 'token')} spare)")
-        return Panel(ans, title="answer", title_align="left")
+        line.append("fits", style="bold green")
+        spare = plural(a.fits_margin_blocks * lay.block_size, "token")
+        if lay.block_size > 1:
+            spare = f"{plural(a.fits_margin_blocks, 'block')} = {spare}"
+        line.append(f" ({spare} spare" + (", the shared prefix stored once" if a.shared_prefix_tokens else "") + ")")
+        return line
+    line.append("does NOT fit", style="bold red")
     if a.refusal:
         why = f"{plan.engine.engine} does not start"
     elif a.batch > a.max_num_seqs:
         why = f"max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once"
     else:
         why = f"short by {plural(-a.fits_margin_blocks, 'block')} = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}"
-    ans.append(f" ({why}); " + (f"try {a.fix}" if a.fix else NOTHING_FITS))
-    return Panel(ans, title="answer", title_align="left")
+        if a.shared_prefix_tokens:
+            why += ", the shared prefix stored once"
+    line.append(f" ({why}); " + (f"try {a.fix}" if a.fix else NOTHING_FITS))
+    return line
 
 
 def _engine_panel(plan: "Plan") -> Panel:
@@ -182,6 +320,9 @@ def _engine_panel(plan: "Plan") -> Panel:
         eng.append(f"  {line}\n", style="grey62")
     eng.append("serve: ", style="bold")
     eng.append(plan.rules.serve_command(plan.launch))
+    serve_note = served_weights(plan)[1]
+    if serve_note:
+        eng.append(f"\n  not what was planned: {serve_note}", style="yellow")
     if " factor " in a.model_max_len_rule:  # rope scaling decided it (or was ignored)
         eng.append(f"\n  the model's maximum length: {a.model_max_len_rule}", style="grey62")
     if not plan.launch.max_num_seqs_flag:
@@ -200,6 +341,8 @@ def _paging_panel(plan: "Plan") -> Panel:
     more.append(f"contiguous (reserve max_model_len {f.max_model_len:,}): {plural(f.contiguous_max_requests, 'request')}, "
                 f"{fmt_bytes(f.contiguous_waste_bytes)} wasted each\n")
     more.append(f"paged (block {lay.block_size}): {plural(f.paged_max_requests, 'request')}, {fmt_bytes(f.paged_waste_bytes)} slack each")
+    if plan.answer.shared_prefix_tokens:
+        more.append(" (the shared prefix stored once)")
     state_blocks = sum(plan.demand.state_blocks(g) for g in lay.groups)
     if state_blocks > sum(1 for g in lay.groups if g.cache.is_state):
         more.append(f" (with prefix caching the state groups keep {plural(state_blocks, 'block')} per request, checkpoints "
@@ -208,9 +351,15 @@ def _paging_panel(plan: "Plan") -> Panel:
         more.append(f"\n{lay.padding_layers} padded layer slot(s) per block (hybrid grouping)")
     if plan.prefix:
         p = plan.prefix
-        more.append(f"\nprefix {plural(p.prefix_tokens, 'token')} shared: {plural(p.shared_blocks, 'block')} stored once; "
-                    f"{p.max_requests_unshared:,} -> {plural(p.max_requests_shared, 'request')}; "
-                    f"{p.prefill_tokens_saved:,} prefill tokens (~{p.prefill_flops_saved / 1e12:,.1f} TFLOP) not recomputed")
+        if p.credited:
+            more.append(f"\nprefix {plural(p.prefix_tokens, 'token')} shared: {plural(p.shared_blocks, 'block')} stored once; "
+                        f"{p.max_requests_unshared:,} -> {plural(p.max_requests_shared, 'request')}; "
+                        f"{p.prefill_tokens_saved:,} prefill tokens (~{p.prefill_flops_saved / 1e12:,.1f} TFLOP) not "
+                        "recomputed")
+        else:
+            more.append(f"\nprefix {plural(p.prefix_tokens, 'token')}: not shared (prefix caching off); with "
+                        f"--prefix-caching {plural(p.shared_blocks, 'block')} stored once, {p.max_requests_unshared:,} -> "
+                        f"{plural(p.max_requests_shared, 'request')}")
     if plan.roofline:
         r = plan.roofline
         knee = (f"KV reads match weight reads at batch {r.knee_batch:,.0f}" if r.knee_batch >= 1 else

@@ -89,6 +89,16 @@ def plot_concurrency(report: "Report") -> tuple[bytes | None, str | None]:
 
 def plot_memory(report: "Report") -> tuple[bytes | None, str | None]:
     """Per-GPU memory breakdown as stacked bars, one per configuration. (png, caption note)."""
+    plt = _pyplot()
+    fig, note = memory_figure(report)
+    data = _png(fig)
+    plt.close(fig)
+    return data, note
+
+
+def memory_figure(report: "Report") -> tuple[Any, str | None]:
+    """The memory plot's figure: one stacked bar per distinct breakdown, a segment per budget term (each its
+    own, as the estimate's rows), the legend beside the bars, clear of the axis label."""
     # the KV dtype and block size change no budget term: one bar per distinct breakdown
     keys = [k for k in _pool_keys(report) if k not in ("kv_dtype", "block_size")]
     pools, seen = [], set()
@@ -104,7 +114,8 @@ def plot_memory(report: "Report") -> tuple[bytes | None, str | None]:
     parts = [
         ("weights", lambda b: b.weights.bytes, "#8e44ad"),
         ("activation", lambda b: b.activation.bytes, "#f39c12"),
-        ("overhead + CUDA graphs", lambda b: b.overhead.bytes + b.cudagraph.bytes, "#c0392b"),
+        ("overhead", lambda b: b.overhead.bytes, "#c0392b"),
+        ("cudagraph", lambda b: b.cudagraph.bytes, "#e6735c"),
         ("KV cache budget", lambda b: max(0, b.kv_budget_bytes), "#27ae60"),
         ("not used (1 - gpu_util)", lambda b: max(0, b.total_bytes - b.usable_bytes), "#bdc3c7"),
     ]
@@ -122,12 +133,10 @@ def plot_memory(report: "Report") -> tuple[bytes | None, str | None]:
     ax.invert_yaxis()
     ax.set_xlabel("GiB per GPU (as the runtime reports it)")
     ax.set_title("Memory per GPU")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 if len(shown) > 3 else -0.3), ncol=3, frameon=False)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside: never on the label
     ax.grid(True, axis="x", alpha=0.3)
-    data = _png(fig)
-    plt.close(fig)
     note = f"{len(shown)} of {len(pools)} configurations shown" if len(pools) > len(shown) else None
-    return data, note
+    return fig, note
 
 
 _PLOTTERS: dict[str, Callable[["Report"], tuple[bytes | None, str | None]]] = {

@@ -111,11 +111,14 @@ def _fill_table(r: "ValidationResult") -> Table:
 
 def _attention_table(r: "ValidationResult") -> Table:
     """Decode attention over the scattered blocks vs a contiguous copy, case by case."""
-    t = Table(title="decode attention: scattered blocks vs contiguous copy", title_justify="left", show_edge=False)
-    for col in ("case", "tokens", "heads q/kv", "dim", "cache", "max |diff|", "tolerance", ""):
+    t = Table(title="decode attention: scattered blocks vs contiguous copy", title_justify="left", show_edge=False,
+              box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for col in ("case", "request", "tokens", "heads q/kv", "dim", "cache", "max |diff|", "atol", ""):
         t.add_column(col, justify="left" if col in ("case", "cache", "") else "right")
+    filled = r.fill.filled_requests if r.fill else 0
     for c in r.attention:
-        t.add_row(c.case, f"{c.num_tokens:,}", f"{c.q_heads}/{c.kv_heads}", str(c.head_dim), c.cache_dtype,
+        which = f"{c.request} of {filled}" if c.request and filled else "-"
+        t.add_row(c.case, which, f"{c.num_tokens:,}", f"{c.q_heads}/{c.kv_heads}", str(c.head_dim), c.cache_dtype,
                   f"{c.max_abs_error:.2e}", f"{c.atol:g}", _verdict(c.ok))
     return t
 

@@ -11,12 +11,13 @@ Flow of :func:`fetch_model`:
    cache with no network round trip; the revision's commit is stated in the source. ``refresh=True``
    (``--refresh``) skips this step and asks the Hub.
 2. offline (``offline=True``, or ``HF_HUB_OFFLINE``): the cache only; an error when it has nothing.
-3. online: one HEAD of config.json with a short timeout and no retries (fail fast); on a network error,
-   a 5xx or an access error the cached copy is used when there is one, else the error is raised. Then
-   ``hf_hub_download`` fetches config.json into the cache and ``get_safetensors_metadata`` reads the
-   safetensors headers (HTTP range requests) for parameter counts per dtype; kvplan keeps that summary
-   in huggingface_hub's assets folder (``HF_HOME/assets/kvplan/<org>--<name>/weights/<commit>.json``), so
-   cached and offline answers equal the online one.
+3. online, three requests: ``hf_hub_download`` of config.json (its HEAD, with a short timeout and no
+   retries: fail fast, and the GET); on a network error, a 5xx or an access error the cached copy is used
+   when there is one, else the error is raised. Then one ``model_info(expand=["safetensors"])`` for the
+   parameter counts per dtype the Hub read from the safetensors headers (where it has none,
+   ``get_safetensors_metadata`` reads the headers with HTTP range requests); kvplan keeps that summary in
+   huggingface_hub's assets folder (``HF_HOME/assets/kvplan/<org>--<name>/weights/<commit>.json``), so
+   cached and offline answers equal the online one and cost no request.
 
 A config.json that cannot be parsed (not UTF-8, binary, too deep...) is removed from the cache before the
 error is raised, so the next run asks the Hub again instead of failing the same way. Every Hub failure
@@ -37,7 +38,7 @@ from typing import Any
 from kvplan.errors import ConfigError, HubError, ModelNotFoundError
 from kvplan.io.files import read_json_object
 from kvplan.model.hub.errors import Unavailable, translate
-from kvplan.model.hub.request import (CONFIG_FILE, HubRequest, cached_file, commit_of, metadata_timeout_s, supported)
+from kvplan.model.hub.request import CONFIG_FILE, HubRequest, cached_file, commit_of, metadata_timeout_s
 from kvplan.model.hub.weights import cached_weights, online_weights
 from kvplan.model.source import ModelSource, WeightFacts
 
@@ -160,14 +161,12 @@ def _evict(path: Path) -> bool:
 
 def _download_config(req: HubRequest) -> tuple[Path, str]:
     """config.json into the cache; returns its path and a note ('' when the Hub answered)."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub import hf_hub_download
 
-    url = hf_hub_url(req.repo_id, CONFIG_FILE, revision=req.revision, endpoint=req.endpoint)
     try:
-        # One HEAD, short timeout, no retries: huggingface_hub alone would retry for up to a minute
-        # before giving up on an unreachable Hub with nothing cached.
-        get_hf_file_metadata(url, token=req.token, **supported(get_hf_file_metadata, timeout=metadata_timeout_s(),
-                                                                retry_on_errors=False, endpoint=req.endpoint))
+        # Two requests: hf_hub_download's HEAD (short timeout) and the GET. force_download: config.json is not
+        # cached for this revision (or --refresh asks again), and it makes a failed HEAD final: without it
+        # huggingface_hub retries for up to a minute before giving up on an unreachable Hub.
         path = hf_hub_download(
             req.repo_id,
             CONFIG_FILE,
@@ -176,10 +175,13 @@ def _download_config(req: HubRequest) -> tuple[Path, str]:
             cache_dir=req.cache_dir,
             endpoint=req.endpoint,
             etag_timeout=metadata_timeout_s(),
+            force_download=True,
         )
         return Path(path), ""
     except Exception as exc:  # noqa: BLE001 - classified below; unknown errors re-raised as they are
         error, cache_may_answer = translate(exc, req)
+        if error is None and isinstance(exc, ValueError) and exc.__cause__ is not None:
+            error, cache_may_answer = translate(exc.__cause__, req)  # force_download's wrapper of the HEAD's error
         if error is None:
             raise
         cached = cached_file(req, CONFIG_FILE) if cache_may_answer else None

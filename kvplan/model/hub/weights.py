@@ -1,5 +1,5 @@
-"""Weight facts of a Hub model without downloading weights: safetensors headers (online, or cached), kvplan's
-summary of the headers it read online (``HF_HOME/assets/kvplan/<org>--<name>/weights/<commit>.json``), or the
+"""Weight facts of a Hub model without downloading weights: the Hub's safetensors parameters per dtype (its model
+info: one request), safetensors headers (online, or cached), kvplan's summary of the facts it read online (``HF_HOME/assets/kvplan/<org>--<name>/weights/<commit>.json``), or the
 cached index's ``total_size``."""
 
 from __future__ import annotations
@@ -22,13 +22,19 @@ from kvplan.units import cdiv
 
 
 def online_weights(req: HubRequest, commit: str | None) -> tuple[WeightFacts | None, str]:
-    """Weight facts from the safetensors headers on the Hub (falling back to the cached index)."""
+    """Weight facts from the Hub: its model info's safetensors parameters per dtype (one request), else the
+    safetensors headers (a request per file and shard index), falling back to the cached index."""
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hf_errors
 
     not_safetensors = getattr(hf_errors, "NotASafetensorsRepoError", None)
     parsing = getattr(hf_errors, "SafetensorsParsingError", ValueError)
     api = HfApi(endpoint=req.endpoint, token=req.token)
+    facts = _model_info_weights(api, req, commit, (hf_errors.HfHubHTTPError, parsing))
+    if facts is not None:
+        if commit:
+            _remember_weights(req, commit, facts)
+        return facts, ""
     try:
         meta = api.get_safetensors_metadata(
             req.repo_id,
@@ -56,6 +62,34 @@ def online_weights(req: HubRequest, commit: str | None) -> tuple[WeightFacts | N
     if commit:
         _remember_weights(req, commit, facts)
     return facts, ""
+
+
+def _model_info_weights(api: Any, req: HubRequest, commit: str | None,
+                        hub_errors: tuple[type[BaseException], ...]) -> WeightFacts | None:
+    """Weight facts from the Hub's model info (``expand=["safetensors"]``: parameters per dtype, which the Hub
+    reads from the safetensors headers), or None when it has none or names a dtype whose size kvplan does not
+    know (the headers' byte offsets then tell). Bytes per dtype: ``ceil(elements x bits / 8)``."""
+    revision = commit or req.revision
+    try:
+        info = api.model_info(req.repo_id, revision=revision, token=req.token, expand=["safetensors"],
+                              **supported(api.model_info, timeout=header_timeout_s()))
+    except (*hub_errors, OSError, ValueError, KeyError, TypeError, *transport_errors()):
+        return None
+    parameters = getattr(getattr(info, "safetensors", None), "parameters", None)
+    if not isinstance(parameters, dict) or not parameters:
+        return None
+    by_dtype: dict[str, int] = {}
+    total_bytes = 0
+    for dtype, count in parameters.items():
+        bits = SAFETENSORS_DTYPE_BITS.get(str(dtype).upper())
+        if bits is None or not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return None
+        by_dtype[str(dtype)] = count
+        total_bytes += cdiv(count * bits, 8)
+    main = max(by_dtype, key=lambda d: by_dtype[d])
+    return WeightFacts(total_bytes=total_bytes or None, parameters=sum(by_dtype.values()) or None, dtype=main,
+                       params_by_dtype=MappingProxyType(dict(sorted(by_dtype.items()))),
+                       source=f"safetensors metadata (the Hub's parameters per dtype) at {revision or 'main'}")
 
 
 def _facts(tensors: Iterable[tuple[str, Any, Any]], source: str) -> WeightFacts | None:

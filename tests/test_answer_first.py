@@ -1,0 +1,153 @@
+"""The answer first, and one deployment per output.
+
+- ``kvplan estimate`` printed 59 lines at 80 columns with the answer at line 38: the answer panel (KV tokens,
+  requests at the context, max context, the verdict) now comes first, and ``--brief`` prints the engine's own
+  KV-cache lines and the verdict, both from :func:`kvplan.render.estimate.answer_lines`;
+- "max context at batch 32: 14,032 tokens" stood beside a launch line with ``--max-model-len 8192``: the
+  line names the max_model_len it holds for (the fixed one caps it; a following one names the flag a launch
+  needs), and that max_model_len, planned, runs the batch at that context;
+- the memory bar's legend said "ovh 1.3" for two rows (overhead 0.33 + cudagraph 0.97) and derived figures
+  were rounded on their own (79.20 - 72.87 shown as 6.34): each legend figure is its row's, and the
+  figures add up as printed.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from rich.console import Console
+
+from kvplan.model.sources import bundled_ids, load_bundled
+from kvplan.model.spec import build_spec
+from kvplan.planning.plan import Options, Plan, plan_for_spec
+from kvplan.render.estimate import answer_lines, memory_figures, render_brief, render_plan
+from kvplan.units import GiB, rounded_parts
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_hardening import kvplan  # noqa: E402
+
+LLAMA = "meta-llama/Llama-3.1-8B"
+SCENARIOS = ({"gpu": "H100", "context": 8192, "batch": 32}, {"gpu": "L4", "context": 32768, "batch": 4},
+             {"gpu": "H100", "engine": "sglang", "context": 4096, "batch": 64},
+             {"gpu": "A100-40GB", "context": 2048, "batch": 8, "max_model_len": 16384},
+             {"gpu": "H200", "context": 8192, "batch": 1500})
+
+
+@lru_cache(maxsize=None)
+def spec_of(model_id: str):  # noqa: ANN201
+    return build_spec(load_bundled(model_id))
+
+
+def _text(renderable: object, width: int = 80) -> str:
+    console = Console(width=width, record=True, highlight=False, soft_wrap=False, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def _flat(text: str) -> str:
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def _plans(model_id: str):  # noqa: ANN202
+    for values in SCENARIOS:
+        yield plan_for_spec(spec_of(model_id), Options(model=model_id, **values))
+
+
+def test_the_answer_is_in_the_first_lines_and_brief_is_four():
+    r = kvplan("estimate", LLAMA, "--gpu", "H100", "--context", "8k", "--batch", "32")
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("╭─ answer"), lines[:3]
+    head = _flat("\n".join(lines[:9]))
+    assert "KV cache: 449,088 tokens" in head and "54 concurrent requests (" in head
+    assert "max context at batch 32: 14,032 tokens (needs --max-model-len 14032)" in head
+    assert "32 x 8,192 tokens: fits" in head
+    brief = kvplan("estimate", LLAMA, "--gpu", "H100", "--context", "8k", "--batch", "32", "--brief").stdout
+    assert brief.splitlines() == ["Available KV cache memory: 54.82 GiB", "GPU KV cache size: 449,088 tokens",
+                                  "Maximum concurrency for 8,192 tokens per request: 54.82x",
+                                  "32 x 8,192 tokens: fits (11,683 blocks = 186,928 tokens spare)"]
+
+
+@pytest.mark.parametrize("model_id", bundled_ids())
+def test_brief_and_the_answer_panel_come_from_one_function(model_id):
+    """Over every bundled spec: the answer panel is the first thing printed and holds answer_lines; --brief is
+    the engine's own log lines (or its refusal) and the same verdict line; the max context line names the
+    max_model_len it holds for, and that max_model_len runs the batch."""
+    for p in _plans(model_id):
+        a = p.answer
+        where = (model_id, p.gpu.name, p.engine.engine, a.context, a.batch)
+        full = _text(render_plan(p), width=200)
+        assert full.startswith("╭─ answer"), where
+        answer = _flat(full.split("╰")[0])
+        lines = [line.plain for line in answer_lines(p)]
+        assert " ".join(lines) in answer, where
+        brief = _text(render_brief(p), width=200).splitlines()
+        assert brief[-1] == lines[-1], where  # one verdict
+        if a.refusal:
+            assert "will refuse to start" in brief[0], where
+        else:
+            assert brief[:-1] == list(p.rules.log_lines(p.launch)), where
+            assert f"{a.kv_tokens:,} tokens" in brief[1] if p.engine.engine == "vllm" else \
+                f"max_total_num_tokens={a.kv_tokens}," in brief[0], where
+        context_line = next(line for line in lines if line.startswith("max context at batch"))
+        m, fixed = a.max_context_at_batch, p.max_model_len_fixed
+        if m < 1:
+            assert "none (" in context_line, (where, context_line)
+        elif fixed is not None:
+            assert m <= fixed, where
+            assert ("caps it" in context_line) == (m == fixed), (where, context_line)
+        elif m > p.max_model_len:
+            assert f"(needs --max-model-len {m})" in context_line, (where, context_line)
+            if p.engine.mode != "V0":  # a launch with that max_model_len runs the batch at that context
+                at = plan_for_spec(p.spec, replace(p.options, context=m, max_model_len=m))
+                assert at.answer.fits and at.max_model_len == m, where
+        else:
+            assert "--max-model-len" not in context_line, (where, context_line)
+
+
+def _cents(figure: str) -> int:
+    return int(figure.replace(",", "").replace(".", ""))
+
+
+@pytest.mark.parametrize("model_id", bundled_ids())
+def test_the_memory_figures_add_up_as_printed(model_id):
+    """Each legend figure is its row's (the same name, the same digits); total = usable + unused and, where the
+    KV budget is what the terms leave, usable = terms + KV budget, in the printed hundredths of a GiB."""
+    for p in _plans(model_id):
+        if p.gpu.is_cpu:
+            continue
+        where = (model_id, p.gpu.name, p.engine.engine, p.options.context)
+        b, shown = p.budget, memory_figures(p)
+        assert _cents(shown["total"]) == _cents(shown["usable"]) + _cents(shown["unused"]), where
+        if b.kv_budget_bytes >= 0 and b.usable_bytes == sum(t.bytes for t in b.terms) + b.kv_budget_bytes:
+            assert _cents(shown["usable"]) == sum(_cents(shown[t.name]) for t in b.terms) + \
+                _cents(shown["KV budget"]), where
+        for name, figure in shown.items():  # rounded from the bytes, at most one hundredth off
+            exact = {"total": b.total_bytes, "usable": b.usable_bytes, "unused": b.total_bytes - b.usable_bytes,
+                     "KV budget": b.kv_budget_bytes, **{t.name: t.bytes for t in b.terms}}[name]
+            assert abs(_cents(figure) - exact * 100 / GiB) < 1, (where, name, figure)
+        panel = _text(render_plan(p), width=200)
+        rows = dict(re.findall(r"[−=] (\w[\w ]*?)\s+(-?[\d,]+\.\d\d) GiB", panel))
+        legend = re.findall(r"■ (\w[\w ]*?) (-?[\d,]+\.\d\d)", panel)
+        assert legend and len(legend) == len({n for n, _ in legend}), (where, legend)
+        for name, figure in legend:
+            assert figure == shown[name], (where, name)
+            if name != "unused":
+                assert rows[name] == figure, (where, name, rows)
+        assert "ovh" not in panel and "■ act " not in panel, where
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=1 << 44), min_size=1, max_size=8),
+       st.sampled_from([GiB // 100, 1000, 7]))
+def test_rounded_parts_add_up_and_stay_within_a_unit(parts, unit):
+    whole = sum(parts)
+    out = rounded_parts(whole, parts, unit)
+    assert sum(out) == (2 * whole + unit) // (2 * unit)
+    for got, part in zip(out, parts):
+        assert part // unit <= got <= -(-part // unit)
