@@ -255,6 +255,22 @@ def find_gpu(name: str) -> Gpu:
     raise GpuNotFoundError(f"unknown GPU {str(name)!r}", hint=hint)
 
 
+# The same card reports a total that moves by a few tens of MiB with the driver and what else holds memory (an
+# H100 80GB HBM3: 79.18 - 79.22 GiB in engine logs, 79.20 in the catalogue), and logs print it to 0.01 GiB.
+MEMORY_MATCH_BYTES = 64 * 2**20
+
+
+def gpus_by_memory(memory_bytes: int, *, vendor: str | None = None,
+                   tolerance_bytes: int = MEMORY_MATCH_BYTES) -> tuple[Gpu, ...]:
+    """The catalogue GPUs whose runtime-reported total is within ``tolerance_bytes`` of ``memory_bytes`` (what an
+    engine log prints as the device's total), nearest first; only ``vendor``'s (``nvidia``, ``amd``) when given.
+    Several cards share a size (A100 SXM and PCIe; H20 and any other 96 GB part): the first is the nearest, not
+    a certainty."""
+    near = [g for g in load_gpus() if g.memory_bytes is not None and abs(g.memory_bytes - memory_bytes) <= tolerance_bytes
+            and (vendor is None or g.vendor == vendor)]
+    return tuple(sorted(near, key=lambda g: abs(g.memory_bytes - memory_bytes)))
+
+
 def custom_gpu(memory_bytes: int, name: str = "custom", bandwidth_bytes_per_s: int | None = None) -> Gpu:
     """A GPU that is not in the catalogue, from its runtime-reported total memory in bytes
     (what ``--gpu-memory 24GiB`` turns into) and optionally its bandwidth in bytes/s."""
