@@ -30,7 +30,8 @@ class Line:
 
     Kinds: ``gib`` a printed size (GiB), ``mib`` a size printed in MiB and ``bytes`` one in bytes (both kept as GiB),
     ``int`` a count, ``float``
-    a ratio, ``word`` the text; ``true`` / ``false`` / ``serve`` / ``cpu`` a value the line's presence sets (no group).
+    a ratio, ``word`` the text, ``bool`` ``True`` / ``False``; ``true`` / ``false`` / ``serve`` / ``cpu`` a value the
+    line's presence sets (no group).
     """
 
     pattern: re.Pattern[str]
@@ -60,6 +61,7 @@ LINES: tuple[Line, ...] = (
     _l(r"Initializing a (V[01]) LLM engine", "mode", "word", engine=VLLM),  # 0.7.1+
     _l(r"\bvllm[ =]=?\s*v?(0\.[0-9]+\.[0-9][^\s,]*)", "version", "word", engine=VLLM),
     _l(r"Automatically detected platform (\w+)", "platform", "word", engine=VLLM),
+    _l(r"\bdevice_config=(?!auto\b)(\w+)", "platform", "word", engine=VLLM),  # the V0 config line (npu, cpu, cuda)
     _l(r"device_name=(NVIDIA_[A-Za-z0-9_-]+|AMD_[A-Za-z0-9_-]+)", "device_name", "word"),
     # --- the deployment: the engine config line (model='...', dtype=torch.x, ...) -------------------------
     _l(r"with config: model='([^']+)'", "model", "word", engine=VLLM),
@@ -70,7 +72,7 @@ LINES: tuple[Line, ...] = (
     _l(r"\bpipeline_parallel_size=([0-9]+)", "pp", "int", engine=VLLM),
     _l(r"\bkv_cache_dtype=(\w+)", "kv_cache_dtype", "word"),
     _l(r"\bquantization=(\w+)", "quantization", "word"),
-    _l(r"\benforce_eager=(True|False)", "enforce_eager", "word", engine=VLLM),
+    _l(r"\benforce_eager=(True|False)", "enforce_eager", "bool", engine=VLLM),
     _l(r"Chunked prefill is enabled with max_num_batched_tokens=([0-9]+)", "max_num_batched_tokens", "int", engine=VLLM),
     _l(r"\bmax_num_batched_tokens=([0-9]+)", "max_num_batched_tokens", "int", engine=VLLM),
     _l(r"(api_server\.py|APIServer pid|model_tag)", "usage_context", "serve", engine=VLLM),
@@ -168,7 +170,8 @@ LINES: tuple[Line, ...] = (
     # CPU backend): the first on the line is the device's; V0's "# CPU blocks" after it is the swap space
     _l(r"(?:^|[#\s])\s?(GPU|CUDA|cuda|rocm|ROCM|xpu|XPU|TPU|tpu|hpu|HPU|npu|NPU|CPU|cpu) blocks: " + INT,
        "block_device num_gpu_blocks", "word int", "first", VLLM),
-    _l(r"Overriding num_gpu_blocks=[0-9]+ with num_gpu_blocks_override=" + INT, "num_gpu_blocks", "int", engine=VLLM),
+    # --num-gpu-blocks-override; "num_gpu_blocks=0" is 0.19+'s minimal pool for the CUDA-graph estimate, not the pool
+    _l(r"Overriding num_gpu_blocks=[1-9][0-9]* with num_gpu_blocks_override=" + INT, "num_gpu_blocks", "int", engine=VLLM),
     _l(r"num_gpu_blocks is: " + INT, "num_gpu_blocks", "int", engine=VLLM),
     _l(r"\b(GPU|CPU|XPU|TPU|NPU|HPU) KV cache size: " + INT + r" tokens", "device_kind kv_cache_tokens", "word int",
        "first", VLLM),  # 0.8+ (device word 0.30+); the first: pp stages and Ray workers print their own after it
@@ -222,18 +225,22 @@ V0_REFUSAL = re.compile(r"max (?:seq|model)[ _]len \(([0-9,.]+)\) is larger than
 V1_REFUSAL = re.compile(r"max seq len \(([0-9,.]+)\),?\s*\(?(-?[0-9,.]+) Gi?B KV cache is needed, which is larger "
                         r"than the available KV cache memory \((-?[0-9,.]+) Gi?B\)")
 V1_ESTIMATE = re.compile(r"estimated maximum model length is " + INT)
-# Why an engine stops before it has a pool (each a line of the engine's own; the reason kvplan gives)
-STOPS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"No available memory for the cache blocks|Not enough memory\. Please try to increase "
-                r"--mem-fraction-static"), "no available memory for the cache blocks"),
+# Why an engine stops before it has a pool: (the line, the reason kvplan gives, the engine whose line it is)
+STOPS: tuple[tuple[re.Pattern[str], str, str | None], ...] = (
+    (re.compile(r"No available memory for the cache blocks"), "no available memory for the cache blocks", VLLM),
+    (re.compile(r"Not enough memory\. Please try to increase\s+--mem-fraction-static"),
+     "no available memory for the cache blocks", SGLANG),
     (re.compile(r"Loaded weights leave no GPU memory for the KV cache"), "the loaded weights leave no memory for "
-                                                                         "the KV cache"),
+                                                                         "the KV cache", SGLANG),
     (re.compile(r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache"),
-     "not enough memory for the hybrid (mamba / linear-attention) state cache"),
-    (re.compile(r"Free memory on device.*on startup is less than desired GPU memory utilization"),
-     "the free memory at start-up is less than the requested share"),
-    (re.compile(r"is less than requested memory for kv"), "the free memory is less than the KV cache asked for"),
-    (re.compile(r"Cannot auto-fit max_model_len"), "no max_model_len fits (auto-fit)"),
+     "not enough memory for the hybrid (mamba / linear-attention) state cache", SGLANG),
+    (re.compile(r"on startup is less than desired (?:GPU|CPU) memory utilization"),
+     "the free memory at start-up is less than the requested share", VLLM),
+    (re.compile(r"is less than requested memory for kv"), "the free memory is less than the KV cache asked for", VLLM),
+    (re.compile(r"Cannot auto-fit max_model_len"), "no max_model_len fits (auto-fit)", VLLM),
+    # a refusal cut before its numbers ("To serve at least one request with the model's max seq len (1048576), ...")
+    (re.compile(r"To serve at least one request with the models?'s max seq len"),
+     "one request at max_model_len does not fit in the KV cache", VLLM),
 )
 OUT_OF_MEMORY = re.compile(r"(?:CUDA|HIP) out of memory|OutOfMemoryError")
 NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")

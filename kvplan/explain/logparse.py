@@ -128,9 +128,19 @@ class StartupLog:
     @property
     def has_capacity(self) -> bool:
         """Whether the log states anything about the KV pool (memory, blocks, tokens, a refusal)."""
-        return any(x is not None for x in (self.available_kv_gib, self.num_gpu_blocks, self.kv_cache_tokens,
-                                           self.refusal, self.sglang_k_gib, self.sglang_kv_gib, self.max_concurrency,
-                                           self.explicit_kv_gib, self.not_started))
+        return self.prints_every_term or any(
+            x is not None for x in (self.available_kv_gib, self.num_gpu_blocks, self.kv_cache_tokens, self.refusal,
+                                    self.sglang_k_gib, self.sglang_kv_gib, self.max_concurrency, self.explicit_kv_gib,
+                                    self.not_started))
+
+    @property
+    def prints_every_term(self) -> bool:
+        """Whether the log prints the requested memory and every term vLLM subtracts from it (weights, activation
+        peak, non-torch): its KV budget is then implied even where the excerpt ends before the KV line."""
+        requested = self.requested_memory_gib is not None or (self.total_memory_gib is not None
+                                                              and self.gpu_memory_utilization is not None)
+        activation = self.activation_gib is not None or self.peak_torch_memory_gib is not None
+        return requested and activation and self.weights_gib is not None and self.non_torch_gib is not None
 
     @property
     def starts(self) -> bool | None:
@@ -156,7 +166,9 @@ class StartupLog:
     @property
     def is_cpu(self) -> bool:
         """Whether the log is of vLLM's CPU backend."""
-        return (self.platform == "cpu" or self.device_kind == "CPU" or self.cpu_kv_space_gib is not None
+        if self.platform is not None:  # the platform the log names wins (an NPU plugin's blocks are "CPU blocks")
+            return self.platform == "cpu"
+        return (self.device_kind == "CPU" or self.cpu_kv_space_gib is not None
                 or (self.block_device or "").lower() == "cpu")
 
     @property
@@ -218,6 +230,8 @@ def _read(kind: str, text: str | None) -> Any:
         return None
     if kind == "word":
         return text
+    if kind == "bool":
+        return text == "True"
     if kind == "int":
         return _int(text)
     if kind == "bytes":
@@ -424,11 +438,14 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
         refusal = None
     if refusal is not None:
         c.set("refusal", refusal)
-    for pattern, reason in L.STOPS:
+        c.votes[L.VLLM] += 1
+    for pattern, reason, engine in L.STOPS:
         if pattern.search(line):
+            if engine:
+                c.votes[engine] += 1
             if reason == L.STOPS[0][1]:
                 c.set("no_memory_line", lineno, keep_first=True)
-            else:
+            elif refusal is None:
                 c.set("stop_line", lineno, keep_first=True)
                 c.set("stop_reason", reason, keep_first=True)
     if L.OUT_OF_MEMORY.search(line):
@@ -543,7 +560,7 @@ _CONTINUED = re.compile(r"\\\s*$")
 # A line that goes on from the one before: the source wrapped a long record ("... the rest of the memory reserved"
 # / "for KV Cache is 21.43GiB.", "non_torch_memory=6" / ".07GiB"). It starts lower case, with a digit or a full stop,
 # and is not a record of its own (a level, a timestamp, a process prefix).
-_WRAPPED = re.compile(r"^\s*[a-z0-9.]")
+_WRAPPED = re.compile(r"^\s*[a-z0-9.]|^\s+--[a-z]")
 _RECORD = re.compile(r"^\s*(?:\(|\[|[0-9]{2,4}[-/][0-9]{2}[-/ ]|[0-9]{2}:[0-9]{2}|[0-9]+: )|"
                      r"^.{0,60}\b(?:INFO|DEBUG|WARNING|WARN|ERROR|CRITICAL)\b")
 _MAX_JOINED = 20_000

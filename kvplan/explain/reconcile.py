@@ -19,6 +19,7 @@ recomputes a formula.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -242,7 +243,10 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
         values["model"] = log.model
     if overrides.get("model") and log.model and overrides["model"] != log.model:
         notes.append(f"--model {overrides['model']} replaces the log's model {log.model}")
-    if log.version:
+    if log.version and _SOURCE_BUILD.match(log.version):
+        notes.append(f"version {log.version} is a source build without a release number: kvplan used its newest rules "
+                     "(pass --engine-version)")
+    elif log.version:
         values["engine_version"] = log.version
     for field, key in _VALUE_FIELDS.items():
         if getattr(log, field) is not None:
@@ -283,7 +287,7 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
     if "engine_version" not in values and log.mode == "V0":
         values["engine_version"] = "0.6"
         notes.append("version not in the log; its V0 format is vLLM 0.6 - 0.7: kvplan used the 0.6 rules")
-    elif "engine_version" not in values:
+    elif "engine_version" not in values and not log.version:
         notes.append(f"version not in the log: kvplan used its newest {values['engine']} rules (pass --engine-version)")
     if not log.has_capacity:
         missing = [what for what, ok in (("the model (pass --model)", "model" in values),
@@ -342,9 +346,13 @@ def _logged_terms(log: StartupLog) -> dict[str, int | None]:
 
 
 def logged_kv_bytes(log: StartupLog) -> int | None:
-    """The KV budget per GPU the log prints (bytes), exact when the deployment set it in bytes."""
+    """The KV budget per GPU the log prints (bytes), exact when the deployment set it in bytes; implied by the
+    requested memory and every printed term when the excerpt ends before the KV line."""
     if log.kv_cache_memory_bytes is not None and log.available_kv_gib is None:
         return log.kv_cache_memory_bytes
+    if log.kv_gib is None and log.prints_every_term:
+        requested, _ = _requested(log)
+        return requested - sum(v for v in _logged_terms(log).values() if v is not None)
     return _b(log.kv_gib)
 
 
@@ -402,6 +410,10 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
                            and all(row.kvplan_bytes is not None for row in missing) else (0 if not missing and gpu_known
                                                                                         and b is not None else None))
             rows.append(TermRow(UNPRINTED, rest, kvplan_rest, f"requested - printed terms - KV budget: {words}"))
+    if log.kv_gib is None and log.prints_every_term and kv is not None:
+        rows = [row for row in rows if row.name != UNPRINTED]
+        rows.append(TermRow("kv_budget", kv, own(b and b.kv_budget_bytes), "not printed: requested - the printed terms"))
+        return tuple(rows)
     rows.append(TermRow("kv_budget", kv, own(b and b.kv_budget_bytes),
                         ("K + V sizes" if log.sglang_k_gib is not None and log.sglang_kv_gib is None else "the pool")
                         if sglang else ("explicit (kv_cache_memory_bytes)" if log.kv_cache_memory_bytes
@@ -444,6 +456,9 @@ def _block_range(log: StartupLog, plan: Any) -> tuple[int, int] | None:
         hi = (printed_interval(log.sglang_k_gib)[1] + printed_interval(log.sglang_v_gib)[1]) * GiB
     elif log.kv_gib is not None:
         lo, hi = (x * GiB for x in printed_interval(log.kv_gib))
+    elif log.prints_every_term:  # requested - the terms: each printed to 0.01 GiB
+        implied = logged_kv_bytes(log)
+        lo, hi = implied - 4 * PRINT_HALF_STEP_BYTES, implied + 4 * PRINT_HALF_STEP_BYTES
     elif log.max_concurrency is not None:  # only "Maximum concurrency": blocks / per-request blocks, to 0.01
         per_request = plan.demand.blocks(plan.max_model_len)
         c_lo, c_hi = printed_interval(log.max_concurrency)
@@ -511,8 +526,38 @@ def _plan(values: dict[str, Any], token: str | None, asked: bool) -> tuple[Any, 
     except KvplanError as exc:
         if asked:
             raise
-        return None, (f"kvplan cannot plan the log's model {values['model']}: {exc.one_line()}; the comparison with "
-                      "kvplan's own plan needs the model (--model DIR or a Hub id)")
+        why = (f"kvplan cannot plan the log's model {values['model']}: {exc.one_line()}; the comparison with "
+               "kvplan's own plan needs the model (--model DIR or a Hub id)")
+    same = _bundled_by_name(values["model"])
+    if same is not None:
+        try:
+            plan = estimate(options_from_values({**values, "model": same}), token=token)
+        except KvplanError:
+            return None, why
+        return plan, None
+    return None, why
+
+
+_HF_CACHE_DIR = re.compile(r"models--([^/]+?)--([^/]+)(?:/snapshots/[^/]*)?/?$")
+_SOURCE_BUILD = re.compile(r"^0\.(?:0\.0|1)\.dev")  # setuptools-scm's version of a checkout without release tags
+
+
+def _bundled_by_name(model: str) -> str | None:
+    """The bundled spec whose name is the last part of ``model`` (a local folder ``/models/Qwen2.5-7B-Instruct``, a
+    re-upload ``unsloth/Llama-3.2-3B-Instruct``, a Hugging Face cache folder ``.../models--Qwen--Qwen3-14B/snapshots/
+    <commit>``, a ModelScope folder ``Qwen3-0___6B``), when exactly one is."""
+    from kvplan.model.sources import bundled_ids
+
+    cached = _HF_CACHE_DIR.search(model)
+    if cached:
+        repo = f"{cached.group(1)}/{cached.group(2)}".lower()
+        exact = [b for b in bundled_ids() if b.lower() == repo]
+        if exact:
+            return exact[0]
+        model = repo
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower().replace("___", ".")  # ModelScope's folders: "Qwen3-0___6B"
+    hits = [b for b in bundled_ids() if b.rsplit("/", 1)[-1].lower() == name and b.lower() != model.lower()]
+    return hits[0] if len(hits) == 1 else None
 
 
 def explain(text: str, overrides: dict[str, Any] | None = None, token: str | None = None) -> Explanation:
@@ -526,6 +571,9 @@ def explain(text: str, overrides: dict[str, Any] | None = None, token: str | Non
     gpu_known = any(k in values for k in ("gpu", "gpu_memory"))
     plan_values = values if gpu_known else {**values, "gpu_memory": _stand_in_memory(log)}
     plan, why = _plan(plan_values, token, asked=bool(given.get("model")))
+    if plan is not None and plan.spec.model_id != values.get("model") and not given.get("model"):
+        notes.append(f"the log's model {values['model']} is not one kvplan can load here; its name is the bundled "
+                     f"{plan.spec.model_id}'s: planned with that (pass --model to choose another)")
     needs = () if why is None else (why,)
     if plan is not None and not gpu_known:
         needs = ("the GPU is not in the log: kvplan's own terms need it (pass --gpu NAME or --gpu-memory SIZE)",)
