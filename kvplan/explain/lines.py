@@ -128,7 +128,11 @@ LINES: tuple[Line, ...] = (
     _l(r"torch peak memory increase: " + GIB, "activation_gib", "gib", engine=VLLM),
     _l(r"Peak activation memory:\s*" + GIB, "activation_gib", "gib", engine=VLLM),
     _l(r"peak_torch_memory=" + GIB, "peak_torch_memory_gib", "gib", engine=VLLM),  # V0 0.6.4
-    _l(r"non_torch_memory(?: takes|=|\s)\s*" + GIB, "non_torch_gib", "gib", engine=VLLM),
+    # V0 0.6.5 - 0.10 "non_torch_memory takes", the December 2024 table "non_torch_memory   3.58GiB", V0 0.6.4's
+    # "Memory profiling results: ... non_torch_memory="; not the init snapshot's (0.14+ DEBUG "worker init memory
+    # snapshot: ... non_torch_memory=0.59GiB", the CUDA context before loading)
+    _l(r"non_torch_memory(?: takes|\s)\s*" + GIB, "non_torch_gib", "gib", engine=VLLM),
+    _l(r"Memory profiling results: .*?\bnon_torch_memory=" + GIB, "non_torch_gib", "gib", engine=VLLM),
     _l(r"non-torch forward increase memory: " + GIB, "non_torch_gib", "gib", engine=VLLM),
     _l(r"Non-torch memory:\s*" + GIB, "non_torch_gib", "gib", engine=VLLM),
     _l(r"non-torch mem is " + NUMBER + r" MB", "non_torch_gib", "mib", engine=VLLM),  # XPU
@@ -248,8 +252,11 @@ SERVE_LINE = re.compile(r"(?:^|[\s$#>❯]|/bin/)vllm serve\s")
 SGLANG_LAUNCH = re.compile(r"sglang\.launch_server\b")
 SERVE_FLAG = re.compile(r"--([a-z][a-z_-]*)(?:[ =]\"?(?!--?[a-z])([^\s\"]+))?")  # a flag, and its value if it has one
 WORKER_RANK = re.compile(r"(?:rank=|\bTP|_TP|Worker_TP|TP)(\d+)")
-WARNINGS = re.compile(r"(padding layers|FlashInfer is not available|Custom allreduce is disabled|ValueError|"
-                      r"RuntimeError|larger than the (?:maximum number|available KV)|out of memory|No available memory|"
+# The lines shown as the log's warnings: the ones about memory, the pool or what changes it (an error elsewhere, a
+# chat template's, is not the pool's business)
+WARNINGS = re.compile(r"(padding layers|FlashInfer is not available|Custom allreduce is disabled|"
+                      r"(?:ValueError|RuntimeError).*(?:memory|cache|KV|block|max seq len|max_model_len)|"
+                      r"larger than the (?:maximum number|available KV)|out of memory|No available memory|"
                       r"Not enough (?:GPU )?memory|leave no GPU memory|is less than desired)", re.I)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 

@@ -513,16 +513,17 @@ def _from_logged(log: StartupLog, plan: Any) -> tuple[Capacity | None, tuple[int
 # the explanation
 
 
-def _plan(values: dict[str, Any], token: str | None, asked: bool) -> tuple[Any, str | None]:
+def _plan(values: dict[str, Any], token: str | None, asked: bool) -> tuple[Any, str | None, str | None]:
     """kvplan's plan of the deployment, or ``None`` and why not (the model cannot be loaded, an option the log
     gives is not one kvplan plans). ``asked``: the user named the model (``--model``): then a plan that fails is
-    an error, as ``kvplan estimate`` would give it."""
+    an error, as ``kvplan estimate`` would give it. The third value: the bundled spec planned in place of a log's
+    model that kvplan cannot load but whose name is that spec's."""
     from kvplan.planning.plan import estimate, options_from_values
 
     if "model" not in values:
-        return None, "the log does not name the model: pass --model (a local folder, a bundled id or a Hub id)"
+        return None, "the log does not name the model: pass --model (a local folder, a bundled id or a Hub id)", None
     try:
-        return estimate(options_from_values(values), token=token), None
+        return estimate(options_from_values(values), token=token), None, None
     except KvplanError as exc:
         if asked:
             raise
@@ -531,13 +532,15 @@ def _plan(values: dict[str, Any], token: str | None, asked: bool) -> tuple[Any, 
     same = _bundled_by_name(values["model"])
     if same is not None:
         try:
-            plan = estimate(options_from_values({**values, "model": same}), token=token)
+            return estimate(options_from_values({**values, "model": same}), token=token), None, same
         except KvplanError:
-            return None, why
-        return plan, None
-    return None, why
+            pass
+    return None, why, None
 
 
+# Hub repositories renamed since the logs were written (the Hub redirects the old name)
+_RENAMED = {f"meta-llama-3.1-{size}{kind}": f"llama-3.1-{size}{kind}" for size in ("8b", "70b", "405b")
+            for kind in ("", "-instruct")}
 _HF_CACHE_DIR = re.compile(r"models--([^/]+?)--([^/]+)(?:/snapshots/[^/]*)?/?$")
 _SOURCE_BUILD = re.compile(r"^0\.(?:0\.0|1)\.dev")  # setuptools-scm's version of a checkout without release tags
 
@@ -556,6 +559,7 @@ def _bundled_by_name(model: str) -> str | None:
             return exact[0]
         model = repo
     name = model.rstrip("/").rsplit("/", 1)[-1].lower().replace("___", ".")  # ModelScope's folders: "Qwen3-0___6B"
+    name = _RENAMED.get(name, name)
     hits = [b for b in bundled_ids() if b.rsplit("/", 1)[-1].lower() == name and b.lower() != model.lower()]
     return hits[0] if len(hits) == 1 else None
 
@@ -570,10 +574,10 @@ def explain(text: str, overrides: dict[str, Any] | None = None, token: str | Non
     values, notes = log_values(log, overrides)
     gpu_known = any(k in values for k in ("gpu", "gpu_memory"))
     plan_values = values if gpu_known else {**values, "gpu_memory": _stand_in_memory(log)}
-    plan, why = _plan(plan_values, token, asked=bool(given.get("model")))
-    if plan is not None and plan.spec.model_id != values.get("model") and not given.get("model"):
+    plan, why, same = _plan(plan_values, token, asked=bool(given.get("model")))
+    if same is not None:
         notes.append(f"the log's model {values['model']} is not one kvplan can load here; its name is the bundled "
-                     f"{plan.spec.model_id}'s: planned with that (pass --model to choose another)")
+                     f"{same}'s: planned with that (pass --model to choose another)")
     needs = () if why is None else (why,)
     if plan is not None and not gpu_known:
         needs = ("the GPU is not in the log: kvplan's own terms need it (pass --gpu NAME or --gpu-memory SIZE)",)

@@ -210,13 +210,14 @@ def _row_values(r: "LogResult") -> dict[str, Any]:
     release = p.engine.version if p is not None else None
     own = ex.from_kvplan.kv_cache_tokens if ex.from_kvplan is not None else None
     logged = log.kv_cache_tokens
-    if logged is None and ex.from_logged is not None:
-        logged = ex.from_logged.kv_cache_tokens
+    block = p.layout.block_size if p is not None else (log.engine_block_size or log.block_size)
+    if logged is None and log.num_gpu_blocks is not None and block:  # V0: the pool in blocks
+        logged = log.num_gpu_blocks * block
     kv = ex.term("kv_budget")
     gap = kv.difference_bytes if kv is not None else None
     big = biggest_term(ex)
     return {"log": r.name, "model": ex.model, "gpu": gpu, "engine": engine, "release": release,
-            "logged_tokens": logged, "kvplan_tokens": own,
+            "logged_tokens": logged, "logged_blocks": log.num_gpu_blocks, "kvplan_tokens": own,
             "error_pct": None if own is None or not logged else round((own - logged) / logged * 100, 2),
             "kv_gap_bytes": gap, "biggest_term": big[0] if big else None, "biggest_term_bytes": big[1] if big else None,
             "reproduced": ex.matches, "starts": log.starts, "diagnosis": ex.diagnosis, "needs": list(ex.needs)}
@@ -267,8 +268,9 @@ def render_many(results: "Sequence[LogResult]"):  # noqa: ANN201 - a rich render
         big = "-" if v["biggest_term"] is None else f"{v['biggest_term']} {v['biggest_term_bytes'] / GiB:+.2f} GiB"
         if v["kvplan_tokens"] is None and r.explanation.needs:
             big = "needs the GPU" if r.explanation.plan is not None else "needs the model"
-        table.add_row(v["log"], v["model"] or "-", v["gpu"] or "-", engine, _fmt(v["logged_tokens"]),
-                      _fmt(v["kvplan_tokens"]), error, big)
+        logged = _fmt(v["logged_tokens"]) if v["logged_tokens"] is not None or v["logged_blocks"] is None else \
+            f"{v['logged_blocks']:,} blocks"
+        table.add_row(v["log"], v["model"] or "-", v["gpu"] or "-", engine, logged, _fmt(v["kvplan_tokens"]), error, big)
     s = summary(results)
     parts = [f"{s['read']} of {plural(s['logs'], 'log')} read", f"the logged terms reproduce {s['reproduced']} exactly"
              + (f" and not {s['not_reproduced']}" if s["not_reproduced"] else ""),
