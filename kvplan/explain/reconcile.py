@@ -225,6 +225,19 @@ def _stand_in_memory(log: StartupLog) -> str:
     return f"{max(used / util, 1.0):.2f}GiB"
 
 
+def _util_from_requested(log: StartupLog) -> float | None:
+    """The utilisation the log's requested memory and total give, where the printed one is that rounded (V0 prints
+    ``%.2f``: 0.696 shows as 0.70 and would plan 0.3 GiB more on 80 GB); ``None`` when the printed one is exact."""
+    total, requested, util = log.total_memory_gib, log.requested_memory_gib, log.gpu_memory_utilization
+    if not total or not requested or util is None or log.is_cpu:
+        return None
+    ratio = requested / total
+    lo, hi = printed_interval(util, max(2, len(repr(util).split(".")[-1])))
+    if abs(ratio - util) <= 0.0005 or not lo - 0.0005 <= ratio <= hi + 0.0005:
+        return None
+    return round(ratio, 4)
+
+
 def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """Estimate option values for the deployment in ``log`` (the user's ``overrides`` win) and notes.
 
@@ -261,6 +274,11 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
         values["max_model_len"] = values["context"] = log.max_model_len
     if log.gpu_memory_utilization is not None:  # SGLang's mem_fraction_static is its utilisation
         values["gpu_util"] = log.gpu_memory_utilization
+        exact = _util_from_requested(log)
+        if exact is not None:
+            values["gpu_util"] = exact
+            notes.append(f"utilisation {exact:g} = requested / total ({log.requested_memory_gib} / {log.total_memory_gib} "
+                         f"GiB); the log prints it rounded to {log.gpu_memory_utilization:g}")
     if _dtype(log.dtype):
         values["dtype"] = log.dtype
     if _dtype(log.kv_cache_dtype):
@@ -670,7 +688,11 @@ def diagnosis(ex: Explanation) -> str:
     big = _biggest(ex, gap)
     if big is not None:
         row, share = big
-        line += f"; {_gib(share)} of it is {_term_words(ex, row)}"
+        if abs(share) <= abs(gap):
+            line += f"; {_gib(share)} of it is {_term_words(ex, row)}"
+        else:
+            line += (f"; {_term_words(ex, row)} alone gives {_gib(share)} (the other terms take back "
+                     f"{_gib(share - gap)})")
     return line
 
 
