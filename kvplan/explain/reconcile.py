@@ -397,6 +397,9 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
     acc = account(log.engine)
     sglang = acc.measures_free_memory
     requested, how = _requested(log)
+    if requested is None and not sglang and gpu_known and b is not None and log.gpu_memory_utilization is not None \
+            and not log.is_cpu:  # the GPU given, the utilisation the log's: the engine's own product
+        requested, how = b.usable_bytes, "the given GPU's total x the log's util (not printed)"
     rows = [TermRow("total", _b(log.total_memory_gib), own(b and b.total_bytes),
                     "the NUMA node's memory (the CPU backend)" if log.is_cpu and log.total_memory_gib else
                     ("not printed by SGLang" if sglang and log.total_memory_gib is None else ""))]
@@ -593,6 +596,14 @@ def explain(text: str, overrides: dict[str, Any] | None = None, token: str | Non
     gpu_known = any(k in values for k in ("gpu", "gpu_memory"))
     plan_values = values if gpu_known else {**values, "gpu_memory": _stand_in_memory(log)}
     plan, why, same = _plan(plan_values, token, asked=bool(given.get("model")))
+    longest = plan.answer.model_max_len if plan is not None else None
+    if longest and "max_model_len" not in values and longest != plan.max_model_len:
+        # the log does not print max_model_len: the engine took the model's maximum, not kvplan's default context
+        values = {**values, "max_model_len": longest, "context": longest}
+        plan, why, same = _plan({**plan_values, "max_model_len": longest, "context": longest}, token,
+                                asked=bool(given.get("model")))
+        notes.append(f"max_model_len not in the log: the model's maximum, as the engine takes it: "
+                     f"{plan.answer.model_max_len_rule or f'{longest:,}'}")
     if same is not None:
         notes.append(f"the log's model {values['model']} is not one kvplan can load here; its name is the bundled "
                      f"{same}'s: planned with that (pass --model to choose another)")
