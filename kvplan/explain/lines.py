@@ -223,6 +223,56 @@ LINES: tuple[Line, ...] = (
        "true", engine=SGLANG),
 )
 
+# --- the releases a line form was printed by ---------------------------------------------------------------------
+# (engine, pattern, first release, last release or None: still printed). A log that does not print its version is of
+# the releases every one of its forms was printed by (the notes of each form's release are in the engines' code).
+_NEWEST = None
+FORMS: tuple[tuple[str, "re.Pattern[str]", tuple[int, ...], tuple[int, ...] | None], ...] = tuple(
+    (engine, re.compile(pattern), first, last) for engine, pattern, first, last in (
+        # the bounds are the code's, widened where a corpus log of a stated release printed the form outside them
+        # (post releases and builds between releases carry the next release's lines)
+        (VLLM, r"Loading model weights took [0-9.]+ GB", (0, 6, 0), (0, 7, 99)),
+        (VLLM, r"Model loading took [0-9.]+ GB and", (0, 8, 0), (0, 8, 4)),
+        (VLLM, r"Model loading took [0-9.]+ GiB and", (0, 8, 1), (0, 11, 99)),
+        (VLLM, r"Model loading took [0-9.]+ GiB memory and", (0, 12, 0), _NEWEST),
+        (VLLM, r"Available KV cache memory:", (0, 9, 0), _NEWEST),  # 0.9.0.1 prints it
+        (VLLM, r"\bGPU KV cache size: [0-9,]+ tokens\s*$", (0, 8, 0), (0, 29, 99)),  # one line from 0.28 (a 0.29 dev: two)
+        (VLLM, r"\bKV cache size: [0-9,]+ tokens, Maximum concurrency", (0, 28, 0), _NEWEST),
+        (VLLM, r"\b(?:CPU|XPU|TPU) KV cache size: ", (0, 30, 0), _NEWEST),
+        (VLLM, r"# (?:GPU|CPU) blocks: [0-9]+, # CPU blocks", (0, 4, 0), (0, 6, 99)),
+        (VLLM, r"# (?:cuda|rocm|xpu|hpu|npu) blocks: ", (0, 7, 0), (0, 10, 99)),
+        (VLLM, r"Memory profiling results: total_gpu_memory=", (0, 6, 4), (0, 6, 4)),
+        (VLLM, r"the current vLLM instance can use total_gpu_memory", (0, 6, 5), (0, 10, 1)),
+        (VLLM, r"Estimated CUDA graph memory", (0, 18, 1), _NEWEST),  # a 0.18.1 dev build prints it
+        (VLLM, r"In v0\.19, CUDA graph memory profiling will be enabled by default", (0, 18, 1), (0, 19, 99)),
+        (VLLM, r"CUDA graph memory profiling is enabled \(default since", (0, 19, 1), _NEWEST),
+        (VLLM, r"Actual usage is [0-9.]+ GiB for weight", (0, 10, 2), (0, 25, 99)),
+        (VLLM, r"for consumed memory \(weights \+ non-torch\)", (0, 26, 0), _NEWEST),  # a 0.26.0 log prints it
+        (VLLM, r"worker init memory snapshot", (0, 14, 0), _NEWEST),
+        (VLLM, r"non-torch forward increase memory", (0, 9, 1), (0, 25, 99)),
+        (VLLM, r"total consumed \(from mem_get_info\)", (0, 26, 0), _NEWEST),
+        (VLLM, r"Initial free memory: [0-9.]+ GiB; Requested memory", (0, 10, 1), _NEWEST),
+        (VLLM, r"Initial free memory: [0-9.]+ GiB, free memory:", (0, 9, 1), (0, 9, 2)),
+        (VLLM, r"estimated maximum model length is", (0, 9, 1), _NEWEST),
+        (VLLM, r"Initializing a V1 LLM engine", (0, 7, 1), _NEWEST),
+        (VLLM, r"Initializing a V0 LLM engine", (0, 7, 1), (0, 10, 99)),
+        (VLLM, r"Initializing an LLM engine \(v", (0, 4, 0), (0, 7, 0)),
+        (VLLM, r"warmup model\) took [0-9.]+ seconds", (0, 6, 6), (0, 19, 99)),
+        (VLLM, r"warmup model\) took [0-9.]+ s\b(?!e)", (0, 19, 1), _NEWEST),
+        (SGLANG, r"KV Cache is allocated\. K size:", (0, 4, 1), (0, 4, 3)),
+        (SGLANG, r"KV Cache is allocated\. #tokens:", (0, 4, 3), (0, 5, 12)),  # 0.4.3.post4 prints it
+        (SGLANG, r"KV Cache is allocated\. dtype:", (0, 5, 13), _NEWEST),
+        (SGLANG, r"Load weight end\. elapsed=", (0, 5, 7), _NEWEST),  # 0.5.8.post1 prints it
+        (SGLANG, r"Load weight end\. type=.*mem usage=", (0, 4, 3), (0, 5, 7)),  # 0.4.3.post4 - 0.5.6.post2
+        (SGLANG, r"Load weight end\. type=[^,]*, dtype=[^,]*, avail mem=[0-9.]+ GB\s*$", (0, 3, 6), (0, 4, 5)),
+        (SGLANG, r"\bavailable_gpu_mem=", (0, 4, 6), _NEWEST),  # 0.4.6.post2 prints it
+        (SGLANG, r"Capture cuda graph end\. Time elapsed: [0-9.]+ s\.? *$", (0, 4, 0), (0, 4, 5)),
+        (SGLANG, r"Capture cuda graph end\. Time elapsed: [0-9.]+ s\. mem usage=", (0, 4, 6), (0, 5, 15)),
+        (SGLANG, r"Capture \w+ \w+ CUDA graph end\.", (0, 5, 16), _NEWEST),
+        (SGLANG, r"Init torch distributed ends\. mem usage=", (0, 4, 3), (0, 5, 7)),
+        (SGLANG, r"Init torch distributed ends\. elapsed=", (0, 5, 7), (0, 5, 16)),
+    ))
+
 # --- lines read whole (several numbers, or a verdict) -----------------------------------------------------------
 V0_REFUSAL = re.compile(r"max (?:seq|model)[ _]len \(([0-9,.]+)\) is larger than the maximum number of tokens that "
                         r"can be stored in KV cache \(([0-9,.]+)\)")
@@ -263,5 +313,5 @@ WARNINGS = re.compile(r"(padding layers|FlashInfer is not available|Custom allre
                       r"Not enough (?:GPU )?memory|leave no GPU memory|is less than desired)", re.I)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-__all__ = ["Line", "LINES", "NUMBER", "INT", "GIB", "V0_REFUSAL", "V1_REFUSAL", "V1_ESTIMATE", "STOPS", "OUT_OF_MEMORY",
+__all__ = ["Line", "LINES", "FORMS", "NUMBER", "INT", "GIB", "V0_REFUSAL", "V1_REFUSAL", "V1_ESTIMATE", "STOPS", "OUT_OF_MEMORY",
            "NON_DEFAULT", "SERVE_LINE", "SERVE_FLAG", "SGLANG_LAUNCH", "WORKER_RANK", "WARNINGS", "ANSI"]

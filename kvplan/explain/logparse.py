@@ -109,6 +109,7 @@ class StartupLog:
     stop_reason: str | None = None
     out_of_memory_line: int | None = None  # the first line of a CUDA / HIP out-of-memory error
     not_started: str | None = None  # why the log shows the engine did not start (None: it did, or it does not say)
+    releases: tuple[str, str | None] | None = None  # the releases that print every line form of the log (first, last)
     warnings: tuple[str, ...] = ()
     matched: tuple[str, ...] = ()  # the field names found, in the order they were found
     unreadable: tuple[str, ...] = ()  # "line N: cannot read the number ..." for numbers no engine prints
@@ -368,6 +369,7 @@ class _Collect:
         self.tokens_seen: list[tuple[int, str | None]] = []  # every "GPU KV cache size" (one per worker in 0.10+)
         self.concurrency_seen: list[tuple[int, float]] = []
         self.votes = {L.VLLM: 0, L.SGLANG: 0}
+        self.forms: dict[str, list[tuple[tuple[int, ...], tuple[int, ...] | None]]] = {L.VLLM: [], L.SGLANG: []}
         self.unreadable: list[str] = []
 
     def set(self, field: str, value: Any, *, keep_first: bool = False, rank: int = 0) -> None:
@@ -448,6 +450,9 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
             elif refusal is None:
                 c.set("stop_line", lineno, keep_first=True)
                 c.set("stop_reason", reason, keep_first=True)
+    for engine, pattern, first, last in L.FORMS:
+        if pattern.search(line):
+            c.forms[engine].append((first, last))
     if L.OUT_OF_MEMORY.search(line):
         c.set("out_of_memory_line", lineno, keep_first=True)
     if L.WARNINGS.search(line) and "Traceback" not in line:
@@ -524,12 +529,30 @@ def _finish(c: _Collect) -> StartupLog:
     if vllm and v.get("platform") is None and ((v.get("block_device") or "").lower() == "cpu"
                                                or v.get("device_kind") == "CPU"):
         v["platform"] = "cpu"
+    if v.get("engine") in c.forms:
+        v["releases"] = _releases(c.forms[v["engine"]])
     if v.get("max_model_len") is None:
         v["max_model_len"] = v.get("concurrency_len") or (v["refusal"].max_model_len if v.get("refusal") else None)
     v["not_started"] = _not_started(v)
     known = {f.name for f in fields(StartupLog)}
     return StartupLog(**{k: val for k, val in v.items() if k in known}, warnings=tuple(c.warnings),
                       matched=tuple(k for k in c.order if k in known), unreadable=tuple(c.unreadable))
+
+
+def _release(version: tuple[int, ...]) -> str:
+    return ".".join(str(x) if x != 99 else "x" for x in version)
+
+
+def _releases(forms: list[tuple[tuple[int, ...], tuple[int, ...] | None]]) -> tuple[str, str | None] | None:
+    """The releases that print every form seen (None: no form, or forms no one release prints: a fork, two logs)."""
+    if not forms:
+        return None
+    first = max(f for f, _ in forms)
+    lasts = [last for _, last in forms if last is not None]
+    last = min(lasts) if lasts else None
+    if last is not None and last < first:
+        return None
+    return _release(first), None if last is None else _release(last)
 
 
 def _not_started(v: dict[str, Any]) -> str | None:

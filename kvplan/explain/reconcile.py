@@ -157,8 +157,16 @@ def _dtype(text: str | None) -> str | None:
     return None if not text or text == "auto" else text
 
 
-def _total_bytes(log: StartupLog) -> int | None:
-    return None if log.total_memory_gib is None else round(log.total_memory_gib * GiB)
+def _log_total(log: StartupLog) -> tuple[float | None, str]:
+    """The device's total memory (GiB) as the log gives it: printed (``total_memory=``, "Free memory on device
+    (free/total)", ``total_gpu_memory``, torch's out-of-memory text), or implied by the requested share and the
+    utilisation (``requested / util``, to +-0.01 GiB) - and which of the two."""
+    if log.total_memory_gib is not None:
+        return log.total_memory_gib, "printed"
+    util, requested = log.gpu_memory_utilization, log.requested_memory_gib
+    if requested and util and not log.is_cpu and not account(log.engine).measures_free_memory:
+        return round(requested / util, 2), "implied"
+    return None, ""
 
 
 def _catalogue_name(log: StartupLog) -> tuple[str | None, str]:
@@ -170,34 +178,41 @@ def _catalogue_name(log: StartupLog) -> tuple[str | None, str]:
             return find_gpu(log.device_name).name, f"the log's device {log.device_name}"
         except KvplanError:
             pass
-    total = _total_bytes(log)
+    total, how = _log_total(log)
     if total is None or log.is_cpu:
         return None, ""
     vendor = "amd" if log.platform == "rocm" else ("nvidia" if log.platform == "cuda" else None)
-    near = gpus_by_memory(total, vendor=vendor)
+    near = gpus_by_memory(round(total * GiB), vendor=vendor)
     if not near:
         return None, ""
     also = f"; {near[1].name} reports within 0.06 GiB too" if len(near) > 1 else ""
-    return near[0].name, (f"GPU not printed: {log.total_memory_gib} GiB total is what {near[0].name} reports "
-                          f"(pass --gpu if it is another{also})")
+    said = (f"{total} GiB total" if how == "printed" else
+            f"{total} GiB total (requested {log.requested_memory_gib} GiB / util {log.gpu_memory_utilization:g})")
+    return near[0].name, f"GPU not printed: {said} is what {near[0].name} reports (pass --gpu if it is another{also})"
 
 
 def _gpu_values(log: StartupLog, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str], bool]:
-    """The GPU options (``gpu``, ``gpu_memory``), notes, and whether the GPU is the deployment's (not a stand-in)."""
+    """The GPU options (``gpu``, ``gpu_memory``), notes, and whether the GPU is the deployment's (not a stand-in).
+
+    A total the log prints is planned (the named card's SM count and interconnect still used); one the log implies
+    (requested / util) only finds the card, or is planned when no catalogue card has it."""
     notes: list[str] = []
-    total = log.total_memory_gib
+    total, how = _log_total(log)
     out: dict[str, Any] = {k: overrides[k] for k in ("gpu", "gpu_memory") if overrides.get(k)}
-    if out:  # the user's GPU (its SM count and interconnect); the total the log printed still wins
+    if out:  # the user's GPU; the total the log printed still wins
         if "gpu" in out and total and not log.is_cpu:
             from kvplan.gpus import find_gpu
 
             named = find_gpu(out["gpu"])  # an unknown name is the user's mistake: exit 2
             if named.memory_bytes and abs(named.memory_bytes - round(total * GiB)) > GPU_MISMATCH_BYTES:
                 seen, _ = _catalogue_name(log)
-                notes.append(f"--gpu {out['gpu']} ({named.memory_bytes / GiB:.2f} GiB) contradicts the log's total "
-                             f"memory {total} GiB" + (f" (what {seen} reports)" if seen else "")
+                what = "total memory" if how == "printed" else (f"total memory (requested {log.requested_memory_gib} "
+                                                                f"GiB / util {log.gpu_memory_utilization:g})")
+                notes.append(f"--gpu {out['gpu']} ({named.memory_bytes / GiB:.2f} GiB) contradicts the log's {what} "
+                             f"{total} GiB" + (f" (what {seen} reports)" if seen else "")
                              + ": kvplan plans the log's total")
-        if total and "gpu_memory" not in out:
+                out["gpu_memory"] = f"{total}GiB"
+        if how == "printed" and "gpu_memory" not in out:
             out["gpu_memory"] = f"{total}GiB"
         return out, notes, True
     if log.is_cpu:
@@ -205,13 +220,16 @@ def _gpu_values(log: StartupLog, overrides: dict[str, Any]) -> tuple[dict[str, A
         if total:
             out["gpu_memory"] = f"{total}GiB"
         return out, notes, True
-    name, how = _catalogue_name(log)
+    name, found = _catalogue_name(log)
     if name:
         out["gpu"] = name
-        if how.startswith("GPU not printed"):
-            notes.append(how)
-    if total:
+        if found.startswith("GPU not printed"):
+            notes.append(found)
+    if total and (how == "printed" or not name):
         out["gpu_memory"] = f"{total}GiB"
+        if how == "implied" and not name:
+            notes.append(f"GPU not printed: planned with the {total} GiB total that requested "
+                         f"{log.requested_memory_gib} GiB / util {log.gpu_memory_utilization:g} imply")
     return out, notes, bool(out)
 
 
@@ -223,6 +241,29 @@ def _stand_in_memory(log: StartupLog) -> str:
         return f"{log.requested_memory_gib / util:.2f}GiB"
     used = (log.weights_gib or 0) + (log.kv_gib or 0) + (log.sglang_avail_before_load_gib or 0)
     return f"{max(used / util, 1.0):.2f}GiB"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(99 if part == "x" else int(part) for part in text.split("."))
+
+
+def release_candidates(log: StartupLog) -> tuple[str, ...]:
+    """The modelled releases (newest first) whose rules may be the log's, when it does not print a release number:
+    those covering the releases that print every line form of the log (:attr:`StartupLog.releases`). Empty when the
+    log prints its version, has no dated form, or is a V0 log (planned with the V0 rules)."""
+    from kvplan.engines.registry import engine as engine_rules
+
+    if log.releases is None or log.mode == "V0" or (log.version and not _SOURCE_BUILD.match(log.version)):
+        return ()
+    rules = engine_rules(log.engine or "vllm")
+    lo, hi = _version(log.releases[0]), _version(log.releases[1]) if log.releases[1] else None
+    firsts = [(v, _version(rules.RANGES[v].split()[0])) for v in rules.VERSIONS]
+    out = []
+    for i, (v, first) in enumerate(firsts):
+        after = firsts[i + 1][1] if i + 1 < len(firsts) else None  # the next modelled release's first
+        if (hi is None or first <= hi) and (after is None or lo < after):
+            out.append(v)
+    return tuple(reversed(out))
 
 
 def _util_from_requested(log: StartupLog) -> float | None:
@@ -257,8 +298,9 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
     if overrides.get("model") and log.model and overrides["model"] != log.model:
         notes.append(f"--model {overrides['model']} replaces the log's model {log.model}")
     if log.version and _SOURCE_BUILD.match(log.version):
-        notes.append(f"version {log.version} is a source build without a release number: kvplan used its newest rules "
-                     "(pass --engine-version)")
+        if not release_candidates(log):
+            notes.append(f"version {log.version} is a source build without a release number: kvplan used its newest "
+                         "rules (pass --engine-version)")
     elif log.version:
         values["engine_version"] = log.version
     for field, key in _VALUE_FIELDS.items():
@@ -305,7 +347,7 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
     if "engine_version" not in values and log.mode == "V0":
         values["engine_version"] = "0.6"
         notes.append("version not in the log; its V0 format is vLLM 0.6 - 0.7: kvplan used the 0.6 rules")
-    elif "engine_version" not in values and not log.version:
+    elif "engine_version" not in values and not log.version and not release_candidates(log):
         notes.append(f"version not in the log: kvplan used its newest {values['engine']} rules (pass --engine-version)")
     if not log.has_capacity:
         missing = [what for what, ok in (("the model (pass --model)", "model" in values),
@@ -566,6 +608,66 @@ _HF_CACHE_DIR = re.compile(r"models--([^/]+?)--([^/]+)(?:/snapshots/[^/]*)?/?$")
 _SOURCE_BUILD = re.compile(r"^0\.(?:0\.0|1)\.dev")  # setuptools-scm's version of a checkout without release tags
 
 
+def _at_model_length(plan: Any, values: dict[str, Any], given: dict[str, Any],
+                     token: str | None) -> tuple[Any, dict[str, Any]]:
+    """``plan`` at the model's maximum length when neither the log nor the user sets max_model_len (the engine's
+    default), else as it is."""
+    from kvplan.planning.plan import estimate, options_from_values
+
+    longest = plan.answer.model_max_len
+    if "max_model_len" in values or "max_model_len" in given or not longest or longest == plan.max_model_len:
+        return plan, values
+    values = {**values, "max_model_len": longest, "context": longest}
+    return estimate(options_from_values(values), token=token), values
+
+
+def _release_and_length(log: StartupLog, plan: Any, values: dict[str, Any], given: dict[str, Any],
+                        token: str | None) -> tuple[Any, dict[str, Any], list[str]]:
+    """The plan of the log's release and length: when the log prints no release number, the newest modelled release
+    whose rules reproduce its capacity lines among those its line forms allow (:func:`release_candidates`; else the
+    newest of them); at the model's maximum length when the log does not print max_model_len. The values it was
+    planned with, and notes saying which and why."""
+    from kvplan.engines.registry import engine as engine_rules
+    from kvplan.planning.plan import estimate, options_from_values
+
+    notes: list[str] = []
+    candidates = release_candidates(log) if "engine_version" not in given else ()
+    if candidates:
+        rules = engine_rules(log.engine or "vllm")
+        lo, hi = log.releases
+        said = f"{rules.ENGINE} {lo} - {hi}" if hi else f"{rules.ENGINE} {lo} and later"
+        tried = []
+        for version in candidates:
+            first = rules.RANGES[version].split()[0]
+            try:
+                trial = estimate(options_from_values({**values, "engine_version": first}), token=token)
+                trial, trial_values = _at_model_length(trial, {**values, "engine_version": first}, given, token)
+            except KvplanError:
+                continue
+            tried.append((version, trial, trial_values))
+            found, _, miss = _from_logged(log, trial)
+            if found is not None and not miss:
+                how = (f"the rules of {version} ({rules.RANGES[version]}) reproduce it" if len(candidates) > 1
+                       else f"kvplan used the rules of {version} ({rules.RANGES[version]})")
+                plan, values = trial, trial_values
+                notes.append(f"version not in the log: its lines are {said}'s; {how}")
+                break
+        else:
+            if tried:
+                version, plan, values = tried[0]
+                notes.append(f"version not in the log: its lines are {said}'s; kvplan used the rules of {version} "
+                             f"({rules.RANGES[version]}) (pass --engine-version)")
+            else:
+                plan, values = _at_model_length(plan, values, given, token)
+    else:
+        plan, values = _at_model_length(plan, values, given, token)
+    if "max_model_len" in values and values["max_model_len"] == plan.answer.model_max_len and log.max_model_len is None \
+            and "max_model_len" not in given:
+        notes.append(f"max_model_len not in the log: the model's maximum, as the engine takes it: "
+                     f"{plan.answer.model_max_len_rule or format(plan.max_model_len, ',')}")
+    return plan, values, notes
+
+
 def _bundled_by_name(model: str) -> str | None:
     """The bundled spec whose name is the last part of ``model`` (a local folder ``/models/Qwen2.5-7B-Instruct``, a
     re-upload ``unsloth/Llama-3.2-3B-Instruct``, a Hugging Face cache folder ``.../models--Qwen--Qwen3-14B/snapshots/
@@ -596,14 +698,13 @@ def explain(text: str, overrides: dict[str, Any] | None = None, token: str | Non
     gpu_known = any(k in values for k in ("gpu", "gpu_memory"))
     plan_values = values if gpu_known else {**values, "gpu_memory": _stand_in_memory(log)}
     plan, why, same = _plan(plan_values, token, asked=bool(given.get("model")))
-    longest = plan.answer.model_max_len if plan is not None else None
-    if longest and "max_model_len" not in values and longest != plan.max_model_len:
-        # the log does not print max_model_len: the engine took the model's maximum, not kvplan's default context
-        values = {**values, "max_model_len": longest, "context": longest}
-        plan, why, same = _plan({**plan_values, "max_model_len": longest, "context": longest}, token,
-                                asked=bool(given.get("model")))
-        notes.append(f"max_model_len not in the log: the model's maximum, as the engine takes it: "
-                     f"{plan.answer.model_max_len_rule or f'{longest:,}'}")
+    if same is not None:
+        plan_values = {**plan_values, "model": same}
+    if plan is not None:
+        plan, plan_values, more = _release_and_length(log, plan, plan_values, given, token)
+        notes += more
+        values = {**values, **{k: plan_values[k] for k in ("engine_version", "max_model_len", "context")
+                               if k in plan_values}}
     if same is not None:
         notes.append(f"the log's model {values['model']} is not one kvplan can load here; its name is the bundled "
                      f"{same}'s: planned with that (pass --model to choose another)")
