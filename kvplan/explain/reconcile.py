@@ -636,7 +636,7 @@ def _release_and_length(log: StartupLog, plan: Any, values: dict[str, Any], give
         rules = engine_rules(log.engine or "vllm")
         lo, hi = log.releases
         said = f"{rules.ENGINE} {lo} - {hi}" if hi else f"{rules.ENGINE} {lo} and later"
-        tried = []
+        tried, good = [], []
         for version in candidates:
             first = rules.RANGES[version].split()[0]
             try:
@@ -647,18 +647,20 @@ def _release_and_length(log: StartupLog, plan: Any, values: dict[str, Any], give
             tried.append((version, trial, trial_values))
             found, _, miss = _from_logged(log, trial)
             if found is not None and not miss:
-                how = (f"the rules of {version} ({rules.RANGES[version]}) reproduce it" if len(candidates) > 1
-                       else f"kvplan used the rules of {version} ({rules.RANGES[version]})")
-                plan, values = trial, trial_values
-                notes.append(f"version not in the log: its lines are {said}'s; {how}")
-                break
-        else:
-            if tried:
-                version, plan, values = tried[0]
-                notes.append(f"version not in the log: its lines are {said}'s; kvplan used the rules of {version} "
-                             f"({rules.RANGES[version]}) (pass --engine-version)")
+                good.append(tried[-1])
+        if tried:
+            version, plan, values = (good or tried)[0]  # the newest that reproduces the log, else the newest
+            used = f"kvplan used the rules of {version} ({rules.RANGES[version]})"
+            if len(good) > 1:
+                how = (f"the rules of {len(good)} of its {len(tried)} modelled releases ({good[-1][0]} to {good[0][0]}) "
+                       f"reproduce it; {used}, the newest (pass --engine-version)")
+            elif good:
+                how = f"{used}, {'the one that reproduces it' if len(tried) > 1 else 'which reproduces it'}"
             else:
-                plan, values = _at_model_length(plan, values, given, token)
+                how = f"{used} (pass --engine-version)"
+            notes.append(f"version not in the log: its lines are {said}'s; {how}")
+        else:
+            plan, values = _at_model_length(plan, values, given, token)
     else:
         plan, values = _at_model_length(plan, values, given, token)
     if "max_model_len" in values and values["max_model_len"] == plan.answer.model_max_len and log.max_model_len is None \
@@ -786,9 +788,14 @@ def diagnosis(ex: Explanation) -> str:
         return "the logged terms do not reproduce the log's capacity lines: " + "; ".join(ex.mismatches[:2])
     kv = ex.term("kv_budget")
     if kv is None or kv.difference_bytes is None:
-        tail = ex.needs[0] if ex.needs else "the log prints no KV budget to compare with"
-        if ex.matches:
-            return f"the logged terms reproduce every capacity line of the log; {tail}"
+        if not ex.gpu_known:
+            tail = "kvplan's own terms need the GPU (pass --gpu NAME or --gpu-memory SIZE)"
+        else:
+            tail = ex.needs[0] if ex.needs else "the log prints no KV budget to compare its terms with"
+        if ex.matches and ex.from_logged is not None:
+            got = ex.from_logged
+            return (f"the logged budget gives the log's {plural(got.kv_cache_tokens, 'token')} "
+                    f"({got.max_concurrency:.2f}x at {ex.plan.max_model_len:,}) under kvplan's block rules; {tail}")
         return tail
     gap = kv.difference_bytes
     lo = ex.from_logged.num_blocks if ex.from_logged is not None else None

@@ -183,7 +183,7 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
             verdict.append("; ".join(ex.mismatches) + f" (token line modelled as {rule})\n")
         else:
             verdict.append("the log prints no KV budget, blocks or tokens to check the block rules against\n")
-    for need in ex.needs:
+    for need in ex.needs if p is None else ():  # with a plan, the diagnosis says what the comparison still needs
         verdict.append(f"{need}\n", style="yellow")
     notes = Text()
     for warning in log.warnings[:5]:  # whole: the console wraps it at word boundaries, never cuts it
