@@ -190,7 +190,7 @@ def test_the_diagnosis_is_one_line_from_the_tables_own_numbers():
                                    f"{blocks:+,} blocks) more KV than this engine; ")
     activation = -ex.term("activation").difference_bytes  # KV that kvplan's lower activation leaves
     assert activation > gap > 0  # the other terms take some back (kvplan's overhead is the larger)
-    assert ex.diagnosis.endswith(f"the activation peak alone gives {activation / GiB:,.2f} GiB (the other terms take "
+    assert ex.diagnosis.endswith(f"{activation / GiB:,.2f} GiB comes from the activation peak (the other terms take "
                                  f"back {(activation - gap) / GiB:,.2f} GiB)")
     assert "\n" not in ex.diagnosis
 

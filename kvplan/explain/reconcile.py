@@ -401,6 +401,9 @@ def _logged_terms(log: StartupLog) -> dict[str, int | None]:
             weights = log.consumed_gib if overhead is None else log.consumed_gib - overhead
     if "activation" not in account(log.engine).terms:
         activation = overhead = None
+        before, after = log.sglang_avail_before_load_gib, log.sglang_avail_after_load_gib
+        if weights is None and before is not None and after is not None:  # what 0.4.6+ prints as "mem usage"
+            weights = before - after
     return {"weights": _b(weights), "activation": _b(activation), "overhead": _b(overhead),
             "cudagraph": _cudagraph(log)[0]}
 
@@ -455,7 +458,8 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
                                                     else "")))))
     for name in acc.terms:
         term = getattr(b, name) if b is not None else None
-        note = {"weights": ("Load weight end: mem usage" if sglang else
+        note = {"weights": (("Load weight end: mem usage" if log.weights_gib is not None else
+                             "avail mem before - after loading the weights") if sglang else
                             "vLLM's figure includes the rotary cache, which kvplan counts in overhead"),
                 "overhead": ("consumed (weights + non-torch) - weights" if log.consumed_gib is not None
                              and log.non_torch_gib is None and log.weights_gib is not None
@@ -464,7 +468,8 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
         rows.append(TermRow(name, logged[name], own(term and term.bytes), note))
     kv = logged_kv_bytes(log)
     printed = [row for row in rows[2:] if row.logged_bytes is not None]
-    missing = [row for row in rows[2:] if row.logged_bytes is None]
+    # what the budget subtracts but no line prints (SGLang's graphs live outside its budget: not missing)
+    missing = [row for row in rows[2:] if row.logged_bytes is None and not (sglang and row.name == "cudagraph")]
     if requested is not None and kv is not None:
         rest = requested - sum(row.logged_bytes for row in printed) - kv
         if missing or abs(rest) > 0.02 * GiB:
@@ -486,6 +491,13 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
 
 # ---------------------------------------------------------------------------------------------
 # the capacity
+
+
+def prints_capacity_lines(log: StartupLog) -> bool:
+    """Whether the log prints a line the block rules can be checked on (blocks, tokens, concurrency, the longest
+    length of a refusal), beyond its KV budget and whether it started."""
+    return any(x is not None for x in (log.num_gpu_blocks, log.kv_cache_tokens, log.max_concurrency)) or (
+        log.refusal is not None and (log.refusal.estimated_max_model_len is not None or log.refusal.kv_tokens is not None))
 
 
 def capacity(plan: Any, blocks: int) -> Capacity:
@@ -651,7 +663,10 @@ def _release_and_length(log: StartupLog, plan: Any, values: dict[str, Any], give
         if tried:
             version, plan, values = (good or tried)[0]  # the newest that reproduces the log, else the newest
             used = f"kvplan used the rules of {version} ({rules.RANGES[version]})"
-            if len(good) > 1:
+            if not prints_capacity_lines(log):
+                how = (f"the log prints no block, token or concurrency line to tell its releases apart; {used}, the "
+                       "newest (pass --engine-version)")
+            elif len(good) > 1:
                 how = (f"the rules of {len(good)} of its {len(tried)} modelled releases ({good[-1][0]} to {good[0][0]}) "
                        f"reproduce it; {used}, the newest (pass --engine-version)")
             elif good:
@@ -794,7 +809,8 @@ def diagnosis(ex: Explanation) -> str:
             tail = ex.needs[0] if ex.needs else "the log prints no KV budget to compare its terms with"
         if ex.matches and ex.from_logged is not None:
             got = ex.from_logged
-            return (f"the logged budget gives the log's {plural(got.kv_cache_tokens, 'token')} "
+            whose = "the log's " if log.kv_cache_tokens is not None else ""
+            return (f"the logged budget gives {whose}{plural(got.kv_cache_tokens, 'token')} "
                     f"({got.max_concurrency:.2f}x at {ex.plan.max_model_len:,}) under kvplan's block rules; {tail}")
         return tail
     gap = kv.difference_bytes
@@ -810,7 +826,7 @@ def diagnosis(ex: Explanation) -> str:
         if abs(share) <= abs(gap):
             line += f"; {_gib(share)} of it is {_term_words(ex, row)}"
         else:
-            line += (f"; {_term_words(ex, row)} alone gives {_gib(share)} (the other terms take back "
+            line += (f"; {_gib(share)} comes from {_term_words(ex, row)} (the other terms take back "
                      f"{_gib(share - gap)})")
     return line
 
@@ -895,4 +911,5 @@ def calibration_entry(ex: Explanation, source: str) -> Any:
 
 __all__ = ["Explanation", "TermRow", "Capacity", "ExplainError", "explain", "log_values", "capacity", "measured_terms",
            "calibration_terms", "calibration_entry", "diagnosis", "biggest_term", "logged_kv_bytes", "UNPRINTED",
+           "prints_capacity_lines",
            "LogAccount", "ACCOUNTS", "account"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kvplan.units import GiB, plural
@@ -83,7 +84,7 @@ def explanation_to_dict(ex: "Explanation") -> dict[str, Any]:
         },
         "diagnosis": ex.diagnosis,
         "needs": list(ex.needs),
-        "notes": list(ex.notes) + (list(ex.plan.notes) if ex.plan is not None else []),
+        "notes": _notes(ex),
     }
 
 
@@ -124,6 +125,14 @@ def _head(ex: "Explanation"):  # noqa: ANN202 - a rich Text
              if v is not None]
     head.append(" - " + ", ".join(said) + " (as the log says)")
     return head
+
+
+def _notes(ex: "Explanation") -> list[str]:
+    """The explanation's notes and the plan's (the plan's release note left out when the explanation names the
+    release it inferred)."""
+    inferred = any(n.startswith("version not in the log: its lines are") for n in ex.notes)
+    plan = [n for n in (ex.plan.notes if ex.plan is not None else ()) if not (inferred and ": rules of modelled" in n)]
+    return list(ex.notes) + plan
 
 
 def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
@@ -172,7 +181,13 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
         verdict.append(ex.diagnosis + "\n", style="bold")
     if p is not None:
         rule = RULES.get(p.engine.kv_tokens_rule, p.engine.kv_tokens_rule)
-        if ex.matches:
+        from kvplan.explain.reconcile import prints_capacity_lines
+
+        if ex.matches and not prints_capacity_lines(log):
+            verdict.append("the logged budget " + ("starts the engine, as the log shows" if log.starts is not False
+                                                   else "does not start the engine either"), style="green")
+            verdict.append(f" (the log prints no block, token or concurrency line to check further); token line: {rule}\n")
+        elif ex.matches:
             span = ex.logged_blocks
             which = "" if not span or span[0] == span[1] else f" (the logged budget allows {span[0]:,} - {plural(span[1], 'block')})"
             verdict.append("the logged terms reproduce every capacity line of the log exactly" if log.starts is not False
@@ -188,7 +203,7 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
     notes = Text()
     for warning in log.warnings[:5]:  # whole: the console wraps it at word boundaries, never cuts it
         notes.append(f"! log: {warning}\n", style="yellow")
-    for note in list(ex.notes) + (list(p.notes) if p is not None else []):
+    for note in _notes(ex):
         notes.append(f"· {note}\n", style="grey62")
     return Group(_head(ex), terms, cap, verdict, notes)
 
@@ -211,7 +226,9 @@ def _row_values(r: "LogResult") -> dict[str, Any]:
     own = ex.from_kvplan.kv_cache_tokens if ex.from_kvplan is not None else None
     logged = log.kv_cache_tokens
     block = p.layout.block_size if p is not None else (log.engine_block_size or log.block_size)
-    if logged is None and log.num_gpu_blocks is not None and block:  # V0: the pool in blocks
+    if logged is None and ex.matches and ex.from_logged is not None:  # the tokens the log's own budget gives
+        logged = ex.from_logged.kv_cache_tokens
+    elif logged is None and log.num_gpu_blocks is not None and block:  # V0: the pool in blocks
         logged = log.num_gpu_blocks * block
     kv = ex.term("kv_budget")
     gap = kv.difference_bytes if kv is not None else None
@@ -247,30 +264,34 @@ def summary(results: "Sequence[LogResult]") -> dict[str, int]:
 
 
 def render_many(results: "Sequence[LogResult]"):  # noqa: ANN201 - a rich renderable
-    """One row per log: model, GPU, engine and release, logged vs kvplan tokens, the error, the biggest term."""
+    """One row per log: model, GPU, engine and release, logged vs kvplan tokens and the error, the biggest term."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"{plural(len(results), 'log')}", title_justify="left")
-    for col in ("log", "model", "GPU", "engine (rules)", "logged tokens", "kvplan tokens", "error", "biggest term"):
-        table.add_column(col, justify="right" if col in ("logged tokens", "kvplan tokens", "error") else "left",
-                         overflow="fold")
+    table = Table(title=f"{plural(len(results), 'log')}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("log", "model", "GPU", "engine", "log tokens", "kvplan (error)", "biggest term (GiB)"):
+        table.add_column(col, justify="right" if "tokens" in col or "kvplan" in col else "left", overflow="fold",
+                         no_wrap="tokens" in col or "kvplan" in col)
     for r in results:
         v = _row_values(r)
         if r.explanation is None:
-            table.add_row(v["log"], Text(v["error"], style="red"), "", "", "", "", "", "")
+            table.add_row(Path(v["log"]).name, Text(v["error"], style="red"), "", "", "", "", "")
             continue
-        engine = v["engine"] + (f" ({v['release']})" if v["release"] else "")
-        error = "-" if v["error_pct"] is None else f"{v['error_pct']:+.2f}%"
-        if r.explanation.log.starts is False:
-            error = "did not start"
-        big = "-" if v["biggest_term"] is None else f"{v['biggest_term']} {v['biggest_term_bytes'] / GiB:+.2f} GiB"
+        log = r.explanation.log
+        engine = v["engine"] if log.version else v["engine"] + (f" ({v['release']} rules)" if v["release"] else "")
+        own = "-" if v["kvplan_tokens"] is None else f"{v['kvplan_tokens']:,}" + (
+            f" ({v['error_pct']:+.1f}%)" if v["error_pct"] is not None else "")
+        if log.starts is False:
+            own = "did not start" if own == "-" else own
+        big = "-" if v["biggest_term"] is None else f"{v['biggest_term']} {v['biggest_term_bytes'] / GiB:+.2f}"
         if v["kvplan_tokens"] is None and r.explanation.needs:
             big = "needs the GPU" if r.explanation.plan is not None else "needs the model"
         logged = _fmt(v["logged_tokens"]) if v["logged_tokens"] is not None or v["logged_blocks"] is None else \
             f"{v['logged_blocks']:,} blocks"
-        table.add_row(v["log"], v["model"] or "-", v["gpu"] or "-", engine, logged, _fmt(v["kvplan_tokens"]), error, big)
+        model = (v["model"] or "-").rstrip("/").rsplit("/", 1)[-1]  # the name: the org and the folder are in the log
+        table.add_row(Path(v["log"]).name, model, v["gpu"] or "-", engine, logged, own, big)
     s = summary(results)
     parts = [f"{s['read']} of {plural(s['logs'], 'log')} read", f"the logged terms reproduce {s['reproduced']} exactly"
              + (f" and not {s['not_reproduced']}" if s["not_reproduced"] else ""),
