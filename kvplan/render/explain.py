@@ -289,7 +289,7 @@ def render_many(results: "Sequence[LogResult]"):  # noqa: ANN201 - a rich render
         if v["kvplan_tokens"] is None and r.explanation.needs:
             big = "needs the GPU" if r.explanation.plan is not None else "needs the model"
         logged = _fmt(v["logged_tokens"]) if v["logged_tokens"] is not None or v["logged_blocks"] is None else \
-            f"{v['logged_blocks']:,} blocks"
+            plural(v["logged_blocks"], "block")
         model = (v["model"] or "-").rstrip("/").rsplit("/", 1)[-1]  # the name: the org and the folder are in the log
         table.add_row(Path(v["log"]).name, model, v["gpu"] or "-", engine, logged, own, big)
     s = summary(results)
