@@ -7,7 +7,8 @@ where it came from (``memory_source``), and says so plainly when it was derived 
 
 Names are forgiving: ``find_gpu("h100")``, ``find_gpu("H100-80GB")``, ``find_gpu("NVIDIA GeForce RTX
 4090")`` all work; an unknown name raises :class:`GpuNotFoundError` whose hint lists the closest names.
-For anything not in the catalogue, :func:`custom_gpu` builds an entry from a memory size.
+For anything not in the catalogue, :func:`custom_gpu` builds an entry from a memory size. An engine log prints
+the device's total, not its name: :func:`gpus_by_memory` finds the cards that report that total.
 
 May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
 """

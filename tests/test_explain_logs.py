@@ -314,3 +314,14 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, content, says):
     assert r.exit_code == 2 and "Traceback" not in r.output
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"kvplan: error: {path}") and says in line, line
+
+
+def test_gpus_by_memory_finds_the_card_a_log_total_is():
+    from kvplan.gpus import find_gpu, gpus_by_memory
+
+    h100 = find_gpu("H100").memory_bytes  # 79.20 GiB; logs print 79.18 - 79.22 for the same card
+    assert gpus_by_memory(round(79.19 * GiB))[0].name == "H100-SXM-80GB"
+    assert [g.name for g in gpus_by_memory(round(79.15 * GiB))][:1] == ["A100-SXM-80GB"]  # 0.05 GiB from an H100
+    assert gpus_by_memory(h100 + 2 * GiB) == ()  # no card: a custom total
+    assert {g.vendor for g in gpus_by_memory(round(191.98 * GiB), vendor="amd")} == {"amd"}
+    assert gpus_by_memory(round(191.98 * GiB), vendor="nvidia") == ()
