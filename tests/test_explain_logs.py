@@ -325,3 +325,19 @@ def test_gpus_by_memory_finds_the_card_a_log_total_is():
     assert gpus_by_memory(h100 + 2 * GiB) == ()  # no card: a custom total
     assert {g.vendor for g in gpus_by_memory(round(191.98 * GiB), vendor="amd")} == {"amd"}
     assert gpus_by_memory(round(191.98 * GiB), vendor="nvidia") == ()
+
+
+def test_the_cheap_look_before_each_pattern_never_skips_a_match():
+    # parse_log tries a rule only on lines holding its needle (a server's log is mostly request lines): over every
+    # corpus line, each rule whose pattern matches is among the rules tried
+    from kvplan.explain import lines as L
+    from kvplan.explain.logparse import _candidate_rules, _logical_lines
+
+    checked = 0
+    for path in sorted(CORPUS.glob("*/*.log")):
+        for _, line in _logical_lines(path.read_text()):
+            tried = set(_candidate_rules(line))
+            matching = {rule for rule in L.LINES if rule.pattern.search(line)}
+            assert matching <= tried, (path.name, line[:120], [r.pattern.pattern for r in matching - tried])
+            checked += bool(matching)
+    assert checked > 1500  # lines that match a rule

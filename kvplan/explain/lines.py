@@ -17,11 +17,44 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 NUMBER = r"(-?[0-9][0-9,]*(?:\.[0-9]*)?)"  # one way to match each printed number: no backtracking on a long digit run
 INT = r"([0-9](?:[0-9,]*[0-9])?)"  # a count as printed, without the comma or full stop after it
 GIB = NUMBER + r"\s*Gi?B"  # a size as printed ("14.99 GiB", "14.99GiB", V0 and SGLang "GB")
 LEAD = r"(?<![0-9.,-])"  # before a pattern that starts with a number: only where a number starts
+
+
+def needle(pattern: str) -> str | None:
+    """The longest run of plain characters every match of ``pattern`` contains (3 or more), or ``None``: a line
+    without it cannot match, and ``needle in line`` is far cheaper than the search (a server's log is mostly lines
+    about requests)."""
+    try:
+        import re._parser as parser  # Python 3.11+
+        from re._constants import LITERAL, SUBPATTERN
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse as parser  # type: ignore[no-redef]
+        from sre_constants import LITERAL, SUBPATTERN  # type: ignore[no-redef]
+
+    runs: list[str] = []
+
+    def walk(items: Any) -> None:
+        run = ""
+        for op, av in items:
+            if op is LITERAL:
+                run += chr(av)
+            elif op is SUBPATTERN:  # a group without alternatives is part of the sequence
+                runs.append(run)
+                run = ""
+                walk(av[-1])
+            else:
+                runs.append(run)
+                run = ""
+        runs.append(run)
+
+    walk(parser.parse(pattern))
+    best = max(runs, key=len, default="")
+    return best if len(best) >= 3 else None
 
 
 @dataclass(frozen=True)
@@ -39,13 +72,14 @@ class Line:
     kinds: tuple[str, ...]
     policy: str = "last"  # last | first
     engine: str | None = None  # the engine whose line this is (None: the field's meaning is engine-neutral)
+    needle: str | None = None  # text every match contains (:func:`needle`)
 
 
 def _l(pattern: str, fields: str, kinds: str, policy: str = "last", engine: str | None = None) -> Line:
     names = tuple(None if f == "-" else f for f in fields.split())
     kind_list = tuple(kinds.split())
     assert len(names) == len(kind_list), pattern
-    return Line(re.compile(pattern), names, kind_list, policy, engine)
+    return Line(re.compile(pattern), names, kind_list, policy, engine, needle(pattern))
 
 
 VLLM = "vllm"
@@ -313,5 +347,5 @@ WARNINGS = re.compile(r"(padding layers|FlashInfer is not available|Custom allre
                       r"Not enough (?:GPU )?memory|leave no GPU memory|is less than desired)", re.I)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-__all__ = ["Line", "LINES", "FORMS", "NUMBER", "INT", "GIB", "V0_REFUSAL", "V1_REFUSAL", "V1_ESTIMATE", "STOPS", "OUT_OF_MEMORY",
+__all__ = ["Line", "LINES", "FORMS", "needle", "NUMBER", "INT", "GIB", "V0_REFUSAL", "V1_REFUSAL", "V1_ESTIMATE", "STOPS", "OUT_OF_MEMORY",
            "NON_DEFAULT", "SERVE_LINE", "SERVE_FLAG", "SGLANG_LAUNCH", "WORKER_RANK", "WARNINGS", "ANSI"]

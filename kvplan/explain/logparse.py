@@ -388,14 +388,52 @@ class _Collect:
 
 
 def _rank(line: str) -> int:
-    m = L.WORKER_RANK.search(line)
+    m = L.WORKER_RANK.search(line) if "TP" in line or "rank=" in line else None
     return int(m.group(1)[:9]) if m else 0
+
+
+def _anchors(needles: list[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A few short strings that the needles contain, each with the needles (by index) it stands for: a line
+    without an anchor needs none of its needles checked (greedy cover by 4-character substrings)."""
+    left = set(range(len(needles)))
+    out = []
+    while left:
+        counts: dict[str, set[int]] = {}
+        for i in left:
+            for j in range(len(needles[i]) - 3):
+                counts.setdefault(needles[i][j:j + 4], set()).add(i)
+        anchor, covered = max(counts.items(), key=lambda kv: (len(kv[1]), kv[0])) if counts else ("", set(left))
+        out.append((anchor, tuple(sorted(covered))))
+        left -= covered
+    return tuple(out)
+
+
+_NEEDLED = [rule for rule in L.LINES if rule.needle is not None]
+_FREE = tuple(rule for rule in L.LINES if rule.needle is None)  # alternatives at the top: searched on every line
+_GROUPS = tuple((anchor, tuple(_NEEDLED[i] for i in members))
+                for anchor, members in _anchors([rule.needle for rule in _NEEDLED]))
+
+
+def _candidate_rules(line: str) -> list[L.Line]:
+    """The rules whose needle is in ``line`` (and those without one), in :data:`kvplan.explain.lines.LINES` order."""
+    found = [rule for anchor, rules in _GROUPS if anchor in line for rule in rules if rule.needle in line]
+    found += _FREE
+    order = _ORDER
+    return sorted(found, key=order.__getitem__) if len(found) > 1 else found
+
+
+_ORDER = {rule: i for i, rule in enumerate(L.LINES)}
+
+
+_MAY_WARN = re.compile(r"padding|FlashInfer|allreduce|Error|larger than|emory|enough|less than", re.I)  # a cheap look
+_FORMS = tuple((L.needle(pattern.pattern), engine, pattern, first, last) for engine, pattern, first, last in L.FORMS)
+_STOPS = tuple((L.needle(pattern.pattern), pattern, reason, engine) for pattern, reason, engine in L.STOPS)
 
 
 def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
     """Read one line (``lineno``: 1-based, for the unreadable-number messages)."""
     rank = _rank(line)
-    for rule in L.LINES:
+    for rule in _candidate_rules(line):
         m = rule.pattern.search(line)
         if not m:
             continue
@@ -424,7 +462,7 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
     if "vllm serve" in line:
         m = L.SERVE_LINE.search(line)
         _set_args(c, _command_flags(line, m.end()) if m else {}, line, lineno)
-    m = L.SGLANG_LAUNCH.search(line)
+    m = L.SGLANG_LAUNCH.search(line) if "launch_server" in line else None
     if m:
         c.votes[L.SGLANG] += 1
         flags = _command_flags(line, m.end())
@@ -432,17 +470,18 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
         if "model" in flags and "model_path" not in flags:
             flags["model_path"] = flags.pop("model")
         _set_args(c, flags, line, lineno)
-    _set_args(c, {**_args_dict(line), **_server_args(line)}, line, lineno)
+    if "args" in line or "ServerArgs(" in line:
+        _set_args(c, {**_args_dict(line), **_server_args(line)}, line, lineno)
     try:
-        refusal = _refusal(line)
+        refusal = _refusal(line) if "KV cache" in line else None
     except Unreadable as exc:
         c.unreadable.append(_unreadable(lineno, "refusal", exc, line))
         refusal = None
     if refusal is not None:
         c.set("refusal", refusal)
         c.votes[L.VLLM] += 1
-    for pattern, reason, engine in L.STOPS:
-        if pattern.search(line):
+    for needle, pattern, reason, engine in _STOPS:
+        if (needle is None or needle in line) and pattern.search(line):
             if engine:
                 c.votes[engine] += 1
             if reason == L.STOPS[0][1]:
@@ -450,12 +489,12 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
             elif refusal is None:
                 c.set("stop_line", lineno, keep_first=True)
                 c.set("stop_reason", reason, keep_first=True)
-    for engine, pattern, first, last in L.FORMS:
-        if pattern.search(line):
+    for needle, engine, pattern, first, last in _FORMS:
+        if (needle is None or needle in line) and pattern.search(line):
             c.forms[engine].append((first, last))
-    if L.OUT_OF_MEMORY.search(line):
+    if "emory" in line and L.OUT_OF_MEMORY.search(line):
         c.set("out_of_memory_line", lineno, keep_first=True)
-    if L.WARNINGS.search(line) and "Traceback" not in line:
+    if _MAY_WARN.search(line) and L.WARNINGS.search(line) and "Traceback" not in line:
         text = line.strip()[:300]
         if text not in c.warnings:
             c.warnings.append(text)
