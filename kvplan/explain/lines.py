@@ -328,7 +328,7 @@ STOPS: tuple[tuple[re.Pattern[str], str, str | None], ...] = (
     (re.compile(r"Cannot auto-fit max_model_len"), "no max_model_len fits (auto-fit)", VLLM),
     # the engine stopped and the excerpt ends before saying why
     (re.compile(r"EngineCore failed to start|Engine core initialization failed"),
-     "the engine failed to start (its reason is not in the excerpt)", VLLM),
+     "its start failed, and the excerpt does not say why", VLLM),
     # a refusal cut before its numbers ("To serve at least one request with the model's max seq len (1048576), ...")
     (re.compile(r"To serve at least one request with the models?'s max seq len"),
      "one request at max_model_len does not fit in the KV cache", VLLM),

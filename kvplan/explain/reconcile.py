@@ -791,11 +791,12 @@ def diagnosis(ex: Explanation) -> str:
             return head + f"; kvplan's own terms do not start it either ({ex.plan.answer.refusal})"
         return head + (f"; {ex.needs[0]}" if ex.needs else "")
     if ex.plan is None:
-        tokens = log.kv_cache_tokens if log.kv_cache_tokens is not None else (
-            log.num_gpu_blocks * (log.engine_block_size or log.block_size) if log.num_gpu_blocks is not None
-            and (log.engine_block_size or log.block_size) else None)
         said = (f"the log's KV budget of {_gib(ex.logged_kv_bytes)}" if ex.logged_kv_bytes is not None
-                else "the log's pool") + (f" holds {plural(tokens, 'token')}" if tokens is not None else "")
+                else "the log's pool")
+        if log.kv_cache_tokens is not None:
+            said += f" holds {plural(log.kv_cache_tokens, 'token')}"
+        elif log.num_gpu_blocks is not None:
+            said += f" holds {plural(log.num_gpu_blocks, 'block')}"
         if log.max_concurrency is not None and log.concurrency_len:
             said += f" ({log.max_concurrency:.2f}x at {log.concurrency_len:,})"
         return f"{said}; the comparison with kvplan's own plan needs the model"
