@@ -239,6 +239,20 @@ def test_a_real_vllm_cpu_server_start_up_log_is_read_with_no_flags(name):
     assert ex.plan.layout.block_size == 128 and ex.plan.gpu.is_cpu
 
 
+@pytest.mark.parametrize("line, model", [
+    ("(APIServer pid=1) INFO [factories.py:89] Scale-out endpoints are disabled. Restart vllm serve with "
+     "--enable-scale-out to enable them.", None),  # was: the model "with"
+    ("$ vllm serve -tp 2 meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("root@host:/# VLLM_USE_V1=1 vllm serve /models/Qwen2.5-7B-Instruct \\\n  --tensor-parallel-size 2", "/models/Qwen2.5-7B-Instruct"),
+    ("With `vllm serve`, you should provide the model as a positional argument", None),
+])
+def test_the_model_of_a_vllm_serve_line(line, model):
+    log = parse_log(line + "\n")
+    assert log.model == model
+    if model and "tensor-parallel" in line:
+        assert log.tp == 2  # the flag on the continued line
+
+
 def test_calibrating_a_cpu_log_says_it_prints_no_terms(tmp_path):
     """was: 'a DEBUG log (VLLM_LOGGING_LEVEL=DEBUG) prints all of them' - a CPU DEBUG log prints none"""
     r = runner.invoke(app, ["explain", str(CPU / "startup_debug_prefix_off.log"), "--model", str(CPU / "real_server_model"),

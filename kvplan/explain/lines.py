@@ -347,5 +347,5 @@ WARNINGS = re.compile(r"(padding layers|FlashInfer is not available|Custom allre
                       r"Not enough (?:GPU )?memory|leave no GPU memory|is less than desired)", re.I)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-__all__ = ["Line", "LINES", "FORMS", "needle", "NUMBER", "INT", "GIB", "V0_REFUSAL", "V1_REFUSAL", "V1_ESTIMATE", "STOPS", "OUT_OF_MEMORY",
-           "NON_DEFAULT", "SERVE_LINE", "SERVE_FLAG", "SGLANG_LAUNCH", "WORKER_RANK", "WARNINGS", "ANSI"]
+__all__ = ["Line", "LINES", "FORMS", "needle", "NUMBER", "INT", "GIB", "V0_REFUSAL", "V1_REFUSAL", "V1_ESTIMATE", "STOPS",
+           "OUT_OF_MEMORY", "NON_DEFAULT", "SERVE_LINE", "SERVE_FLAG", "SGLANG_LAUNCH", "WORKER_RANK", "WARNINGS", "ANSI"]
