@@ -2,8 +2,9 @@
 --help), the README's sample output (`kvplan estimate ...` rendered at 80 columns) and every output block of
 docs/*.md: a ```text block whose first line is `$ kvplan ARGS` holds what ARGS prints (stdout, then stderr;
 at 100 columns), run in a scratch folder holding docs/examples/*.yaml, docs/examples/mistakes/*.yaml (inputs
-with deliberate mistakes) and `vllm.log` (a log of benchmarks/engine_reports.yaml). `observe` blocks are
-left alone (they need a live server; tests/test_observe.py checks that command).
+with deliberate mistakes), `vllm.log` (a log of benchmarks/engine_reports.yaml) and the corpus logs of
+CORPUS_LOGS (`info.log`, `debug.log`, `sglang.log`, a folder `logs/`; explain runs with HF_HUB_OFFLINE=1).
+`observe` blocks are left alone (they need a live server; tests/test_observe.py checks that command).
 
     python3 docs/gen_cli_reference.py          # rewrite what is stale
     python3 docs/gen_cli_reference.py --check  # exit 1 if anything is stale (used by the tests)
@@ -46,6 +47,20 @@ def readme_with_sample(readme: str) -> str:
 
 
 EXPLAIN_LOG = "dennislee-2xa100-80-qwen2-7b-tp2"  # the report whose log_excerpt is the docs' vllm.log
+# benchmarks/corpus/ logs the explain docs quote: a name in the scratch folder -> the corpus entry (engine/id)
+CORPUS_LOGS = {
+    "info.log": "vllm/myoceane-a100-gpt-oss-20b-v0190",  # vLLM 0.19 INFO: weights and the KV budget, no GPU
+    "debug.log": "vllm/vllm-file21240355802-llama32-1b-debug",  # V1 DEBUG: every term, the GPU implied
+    "sglang.log": "sglang/sglang-docs-sendrequest-2025-01-h100-llama31-8b",  # SGLang, January 2025
+    "logs/a100.log": "vllm/myoceane-a100-gpt-oss-20b-v0190",
+    "logs/gtx1080.log": "vllm/vllm-f19400629813-gtx1080-llama32-1b-v064",
+    "logs/h100-tp2.log": "vllm/vllm-pr10511-h100-llama3-8b-tp2",
+    "logs/h100.log": "vllm/vllm-27508-h100-gpt-oss-120b-095",
+    "logs/mi300x.log": "vllm/vllm-f43801487237-mi300x-llama31-70b-fp8-tp1",
+    "logs/t4.log": "vllm/vllm-f7884883735-t4-llama32-3b-v082-v0fallback",
+    "logs/sglang-h100.log": "sglang/sglang-docs-sendrequest-2025-01-h100-llama31-8b",
+    "logs/2xa100.log": "vllm/dennislee-2xa100-80-qwen2-7b-tp2",
+}
 OUTPUT_BLOCK = re.compile(r"^```text\n\$ kvplan (?P<args>[^\n]*)\n(?P<out>.*?)^```", re.S | re.M)
 LIVE = ("observe",)  # commands whose output blocks are not regenerated (a live server)
 DOCS = sorted((REPO / "docs").glob("*.md"))
@@ -66,12 +81,17 @@ def _scratch(folder: Path) -> None:
         shutil.copy(path, folder / path.name)
     reports = yaml.safe_load((REPO / "benchmarks" / "engine_reports.yaml").read_text())
     (folder / "vllm.log").write_text(next(r["log_excerpt"] for r in reports if r["id"] == EXPLAIN_LOG))
+    for name, entry in CORPUS_LOGS.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        shutil.copy(REPO / "benchmarks" / "corpus" / f"{entry}.log", folder / name)
 
 
 def run_example(args: str, folder: Path) -> str:
     """What ``kvplan ARGS`` prints in ``folder`` (stdout then stderr, lines right-stripped). A traceback is
     an error of this script, not an output to quote."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1"}
+    if args.split()[0] == "explain":  # the logs' models are bundled or not: the same answer with or without network
+        env["HF_HUB_OFFLINE"] = "1"
     r = subprocess.run([sys.executable, "-m", "kvplan", *shlex.split(args)], env=env, capture_output=True,
                        text=True, cwd=folder, timeout=300)
     if "Traceback" in r.stderr or r.returncode not in (0, 1, 2):

@@ -7,7 +7,8 @@ where it came from (``memory_source``), and says so plainly when it was derived 
 
 Names are forgiving: ``find_gpu("h100")``, ``find_gpu("H100-80GB")``, ``find_gpu("NVIDIA GeForce RTX
 4090")`` all work; an unknown name raises :class:`GpuNotFoundError` whose hint lists the closest names.
-For anything not in the catalogue, :func:`custom_gpu` builds an entry from a memory size.
+For anything not in the catalogue, :func:`custom_gpu` builds an entry from a memory size. An engine log prints
+the device's total, not its name: :func:`gpus_by_memory` finds the cards that report that total.
 
 May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
 """
@@ -268,6 +269,22 @@ def closest_keys(key: str, keys: list[str], cutoff: float = 0.4) -> list[str]:
     scored = [(difflib.SequenceMatcher(None, fixed, k).ratio(), k) for k in keys]
     kept = [(r, k) for r, k in scored if r >= cutoff]
     return [k for r, k in sorted(kept, key=lambda rk: (rk[1][:1] != fixed[:1], -rk[0]))]
+
+
+# The same card reports a total that moves by a few tens of MiB with the driver and what else holds memory (an
+# H100 80GB HBM3: 79.18 - 79.22 GiB in engine logs, 79.20 in the catalogue), and logs print it to 0.01 GiB.
+MEMORY_MATCH_BYTES = 64 * 2**20
+
+
+def gpus_by_memory(memory_bytes: int, *, vendor: str | None = None,
+                   tolerance_bytes: int = MEMORY_MATCH_BYTES) -> tuple[Gpu, ...]:
+    """The catalogue GPUs whose runtime-reported total is within ``tolerance_bytes`` of ``memory_bytes`` (what an
+    engine log prints as the device's total), nearest first; only ``vendor``'s (``nvidia``, ``amd``) when given.
+    Several cards share a size (A100 SXM and PCIe; H20 and any other 96 GB part): the first is the nearest, not
+    a certainty."""
+    near = [g for g in load_gpus() if g.memory_bytes is not None and abs(g.memory_bytes - memory_bytes) <= tolerance_bytes
+            and (vendor is None or g.vendor == vendor)]
+    return tuple(sorted(near, key=lambda g: abs(g.memory_bytes - memory_bytes)))
 
 
 def custom_gpu(memory_bytes: int, name: str = "custom", bandwidth_bytes_per_s: int | None = None) -> Gpu:
