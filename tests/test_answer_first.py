@@ -85,7 +85,7 @@ def test_brief_and_the_answer_panel_come_from_one_function(model_id):
         assert full.startswith("╭─ answer"), where
         answer = _flat(full.split("╰")[0])
         lines = [line.plain for line in answer_lines(p)]
-        assert " ".join(lines) in answer, where
+        assert _flat(" ".join(lines)) in answer, where
         brief = _text(render_brief(p), width=200).splitlines()
         assert brief[-1] == lines[-1], where  # one verdict
         if a.refusal:

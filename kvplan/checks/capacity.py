@@ -50,6 +50,13 @@ class Outcome:
     passed: bool
     message: str
     suggestions: tuple[str, ...] = ()
+    low_end_actual: Any = None  # judged at the estimate: the value at the low end of kvplan's range (None: no range)
+    low_end_passed: bool | None = None  # ... and whether the requirement holds there
+
+    @property
+    def at_risk(self) -> bool:
+        """Passes at kvplan's estimate but not at the low end of its range: the engine may give less."""
+        return self.passed and self.low_end_passed is False
 
 
 @dataclass(frozen=True)
@@ -315,9 +322,9 @@ def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: A
         plan = plan_for_spec(spec, options, source)
     except KvplanError as exc:
         raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
-    judged, how = plan, "estimate"
+    judged, how, low = plan, "estimate", low_end(plan, spec)
     if conservative or check.conservative:
-        judged, how = low_end(plan, spec), "low end"
+        judged, how = low, "low end"
     outcomes = []
     for key, required in check.require.items():
         outcome = evaluate(key, required, judged)
@@ -325,6 +332,9 @@ def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: A
             estimate = _MEASURES[key][0](plan)
             outcome = replace(outcome, message=f"{outcome.message} at the low end of kvplan's range "
                                                f"({format_value(estimate, _MEASURES[key][1])} at its estimate)")
+        elif low is not plan:
+            at_low = evaluate(key, required, low)
+            outcome = replace(outcome, low_end_actual=at_low.actual, low_end_passed=at_low.passed)
         if not outcome.passed:
             outcome = replace(outcome, suggestions=suggestions(key, required, judged, spec))
         outcomes.append(outcome)

@@ -52,7 +52,8 @@ POOL_LABELS = tuple(o.name for o in PLAN_OPTIONS if o.name not in ROW_AXES)
 LABEL_FIELDS = ("name", *POOL_LABELS, "context", "batch", "max_model_len")
 FIGURE_FIELDS = (
     "kv_bytes_per_token", "weights_bytes", "total_bytes", "usable_bytes", "activation_bytes", "overhead_bytes",
-    "cudagraph_bytes", "kv_budget_bytes", "num_blocks", "kv_tokens", "max_requests", "max_concurrency",
+    "cudagraph_bytes", "kv_budget_bytes", "num_blocks", "kv_tokens", "max_requests", "max_requests_low",
+    "max_requests_high", "max_concurrency",
     "max_context_at_batch", "fits", "engine_starts", "decode_tokens_per_s",
 )
 ROW_FIELDS = LABEL_FIELDS + FIGURE_FIELDS
@@ -68,12 +69,14 @@ class Pool:
     """
 
     LABELS = POOL_LABELS
-    __slots__ = ("plan", "label", "deployment", "_rkv", "_tps", "_validated", "_labels", "_figures")
+    __slots__ = ("plan", "label", "deployment", "low", "high", "_rkv", "_tps", "_validated", "_labels", "_figures")
 
     def __init__(self, plan: Plan, label: Mapping[str, Any]) -> None:
         self.plan = plan
         self.label = dict(label)
         self.deployment = plan.deployment  # the answer's rules, memoised per length
+        rng = plan.kv_range  # the same rules at the ends of kvplan's range
+        self.low, self.high = (rng.low_deployment, rng.high_deployment) if rng else (self.deployment, self.deployment)
         self._rkv: dict[int, int] = {}
         self._tps: dict[tuple[int, int], float] = {}
         self._validated: set[int] = set()
@@ -141,6 +144,8 @@ class Row(NamedTuple):
     max_num_seqs: int  # the engine's limit on requests at once at max_model_len (SGLang's depends on it)
     kv_tokens: int
     max_requests: int  # whole requests of `context` tokens that fit at once
+    max_requests_low: int  # ... at the low end of kvplan's range (Plan.kv_range)
+    max_requests_high: int  # ... at its high end
     max_concurrency: float  # vLLM's "Maximum concurrency" at max_model_len
     max_context_at_batch: int
     fits: bool  # batch x context fits
@@ -156,6 +161,7 @@ class Row(NamedTuple):
             "context": self.context, "batch": self.batch, "max_model_len": self.max_model_len,
             **self.pool.figures(),
             "kv_tokens": self.kv_tokens, "max_requests": self.max_requests,
+            "max_requests_low": self.max_requests_low, "max_requests_high": self.max_requests_high,
             "max_concurrency": round(mc, 4) if mc != float("inf") else None,
             "max_context_at_batch": self.max_context_at_batch, "fits": self.fits, "engine_starts": self.engine_starts,
             "decode_tokens_per_s": round(tps, 1) if tps is not None else None,
@@ -170,7 +176,9 @@ def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, na
     mml = max_model_len or context
     n = d.max_requests(context, mml)
     fits = d.fits(batch, context, mml)
-    return Row(name, pool, context, batch, max_model_len, d.request_limit(mml), d.kv_tokens(mml), n,
+    low = n if pool.low is d else pool.low.max_requests(context, mml)
+    high = n if pool.high is d else pool.high.max_requests(context, mml)
+    return Row(name, pool, context, batch, max_model_len, d.request_limit(mml), d.kv_tokens(mml), n, low, high,
                memory.vllm_max_concurrency(d.blocks, d.blocks_per_request(mml)),
                d.max_context(batch, max_model_len),
                fits,

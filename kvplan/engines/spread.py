@@ -62,8 +62,10 @@ class Spread:
 
     @property
     def source(self) -> str:
-        return (f"-{self.over_bytes / GiB:.2f} / +{self.under_bytes / GiB:.2f} GiB: 90th percentiles over "
-                f"{self.logs} real start-up logs ({self.basis}; benchmarks/corpus, calibration part)")
+        """``-1.98 / +0.63 GiB: 90th percentiles of 20 real start-up logs (vllm, tp 1)`` (the logs: the calibration
+        part of benchmarks/corpus; docs/engines.md)."""
+        return (f"-{self.over_bytes / GiB:.2f} / +{self.under_bytes / GiB:.2f} GiB: 90th percentiles of "
+                f"{self.logs} real start-up logs ({self.basis})")
 
 
 @lru_cache(maxsize=1)

@@ -28,6 +28,8 @@ class KvRange:
     kv_budget_low_bytes: int
     kv_budget_high_bytes: int
     source: str
+    low_deployment: Deployment  # the plan's deployment with the low end's blocks (a report's rows ask it)
+    high_deployment: Deployment
 
     def to_dict(self) -> dict:
         def end(a: Answer, kv: int) -> dict:
@@ -42,21 +44,19 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
              batch: int, max_model_len: int | None, is_cpu: bool) -> KvRange:
     """The range of ``answer`` (the plan's, at ``batch`` x ``context``) for a deployment of ``tp`` GPUs."""
     kv = budget.kv_budget_bytes
-    layout = deployment.demand.layout
     s = None if is_cpu or budget.kv_budget_source.startswith("--kv-budget") else spread(engine.engine, engine.version, tp)
     if s is None:
         why = ("the KV budget is given (--kv-budget)" if budget.kv_budget_source.startswith("--kv-budget") or is_cpu
                else "no measured spread for this engine")
-        return KvRange(answer, answer, kv, kv, why)
+        return KvRange(answer, answer, kv, kv, why, deployment, deployment)
     over = max(s.over_bytes, budget.path_gap_bytes)
     rough = round(ROUGH_WEIGHTS_FRACTION * budget.weights.bytes) if rough_weights(budget.weights.source) else 0
     low_kv, high_kv = kv - over - rough, kv + s.under_bytes
 
-    def at(budget_bytes: int) -> Answer:
-        blocks = memory.num_blocks(budget_bytes, layout) if budget_bytes > 0 else 0
-        if blocks == deployment.blocks:
-            return answer
-        return replace(deployment, blocks=blocks).answer(context, batch, max_model_len)
+    low, high = deployment_at(deployment, low_kv), deployment_at(deployment, high_kv)
+
+    def answer_of(d: Deployment) -> Answer:
+        return answer if d is deployment else d.answer(context, batch, max_model_len)
 
     source = s.source
     if rough:
@@ -64,7 +64,13 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
                    f"({rough / GiB:.2f} GiB)")
     if budget.path_gap_bytes > s.over_bytes:
         source += f"; the low end pays the engine's costlier code path ({budget.path_gap_bytes / GiB:.2f} GiB)"
-    return KvRange(at(low_kv), at(high_kv), low_kv, high_kv, source)
+    return KvRange(answer_of(low), answer_of(high), low_kv, high_kv, source, low, high)
 
 
-__all__ = ["KvRange", "kv_range"]
+def deployment_at(deployment: Deployment, kv_budget_bytes: int) -> Deployment:
+    """``deployment`` with the blocks a KV budget of ``kv_budget_bytes`` per GPU holds (itself when they are its own)."""
+    blocks = memory.num_blocks(kv_budget_bytes, deployment.demand.layout) if kv_budget_bytes > 0 else 0
+    return deployment if blocks == deployment.blocks else replace(deployment, blocks=blocks)
+
+
+__all__ = ["KvRange", "deployment_at", "kv_range"]

@@ -78,9 +78,12 @@ def served_weights(plan: "Plan") -> tuple[str | None, str | None]:
 
 
 def weights_bytes(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType) -> tuple[int, str]:
-    """Total weight bytes (all GPUs) and where the number came from."""
+    """Total weight bytes (all GPUs) and where the number came from. A ``weights_dtype`` that is the dtype the
+    model runs in (what a report row's column says when none was set) loads the checkpoint as it is."""
     if options.weights_bytes is not None:
         return options.weights_bytes, "--weights-gib"
+    if weights_dtype is not None and weights_dtype.name == model_dtype.name and not spec.quant_method:
+        weights_dtype = None
     w = spec.weights
     if weights_dtype is None:
         if w is not None and w.total_bytes:

@@ -75,6 +75,13 @@ def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN2
                 text.append("  no single change found (tried fewer requests, shorter context, fp8 KV, tp x2/x4/x8, "
                             "every larger catalogue GPU)\n", style="yellow")
         parts.append(text)
+    risky = [(r, o) for r in report.results for o in r.outcomes if o.at_risk]
+    if risky:
+        text = Text()
+        for r, o in risky:
+            text.append(f"! {r.name}: ", style="bold yellow")
+            text.append(at_risk_text(o) + "\n")
+        parts.append(text)
     n, failed = len(report.results), report.num_failed
     summary = Text(f"{n - failed} of {plural(n, 'check')} passed", style="bold green" if not failed else "bold red")
     parts.append(summary)
@@ -101,6 +108,9 @@ def report_to_dict(report: "CheckReport") -> dict[str, Any]:
                 "passed": o.passed,
                 "message": o.message,
                 "suggestions": list(o.suggestions),
+                "low_end": None if o.low_end_passed is None else {
+                    "actual": round(o.low_end_actual, 3) if isinstance(o.low_end_actual, float) else o.low_end_actual,
+                    "passed": o.low_end_passed},
             } for o in r.outcomes],
             "plan": r.plan.to_dict(),
         })
@@ -140,7 +150,8 @@ def junit_xml(report: "CheckReport") -> str:
             failure = ET.SubElement(case, "failure", message=message, type="CapacityCheckFailed")
             failure.text = details
         out = ET.SubElement(case, "system-out")
-        out.text = "\n".join([_setup(r)] + [f"{'pass' if o.passed else 'FAIL'}: {o.message}" for o in r.outcomes])
+        out.text = "\n".join([_setup(r)] + [f"{'pass' if o.passed else 'FAIL'}: {o.message}" for o in r.outcomes]
+                              + [f"at risk: {at_risk_text(o)}" for o in r.outcomes if o.at_risk])
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
@@ -184,19 +195,32 @@ def annotation_path(file: str) -> str:
     return file
 
 
-def github_annotation(file: str, line: int, col: int | None, title: str, message: str) -> str:
-    """One ``::error file=...,line=...,title=...::message`` workflow command (escaped)."""
+def github_annotation(file: str, line: int, col: int | None, title: str, message: str, level: str = "error") -> str:
+    """One ``::error file=...,line=...,title=...::message`` workflow command (escaped; ``level`` ``warning``
+    for a ``::warning``)."""
     props = f"file={_escape_property(annotation_path(file))},line={line}"
     if col:
         props += f",col={col}"
-    return f"::error {props},title={_escape_property(title)}::{_escape_data(message)}"
+    return f"::{level} {props},title={_escape_property(title)}::{_escape_data(message)}"
+
+
+def at_risk_text(o: "Outcome") -> str:
+    """A requirement that passes at kvplan's estimate but not at the low end of its range, in words."""
+    return (f"{o.requirement} passes at kvplan's estimate ({format_value(o.actual, o.unit)}) but not at the low end "
+            f"of its range ({format_value(o.low_end_actual, o.unit)}): the engine may give less (--conservative "
+            "gates there)")
 
 
 def github_annotations(report: "CheckReport") -> list[str]:
-    """One annotation per failed check, pointing at the check's entry in the file."""
+    """One annotation per failed check, pointing at the check's entry in the file; a warning per check that
+    passes only at kvplan's estimate (not at the low end of its range)."""
     out = []
     for r in report.results:
         if r.passed:
+            risky = [at_risk_text(o) for o in r.outcomes if o.at_risk]
+            if risky:
+                out.append(github_annotation(r.where.file, r.where.line, r.where.col,
+                                             f"kvplan check at risk: {r.name}", "\n".join(risky), "warning"))
             continue
         message, details = _failure_text(r)
         fixes = [s for o in r.outcomes if not o.passed for s in o.suggestions[:3]]

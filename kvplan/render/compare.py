@@ -14,8 +14,8 @@ TITLES = {"gpu": "GPU", "tp": "tp", "kv_dtype": "KV dtype", "context": "context"
 
 
 def render_comparison(comparison: "Comparison", width: int | None = None) -> Any:
-    """The rows (the listed values, KV budget, KV tokens, requests at the context, max context at the batch,
-    the verdict) and, under them, each row's error in full."""
+    """The rows (the listed values, KV budget, KV tokens, requests at the context and, in brackets, at the ends
+    of kvplan's range, max context at the batch, the verdict) and, under them, each row's error in full."""
     from rich.console import Group
     from rich.text import Text
 
@@ -37,7 +37,8 @@ def render_comparison(comparison: "Comparison", width: int | None = None) -> Any
         else:
             f = answer_figures(row.plan)
             style = "green" if row.plan.answer.fits else "bold red"
-            cells = [f["kv_budget"], f["kv_tokens"], f["requests"], f["max_context"], Text(f["fits"], style=style)]
+            requests = f"{f['requests']} ({f['requests_range']})" if f["requests_range"] else f["requests"]
+            cells = [f["kv_budget"], f["kv_tokens"], requests, f["max_context"], Text(f["fits"], style=style)]
         for col, cell in zip(figures, cells):
             col.cells.append(cell)
     title = None

@@ -176,11 +176,14 @@ def _answer_panel(plan: "Plan") -> Panel:
 def answer_figures(plan: "Plan") -> dict[str, str]:
     """The answer's figures as every output prints them (the answer panel, ``--brief``, comparison rows): the
     KV budget, the engine's KV-token figure, requests of the context at once, the longest context at the batch,
-    the verdict in a word. The one place to change how they are written."""
-    a = plan.answer
+    the verdict in a word, and the requests at the low and high end of kvplan's range ("" when they are the
+    same). The one place to change how they are written."""
+    a, rng = plan.answer, plan.kv_range
+    spread = rng is not None and rng.low.max_requests != rng.high.max_requests
     return {"kv_budget": f"{max(0, plan.budget.kv_budget_bytes) / GiB:,.2f} GiB", "kv_tokens": f"{a.kv_tokens:,}",
             "requests": f"{a.max_requests:,}", "max_context": f"{a.max_context_at_batch:,}" if a.max_context_at_batch
-            else "none", "fits": "fits" if a.fits else ("refused" if a.refusal else "does NOT fit")}
+            else "none", "fits": "fits" if a.fits else ("refused" if a.refusal else "does NOT fit"),
+            "requests_range": f"{rng.low.max_requests:,} - {rng.high.max_requests:,}" if spread else ""}
 
 
 def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
@@ -219,12 +222,27 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     else:
         at.append(f" (the pool binds: {plural(a.blocks_per_request, 'block')} each; max_num_seqs {a.max_num_seqs:,})")
     lines.append(at)
+    spread = _range_line(plan)
+    if spread:
+        lines.append(Text(f"  {spread}", style="grey62"))
     shared = _shared_prefix_line(plan)
     if shared:
         lines.append(Text(f"  {shared}", style="grey62"))
     lines.append(_max_context_line(plan))
     lines.append(_verdict(plan))
     return lines
+
+
+def _range_line(plan: "Plan") -> str | None:
+    """kvplan's range (:attr:`Plan.kv_range`): the requests and KV tokens at the low and high end of the spread
+    real start-ups of the class showed, and where the spread came from; None when the plan has none."""
+    rng = plan.kv_range
+    if rng is None or rng.kv_budget_low_bytes == rng.kv_budget_high_bytes:
+        return None
+    lo, hi, a = rng.low, rng.high, plan.answer
+    requests = (f"{lo.max_requests:,} - {hi.max_requests:,} requests" if lo.max_requests != hi.max_requests
+                else f"{plural(a.max_requests, 'request')} at either end")
+    return f"range: {requests}, {lo.kv_tokens:,} - {hi.kv_tokens:,} KV tokens (KV budget {rng.source})"
 
 
 def _shared_prefix_line(plan: "Plan") -> str | None:

@@ -29,6 +29,7 @@ _FIGURES: list[tuple[str, str]] = [
     ("KV budget", "kv_budget_bytes"),
     ("KV tokens", "kv_tokens"),
     ("max req @ctx", "max_requests"),
+    ("req range", "requests_range"),
     ("max ctx @batch", "max_context_at_batch"),
     ("fits", "fits"),
     ("decode tok/s ≤", "decode_tokens_per_s"),
@@ -60,6 +61,17 @@ def constants(report: "Report") -> list[tuple[str, str]]:
     return out
 
 
+def _shown_values(row: "Row") -> dict[str, Any]:
+    """A row's values as the tables show them: ``max_model_len`` the context's when it follows it, and
+    ``requests_range``, the requests at the low and high end of kvplan's range (``52 - 55``; one number when
+    they are the same; the CSV / JSON hold ``max_requests_low`` / ``max_requests_high``)."""
+    d = row.to_dict()
+    d["max_model_len"] = d["max_model_len"] or d["context"]  # None: it follows the context
+    lo, hi = d["max_requests_low"], d["max_requests_high"]
+    d["requests_range"] = f"{lo:,}" if lo == hi else f"{lo:,} - {hi:,}"
+    return d
+
+
 def _table_rows(report: "Report", cols: list[str], limit: int) -> tuple[list[list[str]], int]:
     """Formatted cells for at most ``limit`` rows (head and tail); returns (rows, number hidden)."""
     chosen = report.digest.sample(limit)
@@ -68,8 +80,7 @@ def _table_rows(report: "Report", cols: list[str], limit: int) -> tuple[list[lis
         if row is None:
             out.append(["…"] * (len(cols) + len(_FIGURES)))
             continue
-        d = row.to_dict()
-        d["max_model_len"] = d["max_model_len"] or d["context"]  # None: it follows the context
+        d = _shown_values(row)
         out.append([_fmt(c, d[c]) for c in cols] + [_fmt(k, d[k]) for _, k in _FIGURES])
     return out, max(0, report.num_rows - limit)
 
@@ -77,7 +88,8 @@ def _table_rows(report: "Report", cols: list[str], limit: int) -> tuple[list[lis
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8_e5m2"}
 _TERMINAL_TITLES = {
     "kv_bytes_per_token": "KiB\n/tok", "weights_bytes": "wts\nGiB", "kv_budget_bytes": "KV\nGiB",
-    "kv_tokens": "KV\ntokens", "max_requests": "reqs\n@ctx", "max_context_at_batch": "ctx\n@batch",
+    "kv_tokens": "KV\ntokens", "max_requests": "reqs\n@ctx", "requests_range": "reqs\nrange",
+    "max_context_at_batch": "ctx\n@batch",
     "fits": "fits", "decode_tokens_per_s": "tok/s\n≤",
     "kv_dtype": "KV\ndtype", "weights_dtype": "wts\ndtype", "context": "ctx", "max_model_len": "max\nlen",
     "block_size": "block", "gpu_util": "util",
@@ -106,7 +118,8 @@ def _terminal_cell(key: str, value: Any) -> str:
 
 
 # figure columns dropped first when the terminal is narrow (the label columns, the row's identity, never are)
-_DROP_ORDER = ("decode_tokens_per_s", "weights_bytes", "kv_bytes_per_token", "kv_budget_bytes", "max_context_at_batch",
+_DROP_ORDER = ("decode_tokens_per_s", "requests_range", "weights_bytes", "kv_bytes_per_token", "kv_budget_bytes",
+               "max_context_at_batch",
                "kv_tokens", "fits", "max_requests")
 # the results a row is read for: when one table row cannot show them beside its labels, the pool's labels
 # move to a line above its rows (:func:`_grouped_table`)
@@ -134,8 +147,7 @@ def _table_cols(labels: list[str], chosen: "list[Row | None]") -> list[Any]:
         if row is None:
             cells: list[Any] = ["…"] * len(cols)
         else:
-            d = row.to_dict()
-            d["max_model_len"] = d["max_model_len"] or d["context"]  # None: it follows the context
+            d = _shown_values(row)
             cells = [_terminal_cell(c, d[c]) for c in labels]
             for _, key in _FIGURES:
                 text = _terminal_cell(key, d[key])
