@@ -64,7 +64,7 @@ def test_the_answer_is_in_the_first_lines_and_brief_is_four():
     lines = r.stdout.splitlines()
     assert lines[1].startswith("╭─ answer"), lines[:3]
     head = _flat("\n".join(lines[:9]))
-    assert "KV cache: 449,088 tokens" in head and "54 concurrent requests (" in head
+    assert "KV cache: 449,088 tokens" in head and re.search(r"54 (\(\d+ - \d+\) )?concurrent requests \(", head)
     assert "max context at batch 32: 14,032 tokens (needs --max-model-len 14032)" in head
     assert "32 x 8,192 tokens: fits" in head
     brief = kvplan("estimate", LLAMA, "--gpu", "H100", "--context", "8k", "--batch", "32", "--brief").stdout

@@ -196,7 +196,8 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     """
     a, lay, figures = plan.answer, plan.layout, answer_figures(plan)
     kv_tokens = figures["kv_tokens"] + (" token" if a.kv_tokens == 1 else " tokens")
-    requests = figures["requests"] + (" concurrent request" if a.max_requests == 1 else " concurrent requests")
+    requests = figures["requests"] + (f" ({figures['requests_range']})" if figures["requests_range"] else "") + (
+        " concurrent request" if a.max_requests == 1 else " concurrent requests")
     lines: list[Text] = []
     if brief:
         if a.refusal:
@@ -234,15 +235,16 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
 
 
 def _range_line(plan: "Plan") -> str | None:
-    """kvplan's range (:attr:`Plan.kv_range`): the requests and KV tokens at the low and high end of the spread
-    real start-ups of the class showed, and where the spread came from; None when the plan has none."""
+    """kvplan's range (:attr:`Plan.kv_range`): the KV tokens and requests at the low and high end of the spread
+    real start-ups of the class showed, and where the spread came from; None when the plan has none (the
+    requests' range is also beside the requests: ``54 (52 - 55) concurrent requests``)."""
     rng = plan.kv_range
     if rng is None or rng.kv_budget_low_bytes == rng.kv_budget_high_bytes:
         return None
-    lo, hi, a = rng.low, rng.high, plan.answer
+    lo, hi = rng.low, rng.high
     requests = (f"{lo.max_requests:,} - {hi.max_requests:,} requests" if lo.max_requests != hi.max_requests
-                else f"{plural(a.max_requests, 'request')} at either end")
-    return f"range: {requests}, {lo.kv_tokens:,} - {hi.kv_tokens:,} KV tokens (KV budget {rng.source})"
+                else f"{plural(lo.max_requests, 'request')} at either end")
+    return f"range: {lo.kv_tokens:,} - {hi.kv_tokens:,} KV tokens, {requests} (KV budget {rng.source})"
 
 
 def _shared_prefix_line(plan: "Plan") -> str | None:
