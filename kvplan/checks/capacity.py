@@ -310,7 +310,8 @@ def low_end(plan: Plan, spec: ModelSpec) -> Plan:
     rng = plan.kv_range
     if rng is None or rng.kv_budget_low_bytes >= plan.budget.kv_budget_bytes:
         return plan
-    return plan_for_spec(spec, replace(plan.options, kv_budget_bytes=max(0, rng.kv_budget_low_bytes)), plan.source)
+    # a low end of no KV at all is planned as a 1-byte budget (no block), which the options accept
+    return plan_for_spec(spec, replace(plan.options, kv_budget_bytes=max(1, rng.kv_budget_low_bytes)), plan.source)
 
 
 def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: Any = None,

@@ -242,7 +242,7 @@ def _range_line(plan: "Plan") -> str | None:
     if rng is None or rng.kv_budget_low_bytes == rng.kv_budget_high_bytes:
         return None
     lo, hi = rng.low, rng.high
-    requests = (f"{lo.max_requests:,} - {hi.max_requests:,} requests" if lo.max_requests != hi.max_requests
+    requests = (f"{lo.max_requests:,} - {plural(hi.max_requests, 'request')}" if lo.max_requests != hi.max_requests
                 else f"{plural(lo.max_requests, 'request')} at either end")
     return f"range: {lo.kv_tokens:,} - {hi.kv_tokens:,} KV tokens, {requests} (KV budget {rng.source})"
 

@@ -29,9 +29,9 @@ _FIGURES: list[tuple[str, str]] = [
     ("KV budget", "kv_budget_bytes"),
     ("KV tokens", "kv_tokens"),
     ("max req @ctx", "max_requests"),
-    ("req range", "requests_range"),
     ("max ctx @batch", "max_context_at_batch"),
     ("fits", "fits"),
+    ("req range", "requests_range"),
     ("decode tok/s ≤", "decode_tokens_per_s"),
 ]
 
@@ -226,7 +226,8 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
         parts.append(Text("for every row: " + ", ".join(f"{k} {v}" for k, v in const), style="grey62"))
     parts.extend(tables)
     parts.append(Text("KiB/tok: KV bytes per token per GPU · wts, KV: weights and KV budget per GPU · reqs@ctx: requests that "
-                      "fit at the context · ctx@batch: longest context at the batch · tok/s: decode ceiling", style="grey62"))
+                      "fit at the context · ctx@batch: longest context at the batch · reqs range: at the low and high "
+                      "end of kvplan's range · tok/s: decode ceiling", style="grey62"))
     if dropped:
         parts.append(Text(f"not shown at this width: {', '.join(dropped)} (widen the terminal; every figure is in the "
                           "CSV / JSON outputs and --json)", style="yellow"))
