@@ -35,8 +35,8 @@ def source_key(source: str) -> str:
 def split_of(entry: dict[str, Any]) -> str:
     """``calibration`` or ``validation``: half the sources each, by a hash of :func:`source_key`.
 
-    Entries of the earlier evidence file (``origin: engine_reports.yaml ...``) were fitted before the split
-    existed and state ``split: calibration``.
+    Entries of the earlier evidence file (``origin: engine_reports.yaml ...``, retired since: the corpus holds its
+    starts) were fitted before the split existed and state ``split: calibration``.
     """
     if entry.get("split"):
         return str(entry["split"])
@@ -68,3 +68,46 @@ def entries(engine: str | None = None) -> Iterator[Entry]:
         if engine and meta.get("engine") != engine:
             continue
         yield Entry(meta, path.with_suffix(".log").read_text(encoding="utf-8"), path)
+
+
+def from_earlier_file(meta: dict[str, Any]) -> bool:
+    """Whether the entry came from the earlier evidence file (``origin: engine_reports.yaml ...``, retired: the
+    corpus holds its 61 starts, their logs byte for byte): the starts tests/test_explain.py reproduces term by term."""
+    return str(meta.get("origin") or "").startswith("engine_reports.yaml")
+
+
+def planned_as(meta: dict[str, Any]) -> dict[str, Any]:
+    """How the curated ``kvplan:`` block plans this start, as kvplan option values (the names of
+    ``kvplan.planning.plan.options_from_values``): ``model`` (the bundled stand-in), ``engine_version`` (the
+    block's, else the logged one), ``usage_context`` and the block's further ``options``. What the block leaves
+    open is absent. benchmarks/corpus_agreement.py plans with these; the explain tests pass them as flags."""
+    block = meta.get("kvplan") or {}
+    out: dict[str, Any] = {}
+    if block.get("model"):
+        out["model"] = str(block["model"])
+    version = block.get("engine_version") or meta.get("engine_version")
+    if version:
+        out["engine_version"] = str(version)
+    if block.get("usage_context"):
+        out["usage_context"] = block["usage_context"]
+    out.update(block.get("options") or {})
+    return out
+
+
+def explain_flags(meta: dict[str, Any], log: Any) -> dict[str, Any]:
+    """What a user would pass ``kvplan explain`` for this start besides the GPU (``log``: its
+    ``kvplan.explain.logparse.parse_log``): :func:`planned_as`'s values, the release only where the log prints
+    none and is not a V0 log (whose own rules the parser picks), and the tp / pp / max_model_len / KV cache dtype
+    the entry states (its source's command or thread) where the log does not."""
+    out = planned_as(meta)
+    if log.version or log.mode == "V0":
+        out.pop("engine_version", None)
+    flags = meta.get("flags") or {}
+    kv_dtype = flags.get("kv_cache_dtype")
+    stated = {"tp": ("tp", meta.get("tp")), "pp": ("pp", meta.get("pp")),
+              "max_model_len": ("max_model_len", flags.get("max_model_len")),
+              "kv_cache_dtype": ("kv_dtype", None if str(kv_dtype) in ("auto", "None") else kv_dtype)}
+    for field, (option, value) in stated.items():
+        if value and getattr(log, field) is None and option not in out:
+            out[option] = value
+    return out

