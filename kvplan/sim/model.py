@@ -177,13 +177,15 @@ class PolicyResult:
     usage_mean: float  # used blocks / usable blocks, time-weighted
     usage_peak: float
     fragmentation_mean: float  # unused token slots / slots of used blocks, time-weighted
-    prefix_hit_rate: float  # prompt tokens found cached / prompt tokens looked up
+    prefix_hit_rate: float  # prefill_tokens_saved / prefix_query_tokens (0 without lookups)
+    prefix_query_tokens: int  # prompt tokens looked up in the prefix cache (readmissions included)
     prefill_tokens: int  # prompt tokens computed (recomputes included)
     prefill_tokens_saved: int  # prompt tokens served from the prefix cache
     preemptions: int
+    first_tokens: int  # requests that got their first output token: the latency figures are over these
     queue_delay_p50_s: float | None  # arrival -> first scheduled
     queue_delay_p99_s: float | None
-    ttft_p50_s: float | None  # arrival -> first output token
+    ttft_p50_s: float | None  # arrival -> first output token (never below the queue delay it includes)
     ttft_p99_s: float | None
     num_steps: int  # engine steps simulated
     num_events: int  # loop iterations (steps taken one at a time or k at once)

@@ -142,7 +142,6 @@ class Scheduler:
             waiting.pop_head()
             if r.first_sched < 0:
                 r.first_sched = self.t
-                self.metrics.queue_delay.add(self.t - r.arrival)
             self.running[r.index] = r
             left = n - hit
             self.prefilling[r.index] = left
@@ -195,7 +194,7 @@ class Scheduler:
             m.generated += 1
             if r.first_token < 0:
                 r.first_token = self.t
-                m.ttft.add(self.t - r.arrival)
+                m.first_token(r.first_sched - r.arrival, self.t - r.arrival)
             if r.gen >= r.out:
                 self._finish(r)
                 continue
@@ -317,6 +316,7 @@ class Scheduler:
 
     def _result(self) -> PolicyResult:
         t, m, arrivals = self.t, self.metrics, self.arrivals
+        (delay_p50, ttft_p50), (delay_p99, ttft_p99) = m.latency_quantiles(50), m.latency_quantiles(99)
         return PolicyResult(
             policy=self.policy,
             duration_s=t,
@@ -336,13 +336,15 @@ class Scheduler:
             usage_peak=m.usage_peak,
             fragmentation_mean=m.time_mean(m.frag_area),
             prefix_hit_rate=self.book.alloc.prefix_hit_rate,
+            prefix_query_tokens=self.book.alloc.prefix_query_tokens,
             prefill_tokens=m.prefill_tokens,
             prefill_tokens_saved=self.book.alloc.prefix_hit_tokens,
             preemptions=m.preemptions,
-            queue_delay_p50_s=m.queue_delay.quantile(50),
-            queue_delay_p99_s=m.queue_delay.quantile(99),
-            ttft_p50_s=m.ttft.quantile(50),
-            ttft_p99_s=m.ttft.quantile(99),
+            first_tokens=m.ttft.count,
+            queue_delay_p50_s=delay_p50,
+            queue_delay_p99_s=delay_p99,
+            ttft_p50_s=ttft_p50,
+            ttft_p99_s=ttft_p99,
             num_steps=m.num_steps,
             num_events=m.num_events,
             blocks_per_reservation=self.book.blocks_per_reservation,
