@@ -26,7 +26,12 @@ def simulate_to_dict(run: Any) -> dict[str, Any]:
                        "max_num_seqs": pool.max_num_seqs, "max_num_batched_tokens": pool.max_num_batched_tokens},
         "timing": {"weights_bytes": timing.weights_bytes, "bandwidth_bytes_per_s": timing.bandwidth_bytes_per_s,
                    "kv_bytes_per_token": timing.full_token_bytes, "prefill_s_per_token": timing.prefill_s_per_token,
-                   "decode_step_s": timing.decode_step_s},
+                   "decode_step_s": timing.decode_step_s,
+                   "fit": None if timing.fit is None else {
+                       "file": str(wl.timing_file) if wl.timing_file else None, "step_base_s": timing.fit.step_base_s,
+                       "step_s_per_seq": timing.fit.step_s_per_seq, "step_s_per_kv_token": timing.fit.step_s_per_kv_token,
+                       "prefill_s_per_token": timing.fit.prefill_s_per_token, "fitted": list(timing.fit.fitted)},
+                   "closed_loop_start_spread_s": None if res.closed_loop is None else res.closed_loop.start_spread_s},
         "policies": [r.to_dict() for r in res.results],
         "notes": list(run.notes),
     }

@@ -95,6 +95,9 @@ class Scheduler:
         n, D = book.n_dec, self.D
         # decoder i at step j reads L + 1 = D + j + off_i + 1 tokens; summed over j < k and decoders:
         tokens = n * k * (D + 1) + n * (k * (k - 1) // 2) + k * book.s_off
+        if tm.fit is not None:
+            f = tm.fit
+            return k * f.step_base_s + f.step_s_per_seq * k * n + f.step_s_per_kv_token * tokens
         total = k * tm.weights_bytes + tm.full_token_bytes * tokens + k * n * tm.state_bytes
         if self._windows and n:
             offs = book.offs()

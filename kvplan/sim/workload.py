@@ -106,6 +106,8 @@ class TimingModel(BaseModel):
     """Overrides of the step-time model."""
 
     model_config = _FORBID
+    file: str | None = Field(None, description="a step time fitted on a running server (kvplan observe --fit-timing), "
+                                               "relative to this file")
     prefill_s_per_token: SecondsOrZero | None = Field(None, description="seconds per prompt token computed")
     decode_step_s: Seconds | None = Field(None, description="fixed seconds per decode step (replaces the roofline)")
     prefill_efficiency: Share = Field(0.5, description="fraction of the fp16 peak a prefill reaches")
@@ -228,6 +230,7 @@ class Workload:
     decode_step_s: float | None
     prefill_efficiency: float
     where: Where
+    timing_file: Path | None = None  # kvplan observe --fit-timing's file (kvplan.sim.timing)
     locations: Mapping[str, Where] = field(default_factory=dict)
 
     def where_of(self, key: str) -> Where:
@@ -294,6 +297,26 @@ class Workload:
                 yield Request(max(1, n), max(1, output.sample(rng)), at, pid, ptoks)  # type: ignore[union-attr]
 
         return RequestSource(drawn, limit)
+
+    def mean_lengths(self) -> tuple[float, float]:
+        """(prompt tokens with the prefix, output tokens) of a request, on average."""
+        if self.trace is not None:
+            n = len(self.trace)
+            return (sum(r.prompt_tokens for r in self.trace) / n, sum(r.output_tokens for r in self.trace) / n)
+        prefix = sum(p.tokens * p.share for p in self.prefixes)
+        return prefix + self.prompt.mean, self.output.mean  # type: ignore[union-attr]
+
+    def spread_closed_loop(self, config: Any) -> ClosedLoop | None:
+        """The closed loop, its users' first requests spread over one request's time when they do not
+        think (else all would start at 0 and, with one request length, stay in step)."""
+        closed = self.closed_loop
+        if closed is None or closed.think_s > 0 or closed.spread_s is not None:
+            return closed
+        prompt, output = self.mean_lengths()
+        pool = config.pool
+        output = min(output, max(1.0, pool.max_model_len - prompt))
+        batch = min(closed.users, pool.max_num_seqs)
+        return ClosedLoop(closed.users, closed.think_s, config.timing.request_s(batch, prompt, output))
 
     def work(self, pool: Any, min_step_s: float) -> Work:
         """What simulating this workload on ``pool`` (a :class:`kvplan.sim.simulate.Pool`) will take, before it
@@ -446,6 +469,7 @@ def load_workload(path: str | Path) -> Workload:
         decode_step_s=model.timing.decode_step_s,
         prefill_efficiency=model.timing.prefill_efficiency,
         where=doc.where(()),
+        timing_file=_timing_file(doc, model.timing),
         locations=option_locations(doc, [()], WORKLOAD_OPTIONS),
     )
 
@@ -464,6 +488,17 @@ def _deployment(doc: YamlDoc, model: Any) -> dict[str, Any]:
     if "max_model_len" in values and "context" not in values:
         values["context"] = values["max_model_len"]
     return values
+
+
+def _timing_file(doc: YamlDoc, timing: Any) -> Path | None:
+    """``timing.file`` (relative to the workload), which excludes a fixed ``decode_step_s``."""
+    if timing.file is None:
+        return None
+    if timing.decode_step_s is not None:
+        raise doc.error(("timing", "decode_step_s"), "decode_step_s and a timing file are exclusive",
+                        "the file's step time grows with the batch; drop decode_step_s")
+    path = Path(timing.file)
+    return path if path.is_absolute() else doc.path.resolve().parent / path
 
 
 def _trace(doc: YamlDoc, model: Any) -> tuple[tuple[Request, ...] | None, str | None]:
@@ -520,14 +555,25 @@ def run_workload(workload: Workload, token: str | None = None, record_series: bo
     from kvplan.planning.plan import estimate, options_from_values
     from kvplan.sim.simulate import config_from_plan, simulate
 
+    timing = None
+    if workload.timing_file is not None:
+        from kvplan.sim.timing import read_timing
+
+        timing = read_timing(workload.timing_file)
     try:
         plan = estimate(options_from_values(dict(workload.values)), token=token)
         config, notes = config_from_plan(plan, prefill_s_per_token=workload.prefill_s_per_token,
                                          decode_step_s=workload.decode_step_s,
-                                         prefill_efficiency=workload.prefill_efficiency)
+                                         prefill_efficiency=workload.prefill_efficiency,
+                                         fit=timing.fit if timing is not None else None)
+        if timing is not None:
+            runs = f", {plural(len(timing.runs), 'observed run')}" if timing.runs else ""
+            notes = (*notes, f"step time from {display_path(workload.timing_file)}"
+                     f"{' (model ' + timing.model + runs + ')' if timing.model else runs}: {timing.fit.describe()}")
+        closed = workload.spread_closed_loop(config)
         work = workload.work(config.pool, config.timing.min_step_s)
         result = simulate(config, workload.source(), policies=workload.policies, duration_s=workload.duration_s,
-                          closed_loop=workload.closed_loop, seed=workload.seed, record_series=record_series,
+                          closed_loop=closed, seed=workload.seed, record_series=record_series,
                           work=work, force=force, progress=progress)
     except ScenarioError:
         raise
