@@ -48,6 +48,7 @@ from kvplan.units import check_number
 FORMAT_VERSION = 1
 TERMS = ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "prefill_s_per_token")
 MIN_CONTEXT_SPREAD = 1.25  # the per-token term is fitted only when the runs' mean contexts differ this much
+TIE_RMS = 0.002  # term sets whose rms relative error is within this of the best fit the runs as well
 _PIVOT = 1e-6  # a term set whose (scaled) normal matrix has a smaller pivot is not determined by the runs
 HEADER = ("# kvplan timing: the engine's step time measured on a running server (kvplan observe --fit-timing);\n"
           "# kvplan simulate reads its fit (timing: {file: THIS} in a workload, or --timing THIS)\n")
@@ -157,8 +158,9 @@ def fit_runs(runs: Sequence[TimingRun]) -> tuple[StepFit, tuple[str, ...]]:
 
     Each term is kept non-negative (a term set whose solution has a negative term is not used), the
     per-KV-token term needs runs whose mean contexts differ by :data:`MIN_CONTEXT_SPREAD`, and at most as
-    many terms as runs are fitted: among the term sets the runs determine, the one with the most terms
-    and then the smallest error wins.
+    many terms as runs are fitted: among the term sets the runs determine, those with the most terms are
+    tried; of those that fit within :data:`TIE_RMS` of the best, the first in :data:`TERMS` order wins,
+    and a note names the terms the runs could not tell apart.
     """
     if not runs:
         raise InputError("no timing runs to fit")
@@ -167,24 +169,25 @@ def fit_runs(runs: Sequence[TimingRun]) -> tuple[StepFit, tuple[str, ...]]:
     allowed = [i for i, name in enumerate(TERMS) if name != "step_s_per_kv_token" or spread >= MIN_CONTEXT_SPREAD]
     rows = [[x / r.busy_s for x in r.regressors()] for r in runs]
     target = [1.0] * len(runs)
-    best: tuple[int, float, tuple[int, ...], list[float]] | None = None
+    needs_step = {TERMS.index(t) for t in ("step_base_s", "step_s_per_seq", "step_s_per_kv_token")}
+    found: list[tuple[float, tuple[int, ...], list[float]]] = []
     for size in range(min(len(allowed), len(runs)), 0, -1):
-        for subset in combinations(allowed, size):
-            if TERMS.index("step_base_s") not in subset and TERMS.index("step_s_per_seq") not in subset \
-                    and TERMS.index("step_s_per_kv_token") not in subset:
+        for subset in combinations(allowed, size):  # in TERMS order: the preferred term sets first
+            if not needs_step & set(subset):
                 continue  # a step must take time of its own
             x = _solve([[row[j] for j in subset] for row in rows], target)
             if x is None or any(v < 0 for v in x):
                 continue
             err = sum((sum(row[j] * v for j, v in zip(subset, x)) - 1.0) ** 2 for row in rows)
-            if best is None or err < best[1] * (1 - 1e-9):
-                best = (size, err, subset, x)
-        if best is not None:
+            found.append((math.sqrt(err / len(runs)), subset, x))
+        if found:
             break
-    if best is None:
+    if not found:
         raise InputError("the timing runs do not determine a step time (every fit needs a negative term)",
                          "observe the server at a few different loads and fit again")
-    _, err, subset, x = best
+    least = min(rms for rms, _, _ in found)
+    close = [f for f in found if f[0] <= least + TIE_RMS]  # as good as the best within the runs' noise
+    rms, subset, x = close[0]
     values = dict.fromkeys(TERMS, 0.0)
     for j, v in zip(subset, x):
         values[TERMS[j]] = v
@@ -199,7 +202,11 @@ def fit_runs(runs: Sequence[TimingRun]) -> tuple[StepFit, tuple[str, ...]]:
     if missing:
         notes.append(f"not determined by {len(runs)} run(s): {', '.join(missing)} (0; observe more loads: few and many "
                      "users, prefix caching on and off)")
-    rms = math.sqrt(err / len(runs))
+    others = sorted({TERMS[j] for _, other, _ in close[1:] for j in other} - set(fitted))
+    if others:
+        notes.append(f"the runs fit about as well with {', '.join(others)} in place of some of {', '.join(fitted)}: they "
+                     "do not tell these costs apart (observe runs that differ in them: prefix caching on and off for "
+                     "the prefill cost, few and many users for the per-sequence cost)")
     return StepFit(**values, fitted=fitted, rms_relative_error=rms), tuple(notes)
 
 
