@@ -40,13 +40,19 @@ class Shape:
 
 @dataclass
 class Record:
-    """Sent and finished times (s since the run started) of every request; ``errors``: failed replies."""
+    """Sent and finished times (s since the run started) of every request; ``errors``: failed replies;
+    ``clients``: the connections, so :meth:`abort` can close those still waiting (the server aborts them)."""
 
     sent_s: list[float] = field(default_factory=list)
     done_s: list[float] = field(default_factory=list)
     output_tokens: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    clients: list["Client"] = field(default_factory=list)
+
+    def abort(self) -> None:
+        for client in list(self.clients):
+            client.close()
 
     def finished_between(self, start_s: float, end_s: float) -> int:
         return sum(start_s <= t < end_s for t in self.done_s)
@@ -60,11 +66,24 @@ class Client:
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.model, self.shape, self.timeout_s = model, shape, timeout_s
         self.conn: http.client.HTTPConnection | None = None
+        self.closed = False
+
+    def close(self) -> None:
+        """Close the connection (from another thread too: a request waiting on it fails, the server aborts it)."""
+        self.closed = True
+        conn = self.conn
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(2)
+            except OSError:
+                pass
 
     def complete(self, prompt: list[int]) -> int:
         body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": self.shape.output_tokens,
                            "ignore_eos": True, "temperature": 0.0})
         for attempt in (0, 1):
+            if self.closed:
+                raise RuntimeError("aborted")
             if self.conn is None:
                 self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
             try:
@@ -99,6 +118,7 @@ def _send(client: Client, prompt: list[int], t0: float, record: Record) -> None:
     except Exception as exc:  # noqa: BLE001 - a benchmark records every failure and goes on
         with record.lock:
             record.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+        time.sleep(0.1)  # a server that is gone refuses at once: do not spin
         return
     with record.lock:
         record.sent_s.append(sent)
@@ -115,6 +135,8 @@ def closed_loop(base_url: str, model: str, users: int, duration_s: float, shape:
 
     def user() -> None:
         client = Client(base_url, model, shape)
+        with record.lock:
+            record.clients.append(client)
         while not stop.is_set() and time.monotonic() - t0 < duration_s:
             with gen_lock:
                 prompt = next(gen)
@@ -130,7 +152,13 @@ def closed_loop(base_url: str, model: str, users: int, duration_s: float, shape:
 
 def open_loop(base_url: str, model: str, rate: float, duration_s: float, shape: Shape = Shape(),
               seed: int = 0, stop: threading.Event | None = None) -> Record:
-    """Poisson arrivals at ``rate`` requests/s for ``duration_s`` (then waits for the replies)."""
+    """Poisson arrivals at ``rate`` requests/s for ``duration_s``; then the requests still waiting are
+    aborted (an overloaded server's backlog would keep it busy long after), unless ``drain``."""
+    return _open_loop(base_url, model, rate, duration_s, shape, seed, stop, drain=False)
+
+
+def _open_loop(base_url: str, model: str, rate: float, duration_s: float, shape: Shape, seed: int,
+               stop: threading.Event | None, drain: bool) -> Record:
     record, rng, gen = Record(), random.Random(seed + 1), prompts(shape, seed)
     stop = stop or threading.Event()
     local = threading.local()
@@ -138,6 +166,8 @@ def open_loop(base_url: str, model: str, rate: float, duration_s: float, shape: 
     def send(prompt: list[int], t0: float) -> None:
         if not hasattr(local, "client"):
             local.client = Client(base_url, model, shape)
+            with record.lock:
+                record.clients.append(local.client)
         _send(local.client, prompt, t0, record)
 
     with ThreadPoolExecutor(max_workers=512) as pool:
@@ -149,6 +179,8 @@ def open_loop(base_url: str, model: str, rate: float, duration_s: float, shape: 
                 break
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             pool.submit(send, next(gen), t0)
+        if not drain:
+            record.abort()
     return record
 
 
