@@ -278,7 +278,12 @@ def read_timing(path: str | Path) -> TimingFile:
 
 
 def _number(x: float) -> str:
-    return repr(round(x, 12)) if isinstance(x, float) else str(x)
+    """A number YAML reads back as one (PyYAML takes ``7e-05`` for a string: the mantissa needs a point)."""
+    if not isinstance(x, float):
+        return str(x)
+    text = repr(round(x, 12))
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
 
 
 def timing_text(timing: TimingFile) -> str:
@@ -292,13 +297,14 @@ def timing_text(timing: TimingFile) -> str:
         lines.append(f"  {name}: {_number(getattr(fit, name))}")
     lines.append(f"  fitted: [{', '.join(fit.fitted)}]")
     if fit.rms_relative_error is not None:
-        lines.append(f"  rms_relative_error: {round(fit.rms_relative_error, 6)}")
+        lines.append(f"  rms_relative_error: {_number(round(fit.rms_relative_error, 6))}")
     if timing.runs:
         lines.append("runs:")
         for r in timing.runs:
-            lines.append(f"  - {{source: {_quote(r.source)}, busy_s: {round(r.busy_s, 3)}, steps: {r.steps}, "
+            lines.append(f"  - {{source: {_quote(r.source)}, busy_s: {_number(round(r.busy_s, 3))}, steps: {r.steps}, "
                          f"decode_tokens: {r.decode_tokens}, prefill_tokens: {r.prefill_tokens}, "
-                         f"mean_context_tokens: {round(r.mean_context_tokens, 1)}, running_mean: {round(r.running_mean, 2)}, "
+                         f"mean_context_tokens: {_number(round(r.mean_context_tokens, 1))}, "
+                         f"running_mean: {_number(round(r.running_mean, 2))}, "
                          f"preemptions: {r.preemptions}}}")
     return "\n".join(lines) + "\n"
 
