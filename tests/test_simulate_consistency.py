@@ -102,3 +102,30 @@ def test_sketched_latencies_never_invert():
     for q in (10, 50, 99):
         delay, ttft = m.latency_quantiles(q)
         assert delay <= ttft
+
+
+def test_the_deployment_credits_the_shared_prefix_with_prefix_caching_and_says_so():
+    """The deployment line credits the system prompt's blocks as ``kvplan estimate --prefix-tokens`` does
+    (one rule: memory.prefix_sharing), and only when a policy runs prefix caching."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    import kvplan
+    from kvplan.render.simulate import simulate_to_dict
+    from kvplan.sim.workload import load_workload, run_workload
+
+    wl = load_workload(Path(__file__).resolve().parents[1] / "docs" / "examples" / "shared_prompt.yaml")
+    wl = replace(wl, duration_s=5.0)
+    run = run_workload(wl, record_series=False)
+    c = run.capacity
+    assert c.at_tokens == 2000 + 125 + 200  # the mean prompt (prefix + uniform 50-200) + the mean output
+    plan = kvplan.estimate("meta-llama/Llama-3.1-8B-Instruct", gpu="H100", kv_budget="10GiB", max_model_len=4096,
+                           max_num_seqs=256, context=c.at_tokens, prefix_tokens=2000)
+    assert (c.unshared, c.shared) == (plan.prefix.max_requests_unshared, plan.prefix.max_requests_shared)
+    assert c.shared_blocks == 2000 // 16 == plan.prefix.shared_blocks and c.shared > c.unshared
+    fits = simulate_to_dict(run)["deployment"]["fits"]
+    assert fits["credited"] and fits["requests_prefix_caching"] == c.shared and fits["requests"] == c.unshared
+    assert "125 blocks are stored once" in c.describe(True) and "stored once" not in c.describe(False)
+    paged = run_workload(replace(wl, policies=("paged",)), record_series=False)
+    off = simulate_to_dict(paged)["deployment"]["fits"]
+    assert not off["credited"] and off["requests_prefix_caching"] is None

@@ -23,7 +23,8 @@ def simulate_to_dict(run: Any) -> dict[str, Any]:
                        "kv_dtype": plan.kv_dtype, "kv_budget_bytes": plan.budget.kv_budget_bytes,
                        "num_blocks": pool.num_blocks, "block_size": pool.block_size,
                        "groups": [g.kind for g in pool.groups], "max_model_len": pool.max_model_len,
-                       "max_num_seqs": pool.max_num_seqs, "max_num_batched_tokens": pool.max_num_batched_tokens},
+                       "max_num_seqs": pool.max_num_seqs, "max_num_batched_tokens": pool.max_num_batched_tokens,
+                       "fits": _fits(run)},
         "timing": {"weights_bytes": timing.weights_bytes, "bandwidth_bytes_per_s": timing.bandwidth_bytes_per_s,
                    "kv_bytes_per_token": timing.full_token_bytes, "prefill_s_per_token": timing.prefill_s_per_token,
                    "decode_step_s": timing.decode_step_s,
@@ -35,6 +36,18 @@ def simulate_to_dict(run: Any) -> dict[str, Any]:
         "policies": [r.to_dict() for r in res.results],
         "notes": list(run.notes),
     }
+
+
+def _fits(run: Any) -> dict[str, Any] | None:
+    """What the deployment fits of the workload's requests, and what prefix caching credits."""
+    c = run.capacity
+    if c is None:
+        return None
+    caching = "prefix_caching" in run.workload.policies
+    return {"at_tokens": c.at_tokens, "requests": c.unshared,
+            "requests_prefix_caching": (c.shared if c.shared is not None else c.unshared) if caching else None,
+            "prefix_tokens": c.prefix_tokens, "prefix_share": c.prefix_share, "shared_blocks": c.shared_blocks,
+            "credited": caching and c.shared is not None}
 
 
 def _s(x: float | None) -> str:
@@ -77,6 +90,8 @@ def render_simulation(run: Any):  # noqa: ANN201 - rich renderable
                 f"{plan.budget.kv_budget_bytes / GiB:.2f} GiB = {plural(pool.num_blocks, 'block')} x {plural(pool.block_size, 'token')} "
                 f"({plan.kv_dtype}), max_model_len {pool.max_model_len:,}, max_num_seqs {pool.max_num_seqs}, "
                 f"max_num_batched_tokens {pool.max_num_batched_tokens:,}\n")
+    if run.capacity is not None:
+        head.append(f"deployment: {run.capacity.describe('prefix_caching' in wl.policies)}\n")
     head.append(f"traffic: {wl.describe_traffic()}", style="grey62")
     table = Table(show_header=True, header_style="bold")
     table.add_column("")

@@ -535,13 +535,57 @@ def _arrivals(doc: YamlDoc, arrivals: Any, timed_trace: bool) -> tuple[float | N
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """What the deployment fits of this workload's requests (``at_tokens``: prompt + output, on average,
+    at most max_model_len): ``unshared`` without prefix caching; with it, ``shared`` when the most common
+    prefix (``prefix_name``, ``prefix_tokens``, carried by ``prefix_share`` of the requests) has full blocks
+    to store once (``shared_blocks``) - :func:`kvplan.memory.prefix_sharing`, the rule the verdict uses."""
+
+    at_tokens: int
+    unshared: int
+    shared: int | None = None
+    prefix_name: str | None = None
+    prefix_tokens: int = 0
+    prefix_share: float = 0.0
+    shared_blocks: int = 0
+
+    def describe(self, caching: bool) -> str:
+        text = f"fits {plural(self.unshared, 'request')} of {plural(self.at_tokens, 'token')} (this traffic's mean)"
+        if caching and self.shared is not None:
+            who = "" if self.prefix_share >= 1 else f", for the {self.prefix_share:.0%} of requests that carry it"
+            text += (f"; with prefix caching the {self.prefix_tokens:,}-token {self.prefix_name}'s "
+                     f"{plural(self.shared_blocks, 'block')} are stored once: {self.shared:,}{who}")
+        return text
+
+
+def capacity(workload: Workload, plan: Any) -> Capacity:
+    """The deployment's requests at the workload's mean length, without and with its shared prefix."""
+    from kvplan import memory
+
+    prompt, output = workload.mean_lengths()
+    at = max(1, min(plan.max_model_len, round(prompt + output)))
+    cap = plan.answer.max_num_seqs
+    unshared = min(memory.max_requests(plan.answer.num_blocks, plan.demand.blocks(at)), cap)
+    if not workload.prefixes:
+        return Capacity(at, unshared)
+    top = max(workload.prefixes, key=lambda p: p.share)
+    tokens = min(top.tokens, at)
+    sharing = memory.prefix_sharing(plan.answer.num_blocks, plan.demand, at, tokens, plan.spec.parameters_read(1), cap)
+    if not sharing.shared_blocks:
+        return Capacity(at, unshared, None, top.name, tokens, top.share)
+    return Capacity(at, unshared, sharing.max_requests_shared, top.name, tokens, top.share, sharing.shared_blocks)
+
+
+@dataclass(frozen=True)
 class WorkloadRun:
-    """A simulated workload: the plan it ran on and the per-policy results."""
+    """A simulated workload: the plan it ran on, what the deployment fits of its requests, the per-policy
+    results."""
 
     workload: Workload
     plan: Any  # kvplan.planning.plan.Plan
     result: Any  # kvplan.sim.simulate.SimResult
     notes: tuple[str, ...] = ()
+    capacity: Capacity | None = None
 
 
 def run_workload(workload: Workload, token: str | None = None, record_series: bool = True, *, force: bool = False,
@@ -579,4 +623,4 @@ def run_workload(workload: Workload, token: str | None = None, record_series: bo
         raise
     except KvplanError as exc:  # name the file (a merged option has no single line)
         raise ScenarioFileError(workload.where, exc.message, exc.hint) from None
-    return WorkloadRun(workload, plan, result, notes + result.notes)
+    return WorkloadRun(workload, plan, result, notes + result.notes, capacity(workload, plan))
