@@ -154,6 +154,11 @@ class Planner:
             self.pending, plan = exc, None  # e.g. --gpu cpu: the endpoint's kv_cache_memory_bytes will size it
         self.view: PlanView | None = PlanView(plan, self.values, {}, given=given) if plan is not None else None
 
+    @property
+    def model_name(self) -> str:
+        """The planned model as the output names it (the resolved model id, else as given)."""
+        return self.view.plan.spec.model_id if self.view is not None else str(self.values.get("model") or "")
+
     def _budget_would_plan(self) -> bool:
         """Whether only a KV budget is missing (a target without a memory size, such as ``cpu``), which the
         endpoint's ``kv_cache_memory_bytes`` gives: then planning waits for the endpoint."""
@@ -246,10 +251,9 @@ def _pool_check(who: str, what: str, unit: str, server: int | None, plan: int, l
                         "plan's assumptions")
 
 
-def _other_model(view: PlanView, series: SeriesResult, served_name: str | None) -> Comparison:
-    """A series serving another model: one finding naming both, nothing compared."""
+def _other_model(model: str, series: SeriesResult, served_name: str | None) -> Comparison:
+    """A series serving another model than ``model`` (the planned one): one finding naming both, nothing compared."""
     served = dict(series.labels).get("model_name")
-    model = view.plan.spec.model_id
     if served_name is not None:
         how = f"--served-model-name {served_name} names the planned one"
     elif served and "/" not in served:  # no org/name and no path: likely vLLM's --served-model-name alias
@@ -264,11 +268,14 @@ def _other_model(view: PlanView, series: SeriesResult, served_name: str | None) 
                       s.running_peak, None, None, (), (finding,), compared=False)
 
 
-def compare(view: PlanView, series: SeriesResult, planner: Planner | None = None) -> Comparison:
+def compare(view: PlanView | None, series: SeriesResult, planner: Planner | None = None) -> Comparison | None:
     """One series' observation against the plan (lines + findings, one line each); with ``planner``, a
-    series that serves another model is not compared (:meth:`Planner.serves`)."""
+    series that serves another model is not compared (:meth:`Planner.serves`). None: no plan yet (the
+    endpoint never gave the KV budget it waited for) and the series serves the planned model."""
     if planner is not None and not planner.serves(series.labels):
-        return _other_model(view, series, planner.served_name)
+        return _other_model(planner.model_name, series, planner.served_name)
+    if view is None:
+        return None
     plan, s = view.plan, series.summary
     a, engine = plan.answer, plan.engine
     lines: list[str] = []

@@ -52,11 +52,11 @@ def _given(ctx: typer.Context, values: dict) -> frozenset[str]:
 
 
 def _compare(planner: Any, obs: Any) -> list[Any]:
-    if planner is None or planner.view is None:
+    if planner is None:
         return []
     from kvplan.observe.compare import compare
 
-    return [compare(planner.view, s, planner) for s in obs.series]
+    return [c for c in (compare(planner.view, s, planner) for s in obs.series) if c is not None]
 
 
 def _observe(session: Any, planner: Any, live: bool) -> Any:
@@ -187,8 +187,11 @@ def register(app: typer.Typer) -> None:
             from kvplan.cli.errors import fail
 
             pending = planner.pending
-            raise fail(f"no plan to compare with: {pending.message if pending else 'the plan could not be made'}; the "
-                       "endpoint did not report kv_cache_memory_bytes either (pass --kv-budget, the server's KV cache size)")
+            served = any(planner.serves(s.labels) for s in obs.series)
+            why = ("the endpoint did not report kv_cache_memory_bytes either" if served else
+                   "no series serves the planned model, so no endpoint kv_cache_memory_bytes was used (see the finding)")
+            raise fail(f"no plan to compare with: {pending.message if pending else 'the plan could not be made'}; {why} "
+                       "(pass --kv-budget, the server's KV cache size)")
         if timing_error is not None:
             raise timing_error
         raise typer.Exit(0 if all(o.passed for o in outcomes) else 1)
