@@ -151,6 +151,34 @@ class Server:
         self.stop()
 
 
+def engine_cpu_s(server_pid: int) -> float:
+    """CPU seconds the engine's processes (``VLLM::EngineCore``, ``VLLM::Worker``: the server's descendants
+    that do the steps) have used: over a saturated window, their share of one core says whether other
+    processes on the machine took its core (the shared CPU's noise)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    comm: dict[int, str] = {}
+    stat: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        pid = int(entry.name)
+        comm[pid], stat[pid] = name, rest
+        children.setdefault(int(rest[1]), []).append(pid)
+    total, todo = 0.0, [server_pid]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        if comm.get(pid, "").startswith("VLLM::"):
+            total += (int(stat[pid][11]) + int(stat[pid][12])) / tick
+    return total
+
+
 class PageRecorder(threading.Thread):
     """Fetches /metrics every ``interval_s`` and keeps (seconds since start, page) for a fixture."""
 
@@ -207,7 +235,9 @@ def run_load(server: Server, load: Load, warmup_s: float, measure_s: float, obse
     recorder = PageRecorder(server.url) if record else None
     if recorder:
         recorder.start()
+    cpu0, wall0 = engine_cpu_s(server.pid), time.monotonic()
     proc = kvplan(*observe)
+    cpu_share = (engine_cpu_s(server.pid) - cpu0) / (time.monotonic() - wall0)
     if recorder:
         recorder.stop_event.set()
         recorder.join()
@@ -221,6 +251,7 @@ def run_load(server: Server, load: Load, warmup_s: float, measure_s: float, obse
     result = {"load": load.name, "window_s": round(window[1] - window[0], 2), "finished_in_window": finished,
               "requests_per_s": finished / (window[1] - window[0]), "errors": len(rec.errors),
               "loadavg_before": round(load_before, 2), "loadavg_after": round(os.getloadavg()[0], 2),
+              "engine_cpu_share": round(cpu_share, 3),
               "observe_exit": proc.returncode}
     if proc.stdout.strip().startswith("{"):
         result["observe"] = json.loads(proc.stdout)

@@ -390,10 +390,11 @@ def diagnose(view: PlanView, s: Any) -> Diagnosis:
     if (pre or 0) > 0 or (usage is not None and usage >= FULL_POOL and (waiting or 0) > 0):
         cause = "pool"
         what = (f"{pre:,.0f} preemptions in the run, " if pre else "") + (f"pool peak {usage:.0%}" if usage is not None else "")
+        with_prefix = f", {shared:,} with the {prefix:,}-token prefix the hit rate suggests" if shared is not None else ""
         findings.append(f"the pool binds ({what.rstrip(', ')}): {peak:,.0f} requests ran at once; requests are admitted "
                         f"with their prompt's blocks and grow until the pool is full, then the engine preempts (the plan "
-                        f"fits {fits:,} of {at}): at this load the KV pool, not compute, limits the server (more KV, "
-                        "prefix caching, or fewer requests at once: --max-num-seqs)")
+                        f"fits {unshared:,} of {at} without sharing{with_prefix}): at this load the KV pool, not compute, "
+                        "limits the server (more KV, prefix caching, or fewer requests at once: --max-num-seqs)")
     elif peak >= cap and (waiting or 0) > 0:
         cause = "max_num_seqs"
         lines.append(f"max_num_seqs binds: {peak:,.0f} running (its limit) with requests waiting and the pool not full")
