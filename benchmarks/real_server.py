@@ -198,10 +198,11 @@ class PageRecorder(threading.Thread):
             k += 1
             self.stop_event.wait(max(0.0, t0 + k * self.interval_s - time.monotonic()))
 
-    def write(self, path: Path) -> None:
+    def write(self, path: Path, every: int = 1) -> None:
+        """The pages (every ``every``-th: a fixture stays small), gzipped, each after ``#kvplan-page elapsed_s=S``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(path, "wt", encoding="utf-8") as out:
-            for elapsed, page in self.pages:
+            for elapsed, page in self.pages[::every]:
                 out.write(f"#kvplan-page elapsed_s={elapsed:.3f}\n{page}")
 
 
@@ -241,7 +242,7 @@ def run_load(server: Server, load: Load, warmup_s: float, measure_s: float, obse
     if recorder:
         recorder.stop_event.set()
         recorder.join()
-        recorder.write(record)
+        recorder.write(record, every=4)
     window = (warmup_s, time.monotonic() - started)
     driver.join(timeout=max(0.0, total - (time.monotonic() - started)) + 120)
     stop.set()
