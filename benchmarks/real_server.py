@@ -11,7 +11,8 @@ For each prefix-caching mode (off first, then on) the script starts a server and
 
 1. ``kvplan estimate`` against the server's start-up log and ``vllm:cache_config_info``; ``kvplan explain``
    on the start-up log (reported as it answers);
-2. **calibration runs** (loads that are *not* the ones predicted): a closed loop of 2 and 12 users (off);
+2. **calibration runs** (loads that are *not* the ones predicted): a closed loop of 2, 12 and 24 users (off:
+   fewer than the 28 that fit, so no preemption);
    2, 12 and 32 users, and 16 users with a 256-token system prompt (on, a second context length). Each is
    observed with ``kvplan observe --fit-timing`` into one timing file;
 3. **measured runs**: closed loops of 48 and 96 users and an open loop of 8 requests/s, each observed with
@@ -96,13 +97,25 @@ class Load:
 
 
 CALIBRATION = {
-    False: (Load("calib 2 users", users=2), Load("calib 12 users", users=12)),
+    False: (Load("calib 2 users", users=2), Load("calib 12 users", users=12), Load("calib 24 users", users=24)),
     True: (Load("calib 2 users", users=2), Load("calib 12 users", users=12), Load("calib 32 users", users=32),
            Load("calib 16 users, 256-token prefix", users=16, shape=loadgen.Shape(256, 32, 128))),
 }
 MEASURED = (Load("48 users", users=48), Load("96 users", users=96), Load("8 req/s", rate=8.0))
-EXPECTED_CAUSE = {(True, "48 users"): "sharing", (True, "96 users"): "sharing", (True, "8 req/s"): "agreement",
+# the right cause of each measured run: caching off, the pool binds (preemptions) at all three loads (8 req/s is
+# past what ~30 unshared requests at a time serve); caching on, sharing at 48 and 96 users (more than the 28 that
+# fit without it run at once), and at 8 req/s (below saturation) agreement, or sharing when a burst of arrivals
+# ran more than 28 at once
+EXPECTED_CAUSE = {(True, "48 users"): "sharing", (True, "96 users"): "sharing", (True, "8 req/s"): "agreement|sharing",
                   (False, "48 users"): "pool", (False, "96 users"): "pool", (False, "8 req/s"): "pool"}
+
+
+def expected_cause(caching: bool, load: str, comparison: dict[str, Any]) -> str:
+    rule = EXPECTED_CAUSE[(caching, load)]
+    if rule == "agreement|sharing":
+        peak, fits = comparison.get("running_peak"), comparison.get("fits_unshared")
+        return "sharing" if peak is not None and fits is not None and peak > fits else "agreement"
+    return rule
 
 
 def kvplan(*args: str, check: bool = False) -> subprocess.CompletedProcess:
@@ -151,14 +164,10 @@ class Server:
         self.stop()
 
 
-def engine_cpu_s(server_pid: int) -> float:
-    """CPU seconds the engine's processes (``VLLM::EngineCore``, ``VLLM::Worker``: the server's descendants
-    that do the steps) have used: over a saturated window, their share of one core says whether other
-    processes on the machine took its core (the shared CPU's noise)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
+def _processes() -> tuple[dict[int, str], dict[int, list[str]], dict[int, list[int]]]:
     comm: dict[int, str] = {}
     stat: dict[int, list[str]] = {}
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -170,13 +179,38 @@ def engine_cpu_s(server_pid: int) -> float:
         pid = int(entry.name)
         comm[pid], stat[pid] = name, rest
         children.setdefault(int(rest[1]), []).append(pid)
-    total, todo = 0.0, [server_pid]
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, []))
-        if comm.get(pid, "").startswith("VLLM::"):
-            total += (int(stat[pid][11]) + int(stat[pid][12])) / tick
-    return total
+    return comm, stat, children
+
+
+def cpu_seconds(server_pid: int) -> tuple[float, float, float]:
+    """(CPU seconds of the engine's processes, of everything this benchmark runs (the server, the load
+    generator, the observes), of the whole machine), so far. Over a window, the machine's less ours is what
+    other processes took: on a 2-core machine shared with other work, that is the noise (the engine's
+    scheduler, ``VLLM::EngineCore``, runs on the core they share)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    comm, stat, children = _processes()
+
+    def tree(root: int) -> list[int]:
+        out, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(children.get(pid, []))
+        return out
+
+    def used(pid: int) -> float:
+        return (int(stat[pid][11]) + int(stat[pid][12])) / tick if pid in stat else 0.0
+
+    server = tree(server_pid)
+    engine = sum(used(p) for p in server if comm.get(p, "").startswith("VLLM::"))
+    ours = sum(used(p) for p in {*server, *tree(os.getpid())})
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    busy = sum(int(x) for i, x in enumerate(fields[:8]) if i not in (3, 4)) / tick  # all but idle and iowait
+    return engine, ours, busy
+
+
+def engine_cpu_s(server_pid: int) -> float:
+    return cpu_seconds(server_pid)[0]
 
 
 class PageRecorder(threading.Thread):
@@ -215,7 +249,36 @@ def plan_args() -> list[str]:
             str(MAX_MODEL_LEN), "--max-num-batched-tokens", str(MAX_BATCHED), "--context", str(CONTEXT)]
 
 
+BUSY_CORES = 0.3  # other processes using more than this share of a core during a window: the machine was busy
+
+
 def run_load(server: Server, load: Load, warmup_s: float, measure_s: float, observe: list[str],
+             record: Path | None = None, tries: int = 1, fit_file: Path | None = None) -> dict[str, Any]:
+    """:func:`run_once`, repeated (up to ``tries``) while other processes took more than :data:`BUSY_CORES`
+    of the machine; the quietest attempt is kept (the others' shares are listed). ``fit_file``: the timing
+    file the observe adds its run to, restored before a retry (a busy run must not stay in the fit)."""
+    attempts, backup = [], fit_file.read_text() if fit_file is not None and fit_file.exists() else None
+    best = None
+    for _ in range(max(1, tries)):
+        if fit_file is not None:
+            if backup is None:
+                fit_file.unlink(missing_ok=True)
+            else:
+                fit_file.write_text(backup)
+        result = run_once(server, load, warmup_s, measure_s, observe, record)
+        attempts.append(result["other_cpu_cores"])
+        if best is None or result["other_cpu_cores"] < best[0]["other_cpu_cores"]:
+            best = (result, fit_file.read_text() if fit_file is not None and fit_file.exists() else None)
+        if result["other_cpu_cores"] <= BUSY_CORES:
+            break
+    result, fit_text = best
+    if fit_file is not None and fit_text is not None:
+        fit_file.write_text(fit_text)
+    result["attempts_other_cpu_cores"] = attempts
+    return result
+
+
+def run_once(server: Server, load: Load, warmup_s: float, measure_s: float, observe: list[str],
              record: Path | None = None) -> dict[str, Any]:
     """Drive ``load`` for warm-up + measurement (+ a few seconds), observing the window; the measured figures."""
     total = warmup_s + measure_s + 3.0
@@ -236,9 +299,11 @@ def run_load(server: Server, load: Load, warmup_s: float, measure_s: float, obse
     recorder = PageRecorder(server.url) if record else None
     if recorder:
         recorder.start()
-    cpu0, wall0 = engine_cpu_s(server.pid), time.monotonic()
+    cpu0, wall0 = cpu_seconds(server.pid), time.monotonic()
     proc = kvplan(*observe)
-    cpu_share = (engine_cpu_s(server.pid) - cpu0) / (time.monotonic() - wall0)
+    cpu1, wall = cpu_seconds(server.pid), time.monotonic() - wall0
+    cpu_share = (cpu1[0] - cpu0[0]) / wall
+    others = max(0.0, ((cpu1[2] - cpu0[2]) - (cpu1[1] - cpu0[1])) / wall)  # cores other processes used
     if recorder:
         recorder.stop_event.set()
         recorder.join()
@@ -252,7 +317,7 @@ def run_load(server: Server, load: Load, warmup_s: float, measure_s: float, obse
     result = {"load": load.name, "window_s": round(window[1] - window[0], 2), "finished_in_window": finished,
               "requests_per_s": finished / (window[1] - window[0]), "errors": len(rec.errors),
               "loadavg_before": round(load_before, 2), "loadavg_after": round(os.getloadavg()[0], 2),
-              "engine_cpu_share": round(cpu_share, 3),
+              "engine_cpu_share": round(cpu_share, 3), "other_cpu_cores": round(others, 3),
               "observe_exit": proc.returncode}
     if proc.stdout.strip().startswith("{"):
         result["observe"] = json.loads(proc.stdout)
@@ -338,9 +403,10 @@ def one_round(args: argparse.Namespace, round_no: int, tmp: Path) -> dict[str, A
             for load in CALIBRATION[caching]:
                 m["calibration"].append(run_load(server, load, args.calib_warmup, args.calib_measure,
                                                  observe_args(server, args.calib_measure, "--fit-timing", str(timing_file),
-                                                              "--json")))
-                print(f"round {round_no} {mode} {load.name}: {m['calibration'][-1]['requests_per_s']:.2f} req/s "
-                      f"(load {m['calibration'][-1]['loadavg_before']})", flush=True)
+                                                              "--json"), tries=args.tries, fit_file=timing_file))
+                c = m["calibration"][-1]
+                print(f"round {round_no} {mode} {load.name}: {c['requests_per_s']:.2f} req/s (other processes "
+                      f"{c['attempts_other_cpu_cores']} cores)", flush=True)
             for load in MEASURED:
                 record = None
                 if args.record and round_no == 1 and load.name in ("48 users", "8 req/s"):
@@ -348,11 +414,11 @@ def one_round(args: argparse.Namespace, round_no: int, tmp: Path) -> dict[str, A
                 check = tmp / f"check-{mode}-{load.name.replace(' ', '_').replace('/', '')}-round{round_no}.yaml"
                 r = run_load(server, load, args.warmup, args.measure,
                              observe_args(server, args.measure, *plan_args(), "--fit-timing", str(check), "--json"),
-                             record)
+                             record, tries=args.tries, fit_file=check)
                 r["step_check"] = step_check(check, timing_file)
                 m["measured"].append(r)
-                print(f"round {round_no} {mode} {load.name}: {r['requests_per_s']:.2f} req/s "
-                      f"(load {r['loadavg_before']}-{r['loadavg_after']})", flush=True)
+                print(f"round {round_no} {mode} {load.name}: {r['requests_per_s']:.2f} req/s (other processes "
+                      f"{r['attempts_other_cpu_cores']} cores)", flush=True)
             if args.record and round_no == 1 and caching:
                 m["killed"] = kill_mid_observe(server)
         out["modes"][mode] = m
@@ -402,7 +468,9 @@ def figures(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
             runs = [r["modes"][mode]["measured"][i] for r in rounds]
             obs = [r.get("observe", {}) for r in runs]
             summ = [o.get("summary", {}) for o in obs]
-            causes = [next((c.get("cause") for c in o.get("plan", {}).get("comparison", [])), None) for o in obs]
+            comps = [next(iter(o.get("plan", {}).get("comparison", [])), {}) for o in obs]
+            causes = [c.get("cause") for c in comps]
+            expected = [expected_cause(caching, load.name, c) for c in comps]
             sims = [r["simulated"] for r in runs]
             checks = [r.get("step_check") or {} for r in runs]
             rows.append({
@@ -423,7 +491,9 @@ def figures(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "hit_rate_simulated": _median([s["prefix_hit_rate"] for s in sims]),
                 "usage_peak_measured": _median([s.get("kv_cache_usage_peak") or 0.0 for s in summ]),
                 "usage_peak_simulated": _median([s["usage_peak"] for s in sims]),
-                "causes": causes, "expected_cause": EXPECTED_CAUSE[(caching, load.name)],
+                "causes": causes, "expected_causes": expected,
+                "causes_right": sum(c == e for c, e in zip(causes, expected)),
+                "other_cpu_cores": _median([r.get("other_cpu_cores", float("nan")) for r in runs]),
                 "findings": [f for o in obs for f in o.get("findings", [])][:2],
             })
     return rows
@@ -455,23 +525,24 @@ def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
              *(_explain_text(first["modes"]["on"]["explain"]).splitlines()[:12]), "```", "",
              "`kvplan explain LOG --gpu cpu`:", "", "```text",
              *(_explain_text(first["modes"]["on"]["explain_gpu_cpu"]).splitlines()[:24]), "```", "",
-             "**timing**: `kvplan observe --fit-timing` over the calibration loads (2 and 12 users with caching off; "
+             "**timing**: `kvplan observe --fit-timing` over the calibration loads (2, 12 and 24 users with caching off; "
              "2, 12, 32 users and 16 users with a 256-token prompt with caching on) of each round; the fit of the "
              "last round:", "", "```yaml", *rounds[-1]["timing"].splitlines()[2:12], "```", "",
              "**simulate vs the server** (the measured loads; simulate with the round's timing file, over the same "
              "window after the warm-up; measured requests/s counted by the load generator, the rest read by "
              "`kvplan observe` during the window):", "",
              "| prefix caching | load | requests/s sim / real (diff) | running peak sim / real | preemptions sim / real "
-             "| prefix hit rate sim / real | pool peak sim / real | observe's cause (expected) |",
+             "| prefix hit rate sim / real | pool peak sim / real | observe's cause per round (the right one, if not) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        causes = ", ".join(sorted({str(c) for c in r["causes"]}))
+        causes = ", ".join(f"{c} ({e})" if c != e else str(c) for c, e in zip(r["causes"], r["expected_causes"]))
+        causes += f": {r['causes_right']} of {r['rounds']} right"
         lines.append(
             f"| {r['mode']} | {r['load']} | {r['rps_simulated']:.2f} / {r['rps_measured']:.2f} ({_pct(r['rps_simulated'], r['rps_measured'])}) "
             f"| {r['running_peak_simulated']:.0f} / {r['running_peak_measured']:.0f} "
             f"| {r['preemptions_simulated']:.0f} / {r['preemptions_measured']:.0f} "
             f"| {r['hit_rate_simulated']:.3f} / {r['hit_rate_measured']:.3f} "
-            f"| {r['usage_peak_simulated']:.0%} / {r['usage_peak_measured']:.0%} | {causes} ({r['expected_cause']}) |")
+            f"| {r['usage_peak_simulated']:.0%} / {r['usage_peak_measured']:.0%} | {causes} |")
     lines += ["", "The step time at each measured load (`kvplan observe --fit-timing` on the measured window itself, "
               "not used for the prediction) against what the calibration's fit gives for the same steps, sequences "
               "and tokens:", "", "| prefix caching | load | sequences per step | ms per step: fit / measured |",
@@ -520,6 +591,8 @@ def main() -> None:
     ap.add_argument("--measure", type=float, default=40.0, help="seconds of a measured window")
     ap.add_argument("--calib-warmup", type=float, default=8.0)
     ap.add_argument("--calib-measure", type=float, default=20.0)
+    ap.add_argument("--tries", type=int, default=3,
+                    help=f"runs of a load while other processes take more than {BUSY_CORES} of a core (the quietest is kept)")
     ap.add_argument("--record", action="store_true", help="write the fixtures (round 1) to tests/fixtures/vllm_cpu/")
     ap.add_argument("--write", action="store_true", help="write docs/validation.md's real-server section")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "real_server_results.json"))
