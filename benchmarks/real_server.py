@@ -320,7 +320,7 @@ def run_once(server: Server, load: Load, warmup_s: float, measure_s: float, obse
               "engine_cpu_share": round(cpu_share, 3), "other_cpu_cores": round(others, 3),
               "observe_exit": proc.returncode}
     if proc.stdout.strip().startswith("{"):
-        result["observe"] = json.loads(proc.stdout)
+        result["observe"] = _kept(json.loads(proc.stdout))
     else:
         result["observe_stderr"] = proc.stderr[-2000:]
     return result
@@ -338,6 +338,14 @@ def step_check(measured: Path, timing_file: Path) -> dict[str, Any] | None:
     predicted = sum(getattr(fit, t) * x for t, x in zip(TERMS, run.regressors()))
     return {"ms_per_step_measured": run.busy_s / run.steps * 1e3, "ms_per_step_fit": predicted / run.steps * 1e3,
             "sequences_per_step": run.decode_tokens / run.steps, "prefill_tokens_per_step": run.prefill_tokens / run.steps}
+
+
+def _kept(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the results file keeps of an observe document (not its samples, events or whole estimate)."""
+    out = {k: doc[k] for k in ("polls", "failed_polls", "elapsed_s", "summary", "findings", "timing") if k in doc}
+    if "plan" in doc:
+        out["plan"] = {k: doc["plan"][k] for k in ("assumptions", "from_endpoint", "comparison") if k in doc["plan"]}
+    return out
 
 
 def wait_idle(server: Server, timeout_s: float = 120.0) -> None:

@@ -124,6 +124,10 @@ def test_gpu_cpu_with_no_budget_anywhere_is_one_error_after_the_run():
     code, doc, err = observe_json([page(10, 0.2, 0, 1000, 950, config={"kv_cache_memory_bytes": "None"})], *PLAN)
     assert code == 2 and doc["polls"] >= 1  # the observation is shown, then the error
     assert "no plan to compare with" in err and "kv_cache_memory_bytes" in err and "--kv-budget" in err
+    with ReplayServer([page(10, 0.2, 0, 1000, 950, config={"kv_cache_memory_bytes": "None"})]) as srv:
+        text = runner.invoke(app, ["observe", srv.url, "--duration", "0.1", "--interval", "0.1", *PLAN]).stdout
+    text = " ".join(text.split())
+    assert "plan: not yet (GPU 'cpu' has no fixed memory" in text and "waiting for the endpoint's kv_cache_memory_bytes" in text
     bad = runner.invoke(app, ["observe", "http://127.0.0.1:1/metrics", "--model", TINY, "--gpu", "cpu", "--tp", "0"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output  # other bad options still fail before polling
 

@@ -189,9 +189,9 @@ ROWS: list[tuple[str, Any]] = [
 
 
 def render_observation(obs: Any, view: Any = None, comparisons: Sequence[Any] = (), outcomes: Sequence[Any] = (),
-                       max_events: int = 8):  # noqa: ANN201 - rich renderable
+                       max_events: int = 8, pending: str | None = None):  # noqa: ANN201 - rich renderable
     """The live frame and the final summary: header, a table (one column per series), plan, findings,
-    events, gates."""
+    events, gates. ``pending``: why there is no plan yet (it waits for the endpoint's KV budget)."""
     from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
@@ -216,6 +216,11 @@ def render_observation(obs: Any, view: Any = None, comparisons: Sequence[Any] = 
         parts.append(Text(f"finding: {finding}", style="bold yellow"))
     if view is not None:
         parts.append(_plan_text(view, comparisons))
+    elif pending is not None:
+        parts.append(Text(f"plan: not yet ({pending}): waiting for the endpoint's kv_cache_memory_bytes", style="grey62"))
+        for c in comparisons:
+            for finding in c.findings:
+                parts.append(Text(f"finding: {finding}", style="bold yellow"))
     elif obs.series:
         labels = sorted({dict(s.labels)["model_name"] for s in obs.series if "model_name" in dict(s.labels)})
         alias = (f"; the endpoint names its model {', '.join(repr(x) for x in labels)}: when that is a "

@@ -51,6 +51,13 @@ def _given(ctx: typer.Context, values: dict) -> frozenset[str]:
     return frozenset(k for k, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT"))
 
 
+def _pending(planner: Any) -> str | None:
+    """Why the plan waits (for the endpoint's KV budget), or None."""
+    if planner is None or planner.view is not None:
+        return None
+    return planner.pending.message if planner.pending is not None else "no plan"
+
+
 def _compare(planner: Any, obs: Any) -> list[Any]:
     if planner is None:
         return []
@@ -81,7 +88,8 @@ def _observe(session: Any, planner: Any, live: bool) -> Any:
         def redraw(s: Any) -> None:
             adopt(s)
             obs = s.snapshot(with_polls=False)
-            view.update(render_observation(obs, planner.view if planner else None, _compare(planner, obs)))
+            view.update(render_observation(obs, planner.view if planner else None, _compare(planner, obs),
+                                           pending=_pending(planner)))
 
         return run(session, on_poll=redraw)
 
@@ -171,7 +179,8 @@ def register(app: typer.Typer) -> None:
             print_json(doc)
         else:
             out = console()
-            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes, max_events=20))
+            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes, max_events=20,
+                                         pending=_pending(planner)))
             if timing is not None:
                 from kvplan.render.observe import render_timing
 
