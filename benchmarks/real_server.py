@@ -148,17 +148,24 @@ class Server:
         return self
 
     def stop(self) -> None:
+        """SIGTERM to the server; after 30 s, SIGKILL to it and every process it started (by their PIDs)."""
+        _, _, children = _processes()
+        tree, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            tree.append(pid)
+            todo.extend(children.get(pid, []))
         try:
             os.kill(self.pid, 15)
         except ProcessLookupError:
             return
         for _ in range(60):
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
+            if not any(_alive(pid) for pid in tree):
                 return
             time.sleep(0.5)
-        os.kill(self.pid, 9)
+        for pid in reversed(tree):
+            if _alive(pid):
+                os.kill(pid, 9)
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
@@ -211,6 +218,14 @@ def cpu_seconds(server_pid: int) -> tuple[float, float, float]:
 
 def engine_cpu_s(server_pid: int) -> float:
     return cpu_seconds(server_pid)[0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class PageRecorder(threading.Thread):
