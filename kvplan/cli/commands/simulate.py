@@ -11,7 +11,7 @@ from kvplan.cli.options import JsonOpt, OfflineOpt, TokenOpt
 EPILOG = ("Examples: kvplan simulate docs/examples/shared_prompt.yaml  ·  "
           "kvplan simulate workload.yaml --policy paged --policy prefix_caching --json  ·  "
           "kvplan simulate workload.yaml --plot pool.png  ·  "
-          "kvplan simulate workload.yaml --timing timing.yaml (fitted by kvplan observe --fit-timing)")
+          "kvplan simulate workload.yaml --timing docs/examples/timing.yaml")
 
 
 def register(app: typer.Typer) -> None:
