@@ -384,14 +384,16 @@ def diagnose(view: PlanView, s: Any) -> Diagnosis:
         stored = prefix // plan.layout.block_size
         share_text = (f"; with the {prefix:,}-token shared prefix ({plural(stored, 'block')} stored once"
                       f"{', ' + source.removeprefix('endpoint: ') if source.startswith('endpoint') else ''}) {shared:,}")
-    lines = [f"diagnosis: {pool} ({blocks:,} blocks) fits {unshared:,} requests of {at} without sharing{share_text}"]
+    lines = [f"diagnosis: {pool} ({plural(blocks, 'block')}) fits {plural(unshared, 'request')} of {at} without "
+             f"sharing{share_text}"]
     pre, usage, waiting = s.preemptions_during_run, s.kv_cache_usage_peak, s.waiting_peak
+    ran = f"{plural(round(peak), 'request')} ran at once"
     findings: list[str] = []
     if (pre or 0) > 0 or (usage is not None and usage >= FULL_POOL and (waiting or 0) > 0):
         cause = "pool"
         what = (f"{pre:,.0f} preemptions in the run, " if pre else "") + (f"pool peak {usage:.0%}" if usage is not None else "")
         with_prefix = f", {shared:,} with the {prefix:,}-token prefix the hit rate suggests" if shared is not None else ""
-        findings.append(f"the pool binds ({what.rstrip(', ')}): {peak:,.0f} requests ran at once; requests are admitted "
+        findings.append(f"the pool binds ({what.rstrip(', ')}): {ran}; requests are admitted "
                         f"with their prompt's blocks and grow until the pool is full, then the engine preempts (the plan "
                         f"fits {unshared:,} of {at} without sharing{with_prefix}): at this load the KV pool, not compute, "
                         "limits the server (more KV, prefix caching, or fewer requests at once: --max-num-seqs)")
@@ -400,7 +402,7 @@ def diagnose(view: PlanView, s: Any) -> Diagnosis:
         lines.append(f"max_num_seqs binds: {peak:,.0f} running (its limit) with requests waiting and the pool not full")
     elif peak > fits:
         cause = "shorter"
-        findings.append(f"{peak:,.0f} requests ran at once, more than the {fits:,} the plan fits at {at}"
+        findings.append(f"{ran}, more than the {fits:,} the plan fits at {at}"
                         f"{' with the shared prefix' if shared is not None else ''}: requests were shorter than --context")
     elif shared is not None and peak > unshared:
         cause = "sharing"
@@ -408,7 +410,7 @@ def diagnose(view: PlanView, s: Any) -> Diagnosis:
             lines.append(f"agrees with the plan's prefix sharing: {peak:,.0f} running, more than the {unshared:,} that fit "
                          f"without it and within the {shared:,} that fit with it")
         else:
-            findings.append(f"{peak:,.0f} requests ran at once, more than the {unshared:,} the plan fits at {at} without "
+            findings.append(f"{ran}, more than the {unshared:,} the plan fits at {at} without "
                             f"sharing: the page shows prefix-cache hits ({source.removeprefix('endpoint: ')}): a "
                             f"{prefix:,}-token shared prefix stored once fits {shared:,} (plan with --prefix-tokens {prefix})")
     else:

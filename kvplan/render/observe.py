@@ -294,7 +294,7 @@ def render_timing(measure: Any, timing: Any):  # noqa: ANN201 - rich renderable
     text.append("timing run: ", style="bold")
     text.append(f"{run.busy_s:,.1f} s busy, {run.steps:,} steps ({step_ms:.2f} ms each), {run.running_mean:,.1f} running, "
                 f"{run.decode_tokens:,} decode + {run.prefill_tokens:,} prompt tokens computed, mean context "
-                f"{run.mean_context_tokens:,.0f} tokens\n")
+                f"{plural(round(run.mean_context_tokens), 'token')}\n")
     text.append(f"timing fit over {plural(len(timing.runs), 'run')}: ", style="bold")
     err = f" (rms error {fit.rms_relative_error:.1%})" if fit.rms_relative_error is not None else ""
     text.append(f"{fit.describe()}{err}\n")

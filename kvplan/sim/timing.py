@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvplan.errors import InputError
-from kvplan.units import check_number
+from kvplan.units import check_number, plural
 
 FORMAT_VERSION = 1
 TERMS = ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "prefill_s_per_token")
@@ -195,8 +195,8 @@ def fit_runs(runs: Sequence[TimingRun]) -> tuple[StepFit, tuple[str, ...]]:
     notes = []
     missing = [name for name in TERMS if name not in fitted]
     if "step_s_per_kv_token" in missing and spread < MIN_CONTEXT_SPREAD:
-        notes.append(f"step_s_per_kv_token not fitted: the runs' mean contexts ({min(contexts):,.0f}-{max(contexts):,.0f} "
-                     "tokens) are too close to tell the per-token cost from the per-sequence cost (observe a run with "
+        notes.append(f"step_s_per_kv_token not fitted: the runs' mean contexts ({min(contexts):,.0f} to "
+                     f"{plural(round(max(contexts)), 'token')}) are too close to tell the per-token cost from the per-sequence cost (observe a run with "
                      "another prompt length); the per-sequence cost holds for contexts near these")
         missing.remove("step_s_per_kv_token")
     if missing:
