@@ -157,6 +157,17 @@ def open_loop(base_url: str, model: str, rate: float, duration_s: float, shape: 
     return _open_loop(base_url, model, rate, duration_s, shape, seed, stop, drain=False)
 
 
+def arrival_times(rate: float, duration_s: float, seed: int = 0) -> list[float]:
+    """The open loop's arrival times (seconds since it started) for ``rate`` and ``seed``: what
+    :func:`open_loop` sends, for a simulation of the same requests."""
+    rng, at, out = random.Random(seed + 1), 0.0, []
+    while True:
+        at += rng.expovariate(rate)
+        if at >= duration_s:
+            return out
+        out.append(at)
+
+
 def _open_loop(base_url: str, model: str, rate: float, duration_s: float, shape: Shape, seed: int,
                stop: threading.Event | None, drain: bool) -> Record:
     record, rng, gen = Record(), random.Random(seed + 1), prompts(shape, seed)

@@ -19,7 +19,8 @@ For each prefix-caching mode (off first, then on) the script starts a server and
    ``kvplan observe --model ... --json`` over the measurement window (after a warm-up) while the load
    generator counts the requests that finished in the window.
 
-Then ``kvplan simulate`` runs each measured workload with the timing file (its requests/s, peak running,
+Then ``kvplan simulate`` runs each measured workload with the timing file (the open loop as a trace of the
+load generator's own arrival times; its requests/s, peak running,
 preemptions and prefix-hit rate over the same window: the run simulated to the window's start and to its
 end, the difference), and the script writes ``docs/validation.md``'s real-server section: each figure
 predicted vs measured, the median of ``--repeat`` rounds (each with its own calibration). With ``--record``
@@ -86,13 +87,18 @@ class Load:
     rate: float | None = None
     shape: loadgen.Shape = SHAPE
 
-    def workload(self, caching: bool, duration_s: float, timing_file: Path) -> str:
-        arrivals = f"{{users: {self.users}, think_s: 0}}" if self.users else f"{{rate: {self.rate:g}}}"
+    def workload(self, caching: bool, duration_s: float, timing_file: Path, trace: Path | None = None) -> str:
+        """The workload file of this load: a closed loop, or the open loop's requests as a trace (``trace``)."""
+        if trace is not None:
+            traffic = f"trace: {trace}\n"
+        else:
+            arrivals = f"{{users: {self.users}, think_s: 0}}" if self.users else f"{{rate: {self.rate:g}}}"
+            traffic = (f"arrivals: {arrivals}\n"
+                       f"prefixes: [{{name: system prompt, tokens: {self.shape.prefix_tokens}, share: 1.0}}]\n"
+                       f"prompt_tokens: {self.shape.unique_tokens}\noutput_tokens: {self.shape.output_tokens}\n")
         return (f"name: {self.name} (prefix caching {'on' if caching else 'off'})\n"
                 f"model: {MODEL_DIR}\ngpu: cpu\nkv_budget: {KV_BYTES}B\nmax_model_len: {MAX_MODEL_LEN}\n"
-                f"max_num_seqs: {MAX_NUM_SEQS}\nmax_num_batched_tokens: {MAX_BATCHED}\narrivals: {arrivals}\n"
-                f"prefixes: [{{name: system prompt, tokens: {self.shape.prefix_tokens}, share: 1.0}}]\n"
-                f"prompt_tokens: {self.shape.unique_tokens}\noutput_tokens: {self.shape.output_tokens}\n"
+                f"max_num_seqs: {MAX_NUM_SEQS}\nmax_num_batched_tokens: {MAX_BATCHED}\n{traffic}"
                 f"duration_s: {duration_s:g}\nseed: 0\npolicies: [{'prefix_caching' if caching else 'paged'}]\n"
                 f"timing: {{file: {timing_file}}}\n")
 
@@ -392,9 +398,16 @@ def wait_idle(server: Server, timeout_s: float = 120.0) -> None:
 def simulate(load: Load, caching: bool, warmup_s: float, measure_s: float, timing_file: Path, tmp: Path) -> dict[str, Any]:
     """The load simulated to the window's start and to its end: the window's figures are the difference."""
     docs = []
+    trace = None
+    if load.rate:  # the load generator's own arrival times (its seeded Poisson draws): the same requests
+        trace = tmp / f"trace-{load.name.replace(' ', '_').replace('/', '')}.jsonl"
+        trace.write_text("".join(json.dumps({"prompt_tokens": load.shape.prefix_tokens + load.shape.unique_tokens,
+                                             "output_tokens": load.shape.output_tokens, "prefix_id": "system prompt",
+                                             "prefix_tokens": load.shape.prefix_tokens, "arrival_s": round(t, 6)}) + "\n"
+                                 for t in loadgen.arrival_times(load.rate, warmup_s + measure_s + 3.0)))
     for duration in (warmup_s, warmup_s + measure_s):
         path = tmp / f"workload-{'on' if caching else 'off'}-{load.name.replace(' ', '_').replace('/', '')}-{duration:g}.yaml"
-        path.write_text(load.workload(caching, duration, timing_file))
+        path.write_text(load.workload(caching, duration, timing_file, trace))
         docs.append(json.loads(kvplan("simulate", str(path), "--json", check=True).stdout))
     a, b = (d["policies"][0] for d in docs)
     queries = b["prefix_query_tokens"] - a["prefix_query_tokens"]

@@ -140,6 +140,8 @@ def test_a_run_on_the_real_pages_is_a_timing_measurement():
     assert run.mean_context_tokens == pytest.approx(1056 + 128 / 2)
     assert 0.8 * obs.elapsed_s <= run.busy_s <= obs.elapsed_s + 1e-9 and run.steps > 100
     assert 30 <= run.decode_tokens / run.steps <= 48  # 48 users, a few prefilling each step
+    # the pool held the shared prefix once and each request's own ~160 tokens: usage x 288 x 128 tokens
+    assert 1024 + 30 * 96 <= run.held_tokens <= 1024 + 48 * 2 * 128 + 128
     # prefix caching on: each request computes its 32 own tokens (the 1,024 shared ones hit the cache)
     assert run.prefill_tokens / (run.decode_tokens / 127) == pytest.approx(32, rel=0.1)
 

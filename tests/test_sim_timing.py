@@ -26,36 +26,48 @@ from kvplan.sim.workload import load_workload, run_workload
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "benchmarks" / "real_server_model"  # the tiny Llama the real-server benchmark serves
 runner = CliRunner()
-TRUE = StepFit(0.004, 1.1e-4, 2.0e-7, 7.0e-5)  # 4 ms a step, 110 us a sequence, 0.2 us a KV token, 70 us a prompt token
+# 4 ms a step, 110 us a sequence, 0.2 us a KV token read, 70 us a prompt token, 0.1 us a KV token held
+TRUE = StepFit(0.004, 1.1e-4, 2.0e-7, 7.0e-5, 1.0e-7)
 
 
-def run_of(fit: StepFit, steps: int, seqs: float, context: float, prefill: int) -> TimingRun:
-    """The run a server with step time ``fit`` makes in ``steps`` steps of ``seqs`` decoders at ``context``."""
+def run_of(fit: StepFit, steps: int, seqs: float, context: float, prefill: int, held: float = 0.0) -> TimingRun:
+    """The run a server with step time ``fit`` makes in ``steps`` steps of ``seqs`` decoders at ``context``,
+    the pool holding ``held`` KV tokens."""
     decode = int(steps * seqs)
     busy = fit.step_base_s * steps + fit.step_s_per_seq * decode + fit.step_s_per_kv_token * decode * context \
-        + fit.prefill_s_per_token * prefill
-    return TimingRun(busy, steps, decode, prefill, context)
+        + fit.prefill_s_per_token * prefill + fit.step_s_per_held_token * steps * held
+    return TimingRun(busy, steps, decode, prefill, context, held_tokens=held)
 
 
 # ---------------------------------------------------------------------------------------------
 # the fit
 
 
+# the calibration loads of benchmarks/real_server.py: caching off (each request holds its own 9-10 blocks of
+# 128) and on (the 1,024-token prefix held once), one with a 256-token prefix
+CALIBRATION = [(1000, 2, 1120, 17_000, 2_300), (500, 9, 1120, 50_000, 11_000), (450, 21, 1120, 90_000, 25_000),
+               (1000, 2, 1120, 500, 1_400), (400, 32, 1120, 3000, 6_500), (900, 16, 352, 3500, 2_600)]
+
+
 def test_runs_that_vary_every_term_give_back_the_step_time():
-    runs = [run_of(TRUE, 1000, 2, 1120, 17_000), run_of(TRUE, 500, 9, 1120, 50_000), run_of(TRUE, 400, 32, 1120, 3000),
-            run_of(TRUE, 900, 16, 352, 3500)]
+    runs = [run_of(TRUE, *c) for c in CALIBRATION]
     fit, notes = fit_runs(runs)
-    for name in ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "prefill_s_per_token"):
+    for name in ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "prefill_s_per_token", "step_s_per_held_token"):
         assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
     assert fit.rms_relative_error < 1e-9 and notes == ()
     # the step grows with the batch: 4 ms + 1 x (0.11 + 0.2 x 1,120 / 1000) ms at batch 1; 96 sequences: 4 + 96 x 0.334 ms
     assert fit.step_s(1, 1120) == pytest.approx(0.004 + 1.1e-4 + 2.24e-4)
     assert fit.step_s(96, 96 * 1120) == pytest.approx(0.004 + 96 * 3.34e-4)
+    # and with what the pool holds: 96 requests sharing a 1,024-token prefix hold 1,024 + 96 x 160 tokens
+    assert fit.step_s(96, 96 * 1120, held_tokens=1024 + 96 * 160) == pytest.approx(
+        0.004 + 96 * 3.34e-4 + 1e-7 * (1024 + 96 * 160))
 
 
 def test_runs_at_one_context_leave_the_per_token_cost_out_and_say_so():
-    runs = [run_of(TRUE, 1000, 2, 1120, 17_000), run_of(TRUE, 500, 9, 1120, 50_000), run_of(TRUE, 400, 32, 1120, 3000)]
+    truth = StepFit(0.004, 1.1e-4, 2.0e-7, 7.0e-5)
+    runs = [run_of(truth, 1000, 2, 1120, 17_000), run_of(truth, 500, 9, 1120, 50_000), run_of(truth, 400, 32, 1120, 3000)]
     fit, notes = fit_runs(runs)
+    assert any("step_s_per_held_token not fitted" in n for n in notes)  # the runs do not say what the pool held
     assert fit.step_s_per_kv_token == 0 and "step_s_per_kv_token" not in fit.fitted
     assert any("too close to tell the per-token cost" in n for n in notes)
     # the per-sequence cost absorbs the per-token cost at that context: 110 us + 1,120 x 0.2 us
@@ -64,7 +76,8 @@ def test_runs_at_one_context_leave_the_per_token_cost_out_and_say_so():
 
 def test_runs_that_cannot_tell_two_costs_apart_say_which():
     # prefix caching on only, one request shape: prefill tokens are a fixed share of the decode tokens
-    runs = [run_of(TRUE, 1000, 2, 1120, 500), run_of(TRUE, 500, 12, 1120, 1500)]
+    truth = StepFit(0.004, 1.1e-4, 2.0e-7, 7.0e-5)
+    runs = [run_of(truth, 1000, 2, 1120, 500), run_of(truth, 500, 12, 1120, 1500)]
     fit, notes = fit_runs(runs)
     assert len(fit.fitted) == 2
     assert any("do not tell these costs apart" in n for n in notes), notes
@@ -90,14 +103,13 @@ def test_a_step_that_takes_no_time_is_refused():
 
 def test_runs_accumulate_in_one_file_and_refit(tmp_path):
     path = tmp_path / "timing.yaml"
-    runs = [run_of(TRUE, 1000, 2, 1120, 17_000), run_of(TRUE, 500, 9, 1120, 50_000), run_of(TRUE, 400, 32, 1120, 3000),
-            run_of(TRUE, 900, 16, 352, 3500)]
+    runs = [run_of(TRUE, *c) for c in CALIBRATION]
     for run in runs:
         written = add_run(path, run, "tiny-llama")
     back = read_timing(path)
-    assert back.model == "tiny-llama" and len(back.runs) == 4 and written.fit.fitted == back.fit.fitted
+    assert back.model == "tiny-llama" and len(back.runs) == 6 and written.fit.fitted == back.fit.fitted
     assert back.fit.step_base_s == pytest.approx(TRUE.step_base_s, rel=1e-3)  # refit on busy_s kept to the ms
-    assert back.runs[3].mean_context_tokens == 352 and back.runs[0].steps == 1000
+    assert back.runs[5].mean_context_tokens == 352 and back.runs[0].steps == 1000 and back.runs[2].held_tokens == 25_000
     with pytest.raises(InputError, match="holds timing runs of model 'tiny-llama', not 'other'"):
         add_run(path, runs[0], "other")
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically
@@ -122,6 +134,32 @@ def test_a_bad_timing_file_is_one_line_with_its_place(tmp_path, text, where, nee
 
 # ---------------------------------------------------------------------------------------------
 # simulate with it
+
+
+def test_spans_of_steps_with_a_held_token_cost_are_exact():
+    """k steps at once add up the blocks decoders take as they go: the same schedule and clock as one step at a time."""
+    from kvplan.sim.simulate import Request, simulate
+
+    fit = StepFit(0.004, 1e-4, 2e-7, 5e-5, 3e-7)
+    pool = Pool(400, 16, (FULL,), 1024, 64, 256)
+    reqs = [Request(40 + 7 * i % 90, 30 + 11 * i % 200, 0.05 * i, 0 if i % 2 else -1, 32 if i % 2 else 0) for i in range(60)]
+    config = SimConfig(pool, Timing(0, 0.0, 0, fit=fit, prefill_s_per_token=fit.prefill_s_per_token))
+    fast = simulate(config, reqs, record_series=False)
+    import kvplan.sim.scheduler as sched
+
+    original = sched.Scheduler._span
+    try:
+        sched.Scheduler._span = lambda self: False
+        slow = simulate(config, reqs, record_series=False)
+    finally:
+        sched.Scheduler._span = original
+    for a, b in zip(fast.results, slow.results):
+        assert (a.finished, a.preemptions, a.num_steps, a.output_tokens) == (b.finished, b.preemptions, b.num_steps, b.output_tokens)
+        assert a.duration_s == pytest.approx(b.duration_s, rel=1e-9) and a.num_events < b.num_events
+    # the held-token cost makes a run slower than the same fit without it
+    plain = simulate(SimConfig(pool, Timing(0, 0.0, 0, fit=StepFit(0.004, 1e-4, 2e-7, 5e-5), prefill_s_per_token=5e-5)),
+                     reqs, record_series=False)
+    assert plain.result("paged").duration_s < fast.result("paged").duration_s
 
 
 def test_a_fitted_step_grows_with_the_batch_in_the_simulator():

@@ -5,7 +5,8 @@ in that time: engine steps (vLLM's ``iteration_tokens_total`` histogram counts o
 generated (less the first tokens, which prefill steps sample), prompt tokens computed (prompt tokens less
 prefix-cache hits). Summed over those intervals they are one :class:`kvplan.sim.timing.TimingRun`; the
 finished requests' prompt and generated tokens give the mean context a decoding sequence read (prompt +
-half the output). Intervals with an idle poll at either end are left out (the engine may have waited).
+half the output), and the pool's usage (mean of the interval's two polls x its blocks x block size) the KV
+tokens it held per step. Intervals with an idle poll at either end are left out (the engine may have waited).
 
 A run with preemptions is kept, with a note: vLLM does not count a preempted request's recomputed prompt
 in its prompt tokens, so that work is in the busy seconds but not in the prefill tokens.
@@ -56,9 +57,12 @@ def timing_run(obs: Any, series: str | None = None, source: str = "") -> RunMeas
         shown = ", ".join(VLLM_NAMES.get(n, (n,))[0] for n in lacking)
         raise InputError(f"--fit-timing needs counters {series} does not report: {shown}",
                          "vLLM V1 (0.9 and later) reports them on /metrics")
+    summary = next(x.summary for x in obs.series if x.name == series)
+    pool_tokens = (summary.num_gpu_blocks * summary.block_size if summary.num_gpu_blocks and summary.block_size
+                   else summary.max_total_num_tokens or 0)
     busy_s = 0.0
     totals = dict.fromkeys(("steps", "generation_tokens", "first_tokens", "prompt_tokens", "prefix_hits"), 0.0)
-    running, busy, preempted = [], 0, 0.0
+    running, busy, preempted, held_steps = [], 0, 0.0, 0.0
     for (pa, a), (pb, b) in zip(zip(polls, rows), zip(polls[1:], rows[1:])):
         if not (a.get("running") or 0) > 0 or not (b.get("running") or 0) > 0:
             continue
@@ -71,6 +75,8 @@ def timing_run(obs: Any, series: str | None = None, source: str = "") -> RunMeas
             totals[name] += d or 0.0
         running.append((a["running"] + b["running"]) / 2)
         preempted += _delta(a, b, "preemptions") or 0.0
+        if a.get("usage") is not None and b.get("usage") is not None:  # the KV the pool held in the interval
+            held_steps += deltas["steps"] * (a["usage"] + b["usage"]) / 2 * pool_tokens
     if not busy:
         raise InputError(f"--fit-timing: no interval between two polls had requests running on {series}",
                          "observe while the server is loaded (a closed loop of users), for a few intervals")
@@ -96,5 +102,5 @@ def timing_run(obs: Any, series: str | None = None, source: str = "") -> RunMeas
                     decode_tokens=int(round(max(0.0, totals["generation_tokens"] - totals["first_tokens"]))),
                     prefill_tokens=int(round(max(0.0, totals["prompt_tokens"] - totals["prefix_hits"]))),
                     mean_context_tokens=context, running_mean=sum(running) / len(running), preemptions=int(preempted),
-                    source=source)
+                    source=source, held_tokens=held_steps / totals["steps"] if totals["steps"] else 0.0)
     return RunMeasure(run, tuple(notes), busy, len(polls) - 1)

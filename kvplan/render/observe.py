@@ -280,6 +280,7 @@ def timing_to_dict(measure: Any, timing: Any) -> dict[str, Any]:
             "busy_intervals": measure.busy_intervals, "intervals": measure.intervals,
             "fit": {"step_base_s": fit.step_base_s, "step_s_per_seq": fit.step_s_per_seq,
                     "step_s_per_kv_token": fit.step_s_per_kv_token, "prefill_s_per_token": fit.prefill_s_per_token,
+                    "step_s_per_held_token": fit.step_s_per_held_token,
                     "fitted": list(fit.fitted), "rms_relative_error": _num(fit.rms_relative_error)},
             "runs": len(timing.runs), "notes": [*measure.notes, *timing.notes]}
 
@@ -294,7 +295,7 @@ def render_timing(measure: Any, timing: Any):  # noqa: ANN201 - rich renderable
     text.append("timing run: ", style="bold")
     text.append(f"{run.busy_s:,.1f} s busy, {run.steps:,} steps ({step_ms:.2f} ms each), {run.running_mean:,.1f} running, "
                 f"{run.decode_tokens:,} decode + {run.prefill_tokens:,} prompt tokens computed, mean context "
-                f"{plural(round(run.mean_context_tokens), 'token')}\n")
+                f"{plural(round(run.mean_context_tokens), 'token')}, {run.held_tokens:,.0f} KV tokens held\n")
     text.append(f"timing fit over {plural(len(timing.runs), 'run')}: ", style="bold")
     err = f" (rms error {fit.rms_relative_error:.1%})" if fit.rms_relative_error is not None else ""
     text.append(f"{fit.describe()}{err}\n")

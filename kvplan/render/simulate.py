@@ -31,6 +31,7 @@ def simulate_to_dict(run: Any) -> dict[str, Any]:
                    "fit": None if timing.fit is None else {
                        "file": str(wl.timing_file) if wl.timing_file else None, "step_base_s": timing.fit.step_base_s,
                        "step_s_per_seq": timing.fit.step_s_per_seq, "step_s_per_kv_token": timing.fit.step_s_per_kv_token,
+                       "step_s_per_held_token": timing.fit.step_s_per_held_token,
                        "prefill_s_per_token": timing.fit.prefill_s_per_token, "fitted": list(timing.fit.fitted)},
                    "closed_loop_start_spread_s": None if res.closed_loop is None else res.closed_loop.start_spread_s},
         "policies": [r.to_dict() for r in res.results],

@@ -105,7 +105,7 @@ class Timing:
             return self.decode_step_s
         tokens = sequences * context_tokens
         if self.fit is not None:
-            return self.fit.step_s(sequences, tokens)
+            return self.fit.step_s(sequences, tokens, held_tokens=tokens)  # held: no sharing (an upper bound)
         read = self.weights_bytes + self.full_token_bytes * tokens + sequences * self.state_bytes + sum(
             per_token * sequences * min(context_tokens, window) for window, per_token in self.window_token_bytes)
         return read / self.bandwidth_bytes_per_s

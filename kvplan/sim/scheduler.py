@@ -87,8 +87,9 @@ class Scheduler:
         self.arrivals.user_done(self.t)
 
     # ---- timing -------------------------------------------------------------------------------
-    def _decode_seconds(self, k: int) -> float:
-        """Seconds of ``k`` decode steps from counter D with the current decoders (closed form)."""
+    def _decode_seconds(self, k: int, grown: bool = False) -> float:
+        """Seconds of ``k`` decode steps from counter D with the current decoders (closed form). ``grown``:
+        the (one) step's decoders already took their blocks (a step; a span takes them as it goes)."""
         tm, book = self.timing, self.book
         if tm.decode_step_s is not None:
             return k * tm.decode_step_s
@@ -97,7 +98,11 @@ class Scheduler:
         tokens = n * k * (D + 1) + n * (k * (k - 1) // 2) + k * book.s_off
         if tm.fit is not None:
             f = tm.fit
-            return k * f.step_base_s + f.step_s_per_seq * k * n + f.step_s_per_kv_token * tokens
+            total = k * f.step_base_s + f.step_s_per_seq * k * n + f.step_s_per_kv_token * tokens
+            if f.step_s_per_held_token:  # the blocks in use at each step, its own crossings taken
+                held = k * book.alloc.num_used_blocks + (0 if grown else book.crossings_sum(D, k))
+                total += f.step_s_per_held_token * held * self.bs
+            return total
         total = k * tm.weights_bytes + tm.full_token_bytes * tokens + k * n * tm.state_bytes
         if self._windows and n:
             offs = book.offs()
@@ -172,7 +177,7 @@ class Scheduler:
         n_running = len(self.running)
         assert n_running, "an empty pool admits the queue head (checked when the run starts)"
         self._mark_start()
-        dt = self._decode_seconds(1) + prefill * self.timing.prefill_s_per_token
+        dt = self._decode_seconds(1, grown=True) + prefill * self.timing.prefill_s_per_token
         self.t += dt
         self.D = D = self.D + 1
         m.num_steps += 1

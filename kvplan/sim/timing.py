@@ -6,6 +6,9 @@ The engine's step takes, in seconds::
            + step_s_per_seq x decoding sequences            (per row of the batch)
            + step_s_per_kv_token x KV tokens they read       (attention over each one's context)
            + prefill_s_per_token x prompt tokens computed
+           + step_s_per_held_token x KV tokens the pool holds (the KV in use, a shared prefix once: memory traffic
+                                                             that caches do not absorb; a CPU reads a prefix that
+                                                             48 requests share far faster than 48 prompts' own)
 
 On a GPU the roofline gives these terms from bytes and bandwidth (:func:`kvplan.sim.simulate.config_from_plan`);
 for a CPU target, or any target measured, ``kvplan observe URL --fit-timing FILE`` fits them from the
@@ -24,11 +27,12 @@ The file (YAML, unknown keys are errors, written atomically)::
       step_s_per_seq: 0.00011
       step_s_per_kv_token: 1.2e-07
       prefill_s_per_token: 2.9e-05
-      fitted: [step_base_s, step_s_per_seq, step_s_per_kv_token, prefill_s_per_token]
+      step_s_per_held_token: 1.3e-07
+      fitted: [step_base_s, step_s_per_seq, step_s_per_kv_token, prefill_s_per_token, step_s_per_held_token]
       rms_relative_error: 0.021
     runs:                             # the data the fit came from (optional in a hand-written file)
       - {source: ..., busy_s: 58.1, steps: 5917, decode_tokens: 143129, prefill_tokens: 37088,
-         mean_context_tokens: 1120.0, running_mean: 47.9, preemptions: 0}
+         mean_context_tokens: 1120.0, held_tokens: 10880.0, running_mean: 47.9, preemptions: 0}
 
 ``kvplan simulate`` reads the ``fit`` (``timing: {file: FILE}`` in the workload, or ``--timing FILE``).
 Library code: never prints, never exits; errors name the file, line and column.
@@ -46,8 +50,8 @@ from kvplan.errors import InputError
 from kvplan.units import check_number, plural
 
 FORMAT_VERSION = 1
-TERMS = ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "prefill_s_per_token")
-MIN_CONTEXT_SPREAD = 1.25  # the per-token term is fitted only when the runs' mean contexts differ this much
+TERMS = ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "prefill_s_per_token", "step_s_per_held_token")
+MIN_CONTEXT_SPREAD = 1.25  # the per-token terms are fitted only when the runs' mean contexts (KV held) differ this much
 TIE_RMS = 0.002  # term sets whose rms relative error is within this of the best fit the runs as well
 _PIVOT = 1e-6  # a term set whose (scaled) normal matrix has a smaller pivot is not determined by the runs
 HEADER = ("# kvplan timing: the engine's step time measured on a running server (kvplan observe --fit-timing);\n"
@@ -64,25 +68,29 @@ class StepFit:
     step_s_per_seq: float = 0.0
     step_s_per_kv_token: float = 0.0
     prefill_s_per_token: float = 0.0
+    step_s_per_held_token: float = 0.0
     fitted: tuple[str, ...] = TERMS
     rms_relative_error: float | None = None
 
     def __post_init__(self) -> None:
         for name in TERMS:
             check_number(getattr(self, name), name, low=0)
-        if not (self.step_base_s > 0 or self.step_s_per_seq > 0 or self.step_s_per_kv_token > 0):
-            raise InputError("a fitted step takes no time (step_base_s, step_s_per_seq and step_s_per_kv_token are 0)")
+        if not (self.step_base_s > 0 or self.step_s_per_seq > 0 or self.step_s_per_kv_token > 0
+                or self.step_s_per_held_token > 0):
+            raise InputError("a fitted step takes no time (step_base_s, step_s_per_seq, step_s_per_kv_token and "
+                             "step_s_per_held_token are 0)")
 
-    def step_s(self, sequences: int, kv_tokens: float, prefill_tokens: int = 0) -> float:
-        """One step's seconds with ``sequences`` decoding, reading ``kv_tokens`` KV tokens in all."""
+    def step_s(self, sequences: int, kv_tokens: float, prefill_tokens: int = 0, held_tokens: float = 0.0) -> float:
+        """One step's seconds with ``sequences`` decoding, reading ``kv_tokens`` KV tokens in all, computing
+        ``prefill_tokens`` prompt tokens, with ``held_tokens`` KV tokens in the pool's used blocks."""
         return (self.step_base_s + self.step_s_per_seq * sequences + self.step_s_per_kv_token * kv_tokens
-                + self.prefill_s_per_token * prefill_tokens)
+                + self.prefill_s_per_token * prefill_tokens + self.step_s_per_held_token * held_tokens)
 
     def describe(self) -> str:
         """One line: the terms in milliseconds / microseconds."""
         return (f"step {self.step_base_s * 1e3:.2f} ms + {self.step_s_per_seq * 1e6:.1f} us per sequence + "
                 f"{self.step_s_per_kv_token * 1e9:.1f} ns per KV token read + {self.prefill_s_per_token * 1e6:.1f} us "
-                "per prompt token computed")
+                f"per prompt token computed + {self.step_s_per_held_token * 1e9:.1f} ns per KV token held")
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,8 @@ class TimingRun:
     ``steps`` engine steps, ``decode_tokens`` tokens sampled by decode steps (not a prefill's first
     token), ``prefill_tokens`` prompt tokens computed (prefix-cache hits left out), and the mean context
     a decoding sequence read (``mean_context_tokens``: prompt + half the output of the requests that
-    finished). ``running_mean``, ``preemptions`` and ``source`` describe it."""
+    finished), and the KV tokens the pool held on average per step (``held_tokens``: used blocks x block
+    size; 0 when unknown). ``running_mean``, ``preemptions`` and ``source`` describe it."""
 
     busy_s: float
     steps: int
@@ -101,19 +110,21 @@ class TimingRun:
     running_mean: float = 0.0
     preemptions: int = 0
     source: str = ""
+    held_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         check_number(self.busy_s, "busy_s", low=0, low_open=True)
         for name in ("steps", "decode_tokens", "prefill_tokens", "preemptions"):
             check_number(getattr(self, name), name, low=0)
         check_number(self.mean_context_tokens, "mean_context_tokens", low=0)
+        check_number(self.held_tokens, "held_tokens", low=0)
         if not self.steps >= 1:
             raise InputError("a timing run needs at least one engine step")
 
-    def regressors(self) -> tuple[float, float, float, float]:
+    def regressors(self) -> tuple[float, float, float, float, float]:
         """The run's totals in :data:`TERMS` order: busy_s = the fit's terms . these."""
         return (float(self.steps), float(self.decode_tokens), self.decode_tokens * self.mean_context_tokens,
-                float(self.prefill_tokens))
+                float(self.prefill_tokens), self.steps * self.held_tokens)
 
 
 @dataclass(frozen=True)
@@ -166,10 +177,14 @@ def fit_runs(runs: Sequence[TimingRun]) -> tuple[StepFit, tuple[str, ...]]:
         raise InputError("no timing runs to fit")
     contexts = [r.mean_context_tokens for r in runs]
     spread = max(contexts) / min(contexts) if min(contexts) > 0 else math.inf
-    allowed = [i for i, name in enumerate(TERMS) if name != "step_s_per_kv_token" or spread >= MIN_CONTEXT_SPREAD]
+    held = [r.held_tokens for r in runs]
+    held_spread = max(held) / min(held) if min(held) > 0 else (math.inf if max(held) > 0 else 0.0)
+    allowed = [i for i, name in enumerate(TERMS)
+               if (name != "step_s_per_kv_token" or spread >= MIN_CONTEXT_SPREAD)
+               and (name != "step_s_per_held_token" or held_spread >= MIN_CONTEXT_SPREAD)]
     rows = [[x / r.busy_s for x in r.regressors()] for r in runs]
     target = [1.0] * len(runs)
-    needs_step = {TERMS.index(t) for t in ("step_base_s", "step_s_per_seq", "step_s_per_kv_token")}
+    needs_step = {TERMS.index(t) for t in ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "step_s_per_held_token")}
     found: list[tuple[float, tuple[int, ...], list[float]]] = []
     for size in range(min(len(allowed), len(runs)), 0, -1):
         for subset in combinations(allowed, size):  # in TERMS order: the preferred term sets first
@@ -199,6 +214,10 @@ def fit_runs(runs: Sequence[TimingRun]) -> tuple[StepFit, tuple[str, ...]]:
                      f"{plural(round(max(contexts)), 'token')}) are too close to tell the per-token cost from the per-sequence cost (observe a run with "
                      "another prompt length); the per-sequence cost holds for contexts near these")
         missing.remove("step_s_per_kv_token")
+    if "step_s_per_held_token" in missing and held_spread < MIN_CONTEXT_SPREAD:
+        notes.append("step_s_per_held_token not fitted: the runs held about the same KV (or did not say): observe "
+                     "loads that fill the pool to different levels (prefix caching on and off)")
+        missing.remove("step_s_per_held_token")
     if missing:
         notes.append(f"not determined by {len(runs)} run(s): {', '.join(missing)} (0; observe more loads: few and many "
                      "users, prefix caching on and off)")
@@ -230,6 +249,7 @@ def _models():  # noqa: ANN202 - the pydantic models (pydantic is imported only 
         step_s_per_seq: seconds = Field(0.0, description="seconds per decoding sequence in a step")  # type: ignore[valid-type]
         step_s_per_kv_token: seconds = Field(0.0, description="seconds per KV token a decoding sequence reads")  # type: ignore[valid-type]
         prefill_s_per_token: seconds = Field(0.0, description="seconds per prompt token computed")  # type: ignore[valid-type]
+        step_s_per_held_token: seconds = Field(0.0, description="seconds per KV token the pool holds, per step")  # type: ignore[valid-type]
         fitted: list[str] | None = Field(None, description="the terms the runs determined")
         rms_relative_error: number("a fraction", low=0, high=1e6) | None = Field(None, description="of the fit over the runs")  # type: ignore[valid-type]
 
@@ -242,6 +262,7 @@ def _models():  # noqa: ANN202 - the pydantic models (pydantic is imported only 
         prefill_tokens: count = Field(description="prompt tokens computed")  # type: ignore[valid-type]
         mean_context_tokens: tokens = Field(description="mean context a decoding sequence read")  # type: ignore[valid-type]
         running_mean: tokens = Field(0.0, description="requests running, mean over the polls")  # type: ignore[valid-type]
+        held_tokens: number("tokens", low=0, high=1e12) = Field(0.0, description="KV tokens the pool held, mean per step")  # type: ignore[valid-type]
         preemptions: count = Field(0, description="preemptions in the run")  # type: ignore[valid-type]
 
     class FileModel(BaseModel):
@@ -269,9 +290,9 @@ def read_timing(path: str | Path) -> TimingFile:
         raise doc.error(("fit", "fitted"), f"unknown term {unknown[0]!r}", "terms: " + ", ".join(TERMS))
     try:
         fit = StepFit(f.step_base_s, f.step_s_per_seq, f.step_s_per_kv_token, f.prefill_s_per_token,
-                      tuple(f.fitted) if f.fitted is not None else TERMS, f.rms_relative_error)
+                      f.step_s_per_held_token, tuple(f.fitted) if f.fitted is not None else TERMS, f.rms_relative_error)
         runs = tuple(TimingRun(r.busy_s, r.steps, r.decode_tokens, r.prefill_tokens, r.mean_context_tokens,
-                               r.running_mean, r.preemptions, r.source) for r in model.runs)
+                               r.running_mean, r.preemptions, r.source, r.held_tokens) for r in model.runs)
     except InputError as exc:
         raise doc.error(("fit",), exc.message, exc.hint) from None
     return TimingFile(fit, model.model, runs)
@@ -304,6 +325,7 @@ def timing_text(timing: TimingFile) -> str:
             lines.append(f"  - {{source: {_quote(r.source)}, busy_s: {_number(round(r.busy_s, 3))}, steps: {r.steps}, "
                          f"decode_tokens: {r.decode_tokens}, prefill_tokens: {r.prefill_tokens}, "
                          f"mean_context_tokens: {_number(round(r.mean_context_tokens, 1))}, "
+                         f"held_tokens: {_number(round(r.held_tokens, 1))}, "
                          f"running_mean: {_number(round(r.running_mean, 2))}, "
                          f"preemptions: {r.preemptions}}}")
     return "\n".join(lines) + "\n"
