@@ -568,7 +568,7 @@ def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
              f"| KV cache tokens, max concurrency | {est['kv_tokens']:,}, {est['max_concurrency']:.2f}x | "
              f"`{first['modes']['on']['startup_line']}` |", "",
              "**explain** on the start-up log (`tests/fixtures/vllm_cpu/startup_info_prefix_on.log`), as it answers "
-             "today (reading this log with no flags is issue 20's): `kvplan explain LOG`:", "", "```text",
+             "today (it does not read this log with no flags yet): `kvplan explain LOG`:", "", "```text",
              *(_explain_text(first["modes"]["on"]["explain"]).splitlines()[:12]), "```", "",
              "`kvplan explain LOG --gpu cpu`:", "", "```text",
              *(_explain_text(first["modes"]["on"]["explain_gpu_cpu"]).splitlines()[:24]), "```", "",
