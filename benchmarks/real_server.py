@@ -395,6 +395,14 @@ def wait_idle(server: Server, timeout_s: float = 120.0) -> None:
         time.sleep(1.0)
 
 
+def _simulate_json(path: Path) -> dict[str, Any]:
+    """``kvplan simulate PATH --json``, with the time series (the CLI records it only for --plot)."""
+    from kvplan.render.simulate import simulate_to_dict
+    from kvplan.sim.workload import load_workload, run_workload
+
+    return json.loads(json.dumps(simulate_to_dict(run_workload(load_workload(path), record_series=True))))
+
+
 def simulate(load: Load, caching: bool, warmup_s: float, measure_s: float, timing_file: Path, tmp: Path) -> dict[str, Any]:
     """The load simulated to the window's start and to its end: the window's figures are the difference."""
     docs = []
@@ -408,10 +416,14 @@ def simulate(load: Load, caching: bool, warmup_s: float, measure_s: float, timin
     for duration in (warmup_s, warmup_s + measure_s):
         path = tmp / f"workload-{'on' if caching else 'off'}-{load.name.replace(' ', '_').replace('/', '')}-{duration:g}.yaml"
         path.write_text(load.workload(caching, duration, timing_file, trace))
-        docs.append(json.loads(kvplan("simulate", str(path), "--json", check=True).stdout))
+        docs.append(_simulate_json(path))
     a, b = (d["policies"][0] for d in docs)
     queries = b["prefix_query_tokens"] - a["prefix_query_tokens"]
+    series = b["series"]
+    polled = [next((n for t, n in zip(series["time_s"], series["running"]) if t >= at), 0)
+              for at in (warmup_s + k for k in range(int(measure_s) + 1))]
     return {"requests_per_s": (b["finished"] - a["finished"]) / measure_s, "running_peak": b["concurrency_max"],
+            "running_peak_polled": max(polled),
             "running_mean": b["concurrency_mean"], "usage_peak": b["usage_peak"],
             "preemptions": b["preemptions"] - a["preemptions"],
             "prefix_hit_rate": (b["prefill_tokens_saved"] - a["prefill_tokens_saved"]) / queries if queries else 0.0,
@@ -532,6 +544,7 @@ def figures(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                       if r["requests_per_s"]]),
                 "running_peak_measured": _median([s.get("running_peak") or 0 for s in summ]),
                 "running_peak_simulated": _median([s["running_peak"] for s in sims]),
+                "running_peak_polled_simulated": _median([s.get("running_peak_polled", s["running_peak"]) for s in sims]),
                 "preemptions_measured": _median([s.get("preemptions_during_run") or 0 for s in summ]),
                 "preemptions_simulated": _median([s["preemptions"] for s in sims]),
                 "hit_rate_measured": _median([s.get("prefix_hit_rate_during_run") or 0.0 for s in summ]),
@@ -577,8 +590,9 @@ def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
              "last round:", "", "```yaml", *rounds[-1]["timing"].splitlines()[2:12], "```", "",
              "**simulate vs the server** (the measured loads; simulate with the round's timing file, over the same "
              "window after the warm-up; measured requests/s counted by the load generator, the rest read by "
-             "`kvplan observe` during the window):", "",
-             "| prefix caching | load | requests/s sim / real (diff) | running peak sim / real | preemptions sim / real "
+             "`kvplan observe` during the window; the simulated running peak is taken at the same once-a-second "
+             "polls, its peak between them in parentheses):", "",
+             "| prefix caching | load | requests/s sim / real (diff) | running peak sim (between polls) / real | preemptions sim / real "
              "| prefix hit rate sim / real | pool peak sim / real | observe's cause per round (the right one, if not) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -586,7 +600,7 @@ def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
         causes += f": {r['causes_right']} of {r['rounds']} right"
         lines.append(
             f"| {r['mode']} | {r['load']} | {r['rps_simulated']:.2f} / {r['rps_measured']:.2f} ({_pct(r['rps_simulated'], r['rps_measured'])}) "
-            f"| {r['running_peak_simulated']:.0f} / {r['running_peak_measured']:.0f} "
+            f"| {r['running_peak_polled_simulated']:.0f} ({r['running_peak_simulated']:.0f}) / {r['running_peak_measured']:.0f} "
             f"| {r['preemptions_simulated']:.0f} / {r['preemptions_measured']:.0f} "
             f"| {r['hit_rate_simulated']:.3f} / {r['hit_rate_measured']:.3f} "
             f"| {r['usage_peak_simulated']:.0%} / {r['usage_peak_measured']:.0%} | {causes} |")
@@ -645,8 +659,25 @@ def main() -> None:
     ap.add_argument("--record", action="store_true", help="write the fixtures (round 1) to tests/fixtures/vllm_cpu/")
     ap.add_argument("--write", action="store_true", help="write docs/validation.md's real-server section")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "real_server_results.json"))
+    ap.add_argument("--report", metavar="RESULTS", help="no server: re-simulate the rounds of a results file "
+                    "(their timing files) and write the report from it")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvplan-real-server-"))
+    if args.report:
+        rounds = json.loads(Path(args.report).read_text())["rounds"]
+        for r in rounds:
+            timing = tmp / f"timing-round{r['round']}.yaml"
+            timing.write_text(r["timing"])
+            for caching in (False, True):
+                for m, load in zip(r["modes"]["on" if caching else "off"]["measured"], MEASURED):
+                    m["simulated"] = simulate(load, caching, args.warmup, args.measure, timing, tmp)
+        rows = figures(rounds)
+        Path(args.results).write_text(json.dumps({"rows": rows, "rounds": rounds}, indent=1, default=str))
+        text = markdown(rounds, rows)
+        print(text)
+        if args.write:
+            replace_section(DOC, text, BEGIN, END)
+        return
     rounds = []
     for k in range(1, args.repeat + 1):
         rounds.append(one_round(args, k, tmp))
