@@ -542,6 +542,7 @@ def figures(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "rps_simulated": _median([s["requests_per_s"] for s in sims]),
                 "rps_ratio": _median([s["requests_per_s"] / r["requests_per_s"] for s, r in zip(sims, runs)
                                       if r["requests_per_s"]]),
+                "rps_diffs": [s["requests_per_s"] / r["requests_per_s"] - 1 for s, r in zip(sims, runs) if r["requests_per_s"]],
                 "running_peak_measured": _median([s.get("running_peak") or 0 for s in summ]),
                 "running_peak_simulated": _median([s["running_peak"] for s in sims]),
                 "running_peak_polled_simulated": _median([s.get("running_peak_polled", s["running_peak"]) for s in sims]),
@@ -563,8 +564,12 @@ def _pct(a: float, b: float) -> str:
     return f"{(a - b) / b:+.0%}" if b else "n/a"
 
 
-def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]], command: str = "",
+             recorded: dict[str, Any] | None = None) -> str:
+    """The docs/validation.md section. ``command``: how the rounds were run; ``recorded``: the round of a
+    ``--record`` run (its killed-server observe), when this one did not record."""
     first = rounds[0]
+    command = command or "python3 benchmarks/real_server.py --repeat 3 --tries 2 --nice -5 --write"
     est = first["modes"]["on"]["estimate"]
     lines = [BEGIN, "## Against a real vLLM server (CPU build): `benchmarks/real_server.py`", "",
              f"vLLM {_version(first)} OpenAI server, CPU build, on `benchmarks/real_server_model` (a tiny Llama: 4 layers, "
@@ -573,7 +578,11 @@ def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
              "system prompt + 32 tokens of its own (token ids) and 128 output tokens. "
              f"{len(rounds)} round(s), {rounds[0]['started']} to {rounds[-1]['started']}; each round starts the server with "
              "prefix caching off, then on, and runs its calibration loads and then the measured loads back to back "
-             "(medians over the rounds below). `python3 benchmarks/real_server.py --repeat 3 --record --write`.", "",
+             "(medians over the rounds below, each round's difference beside them). The machine has 2 cores shared with "
+             "other work: the engine pins one, its scheduler shares the other with the load generator, kvplan and "
+             "whatever else runs; a run is repeated when other processes took more than "
+             f"{BUSY_CORES} of a core (the quietest kept), and the server's processes ran at a higher priority "
+             f"(`--nice -5`). `{command}`.", "",
              "**estimate** (`kvplan estimate benchmarks/real_server_model --gpu cpu --kv-budget 75497472B "
              "--max-model-len 2048`) against the server:", "",
              "| figure | kvplan | server |", "|---|---|---|",
@@ -598,12 +607,24 @@ def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     for r in rows:
         causes = ", ".join(f"{c} ({e})" if c != e else str(c) for c, e in zip(r["causes"], r["expected_causes"]))
         causes += f": {r['causes_right']} of {r['rounds']} right"
+        per_round = ", ".join(f"{d:+.0%}" for d in r["rps_diffs"])
         lines.append(
-            f"| {r['mode']} | {r['load']} | {r['rps_simulated']:.2f} / {r['rps_measured']:.2f} ({_pct(r['rps_simulated'], r['rps_measured'])}) "
+            f"| {r['mode']} | {r['load']} | {r['rps_simulated']:.2f} / {r['rps_measured']:.2f} "
+            f"({_pct(r['rps_simulated'], r['rps_measured'])}; rounds {per_round}) "
             f"| {r['running_peak_polled_simulated']:.0f} ({r['running_peak_simulated']:.0f}) / {r['running_peak_measured']:.0f} "
             f"| {r['preemptions_simulated']:.0f} / {r['preemptions_measured']:.0f} "
             f"| {r['hit_rate_simulated']:.3f} / {r['hit_rate_measured']:.3f} "
             f"| {r['usage_peak_simulated']:.0%} / {r['usage_peak_measured']:.0%} | {causes} |")
+    beyond = []
+    for r in rows:
+        for what, sim, real in (("requests/s", r["rps_simulated"], r["rps_measured"]),
+                                ("running peak", r["running_peak_polled_simulated"], r["running_peak_measured"]),
+                                ("preemptions", r["preemptions_simulated"], r["preemptions_measured"]),
+                                ("prefix hit rate", r["hit_rate_simulated"], r["hit_rate_measured"]),
+                                ("pool peak", r["usage_peak_simulated"], r["usage_peak_measured"])):
+            if real and abs(sim - real) > 0.1 * abs(real):
+                beyond.append(f"{what} with caching {r['mode']} at {r['load']} ({_pct(sim, real)})")
+    lines += ["", "Medians more than 10% off: " + ("; ".join(beyond) if beyond else "none") + "."]
     lines += ["", "The step time at each measured load (`kvplan observe --fit-timing` on the measured window itself, "
               "not used for the prediction) against what the calibration's fit gives for the same steps, sequences "
               "and tokens:", "", "| prefix caching | load | sequences per step | ms per step: fit / measured |",
@@ -617,7 +638,7 @@ def markdown(rounds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
                      f"{on[name]['rps_simulated'] / off[name]['rps_simulated']:.2f}x simulated"
                      for name in on if off[name]["rps_measured"] and off[name]["rps_simulated"])
     lines += ["", f"Prefix caching's gain in requests/s ({gain}).", ""]
-    killed = first["modes"]["on"].get("killed")
+    killed = first["modes"]["on"].get("killed") or (recorded or {}).get("killed")
     if killed:
         lines += [f"**A server killed 6 s into a 20 s observe** (`tests/fixtures/vllm_cpu/metrics_killed_mid_observe.prom.gz`): "
                   f"exit {killed['exit']}, {killed['failed_polls']} of {killed['polls']} polls failed; findings: "
@@ -664,7 +685,8 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvplan-real-server-"))
     if args.report:
-        rounds = json.loads(Path(args.report).read_text())["rounds"]
+        saved = json.loads(Path(args.report).read_text())
+        rounds = saved["rounds"]
         for r in rounds:
             timing = tmp / f"timing-round{r['round']}.yaml"
             timing.write_text(r["timing"])
@@ -672,8 +694,9 @@ def main() -> None:
                 for m, load in zip(r["modes"]["on" if caching else "off"]["measured"], MEASURED):
                     m["simulated"] = simulate(load, caching, args.warmup, args.measure, timing, tmp)
         rows = figures(rounds)
-        Path(args.results).write_text(json.dumps({"rows": rows, "rounds": rounds}, indent=1, default=str))
-        text = markdown(rounds, rows)
+        keep = {k: saved[k] for k in ("command", "recorded") if k in saved}
+        Path(args.results).write_text(json.dumps({"rows": rows, **keep, "rounds": rounds}, indent=1, default=str))
+        text = markdown(rounds, rows, saved.get("command", ""), saved.get("recorded"))
         print(text)
         if args.write:
             replace_section(DOC, text, BEGIN, END)
@@ -683,8 +706,9 @@ def main() -> None:
         rounds.append(one_round(args, k, tmp))
         Path(args.results).write_text(json.dumps({"rounds": rounds}, indent=1, default=str))
     rows = figures(rounds)
-    Path(args.results).write_text(json.dumps({"rows": rows, "rounds": rounds}, indent=1, default=str))
-    text = markdown(rounds, rows)
+    command = "python3 " + " ".join(["benchmarks/real_server.py", *sys.argv[1:]])
+    Path(args.results).write_text(json.dumps({"rows": rows, "command": command, "rounds": rounds}, indent=1, default=str))
+    text = markdown(rounds, rows, command)
     print(text)
     if args.write:
         replace_section(DOC, text, BEGIN, END)
