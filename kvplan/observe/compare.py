@@ -107,9 +107,10 @@ class PlanView:
     def _given(self, option: str) -> bool:
         return option in self.given if self.given is not None else self.values.get(option) is not None
 
-    def assumptions(self) -> list[tuple[str, Any, str]]:
+    def assumptions(self, prefix: tuple[int, str] | None = None) -> list[tuple[str, Any, str]]:
         """(name, value, source) for what the plan assumed; source: ``--flag``, ``endpoint ...`` or ``default``
-        (``--gpus`` for tp when only ``--gpus N`` was given: it implies ``--tp N``)."""
+        (``--gpus`` for tp when only ``--gpus N`` was given: it implies ``--tp N``). ``prefix``: the shared
+        prefix the comparison credited (tokens, source; :func:`observed_prefix`), else the plan's."""
         a = self.plan.to_dict()["assumptions"]
         rows = [("model", self.plan.spec.model_id, self.plan.source)]
         keys = {"gpu": "gpu", "tp": "tp", "pp": "pp", "engine": "engine", "engine_version": "engine_version",
@@ -128,6 +129,9 @@ class PlanView:
             rows.append((name, a.get(name), source))
         if "kv_budget" in self.from_endpoint:
             rows.append(("kv_budget_bytes", self.plan.budget.kv_budget_bytes, f"endpoint: {self.from_endpoint['kv_budget']}"))
+        if prefix is None:
+            prefix = (self.plan.options.prefix_tokens, "--prefix-tokens" if self._given("prefix_tokens") else "default")
+        rows.append(("prefix_tokens", prefix[0], prefix[1]))
         return rows
 
 
@@ -140,8 +144,33 @@ class Planner:
         from kvplan.planning.plan import estimate, options_from_values
 
         self.values, self.token, self.given, self.served_name = dict(values), token, given, served_name
-        self.view = PlanView(estimate(options_from_values(self.values), token=token), self.values, {}, given=given)
         self._adopted = False
+        self.pending: KvplanError | None = None  # why there is no plan yet (the endpoint may still give it)
+        try:
+            plan = estimate(options_from_values(self.values), token=token)
+        except KvplanError as exc:
+            if not self._budget_would_plan():
+                raise
+            self.pending, plan = exc, None  # e.g. --gpu cpu: the endpoint's kv_cache_memory_bytes will size it
+        self.view: PlanView | None = PlanView(plan, self.values, {}, given=given) if plan is not None else None
+
+    @property
+    def model_name(self) -> str:
+        """The planned model as the output names it (the resolved model id, else as given)."""
+        return self.view.plan.spec.model_id if self.view is not None else str(self.values.get("model") or "")
+
+    def _budget_would_plan(self) -> bool:
+        """Whether only a KV budget is missing (a target without a memory size, such as ``cpu``), which the
+        endpoint's ``kv_cache_memory_bytes`` gives: then planning waits for the endpoint."""
+        if self.values.get("kv_budget") is not None:
+            return False
+        from kvplan.planning.plan import estimate, options_from_values
+
+        try:
+            estimate(options_from_values({**self.values, "kv_budget": "1GiB"}), token=self.token)
+        except KvplanError:
+            return False
+        return True
 
     def serves(self, labels: Iterable[tuple[str, str]]) -> bool:
         """Whether a series with these labels serves the planned model (``served_name``: its exact
@@ -149,7 +178,8 @@ class Planner:
         served = dict(labels).get("model_name")
         if self.served_name is not None:
             return same_model(served, [self.served_name], exact=True)
-        return same_model(served, [str(self.values.get("model") or ""), self.view.plan.spec.model_id])
+        return same_model(served, [str(self.values.get("model") or ""),
+                                   self.view.plan.spec.model_id if self.view is not None else ""])
 
     def adopt(self, cache_config: Mapping[str, str]) -> bool:
         """Re-plan with the endpoint's cache config (once); True when the plan changed."""
@@ -165,9 +195,12 @@ class Planner:
         try:
             plan = estimate(options_from_values(merged), token=self.token)
         except KvplanError as exc:
+            if self.view is None:
+                return False
             note = f"the endpoint's cache config could not be planned ({exc.one_line()}); the plan uses the command line"
             self.view = PlanView(self.view.plan, self.values, {}, (note,), self.given)
             return False
+        self.pending = None
         self.view = PlanView(plan, self.values, {k: text for k, (_, text) in filled.items()}, given=self.given)
         return True
 
@@ -190,6 +223,11 @@ class Comparison:
     findings: tuple[str, ...]
     compared: bool = True  # False: the series serves another model than the plan's
     engine_starts: bool = True  # the plan's engine starts (False: it refuses; no pool to compare)
+    cause: str | None = None  # Diagnosis.cause: agreement, sharing, pool, max_num_seqs, shorter
+    prefix_tokens: int = 0  # the shared prefix credited, and where it came from
+    prefix_source: str = "default"
+    fits_unshared: int | None = None  # requests of --context tokens the server's pool fits without / with it
+    fits_shared: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in self.__dict__.items()
@@ -213,12 +251,16 @@ def _pool_check(who: str, what: str, unit: str, server: int | None, plan: int, l
                         "plan's assumptions")
 
 
-def _other_model(view: PlanView, series: SeriesResult, served_name: str | None) -> Comparison:
-    """A series serving another model: one finding naming both, nothing compared."""
+def _other_model(model: str, series: SeriesResult, served_name: str | None) -> Comparison:
+    """A series serving another model than ``model`` (the planned one): one finding naming both, nothing compared."""
     served = dict(series.labels).get("model_name")
-    model = view.plan.spec.model_id
-    how = (f"pass --model {served} to plan it" if served_name is None
-           else f"--served-model-name {served_name} names the planned one")
+    if served_name is not None:
+        how = f"--served-model-name {served_name} names the planned one"
+    elif served and "/" not in served:  # no org/name and no path: likely vLLM's --served-model-name alias
+        how = (f"{served!r} may be a --served-model-name alias: if it serves the planned model, pass "
+               f"--served-model-name {served}; else pass --model with the checkpoint it serves")
+    else:
+        how = f"pass --model {served} to plan it"
     finding = (f"{series.name}: the endpoint serves model {served!r}, not the planned {model!r}: "
                f"not compared with the plan ({how})")
     s = series.summary
@@ -226,11 +268,14 @@ def _other_model(view: PlanView, series: SeriesResult, served_name: str | None) 
                       s.running_peak, None, None, (), (finding,), compared=False)
 
 
-def compare(view: PlanView, series: SeriesResult, planner: Planner | None = None) -> Comparison:
+def compare(view: PlanView | None, series: SeriesResult, planner: Planner | None = None) -> Comparison | None:
     """One series' observation against the plan (lines + findings, one line each); with ``planner``, a
-    series that serves another model is not compared (:meth:`Planner.serves`)."""
+    series that serves another model is not compared (:meth:`Planner.serves`). None: no plan yet (the
+    endpoint never gave the KV budget it waited for) and the series serves the planned model."""
     if planner is not None and not planner.serves(series.labels):
-        return _other_model(view, series, planner.served_name)
+        return _other_model(planner.model_name, series, planner.served_name)
+    if view is None:
+        return None
     plan, s = view.plan, series.summary
     a, engine = plan.answer, plan.engine
     lines: list[str] = []
@@ -258,11 +303,118 @@ def compare(view: PlanView, series: SeriesResult, planner: Planner | None = None
     if s.block_size is not None and s.block_size != plan.layout.block_size:
         findings.append(f"{who}: the server's block size is {s.block_size}, the plan's {plan.layout.block_size} "
                         "(pass --block-size)")
+    d = diagnose(view, s)
     if s.running_peak is not None:
         lines.append(f"concurrency: running peak {s.running_peak:,.0f}; the plan fits {plural(a.max_requests, 'request')} of "
                      f"{plural(a.context, 'token')} (max concurrency {a.max_concurrency:.2f}x at max_model_len {plan.max_model_len:,})")
-        if s.running_peak > a.max_requests:
-            findings.append(f"{who}: {s.running_peak:,.0f} requests ran at once, more than the {a.max_requests:,} the "
-                            f"plan fits at {plural(a.context, 'token')}: requests were shorter than --context")
+    lines.extend(d.lines)
+    findings.extend(f"{who}: {f}" for f in d.findings)
     return Comparison(who, s.num_gpu_blocks, a.num_blocks, s.block_size, plan.layout.block_size, s.max_total_num_tokens,
-                      a.capacity_tokens, s.running_peak, a.max_requests, a.context, tuple(lines), tuple(findings))
+                      a.capacity_tokens, s.running_peak, a.max_requests, a.context, tuple(lines), tuple(findings),
+                      cause=d.cause, prefix_tokens=d.prefix_tokens, prefix_source=d.prefix_source,
+                      fits_unshared=d.fits_unshared, fits_shared=d.fits_shared)
+
+
+FULL_POOL = 0.99  # a usage peak at or above this: the pool ran full
+MIN_HIT_RATE = 0.01  # prefix hits below this share of prompt tokens are not a shared prefix
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why the running peak is what it is: ``cause`` is ``agreement`` (within what the plan fits),
+    ``sharing`` (prefix-cache hits let more requests share the pool's blocks than the plan fits without
+    them), ``pool`` (the pool ran full and the engine preempted: the pool binds), ``max_num_seqs`` (the
+    scheduler's limit binds), ``shorter`` (more ran than fit, with no sharing and no full pool: the
+    requests were shorter than --context) or None (nothing to judge). ``prefix_tokens``: the shared prefix
+    credited (the plan's ``--prefix-tokens``, or the observed hit rate x the mean prompt), and where it
+    came from; ``fits_*``: requests of --context tokens the server's pool holds without / with it."""
+
+    cause: str | None
+    lines: tuple[str, ...]
+    findings: tuple[str, ...]
+    prefix_tokens: int = 0
+    prefix_source: str = "default"
+    fits_unshared: int | None = None
+    fits_shared: int | None = None
+
+
+def observed_prefix(view: PlanView, s: Any) -> tuple[int, str]:
+    """The shared prefix to credit (tokens, source): ``--prefix-tokens`` when given, else what the page's
+    prefix-cache hits say (hit rate during the run, or over the server's life, x the mean prompt of the
+    requests that finished, or x --context when the page does not say), else none."""
+    plan = view.plan
+    if view._given("prefix_tokens") or plan.options.prefix_tokens:
+        return plan.options.prefix_tokens, "--prefix-tokens"
+    rate = s.prefix_hit_rate_during_run if s.prefix_hit_rate_during_run is not None else s.prefix_hit_rate
+    if not plan.prefix_caching or rate is None or rate < MIN_HIT_RATE:
+        return 0, "default"
+    prompt = s.mean_prompt_tokens
+    basis = f"{prompt:,.0f}-token prompts" if prompt else f"--context {plan.answer.context:,}"
+    tokens = min(plan.answer.context, round(rate * (prompt or plan.answer.context)))
+    return tokens, f"endpoint: prefix hit rate {rate:.1%} of {basis}"
+
+
+def diagnose(view: PlanView, s: Any) -> Diagnosis:
+    """The running peak against what the server's pool fits at --context (the server's ``num_gpu_blocks``
+    when the page says, else the plan's), crediting a shared prefix (:func:`observed_prefix`) with
+    :func:`kvplan.memory.prefix_sharing`, the one prefix-sharing rule."""
+    from kvplan import memory
+
+    plan = view.plan
+    a, demand = plan.answer, plan.demand
+    peak = s.running_peak
+    if peak is None or a.refusal is not None:
+        return Diagnosis(None, (), ())
+    same_size = s.block_size is None or s.block_size == plan.layout.block_size
+    blocks = s.num_gpu_blocks if s.num_gpu_blocks is not None and same_size else a.num_blocks
+    pool = "the server's pool" if blocks != a.num_blocks else "the pool"
+    cap = a.max_num_seqs
+    context = a.context
+    unshared = min(memory.max_requests(blocks, demand.blocks(context)), cap)
+    prefix, source = observed_prefix(view, s)
+    shared = None
+    if prefix and plan.prefix_caching:
+        sharing = memory.prefix_sharing(blocks, demand, context, prefix, plan.spec.parameters_read(1), cap)
+        if sharing.shared_blocks:
+            shared = sharing.max_requests_shared
+    fits = shared if shared is not None else unshared
+    at = f"{plural(context, 'token')}"
+    share_text = ""
+    if shared is not None:
+        stored = prefix // plan.layout.block_size
+        share_text = (f"; with the {prefix:,}-token shared prefix ({plural(stored, 'block')} stored once"
+                      f"{', ' + source.removeprefix('endpoint: ') if source.startswith('endpoint') else ''}) {shared:,}")
+    lines = [f"diagnosis: {pool} ({plural(blocks, 'block')}) fits {plural(unshared, 'request')} of {at} without "
+             f"sharing{share_text}"]
+    pre, usage, waiting = s.preemptions_during_run, s.kv_cache_usage_peak, s.waiting_peak
+    ran = f"{plural(round(peak), 'request')} ran at once"
+    findings: list[str] = []
+    if (pre or 0) > 0 or (usage is not None and usage >= FULL_POOL and (waiting or 0) > 0):
+        cause = "pool"
+        what = (f"{pre:,.0f} preemptions in the run, " if pre else "") + (f"pool peak {usage:.0%}" if usage is not None else "")
+        with_prefix = f", {shared:,} with the {prefix:,}-token prefix the hit rate suggests" if shared is not None else ""
+        findings.append(f"the pool binds ({what.rstrip(', ')}): {ran}; requests are admitted "
+                        f"with their prompt's blocks and grow until the pool is full, then the engine preempts (the plan "
+                        f"fits {unshared:,} of {at} without sharing{with_prefix}): at this load the KV pool, not compute, "
+                        "limits the server (more KV, prefix caching, or fewer requests at once: --max-num-seqs)")
+    elif peak >= cap and (waiting or 0) > 0:
+        cause = "max_num_seqs"
+        lines.append(f"max_num_seqs binds: {peak:,.0f} running (its limit) with requests waiting and the pool not full")
+    elif peak > fits:
+        cause = "shorter"
+        findings.append(f"{ran}, more than the {fits:,} the plan fits at {at}"
+                        f"{' with the shared prefix' if shared is not None else ''}: requests were shorter than --context")
+    elif shared is not None and peak > unshared:
+        cause = "sharing"
+        if source == "--prefix-tokens":
+            lines.append(f"agrees with the plan's prefix sharing: {peak:,.0f} running, more than the {unshared:,} that fit "
+                         f"without it and within the {shared:,} that fit with it")
+        else:
+            findings.append(f"{ran}, more than the {unshared:,} the plan fits at {at} without "
+                            f"sharing: the page shows prefix-cache hits ({source.removeprefix('endpoint: ')}): a "
+                            f"{prefix:,}-token shared prefix stored once fits {shared:,} (plan with --prefix-tokens {prefix})")
+    else:
+        cause = "agreement"
+        lines.append(f"agrees with the plan: {peak:,.0f} running, within the {fits:,} that fit"
+                     f"{' with the shared prefix' if shared is not None else ''}")
+    return Diagnosis(cause, tuple(lines), tuple(findings), prefix, source, unshared, shared)

@@ -75,12 +75,20 @@ def parse_gate(text: str) -> Gate:
     return Gate(text.strip(), name, op, value)
 
 
-def evaluate(gate: Gate, summary: Summary):  # noqa: ANN201 - kvplan.checks.capacity.Outcome
-    """The gate against the run's summary, as a :class:`kvplan.checks.capacity.Outcome`."""
+def evaluate(gate: Gate, summary: Summary, failed_polls: int = 0, polls: int = 0):  # noqa: ANN201 - kvplan.checks.capacity.Outcome
+    """The gate against the run's summary, as a :class:`kvplan.checks.capacity.Outcome`. ``failed_polls``
+    of ``polls`` did not read the endpoint: then the gate fails whatever the summary says (the figure is
+    not known for those polls: a server that stopped answering must not pass a gate on what came before)."""
     from kvplan.checks.capacity import Outcome, format_value
 
     actual = _measure(gate.name)(summary)
     unit = gate.unit()
+    if failed_polls:
+        shown = "not reported" if actual is None else format_value(
+            round(actual, 6) if isinstance(actual, float) else actual, unit)
+        return Outcome(gate.text, gate.value, actual, None, unit, False,
+                       f"{gate.text}: failed: {failed_polls:,} of {polls:,} polls did not read the endpoint, so "
+                       f"{gate.name} ({shown} over the polls that did) is not known for the run")
     if actual is None:
         return Outcome(gate.text, gate.value, None, None, unit, False,
                        f"{gate.text}: failed: the server did not report {gate.name} (see the events)")

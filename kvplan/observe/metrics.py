@@ -37,7 +37,12 @@ from kvplan.units import check_number
 
 FIELDS = ("usage", "running", "waiting", "preemptions", "prefix_queries", "prefix_hits", "prefix_hit_rate",
           "prompt_tokens", "generation_tokens", "max_total_tokens")
-COUNTERS = frozenset({"preemptions", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens"})
+# what a step-time fit reads besides (``observe --fit-timing``, vLLM V1): engine steps, first tokens, and the
+# finished requests' prompt and generated tokens (histogram sums and counts). Never named as missing: a
+# server without them still has every figure above.
+TIMING_FIELDS = ("steps", "first_tokens", "finished_requests", "finished_prompt_tokens", "finished_generation_tokens")
+COUNTERS = frozenset({"preemptions", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens",
+                      *TIMING_FIELDS})
 GAUGES = ("usage", "running", "waiting", "prefix_hit_rate", "max_total_tokens")
 
 COUNT_MAX = 2**53  # past this a float no longer holds whole numbers, and no server counts that far
@@ -45,7 +50,7 @@ COUNT_MAX = 2**53  # past this a float no longer holds whole numbers, and no ser
 RANGES: dict[str, tuple[float, float]] = {
     "usage": (0.0, 1.0), "prefix_hit_rate": (0.0, 1.0),
     **{fld: (0, COUNT_MAX) for fld in ("running", "waiting", "preemptions", "prefix_queries", "prefix_hits",
-                                       "prompt_tokens", "generation_tokens", "max_total_tokens")},
+                                       "prompt_tokens", "generation_tokens", "max_total_tokens", *TIMING_FIELDS)},
 }
 
 # field -> exposition names, preferred first. Counters carry their exposed ``_total`` suffix.
@@ -59,6 +64,11 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
     "prefix_hit_rate": ("vllm:gpu_prefix_cache_hit_rate",),
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
+    "steps": ("vllm:iteration_tokens_total_count",),  # one observation per engine step
+    "first_tokens": ("vllm:time_to_first_token_seconds_count",),
+    "finished_requests": ("vllm:request_prompt_tokens_count",),
+    "finished_prompt_tokens": ("vllm:request_prompt_tokens_sum",),
+    "finished_generation_tokens": ("vllm:request_generation_tokens_sum",),
 }
 SGLANG_NAMES: dict[str, tuple[str, ...]] = {
     "usage": ("sglang:token_usage",),
@@ -135,6 +145,7 @@ class SeriesReading:
     names: Mapping[str, str]
     cache_config: Mapping[str, str] = field(default_factory=dict)
     rejected: Mapping[str, str] = field(default_factory=dict)
+    timing: Mapping[str, float] = field(default_factory=dict)  # TIMING_FIELDS the page has (a value no server means: left out)
 
     @property
     def key(self) -> tuple[str, Labels]:
@@ -158,7 +169,7 @@ class SeriesReading:
         read = {*self.values, *self.rejected}  # a rejected value was there: it is named as such, not as missing
         out = []
         for fld, names in table.items():
-            if fld in read:
+            if fld in read or fld in TIMING_FIELDS:  # timing counters: read apart (SeriesReading.timing)
                 continue
             if fld in ("prefix_queries", "prefix_hits") and "prefix_hit_rate" in read:
                 continue
@@ -278,7 +289,10 @@ def _series(found: dict[tuple[str, Labels], dict[str, tuple[int, float, str]]],
                 if set(cfg_labels) <= set(labels):
                     config = cfg
                     break
-        names = {fld: entry[2] for fld, entry in slot.items()}
-        values, rejected = checked({fld: e[1] for fld, e in slot.items()}, names)
-        out.append(SeriesReading(fam, labels, FAMILIES[fam].engine(labels, seen), values, names, config, rejected))
+        names = {fld: entry[2] for fld, entry in slot.items() if fld not in TIMING_FIELDS}
+        values, rejected = checked({fld: e[1] for fld, e in slot.items() if fld in names}, names)
+        timing, _ = checked({fld: e[1] for fld, e in slot.items() if fld in TIMING_FIELDS},
+                            {fld: e[2] for fld, e in slot.items()})
+        out.append(SeriesReading(fam, labels, FAMILIES[fam].engine(labels, seen), values, names, config, rejected,
+                                 timing))
     return tuple(out)

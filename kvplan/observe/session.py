@@ -27,8 +27,8 @@ from typing import Any, Callable, Mapping
 
 from kvplan.observe.metrics import COUNTERS, PageError, SeriesReading, parse_page
 from kvplan.observe.scrape import Endpoint, ScrapeError, fetch
-from kvplan.observe.track import Summary, Tracker
-from kvplan.units import check_number
+from kvplan.observe.track import Summary, Tracker, finished_requests
+from kvplan.units import check_number, plural
 
 # (lowest, highest) seconds; the lowest of --duration is exclusive (any positive time)
 INTERVAL_S = (0.05, 86_400.0)  # at most 20 polls a second, at least one a day
@@ -71,6 +71,20 @@ class Poll:
 
 
 @dataclass(frozen=True)
+class Outage:
+    """Polls in a row that did not read the endpoint: from ``start_s`` (the first failed poll) to
+    ``end_s`` (the poll that read it again; None: it never did), ``failed_polls`` of them, the last error."""
+
+    start_s: float
+    failed_polls: int
+    end_s: float | None
+    error: str
+
+
+MAX_OUTAGES = 100  # outages kept (the earliest and the last ones); the count goes on
+
+
+@dataclass(frozen=True)
 class SeriesResult:
     """One series over the run: who it is, which metric names it used, what it lacks, its summary."""
 
@@ -108,10 +122,32 @@ class Observation:
     events: tuple[Event, ...]
     sample_stride: int = 1
     events_dropped: int = 0
+    outages: tuple[Outage, ...] = ()  # runs of failed polls, in order (at most MAX_OUTAGES kept)
+    num_outages: int = 0
 
     @property
     def read_polls(self) -> int:
         return self.num_polls - self.failed_polls
+
+    def outage_findings(self) -> list[str]:
+        """One line per outage worth a finding: the endpoint stopping (never read again), or polls failing
+        in the middle of the run; failed polls before the first read are the server starting (named, as
+        the run's summary starts later). No finding when every poll read the endpoint."""
+        out = []
+        for o in self.outages:
+            if o.end_s is None and o.start_s == 0 and not self.read_polls:
+                continue  # nothing ever read: the command fails with that error instead
+            span = f"{plural(o.failed_polls, 'poll')} failed"
+            if o.end_s is None:
+                out.append(f"the endpoint stopped answering at {o.start_s:,.1f} s: the last {o.failed_polls:,} of "
+                           f"{self.num_polls:,} polls failed ({o.error}); the summary covers the polls before")
+            elif o.start_s == 0 and o is self.outages[0] and self.polls and self.polls[0].error is not None:
+                out.append(f"the endpoint answered from {o.end_s:,.1f} s on: the first {span} ({o.error})")
+            else:
+                out.append(f"the endpoint did not answer from {o.start_s:,.1f} to {o.end_s:,.1f} s: {span} ({o.error})")
+        if self.num_outages > len(self.outages):
+            out.append(f"{self.num_outages - len(self.outages):,} more outages not listed")
+        return out
 
 
 class Session:
@@ -142,6 +178,9 @@ class Session:
         self._failed = 0  # failed polls in a row
         self._failed_total = 0
         self._first_read = -1  # index of the first poll that read the endpoint
+        self.outages: list[Outage] = []
+        self.num_outages = 0
+        self._outage_start: float | None = None
 
     def _event(self, poll: int, elapsed: float, message: str) -> None:
         event = Event(poll, round(elapsed, 3), message)
@@ -159,10 +198,13 @@ class Session:
             error = exc.one_line()
             if error != self._error:
                 self._event(index, elapsed, error)
+            if not self._failed:
+                self._outage_start = elapsed
             self._error, self._failed, self._failed_total = error, self._failed + 1, self._failed_total + 1
             return self._keep(Poll(index, t, elapsed, error, {}, {}))
         if self._failed:
             self._event(index, elapsed, f"{self.where.display}: metrics readable again after {self._failed} failed poll(s)")
+            self._close_outage(elapsed)
         self._error, self._failed = None, 0
         self._first_read = index if self._first_read < 0 else self._first_read
         rows = {}
@@ -170,6 +212,23 @@ class Session:
             rows[reading.name] = self._track(index, elapsed, reading)
         self.restarts += any(row["resets"] for row in rows.values())
         return self._keep(Poll(index, t, elapsed, None, self._total_row(elapsed, rows), rows))
+
+    def _close_outage(self, end_s: float | None) -> None:
+        """Record the failed polls in a row that end now (``end_s`` None: the run ended in them)."""
+        outage = Outage(round(self._outage_start or 0.0, 3), self._failed, None if end_s is None else round(end_s, 3),
+                        self._error or "")
+        self.num_outages += 1
+        if len(self.outages) < MAX_OUTAGES:
+            self.outages.append(outage)
+        else:  # keep the earliest ones and the latest
+            self.outages[-1] = outage
+
+    def _outages(self) -> tuple[tuple[Outage, ...], int]:
+        """The outages so far, the one still going included (its ``end_s`` None)."""
+        if not self._failed:
+            return tuple(self.outages), self.num_outages
+        going = Outage(round(self._outage_start or 0.0, 3), self._failed, None, self._error or "")
+        return (*self.outages[: MAX_OUTAGES - 1], going), self.num_outages + 1
 
     def _keep(self, poll: Poll) -> Poll:
         """Count the poll; keep it if it falls on the stride; past MAX_SAMPLES, keep every 2nd of those kept."""
@@ -196,7 +255,8 @@ class Session:
             self.missing[key] = missing
         self._reject(index, elapsed, reading)
         self.latest[key] = reading
-        row = self.trackers[key].add(elapsed, reading.values, reading.num_gpu_blocks, reading.block_size)
+        row = self.trackers[key].add(elapsed, {**reading.values, **reading.timing}, reading.num_gpu_blocks,
+                                     reading.block_size)
         if row["resets"]:
             self._event(index, elapsed, f"{reading.name}: counters went down ({', '.join(row['resets'])}): "
                                         "the server restarted; counting on from the new values")
@@ -252,10 +312,11 @@ class Session:
         else:
             summary = combine(self.total.summary(), list(self.trackers.values()), self.num_polls - self._failed_total,
                               self.restarts)
+        outages, num_outages = self._outages()
         return Observation(self.where.display, self.interval_s, self.duration_s, self.timeout_s, self.started_at,
                            round(self.clock() - self.start, 3), stopped, self.num_polls, self._failed_total,
                            tuple(self.polls) if with_polls else (), tuple(series), summary, tuple(self.events),
-                           self.stride, self.num_events - len(self.events))
+                           self.stride, self.num_events - len(self.events), outages, num_outages)
 
 
 def combine(gauges: Summary, trackers: list[Tracker], polls: int, restarts: int = 0) -> Summary:
@@ -286,8 +347,10 @@ def combine(gauges: Summary, trackers: list[Tracker], polls: int, restarts: int 
                       "prefix_hit_rate_source": "counters"}
     blocks = {t.num_gpu_blocks for t in trackers}
     sizes = {t.block_size for t in trackers}
+    done = finished_requests(total("finished_requests", "increase"), total("finished_prompt_tokens", "increase") or 0.0,
+                             total("finished_generation_tokens", "increase") or 0.0, elapsed)
     return replace(
-        gauges, polls=polls, preemptions=total("preemptions"), preemptions_during_run=pre_run,
+        gauges, polls=polls, preemptions=total("preemptions"), preemptions_during_run=pre_run, **done,
         preemptions_per_min=pre_run * 60 / elapsed if pre_run is not None and elapsed > 0 else None,
         prompt_tokens_per_s=per_s("prompt_tokens"), generation_tokens_per_s=per_s("generation_tokens"),
         num_gpu_blocks=blocks.pop() if len(blocks) == 1 else None, block_size=sizes.pop() if len(sizes) == 1 else None,

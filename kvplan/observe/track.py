@@ -11,6 +11,8 @@ never restarted. Summaries report:
   engine's hit-rate gauge (vLLM V0, SGLang); ``prefix_hit_rate_during_run``: increase of hits / increase
   of queries over the run, or the mean of the gauge over the polls;
 - ``*_tokens_per_s``: increase over the run / seconds between the first and the last poll that read it;
+- ``requests_per_s``, ``mean_prompt_tokens``, ``mean_output_tokens``: the requests that finished during the
+  run (vLLM V1's ``request_prompt_tokens`` / ``request_generation_tokens`` histograms' counts and sums);
 - ``counter_resets``: the polls at which counters went down (a server restart drops them all at once: one
   reset, however many counters it drops; each poll's row names the counters).
 
@@ -47,6 +49,9 @@ class Summary:
     prefix_hit_rate_source: str | None  # "counters" or "gauge"
     prompt_tokens_per_s: float | None
     generation_tokens_per_s: float | None
+    requests_per_s: float | None  # requests finished per second over the run (vLLM V1's request histograms)
+    mean_prompt_tokens: float | None  # of the requests that finished during the run (prefix included)
+    mean_output_tokens: float | None
     num_gpu_blocks: int | None
     block_size: int | None
     max_total_num_tokens: int | None
@@ -119,6 +124,13 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
+def finished_requests(count: float | None, prompt_tokens: float, output_tokens: float, elapsed_s: float) -> dict[str, Any]:
+    """``requests_per_s``, ``mean_prompt_tokens``, ``mean_output_tokens`` of ``count`` requests finished
+    over ``elapsed_s`` seconds holding ``prompt_tokens`` / ``output_tokens`` in all (None: not reported)."""
+    return {"requests_per_s": count / elapsed_s if count is not None and elapsed_s > 0 else None,
+            "mean_prompt_tokens": _ratio(prompt_tokens, count), "mean_output_tokens": _ratio(output_tokens, count)}
+
+
 class Tracker:
     """Aggregates one series' readings poll by poll; :meth:`add` returns the sample row for that poll."""
 
@@ -186,6 +198,8 @@ class Tracker:
             preemptions_per_min=pre.increase * 60 / elapsed if pre.first is not None and elapsed > 0 else None,
             prefix_hit_rate=hit, prefix_hit_rate_during_run=hit_run, prefix_hit_rate_source=source,
             prompt_tokens_per_s=c["prompt_tokens"].rate, generation_tokens_per_s=c["generation_tokens"].rate,
+            **finished_requests(c["finished_requests"].increase if c["finished_requests"].first is not None else None,
+                                c["finished_prompt_tokens"].increase, c["finished_generation_tokens"].increase, elapsed),
             num_gpu_blocks=self.num_gpu_blocks, block_size=self.block_size,
             max_total_num_tokens=int(max_tokens) if max_tokens is not None else None,
             counter_resets=self.restarts,

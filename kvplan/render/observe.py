@@ -75,11 +75,13 @@ def observation_to_dict(obs: Any, view: Any = None, comparisons: Sequence[Any] =
         "events": [{"poll": e.poll, "elapsed_s": e.elapsed_s, "message": e.message} for e in obs.events],
         "events_dropped": obs.events_dropped,
         "files": dict(files or {}),
-        "findings": [f for c in comparisons for f in c.findings],
+        "outages": [{"start_s": o.start_s, "end_s": o.end_s, "failed_polls": o.failed_polls, "error": o.error}
+                    for o in obs.outages],
+        "findings": [*obs.outage_findings(), *(f for c in comparisons for f in c.findings)],
     }
     if view is not None:
         out["plan"] = {
-            "assumptions": [{"name": n, "value": v, "source": src} for n, v, src in view.assumptions()],
+            "assumptions": [{"name": n, "value": v, "source": src} for n, v, src in view.assumptions(_prefix(comparisons))],
             "from_endpoint": dict(view.from_endpoint),
             "notes": list(view.notes),
             "comparison": [c.to_dict() for c in comparisons],
@@ -90,6 +92,12 @@ def observation_to_dict(obs: Any, view: Any = None, comparisons: Sequence[Any] =
                         for o in outcomes]
         out["passed"] = all(o.passed for o in outcomes)
     return out
+
+
+def _prefix(comparisons: Sequence[Any]) -> tuple[int, str] | None:
+    """The shared prefix the comparison of the planned series credited (for the assumptions), if any."""
+    compared = [c for c in comparisons if c.compared and c.engine_starts and c.cause is not None]
+    return (compared[0].prefix_tokens, compared[0].prefix_source) if compared else None
 
 
 def csv_text(obs: Any) -> str:
@@ -181,9 +189,9 @@ ROWS: list[tuple[str, Any]] = [
 
 
 def render_observation(obs: Any, view: Any = None, comparisons: Sequence[Any] = (), outcomes: Sequence[Any] = (),
-                       max_events: int = 8):  # noqa: ANN201 - rich renderable
+                       max_events: int = 8, pending: str | None = None):  # noqa: ANN201 - rich renderable
     """The live frame and the final summary: header, a table (one column per series), plan, findings,
-    events, gates."""
+    events, gates. ``pending``: why there is no plan yet (it waits for the endpoint's KV budget)."""
     from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
@@ -204,11 +212,21 @@ def render_observation(obs: Any, view: Any = None, comparisons: Sequence[Any] = 
     for label, cell in ROWS:
         table.add_row(label, *(cell(summary) for _, summary in columns))
     parts: list[Any] = [head, table] if columns else [head]
+    for finding in obs.outage_findings():
+        parts.append(Text(f"finding: {finding}", style="bold yellow"))
     if view is not None:
         parts.append(_plan_text(view, comparisons))
+    elif pending is not None:
+        parts.append(Text(f"plan: not yet ({pending}): waiting for the endpoint's kv_cache_memory_bytes", style="grey62"))
+        for c in comparisons:
+            for finding in c.findings:
+                parts.append(Text(f"finding: {finding}", style="bold yellow"))
     elif obs.series:
-        parts.append(Text("plan: none (pass --model and the estimate options, e.g. --gpu, to compare with the plan)",
-                          style="grey62"))
+        labels = sorted({dict(s.labels)["model_name"] for s in obs.series if "model_name" in dict(s.labels)})
+        alias = (f"; the endpoint names its model {', '.join(repr(x) for x in labels)}: when that is a "
+                 f"--served-model-name alias, pass --served-model-name {labels[0]} too" if labels else "")
+        parts.append(Text("plan: none (pass --model, the checkpoint the server loads, and the estimate options, e.g. "
+                          f"--gpu, to compare with the plan{alias})", style="grey62"))
     events = list(obs.events)
     if events:
         shown = events[-max_events:]
@@ -238,7 +256,7 @@ def _plan_text(view: Any, comparisons: Sequence[Any]):  # noqa: ANN202
         text.append(f"{plural(plan.answer.num_blocks, 'block')} x {plural(plan.layout.block_size, 'token')}, "
                     f"{plural(plan.answer.max_requests, 'request')} of {plural(plan.answer.context, 'token')}\n")
     shown = ", ".join(f"{n} {v}{' (' + src + ')' if src.startswith('endpoint') else ''}"
-                      for n, v, src in view.assumptions()[1:] if v is not None)
+                      for n, v, src in view.assumptions(_prefix(comparisons))[1:] if v is not None)
     text.append(f"assumes: {shown}\n", style="grey62")
     for note in view.notes:
         text.append(f"note: {note}\n", style="yellow")
@@ -247,5 +265,41 @@ def _plan_text(view: Any, comparisons: Sequence[Any]):  # noqa: ANN202
             text.append(f"{c.series}: {line}\n" if len(comparisons) > 1 else f"{line}\n")
         for finding in c.findings:
             text.append(f"finding: {finding}\n", style="bold yellow")
+    text.rstrip()
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# --fit-timing
+
+
+def timing_to_dict(measure: Any, timing: Any) -> dict[str, Any]:
+    """This run's step-time measurement and the timing file's fit after it (``--json``'s ``timing``)."""
+    run, fit = measure.run, timing.fit
+    return {"run": {k: _num(v) for k, v in run.__dict__.items()},
+            "busy_intervals": measure.busy_intervals, "intervals": measure.intervals,
+            "fit": {"step_base_s": fit.step_base_s, "step_s_per_seq": fit.step_s_per_seq,
+                    "step_s_per_kv_token": fit.step_s_per_kv_token, "prefill_s_per_token": fit.prefill_s_per_token,
+                    "step_s_per_held_token": fit.step_s_per_held_token,
+                    "fitted": list(fit.fitted), "rms_relative_error": _num(fit.rms_relative_error)},
+            "runs": len(timing.runs), "notes": [*measure.notes, *timing.notes]}
+
+
+def render_timing(measure: Any, timing: Any):  # noqa: ANN201 - rich renderable
+    """Two lines: what this run measured, the file's fit over its runs; then the notes."""
+    from rich.text import Text
+
+    run, fit = measure.run, timing.fit
+    step_ms = run.busy_s / run.steps * 1e3
+    text = Text()
+    text.append("timing run: ", style="bold")
+    text.append(f"{run.busy_s:,.1f} s busy, {run.steps:,} steps ({step_ms:.2f} ms each), {run.running_mean:,.1f} running, "
+                f"{run.decode_tokens:,} decode + {run.prefill_tokens:,} prompt tokens computed, mean context "
+                f"{plural(round(run.mean_context_tokens), 'token')}, {run.held_tokens:,.0f} KV tokens held\n")
+    text.append(f"timing fit over {plural(len(timing.runs), 'run')}: ", style="bold")
+    err = f" (rms error {fit.rms_relative_error:.1%})" if fit.rms_relative_error is not None else ""
+    text.append(f"{fit.describe()}{err}\n")
+    for note in (*measure.notes, *timing.notes):
+        text.append(f"note: {note}\n", style="yellow")
     text.rstrip()
     return text

@@ -23,13 +23,32 @@ def simulate_to_dict(run: Any) -> dict[str, Any]:
                        "kv_dtype": plan.kv_dtype, "kv_budget_bytes": plan.budget.kv_budget_bytes,
                        "num_blocks": pool.num_blocks, "block_size": pool.block_size,
                        "groups": [g.kind for g in pool.groups], "max_model_len": pool.max_model_len,
-                       "max_num_seqs": pool.max_num_seqs, "max_num_batched_tokens": pool.max_num_batched_tokens},
+                       "max_num_seqs": pool.max_num_seqs, "max_num_batched_tokens": pool.max_num_batched_tokens,
+                       "fits": _fits(run)},
         "timing": {"weights_bytes": timing.weights_bytes, "bandwidth_bytes_per_s": timing.bandwidth_bytes_per_s,
                    "kv_bytes_per_token": timing.full_token_bytes, "prefill_s_per_token": timing.prefill_s_per_token,
-                   "decode_step_s": timing.decode_step_s},
+                   "decode_step_s": timing.decode_step_s,
+                   "fit": None if timing.fit is None else {
+                       "file": str(wl.timing_file) if wl.timing_file else None, "step_base_s": timing.fit.step_base_s,
+                       "step_s_per_seq": timing.fit.step_s_per_seq, "step_s_per_kv_token": timing.fit.step_s_per_kv_token,
+                       "step_s_per_held_token": timing.fit.step_s_per_held_token,
+                       "prefill_s_per_token": timing.fit.prefill_s_per_token, "fitted": list(timing.fit.fitted)},
+                   "closed_loop_start_spread_s": None if res.closed_loop is None else res.closed_loop.start_spread_s},
         "policies": [r.to_dict() for r in res.results],
         "notes": list(run.notes),
     }
+
+
+def _fits(run: Any) -> dict[str, Any] | None:
+    """What the deployment fits of the workload's requests, and what prefix caching credits."""
+    c = run.capacity
+    if c is None:
+        return None
+    caching = "prefix_caching" in run.workload.policies
+    return {"at_tokens": c.at_tokens, "requests": c.unshared,
+            "requests_prefix_caching": (c.shared if c.shared is not None else c.unshared) if caching else None,
+            "prefix_tokens": c.prefix_tokens, "prefix_share": c.prefix_share, "shared_blocks": c.shared_blocks,
+            "credited": caching and c.shared is not None}
 
 
 def _s(x: float | None) -> str:
@@ -44,9 +63,11 @@ ROWS: list[tuple[str, Any]] = [
     ("running (mean / p50 / p99)", lambda r: f"{r.concurrency_mean:,.1f} / {r.concurrency_p50} / {r.concurrency_p99}"),
     ("pool used (mean / peak)", lambda r: f"{r.usage_mean:.0%} / {r.usage_peak:.0%}"),
     ("unused slots in used blocks", lambda r: f"{r.fragmentation_mean:.1%}"),
-    ("prefix hit rate", lambda r: f"{r.prefix_hit_rate:.0%}"),
-    ("prefill tokens computed / saved", lambda r: f"{r.prefill_tokens:,} / {r.prefill_tokens_saved:,}"),
+    ("prefix hit rate (cached / looked up)",
+     lambda r: f"{r.prefix_hit_rate:.0%} ({r.prefill_tokens_saved:,} / {r.prefix_query_tokens:,})"),
+    ("prefill tokens computed", lambda r: f"{r.prefill_tokens:,}"),
     ("preemptions", lambda r: f"{r.preemptions:,}"),
+    ("requests with a first token", lambda r: f"{r.first_tokens:,}"),
     ("queue delay p50 / p99", lambda r: f"{_s(r.queue_delay_p50_s)} / {_s(r.queue_delay_p99_s)}"),
     ("time to first token p50 / p99", lambda r: f"{_s(r.ttft_p50_s)} / {_s(r.ttft_p99_s)}"),
     ("finished / queued / running", lambda r: f"{r.finished:,} / {r.queued:,} / {r.running:,}"),
@@ -70,6 +91,8 @@ def render_simulation(run: Any):  # noqa: ANN201 - rich renderable
                 f"{plan.budget.kv_budget_bytes / GiB:.2f} GiB = {plural(pool.num_blocks, 'block')} x {plural(pool.block_size, 'token')} "
                 f"({plan.kv_dtype}), max_model_len {pool.max_model_len:,}, max_num_seqs {pool.max_num_seqs}, "
                 f"max_num_batched_tokens {pool.max_num_batched_tokens:,}\n")
+    if run.capacity is not None:
+        head.append(f"deployment: {run.capacity.describe('prefix_caching' in wl.policies)}\n")
     head.append(f"traffic: {wl.describe_traffic()}", style="grey62")
     table = Table(show_header=True, header_style="bold")
     table.add_column("")

@@ -4,7 +4,9 @@
 * :mod:`~kvplan.sim.streams`: request streams that every policy replays, and the live requests;
 * :mod:`~kvplan.sim.blocks`: the block accounting over :mod:`kvplan.paged.allocator`;
 * :mod:`~kvplan.sim.metrics`: metrics kept as running sums and bounded sketches (never one entry per event);
-* :mod:`~kvplan.sim.scheduler`: the continuous-batching step loop.
+* :mod:`~kvplan.sim.scheduler`: the continuous-batching step loop;
+* :mod:`~kvplan.sim.timing`: a step time measured on a running server (the fit, and the timing file that
+  ``kvplan observe --fit-timing`` writes and ``kvplan simulate`` reads).
 
 Library code: never prints, never exits.
 

@@ -134,6 +134,20 @@ class BlockBook:
                 total += n * ((k - 1 - first) // bs + 1)
         return total * self.n_attn
 
+    def crossings_sum(self, D: int, k: int) -> int:
+        """``sum(crossings(D, m) for m in 1..k)`` in O(block_size): the blocks decoders have taken by each of
+        the next ``k`` steps (a step's own crossings included), summed over the steps."""
+        if self.reserve or k <= 0:
+            return 0
+        bs, total = self.bs, 0
+        for n, first in zip(self.bcount, self.fill[D % bs]):
+            if n and first < k:
+                # sum over m in first+1..k of ((m - 1 - first) // bs + 1) = sum over t in 0..T of (t // bs + 1)
+                count = k - first  # T + 1
+                q, r = divmod(count, bs)
+                total += n * (bs * q * (q - 1) // 2 + q * r + count)
+        return total * self.n_attn
+
     def advance(self, D: int, k: int) -> None:
         """Sync every decoder that crosses a block boundary within ``k`` steps from D (they all fit)."""
         if self.reserve:

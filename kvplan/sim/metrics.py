@@ -114,7 +114,7 @@ class Metrics:
         self.usage_area = self.frag_area = 0.0
         self.usage_peak = 0.0
         self.last_usage = self.last_frag = 0.0
-        self.queue_delay = QuantileSketch()
+        self.queue_delay = QuantileSketch()  # both over the same requests: those that got their first token
         self.ttft = QuantileSketch()
         self.recorder = SeriesRecorder(duration_s=duration_s) if record_series else None
 
@@ -132,6 +132,24 @@ class Metrics:
         if self.recorder is not None:
             self.recorder.add(t, usage, n_running)
 
+    def first_token(self, queue_delay_s: float, ttft_s: float) -> None:
+        """A request's first output token: its queue delay (arrival -> first scheduled) and its time to
+        first token (arrival -> first token), recorded together so both figures are over the same requests
+        (a request scheduled before the run stopped but not yet through its prefill counts in neither)."""
+        assert 0 <= queue_delay_s <= ttft_s, (queue_delay_s, ttft_s)
+        self.queue_delay.add(queue_delay_s)
+        self.ttft.add(ttft_s)
+
+    def latency_quantiles(self, q: float) -> tuple[float | None, float | None]:
+        """(queue delay, time to first token) at the ``q``-th percentile. Each request's time to first token
+        is at least its queue delay, so exact percentiles keep that order; past :data:`EXACT_QUANTILES`
+        values two buckets' largest values may invert it by less than 0.1%, so the time to first token
+        shown is never below the queue delay it includes."""
+        delay, ttft = self.queue_delay.quantile(q), self.ttft.quantile(q)
+        if delay is not None and ttft is not None and ttft < delay:
+            ttft = delay
+        return delay, ttft
+
     def idle(self, t: float, dt: float) -> None:
         """``dt`` seconds with nothing running, ending at ``t``."""
         if dt > 0:
@@ -148,8 +166,9 @@ class Metrics:
         return sum(v * w for v, w in self.conc_hist.items()) / total if total else 0.0
 
     def concurrency_percentile(self, q: float) -> int:
-        """Smallest running count whose cumulative time share reaches ``q`` percent."""
-        hist = self.conc_hist
+        """Smallest running count whose cumulative time share reaches ``q`` percent (counts held for no
+        time are left out, so a percentile is never above :meth:`concurrency_max`)."""
+        hist = {v: w for v, w in self.conc_hist.items() if w > 0}
         total = sum(hist.values())
         if total <= 0:
             return 0

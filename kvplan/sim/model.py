@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from kvplan.errors import InputError
 from kvplan.paged.allocator import GroupSpec
+from kvplan.sim.timing import StepFit
 from kvplan.units import check_number, plural
 
 POLICIES = ("contiguous", "paged", "prefix_caching")
@@ -70,6 +71,8 @@ class Timing:
     layers that keep every token; ``window_token_bytes``: ``(window_tokens, bytes per token)`` per window
     size; ``state_bytes``: fixed state read per request per step. Seconds: ``prefill_s_per_token`` per
     prompt token computed, ``decode_step_s`` a fixed decode step (replaces the bandwidth roofline).
+    ``fit``: a step time measured on a running server (:mod:`kvplan.sim.timing`), replacing the
+    bandwidth roofline: per step, per decoding sequence and per KV token it reads (its whole context).
     """
 
     weights_bytes: int
@@ -79,22 +82,48 @@ class Timing:
     state_bytes: int = 0
     prefill_s_per_token: float = 0.0
     decode_step_s: float | None = None
+    fit: StepFit | None = None
 
     def __post_init__(self) -> None:
         _finite("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         _finite("prefill_s_per_token", self.prefill_s_per_token)
         _finite("decode_step_s", self.decode_step_s, low_open=True)
-        if not self.bandwidth_bytes_per_s > 0 and self.decode_step_s is None:
+        if self.fit is not None and self.decode_step_s is not None:
+            raise InputError("a fixed decode_step_s and a fitted step time are exclusive",
+                             "drop decode_step_s (the fit grows with the batch) or the timing file")
+        if self.fit is not None or self.decode_step_s is not None:
+            return
+        if not self.bandwidth_bytes_per_s > 0:
             raise InputError("the GPU has no HBM bandwidth", "set decode_step_s in the workload's timing")
-        if not self.weights_bytes > 0 and self.decode_step_s is None and not self.full_token_bytes > 0:
+        if not self.weights_bytes > 0 and not self.full_token_bytes > 0:
             raise InputError("a decode step would take no time (no weights and no KV bytes read)",
                              "set decode_step_s in the workload's timing")
 
-    @property
-    def min_step_s(self) -> float:
-        """A lower bound on one step's seconds (the weights read, or the fixed decode step)."""
+    def decode_step_s_at(self, sequences: int, context_tokens: float) -> float:
+        """One decode step's seconds with ``sequences`` decoding at ``context_tokens`` tokens each."""
         if self.decode_step_s is not None:
             return self.decode_step_s
+        tokens = sequences * context_tokens
+        if self.fit is not None:
+            return self.fit.step_s(sequences, tokens, held_tokens=tokens)  # held: no sharing (an upper bound)
+        read = self.weights_bytes + self.full_token_bytes * tokens + sequences * self.state_bytes + sum(
+            per_token * sequences * min(context_tokens, window) for window, per_token in self.window_token_bytes)
+        return read / self.bandwidth_bytes_per_s
+
+    def request_s(self, sequences: int, prompt_tokens: float, output_tokens: float) -> float:
+        """About how long one request takes among ``sequences`` running: its prefill, then its output
+        tokens at the step time of that batch at its mean context."""
+        return prompt_tokens * self.prefill_s_per_token + output_tokens * self.decode_step_s_at(
+            sequences, prompt_tokens + output_tokens / 2)
+
+    @property
+    def min_step_s(self) -> float:
+        """A lower bound on one step's seconds (the weights read, the fixed decode step, or the fitted step
+        of one sequence at one token)."""
+        if self.decode_step_s is not None:
+            return self.decode_step_s
+        if self.fit is not None:
+            return self.fit.step_s(1, 1)
         return max(self.weights_bytes, self.full_token_bytes) / self.bandwidth_bytes_per_s
 
 
@@ -107,15 +136,24 @@ class SimConfig:
 @dataclass(frozen=True)
 class ClosedLoop:
     """``users`` users, each sending its next request a think time (exponential, mean ``think_s``) after
-    the previous one finishes; the first requests start spread uniformly over ``[0, think_s]``."""
+    the previous one finishes; the first requests start spread uniformly over ``[0, spread_s]``
+    (default ``think_s``). With no think time and no spread every user would start at 0 and, with
+    requests of one length, stay in step (all prefilling, then all decoding); a workload spreads them
+    over one request's time (:meth:`Timing.request_s`), as real users drift apart."""
 
     users: int
     think_s: float = 0.0
+    spread_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.users >= 1:
             raise InputError(f"invalid users {self.users}: must be positive")
         _finite("think_s", self.think_s)
+        _finite("spread_s", self.spread_s)
+
+    @property
+    def start_spread_s(self) -> float:
+        return self.think_s if self.spread_s is None else self.spread_s
 
 
 def window_sum(first: int, k: int, window: int) -> int:
@@ -177,13 +215,15 @@ class PolicyResult:
     usage_mean: float  # used blocks / usable blocks, time-weighted
     usage_peak: float
     fragmentation_mean: float  # unused token slots / slots of used blocks, time-weighted
-    prefix_hit_rate: float  # prompt tokens found cached / prompt tokens looked up
+    prefix_hit_rate: float  # prefill_tokens_saved / prefix_query_tokens (0 without lookups)
+    prefix_query_tokens: int  # prompt tokens looked up in the prefix cache (readmissions included)
     prefill_tokens: int  # prompt tokens computed (recomputes included)
     prefill_tokens_saved: int  # prompt tokens served from the prefix cache
     preemptions: int
+    first_tokens: int  # requests that got their first output token: the latency figures are over these
     queue_delay_p50_s: float | None  # arrival -> first scheduled
     queue_delay_p99_s: float | None
-    ttft_p50_s: float | None  # arrival -> first output token
+    ttft_p50_s: float | None  # arrival -> first output token (never below the queue delay it includes)
     ttft_p99_s: float | None
     num_steps: int  # engine steps simulated
     num_events: int  # loop iterations (steps taken one at a time or k at once)
@@ -213,6 +253,7 @@ class SimResult:
     duration_s: float | None
     num_requests: int | None
     notes: tuple[str, ...] = ()
+    closed_loop: ClosedLoop | None = None  # as run (its users' start spread decided)
 
     def result(self, policy: str) -> PolicyResult:
         return next(r for r in self.results if r.policy == policy)

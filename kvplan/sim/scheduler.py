@@ -87,14 +87,22 @@ class Scheduler:
         self.arrivals.user_done(self.t)
 
     # ---- timing -------------------------------------------------------------------------------
-    def _decode_seconds(self, k: int) -> float:
-        """Seconds of ``k`` decode steps from counter D with the current decoders (closed form)."""
+    def _decode_seconds(self, k: int, grown: bool = False) -> float:
+        """Seconds of ``k`` decode steps from counter D with the current decoders (closed form). ``grown``:
+        the (one) step's decoders already took their blocks (a step; a span takes them as it goes)."""
         tm, book = self.timing, self.book
         if tm.decode_step_s is not None:
             return k * tm.decode_step_s
         n, D = book.n_dec, self.D
         # decoder i at step j reads L + 1 = D + j + off_i + 1 tokens; summed over j < k and decoders:
         tokens = n * k * (D + 1) + n * (k * (k - 1) // 2) + k * book.s_off
+        if tm.fit is not None:
+            f = tm.fit
+            total = k * f.step_base_s + f.step_s_per_seq * k * n + f.step_s_per_kv_token * tokens
+            if f.step_s_per_held_token:  # the blocks in use at each step, its own crossings taken
+                held = k * book.alloc.num_used_blocks + (0 if grown else book.crossings_sum(D, k))
+                total += f.step_s_per_held_token * held * self.bs
+            return total
         total = k * tm.weights_bytes + tm.full_token_bytes * tokens + k * n * tm.state_bytes
         if self._windows and n:
             offs = book.offs()
@@ -142,7 +150,6 @@ class Scheduler:
             waiting.pop_head()
             if r.first_sched < 0:
                 r.first_sched = self.t
-                self.metrics.queue_delay.add(self.t - r.arrival)
             self.running[r.index] = r
             left = n - hit
             self.prefilling[r.index] = left
@@ -170,7 +177,7 @@ class Scheduler:
         n_running = len(self.running)
         assert n_running, "an empty pool admits the queue head (checked when the run starts)"
         self._mark_start()
-        dt = self._decode_seconds(1) + prefill * self.timing.prefill_s_per_token
+        dt = self._decode_seconds(1, grown=True) + prefill * self.timing.prefill_s_per_token
         self.t += dt
         self.D = D = self.D + 1
         m.num_steps += 1
@@ -195,7 +202,7 @@ class Scheduler:
             m.generated += 1
             if r.first_token < 0:
                 r.first_token = self.t
-                m.ttft.add(self.t - r.arrival)
+                m.first_token(r.first_sched - r.arrival, self.t - r.arrival)
             if r.gen >= r.out:
                 self._finish(r)
                 continue
@@ -317,6 +324,7 @@ class Scheduler:
 
     def _result(self) -> PolicyResult:
         t, m, arrivals = self.t, self.metrics, self.arrivals
+        (delay_p50, ttft_p50), (delay_p99, ttft_p99) = m.latency_quantiles(50), m.latency_quantiles(99)
         return PolicyResult(
             policy=self.policy,
             duration_s=t,
@@ -336,13 +344,15 @@ class Scheduler:
             usage_peak=m.usage_peak,
             fragmentation_mean=m.time_mean(m.frag_area),
             prefix_hit_rate=self.book.alloc.prefix_hit_rate,
+            prefix_query_tokens=self.book.alloc.prefix_query_tokens,
             prefill_tokens=m.prefill_tokens,
             prefill_tokens_saved=self.book.alloc.prefix_hit_tokens,
             preemptions=m.preemptions,
-            queue_delay_p50_s=m.queue_delay.quantile(50),
-            queue_delay_p99_s=m.queue_delay.quantile(99),
-            ttft_p50_s=m.ttft.quantile(50),
-            ttft_p99_s=m.ttft.quantile(99),
+            first_tokens=m.ttft.count,
+            queue_delay_p50_s=delay_p50,
+            queue_delay_p99_s=delay_p99,
+            ttft_p50_s=ttft_p50,
+            ttft_p99_s=ttft_p99,
             num_steps=m.num_steps,
             num_events=m.num_events,
             blocks_per_reservation=self.book.blocks_per_reservation,

@@ -23,7 +23,9 @@ the limit; a prompt of ``max_model_len`` tokens or more is rejected).
 
 Step time (seconds): ``(weights + KV read) / HBM bandwidth + prefill tokens x prefill_s_per_token``,
 where a decoder at L tokens reads ``L + 1`` tokens of every layer that keeps them (windowed layers at most
-their window, state layers their state); ``decode_step_s`` replaces the bandwidth term when given.
+their window, state layers their state); a step time fitted on a running server (:mod:`kvplan.sim.timing`:
+per step + per decoding sequence + per KV token read) or a fixed ``decode_step_s`` replaces the bandwidth
+term when given.
 
 Speed: between events the clock advances ``k`` decode steps at once (exactly: the step times are summed
 in closed form) when no admission, finish or preemption can happen in between; the allocator is told
@@ -52,6 +54,7 @@ from kvplan.sim.model import (
 )
 from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.streams import RequestSource
+from kvplan.sim.timing import StepFit
 from kvplan.units import cdiv, check_number, plural
 
 __all__ = [
@@ -178,7 +181,7 @@ def simulate(config: SimConfig, source: RequestSource | Sequence[Request], *, po
     if any(g.kind == "state" for g in pool.groups) and "prefix_caching" in policies:
         notes.append("the model has state layers: the allocator makes no prefix hits for it (a cached prefix would "
                      "also need its saved state)")
-    return SimResult(config, results, seed, duration_s, source.limit, tuple(notes))
+    return SimResult(config, results, seed, duration_s, source.limit, tuple(notes), closed_loop)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,13 +194,19 @@ def active_parameters(spec) -> int | None:  # noqa: ANN001 - kvplan.model.spec.M
 
 
 def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_step_s: float | None = None,  # noqa: ANN001
-                     prefill_efficiency: float = DEFAULT_PREFILL_EFFICIENCY) -> tuple[SimConfig, tuple[str, ...]]:
+                     prefill_efficiency: float = DEFAULT_PREFILL_EFFICIENCY,
+                     fit: StepFit | None = None) -> tuple[SimConfig, tuple[str, ...]]:
     """The pool, scheduler limits and step timing of a :class:`kvplan.planning.plan.Plan` (one GPU's view).
 
     Layout groups map onto allocator groups as :func:`kvplan.paged.groups.allocator_groups` maps them (the
     mapping validate uses): the ``paged`` policy runs the plan's demand without prefix caching, the
-    ``prefix_caching`` policy with it (state groups then keep vLLM's checkpoint blocks). The prefill cost per token is ``2 x active parameters / (GPUs x fp16 peak x
-    prefill_efficiency)`` unless ``prefill_s_per_token`` is given.
+    ``prefix_caching`` policy with it (state groups then keep vLLM's checkpoint blocks).
+
+    Step time: ``fit`` (a step time measured on a running server, :mod:`kvplan.sim.timing`) replaces the
+    bandwidth roofline and gives the prefill cost; else the prefill cost per token is ``2 x active
+    parameters / (GPUs x fp16 peak x prefill_efficiency)`` unless ``prefill_s_per_token`` is given. Inputs
+    the plan cannot give (a target without a bandwidth or an FP16 peak: the ``cpu`` target) are named in
+    one error, all at once.
     """
     from dataclasses import replace
 
@@ -234,20 +243,28 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
             windows[layer.window_tokens] = windows.get(layer.window_tokens, 0) + per_token
         else:
             full += per_token
+    if fit is not None and prefill_s_per_token is None:
+        prefill_s_per_token = fit.prefill_s_per_token
+    missing = []  # every timing input the plan cannot give, named at once
+    tflops, active = plan.gpu.fp16_tflops, active_parameters(plan.spec)
     if prefill_s_per_token is None:
-        tflops = plan.gpu.fp16_tflops
-        active = active_parameters(plan.spec)
         if not tflops or not active:
-            raise InputError(f"no FP16 peak for GPU {plan.gpu.name!r} or no parameter count for {plan.spec.model_id}",
-                             "set timing.prefill_s_per_token in the workload")
-        prefill_s_per_token = 2 * active / (plan.options.gpu_count * tflops * 1e12 * prefill_efficiency)
-        if plan.spec.num_experts:
-            notes.append(f"MoE prefill cost from the {active / 1e9:.1f}B parameters one token is routed through")
+            missing.append(("prefill_s_per_token", f"GPU {plan.gpu.name!r} has no FP16 peak in the catalogue" if not tflops
+                            else f"{plan.spec.model_id} has no parameter count"))
+        else:
+            prefill_s_per_token = 2 * active / (plan.options.gpu_count * tflops * 1e12 * prefill_efficiency)
+            if plan.spec.num_experts:
+                notes.append(f"MoE prefill cost from the {active / 1e9:.1f}B parameters one token is routed through")
     bandwidth = plan.gpu.bandwidth_bytes_per_s or 0.0
-    if not bandwidth and decode_step_s is None:
-        raise InputError(f"GPU {plan.gpu.name!r} has no HBM bandwidth in the catalogue",
-                         "set timing.decode_step_s in the workload")
+    if not bandwidth and decode_step_s is None and fit is None:
+        missing.append(("the decode step", f"GPU {plan.gpu.name!r} has no memory bandwidth in the catalogue"))
+    if missing:
+        raise InputError("the step-time model lacks " + "; ".join(f"{what} ({why})" for what, why in missing),
+                         "fit it on a running server (kvplan observe URL --fit-timing timing.yaml under a few loads) and "
+                         "give the file (timing: {file: timing.yaml} or --timing timing.yaml), or set "
+                         + " and ".join(f"timing.{'decode_step_s' if what == 'the decode step' else what}" for what, _ in missing))
     timing = Timing(plan.budget.weights.bytes, float(bandwidth), full, tuple(sorted(windows.items())),
                     memory.state_bytes_per_request(plan.rank_layers, model_dtype)
-                    + memory.cross_bytes_per_request(plan.rank_layers, kv_dtype), prefill_s_per_token, decode_step_s)
+                    + memory.cross_bytes_per_request(plan.rank_layers, kv_dtype), prefill_s_per_token, decode_step_s,
+                    fit)
     return SimConfig(pool, timing), tuple(notes)

@@ -100,7 +100,7 @@ class Arrivals:
             self._push_open()
         else:
             for _ in range(self.closed.users):
-                if not self._push_closed(self.think_rng.uniform(0.0, self.closed.think_s)):
+                if not self._push_closed(self.think_rng.uniform(0.0, self.closed.start_spread_s)):
                     break
 
     def next_time(self) -> float | None:

@@ -106,6 +106,8 @@ class TimingModel(BaseModel):
     """Overrides of the step-time model."""
 
     model_config = _FORBID
+    file: str | None = Field(None, description="a step time fitted on a running server (kvplan observe --fit-timing), "
+                                               "relative to this file")
     prefill_s_per_token: SecondsOrZero | None = Field(None, description="seconds per prompt token computed")
     decode_step_s: Seconds | None = Field(None, description="fixed seconds per decode step (replaces the roofline)")
     prefill_efficiency: Share = Field(0.5, description="fraction of the fp16 peak a prefill reaches")
@@ -228,6 +230,7 @@ class Workload:
     decode_step_s: float | None
     prefill_efficiency: float
     where: Where
+    timing_file: Path | None = None  # kvplan observe --fit-timing's file (kvplan.sim.timing)
     locations: Mapping[str, Where] = field(default_factory=dict)
 
     def where_of(self, key: str) -> Where:
@@ -294,6 +297,26 @@ class Workload:
                 yield Request(max(1, n), max(1, output.sample(rng)), at, pid, ptoks)  # type: ignore[union-attr]
 
         return RequestSource(drawn, limit)
+
+    def mean_lengths(self) -> tuple[float, float]:
+        """(prompt tokens with the prefix, output tokens) of a request, on average."""
+        if self.trace is not None:
+            n = len(self.trace)
+            return (sum(r.prompt_tokens for r in self.trace) / n, sum(r.output_tokens for r in self.trace) / n)
+        prefix = sum(p.tokens * p.share for p in self.prefixes)
+        return prefix + self.prompt.mean, self.output.mean  # type: ignore[union-attr]
+
+    def spread_closed_loop(self, config: Any) -> ClosedLoop | None:
+        """The closed loop, its users' first requests spread over one request's time when they do not
+        think (else all would start at 0 and, with one request length, stay in step)."""
+        closed = self.closed_loop
+        if closed is None or closed.think_s > 0 or closed.spread_s is not None:
+            return closed
+        prompt, output = self.mean_lengths()
+        pool = config.pool
+        output = min(output, max(1.0, pool.max_model_len - prompt))
+        batch = min(closed.users, pool.max_num_seqs)
+        return ClosedLoop(closed.users, closed.think_s, config.timing.request_s(batch, prompt, output))
 
     def work(self, pool: Any, min_step_s: float) -> Work:
         """What simulating this workload on ``pool`` (a :class:`kvplan.sim.simulate.Pool`) will take, before it
@@ -446,6 +469,7 @@ def load_workload(path: str | Path) -> Workload:
         decode_step_s=model.timing.decode_step_s,
         prefill_efficiency=model.timing.prefill_efficiency,
         where=doc.where(()),
+        timing_file=_timing_file(doc, model.timing),
         locations=option_locations(doc, [()], WORKLOAD_OPTIONS),
     )
 
@@ -464,6 +488,17 @@ def _deployment(doc: YamlDoc, model: Any) -> dict[str, Any]:
     if "max_model_len" in values and "context" not in values:
         values["context"] = values["max_model_len"]
     return values
+
+
+def _timing_file(doc: YamlDoc, timing: Any) -> Path | None:
+    """``timing.file`` (relative to the workload), which excludes a fixed ``decode_step_s``."""
+    if timing.file is None:
+        return None
+    if timing.decode_step_s is not None:
+        raise doc.error(("timing", "decode_step_s"), "decode_step_s and a timing file are exclusive",
+                        "the file's step time grows with the batch; drop decode_step_s")
+    path = Path(timing.file)
+    return path if path.is_absolute() else doc.path.resolve().parent / path
 
 
 def _trace(doc: YamlDoc, model: Any) -> tuple[tuple[Request, ...] | None, str | None]:
@@ -500,13 +535,57 @@ def _arrivals(doc: YamlDoc, arrivals: Any, timed_trace: bool) -> tuple[float | N
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """What the deployment fits of this workload's requests (``at_tokens``: prompt + output, on average,
+    at most max_model_len): ``unshared`` without prefix caching; with it, ``shared`` when the most common
+    prefix (``prefix_name``, ``prefix_tokens``, carried by ``prefix_share`` of the requests) has full blocks
+    to store once (``shared_blocks``) - :func:`kvplan.memory.prefix_sharing`, the rule the verdict uses."""
+
+    at_tokens: int
+    unshared: int
+    shared: int | None = None
+    prefix_name: str | None = None
+    prefix_tokens: int = 0
+    prefix_share: float = 0.0
+    shared_blocks: int = 0
+
+    def describe(self, caching: bool) -> str:
+        text = f"fits {plural(self.unshared, 'request')} of {plural(self.at_tokens, 'token')} (this traffic's mean)"
+        if caching and self.shared is not None:
+            who = "" if self.prefix_share >= 1 else f", for the {self.prefix_share:.0%} of requests that carry it"
+            text += (f"; with prefix caching the {self.prefix_tokens:,}-token {self.prefix_name}'s "
+                     f"{plural(self.shared_blocks, 'block')} are stored once: {self.shared:,}{who}")
+        return text
+
+
+def capacity(workload: Workload, plan: Any) -> Capacity:
+    """The deployment's requests at the workload's mean length, without and with its shared prefix."""
+    from kvplan import memory
+
+    prompt, output = workload.mean_lengths()
+    at = max(1, min(plan.max_model_len, round(prompt + output)))
+    cap = plan.answer.max_num_seqs
+    unshared = min(memory.max_requests(plan.answer.num_blocks, plan.demand.blocks(at)), cap)
+    if not workload.prefixes:
+        return Capacity(at, unshared)
+    top = max(workload.prefixes, key=lambda p: p.share)
+    tokens = min(top.tokens, at)
+    sharing = memory.prefix_sharing(plan.answer.num_blocks, plan.demand, at, tokens, plan.spec.parameters_read(1), cap)
+    if not sharing.shared_blocks:
+        return Capacity(at, unshared, None, top.name, tokens, top.share)
+    return Capacity(at, unshared, sharing.max_requests_shared, top.name, tokens, top.share, sharing.shared_blocks)
+
+
+@dataclass(frozen=True)
 class WorkloadRun:
-    """A simulated workload: the plan it ran on and the per-policy results."""
+    """A simulated workload: the plan it ran on, what the deployment fits of its requests, the per-policy
+    results."""
 
     workload: Workload
     plan: Any  # kvplan.planning.plan.Plan
     result: Any  # kvplan.sim.simulate.SimResult
     notes: tuple[str, ...] = ()
+    capacity: Capacity | None = None
 
 
 def run_workload(workload: Workload, token: str | None = None, record_series: bool = True, *, force: bool = False,
@@ -520,17 +599,28 @@ def run_workload(workload: Workload, token: str | None = None, record_series: bo
     from kvplan.planning.plan import estimate, options_from_values
     from kvplan.sim.simulate import config_from_plan, simulate
 
+    timing = None
+    if workload.timing_file is not None:
+        from kvplan.sim.timing import read_timing
+
+        timing = read_timing(workload.timing_file)
     try:
         plan = estimate(options_from_values(dict(workload.values)), token=token)
         config, notes = config_from_plan(plan, prefill_s_per_token=workload.prefill_s_per_token,
                                          decode_step_s=workload.decode_step_s,
-                                         prefill_efficiency=workload.prefill_efficiency)
+                                         prefill_efficiency=workload.prefill_efficiency,
+                                         fit=timing.fit if timing is not None else None)
+        if timing is not None:
+            runs = f", {plural(len(timing.runs), 'observed run')}" if timing.runs else ""
+            notes = (*notes, f"step time from {display_path(workload.timing_file)}"
+                     f"{' (model ' + timing.model + runs + ')' if timing.model else runs}: {timing.fit.describe()}")
+        closed = workload.spread_closed_loop(config)
         work = workload.work(config.pool, config.timing.min_step_s)
         result = simulate(config, workload.source(), policies=workload.policies, duration_s=workload.duration_s,
-                          closed_loop=workload.closed_loop, seed=workload.seed, record_series=record_series,
+                          closed_loop=closed, seed=workload.seed, record_series=record_series,
                           work=work, force=force, progress=progress)
     except ScenarioError:
         raise
     except KvplanError as exc:  # name the file (a merged option has no single line)
         raise ScenarioFileError(workload.where, exc.message, exc.hint) from None
-    return WorkloadRun(workload, plan, result, notes + result.notes)
+    return WorkloadRun(workload, plan, result, notes + result.notes, capacity(workload, plan))

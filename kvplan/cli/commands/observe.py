@@ -33,6 +33,9 @@ CsvOpt = Annotated[Optional[str], typer.Option("--csv", help="Write the samples 
 PlotOpt = Annotated[Optional[str], typer.Option("--plot", help="Plot usage, running/waiting and hit rate over time here (.png, .svg, .pdf).")]
 RequireOpt = Annotated[Optional[list[str]], typer.Option(
     "--require", help="Gate (repeatable): 'usage_peak < 0.95', 'preemptions == 0', 'prefix_hit_rate > 0.5'; exit 1 if one fails.")]
+FitTimingOpt = Annotated[Optional[str], typer.Option(
+    "--fit-timing", help="Add this run's step-time measurement to FILE (a timing file; created if missing) and refit "
+    "it, for kvplan simulate --timing FILE. Observe a few loads into one file.", show_default=False)]
 HeaderOpt = Annotated[Optional[list[str]], typer.Option(
     "--header", help="HTTP header to send (repeatable), e.g. 'Authorization: Bearer TOKEN'. Never printed.", show_default=False)]
 
@@ -48,12 +51,19 @@ def _given(ctx: typer.Context, values: dict) -> frozenset[str]:
     return frozenset(k for k, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT"))
 
 
+def _pending(planner: Any) -> str | None:
+    """Why the plan waits (for the endpoint's KV budget), or None."""
+    if planner is None or planner.view is not None:
+        return None
+    return planner.pending.message if planner.pending is not None else "no plan"
+
+
 def _compare(planner: Any, obs: Any) -> list[Any]:
     if planner is None:
         return []
     from kvplan.observe.compare import compare
 
-    return [compare(planner.view, s, planner) for s in obs.series]
+    return [c for c in (compare(planner.view, s, planner) for s in obs.series) if c is not None]
 
 
 def _observe(session: Any, planner: Any, live: bool) -> Any:
@@ -78,9 +88,30 @@ def _observe(session: Any, planner: Any, live: bool) -> Any:
         def redraw(s: Any) -> None:
             adopt(s)
             obs = s.snapshot(with_polls=False)
-            view.update(render_observation(obs, planner.view if planner else None, _compare(planner, obs)))
+            view.update(render_observation(obs, planner.view if planner else None, _compare(planner, obs),
+                                           pending=_pending(planner)))
 
         return run(session, on_poll=redraw)
+
+
+def _fit_timing(obs: Any, path: str, planner: Any, endpoint: str) -> tuple[Any, Any]:
+    """Add this run to the timing file: ``((measure, timing file), None)``, or ``(None, error)`` to raise
+    after the observation is shown (the run is not lost to a fit that cannot be made)."""
+    from kvplan.errors import KvplanError
+    from kvplan.observe.fit import timing_run
+    from kvplan.sim.timing import add_run
+
+    series = None
+    if planner is not None and len(obs.series) > 1:
+        served = [s.name for s in obs.series if planner.serves(s.labels)]
+        series = served[0] if len(served) == 1 else None
+    try:
+        measure = timing_run(obs, series, source=f"kvplan observe {endpoint}, {obs.elapsed_s:,.0f} s")
+        name = next((dict(s.labels).get("model_name") for s in obs.series if s.name == (series or obs.series[0].name)),
+                    None)
+        return (measure, add_run(path, measure.run, name)), None
+    except KvplanError as exc:
+        return None, exc
 
 
 def register(app: typer.Typer) -> None:
@@ -92,7 +123,7 @@ def register(app: typer.Typer) -> None:
     @with_estimate_options
     def observe(url: UrlArg, model: ObsModelOpt = None, served_model_name: ServedNameOpt = None, interval: IntervalOpt = 1.0,
                 duration: DurationOpt = None, timeout: TimeoutOpt = 5.0, csv: CsvOpt = None, plot: PlotOpt = None, require: RequireOpt = None,
-                header: HeaderOpt = None, json_out: JsonOpt = False, *, ctx: typer.Context, values: dict,
+                header: HeaderOpt = None, fit_timing: FitTimingOpt = None, json_out: JsonOpt = False, *, ctx: typer.Context, values: dict,
                 token: Optional[str]) -> None:
         """Measure a running vLLM or SGLang server's KV pool from its Prometheus /metrics: usage, running and waiting requests, preemptions, prefix hits, tokens/s; compare with the plan; gate CI on it."""
         from kvplan.observe.compare import Planner
@@ -109,6 +140,8 @@ def register(app: typer.Typer) -> None:
         gates = [parse_gate(text) for text in require or ()]
         if csv:
             check_writable(csv, "--csv")
+        if fit_timing:
+            check_writable(fit_timing, "--fit-timing")
         plot_file = plot_path(plot) if plot else None
         if served_model_name is not None and not model:
             from kvplan.cli.errors import fail
@@ -121,7 +154,7 @@ def register(app: typer.Typer) -> None:
                           on_event=None if live else _say)
         obs = _observe(session, planner, live)
         comparisons = _compare(planner, obs)
-        outcomes = [evaluate(g, obs.summary) for g in gates]
+        outcomes = [evaluate(g, obs.summary, obs.failed_polls, obs.num_polls) for g in gates]
         files = {}
         if csv:
             from kvplan.render.observe import write_csv
@@ -132,11 +165,26 @@ def register(app: typer.Typer) -> None:
             from kvplan.render.observe import write_plot
 
             files["plot"] = str(write_plot(obs, plot_file))
+        timing, timing_error = None, None
+        if fit_timing and obs.read_polls:
+            timing, timing_error = _fit_timing(obs, fit_timing, planner, where.display)
+            if timing is not None:
+                files["timing"] = str(fit_timing)
         if json_out:
-            print_json(observation_to_dict(obs, planner.view if planner else None, comparisons, outcomes, files))
+            doc = observation_to_dict(obs, planner.view if planner else None, comparisons, outcomes, files)
+            if timing is not None:
+                from kvplan.render.observe import timing_to_dict
+
+                doc["timing"] = timing_to_dict(*timing)
+            print_json(doc)
         else:
             out = console()
-            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes, max_events=20))
+            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes, max_events=20,
+                                         pending=_pending(planner)))
+            if timing is not None:
+                from kvplan.render.observe import render_timing
+
+                out.print(render_timing(*timing))
             for kind, path in files.items():
                 out.print(f"[grey62]{kind}: {escape(path)}[/]")
         if not obs.read_polls:
@@ -144,6 +192,17 @@ def register(app: typer.Typer) -> None:
             from kvplan.cli.errors import fail
 
             raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {last}")
+        if planner is not None and planner.view is None:
+            from kvplan.cli.errors import fail
+
+            pending = planner.pending
+            served = any(planner.serves(s.labels) for s in obs.series)
+            why = ("the endpoint did not report kv_cache_memory_bytes either" if served else
+                   "no series serves the planned model, so no endpoint kv_cache_memory_bytes was used (see the finding)")
+            raise fail(f"no plan to compare with: {pending.message if pending else 'the plan could not be made'}; {why} "
+                       "(pass --kv-budget, the server's KV cache size)")
+        if timing_error is not None:
+            raise timing_error
         raise typer.Exit(0 if all(o.passed for o in outcomes) else 1)
 
     _ = observe  # registered on the app

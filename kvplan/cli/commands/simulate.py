@@ -10,7 +10,8 @@ from kvplan.cli.options import JsonOpt, OfflineOpt, TokenOpt
 
 EPILOG = ("Examples: kvplan simulate docs/examples/shared_prompt.yaml  ·  "
           "kvplan simulate workload.yaml --policy paged --policy prefix_caching --json  ·  "
-          "kvplan simulate workload.yaml --plot pool.png")
+          "kvplan simulate workload.yaml --plot pool.png  ·  "
+          "kvplan simulate workload.yaml --timing docs/examples/timing.yaml")
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +26,9 @@ def register(app: typer.Typer) -> None:
         duration: Annotated[Optional[float], typer.Option("--duration", help="Override duration_s (simulated seconds).")] = None,
         seed: Annotated[Optional[int], typer.Option("--seed", help="Override the file's random seed.")] = None,
         plot: Annotated[Optional[str], typer.Option("--plot", help="Write a time-series plot (pool used, running) here (.png, .svg, .pdf; no suffix: .png).")] = None,
+        timing: Annotated[Optional[str], typer.Option(
+            "--timing", help="A step time fitted on a running server (kvplan observe --fit-timing FILE); replaces the "
+            "workload's timing.file and the bandwidth roofline.", show_default=False)] = None,
         force: Annotated[bool, typer.Option("--force", help="Run even past the work bound (2e8 request-steps, about a minute).")] = False,
         offline: OfflineOpt = False,
         token: TokenOpt = None,
@@ -55,6 +59,13 @@ def register(app: typer.Typer) -> None:
         workload = load_workload(path)
         if seed is not None:
             changes["seed"] = seed
+        if timing is not None:
+            from pathlib import Path
+
+            if workload.decode_step_s is not None:
+                raise InputError(f"--timing and the workload's timing.decode_step_s are exclusive",
+                                 "the file's step time grows with the batch; drop decode_step_s")
+            changes["timing_file"] = Path(timing)
         if offline:
             changes["values"] = {**workload.values, "offline": True}
         if changes:
