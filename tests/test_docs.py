@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvplan_names import resolve
+
 import kvplan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,22 +84,6 @@ def test_version_claims_match_the_engine_tables():
     assert f"models the newest release (`{vllm.DEFAULT_VERSION}`, \"{vllm.RANGES[vllm.DEFAULT_VERSION]}\")" in engines
 
 
-def _resolve(dotted: str):  # noqa: ANN202 - a module, class, function or constant of kvplan
-    import importlib
-
-    module_path, _, attr = f"kvplan.{dotted}".rpartition(".")
-    while module_path:
-        try:
-            target = importlib.import_module(module_path)
-            break
-        except ModuleNotFoundError:
-            module_path, _, outer = module_path.rpartition(".")
-            attr = f"{outer}.{attr}"
-    for part in attr.split(".") if attr else ():
-        target = getattr(target, part)
-    return target
-
-
 def test_architecture_names_every_package_and_every_rule_exists() -> None:
     """docs/architecture.md describes each package of kvplan/ (and only those), and every function its rule
     tables name exists: a renamed function or a moved module fails here."""
@@ -114,7 +100,7 @@ def test_architecture_names_every_package_and_every_rule_exists() -> None:
     names = set(re.findall(r"`((?:memory|engines|planning|paged|model|explain|checks|sim|observe|io)(?:\.\w+)+)`", rules))
     assert len(names) > 60
     for dotted in sorted(names):
-        _resolve(dotted)
+        resolve(dotted)
     # both engines have a column for every rule row of the side-by-side table
     side = rules[rules.index("### Each engine's rules, side by side"):]
     rows = [line for line in side.splitlines() if line.startswith("| ") and not line.startswith("| rule")]

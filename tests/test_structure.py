@@ -6,6 +6,8 @@ import inspect
 import re
 from pathlib import Path
 
+from kvplan_names import resolve
+
 from kvplan.engines import Engine
 from kvplan.engines.registry import NAMES, engine
 
@@ -71,8 +73,6 @@ def test_every_option_is_declared_once_in_the_table() -> None:
 
 def test_docs_name_functions_that_exist_and_every_json_key() -> None:
     """docs/architecture.md's "Where each rule lives" names real functions; docs/cli.md's JSON table lists every key."""
-    import importlib
-
     import kvplan
 
     repo = PACKAGE.parent
@@ -81,16 +81,7 @@ def test_docs_name_functions_that_exist_and_every_json_key() -> None:
     names = set(re.findall(r"`((?:memory|engines|planning|paged|model)(?:\.\w+)+)`", table))
     assert len(names) > 25
     for dotted in names:
-        module_path, _, attr = f"kvplan.{dotted}".rpartition(".")
-        while module_path:
-            try:
-                target = importlib.import_module(module_path)
-                break
-            except ModuleNotFoundError:
-                module_path, _, outer = module_path.rpartition(".")
-                attr = f"{outer}.{attr}"
-        for part in attr.split("."):
-            target = getattr(target, part)
+        resolve(dotted)
     cli_md = (repo / "docs" / "cli.md").read_text(encoding="utf-8")
     doc = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", prefix_tokens=100).to_dict()
     for section in ("model", "assumptions", "per_token", "budget", "pool", "answer", "engine_report"):

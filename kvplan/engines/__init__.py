@@ -532,14 +532,17 @@ def forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
         mlp = 3 * h + spec.num_experts_per_token * (3 * _per_rank(spec.moe_intermediate_size, tp) + h)
     else:
         mlp = 3 * h + 3 * _per_rank(spec.intermediate_size, tp)
-    heads = spec.num_attention_heads or 1
+    return max(mlp, _attention_stage(spec, tp)) * act_bytes
+
+
+def _attention_stage(spec: ModelSpec, tp: int) -> int:
+    """Live elements per token of the attention stage, per GPU: residual, normed input, q, k, v and output."""
+    h, heads = spec.hidden_size, spec.num_attention_heads or 1
     attn_layer = next((layer for layer in spec.layers if layer.kv_heads and layer.head_dim), None)
     head_dim = attn_layer.head_dim if attn_layer else h // heads
     kv_heads = attn_layer.kv_heads if attn_layer else heads
     q = _per_rank(heads * head_dim, tp)
-    kv = max(1, kv_heads // tp) * head_dim
-    attn = 2 * h + q + 2 * kv + q
-    return max(mlp, attn) * act_bytes
+    return 2 * h + q + 2 * max(1, kv_heads // tp) * head_dim + q
 
 
 def dense_forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
@@ -550,13 +553,7 @@ def dense_forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> i
     all_moe = bool(spec.num_experts and spec.moe_intermediate_size
                    and spec.routed_expert_layers >= spec.num_layers_decoder)
     mlp = 0 if all_moe else 3 * h + 3 * _per_rank(spec.intermediate_size, tp)
-    heads = spec.num_attention_heads or 1
-    attn_layer = next((layer for layer in spec.layers if layer.kv_heads and layer.head_dim), None)
-    head_dim = attn_layer.head_dim if attn_layer else h // heads
-    kv_heads = attn_layer.kv_heads if attn_layer else heads
-    q = _per_rank(heads * head_dim, tp)
-    kv = max(1, kv_heads // tp) * head_dim
-    return max(mlp, 2 * h + q + 2 * kv + q) * act_bytes
+    return max(mlp, _attention_stage(spec, tp)) * act_bytes
 
 
 # How vLLM's fused-MoE kernels size their workspaces, per release (read in the released code:
