@@ -67,5 +67,23 @@ def test_cpu_keeps_gated_delta_net_state_in_float32() -> None:
     ("float32", "mamba1", "float32"),
 ])
 def test_vllm_cpu_ssm_dtype_rule(requested: str | None, kind: str, expected: str) -> None:
-    assert vllm.ssm_dtype(requested, kind, is_cpu=True) == expected
-    assert vllm.ssm_dtype(requested, kind, is_cpu=False) == requested  # GPUs: as asked (None: the model's)
+    engine = vllm.defaults("0.19.0", None, False)
+    for configured in (None, "float16"):
+        assert vllm.ssm_dtype(engine, requested, configured, kind, "Qwen3NextForCausalLM", is_cpu=True)[0] == expected
+    # GPUs: as asked; else (None) the model dtype, whatever the config says for a model vLLM reads no SSM dtype of
+    assert vllm.ssm_dtype(engine, requested, "float32", kind, "Qwen3NextForCausalLM", is_cpu=False)[0] == requested
+
+
+@pytest.mark.parametrize("version,architecture,configured,expected", [
+    ("0.12.0", "NemotronHForCausalLM", "float32", None),  # before 0.13 vLLM reads no config key: the model dtype
+    ("0.13.0", "NemotronHForCausalLM", None, "float16"),  # 0.13 - 0.19: mamba_ssm_cache_dtype, else float16
+    ("0.19.0", "NemotronHForCausalLM", "float32", "float32"),
+    ("0.20.2", "NemotronHForCausalLM", None, "float32"),  # 0.20+: DEFAULT_MAMBA_SSM_CACHE_DTYPE float32
+    ("0.16.1", "Qwen3_5ForConditionalGeneration", "float32", "float32"),  # Qwen3.5: its text config's
+    ("0.33.0", "Qwen3NextForCausalLM", "float32", None),  # not read for other models
+])
+def test_vllm_reads_the_configs_ssm_dtype_only_where_its_release_does(version, architecture, configured, expected):
+    engine = vllm.defaults(version, None, False)
+    dtype, why = vllm.ssm_dtype(engine, None, configured, "mamba2", architecture, is_cpu=False)
+    assert dtype == expected
+    assert bool(why) == (dtype != configured)  # a note exactly when the engine departs from the config

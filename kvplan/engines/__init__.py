@@ -423,8 +423,10 @@ class Engine(Protocol):
     def auto_dtype(self, checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:
         """The dtype ``--dtype auto`` runs a ``checkpoint_dtype`` checkpoint in (``bf16``: the GPU supports it)."""
 
-    def ssm_dtype(self, requested: str | None, state_kind: str, *, is_cpu: bool) -> str | None:
-        """The SSM-state dtype of a state layer given ``--ssm-dtype`` (None: the model's own)."""
+    def ssm_dtype(self, engine: EngineDefaults, requested: str | None, configured: str | None, state_kind: str,
+                  architecture: str, *, is_cpu: bool) -> tuple[str | None, str]:
+        """The SSM-state dtype the engine stores a state layer in (None: the model dtype) given ``--ssm-dtype``
+        (``requested``) and the config's (``configured``), and why when it is not the config's."""
 
     def report(self, launch: Launch) -> tuple[str, ...]:
         """What the engine will log about its KV cache (first line: the log itself; then explanations)."""

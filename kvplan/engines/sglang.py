@@ -474,6 +474,8 @@ def auto_dtype(checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:  #
     return "bfloat16" if model_type.startswith("gemma") else "float16"
 
 
-def ssm_dtype(requested: str | None, state_kind: str, *, is_cpu: bool) -> str | None:  # noqa: ARG001
-    """The SSM-state dtype of a state layer: what was requested (None: the model's own)."""
-    return requested
+def ssm_dtype(engine: EngineDefaults, requested: str | None, configured: str | None, state_kind: str,  # noqa: ARG001
+              architecture: str, *, is_cpu: bool) -> tuple[str | None, str]:
+    """The SSM-state dtype of a state layer (None: the model dtype) and why, when it is not the config's: what
+    was requested, else the config's."""
+    return (requested, f"--ssm-dtype {requested}") if requested else (configured, "")

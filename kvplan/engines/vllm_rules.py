@@ -251,16 +251,46 @@ def auto_dtype(checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:
     return wanted if wanted in supported else supported[0]
 
 
-def ssm_dtype(requested: str | None, state_kind: str, *, is_cpu: bool) -> str | None:
-    """The SSM-state dtype of a state layer (None: the model's own). ``requested``: ``--mamba-ssm-cache-dtype``.
+# the SSM-state dtype vLLM takes from a model's config when --mamba-ssm-cache-dtype is auto
+# (vllm/model_executor/models/config.py MODELS_CONFIG_MAP): NemotronH's mamba_ssm_cache_dtype from 0.13 (else
+# float16; float32 from 0.20, DEFAULT_MAMBA_SSM_CACHE_DTYPE), Qwen3.5's text config mamba_ssm_dtype (in 0.17.0's
+# source; a 0.16.1 dev build's log, vllm-f54355267735, already stores float32: the rule came with the model);
+# every other model's state, and NemotronH's before 0.13, in the model dtype ("auto")
+NEMOTRON_H_ARCHITECTURES = ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Nano_VL_V2")
+QWEN3_5_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                         "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 
-    On GPUs, what was requested. The CPU backend (vllm/platforms/cpu.py ``check_and_update_config``, on CPUs
-    with AVX-512 BF16, which kvplan's ``cpu`` target assumes) resets it to float32 for every state kind
-    ("Reset SSM cache type to float32 for accelerated GDN mamba backend"), unless float16/bfloat16 was asked
-    for a gated-delta-net layer, which its accelerated GDN kernel stores as asked.
+
+def _version(engine: EngineDefaults) -> str:
+    return engine.requested_version or engine.version
+
+
+def ssm_dtype(engine: EngineDefaults, requested: str | None, configured: str | None, state_kind: str,
+              architecture: str, *, is_cpu: bool) -> tuple[str | None, str]:
+    """The SSM-state dtype vLLM stores a state layer in (None: the model dtype) and why, when it is not the
+    config's (``configured``: the config's ``mamba_ssm_cache_dtype`` / ``mamba_ssm_dtype``; ``requested``:
+    ``--mamba-ssm-cache-dtype``).
+
+    On GPUs, what was requested, else what the release takes from the config (:data:`NEMOTRON_H_ARCHITECTURES`,
+    :data:`QWEN3_5_ARCHITECTURES`), else the model dtype. The CPU backend (vllm/platforms/cpu.py
+    ``check_and_update_config``, on CPUs with AVX-512 BF16, which kvplan's ``cpu`` target assumes) resets it to
+    float32 for every state kind ("Reset SSM cache type to float32 for accelerated GDN mamba backend"), unless
+    float16/bfloat16 was asked for a gated-delta-net layer, which its accelerated GDN kernel stores as asked.
     """
-    if not is_cpu:
-        return requested
-    if requested in ("float16", "bfloat16") and state_kind == "gated_delta_net":
-        return requested
-    return "float32"
+    if is_cpu:
+        if requested in ("float16", "bfloat16") and state_kind == "gated_delta_net":
+            return requested, f"--ssm-dtype {requested}"
+        return "float32", ("vllm's CPU backend resets it to float32 on CPUs with AVX-512 BF16; --ssm-dtype bf16 "
+                           "keeps bf16 for gated-delta-net layers")
+    if requested:
+        return requested, f"--ssm-dtype {requested}"
+    release = release_of(engine)
+    if architecture in NEMOTRON_H_ARCHITECTURES and release >= (0, 13, 0):
+        default = "float32" if release >= (0, 20, 0) else "float16"
+        return configured or default, ("" if configured else f"vllm {_version(engine)}'s NemotronH default {default}")
+    if architecture in QWEN3_5_ARCHITECTURES:
+        return configured, ""
+    if configured:
+        return None, (f"vllm {_version(engine)} stores it in the model dtype: it reads the config's SSM dtype only for "
+                      "NemotronH (0.13+) and Qwen3.5; --ssm-dtype sets it")
+    return None, ""

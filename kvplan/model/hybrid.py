@@ -9,8 +9,10 @@ config describes an attention-only model. State sizes follow vLLM's ``MambaState
 - gated delta net (Qwen3-Next): conv ``(k - 1) x (2 x k_heads x k_dim + v_heads x v_dim)``,
   SSM ``v_heads x v_dim x k_dim``.
 
-The conv state is kept in the model dtype, the SSM state in vLLM's ``mamba_ssm_cache_dtype`` (model
-dtype unless the config or the model says otherwise: Nemotron-H defaults to float32).
+The conv state is kept in the model dtype; the SSM state's dtype recorded here is the config's own
+(``mamba_ssm_cache_dtype`` / ``mamba_ssm_dtype``), ``None`` when it names none. Which dtype an engine stores
+it in (whether it reads that key, its defaults per release, ``--ssm-dtype``) is the engine's rule
+(``Engine.ssm_dtype``).
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ def _state_kind(r: ConfigReader, model_type: str) -> str:
                       "kvplan models Mamba1, Mamba2 and gated-delta-net (Qwen3-Next) states")
 
 
-def _ssm_dtype(r: ConfigReader, model_type: str) -> str | None:
+def _ssm_dtype(r: ConfigReader) -> str | None:
     for key in ("mamba_ssm_cache_dtype", "mamba_ssm_dtype"):
         value = r.raw(key)
         if value is None or value == "auto":
@@ -168,9 +170,6 @@ def _ssm_dtype(r: ConfigReader, model_type: str) -> str | None:
             raise r.fail(key, value, "one of " + ", ".join(_SSM_DTYPES))
         r.provenance["ssm_dtype"] = r.prefix + key
         return _SSM_DTYPES[value.removeprefix("torch.")]
-    if model_type.startswith("nemotron_h"):
-        r.provenance["ssm_dtype"] = "vLLM NemotronH default (float32)"
-        return "float32"
     return None
 
 
@@ -182,7 +181,7 @@ def _state_cache(r: ConfigReader, model_type: str, hidden: int, kinds: set[str])
         raise ConfigError(f"{r.where}: mixed state-layer kinds {sorted(kinds)} in one model are not supported")
     kind = next(iter(kinds))
     need = lambda name, keys: r.int(name, keys)  # noqa: E731 - raises naming the missing key
-    ssm_dtype = _ssm_dtype(r, model_type)
+    ssm_dtype = _ssm_dtype(r)
     if kind == "mamba1":
         expand = need("mamba_expand", ("mamba_expand", "expand"))
         state = need("mamba_d_state", ("mamba_d_state", "state_size"))

@@ -224,6 +224,7 @@ class _Pool:
     weights_total_bytes: int
     budget: Budget
     blocks: int
+    ssm_note: str = ""  # why the state layers' SSM dtype is not the config's (the engine's rule), "" when it is
 
 
 def features_of(options: Options) -> Features:
@@ -257,15 +258,20 @@ def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo, spec: ModelS
     return engine
 
 
-def _with_ssm_dtype(layers: tuple[LayerCache, ...], rules: Engine, options: Options,
-                    gpu: GpuInfo) -> tuple[LayerCache, ...]:
-    """State layers with the SSM dtype the engine stores (``--ssm-dtype``, or the CPU backend's float32)."""
+def _with_ssm_dtype(layers: tuple[LayerCache, ...], rules: Engine, engine: EngineDefaults, spec: ModelSpec,
+                    options: Options, gpu: GpuInfo) -> tuple[tuple[LayerCache, ...], str]:
+    """State layers with the SSM dtype the engine stores (``--ssm-dtype``, the release's rule for the config's,
+    the CPU backend's float32), and why when that is not the config's."""
     requested = parse_dtype(options.ssm_dtype, "--ssm-dtype").name if options.ssm_dtype else None
-    out = []
+    out, why = [], ""
     for layer in layers:
-        dtype = rules.ssm_dtype(requested, layer.state_kind, is_cpu=gpu.is_cpu) if layer.is_state else None
-        out.append(replace(layer, ssm_dtype=dtype) if dtype else layer)
-    return tuple(out)
+        if layer.is_state:
+            dtype, reason = rules.ssm_dtype(engine, requested, layer.ssm_dtype, layer.state_kind, spec.architecture,
+                                            is_cpu=gpu.is_cpu)
+            why = why or reason
+            layer = replace(layer, ssm_dtype=dtype)
+        out.append(layer)
+    return tuple(out), why
 
 
 def _with_images(layers: tuple[LayerCache, ...], spec: ModelSpec, options: Options) -> tuple[LayerCache, ...]:
@@ -326,8 +332,9 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                              f"(tp x pp = {options.gpu_count}, tp dividing {heads})")
         raise InputError(f"--tp {options.tp} does not divide the model's {heads} attention heads ({rules.ENGINE} "
                          "requires it)", f"use a tp that divides {heads}: {divisors}")
-    layers = _with_images(_with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, options, gpu),
-                          spec, options)
+    layers, ssm_note = _with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, engine, spec,
+                                       options, gpu)
+    layers = _with_images(layers, spec, options)
     layers = _with_engine_layers(layers, rules.draft_layers(engine, spec, features), engine, model_dtype)
     layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
@@ -355,7 +362,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))
     return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
-                 memory.num_blocks(budget.kv_budget_bytes, layout))
+                 memory.num_blocks(budget.kv_budget_bytes, layout), ssm_note)
 
 
 def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: EngineDefaults, model_dtype: DType,
@@ -542,12 +549,8 @@ def _state_note(pool: _Pool, spec: ModelSpec) -> str | None:
     if not planned or planned == sorted({x.ssm_dtype or "" for x in spec.layers if x.is_state}):
         return None
     ssm = ", ".join(d or "the model dtype" for d in planned)
-    if pool.options.ssm_dtype:
-        why = f"--ssm-dtype {pool.options.ssm_dtype}"
-    else:
-        why = (f"{pool.engine.engine}'s CPU backend resets it to float32 on CPUs with AVX-512 BF16; --ssm-dtype bf16 "
-               "keeps bf16 for gated-delta-net layers")
-    return f"{STATE_NOTE} conv state in {pool.model_dtype.name}, SSM state in {ssm} ({why})"
+    why = f" ({pool.ssm_note})" if pool.ssm_note else ""
+    return f"{STATE_NOTE} conv state in {pool.model_dtype.name}, SSM state in {ssm}{why}"
 
 
 def _dtype_note(pool: _Pool, checkpoint: str) -> str:
