@@ -113,6 +113,8 @@ class EngineDefaults:
     release_range: str = ""  # the releases whose rules ``version`` models, e.g. "0.18.0 - 0.19.x"
     concurrent_batches: int = 1  # batches in flight at once (2 with vLLM >= 0.26's async scheduling)
     prefix_caching: bool | None = None  # forced by the engine for this model (vLLM's CPU MLA: off); None: not forced
+    prefix_caching_default: bool | None = None  # the default for this model where it is not the release's (vLLM's
+    # hybrids 0.11.1 - 0.25: off); None: the release's default
     kv_in_model_dtype: bool = False  # the engine keeps this model's KV cache in the model dtype (vLLM's Falcon)
     max_len_rule: str = ""  # how rope scaling sets the model's maximum length (vLLM's Profile.max_len_rule)
     mla_align_bytes: int = 0  # MLA cache entries padded to this many bytes of the model dtype (vLLM V0 0.7.2+)
@@ -376,8 +378,11 @@ class Engine(Protocol):
     def draft_layers(self, engine: EngineDefaults, spec: ModelSpec, features: Features | None) -> int:
         """How many draft (multi-token-prediction) decoder layers the engine gives a KV cache in the same pool."""
 
-    def for_model(self, engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None) -> EngineDefaults:
-        """The defaults with what the engine forces for this model (block size, batching, prefix caching)."""
+    def for_model(self, engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None, *,
+                  device: Device | None = None, kv_dtype: str | None = None,
+                  user_block_size: int | None = None) -> EngineDefaults:
+        """The defaults with what the engine forces for this model (block size, batching, prefix caching) on this
+        GPU, for the asked ``--kv-dtype`` and ``--block-size`` (None: not given)."""
 
     def inflight_tokens(self, engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
         """Tokens a request may have scheduled but not yet computed, which windowed layers also hold."""

@@ -335,7 +335,9 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
 # the engine's rules (kvplan.engines.Engine)
 
 
-def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None) -> EngineDefaults:
+def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None, *,
+              device: Device | None = None, kv_dtype: str | None = None,
+              user_block_size: int | None = None) -> EngineDefaults:  # noqa: ARG001 - the Engine interface
     """SGLang's defaults do not depend on the model's layer kinds."""
     return engine
 

@@ -12,6 +12,7 @@ build). docs/engines.md gives the sources and the agreement with real start-up l
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Term,
@@ -331,7 +332,92 @@ _CACHE_CONFIG_IGNORED = ("FalconForCausalLM", "RWForCausalLM")  # Attention(...)
 SCHEDULER_DEFAULT_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
-def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None) -> EngineDefaults:
+# The block size vLLM's CUDA platform sets for an MLA model (module docstring of mla_block_size), by the first
+# release of each rule (vllm/platforms/cuda.py check_and_update_config, 0.8 - 0.17; the attention backend's
+# preferred block size, Platform.update_block_size_for_backend, 0.18+).
+MLA_BLOCK_RULES = (((0, 8, 0), "flashmla"), ((0, 10, 1), "flashmla-cutlass"), ((0, 12, 0), "flashmla-cutlass-multiple"),
+                   ((0, 18, 0), "backend-preferred"))
+_VERSION_NUMBERS = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def release_numbers(version: str) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` of a release string (``0.10.1.1`` -> ``(0, 10, 1)``, ``0.30`` -> ``(0, 30, 0)``),
+    None when it has none: for rules that change inside one modelled range."""
+    match = _VERSION_NUMBERS.match(version or "")
+    return None if match is None else (int(match[1]), int(match[2]), int(match[3] or 0))
+
+
+# Prefix caching for models with Mamba / linear-attention state layers (hybrids, and attention-free models), V1:
+# 0.10.0 - 0.11.0 turn it off whatever was asked (MambaModelConfig.verify_and_update_config: "not yet supported");
+# 0.11.1 - 0.25 leave it off by default (EngineArgs: default_prefix_caching = not is_hybrid, later
+# ModelConfig.is_prefix_caching_supported: "still experimental"), a user may turn it on; 0.26+ default it on
+# for hybrids ("Generative hybrid models support prefix caching"), still off for attention-free models.
+STATE_PREFIX_FORCED_OFF_BEFORE = (0, 11, 1)
+HYBRID_PREFIX_DEFAULT_FROM = (0, 26, 0)
+
+
+def state_prefix_caching(engine: EngineDefaults, spec: ModelSpec) -> tuple[bool | None, bool | None, str]:
+    """``(forced, default, why)`` of prefix caching for a model with state layers on vLLM V1 (module constants
+    above); ``(None, None, "")`` for other models, V0 and releases without a rule of their own."""
+    if engine.mode == "V0" or not any(layer.is_state for layer in spec.layers):
+        return None, None, ""
+    release = release_numbers(engine.requested_version or engine.version)
+    if release is None:
+        return None, None, ""
+    hybrid = any(layer.caches_tokens for layer in spec.layers)
+    if release < STATE_PREFIX_FORCED_OFF_BEFORE:
+        return False, None, f"{engine.label} turns prefix caching off for models with Mamba / linear-attention layers"
+    if release < HYBRID_PREFIX_DEFAULT_FROM or not hybrid:
+        return None, False, (f"{engine.label} leaves prefix caching off by default for "
+                             f"{'hybrid' if hybrid else 'attention-free'} models (--enable-prefix-caching turns it on)")
+    return None, None, ""
+
+
+def mla_block_size(version: str, device: Device | None, kv_dtype: str | None,
+                   user_block_size: int | None) -> tuple[int | None, str]:
+    """``(block size in tokens, why)`` vLLM sets for an MLA model on this GPU, ``(None, "")`` where it keeps the
+    default (16) or the user's ``--block-size``. ``version``: the release asked for (``0.10.1``), not only the
+    modelled rules' key, since rules change inside a modelled range.
+
+    - 0.8 - 0.10.0: on Hopper (compute capability 9.x) the FlashMLA backend, whose kernel reads 64-token pages:
+      ``cache_config.block_size = 64`` whatever was asked ("Forcing kv cache block size to 64 for FlashMLA backend").
+    - 0.10.1 - 0.11: as 0.8, and on Blackwell (10.x) CUTLASS MLA: 128 whatever was asked.
+    - 0.12 - 0.17: as 0.10.1, but a user's multiple of 128 stays on Blackwell.
+    - 0.18+: the backend's preferred size, and a user's block size stays. Hopper runs FlashAttention MLA (any
+      multiple of 16: the default 16 stays) unless the KV cache is fp8, which only FlashMLA (64) takes; Blackwell
+      runs FlashInfer MLA (32 or 64: 32), for DeepSeek's ``qk_nope_head_dim`` 128.
+    Other GPUs (Ampere, Ada, 12.x GeForce/RTX PRO) run Triton MLA at 16; ROCm is not modelled here (16).
+    kvplan assumes FlashMLA is compiled in (the project's wheels for sm90) and no ``VLLM_ATTENTION_BACKEND``.
+    """
+    release = release_numbers(version)
+    capability = device.capability if device is not None and device.platform == "cuda" else None
+    if release is None or capability is None:
+        return None, ""
+    rule = next((r for first, r in reversed(MLA_BLOCK_RULES) if release >= first), None)
+    major = capability[0]
+    fp8 = bool(kv_dtype) and str(kv_dtype).startswith("fp8")
+    if rule is None:
+        return None, ""
+    if rule == "backend-preferred":
+        if user_block_size:
+            return None, ""
+        if major == 9 and fp8:
+            return 64, "FlashMLA (fp8 KV cache on Hopper)"
+        if major == 10:
+            return 32, "FlashInfer MLA (Blackwell)"
+        return None, ""
+    if major == 9:
+        return 64, "FlashMLA (Hopper)"
+    if major == 10 and rule != "flashmla":
+        if rule == "flashmla-cutlass-multiple" and user_block_size and user_block_size % 128 == 0:
+            return None, ""
+        return 128, "CUTLASS MLA (Blackwell)"
+    return None, ""
+
+
+def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None, *,
+              device: Device | None = None, kv_dtype: str | None = None,
+              user_block_size: int | None = None) -> EngineDefaults:
     """What vLLM forces for this model, whatever the user asks (0.32).
 
     Falcon (vllm/model_executor/models/falcon.py) builds its attention without the cache config, so its
@@ -347,7 +433,17 @@ def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_l
         engine = replace(engine, kv_in_model_dtype=True, notes=engine.notes + (
             "vLLM's Falcon builds its attention without the cache config: the KV cache stays in the model dtype "
             "whatever --kv-dtype says",))
-    if not is_cpu or not any(layer.kind is LayerKind.MLA for layer in spec.layers):
+    forced, default, why = state_prefix_caching(engine, spec)
+    if why:
+        engine = replace(engine, prefix_caching=forced if forced is not None else engine.prefix_caching,
+                         prefix_caching_default=default, notes=engine.notes + (why,))
+    mla = any(layer.kind is LayerKind.MLA for layer in spec.layers)
+    if mla and not is_cpu:
+        size, why = mla_block_size(engine.requested_version or engine.version, device, kv_dtype, user_block_size)
+        if size is not None and size != engine.block_size:
+            engine = replace(engine, block_size=size, notes=engine.notes + (
+                f"{engine.label} runs this MLA model with {why}: block size {size}",))
+    if not is_cpu or not mla:
         return engine
     longest = max_model_len or model_max_len(engine, spec).tokens or 0
     return replace(engine, block_size=CPU_MLA_BLOCK_SIZE, prefix_caching=False,

@@ -38,7 +38,10 @@ def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
 
 
 def default_prefix_caching(engine: EngineDefaults) -> bool:
-    """``enable_prefix_caching``'s default: on in the V1 engine, off in V0."""
+    """``enable_prefix_caching``'s default: on in the V1 engine, off in V0; for a model whose default differs
+    (``engine.prefix_caching_default``, set by :func:`~kvplan.engines.vllm.for_model`), that."""
+    if engine.prefix_caching_default is not None:
+        return engine.prefix_caching_default
     return engine.mode != "V0"
 
 

@@ -113,6 +113,7 @@ LINES: tuple[Line, ...] = (
     # block sizes the engine sets itself: facts of the log, not options (hybrids: 0.10.1+; MLA indexers)
     _l(r"Setting attention block size to ([0-9]+) tokens", "engine_block_size", "int", engine=VLLM),
     _l(r"Setting kv cache block size to ([0-9]+)", "engine_block_size", "int", engine=VLLM),
+    _l(r"Forcing kv cache block size to ([0-9]+) for", "engine_block_size", "int", engine=VLLM),  # MLA 0.8 - 0.17
     # --- the GPU's memory ----------------------------------------------------------------------------------
     _l(r"total_gpu_memory[ =(]+\s*" + GIB, "total_memory_gib", "gib", engine=VLLM),  # V0 0.6.4 - 0.10
     _l(r"Free memory on device(?: [\w:]+)? \(" + NUMBER + r"\s*/\s*" + NUMBER + r"\s*GiB\)",

@@ -306,12 +306,19 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
     for field, key in _VALUE_FIELDS.items():
         if getattr(log, field) is not None:
             values[key] = getattr(log, field)
-    if log.engine_block_size is not None and "block_size" not in values:
+    if "block_size" not in values:
         from kvplan.engines.registry import engine as engine_rules
 
         choices = engine_rules(values["engine"]).BLOCK_SIZES
-        if choices is None or log.engine_block_size in choices:  # else a hybrid's: kvplan's layout computes its own
-            values["block_size"] = log.engine_block_size
+        if log.engine_block_size is not None:
+            if choices is None or log.engine_block_size in choices:  # else a hybrid's: kvplan's layout computes its own
+                values["block_size"] = log.engine_block_size
+        elif choices is not None and log.block_size is None:
+            implied = block_size_from_concurrency(log, choices)
+            if implied is not None:
+                values["block_size"] = implied
+                notes.append(f"block size {implied}: the log's {log.num_gpu_blocks:,} blocks x {implied} tokens hold "
+                             f"{log.max_concurrency:g}x {log.concurrency_len:,} tokens (no other block size does)")
     if log.max_model_len:
         values["max_model_len"] = values["context"] = log.max_model_len
     if log.gpu_memory_utilization is not None:  # SGLang's mem_fraction_static is its utilisation
@@ -582,6 +589,20 @@ def _from_logged(log: StartupLog, plan: Any) -> tuple[Capacity | None, tuple[int
     if engine_bs is not None and engine_bs != plan.layout.block_size and mismatches:
         mismatches.append(f"the engine set block size {engine_bs:,}, kvplan's layout has {plan.layout.block_size:,}")
     return best, span, mismatches
+
+
+def block_size_from_concurrency(log: StartupLog, choices: tuple[int, ...]) -> int | None:
+    """The block size (tokens) a V0-style log's own numbers imply, or ``None``: where a log prints the blocks and
+    ``Maximum concurrency for N tokens per request: X`` but no token count, ``X = blocks x block size / N`` (V0's
+    rule, printed to 2 decimals) holds for one of the engine's ``choices`` only. Only a size other than the
+    default 16 is returned, and only when it is the one choice that reproduces the line (a backend that chose
+    its own pages, such as FlashMLA's 64, and printed no line saying so)."""
+    if None in (log.num_gpu_blocks, log.max_concurrency, log.concurrency_len) or log.kv_cache_tokens is not None:
+        return None
+    if not log.concurrency_len:
+        return None
+    fits = [size for size in choices if round(log.num_gpu_blocks * size / log.concurrency_len, 2) == log.max_concurrency]
+    return fits[0] if len(fits) == 1 and fits[0] != 16 else None
 
 
 # ---------------------------------------------------------------------------------------------

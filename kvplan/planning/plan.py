@@ -305,7 +305,8 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     gpu = resolve_gpu(options)
     rules = engine_rules(options.engine)
     engine = rules.for_model(_engine_defaults(rules, options, gpu, spec), spec, gpu.is_cpu,
-                             options.max_model_len or options.context)
+                             options.max_model_len or options.context, device=gpu.device,
+                             kv_dtype=options.kv_dtype, user_block_size=options.block_size)
     features = features_of(options)
     if options.dtype and options.dtype != "auto":
         model_dtype = parse_dtype(options.dtype, "--dtype")
