@@ -308,6 +308,11 @@ OPTIONS: tuple[Opt, ...] = (
         PANEL_BUDGET),
     Opt("num_speculative_tokens", "count", "Tokens the draft proposes per step (vLLM num_speculative_tokens, "
         "default 1).", PANEL_BUDGET),
+    Opt("flashinfer", "switch", "Whether FlashInfer is installed where vLLM 0.8 - 0.11 run: their profiled sampler "
+        "takes FlashInfer's top-k/top-p where it is (the project's Docker images) and the native torch sort "
+        "otherwise (a plain pip install; the start-up log says \"FlashInfer is not available\"). Unset: kvplan "
+        "plans FlashInfer and its range reaches the native path. Other releases' path does not depend on it.",
+        PANEL_BUDGET, flags=("--flashinfer/--no-flashinfer",), show_default=False),
     Opt("expert_parallel", "flag", "vLLM --enable-expert-parallel: MoE experts split over the GPUs (each GPU's "
         "fused-MoE workspaces use the whole expert width).", PANEL_BUDGET, default=False),
     Opt("block_size", "count", "Tokens per KV block (vLLM GPU default 16, CPU 128).", PANEL_BUDGET),

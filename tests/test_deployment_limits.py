@@ -185,6 +185,7 @@ NOT_LAUNCH = {
     "model": "named first", "gpu": "the hardware", "gpu_memory": "the hardware", "batch": "the workload",
     "prefix_tokens": "the workload", "images": "the workload (images per request)",
     "engine": "which command", "engine_version": "the installed release",
+    "flashinfer": "the installation (whether FlashInfer is installed beside vLLM), not a flag",
     "weights_dtype": "the checkpoint's format", "weights_gib": "a fact about the checkpoint",
     "activation_gib": "kvplan's estimate of a term", "overhead_gib": "kvplan's estimate of a term",
     "cudagraph_gib": "kvplan's estimate of a term", "calibration": "measured terms for kvplan's estimate",

@@ -163,7 +163,8 @@ class Features:
     ``max_lora_rank``: the rank each slot is sized for. ``speculative``: the speculative decoding method
     (``mtp``, ``eagle``, ``eagle3``, ``ngram``; None: off) and ``speculative_tokens`` the tokens it proposes
     per step. ``expert_parallel``: experts split over the GPUs instead of their intermediate size
-    (vLLM ``--enable-expert-parallel``).
+    (vLLM ``--enable-expert-parallel``). ``flashinfer``: whether FlashInfer is installed, which decides the
+    sampler path of vLLM 0.8 - 0.11's profile run (None: not known; kvplan plans the Docker images' FlashInfer).
     """
 
     max_loras: int = 0
@@ -171,6 +172,7 @@ class Features:
     speculative: str | None = None
     speculative_tokens: int = 0
     expert_parallel: bool = False
+    flashinfer: bool | None = None  # FlashInfer installed (vLLM 0.8 - 0.11's sampler path); None: not known
 
     @property
     def lora(self) -> bool:

@@ -466,17 +466,19 @@ FLASHINFER_MIN_SMS = 17  # flashinfer_sampler_supported(): GPUs with 16 or fewer
 INSTALLED_SAMPLERS = ("flashinfer-old", "flashinfer-installed")  # FlashInfer only where it is installed
 
 
-def sampler_path(version: str, device: Device | None = None) -> tuple[str, int]:
+def sampler_path(version: str, device: Device | None = None, flashinfer: bool | None = None) -> tuple[str, int]:
     """``(path, fp32 copies)`` of the profiled dummy sampler run on ``device`` (copies 0: derived).
 
     FlashInfer's sampler exists only on CUDA: on ROCm the 0.9.1 - 0.11 FlashInfer path is the native
     torch-sort path (10 copies) and the 0.21+ one is the Triton path; CUDA GPUs with 16 or fewer SMs also fall
     back to Triton from 0.21. 0.9.1 - 0.11 take FlashInfer where it is installed (the project's Docker images;
-    a plain ``pip install vllm`` runs native): kvplan plans the FlashInfer path and its range reaches the native one.
+    a plain ``pip install vllm`` runs native): kvplan plans the FlashInfer path and its range reaches the native one,
+    unless ``flashinfer`` says whether it is installed (``--flashinfer`` / ``--no-flashinfer``, or the start-up
+    log's "Using FlashInfer" / "Falling back to the PyTorch-native implementation").
     """
     p = profile(version)
     device = device or Device()
-    if device.platform == "rocm" and p.sampler in ("flashinfer-installed", "flashinfer-old"):
+    if (device.platform == "rocm" or flashinfer is False) and p.sampler in INSTALLED_SAMPLERS:
         native = PROFILES["0.12"]
         return native.sampler, native.sampler_copies
     if p.sampler == "flashinfer" and (device.platform == "rocm" or (device.sm_count or DEFAULT_SM_COUNT)
@@ -517,7 +519,7 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     features = features or Features()
     forward = forward_bytes(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, features.expert_parallel)
     rows = min(max_num_seqs, max_num_batched_tokens)
-    path, copies = sampler_path(version, device)
+    path, copies = sampler_path(version, device, features.flashinfer)
     if copies:
         sampler = sampler_bytes(rows, spec.vocab_size, copies)
     else:
@@ -746,13 +748,17 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         rows = min(max_num_seqs, max_num_batched_tokens)
         activation = Term("activation", max(peak, images.encoder_peak_bytes if images else 0),
                           _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
-                                             *sampler_path(version, device), images))
-        if p.sampler in INSTALLED_SAMPLERS and sampler_path(version, device)[0] != "native":
+                                             *sampler_path(version, device, features.flashinfer), images))
+        if (p.sampler in INSTALLED_SAMPLERS and features.flashinfer is None
+                and sampler_path(version, device)[0] != "native"):
             native = sampler_bytes(rows, spec.vocab_size, PROFILES["0.12"].sampler_copies)
             path_gap = max(0, max(forward, native) + resident - activation.bytes)
             notes.append(f"vllm {p.version}'s sampler takes FlashInfer where it is installed (the Docker images) and "
                          f"the native path otherwise ({path_gap / GiB:.2f} GiB more activation): kvplan plans FlashInfer; "
-                         "the low end of the range is the native path")
+                         "the low end of the range is the native path (--no-flashinfer plans it)")
+        elif p.sampler in INSTALLED_SAMPLERS and features.flashinfer is not None:
+            notes.append(f"vllm {p.version}'s sampler " + ("takes FlashInfer (installed)" if features.flashinfer else
+                                                           "takes the native torch-sort path (no FlashInfer)"))
     if overhead is None:
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens)
         notes.extend(note)

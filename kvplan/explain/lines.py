@@ -107,6 +107,8 @@ LINES: tuple[Line, ...] = (
     _l(r"\bkv_cache_dtype=(\w+)", "kv_cache_dtype", "word"),
     _l(r"\bquantization=(\w+)", "quantization", "word"),
     _l(r"\benforce_eager=(True|False)", "enforce_eager", "bool", engine=VLLM),
+    _l(r"\benable_prefix_caching=(True|False)", "prefix_caching", "bool", engine=VLLM),  # the engine config line
+    _l(r"'enable_prefix_caching': (True|False)", "prefix_caching", "bool", engine=VLLM),  # non-default args
     _l(r"Chunked prefill is enabled with max_num_batched_tokens=([0-9]+)", "max_num_batched_tokens", "int", engine=VLLM),
     _l(r"\bmax_num_batched_tokens=([0-9]+)", "max_num_batched_tokens", "int", engine=VLLM),
     _l(r"(api_server\.py|APIServer pid|model_tag)", "usage_context", "serve", engine=VLLM),
@@ -114,6 +116,11 @@ LINES: tuple[Line, ...] = (
     _l(r"Setting attention block size to ([0-9]+) tokens", "engine_block_size", "int", engine=VLLM),
     _l(r"Setting kv cache block size to ([0-9]+)", "engine_block_size", "int", engine=VLLM),
     _l(r"Forcing kv cache block size to ([0-9]+) for", "engine_block_size", "int", engine=VLLM),  # MLA 0.8 - 0.17
+    # the sampler path of the profile run (0.8 - 0.11: FlashInfer where it is installed, the native sort otherwise)
+    _l(r"Using FlashInfer for top-p & top-k sampling", "flashinfer_sampler", "true", engine=VLLM),
+    _l(r"(?:FlashInfer is not available|FlashInfer is available, but it is not enabled|is disabled because "
+       r"FlashInfer>=v0\.2\.3 is not|FlashInfer version >= 0\.2\.3 required)", "flashinfer_sampler", "false",
+       engine=VLLM),
     # --- the GPU's memory ----------------------------------------------------------------------------------
     _l(r"total_gpu_memory[ =(]+\s*" + GIB, "total_memory_gib", "gib", engine=VLLM),  # V0 0.6.4 - 0.10
     _l(r"Free memory on device(?: [\w:]+)? \(" + NUMBER + r"\s*/\s*" + NUMBER + r"\s*GiB\)",

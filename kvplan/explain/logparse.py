@@ -61,6 +61,8 @@ class StartupLog:
     max_num_seqs: int | None = None
     block_size: int | None = None  # as the deployment set it (--block-size; SGLang --page-size)
     engine_block_size: int | None = None  # as the engine chose it ("Setting attention block size to 544 tokens")
+    prefix_caching: bool | None = None  # enable_prefix_caching as the config line or the non-default args print it
+    flashinfer_sampler: bool | None = None  # vLLM's sampler said it uses FlashInfer (True) or falls back (False)
     enforce_eager: bool | None = None
     usage_context: str | None = None  # serve | llm
     kv_cache_memory_bytes: int | None = None  # an explicit KV budget the deployment set (kv_cache_memory_bytes)

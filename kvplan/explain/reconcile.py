@@ -317,8 +317,13 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
             implied = block_size_from_concurrency(log, choices)
             if implied is not None:
                 values["block_size"] = implied
-                notes.append(f"block size {implied}: the log's {log.num_gpu_blocks:,} blocks x {implied} tokens hold "
-                             f"{log.max_concurrency:g}x {log.concurrency_len:,} tokens (no other block size does)")
+                notes.append(f"block size {implied}: the log's {plural(log.num_gpu_blocks, 'block')} x "
+                             f"{plural(implied, 'token')} hold {log.max_concurrency:g}x "
+                             f"{plural(log.concurrency_len, 'token')} (no other block size does)")
+    if log.prefix_caching is not None:  # a vLLM line (SGLang prints its radix cache otherwise)
+        values["prefix_caching"] = log.prefix_caching
+    if log.flashinfer_sampler is not None:
+        values["flashinfer"] = log.flashinfer_sampler
     if log.max_model_len:
         values["max_model_len"] = values["context"] = log.max_model_len
     if log.gpu_memory_utilization is not None:  # SGLang's mem_fraction_static is its utilisation
@@ -725,6 +730,24 @@ def _bundled_by_name(model: str) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
+def _other_prefix_caching(log: StartupLog, plan: Any, values: dict[str, Any], token: str | None) -> Any:
+    """``(plan, values, _from_logged(...))`` with prefix caching the other way, when the log does not say and the
+    model has state layers (whose blocks per request depend on it) and that plan reproduces the log's capacity
+    lines where the default's does not; else ``None``. A start-up log prints the setting only in its argument
+    lines, which excerpts often leave out."""
+    from kvplan.planning.plan import estimate, options_from_values
+
+    if not any(layer.is_state for layer in plan.spec.layers):
+        return None
+    trial_values = {**values, "prefix_caching": not plan.prefix_caching}
+    try:
+        trial = estimate(options_from_values(trial_values), token=token)
+    except KvplanError:
+        return None
+    found = _from_logged(log, trial)
+    return (trial, trial_values, found) if found[0] is not None and not found[2] else None
+
+
 def explain(text: str, overrides: dict[str, Any] | None = None, token: str | None = None) -> Explanation:
     """Parse ``text`` (a start-up log), plan the same deployment, reconcile (see the module docstring)."""
     from kvplan.planning.plan import options_from_values
@@ -749,8 +772,16 @@ def explain(text: str, overrides: dict[str, Any] | None = None, token: str | Non
     needs = () if why is None else (why,)
     if plan is not None and not gpu_known:
         needs = ("the GPU is not in the log: kvplan's own terms need it (pass --gpu NAME or --gpu-memory SIZE)",)
-    rows = _term_rows(log, plan, gpu_known)
     from_logged, span, mismatches = (None, None, []) if plan is None else _from_logged(log, plan)
+    if plan is not None and mismatches and "prefix_caching" not in given and "prefix_caching" not in plan_values:
+        flipped = _other_prefix_caching(log, plan, plan_values, token)
+        if flipped is not None:
+            plan, plan_values, (from_logged, span, mismatches) = flipped
+            values = {**values, "prefix_caching": plan.prefix_caching}
+            notes.append(f"prefix caching {'on' if plan.prefix_caching else 'off'}: the log's capacity lines hold only "
+                         "with it (the blocks a request keeps in each state group depend on it), although "
+                         f"{plan.engine.label}'s default for this model is {'off' if plan.prefix_caching else 'on'}")
+    rows = _term_rows(log, plan, gpu_known)
     if plan is not None and from_logged is None and log.kv_cache_tokens is not None:
         mismatches = ["the log prints tokens but no KV budget or blocks to derive them from"]
     own = capacity(plan, plan.answer.num_blocks) if plan is not None and gpu_known else None

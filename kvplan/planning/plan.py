@@ -232,7 +232,7 @@ def features_of(options: Options) -> Features:
     loras = options.max_loras or (1 if options.enable_lora or options.max_lora_rank else 0)
     return Features(max_loras=loras, max_lora_rank=options.max_lora_rank or 16, speculative=options.speculative,
                     speculative_tokens=options.num_speculative_tokens or (1 if options.speculative else 0),
-                    expert_parallel=options.expert_parallel)
+                    expert_parallel=options.expert_parallel, flashinfer=options.flashinfer)
 
 
 def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo, spec: ModelSpec) -> EngineDefaults:

@@ -87,6 +87,14 @@ def register(app: typer.Typer) -> None:
                                                              "class).", rich_help_panel=_O)] = None,
         weights_dtype: Annotated[Optional[str], typer.Option("--weights-dtype", help="Quantized weights: fp8, int8, int4.",
                                                              rich_help_panel=_O)] = None,
+        kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="The KV cache dtype, when the log does not "
+                                                        "print it (fp8, ...).", rich_help_panel=_O)] = None,
+        prefix_caching: Annotated[Optional[bool], typer.Option(
+            "--prefix-caching/--no-prefix-caching", help="Prefix caching, when the log does not print it (it changes "
+            "the blocks state layers keep).", rich_help_panel=_O, show_default=False)] = None,
+        flashinfer: Annotated[Optional[bool], typer.Option(
+            "--flashinfer/--no-flashinfer", help="Whether FlashInfer is installed (vLLM 0.8 - 0.11's sampler), when "
+            "the log does not say.", rich_help_panel=_O, show_default=False)] = None,
         calibrate: Annotated[Optional[str], typer.Option("--calibrate", help="Write the measured terms to this "
                                                          "calibration file (YAML; updated in place) for --calibration; "
                                                          "with many logs, one entry per log.")] = None,
@@ -97,7 +105,8 @@ def register(app: typer.Typer) -> None:
         """Explain start-up logs: the log's own budget and pool, kvplan's plan of the same deployment term by term, and one line on where they part."""
         overrides = {"model": model, "gpu": gpu, "gpu_memory": gpu_memory, "engine_version": engine_version, "tp": tp,
                      "pp": pp, "max_model_len": max_model_len, "usage_context": usage_context,
-                     "weights_dtype": weights_dtype, "offline": offline or None}
+                     "weights_dtype": weights_dtype, "kv_dtype": kv_dtype, "prefix_caching": prefix_caching,
+                     "flashinfer": flashinfer, "offline": offline or None}
         paths, many = log_paths(logs)
         if many:
             _explain_many(paths, overrides, token, calibrate, json_out)

@@ -1,8 +1,13 @@
-"""The block size vLLM's CUDA platform sets for MLA models, per release and GPU (docs/engines.md, "MLA block sizes").
+"""What vLLM chooses by itself for a model, a GPU and an installation (docs/engines.md).
 
-vLLM 0.8 - 0.17 force FlashMLA's 64-token pages on Hopper (and from 0.10.1 CUTLASS MLA's 128 on Blackwell)
-whatever ``--block-size`` says; from 0.18 the attention backend's preferred size applies only when the user
-gives none. A V0 log that prints blocks and concurrency but no token count implies its block size.
+- MLA block sizes: vLLM 0.8 - 0.17 force FlashMLA's 64-token pages on Hopper (and from 0.10.1 CUTLASS MLA's
+  128 on Blackwell) whatever ``--block-size`` says; from 0.18 the attention backend's preferred size applies
+  only when the user gives none. A V0 log that prints blocks and concurrency but no token count implies its
+  block size.
+- Prefix caching for models with state layers: off in 0.10 - 0.11.0 whatever was asked, off by default to
+  0.25, on for hybrids from 0.26.
+- The sampler path of 0.8 - 0.11's profile run: FlashInfer where it is installed, the native sort otherwise
+  (``--flashinfer`` / ``--no-flashinfer``; the start-up log says which).
 """
 
 from __future__ import annotations
@@ -125,3 +130,78 @@ def test_a_dense_model_keeps_prefix_caching_on_in_v1():
     spec = build_spec(load_bundled("meta-llama/Llama-3.1-8B"))
     assert _plan(spec, gpu="H100", engine_version="0.19.0").prefix_caching is True
     assert _plan(spec, gpu="H100", engine_version="0.7.3").prefix_caching is False  # V0
+
+
+# ---------------------------------------------------------------------------------------------
+# the sampler path where it depends on the installation (vLLM 0.8 - 0.11)
+
+@pytest.fixture(scope="module")
+def qwen3_8b():
+    return build_spec(load_bundled("Qwen/Qwen3-8B"))
+
+
+def test_without_flashinfer_the_profile_samples_natively_and_the_range_needs_no_path_gap(qwen3_8b):
+    unknown = _plan(qwen3_8b, gpu="A100-40GB", engine_version="0.9.2")
+    without = _plan(qwen3_8b, gpu="A100-40GB", engine_version="0.9.2", flashinfer=False)
+    with_ = _plan(qwen3_8b, gpu="A100-40GB", engine_version="0.9.2", flashinfer=True)
+    assert without.budget.activation.bytes > unknown.budget.activation.bytes == with_.budget.activation.bytes
+    # unknown: kvplan plans FlashInfer and its low end pays the native path; known: no such term
+    assert unknown.budget.path_gap_bytes > 0
+    assert without.budget.path_gap_bytes == with_.budget.path_gap_bytes == 0
+    # the native path costs what the unknown plan's low end already allowed for
+    assert unknown.budget.kv_budget_bytes - unknown.budget.path_gap_bytes == pytest.approx(
+        without.budget.kv_budget_bytes, abs=1 << 20)
+
+
+def test_the_switch_changes_nothing_where_the_release_does_not_depend_on_it(qwen3_8b):
+    for version in ("0.7.3", "0.12.0", "0.19.0"):
+        a = _plan(qwen3_8b, gpu="H100", engine_version=version)
+        b = _plan(qwen3_8b, gpu="H100", engine_version=version, flashinfer=False)
+        assert a.budget.kv_budget_bytes == b.budget.kv_budget_bytes, version
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("INFO 06-10 [topk_topp_sampler.py:49] Using FlashInfer for top-p & top-k sampling.", True),
+    ("WARNING 06-10 [topk_topp_sampler.py:59] FlashInfer is not available. Falling back to the PyTorch-native "
+     "implementation of top-p & top-k sampling. For the best performance, please install FlashInfer.", False),
+    ("INFO 05-01 [topk_topp_sampler.py:44] FlashInfer is available, but it is not enabled. Falling back to the "
+     "PyTorch-native implementation of top-p & top-k sampling.", False),
+    ("WARNING 04-01 [topk_topp_sampler.py:40] Currently, FlashInfer top-p & top-k sampling sampler is disabled "
+     "because FlashInfer>=v0.2.3 is not backward compatible. Falling back to the PyTorch-native implementation.", False),
+    ("INFO 07-01 [topk_topp_sampler.py:35] FlashInfer version >= 0.2.3 required. Falling back to default sampling "
+     "implementation.", False),
+])
+def test_the_log_says_which_sampler_path_ran(line, expected):
+    from kvplan.explain.logparse import parse_log
+
+    assert parse_log(line + "\n").flashinfer_sampler is expected
+
+
+def test_the_log_s_prefix_caching_is_read_from_its_config_and_argument_lines():
+    from kvplan.explain.logparse import parse_log
+
+    config = ("INFO 06-10 [core.py:69] Initializing a V1 LLM engine (v0.9.2) with config: model='Qwen/Qwen3-8B', "
+              "enable_prefix_caching=False, chunked_prefill_enabled=True\n")
+    args = "INFO 07-09 [api_utils.py:273] non-default args: {'model': 'x', 'enable_prefix_caching': True}\n"
+    assert parse_log(config).prefix_caching is False
+    assert parse_log(args).prefix_caching is True
+    assert parse_log("INFO GPU KV cache size: 1,000 tokens\n").prefix_caching is None
+
+
+def test_explain_infers_prefix_caching_where_only_it_reproduces_a_hybrid_s_log():
+    """A 4-line excerpt of a vLLM 0.24 Qwen3.6 start (no argument lines): its 567,978 tokens at 4.33x hold with
+    2 blocks per state group (prefix caching on), not the 1 of 0.24's default for hybrids."""
+    from kvplan.explain.reconcile import explain
+
+    log = ("(EngineCore pid=107) INFO 07-06 22:52:09 [gpu_worker.py:508] Available KV cache memory: 5.98 GiB\n"
+           "(EngineCore pid=107) INFO 07-06 22:52:09 [kv_cache_utils.py:2146] GPU KV cache size: 567,978 tokens\n"
+           "(EngineCore pid=107) INFO 07-06 22:52:09 [kv_cache_utils.py:2147] Maximum concurrency for 131,072 tokens "
+           "per request: 4.33x\n")
+    given = {"model": "Qwen/Qwen3.6-35B-A3B", "gpu": "RTX-5090-32GB", "weights_dtype": "int4", "kv_dtype": "fp8",
+             "engine_version": "0.24.0"}
+    inferred = explain(log, given)
+    assert inferred.matches and inferred.plan.prefix_caching is True
+    assert any("prefix caching on: the log's capacity lines hold only with it" in n for n in inferred.notes)
+    # the user's word wins, and then the mismatch is reported, not explained away
+    told = explain(log, {**given, "prefix_caching": False})
+    assert told.plan.prefix_caching is False and not told.matches
