@@ -205,3 +205,17 @@ def test_explain_infers_prefix_caching_where_only_it_reproduces_a_hybrid_s_log()
     # the user's word wins, and then the mismatch is reported, not explained away
     told = explain(log, {**given, "prefix_caching": False})
     assert told.plan.prefix_caching is False and not told.matches
+
+
+@pytest.mark.parametrize(("lines", "tp", "pp"), [
+    (["(VllmWorker rank=0 pid=105) INFO x", "(VllmWorker rank=3 pid=108) INFO x"], 4, None),   # 0.8 - 0.10
+    (["(Worker_TP0 pid=1) INFO x", "(Worker_TP1 pid=2) INFO x"], 2, 1),                         # 0.11+
+    (["(Worker_TP7_EP7 pid=9) INFO x"], 8, 1),                                                  # expert parallel
+    (["(Worker_PP1_TP3 pid=9) INFO x", "(Worker_PP0_TP0 pid=2) INFO x"], 4, 2),
+    (["(VllmWorkerProcess pid=373712) INFO x", "INFO GPU KV cache size: 10 tokens"], None, None),  # V0: no index
+])
+def test_worker_names_give_a_lower_bound_of_the_parallel_sizes(lines, tp, pp):
+    from kvplan.explain.logparse import parse_log
+
+    log = parse_log("\n".join(lines) + "\n")
+    assert (log.workers_tp, log.workers_pp) == (tp, pp)

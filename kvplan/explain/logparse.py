@@ -61,6 +61,8 @@ class StartupLog:
     max_num_seqs: int | None = None
     block_size: int | None = None  # as the deployment set it (--block-size; SGLang --page-size)
     engine_block_size: int | None = None  # as the engine chose it ("Setting attention block size to 544 tokens")
+    workers_tp: int | None = None  # the tensor-parallel ranks the worker names show (largest index + 1): a lower bound
+    workers_pp: int | None = None  # the pipeline stages they show (Worker_PP1_TP0)
     prefix_caching: bool | None = None  # enable_prefix_caching as the config line or the non-default args print it
     flashinfer_sampler: bool | None = None  # vLLM's sampler said it uses FlashInfer (True) or falls back (False)
     enforce_eager: bool | None = None
@@ -374,6 +376,7 @@ class _Collect:
         self.votes = {L.VLLM: 0, L.SGLANG: 0}
         self.forms: dict[str, list[tuple[tuple[int, ...], tuple[int, ...] | None]]] = {L.VLLM: [], L.SGLANG: []}
         self.unreadable: list[str] = []
+        self.worker_names: dict[str, int] = {}  # "tp" / "pp" / "rank": the largest index a worker's name shows
 
     def set(self, field: str, value: Any, *, keep_first: bool = False, rank: int = 0) -> None:
         if value is None:
@@ -388,6 +391,17 @@ class _Collect:
         self.ranks[field] = rank
         if field not in self.order:
             self.order.append(field)
+
+
+def _note_worker(c: _Collect, line: str) -> None:
+    """Keep the largest tensor / pipeline index and global rank the line's worker name shows (``(Worker_PP1_TP3
+    pid=..)`` 0.11+, ``(VllmWorker rank=5 pid=..)`` 0.8 - 0.10)."""
+    m = L.WORKER_NAME.search(line)
+    if not m:
+        return
+    for key, text in zip(("rank", "pp", "tp"), m.groups()):
+        if text is not None:
+            c.worker_names[key] = max(c.worker_names.get(key, 0), int(text))
 
 
 def _rank(line: str) -> int:
@@ -436,6 +450,8 @@ _STOPS = tuple((L.needle(pattern.pattern), pattern, reason, engine) for pattern,
 def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
     """Read one line (``lineno``: 1-based, for the unreadable-number messages)."""
     rank = _rank(line)
+    if rank or "Worker" in line:
+        _note_worker(c, line)
     for rule in _candidate_rules(line):
         m = rule.pattern.search(line)
         if not m:
@@ -534,6 +550,11 @@ def _refusal(line: str) -> Refusal | None:
 
 def _finish(c: _Collect) -> StartupLog:
     v = c.values
+    names = c.worker_names
+    if "tp" in names or "pp" in names:
+        v["workers_tp"], v["workers_pp"] = names.get("tp", 0) + 1, names.get("pp", 0) + 1
+    elif "rank" in names:  # global ranks: tp x pp workers
+        v["workers_tp"] = names["rank"] + 1
     if c.kv_by_rank:  # vLLM sizes every rank's pool to the smallest; with pp, rank 0 holds the largest stage
         ranked = [kv for rank, kv in c.kv_by_rank if rank == 0]
         if (v.get("pp") or 1) > 1:

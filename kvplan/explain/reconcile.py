@@ -320,6 +320,11 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
                 notes.append(f"block size {implied}: the log's {plural(log.num_gpu_blocks, 'block')} x "
                              f"{plural(implied, 'token')} hold {log.max_concurrency:g}x "
                              f"{plural(log.concurrency_len, 'token')} (no other block size does)")
+    for key, seen, word in (("tp", log.workers_tp, "tensor-parallel ranks"), ("pp", log.workers_pp, "pipeline stages")):
+        if seen and seen > 1 and key not in values:
+            values[key] = seen
+            notes.append(f"{key} {seen}: the log prints no {key} setting; its worker names show {seen} {word} "
+                         f"(a lower bound where not every worker printed: pass --{key})")
     if log.prefix_caching is not None:  # a vLLM line (SGLang prints its radix cache otherwise)
         values["prefix_caching"] = log.prefix_caching
     if log.flashinfer_sampler is not None:
