@@ -214,9 +214,6 @@ RULE_GAPS = {
     "vllm-14842-8gpu-deepseek-r1-tp8-mla-align0": "5,266 blocks hold 2.06 x 163,840 tokens: blocks of 64 tokens (vLLM "
                                                   "0.7's V0 MLA backend), which kvplan's 0.6 rules plan as 16",
     "vllm-14842-8gpu-deepseek-r1-tp8-mla-align1": "as align0: blocks of 64 tokens in V0 MLA",
-    "sglang-exp001-2x4090-qwen35-9b-tp2": "SGLang 0.5 Qwen3.5 (hybrid linear attention): a Mamba pool of "
-                                          "max_mamba_cache_size slots and a full-attention pool of 327,310 tokens "
-                                          "(page 1); kvplan plans the hybrid in shared 524-token pages (326,976)",
     "vllm-file7292846353-2xh200-qwen3-next-80b-tp2": "vLLM 0.10.2 Qwen3-Next (544-token blocks): kvplan's concurrency "
                                                      "14.68x against the logged 14.77x (the hybrid's blocks per request)",
 }
