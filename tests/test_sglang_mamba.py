@@ -140,3 +140,12 @@ def test_too_small_a_state_pool_refuses_to_start(qwen35):
     assert plan.budget.state_slots == 0 and plan.answer.num_blocks == 40 * 2**20 // CELL
     assert not plan.answer.engine_starts and "state cache" in plan.answer.refusal
     assert plan.answer.max_requests == 0
+
+
+def test_a_given_kv_budget_is_the_kv_pool(qwen35):
+    # --kv-budget 5 GiB (like --max-total-tokens): 327,680 tokens; the state pool 0.9 x it: the rest 9.5 GiB,
+    # 9.5 GiB x 0.9 / 1.9 = 4.5 GiB // 25,755,648 = 187 slots, 187 // 3 = 62 requests
+    plan = _plan(qwen35, kv_budget_bytes=5 * GiB)
+    assert plan.budget.kv_budget_bytes == 5 * GiB and plan.answer.kv_tokens == 5 * GiB // CELL == 327_680
+    assert plan.budget.state_slots == 187 and plan.answer.max_num_seqs == 62
+    assert any("--kv-budget is the KV pool" in n for n in plan.notes)

@@ -366,6 +366,8 @@ def split_state_pool(engine: EngineDefaults, budget: Budget, layers: tuple[Layer
         rest = budget.kv_budget_bytes + math.floor(budget.kv_budget_bytes * MAMBA_FULL_MEMORY_RATIO)
     slots, how = mamba_slots(engine.version, max(0, rest), per_req, radix_cache=prefix_caching,
                              max_running_requests=max_num_seqs)
+    if given:
+        how = f"--kv-budget is the KV pool, the state pool taken as {MAMBA_FULL_MEMORY_RATIO:g} x it: {how}"
     state = slots * per_req
     per_request = mamba_slots_per_request(engine.version, prefix_caching)
     kv = budget.kv_budget_bytes if given else rest - state
