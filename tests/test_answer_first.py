@@ -124,12 +124,14 @@ def test_the_memory_figures_add_up_as_printed(model_id):
         where = (model_id, p.gpu.name, p.engine.engine, p.options.context)
         b, shown = p.budget, memory_figures(p)
         assert _cents(shown["total"]) == _cents(shown["usable"]) + _cents(shown["unused"]), where
-        if b.kv_budget_bytes >= 0 and b.usable_bytes == sum(t.bytes for t in b.terms) + b.kv_budget_bytes:
+        state = b.state_pool_bytes if b.state_slots else 0  # a hybrid's own state pool (SGLang's Mamba pool)
+        if b.kv_budget_bytes >= 0 and b.usable_bytes == sum(t.bytes for t in b.terms) + state + b.kv_budget_bytes:
             assert _cents(shown["usable"]) == sum(_cents(shown[t.name]) for t in b.terms) + \
-                _cents(shown["KV budget"]), where
+                _cents(shown.get("state pool", "0")) + _cents(shown["KV budget"]), where
         for name, figure in shown.items():  # rounded from the bytes, at most one hundredth off
             exact = {"total": b.total_bytes, "usable": b.usable_bytes, "unused": b.total_bytes - b.usable_bytes,
-                     "KV budget": b.kv_budget_bytes, **{t.name: t.bytes for t in b.terms}}[name]
+                     "KV budget": b.kv_budget_bytes,
+                     "state pool": b.state_pool_bytes, **{t.name: t.bytes for t in b.terms}}[name]
             assert abs(_cents(figure) - exact * 100 / GiB) < 1, (where, name, figure)
         panel = _text(render_plan(p), width=200)
         rows = dict(re.findall(r"[−=] (\w[\w ]*?)\s+(-?[\d,]+\.\d\d) GiB", panel))

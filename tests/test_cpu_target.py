@@ -52,7 +52,7 @@ def test_cpu_keeps_gated_delta_net_state_in_float32() -> None:
     state = [n for n in cpu["notes"] if "SSM state" in n]
     assert len(state) == 1 and "SSM state in float32" in state[0] and "CPU backend resets it" in state[0], state
     assert [n for n in gpu["notes"] if "SSM state" in n] == [
-        "state layers: conv state in the model dtype, SSM state in the model dtype (vLLM's mamba_ssm_cache_dtype)"]
+        "state layers: conv state in the model dtype, SSM state in the model dtype (the config sets none)"]
     # --ssm-dtype bf16 keeps bf16 for gated-delta-net layers (vLLM's accelerated GDN kernel stores it as asked)
     kept = _json(QWEN3_NEXT, "--gpu", "cpu", "--kv-budget", "1GiB", "--context", "2k", "--ssm-dtype", "bf16")
     assert kept["per_token"]["state_bytes_per_request_gpu"] == gpu["per_token"]["state_bytes_per_request_gpu"]

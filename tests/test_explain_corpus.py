@@ -211,9 +211,6 @@ REPRODUCIBLE = _reproducible()
 # kvplan's rules that do not reproduce a log yet (for the engines' owners); strict: a fix makes the test say so
 RULE_GAPS = {
     "vllm-21348-qwen3-235b-fp8-4xh100": "tp 4: the one budget line printed is rank 0's, the pool is the smallest rank's",
-    "sglang-exp001-2x4090-qwen35-9b-tp2": "SGLang 0.5 Qwen3.5 (hybrid linear attention): a Mamba pool of "
-                                          "max_mamba_cache_size slots and a full-attention pool of 327,310 tokens "
-                                          "(page 1); kvplan plans the hybrid in shared 524-token pages (326,976)",
 }
 
 

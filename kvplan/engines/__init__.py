@@ -24,7 +24,7 @@ from typing import Protocol
 from kvplan.errors import InputError
 from kvplan.memory import UNBOUNDED_TOKENS, Demand, PoolLayout
 from kvplan.options import USAGE_CONTEXTS as USAGE_CONTEXTS  # re-exported for the engine modules
-from kvplan.model.spec import ModelSpec
+from kvplan.model.spec import LayerCache, ModelSpec
 from kvplan.units import scaled
 
 
@@ -77,6 +77,9 @@ class Budget:
     activation_encoder_bytes: int = 0
     path_gap_bytes: int = 0  # how much more the activation is where the engine takes its other code path (vLLM
     # 0.8 - 0.11: the native sampler where FlashInfer is not installed); the low end of the plan's range pays it
+    state_pool_bytes: int = 0  # a pool of per-request state slots the engine carves out of the budget before the
+    # KV pool (SGLang's Mamba pool: ``state_slots x`` one request's state); ``kv_budget_bytes`` is what is left
+    state_slots: int = 0  # that pool's request slots (SGLang's max_mamba_cache_size); 0: no such pool
 
     @property
     def terms(self) -> tuple[Term, ...]:
@@ -121,6 +124,10 @@ class EngineDefaults:
     pool_follows_length: bool = False  # the budget depends on max_model_len (vLLM V0's batch, a dummy video's frames)
     long_prefill_chunked: bool = True  # vLLM V0 chunks prefills above 32K by itself (not on ROCm, nor for
     # multimodal or sliding-window models)
+    state_pool: bool = False  # state layers live in a pool of request slots of their own, outside the token pool
+    # (SGLang's MambaPool): the pool layout holds the attention layers only
+    state_slots: int = 0  # that pool's request slots once the budget is split (SGLang's max_mamba_cache_size)
+    state_slots_per_request: int = 1  # slots the request cap counts per running request (SGLang: 3 with radix cache)
 
     @property
     def label(self) -> str:
@@ -248,6 +255,7 @@ class Launch:
     speculative: str | None = None  # the speculative decoding method (mtp, eagle, eagle3, ngram)
     speculative_tokens: int = 0  # tokens the draft proposes per step
     expert_parallel: bool = False  # --enable-expert-parallel
+    state_slots: int = 0  # request slots of the engine's own state pool (SGLang's max_mamba_cache_size); 0: none
 
     @property
     def speculative_config(self) -> str | None:
@@ -350,7 +358,7 @@ class Engine(Protocol):
     pool's start-up check; :meth:`idle_reason`, why it starts although no request of max_model_len runs), :meth:`refusal` (every reason it refuses to start; :meth:`serving_release`, the
     release that still serves a dropped architecture), :meth:`request_limit` (requests at once),
     :meth:`check_batching` (limits it rejects),
-    :meth:`kv_tokens` (the token figure it logs). The dtypes it runs a checkpoint in: :meth:`auto_dtype`
+    :meth:`kv_tokens` (the token figure it logs), :meth:`split_state_pool` (a state pool of its own, SGLang's Mamba pool). The dtypes it runs a checkpoint in: :meth:`auto_dtype`
     (``--dtype auto``), :meth:`ssm_dtype` (state layers' SSM cache). What it prints and how it is launched:
     :meth:`report`, :meth:`serve_command`. A new engine is a module with these names plus one line in
     :mod:`kvplan.engines.registry`.
@@ -426,6 +434,11 @@ class Engine(Protocol):
     def kv_tokens(self, engine: EngineDefaults, blocks: int, layout: PoolLayout, per_request_blocks: int,
                   max_model_len: int) -> int:
         """The token capacity the engine logs at start-up."""
+
+    def split_state_pool(self, engine: EngineDefaults, budget: Budget, layers: tuple[LayerCache, ...], *,
+                         max_num_seqs: int | None, prefix_caching: bool) -> tuple[EngineDefaults, Budget]:
+        """Where ``engine.state_pool`` (:meth:`for_model` sets it): the budget split into the state pool's request
+        slots and the KV pool (``budget.kv_budget_bytes`` what the token pool gets), and the defaults with the slots."""
 
     def auto_dtype(self, checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:
         """The dtype ``--dtype auto`` runs a ``checkpoint_dtype`` checkpoint in (``bf16``: the GPU supports it)."""

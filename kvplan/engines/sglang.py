@@ -8,7 +8,9 @@ mem_fraction_static)`` for the pool: ``pool = (total - used_before_load) x frac 
 CUDA graphs live in ``1 - mem_fraction_static``. ``max_total_num_tokens = pool // cell_size`` (rounded down
 to the page size from 0.4.6), ``cell_size`` the KV bytes of one token over this GPU's layers (MLA:
 ``(kv_lora_rank + qk_rope_head_dim) x layers x bytes``); sliding-window models (0.4.10+) split the pool
-between full and windowed layers (:func:`swa_cell_bytes`). Page size 1 is expressed as
+between full and windowed layers (:func:`swa_cell_bytes`); Mamba / linear-attention hybrids (0.5.2+) keep their
+state layers in a pool of request slots carved out of the budget first (:func:`split_state_pool`,
+:func:`mamba_slots`), the token pool holding the full-attention layers only. Page size 1 is expressed as
 ``EngineDefaults(block_size=1)``, so the plan's blocks are tokens and the shared pool math applies.
 
 ``mem_fraction_static``'s default changed often (:data:`RELEASES`, :func:`mem_fraction_static`): a tp ladder
@@ -20,7 +22,7 @@ is nvidia-smi's total in MiB (the smallest card's), not the runtime's: the catal
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvplan import memory
 from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Launch, ModelLength, Term,
@@ -28,7 +30,7 @@ from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Feat
                             resolve_release, scaled_length)
 from kvplan.errors import InputError
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
-from kvplan.units import DType, GiB, MiB, plural
+from kvplan.units import DType, GiB, MiB, parse_dtype, plural
 
 ENGINE = "sglang"
 BLOCK_SIZES: tuple[int, ...] | None = None  # --page-size takes any positive number of tokens
@@ -44,7 +46,12 @@ class Release:
     (``small-25000``, ``small-tp``, ``0.4.8``, ``0.5.3``, ``0.5.5``, ``0.5.20``); ``graph_reserve``: the 0.5.10+
     piecewise CUDA-graph reserve; ``page_rounding``: the pool rounded down to whole pages (0.4.6+);
     ``clamp_plus_one``: ``max_running_requests``' clamp is one higher (the request pool's padding slot,
-    0.3 - 0.4.6); ``swa``: sliding-window layers get their own smaller pool (0.4.10+).
+    0.3 - 0.4.6); ``swa``: sliding-window layers get their own smaller pool (0.4.10+). Mamba / linear-attention
+    hybrids (:func:`mamba_slots`): ``mamba`` how the state pool's request slots are sized (``fixed``: 512 or
+    ``--max-running-requests``, radix cache off, 0.5.2 - 0.5.3; ``ratio``: ``mamba_full_memory_ratio`` of the
+    budget, 0.5.4+); ``mamba2_radix_off``: Mamba2 models run without the radix cache (0.5.4 - 0.5.9);
+    ``ssm_from_config``: the SSM state dtype is the config's ``mamba_ssm_dtype`` when it names one (0.5.10+; before,
+    ``--mamba-ssm-dtype``'s float32).
     """
 
     version: str
@@ -56,21 +63,30 @@ class Release:
     page_rounding: bool = True
     clamp_plus_one: bool = False
     swa: bool = True
+    mamba: str = "ratio"
+    mamba2_radix_off: bool = False
+    ssm_from_config: bool = True
 
 
+_OLD_MAMBA = dict(mamba="fixed", ssm_from_config=False)  # 0.5.2 - 0.5.3's state pool (older releases serve no hybrid)
 RELEASES: dict[str, Release] = {r.version: r for r in (
     Release("0.3", (0, 3, 0), "tp ladder 0.88 - 0.79 (0.82 at tp 8)", "ladder-0.3", "small-25000",
-            page_rounding=False, clamp_plus_one=True, swa=False),
+            page_rounding=False, clamp_plus_one=True, swa=False, **_OLD_MAMBA),
     Release("0.4", (0, 4, 0), "tp ladder 0.88 / 0.87 / 0.85 / 0.81 / 0.79", "ladder", "small-tp",
-            page_rounding=False, clamp_plus_one=True, swa=False),
+            page_rounding=False, clamp_plus_one=True, swa=False, **_OLD_MAMBA),
     Release("0.4.6", (0, 4, 6), "above 80 GiB: (gpu - 13 GiB) / gpu; page size", "ladder-13g", "small-tp",
-            clamp_plus_one=True, swa=False),
-    Release("0.4.7", (0, 4, 7), "ladder by tp x pp; a reserve above 96 GiB", "ladder-big", "small-tp", swa=False),
+            clamp_plus_one=True, swa=False, **_OLD_MAMBA),
+    Release("0.4.7", (0, 4, 7), "ladder by tp x pp; a reserve above 96 GiB", "ladder-big", "small-tp", swa=False,
+            **_OLD_MAMBA),
     Release("0.4.8", (0, 4, 8), "a reserve by GPU size: round((gpu - reserved) / gpu, 3); sliding-window pools "
-            "from 0.4.10", "tiers", "0.4.8"),
+            "from 0.4.10; 0.5.2: a state pool of 512 slots for linear-attention hybrids", "tiers", "0.4.8",
+            **_OLD_MAMBA),
     Release("0.5.3", (0, 5, 3), "the reserve estimates activations and CUDA graphs (_handle_gpu_memory_settings)",
-            "estimate", "0.5.3"),
-    Release("0.5.5", (0, 5, 5), "cuda_graph_max_bs 24 on 20 - 35 GiB GPUs", "estimate", "0.5.5"),
+            "estimate", "0.5.3", **_OLD_MAMBA),
+    Release("0.5.4", (0, 5, 4), "hybrids' state pool: mamba_full_memory_ratio 0.9 of the KV pool "
+            "(handle_max_mamba_cache)", "estimate", "0.5.3", mamba2_radix_off=True, ssm_from_config=False),
+    Release("0.5.5", (0, 5, 5), "cuda_graph_max_bs 24 on 20 - 35 GiB GPUs", "estimate", "0.5.5",
+            mamba2_radix_off=True, ssm_from_config=False),
     Release("0.5.10", (0, 5, 10), "a piecewise CUDA-graph reserve", "estimate", "0.5.5", graph_reserve=True),
     Release("0.5.14", (0, 5, 14), "no speculative-decoding reserve (the draft is inside the pool)", "estimate",
             "0.5.5", graph_reserve=True),
@@ -85,6 +101,11 @@ RANGES = release_ranges(FIRSTS)
 PAGE_SIZE = 1  # --page-size default: one token per page
 MAX_RUNNING_REQUESTS_CEILING = 4096
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio: windowed layers' tokens per full layers' token
+MAMBA_FULL_MEMORY_RATIO = 0.9  # --mamba-full-memory-ratio: the state pool's bytes per KV pool byte (0.5.4+)
+MAMBA_FIXED_SLOTS = 512  # the state pool's slots without the ratio (0.5.2 - 0.5.3; radix cache off in 0.5.4 - 0.5.9)
+MAMBA_SLOTS_PER_RUNNING_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (radix cache on, no extra buffer)
+MAMBA_CONV_DTYPE = "bfloat16"  # the conv state's dtype in every release (SGLANG_MAMBA_CONV_DTYPE unset)
+MAMBA_SSM_DTYPE = "float32"  # --mamba-ssm-dtype's default
 
 # Memory in use when SGLang takes its first reading (after its distributed init): the CUDA context (the
 # first mem_get_info creates it) plus NCCL / custom all-reduce ("Init torch distributed ends. mem usage=":
@@ -273,6 +294,95 @@ def max_running_requests(total_num_tokens: int, context_len: int, version: str =
     return max(1, min(total_num_tokens // 2, clamp))
 
 
+# ---------------------------------------------------------------------------------------------
+# Mamba / linear-attention hybrids (Qwen3-Next, Qwen3.5, Nemotron-H, Falcon-H1, ...): a state pool of their own
+
+
+def mamba_cache_per_req(layers: tuple[LayerCache, ...]) -> int:
+    """Bytes of one request's state slot (``mamba_cache_per_req``, configs/mamba_utils.py): over this GPU's state
+    layers, the conv state in bfloat16 (:data:`MAMBA_CONV_DTYPE`) + the SSM (temporal) state in the layer's SSM dtype
+    (the engine's, :func:`ssm_dtype`). Qwen3.5-9B at tp 2: 24 layers x (12,288 x 2 + 262,144 x 4) = 25,755,648 B."""
+    return memory.state_bytes_per_request(layers, parse_dtype(MAMBA_CONV_DTYPE))
+
+
+def mamba_radix_cache(version: str, state_kinds: set[str] | frozenset[str]) -> bool | None:
+    """Whether the release forces the radix cache off for a hybrid of these state kinds (``False``), else None:
+    0.5.2 - 0.5.3 for every hybrid ("Hybrid GDN model detected, disable radix cache"), 0.5.4 - 0.5.9 for Mamba2
+    models (``mamba2_config``: Nemotron-H, Falcon-H1)."""
+    r = release(version)
+    if r.mamba == "fixed" or (r.mamba2_radix_off and "mamba2" in state_kinds):
+        return False
+    return None
+
+
+def mamba_slots(version: str, rest_bytes: int, per_req_bytes: int, *, radix_cache: bool,
+                max_running_requests: int | None = None) -> tuple[int, str]:
+    """``(max_mamba_cache_size, how)``: the state pool's request slots out of ``rest_bytes``, the pool's budget
+    (bytes, what ``profile_max_num_token`` keeps: free after loading - free before x (1 - mem_fraction_static)),
+    ``per_req_bytes`` one slot (:func:`mamba_cache_per_req`). The state pool then takes ``slots x per_req_bytes``
+    and the KV pool the rest (``max_total_num_tokens = (rest - slots x per_req) // cell_size``, the cell of the
+    full-attention layers only).
+
+    - 0.5.2 - 0.5.3 (``ModelRunner.__init__``, ``profile_max_num_token``): ``--max-running-requests``, else 512;
+    - 0.5.4 - 0.5.9 (``ModelRunner.handle_max_mamba_cache``): with the radix cache off (``--disable-radix-cache``,
+      or forced for Mamba2 models) the same; else the ratio: ``int(rest x r / (1 + r) // per_req)``, ``r =
+      mamba_full_memory_ratio`` 0.9 (47% of the budget to state; 0.5.4 / 0.5.5 also ``// (1 + speculative draft
+      tokens)``, speculative decoding is not modelled);
+    - 0.5.10+ (``model_runner_kv_cache_mixin.handle_max_mamba_cache``; 0.5.16+ ``kv_cache_configurator``):
+      ``--max-running-requests`` only with the radix cache off, else the ratio.
+    ``--max-mamba-cache-size`` (not a kvplan option) would fix it in 0.5.10+.
+    """
+    r = release(version)
+    if r.mamba == "fixed" or (not radix_cache and (r.mamba2_radix_off or max_running_requests)):
+        if max_running_requests:
+            return max_running_requests, f"--max-running-requests {max_running_requests}"
+        if r.mamba == "fixed" or r.mamba2_radix_off:
+            return MAMBA_FIXED_SLOTS, f"{MAMBA_FIXED_SLOTS} (the default without --max-running-requests)"
+    rest_gib = rest_bytes / GiB  # SGLang's float GiB
+    raw = rest_gib * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+    slots = max(0, int(raw * GiB // per_req_bytes)) if per_req_bytes > 0 else 0
+    return slots, (f"mamba_full_memory_ratio {MAMBA_FULL_MEMORY_RATIO:g}: {rest_gib:.2f} GiB x "
+                   f"{MAMBA_FULL_MEMORY_RATIO:g}/{1 + MAMBA_FULL_MEMORY_RATIO:g} // {per_req_bytes:,} B")
+
+
+def mamba_slots_per_request(version: str, radix_cache: bool) -> int:
+    """State slots the request cap counts per running request: ``max_running_requests <= max_mamba_cache_size //
+    ratio`` (0.5.4+ ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``): 3 with the radix cache (no extra buffer, the
+    default ``--mamba-scheduler-strategy``), 1 without; 0.5.2 - 0.5.3 cap at the slots themselves (1)."""
+    return MAMBA_SLOTS_PER_RUNNING_REQUEST if radix_cache and release(version).mamba == "ratio" else 1
+
+
+def split_state_pool(engine: EngineDefaults, budget: Budget, layers: tuple[LayerCache, ...], *,
+                     max_num_seqs: int | None, prefix_caching: bool) -> tuple[EngineDefaults, Budget]:
+    """SGLang's split of a hybrid's budget (bytes) into the Mamba state pool and the KV pool (:func:`mamba_slots`):
+    the budget's ``kv_budget_bytes`` becomes the KV pool's (``rest - slots x per_req``), ``state_pool_bytes`` /
+    ``state_slots`` the state pool's, and the defaults carry the slots for the request cap
+    (:func:`request_limit`). A given KV budget (``--kv-budget``, like ``--max-total-tokens``) is the KV pool's; the
+    state pool is then taken as ``mamba_full_memory_ratio`` x it."""
+    per_req = mamba_cache_per_req(layers)
+    given = budget.kv_budget_source.startswith("--kv-budget")
+    rest = budget.kv_budget_bytes
+    if given:
+        rest = budget.kv_budget_bytes + math.floor(budget.kv_budget_bytes * MAMBA_FULL_MEMORY_RATIO)
+    slots, how = mamba_slots(engine.version, max(0, rest), per_req, radix_cache=prefix_caching,
+                             max_running_requests=max_num_seqs)
+    if given:
+        how = f"--kv-budget is the KV pool, the state pool taken as {MAMBA_FULL_MEMORY_RATIO:g} x it: {how}"
+    state = slots * per_req
+    per_request = mamba_slots_per_request(engine.version, prefix_caching)
+    kv = budget.kv_budget_bytes if given else rest - state
+    cap = (f"running requests capped at {slots:,} // {per_request} = {slots // per_request:,}"
+           + (" (radix cache on)" if per_request > 1 else ""))
+    note = (f"sglang splits the budget into a Mamba state pool of {plural(slots, 'request slot')} ({how}; "
+            f"{per_req / MiB:,.2f} MiB each, {state / GiB:.2f} GiB) and a KV pool of the full-attention layers "
+            f"({kv / GiB:.2f} GiB); {cap}")
+    source = budget.kv_budget_source + f" - the Mamba state pool ({slots:,} x {per_req:,} B)" if not given else \
+        budget.kv_budget_source
+    return (replace(engine, state_slots=slots, state_slots_per_request=per_request),
+            replace(budget, kv_budget_bytes=kv, kv_budget_source=source, state_pool_bytes=state, state_slots=slots,
+                    notes=budget.notes + (note,)))
+
+
 def pre_load_bytes(tp: int, pp: int, device: Device | None = None) -> int:
     """Estimated memory in use when SGLang takes its first reading: the CUDA context plus NCCL and custom
     all-reduce at tp x pp >= 2, by interconnect (unknown: ``nvlink``)."""
@@ -338,8 +448,15 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
 def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None, *,
               device: Device | None = None, kv_dtype: str | None = None,
               user_block_size: int | None = None) -> EngineDefaults:  # noqa: ARG001 - the Engine interface
-    """SGLang's defaults do not depend on the model's layer kinds."""
-    return engine
+    """What SGLang does for this model's layer kinds: a Mamba / linear-attention hybrid keeps its state layers in a
+    pool of request slots of its own (``HybridReqToTokenPool`` / ``MambaPool``; :func:`split_state_pool`), its
+    token pool holds the full-attention layers only, and some releases run it without the radix cache
+    (:func:`mamba_radix_cache`)."""
+    kinds = {layer.state_kind for layer in spec.layers if layer.is_state}
+    if not kinds or not any(layer.caches_tokens for layer in spec.layers):
+        return engine
+    radix = mamba_radix_cache(engine.version, kinds)
+    return replace(engine, state_pool=True, prefix_caching=radix if radix is not None else engine.prefix_caching)
 
 
 def inflight_tokens(engine: EngineDefaults, pp: int, is_cpu: bool) -> int:
@@ -392,14 +509,18 @@ def model_max_len(engine: EngineDefaults, spec: ModelSpec) -> ModelLength:  # no
 def refusal(engine: EngineDefaults, spec: ModelSpec, blocks: int, per_request_blocks: int, block_bytes: int,
             max_model_len: int) -> str | None:
     """Why SGLang refuses to start, or None: ``--context-length`` above the model's maximum
-    (``_derive_context_length``; :data:`LONG_LEN_ENV` overrides), or an empty pool (``init_memory_pool``:
-    "Not enough memory. Please try to increase --mem-fraction-static")."""
+    (``_derive_context_length``; :data:`LONG_LEN_ENV` overrides), an empty pool (``init_memory_pool``:
+    "Not enough memory. Please try to increase --mem-fraction-static"), or a hybrid's state pool too small for
+    one running request (``max_mamba_cache_size // ratio`` < 1)."""
     too_long = length_refusal(model_max_len(engine, spec), max_model_len, setting="context_length", env=LONG_LEN_ENV)
     if too_long:
         return too_long
     if not starts(engine, blocks, per_request_blocks):
         return (f"not enough memory: the weights leave no KV pool inside mem_fraction_static {engine.gpu_util:g} "
                 "(max_total_num_tokens <= 0)")
+    if engine.state_pool and engine.state_slots // engine.state_slots_per_request < 1:
+        return (f"not enough memory for the hybrid (mamba / linear-attention) state cache: "
+                f"{plural(engine.state_slots, 'state slot')} (max_mamba_cache_size) leave no running request")
     return None
 
 
@@ -410,8 +531,13 @@ def serving_release(spec: ModelSpec) -> str | None:
 
 def request_limit(engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: int, max_model_len: int) -> int:
     """``max_running_requests``: the user's ``--max-running-requests``, else derived from the pool
-    (:func:`max_running_requests`)."""
-    return max_num_seqs or max_running_requests(kv_tokens, max_model_len, engine.version)
+    (:func:`max_running_requests`); a hybrid's at most its state pool's slots // 3 with the radix cache, // 1
+    without (``_resolve_max_num_reqs``: ``max_mamba_cache_size // ratio``; :func:`mamba_slots_per_request`)."""
+    limit = max_num_seqs or max_running_requests(kv_tokens, max_model_len, engine.version)
+    cap = engine.state_slots // engine.state_slots_per_request
+    if engine.state_pool and cap >= 1:  # too few slots for one request: the engine refuses to start (:func:`refusal`)
+        limit = min(limit, cap)
+    return limit
 
 
 def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
@@ -436,15 +562,19 @@ def draft_layers(engine: EngineDefaults, spec: ModelSpec, features: Features | N
 
 
 def log_lines(launch: Launch) -> tuple[str, ...]:
-    """SGLang's start-up line about its pool, its numbers as it prints them (no thousands separators):
-    ``max_total_num_tokens``, ``max_running_requests`` (``launch.max_num_seqs``), ``context_len``."""
+    """SGLang's start-up lines about its pools, their numbers as it prints them (no thousands separators):
+    ``max_total_num_tokens``, ``max_running_requests`` (``launch.max_num_seqs``), ``context_len``; then a hybrid's
+    ``Mamba Cache is allocated. max_mamba_cache_size`` (``launch.state_slots``; SGLang prints it first)."""
+    mamba = (f"Mamba Cache is allocated. max_mamba_cache_size: {launch.state_slots}",) if launch.state_slots else ()
     return (f"max_total_num_tokens={launch.kv_tokens}, max_running_requests={launch.max_num_seqs}, "
-            f"context_len={launch.max_model_len}",)
+            f"context_len={launch.max_model_len}",) + mamba
 
 
 def report(launch: Launch) -> tuple[str, ...]:
-    """SGLang's start-up line (:func:`log_lines`) and the ``mem_fraction_static`` it was sized with."""
-    return (f"{log_lines(launch)[0]} (mem_fraction_static {launch.gpu_util:g})",)
+    """SGLang's start-up line (:func:`log_lines`) and the ``mem_fraction_static`` it was sized with; a hybrid's
+    state pool line after it."""
+    lines = log_lines(launch)
+    return (f"{lines[0]} (mem_fraction_static {launch.gpu_util:g})",) + lines[1:]
 
 
 # how `python -m sglang.launch_server` spells each setting of a Launch, in command-line order
@@ -478,6 +608,14 @@ def auto_dtype(checkpoint_dtype: str, model_type: str, *, bf16: bool) -> str:  #
 
 def ssm_dtype(engine: EngineDefaults, requested: str | None, configured: str | None, state_kind: str,  # noqa: ARG001
               architecture: str, *, is_cpu: bool) -> tuple[str | None, str]:
-    """The SSM-state dtype of a state layer (None: the model dtype) and why, when it is not the config's: what
-    was requested, else the config's."""
-    return (requested, f"--ssm-dtype {requested}") if requested else (configured, "")
+    """The SSM (temporal) state dtype of a state layer and why, when it is not the config's: ``--mamba-ssm-dtype``
+    (kvplan's ``--ssm-dtype``), else 0.5.10+ the config's ``mamba_ssm_dtype`` (``text_config``'s too;
+    ``mamba2_state_dtype``), else float32 (the flag's default; 0.5.2 - 0.5.9 read no config)."""
+    if requested:
+        return requested, f"--ssm-dtype {requested}"
+    if configured and release(engine.version).ssm_from_config:
+        return configured, ""
+    if configured == MAMBA_SSM_DTYPE:
+        return configured, ""
+    return MAMBA_SSM_DTYPE, (f"sglang {engine.version}'s --mamba-ssm-dtype default {MAMBA_SSM_DTYPE}"
+                             + ("; this release reads no config's" if configured else ""))

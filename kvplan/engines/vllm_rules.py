@@ -11,10 +11,10 @@ Release differences come from :class:`~kvplan.engines.EngineDefaults` (``mode``,
 from __future__ import annotations
 
 from kvplan import memory
-from kvplan.engines import (EngineDefaults, Launch, ModelLength, launch_flags, length_refusal, release_tuple,
-                            scaled_length)
+from kvplan.engines import (Budget, EngineDefaults, Launch, ModelLength, launch_flags, length_refusal,
+                            release_tuple, scaled_length)
 from kvplan.errors import InputError
-from kvplan.model.spec import ModelSpec
+from kvplan.model.spec import LayerCache, ModelSpec
 from kvplan.units import GiB, plural
 
 ENGINE = "vllm"
@@ -179,6 +179,13 @@ def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
         raise InputError(f"max_num_batched_tokens {mnbt} is below max_model_len {max_model_len}: vLLM's V0 engine "
                          "(no chunked prefill below 32K tokens, or for the LLM class) refuses to start",
                          f"raise --max-num-batched-tokens to {max_model_len} or lower --max-model-len to {mnbt}")
+
+
+def split_state_pool(engine: EngineDefaults, budget: Budget, layers: tuple[LayerCache, ...], *,
+                     max_num_seqs: int | None, prefix_caching: bool) -> tuple[EngineDefaults, Budget]:
+    """vLLM keeps state layers in the shared block pool (one padded page per request), no pool of their own:
+    the defaults and the budget as they are."""
+    return engine, budget
 
 
 def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,

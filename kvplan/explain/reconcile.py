@@ -490,9 +490,11 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
     if requested is not None and kv is not None:
         rest = requested - sum(row.logged_bytes for row in printed) - kv
         if missing or abs(rest) > 0.02 * GiB:
-            words = ", ".join(row.name for row in missing) if missing else "rounding of the printed terms"
+            words = ", ".join(row.name for row in missing) if missing else (
+                f"the Mamba state pool of {log.sglang_mamba_slots:,} request slots (a hybrid's state layers)"
+                if log.sglang_mamba_slots else "rounding of the printed terms")
             kvplan_rest = (sum(row.kvplan_bytes for row in missing) if missing and gpu_known and b is not None
-                           and all(row.kvplan_bytes is not None for row in missing) else (0 if not missing and gpu_known
+                           and all(row.kvplan_bytes is not None for row in missing) else (b.state_pool_bytes if not missing and gpu_known
                                                                                         and b is not None else None))
             rows.append(TermRow(UNPRINTED, rest, kvplan_rest, f"requested - printed terms - KV budget: {words}"))
     if log.kv_gib is None and log.prints_every_term and kv is not None:

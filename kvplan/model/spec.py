@@ -554,7 +554,8 @@ def _notes(r: ConfigReader, config: Mapping[str, Any], layers: list[LayerCache],
     if any(layer.is_state for layer in layers):
         ssm = {layer.ssm_dtype for layer in layers if layer.is_state}
         notes.append("state layers: conv state in the model dtype, SSM state in "
-                     + ", ".join(sorted(d or "the model dtype" for d in ssm)) + " (vLLM's mamba_ssm_cache_dtype)")
+                     + ", ".join(sorted(d or "the model dtype" for d in ssm))
+                     + (" (the config's)" if any(ssm) else " (the config sets none)"))
     return notes
 
 

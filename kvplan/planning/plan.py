@@ -128,7 +128,7 @@ class Plan:
             lora=bool(o.enable_lora or o.max_loras or o.max_lora_rank), max_loras=o.max_loras,
             max_lora_rank=o.max_lora_rank,
             speculative=o.speculative, speculative_tokens=o.num_speculative_tokens or 0,
-            expert_parallel=o.expert_parallel)
+            expert_parallel=o.expert_parallel, state_slots=e.state_slots)
 
     @property
     def option_values(self) -> dict[str, Any]:
@@ -300,6 +300,12 @@ def _with_engine_layers(layers: tuple[LayerCache, ...], draft: int, engine: Engi
     return layers
 
 
+def _paged_layers(layers: tuple[LayerCache, ...], engine: EngineDefaults) -> tuple[LayerCache, ...]:
+    """The layers the paged pool holds: all, or the attention layers alone where the engine keeps state layers in
+    a pool of request slots of their own (``engine.state_pool``: SGLang's Mamba pool)."""
+    return tuple(x for x in layers if not x.is_state) if engine.state_pool else layers
+
+
 def _pool(spec: ModelSpec, options: Options) -> _Pool:
     """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
     gpu = resolve_gpu(options)
@@ -337,7 +343,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                                        options, gpu)
     layers = _with_images(layers, spec, options)
     layers = _with_engine_layers(layers, rules.draft_layers(engine, spec, features), engine, model_dtype)
-    layout = memory.cached_pool_layout(layers, engine.block_size, kv_dtype, model_dtype)
+    layout = memory.cached_pool_layout(_paged_layers(layers, engine), engine.block_size, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
     if engine.prefix_caching is not None:  # the engine forces it for this model
         prefix_caching = engine.prefix_caching
@@ -362,6 +368,9 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     )
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))
+    if engine.state_pool:  # the state pool's request slots come out of the budget first
+        engine, budget = rules.split_state_pool(engine, budget, layers, max_num_seqs=options.max_num_seqs,
+                                                prefix_caching=prefix_caching)
     return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
                  memory.num_blocks(budget.kv_budget_bytes, layout), ssm_note)
 
@@ -433,7 +442,8 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         answer = replace(answer, fix=fix(spec, options, _planner(spec, source), answer, refuses_the_model(deployment),
                                          pool.kv_dtype.bits, pool.gpu.memory_bytes))
     cap = deployment.request_cap(max_model_len)
-    frag = memory.contiguous_vs_paged(blocks, demand, pool.layers, options.context, max_model_len, cap,
+    frag = memory.contiguous_vs_paged(blocks, demand, _paged_layers(pool.layers, pool.engine), options.context,
+                                      max_model_len, cap,
                                       deployment.prefix_tokens)
     prefix = None
     if options.prefix_tokens:

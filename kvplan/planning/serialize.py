@@ -168,6 +168,8 @@ def _budget(plan: Plan) -> dict[str, Any]:
         "usable_bytes": b.usable_bytes,
         "weights_total_bytes": plan.weights_total_bytes,
         **{f"{t.name}_bytes": t.bytes for t in b.terms},
+        "state_pool_bytes": b.state_pool_bytes,
+        "state_slots": b.state_slots,
         "kv_budget_bytes": b.kv_budget_bytes,
         "kv_budget_source": b.kv_budget_source,
         "sources": {t.name: t.source for t in b.terms},

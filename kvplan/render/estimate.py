@@ -26,6 +26,7 @@ TERM_STYLES = {"weights": "magenta", "activation": "yellow", "overhead": "red", 
 LEGEND_WIDTH = 74  # the memory panel's width at 80 columns, less its borders
 UNUSED = "unused"  # the legend's name for total - usable (the share gpu_util leaves out)
 KV_BUDGET = "KV budget"
+STATE_POOL = "state pool"  # an engine's own pool of per-request state slots (SGLang's Mamba pool), before the KV budget
 
 
 def memory_figures(plan: "Plan") -> dict[str, str]:
@@ -40,13 +41,15 @@ def memory_figures(plan: "Plan") -> dict[str, str]:
 
     total, usable = centi(b.total_bytes), centi(b.usable_bytes)
     shown = {"total": total, "usable": usable, UNUSED: total - usable}
-    terms = [t.bytes for t in b.terms]
+    terms = [t.bytes for t in b.terms] + ([b.state_pool_bytes] if b.state_slots else [])
     if b.kv_budget_bytes >= 0 and min(terms, default=0) >= 0 and b.usable_bytes == sum(terms) + b.kv_budget_bytes:
         scaled = rounded_parts(b.usable_bytes * 100, [x * 100 for x in terms + [b.kv_budget_bytes]], GiB)
         assert sum(scaled) == usable
     else:  # an explicit or negative KV budget: each figure on its own
         scaled = [centi(x) for x in terms + [b.kv_budget_bytes]]
     shown.update({t.name: c for t, c in zip(b.terms, scaled)})
+    if b.state_slots:
+        shown[STATE_POOL] = scaled[-2]
     shown[KV_BUDGET] = scaled[-1]
     return {name: f"{c / 100:,.2f}" for name, c in shown.items()}
 
@@ -56,6 +59,8 @@ def bar_parts(plan: "Plan") -> list[tuple[str, int, str]]:
     and what gpu_util leaves unused (total - usable); terms of 0 bytes are left out."""
     b = plan.budget
     parts = [(t.name, t.bytes, TERM_STYLES.get(t.name, "red")) for t in b.terms if t.bytes > 0]
+    if b.state_pool_bytes > 0:
+        parts.append((STATE_POOL, b.state_pool_bytes, "cyan"))
     parts.append((KV_BUDGET, max(0, b.kv_budget_bytes), "green"))
     parts.append((UNUSED, max(0, b.total_bytes - b.usable_bytes), "grey42"))
     return parts
@@ -134,6 +139,9 @@ def _memory_panel(plan: "Plan") -> Panel:
     t.add_row(f"usable (x {b.gpu_util:g})", f"{shown['usable']} GiB", Text(f"{b.requested_rounding}(total x gpu_util)"))
     for term in b.terms:
         t.add_row(f"− {term.name}", f"{shown[term.name]} GiB", Text(term.source))  # Text: sources hold "[rows, vocab]"
+    if b.state_slots:
+        t.add_row(f"− {STATE_POOL}", f"{shown[STATE_POOL]} GiB",
+                  Text(f"{b.state_slots:,} request slots of the state layers (Mamba pool), before the KV pool"))
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
     t.add_row(Text(f"= {KV_BUDGET}", style=style), Text(f"{shown[KV_BUDGET]} GiB", style=style),
               Text(b.kv_budget_source))
