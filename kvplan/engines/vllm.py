@@ -623,6 +623,10 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                                                             "nvlink-switch" and tp > 2 else ""))
         notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate ({nt.bytes / GiB:.2f} GiB per "
                      "GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your log's non-torch memory")
+    if p.mode == "V0" and device is not None and device.platform == "rocm":
+        notes.append("vLLM V0 on ROCm charges more non-torch memory than kvplan models (hipBLASLt: 1.7 GiB more at tp 1 "
+                     "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
+                     "promise more KV than the engine gives; pass --overhead-gib with your log's non-torch memory")
     if nt.fusion:
         parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB")
     parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
