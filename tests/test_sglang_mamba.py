@@ -149,3 +149,27 @@ def test_a_given_kv_budget_is_the_kv_pool(qwen35):
     assert plan.budget.kv_budget_bytes == 5 * GiB and plan.answer.kv_tokens == 5 * GiB // CELL == 327_680
     assert plan.budget.state_slots == 187 and plan.answer.max_num_seqs == 62
     assert any("--kv-budget is the KV pool" in n for n in plan.notes)
+
+
+def test_explain_sets_the_logged_mamba_slots_beside_kvplan_s_and_keeps_stand_in_notes_out():
+    """exp001 prints "Mamba Cache is allocated. max_mamba_cache_size: 186": the capacity table shows it beside the
+    slots of kvplan's own plan (RTX 4090: 188); without a GPU the plan budgets a stand-in size, whose notes (its
+    split of the budget, its --gpu-memory) are not the log's and are left out."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from kvplan.explain.reconcile import explain
+    from kvplan.render.explain import _notes, render_explanation
+
+    log = (Path(__file__).resolve().parents[1] / "benchmarks/corpus/sglang/sglang-exp001-2x4090-qwen35-9b-tp2.log"
+           ).read_text(encoding="utf-8")
+    with_gpu = explain(log, {"model": "Qwen/Qwen3.5-9B", "gpu": "RTX-4090-24GB"})
+    console = Console(width=100, record=True)
+    console.print(render_explanation(with_gpu))
+    row = next(line for line in console.export_text().splitlines() if "Mamba state slots" in line)
+    assert "186" in row and str(with_gpu.plan.engine.state_slots) in row
+    no_gpu = explain(log, {"model": "Qwen/Qwen3.5-9B"})
+    notes = _notes(no_gpu)
+    assert not any(n.startswith("--gpu-memory:") or "Mamba state pool of" in n for n in notes)
+    assert any("Mamba state pool of" in n for n in _notes(with_gpu))

@@ -239,7 +239,9 @@ def _stand_in_memory(log: StartupLog) -> str:
     util = log.gpu_memory_utilization or STAND_IN_UTIL
     if log.requested_memory_gib:
         return f"{log.requested_memory_gib / util:.2f}GiB"
-    used = (log.weights_gib or 0) + (log.kv_gib or 0) + (log.sglang_avail_before_load_gib or 0)
+    if log.sglang_avail_before_load_gib:  # SGLang: free before the weights load, which the weights and KV came out of
+        return f"{max(log.sglang_avail_before_load_gib, (log.weights_gib or 0) + (log.kv_gib or 0), 1.0):.2f}GiB"
+    used = (log.weights_gib or 0) + (log.kv_gib or 0)
     return f"{max(used / util, 1.0):.2f}GiB"
 
 

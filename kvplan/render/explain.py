@@ -132,6 +132,8 @@ def _notes(ex: "Explanation") -> list[str]:
     release it inferred)."""
     inferred = any(n.startswith("version not in the log: its lines are") for n in ex.notes)
     plan = [n for n in (ex.plan.notes if ex.plan is not None else ()) if not (inferred and ": rules of modelled" in n)]
+    if ex.plan is not None and not ex.gpu_known:  # the plan budgets a stand-in size: its budget's notes are not the log's
+        plan = [n for n in plan if n not in ex.plan.budget.notes and not n.startswith("--gpu-memory:")]
     return list(ex.notes) + plan
 
 
@@ -174,6 +176,10 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
     line("KV cache tokens", log.kv_cache_tokens, "kv_cache_tokens")
     line(f"max concurrency at {length:,}" if length else "max concurrency", log.max_concurrency, "max_concurrency")
     line("starts", log.starts, "starts")
+    slots = p.engine.state_slots if p is not None and own is not None else None
+    if log.sglang_mamba_slots is not None or slots:  # SGLang's Mamba state pool (request slots)
+        cap.add_row("Mamba state slots", _fmt(log.sglang_mamba_slots),
+                    *(_fmt(slots) if c is own else "-" for _, c in columns[1:]))
     if log.refusal is not None:
         line("longest max_model_len", log.refusal.estimated_max_model_len, "longest_startable_len")
     verdict = Text()
