@@ -135,11 +135,16 @@ def test_qwen_vl_vision_specs_read_the_processor_sizes_and_the_output_width(qwen
 def test_qwen25_vl_profiles_its_image_until_a_video_has_more_tokens(qwen25_vl):
     # 2,048 of max_model_len: a video of max(1, min(2 x (2,048 // 16,384), 16)) = 1 frame, padded to one pair =
     # 16,384 tokens, a tie: max() keeps the image. Pixels 3 x 2 x 3,584^2 x 2 B = 154,140,672; output 16,384 x
-    # 3,584 x 2 B = 117,440,512; encoder: pixels + 65,536 patches x (2 x 1,280 + 3 x 3,420) x 2 B = 1,680,343,040
+    # 3,584 x 2 B = 117,440,512. Encoder (0.8 - 0.10): the attention's rotary step holds residual and normed
+    # input (2 x 1,280), the qkv output (3 x 1,280), q, k, v (3 x 1,280), q in float32 and its rotated float32
+    # copy (2 x 2 x 1,280) and the new q (1,280) = 16,640 elements a patch, above the MLP's (2 x 1,280 + 3 x
+    # 3,420 = 12,820): pixels + 65,536 x 16,640 x 2 B = 2,181,038,080
     p = image_profile(qwen25_vl, 1, 2048, 256, 2, "placeholder", 2048)
     assert (p.modality, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("image", 1, 16_384, 16_384)
     assert (p.pixel_bytes, p.cached_bytes) == (154_140_672, 117_440_512)
-    assert p.encoder_peak_bytes == 154_140_672 + 1_680_343_040
+    assert p.encoder_peak_bytes == 154_140_672 + 2_181_038_080
+    # 0.13: the MLP's 12,820 (the attention of 0.11+ counted as q, k, v and output): 65,536 x 12,820 x 2 B
+    assert image_profile(qwen25_vl, 1, 2048, 256, 2, "embeds", 2048).encoder_peak_bytes == 154_140_672 + 1_680_343_040
     # 0.11 at 8,192: still the image; the 16,384-row output fills the budget buffer, so no copy
     assert image_profile(qwen25_vl, 1, 2048, 256, 2, "scattered", 8192).cached_bytes == 117_440_512
     # 128K: 0.9 caps the video at 16 frames = 8 pairs (131,072 tokens), 0.13 at 14 = 7 pairs (114,688 tokens)

