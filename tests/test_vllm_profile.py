@@ -10,6 +10,7 @@ import pytest
 
 from kvplan.engines import Device, Term, vllm
 from kvplan.engines.vllm_profile import image_profile, rope_cache_bytes
+from kvplan.engines.vllm_weights import deepstack_buffer_bytes
 from kvplan.memory import num_blocks
 from kvplan.planning.plan import Options, plan_for_spec
 from kvplan.model.sources import load_bundled
@@ -180,3 +181,13 @@ def test_qwen3_vl_profiles_its_image_from_0_13(qwen3_vl):
     p = image_profile(qwen3_vl, 4, 2048, 256, 2, "embeds", 65_536)
     assert (p.modality, p.items, p.tokens_per_item, p.pixel_bytes, p.cached_bytes) == ("image", 1, 16_384, 201_326_592,
                                                                                        268_435_456)
+
+
+def test_qwen3_vl_loads_its_deepstack_buffers_with_the_weights(qwen25_vl, qwen3_vl):
+    # one zeros(max_num_batched_tokens, 2,048) per deepstack level, model dtype: 3 x 2,048 x 2,048 x 2 B
+    assert deepstack_buffer_bytes(qwen3_vl, 2048, 2) == 25_165_824
+    assert deepstack_buffer_bytes(qwen25_vl, 2048, 2) == 0
+    b = vllm.budget(H100, 0.9, Term("weights", 10 * 2**30, "checkpoint"), None, None, None, None, spec=qwen3_vl, tp=4,
+                    max_num_batched_tokens=8192, max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.11.0",
+                    max_model_len=65_536)
+    assert b.weights.bytes == 10 * 2**30 + 3 * 8192 * 2048 * 2 and "deepstack" in b.weights.source

@@ -628,7 +628,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     if not given(weights):  # the user's --weights-gib or a calibration file's measurement stands as given
         device_ = device or Device()
         extra, why = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
-                                        features.expert_parallel)
+                                        features.expert_parallel, max_num_batched_tokens, act_bytes)
         if extra:
             weights = Term("weights", weights.bytes + extra, f"{weights.source} + {why} (vLLM's load)")
         if features.lora:

@@ -160,6 +160,7 @@ class VisionEncoder:
     merge: int = 1  # patches merged into one token along each side (Qwen-VL: spatial_merge_size 2)
     video_max_pixels: int = 0  # a video's pixel cap over all its frames (Qwen3-VL); 0: every frame at the image's size
     output_width: int = 0  # elements per output token (Qwen3-VL: out_hidden_size x (1 + deepstack levels)); 0: hidden
+    deepstack_levels: int = 0  # encoder layers whose features are added to early decoder layers (Qwen3-VL: 3)
 
     @property
     def patches_per_image(self) -> int:

@@ -177,7 +177,7 @@ def _qwen_vl(config: Mapping[str, Any], vision: Mapping[str, Any], where: str) -
         inter = v.int("intermediate_size", ("intermediate_size",), default=3420) or 3420
         gated = model_type == "qwen2_5_vl"
     qwen3 = model_type.startswith("qwen3")
-    width, deepstack = 0, ""
+    width, deepstack, levels = 0, "", 0
     if qwen3:
         out = v.int("out_hidden_size", ("out_hidden_size",), default=0) or 0
         levels = vision.get("deepstack_visual_indexes") or []
@@ -198,7 +198,7 @@ def _qwen_vl(config: Mapping[str, Any], vision: Mapping[str, Any], where: str) -
                          kind="qwen-vl", temporal_patch=temporal, gated_mlp=gated,
                          max_video_frames=QWEN3_VL_MAX_VIDEO_FRAMES if qwen3 else QWEN_VL_MAX_VIDEO_FRAMES,
                          merge=merge, video_max_pixels=QWEN3_VL_VIDEO_MAX_PIXELS if qwen3 else 0,
-                         output_width=width)
+                         output_width=width, deepstack_levels=levels if qwen3 else 0)
 
 
 def vision_encoder(config: Mapping[str, Any], where: str) -> VisionEncoder | None:
