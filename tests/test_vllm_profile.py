@@ -144,7 +144,7 @@ def test_qwen25_vl_profiles_its_image_until_a_video_has_more_tokens(qwen25_vl):
     assert (p.modality, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("image", 1, 16_384, 16_384)
     assert (p.pixel_bytes, p.cached_bytes) == (154_140_672, 117_440_512)
     assert p.encoder_peak_bytes == 154_140_672 + 2_181_038_080
-    # 0.13: the MLP's 12,820 (the attention of 0.11+ counted as q, k, v and output): 65,536 x 12,820 x 2 B
+    # 0.13: the MLP's 12,820 above the attention's 2 x 1,280 + 8 x 1,280 = 12,800: 65,536 x 12,820 x 2 B
     assert image_profile(qwen25_vl, 1, 2048, 256, 2, "embeds", 2048).encoder_peak_bytes == 154_140_672 + 1_680_343_040
     # 0.11 at 8,192: still the image; the 16,384-row output fills the budget buffer, so no copy
     assert image_profile(qwen25_vl, 1, 2048, 256, 2, "scattered", 8192).cached_bytes == 117_440_512
@@ -165,8 +165,9 @@ def test_qwen3_vl_profiles_one_formatted_video_on_0_11_and_0_12(qwen3_vl):
     assert (p.modality, p.frames, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("video", 24_576, 1, 153_600,
                                                                                             153_600)
     assert (p.pixel_bytes, p.cached_bytes) == (150_994_944, 2_516_582_400 + 201_326_592)
-    # encoder at tp 4: 49,152 patches x (2 x 1,152 + 2 x ceil(4,304 / 4)) x 2 B = 438,042,624 + the pixels
-    assert p.encoder_peak_bytes == 438_042_624 + 150_994_944
+    # encoder at tp 4: 0.11's rotary step (18 x 1,152 / 4 besides residual and input) above the MLP (2 x 1,152 +
+    # 2 x ceil(4,304 / 4) = 4,456): 49,152 patches x (2,304 + 5,184) x 2 B = 736,100,352 + the pixels
+    assert p.encoder_peak_bytes == 736_100_352 + 150_994_944
     # 0.12 sizes the buffer by the item's 153,600 tokens: the same for one item
     assert image_profile(qwen3_vl, 4, 2048, 256, 2, "scattered-item", 65_536).cached_bytes == p.cached_bytes
     # 8K: 2 frames already exceed it (12,100 tokens: 4,096 / sqrt(2 x 4,096^2 / 25,165,824) = 3,547 -> 3,520,
@@ -181,6 +182,9 @@ def test_qwen3_vl_profiles_its_image_from_0_13(qwen3_vl):
     p = image_profile(qwen3_vl, 4, 2048, 256, 2, "embeds", 65_536)
     assert (p.modality, p.items, p.tokens_per_item, p.pixel_bytes, p.cached_bytes) == ("image", 1, 16_384, 201_326_592,
                                                                                        268_435_456)
+    # encoder at tp 1: the attention, 2 x 1,152 + 8 x 1,152 = 11,520 elements a patch, above the MLP's 2 x 1,152
+    # + 2 x 4,304 = 10,912: 65,536 x 11,520 x 2 B = 1,509,949,440 + the pixels
+    assert image_profile(qwen3_vl, 1, 2048, 256, 2, "embeds", 65_536).encoder_peak_bytes == 1_509_949_440 + 201_326_592
 
 
 def test_qwen3_vl_loads_its_deepstack_buffers_with_the_weights(qwen25_vl, qwen3_vl):

@@ -163,18 +163,26 @@ def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
     return sum(t.positions * t.rotary_dim for t in spec.rotary_caches) * act_bytes
 
 
+QWEN_VL_ATTENTION_SHARDS = {"ceil-placeholder": 11, "placeholder": 11, "scattered": 18, "scattered-item": 8,
+                            "embeds": 8}
+
+
 def _attention_elements(vision: VisionEncoder, rule: str, shard: int) -> int:
     """Elements per patch an encoder layer's attention holds besides the residual and its normed input.
 
-    ``shard`` is the hidden size over tp. SigLIP and Qwen-VL from 0.11: q, k, v and the output (4 x shard; the
-    Qwen-VL attention of 0.11+ is not read in detail). Qwen2/2.5-VL in 0.8 - 0.10 (``Qwen2_5_VisionAttention.
-    forward``): the qkv output stays referenced (3 x shard) beside the contiguous q, k, v copies (3), and
-    ``apply_rotary_pos_emb_vision`` rotates a float32 copy of q into a new float32 tensor before casting it
-    back (2 x 2 + 1): 11 x shard at that moment, above the MLP for Qwen2.5-VL-7B at tp 1 (16,640 elements a
-    patch against 12,820).
+    ``shard`` is the hidden size over tp. SigLIP (Gemma 3): q, k, v and the output, 4 x shard. The Qwen-VL
+    attention (``Qwen2_5_VisionAttention.forward``, Qwen3-VL's too) peaks in its rotary step, with the qkv
+    output still referenced (3 x shard) - per release (``QWEN_VL_ATTENTION_SHARDS``):
+
+    - 0.8 - 0.10: contiguous q, k, v copies (3) and ``apply_rotary_pos_emb_vision`` rotating a float32 copy of
+      q into a new float32 tensor before casting it back (2 + 2 + 1): 11 x shard.
+    - 0.11: the copies (3), ``torch.cat([q, k])`` (2), its float32 copy and rotated float32 output (4 + 4) and
+      the cast (2): 18 x shard (Qwen2.5-VL-7B at tp 1: 25,600 elements a patch, twice the MLP's 12,820).
+    - 0.12 and later: q and k rearranged into one copy (2) and rotated in the model dtype (2, the
+      ``ApplyRotaryEmb`` op from 0.13 without fp32 compute), then the attention output (1): 8 x shard.
     """
-    if vision.kind == "qwen-vl" and rule in ("ceil-placeholder", "placeholder"):
-        return 11 * shard
+    if vision.kind == "qwen-vl":
+        return QWEN_VL_ATTENTION_SHARDS.get(rule, 8) * shard
     return 4 * shard
 
 
