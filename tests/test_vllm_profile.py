@@ -166,8 +166,9 @@ def test_qwen3_vl_profiles_one_formatted_video_on_0_11_and_0_12(qwen3_vl):
                                                                                             153_600)
     assert (p.pixel_bytes, p.cached_bytes) == (150_994_944, 2_516_582_400 + 201_326_592)
     # encoder at tp 4: 0.11's rotary step (18 x 1,152 / 4 besides residual and input) above the MLP (2 x 1,152 +
-    # 2 x ceil(4,304 / 4) = 4,456): 49,152 patches x (2,304 + 5,184) x 2 B = 736,100,352 + the pixels
-    assert p.encoder_peak_bytes == 736_100_352 + 150_994_944
+    # 2 x ceil(4,304 / 4) = 4,456), and the 3 deepstack levels' features held, 3 x 2,048 per 4 patches:
+    # 49,152 patches x (2,304 + 5,184 + 1,536) x 2 B = 887,095,296 + the pixels
+    assert p.encoder_peak_bytes == 887_095_296 + 150_994_944
     # 0.12 sizes the buffer by the item's 153,600 tokens: the same for one item
     assert image_profile(qwen3_vl, 4, 2048, 256, 2, "scattered-item", 65_536).cached_bytes == p.cached_bytes
     # 8K: 2 frames already exceed it (12,100 tokens: 4,096 / sqrt(2 x 4,096^2 / 25,165,824) = 3,547 -> 3,520,
@@ -183,8 +184,8 @@ def test_qwen3_vl_profiles_its_image_from_0_13(qwen3_vl):
     assert (p.modality, p.items, p.tokens_per_item, p.pixel_bytes, p.cached_bytes) == ("image", 1, 16_384, 201_326_592,
                                                                                        268_435_456)
     # encoder at tp 1: the attention, 2 x 1,152 + 8 x 1,152 = 11,520 elements a patch, above the MLP's 2 x 1,152
-    # + 2 x 4,304 = 10,912: 65,536 x 11,520 x 2 B = 1,509,949,440 + the pixels
-    assert image_profile(qwen3_vl, 1, 2048, 256, 2, "embeds", 65_536).encoder_peak_bytes == 1_509_949_440 + 201_326_592
+    # + 2 x 4,304 = 10,912, + the deepstack features 1,536: 65,536 x 13,056 x 2 B = 1,711,276,032 + the pixels
+    assert image_profile(qwen3_vl, 1, 2048, 256, 2, "embeds", 65_536).encoder_peak_bytes == 1_711_276_032 + 201_326_592
 
 
 def test_qwen3_vl_loads_its_deepstack_buffers_with_the_weights(qwen25_vl, qwen3_vl):

@@ -202,7 +202,9 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
     a view of all of them: counted whole, the safe side). Qwen-VL: a Qwen2.5-VL video outweighs its image from
     32K of max_model_len (131,072 patches at 32K); Qwen3-VL's 0.11 - 0.12 video is 153,600 formatted tokens at
     64K (24,576 frames of 32 x 32), so its budget buffer is 153,600 x 8,192 x 2 B = 2.34 GiB for
-    Qwen3-VL-30B-A3B; from 0.13 its 16,384-token image is profiled.
+    Qwen3-VL-30B-A3B; from 0.13 its 16,384-token image is profiled. The encoder's peak: the pixels + patches x
+    the larger of one layer's MLP and attention (:func:`_attention_elements`) per patch, + for Qwen3-VL its
+    deepstack features (``levels x out_hidden / merge^2`` a patch), held from their layer to the last.
     """
     vision = spec.vision
     if vision is None or rule == "none":
@@ -222,6 +224,8 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
     h, inner = vision.hidden_size, math.ceil(vision.intermediate_size / tp)
     mlp = 2 * h + (3 if vision.gated_mlp else 2) * inner  # residual, normed input, (gate,) up/fc1 and activation outputs
     per_patch = max(mlp, 2 * h + _attention_elements(vision, rule, math.ceil(h / tp)))
+    if vision.deepstack_levels:  # Qwen3-VL keeps each level's merged features for the layers after it
+        per_patch += vision.output_width // (1 + vision.deepstack_levels) * vision.deepstack_levels // vision.merge ** 2
     encoder = pixels + items * item.patches * per_patch * act_bytes
     return ImageProfile(items, item.tokens, budget, pixels, cached, encoder, rule, item.modality, item.frames)
 
