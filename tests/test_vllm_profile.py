@@ -148,10 +148,18 @@ def test_qwen25_vl_profiles_its_image_until_a_video_has_more_tokens(qwen25_vl):
     assert image_profile(qwen25_vl, 1, 2048, 256, 2, "embeds", 2048).encoder_peak_bytes == 154_140_672 + 1_680_343_040
     # 0.11 at 8,192: still the image; the 16,384-row output fills the budget buffer, so no copy
     assert image_profile(qwen25_vl, 1, 2048, 256, 2, "scattered", 8192).cached_bytes == 117_440_512
-    # 128K: 0.9 caps the video at 16 frames = 8 pairs (131,072 tokens), 0.13 at 14 = 7 pairs (114,688 tokens)
-    p = image_profile(qwen25_vl, 1, 2048, 256, 2, "placeholder", 131_072)
-    assert (p.modality, p.frames, p.tokens_per_item, p.pixel_bytes) == ("video", 16, 131_072, 8 * 154_140_672)
-    p = image_profile(qwen25_vl, 1, 2048, 256, 2, "embeds", 131_072)
+    # 128K on 0.9.2: the budget counts a video within 131,072 - 16,384 (room for one image) = 7 x 16,384: 14
+    # frames, 7 pairs = 114,688 tokens, more than the image: the video is profiled, one item. But the dummy
+    # itself is built within max_num_tokens = 2,048: 1 frame, one pair (the image's pixels and output).
+    p = image_profile(qwen25_vl, 1, 2048, 256, 2, "placeholder", 131_072, (0, 9, 2))
+    assert (p.modality, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("video", 1, 114_688, 114_688)
+    assert (p.frames, p.pixel_bytes, p.cached_bytes) == (1, 154_140_672, 117_440_512)
+    # 32,768 batched tokens: a dummy of 4 frames = 2 pairs; 0.10.2 counts all 131,072 tokens: 16 frames (the
+    # cap before 0.11) = 8 pairs = 131,072
+    p = image_profile(qwen25_vl, 1, 32_768, 256, 2, "placeholder", 131_072, (0, 10, 2))
+    assert (p.tokens_per_item, p.frames, p.pixel_bytes) == (131_072, 4, 2 * 154_140_672)
+    # 0.13 counts and builds the same video from max_model_len: 14 frames (the cap) = 7 pairs = 114,688 tokens
+    p = image_profile(qwen25_vl, 1, 2048, 256, 2, "embeds", 131_072, (0, 13, 0))
     assert (p.modality, p.frames, p.tokens_per_item, p.cached_bytes) == ("video", 14, 114_688, 114_688 * 3584 * 2)
 
 

@@ -448,7 +448,7 @@ def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max
                       version: str = DEFAULT_VERSION, max_model_len: int | None = None) -> ImageProfile | None:
     """The dummy image batch of ``version``'s profile run (:func:`kvplan.engines.vllm_profile.image_profile`)."""
     return image_profile(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, profile(version).mm_profile,
-                         max_model_len)
+                         max_model_len, release_tuple(version, ENGINE))
 
 
 @dataclass(frozen=True)

@@ -127,14 +127,29 @@ def _qwen3_video(side: int, patch: int, merge: int, temporal: int, max_pixels: i
     return (n, *shape(n))
 
 
-def _video_item(vision: VisionEncoder, rule: str, max_model_len: int) -> _Item:
+def _qwen2_video_frames(vision: VisionEncoder, seq_len: int, cap: int) -> int:
+    """Frames of a Qwen2/2.5-VL dummy video within ``seq_len`` tokens (``get_num_frames_with_most_features``):
+    ``_get_max_video_frames`` adds frames of the largest image while ``ceil(frames / 2)`` x its tokens fit, so
+    ``2 x (seq_len // tokens per image)``; at most ``cap``, at least 1."""
+    return max(1, min(2 * (max(0, seq_len) // vision.tokens_per_image), cap))
+
+
+def _video_item(vision: VisionEncoder, rule: str, max_model_len: int, max_num_batched_tokens: int,
+                release: tuple[int, ...] = ()) -> _Item:
     """The dummy video of ``Qwen2VLProcessingInfo`` (vLLM qwen2_vl.py / qwen3_vl.py), one video per prompt.
 
-    Qwen2/2.5-VL: frames of the largest image, ``min(2 x (max_model_len // tokens per image), cap)`` of them (at
-    least 1; cap 16 before 0.11, 14 after), padded to pairs: ``ceil(frames / 2)`` x the image's tokens and patches.
-    Qwen3-VL (``video_max_pixels``): :func:`_qwen3_video`; 0.11 - 0.12 count its tokens x 12.5 (timestamps and
-    markers, ``get_max_video_tokens``), 0.13 on its output tokens. From 0.17 vLLM sizes the budget's video from 2
-    frames and caps the dummy at 2,048 frames; kvplan keeps the 0.13 count, below the image's tokens either way.
+    Qwen2/2.5-VL: frames of the largest image (:func:`_qwen2_video_frames`, cap 16 before 0.11, 14 after),
+    padded to pairs: ``ceil(frames / 2)`` x the image's tokens, patches and pixels. Two lengths set them:
+    the budget's count (``get_mm_max_tokens_per_item(max_model_len, {image: 1, video: 1})``) and the dummy
+    batch itself (``get_decoder_dummy_data``). Through 0.10.1 the count leaves room for one image
+    (``max_model_len - tokens per image``); 0.8 - 0.10 build the dummy from ``seq_len = max_num_tokens``
+    (``max_num_batched_tokens``; 0.8.0 - 0.8.2 with the image's tokens taken off too), 0.11 on from
+    ``max_model_len``: so before 0.11 the encoder runs on a video of ``max_num_batched_tokens``' frames (one
+    pair at 2,048 tokens) while the budget counts ``max_model_len``'s.
+    Qwen3-VL (``video_max_pixels``, 0.11+): :func:`_qwen3_video`; 0.11 - 0.12 count its tokens x 12.5
+    (timestamps and markers, ``get_max_video_tokens``), 0.13 on its output tokens. From 0.17 vLLM sizes the
+    budget's video from 2 frames and caps the dummy at 2,048 frames; kvplan keeps the 0.13 count, below the
+    image's tokens either way.
     """
     per_group = vision.channels * vision.temporal_patch * vision.patch_size ** 2  # pixel elements of one patch
     if vision.video_max_pixels:
@@ -143,12 +158,17 @@ def _video_item(vision: VisionEncoder, rule: str, max_model_len: int) -> _Item:
         patches = -(-frames // vision.temporal_patch) * (side // vision.patch_size) ** 2
         tokens = int(embeds * QWEN3_VL_FORMATTED_TOKENS) if rule in SCATTERED_RULES else embeds
         return _Item("video", tokens, embeds, patches, patches * per_group, frames)
-    cap = QWEN2_VL_FRAMES_BEFORE_0_11 if rule in ("ceil-placeholder", "placeholder") else vision.max_video_frames
-    frames = max(1, min(2 * (max_model_len // vision.tokens_per_image), cap))
-    groups = -(-frames // vision.temporal_patch)
-    return _Item("video", groups * vision.placeholder_tokens if rule != "embeds" else groups * vision.tokens_per_image,
-                 groups * vision.tokens_per_image, groups * vision.patches_per_image, groups * vision.pixels_per_image,
-                 frames)
+    tpi = vision.tokens_per_image
+    before_0_11 = rule in ("ceil-placeholder", "placeholder")
+    cap = QWEN2_VL_FRAMES_BEFORE_0_11 if before_0_11 else vision.max_video_frames
+    counted = _qwen2_video_frames(vision, max_model_len - (tpi if before_0_11 and release < (0, 10, 2) else 0), cap)
+    frames = counted
+    if before_0_11:
+        frames = _qwen2_video_frames(vision, max_num_batched_tokens - (tpi if release < (0, 8, 3) else 0), cap)
+    groups, counted_groups = -(-frames // vision.temporal_patch), -(-counted // vision.temporal_patch)
+    per_item = vision.tokens_per_image if rule == "embeds" else vision.placeholder_tokens
+    return _Item("video", counted_groups * per_item, groups * tpi, groups * vision.patches_per_image,
+                 groups * vision.pixels_per_image, frames)
 
 
 def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
@@ -187,7 +207,7 @@ def _attention_elements(vision: VisionEncoder, rule: str, shard: int) -> int:
 
 
 def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
-                  rule: str, max_model_len: int | None = None) -> ImageProfile | None:
+                  rule: str, max_model_len: int | None = None, release: tuple[int, ...] = ()) -> ImageProfile | None:
     """The dummy multimodal batch of vLLM's profile run under ``rule`` (module docstring), or ``None`` when the
     model has no modelled image encoder or the release's rule is ``none``.
 
@@ -211,7 +231,7 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
         return None
     item = _image_item(vision, rule)
     if vision.max_video_frames and max_model_len:
-        video = _video_item(vision, rule, max_model_len)
+        video = _video_item(vision, rule, max_model_len, max_num_batched_tokens, release)
         item = video if video.tokens > item.tokens else item
     budget = max(max_num_batched_tokens, item.tokens)
     by_encoder = -(-budget // item.tokens) if rule == "ceil-placeholder" else budget // item.tokens
