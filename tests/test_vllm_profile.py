@@ -1,4 +1,4 @@
-"""vLLM's profile run around the decoder: rotary tables and a multimodal model's dummy image batch (Gemma 3).
+"""vLLM's profile run around the decoder: rotary tables and a multimodal model's dummy batch (Gemma 3, Qwen-VL).
 
 Hand-derived from vLLM's code (kvplan/engines/vllm_profile.py names the functions) and checked against
 the Gemma-3-27B start-up numbers of issue 15 (vLLM 0.19.0, one H100, util 0.95: 15,999 blocks).
@@ -10,6 +10,7 @@ import pytest
 
 from kvplan.engines import Device, Term, vllm
 from kvplan.engines.vllm_profile import image_profile, rope_cache_bytes
+from kvplan.engines.vllm_weights import deepstack_buffer_bytes
 from kvplan.memory import num_blocks
 from kvplan.planning.plan import Options, plan_for_spec
 from kvplan.model.sources import load_bundled
@@ -58,8 +59,11 @@ def test_image_profile_of_gemma3_follows_each_release(gemma3):
     # 0.9 - 0.12 count the prompt tokens of an image (256 + 4 markers): 8,192 // 260 = 31 (the 0.11 log says 31)
     p = image_profile(gemma3, 1, 8192, 1024, 2, "placeholder")
     assert (p.items, p.cached_bytes) == (31, 31 * 256 * 5376 * 2)
-    # 0.11 - 0.12 copy each output into an encoder-budget buffer: 31 x 8,192 x 5,376 x 2 B = 2,730,491,904
-    assert image_profile(gemma3, 1, 8192, 1024, 2, "scattered").cached_bytes == 2_730_491_904
+    # 0.11 copies each output into an encoder-budget buffer, 31 x 8,192 x 5,376 x 2 B = 2,730,491,904, and the
+    # copy loop's variable still holds the outputs, 31 x 256 x 5,376 x 2 B = 85,327,872
+    assert image_profile(gemma3, 1, 8192, 1024, 2, "scattered").cached_bytes == 2_730_491_904 + 85_327_872
+    # 0.12 into a buffer of the item's 260 tokens: 31 x 260 x 5,376 x 2 B = 86,661,120, + the outputs
+    assert image_profile(gemma3, 1, 8192, 1024, 2, "scattered-item").cached_bytes == 86_661_120 + 85_327_872
     # 0.8: cdiv(8,192, 260) = 32
     assert image_profile(gemma3, 1, 8192, 1024, 2, "ceil-placeholder").items == 32
     # tp 2 halves the encoder MLP's intermediate: (2 x 1,152 + 2 x 2,152) x 2 B per patch
@@ -67,6 +71,7 @@ def test_image_profile_of_gemma3_follows_each_release(gemma3):
     assert image_profile(gemma3, 1, 8192, 1024, 2, "none") is None  # V0 is not modelled
     assert vllm.image_profile_for(gemma3, 1, 8192, 1024, 2, "0.6.4") is None
     assert vllm.image_profile_for(gemma3, 1, 8192, 1024, 2, "0.11.0").rule == "scattered"
+    assert vllm.image_profile_for(gemma3, 1, 8192, 1024, 2, "0.12.0").rule == "scattered-item"
     assert vllm.image_profile_for(gemma3, 1, 8192, 1024, 2, "0.13.0").rule == "embeds"
 
 
@@ -102,3 +107,100 @@ def test_gemma3_27b_h100_within_half_a_percent_of_issue_15s_log(gemma3):
     assert blocks == num_blocks(plan.budget.kv_budget_bytes, plan.layout) == 16_063
     assert abs(blocks - 15_999) / 15_999 < 0.005
     assert plan.answer.kv_tokens == 16_063 // 7 * 16 == 36_704
+
+
+@pytest.fixture(scope="module")
+def qwen25_vl():
+    return build_spec(load_bundled("Qwen/Qwen2.5-VL-7B-Instruct"))
+
+
+@pytest.fixture(scope="module")
+def qwen3_vl():
+    return build_spec(load_bundled("Qwen/Qwen3-VL-30B-A3B-Instruct"))
+
+
+def test_qwen_vl_vision_specs_read_the_processor_sizes_and_the_output_width(qwen25_vl, qwen3_vl):
+    # Qwen2.5-VL: max_pixels 12,845,056 // 28^2 = 16,384 tokens -> a 3,584 x 3,584 image of (3,584 / 14)^2 =
+    # 65,536 patches; vLLM counts its 16,384 embeddings as the item's tokens (no markers)
+    v = qwen25_vl.vision
+    assert (v.image_size, v.tokens_per_image, v.placeholder_tokens) == (3584, 16_384, 16_384)
+    assert v.patches_per_image == 65_536
+    assert (v.max_video_frames, v.video_max_pixels, v.output_width) == (14, 0, 0)
+    # Qwen3-VL: 16,777,216 // 32^2 = 16,384 tokens of a 4,096 x 4,096 image; the video processor's 25,165,824
+    # pixels over all frames; output 2,048 x (1 + 3 deepstack levels) = 8,192 elements per token
+    v = qwen3_vl.vision
+    assert (v.image_size, v.patch_size, v.tokens_per_image, v.patches_per_image) == (4096, 16, 16_384, 65_536)
+    assert (v.max_video_frames, v.video_max_pixels, v.output_width) == (24_576, 25_165_824, 8192)
+
+
+def test_qwen25_vl_profiles_its_image_until_a_video_has_more_tokens(qwen25_vl):
+    # 2,048 of max_model_len: a video of max(1, min(2 x (2,048 // 16,384), 16)) = 1 frame, padded to one pair =
+    # 16,384 tokens, a tie: max() keeps the image. Pixels 3 x 2 x 3,584^2 x 2 B = 154,140,672; output 16,384 x
+    # 3,584 x 2 B = 117,440,512. Encoder (0.8 - 0.10): the attention's rotary step holds residual and normed
+    # input (2 x 1,280), the qkv output (3 x 1,280), q, k, v (3 x 1,280), q in float32 and its rotated float32
+    # copy (2 x 2 x 1,280) and the new q (1,280) = 16,640 elements a patch, above the MLP's (2 x 1,280 + 3 x
+    # 3,420 = 12,820): pixels + 65,536 x 16,640 x 2 B = 2,181,038,080
+    p = image_profile(qwen25_vl, 1, 2048, 256, 2, "placeholder", 2048)
+    assert (p.modality, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("image", 1, 16_384, 16_384)
+    assert (p.pixel_bytes, p.cached_bytes) == (154_140_672, 117_440_512)
+    assert p.encoder_peak_bytes == 154_140_672 + 2_181_038_080
+    # 0.13: the MLP's 12,820 above the attention's 2 x 1,280 + 8 x 1,280 = 12,800: 65,536 x 12,820 x 2 B
+    assert image_profile(qwen25_vl, 1, 2048, 256, 2, "embeds", 2048).encoder_peak_bytes == 154_140_672 + 1_680_343_040
+    # 0.11 at 8,192: still the image; the 16,384-row output fills the budget buffer, so no copy
+    assert image_profile(qwen25_vl, 1, 2048, 256, 2, "scattered", 8192).cached_bytes == 117_440_512
+    # 128K on 0.9.2: the budget counts a video within 131,072 - 16,384 (room for one image) = 7 x 16,384: 14
+    # frames, 7 pairs = 114,688 tokens, more than the image: the video is profiled, one item. But the dummy
+    # itself is built within max_num_tokens = 2,048: 1 frame, one pair (the image's pixels and output).
+    p = image_profile(qwen25_vl, 1, 2048, 256, 2, "placeholder", 131_072, (0, 9, 2))
+    assert (p.modality, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("video", 1, 114_688, 114_688)
+    assert (p.frames, p.pixel_bytes, p.cached_bytes) == (1, 154_140_672, 117_440_512)
+    # 32,768 batched tokens: a dummy of 4 frames = 2 pairs; 0.10.2 counts all 131,072 tokens: 16 frames (the
+    # cap before 0.11) = 8 pairs = 131,072
+    p = image_profile(qwen25_vl, 1, 32_768, 256, 2, "placeholder", 131_072, (0, 10, 2))
+    assert (p.tokens_per_item, p.frames, p.pixel_bytes) == (131_072, 4, 2 * 154_140_672)
+    # 0.13 counts and builds the same video from max_model_len: 14 frames (the cap) = 7 pairs = 114,688 tokens
+    p = image_profile(qwen25_vl, 1, 2048, 256, 2, "embeds", 131_072, (0, 13, 0))
+    assert (p.modality, p.frames, p.tokens_per_item, p.cached_bytes) == ("video", 14, 114_688, 114_688 * 3584 * 2)
+
+
+def test_qwen3_vl_profiles_one_formatted_video_on_0_11_and_0_12(qwen3_vl):
+    # 64K: frames grow from 2 while the video's tokens fit 65,536; its 25,165,824 pixels shrink each frame, to
+    # 32 x 32 at 24,576 frames (the cap): sqrt(24,576 x 4,096^2 / 25,165,824) = 128, 4,096 / 128 = 32. Tokens
+    # 12,288 groups x (32 / 16)^2 // 4 = 12,288, counted x 12.5 = 153,600 (the log's "budget of 153600 tokens,
+    # profiled with 1 video items"). Pixels 49,152 patches x 3 x 2 x 16 x 16 x 2 B = 150,994,944. Cached: a
+    # 153,600 x 8,192 x 2 B = 2,516,582,400 buffer + the output 12,288 x 8,192 x 2 B = 201,326,592.
+    p = image_profile(qwen3_vl, 4, 2048, 256, 2, "scattered", 65_536)
+    assert (p.modality, p.frames, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("video", 24_576, 1, 153_600,
+                                                                                            153_600)
+    assert (p.pixel_bytes, p.cached_bytes) == (150_994_944, 2_516_582_400 + 201_326_592)
+    # encoder at tp 4: 0.11's rotary step (18 x 1,152 / 4 besides residual and input) above the MLP (2 x 1,152 +
+    # 2 x ceil(4,304 / 4) = 4,456), and the 3 deepstack levels' features held, 3 x 2,048 per 4 patches:
+    # 49,152 patches x (2,304 + 5,184 + 1,536) x 2 B = 887,095,296 + the pixels
+    assert p.encoder_peak_bytes == 887_095_296 + 150_994_944
+    # 0.12 sizes the buffer by the item's 153,600 tokens: the same for one item
+    assert image_profile(qwen3_vl, 4, 2048, 256, 2, "scattered-item", 65_536).cached_bytes == p.cached_bytes
+    # 8K: 2 frames already exceed it (12,100 tokens: 4,096 / sqrt(2 x 4,096^2 / 25,165,824) = 3,547 -> 3,520,
+    # (3,520 / 16)^2 // 4 = 12,100), so the loop stops at 2 frames: 151,250 tokens
+    p = image_profile(qwen3_vl, 4, 2048, 256, 2, "scattered", 8192)
+    assert (p.frames, p.tokens_per_item, p.pixel_bytes) == (2, 151_250, 48_400 * 1536 * 2)
+
+
+def test_qwen3_vl_profiles_its_image_from_0_13(qwen3_vl):
+    # 0.13+: the video counts its 12,288 output tokens, below the image's 16,384: one 4,096 x 4,096 image,
+    # pixels 3 x 2 x 4,096^2 x 2 B = 201,326,592, output 16,384 x 8,192 x 2 B = 268,435,456
+    p = image_profile(qwen3_vl, 4, 2048, 256, 2, "embeds", 65_536)
+    assert (p.modality, p.items, p.tokens_per_item, p.pixel_bytes, p.cached_bytes) == ("image", 1, 16_384, 201_326_592,
+                                                                                       268_435_456)
+    # encoder at tp 1: the attention, 2 x 1,152 + 8 x 1,152 = 11,520 elements a patch, above the MLP's 2 x 1,152
+    # + 2 x 4,304 = 10,912, + the deepstack features 1,536: 65,536 x 13,056 x 2 B = 1,711,276,032 + the pixels
+    assert image_profile(qwen3_vl, 1, 2048, 256, 2, "embeds", 65_536).encoder_peak_bytes == 1_711_276_032 + 201_326_592
+
+
+def test_qwen3_vl_loads_its_deepstack_buffers_with_the_weights(qwen25_vl, qwen3_vl):
+    # one zeros(max_num_batched_tokens, 2,048) per deepstack level, model dtype: 3 x 2,048 x 2,048 x 2 B
+    assert deepstack_buffer_bytes(qwen3_vl, 2048, 2) == 25_165_824
+    assert deepstack_buffer_bytes(qwen25_vl, 2048, 2) == 0
+    b = vllm.budget(H100, 0.9, Term("weights", 10 * 2**30, "checkpoint"), None, None, None, None, spec=qwen3_vl, tp=4,
+                    max_num_batched_tokens=8192, max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.11.0",
+                    max_model_len=65_536)
+    assert b.weights.bytes == 10 * 2**30 + 3 * 8192 * 2048 * 2 and "deepstack" in b.weights.source

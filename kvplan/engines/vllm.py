@@ -147,7 +147,7 @@ _V1_8 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer-old", sampl
 _V1_91 = dict(_V1_8, batch_rule="v1", kv_tokens_rule="groups", mm_profile="placeholder", measure="increase",
               sampler="flashinfer-installed", sampler_copies=0)
 _V1_11 = dict(_V1_91, measure="post-nccl", mm_profile="scattered")
-_V1_12 = dict(_V1_11, sampler="native", sampler_copies=10, moe_chunk=16 * 1024)
+_V1_12 = dict(_V1_11, sampler="native", sampler_copies=10, moe_chunk=16 * 1024, mm_profile="scattered-item")
 _V1_14 = dict(_V1_12, mm_profile="embeds", rounding="ceil", moe="v014")
 _V1_17 = dict(_V1_14, sampler="triton", sampler_copies=0)
 _V1_20 = dict(_V1_17, moe_chunk=0, cudagraph="subtracted", gpu_util=0.92)
@@ -171,8 +171,8 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
        "encoder output into an encoder-budget buffer", _V1_11),
     # 0.12: VLLM_USE_FLASHINFER_SAMPLER becomes opt-in: the native torch sort path, 10 copies, calibrated on
     # five H100 logs (activation 9.6 - 9.9 copies of rows x vocab x 4 B) and vLLM 0.11.1 on ROCm (native there).
-    _p("0.12", (0, 12, 0), "FlashInfer sampler opt-in: native top-k/top-p (torch sort); fused-MoE chunks of 16,384",
-       _V1_12),
+    _p("0.12", (0, 12, 0), "FlashInfer sampler opt-in: native top-k/top-p (torch sort); fused-MoE chunks of 16,384; "
+       "a dummy encoder output shorter than its item's tokens is copied into an item-sized buffer", _V1_12),
     _p("0.13", (0, 13, 0), "multimodal profiling counts an image's embeddings and caches the encoder outputs as "
        "they are", _V1_12, mm_profile="embeds"),
     _p("0.14", (0, 14, 0), "requested memory = ceil(total x util) (request_memory); the modular fused-MoE "
@@ -546,7 +546,7 @@ def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max
                       version: str = DEFAULT_VERSION, max_model_len: int | None = None) -> ImageProfile | None:
     """The dummy image batch of ``version``'s profile run (:func:`kvplan.engines.vllm_profile.image_profile`)."""
     return image_profile(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, profile(version).mm_profile,
-                         max_model_len)
+                         max_model_len, release_tuple(version, ENGINE))
 
 
 @dataclass(frozen=True)
@@ -730,7 +730,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     if not given(weights):  # the user's --weights-gib or a calibration file's measurement stands as given
         device_ = device or Device()
         extra, why = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
-                                        features.expert_parallel)
+                                        features.expert_parallel, max_num_batched_tokens, act_bytes)
         if extra:
             weights = Term("weights", weights.bytes + extra, f"{weights.source} + {why} (vLLM's load)")
         if features.lora:

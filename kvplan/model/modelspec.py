@@ -138,7 +138,11 @@ class VisionEncoder:
     One image is ``channels x image_size^2`` pixels, cut into ``(image_size // patch_size)^2`` patches that
     run through encoder layers of ``hidden_size`` / ``intermediate_size``; it reaches the language model as
     ``tokens_per_image`` embeddings and occupies ``placeholder_tokens`` prompt tokens (the embeddings plus
-    the start/end markers around them).
+    the start/end markers around them, as the engine counts them: Qwen-VL's processing info reports the
+    embeddings alone). A video (``max_video_frames`` > 0) is ``temporal_patch``-frame groups of patches;
+    ``video_max_pixels`` caps all its frames together (the video processor's ``size["longest_edge"]``), so more
+    frames come smaller. ``output_width``: the elements of one output token, when they are not the language
+    model's hidden size (Qwen3-VL appends its deepstack features).
     """
 
     image_size: int
@@ -153,6 +157,10 @@ class VisionEncoder:
     temporal_patch: int = 1  # frames one patch spans (Qwen-VL: 2; an image is its own pair of frames)
     gated_mlp: bool = False  # the encoder's MLP is gate/up/down (SwiGLU) rather than fc1/fc2
     max_video_frames: int = 0  # the most frames of the dummy video (0: no video modality)
+    merge: int = 1  # patches merged into one token along each side (Qwen-VL: spatial_merge_size 2)
+    video_max_pixels: int = 0  # a video's pixel cap over all its frames (Qwen3-VL); 0: every frame at the image's size
+    output_width: int = 0  # elements per output token (Qwen3-VL: out_hidden_size x (1 + deepstack levels)); 0: hidden
+    deepstack_levels: int = 0  # encoder layers whose features are added to early decoder layers (Qwen3-VL: 3)
 
     @property
     def patches_per_image(self) -> int:

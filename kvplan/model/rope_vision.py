@@ -148,13 +148,20 @@ def rope_scaling(r: ConfigReader) -> tuple[RopeScaling, ...]:
 # 16,384 merged tokens of 28 x 28 pixels; Qwen3-VL's longest_edge 16,777,216 pixels = 16,384 tokens of 32 x 32.
 QWEN_VL_MAX_PIXELS = {"qwen2_vl": 12_845_056, "qwen2_5_vl": 12_845_056, "qwen3_vl": 16_777_216,
                       "qwen3_vl_moe": 16_777_216}
-QWEN_VL_MAX_VIDEO_FRAMES = 14  # vLLM's _MAX_FRAMES_PER_VIDEO from 0.11 (16 before)
+QWEN_VL_MAX_VIDEO_FRAMES = 14  # vLLM's _MAX_FRAMES_PER_VIDEO (qwen2_vl.py) from 0.11 (16 before: the engine's rule)
+# Qwen3-VL's video_preprocessor_config.json (the Qwen3-VL checkpoints ship it; transformers' class default is
+# 768 x 32 x 32): size.longest_edge 25,165,824 pixels over all frames = 12,288 tokens of 2 frames x 32 x 32.
+QWEN3_VL_VIDEO_MAX_PIXELS = 25_165_824
+QWEN3_VL_MAX_VIDEO_FRAMES = 24_576  # vLLM's _MAX_FRAMES_PER_VIDEO in qwen3_vl.py 0.11 - 0.14
 
 
 def _qwen_vl(config: Mapping[str, Any], vision: Mapping[str, Any], where: str) -> VisionEncoder:
     """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: patches of ``patch_size`` over ``temporal_patch_size`` frames, merged
     ``spatial_merge_size`` x ``spatial_merge_size`` into one token; vLLM's dummy image is the largest the image
-    processor takes (``max_pixels``), its dummy video that many pixels a frame pair over up to 14 frames."""
+    processor takes (``max_pixels``). Its dummy video: Qwen2/2.5-VL frames of that image's size, Qwen3-VL frames
+    its video processor shrinks to ``QWEN3_VL_VIDEO_MAX_PIXELS`` over all of them. Qwen3-VL's encoder output
+    per token is ``out_hidden_size x (1 + len(deepstack_visual_indexes))`` (the deepstack features are
+    concatenated to it: vLLM's ``Qwen3_VisionTransformer.forward``)."""
     model_type = str(config.get("model_type"))
     v = ConfigReader(dict(vision), where, "vision_config.")
     patch = v.int("patch_size", ("patch_size", "spatial_patch_size"), default=14) or 14
@@ -169,15 +176,29 @@ def _qwen_vl(config: Mapping[str, Any], vision: Mapping[str, Any], where: str) -
         hidden = v.int("hidden_size", ("hidden_size",), default=1280) or 1280
         inter = v.int("intermediate_size", ("intermediate_size",), default=3420) or 3420
         gated = model_type == "qwen2_5_vl"
+    qwen3 = model_type.startswith("qwen3")
+    width, deepstack, levels = 0, "", 0
+    if qwen3:
+        out = v.int("out_hidden_size", ("out_hidden_size",), default=0) or 0
+        levels = vision.get("deepstack_visual_indexes") or []
+        levels = len(levels) if isinstance(levels, list) else 0
+        if out:
+            width = out * (1 + levels)
+            deepstack = f", output {out} x (1 + {levels} deepstack levels)"
     unit = patch * merge
     tokens = QWEN_VL_MAX_PIXELS.get(model_type, 12_845_056) // (unit * unit)
     side = math.isqrt(tokens) * unit  # the dummy image: square, its merged tokens a square number
     tokens = (side // unit) ** 2
-    return VisionEncoder(side, patch, hidden, inter, tokens, tokens + 2, channels,
+    video = (f"; the dummy video {QWEN3_VL_VIDEO_MAX_PIXELS:,} pixels over up to {QWEN3_VL_MAX_VIDEO_FRAMES:,} frames"
+             if qwen3 else f"; the dummy video up to {QWEN_VL_MAX_VIDEO_FRAMES} frames of that size")
+    return VisionEncoder(side, patch, hidden, inter, tokens, tokens, channels,
                          f"vision_config ({model_type}: patch {patch} x {temporal} frames, merge {merge}x{merge}, "
-                         f"hidden {hidden}, intermediate {inter}); the dummy image {side}x{side} (max_pixels)",
+                         f"hidden {hidden}, intermediate {inter}{deepstack}); the dummy image {side}x{side} "
+                         f"(max_pixels){video}",
                          kind="qwen-vl", temporal_patch=temporal, gated_mlp=gated,
-                         max_video_frames=QWEN_VL_MAX_VIDEO_FRAMES)
+                         max_video_frames=QWEN3_VL_MAX_VIDEO_FRAMES if qwen3 else QWEN_VL_MAX_VIDEO_FRAMES,
+                         merge=merge, video_max_pixels=QWEN3_VL_VIDEO_MAX_PIXELS if qwen3 else 0,
+                         output_width=width, deepstack_levels=levels if qwen3 else 0)
 
 
 def vision_encoder(config: Mapping[str, Any], where: str) -> VisionEncoder | None:

@@ -532,9 +532,12 @@ def _sizes(r: ConfigReader, hidden: int) -> dict[str, Any]:
 def _notes(r: ConfigReader, config: Mapping[str, Any], layers: list[LayerCache], cross_note: str | None) -> list[str]:
     """What the reader should know about this config: multimodal parts, MTP, chunked and state layers."""
     notes: list[str] = []
-    if r.prefix and rope_vision.vision_encoder(config, r.where) is not None:
-        notes.append(f"multimodal config: the language model ({r.prefix.rstrip('.')}) is planned; the vision encoder's "
-                     "weights are in the checkpoint and vLLM's profile run of it (a dummy image batch) in the activation")
+    encoder = rope_vision.vision_encoder(config, r.where)
+    if encoder is not None:
+        where = f" ({r.prefix.rstrip('.')})" if r.prefix else ""
+        batch = "a dummy image or video batch" if encoder.max_video_frames else "a dummy image batch"
+        notes.append(f"multimodal config: the language model{where} is planned; the vision encoder's "
+                     f"weights are in the checkpoint and vLLM's profile run of it ({batch}) in the activation")
     elif r.prefix:
         notes.append(f"multimodal config: the language model ({r.prefix.rstrip('.')}) is planned; vision encoder memory "
                      "is not modelled")
