@@ -45,7 +45,9 @@ ROCM = Device(platform="rocm")
     ("0.19.0", None, None, None, None),           # unknown GPU: the default
 ])
 def test_mla_block_size_per_release_and_gpu(version, device, kv, user, expected):
-    size, why = vllm.mla_block_size(version, device, kv, user)
+    from kvplan.engines import release_tuple
+
+    size, why = vllm.mla_block_size(release_tuple(version, "vllm"), device, kv, user)
     assert size == expected
     assert bool(why) == (expected is not None)
 

@@ -12,7 +12,6 @@ build). docs/engines.md gives the sources and the agreement with real start-up l
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Term,
@@ -337,15 +336,6 @@ SCHEDULER_DEFAULT_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKEN
 # preferred block size, Platform.update_block_size_for_backend, 0.18+).
 MLA_BLOCK_RULES = (((0, 8, 0), "flashmla"), ((0, 10, 1), "flashmla-cutlass"), ((0, 12, 0), "flashmla-cutlass-multiple"),
                    ((0, 18, 0), "backend-preferred"))
-_VERSION_NUMBERS = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
-
-
-def release_numbers(version: str) -> tuple[int, int, int] | None:
-    """``(major, minor, patch)`` of a release string (``0.10.1.1`` -> ``(0, 10, 1)``, ``0.30`` -> ``(0, 30, 0)``),
-    None when it has none: for rules that change inside one modelled range."""
-    match = _VERSION_NUMBERS.match(version or "")
-    return None if match is None else (int(match[1]), int(match[2]), int(match[3] or 0))
-
 
 # Prefix caching for models with Mamba / linear-attention state layers (hybrids, and attention-free models), V1:
 # 0.10.0 - 0.11.0 turn it off whatever was asked (MambaModelConfig.verify_and_update_config: "not yet supported");
@@ -361,9 +351,7 @@ def state_prefix_caching(engine: EngineDefaults, spec: ModelSpec) -> tuple[bool 
     above); ``(None, None, "")`` for other models, V0 and releases without a rule of their own."""
     if engine.mode == "V0" or not any(layer.is_state for layer in spec.layers):
         return None, None, ""
-    release = release_numbers(engine.requested_version or engine.version)
-    if release is None:
-        return None, None, ""
+    release = release_of(engine)
     hybrid = any(layer.caches_tokens for layer in spec.layers)
     if release < STATE_PREFIX_FORCED_OFF_BEFORE:
         return False, None, f"{engine.label} turns prefix caching off for models with Mamba / linear-attention layers"
@@ -373,11 +361,12 @@ def state_prefix_caching(engine: EngineDefaults, spec: ModelSpec) -> tuple[bool 
     return None, None, ""
 
 
-def mla_block_size(version: str, device: Device | None, kv_dtype: str | None,
+def mla_block_size(release: tuple[int, int, int], device: Device | None, kv_dtype: str | None,
                    user_block_size: int | None) -> tuple[int | None, str]:
     """``(block size in tokens, why)`` vLLM sets for an MLA model on this GPU, ``(None, "")`` where it keeps the
-    default (16) or the user's ``--block-size``. ``version``: the release asked for (``0.10.1``), not only the
-    modelled rules' key, since rules change inside a modelled range.
+    default (16) or the user's ``--block-size``. ``release``: the one asked for (``(0, 10, 1)``,
+    :func:`~kvplan.engines.vllm_rules.release_of`), not only the modelled rules' key, since rules change inside a
+    modelled range.
 
     - 0.8 - 0.10.0: on Hopper (compute capability 9.x) the FlashMLA backend, whose kernel reads 64-token pages:
       ``cache_config.block_size = 64`` whatever was asked ("Forcing kv cache block size to 64 for FlashMLA backend").
@@ -389,9 +378,8 @@ def mla_block_size(version: str, device: Device | None, kv_dtype: str | None,
     Other GPUs (Ampere, Ada, 12.x GeForce/RTX PRO) run Triton MLA at 16; ROCm is not modelled here (16).
     kvplan assumes FlashMLA is compiled in (the project's wheels for sm90) and no ``VLLM_ATTENTION_BACKEND``.
     """
-    release = release_numbers(version)
     capability = device.capability if device is not None and device.platform == "cuda" else None
-    if release is None or capability is None:
+    if capability is None:
         return None, ""
     rule = next((r for first, r in reversed(MLA_BLOCK_RULES) if release >= first), None)
     major = capability[0]
@@ -439,7 +427,7 @@ def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_l
                          prefix_caching_default=default, notes=engine.notes + (why,))
     mla = any(layer.kind is LayerKind.MLA for layer in spec.layers)
     if mla and not is_cpu:
-        size, why = mla_block_size(engine.requested_version or engine.version, device, kv_dtype, user_block_size)
+        size, why = mla_block_size(release_of(engine), device, kv_dtype, user_block_size)
         if size is not None and size != engine.block_size:
             engine = replace(engine, block_size=size, notes=engine.notes + (
                 f"{engine.label} runs this MLA model with {why}: block size {size}",))
