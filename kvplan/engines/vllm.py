@@ -162,7 +162,7 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; the sampler takes "
        "FlashInfer < 0.2.3 (the Docker images) or the native path; batch defaults >= 70 GiB include the A100", _V1_8),
     # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1)
-    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; multimodal items of the prompt tokens (get_max_tokens_per_item)", _V1_8, batch_rule="v1",
+    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; multimodal items sized by their prompt tokens", _V1_8, batch_rule="v1",
        mm_profile="placeholder"),
     _p("0.9.1", (0, 9, 1), "memory profiling of the increase since a pre-NCCL snapshot; FlashInfer sampler when "
        "installed; token line num_blocks // groups x block size", _V1_91),
