@@ -173,3 +173,26 @@ def test_explain_sets_the_logged_mamba_slots_beside_kvplan_s_and_keeps_stand_in_
     notes = _notes(no_gpu)
     assert not any(n.startswith("--gpu-memory:") or "Mamba state pool of" in n for n in notes)
     assert any("Mamba state pool of" in n for n in _notes(with_gpu))
+
+
+def test_the_report_s_memory_plot_stacks_the_state_pool_where_there_is_one():
+    """A hybrid on SGLang carves a Mamba state pool out of the budget: the memory plot shows it as its own segment
+    (the bars still add up to the GPU's total); a model without one gets no such legend entry."""
+    pytest.importorskip("matplotlib")
+    import kvplan
+    from kvplan.render.report_plots import _pyplot, memory_figure
+
+    def legend(model):
+        report = kvplan.sweep({"defaults": {"model": model, "engine": "sglang", "gpu": "H100"},
+                               "sweep": {"context": [8192]}})
+        fig, _ = memory_figure(report)
+        names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        widths = sum(patch.get_width() for patch in fig.axes[0].patches)
+        _pyplot().close(fig)
+        return names, widths, report.pools[0].plan.budget
+
+    names, width, budget = legend("Qwen/Qwen3.5-9B")
+    assert budget.state_pool_bytes > 0 and any(n.startswith("state pool") for n in names)
+    assert width == pytest.approx(budget.total_bytes / 2**30, rel=1e-6)
+    names, _, _ = legend("meta-llama/Llama-3.1-8B")
+    assert not any(n.startswith("state pool") for n in names)

@@ -105,7 +105,7 @@ def memory_figure(report: "Report") -> tuple[Any, str | None]:
     for pool in report.pools:
         b = pool.plan.budget
         key = (tuple(pool.labels()[k] for k in keys), b.total_bytes, b.usable_bytes, b.weights.bytes, b.activation.bytes,
-               b.overhead.bytes, b.cudagraph.bytes, b.kv_budget_bytes)
+               b.overhead.bytes, b.cudagraph.bytes, b.state_pool_bytes, b.kv_budget_bytes)
         if key not in seen:
             seen.add(key)
             pools.append(pool)
@@ -116,6 +116,7 @@ def memory_figure(report: "Report") -> tuple[Any, str | None]:
         ("activation", lambda b: b.activation.bytes, "#f39c12"),
         ("overhead", lambda b: b.overhead.bytes, "#c0392b"),
         ("cudagraph", lambda b: b.cudagraph.bytes, "#e6735c"),
+        ("state pool (SGLang's Mamba slots)", lambda b: b.state_pool_bytes, "#16a085"),
         ("KV cache budget", lambda b: max(0, b.kv_budget_bytes), "#27ae60"),
         ("not used (1 - gpu_util)", lambda b: max(0, b.total_bytes - b.usable_bytes), "#bdc3c7"),
     ]
@@ -125,6 +126,8 @@ def memory_figure(report: "Report") -> tuple[Any, str | None]:
     left = [0.0] * len(shown)
     for name, get, color in parts:
         values = [get(p.plan.budget) / GiB for p in shown]
+        if name.startswith("state pool") and not any(values):  # only hybrids on SGLang have one
+            continue
         ax.barh(labels, values, left=left, color=color, label=name, edgecolor="white", linewidth=0.5)
         left = [a + b for a, b in zip(left, values)]
     for i, p in enumerate(shown):
