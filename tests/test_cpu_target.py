@@ -87,3 +87,39 @@ def test_vllm_reads_the_configs_ssm_dtype_only_where_its_release_does(version, a
     dtype, why = vllm.ssm_dtype(engine, None, configured, "mamba2", architecture, is_cpu=False)
     assert dtype == expected
     assert bool(why) == (dtype != configured)  # a note exactly when the engine departs from the config
+
+
+# ---------------------------------------------------------------------------------------------
+# an unset VLLM_CPU_KVCACHE_SPACE, per release (engines.vllm.cpu_kv_budget)
+
+QWEN25_15B = "Qwen/Qwen2.5-1.5B-Instruct"
+
+
+def _budget(version: str, *extra: str) -> dict:
+    return _json(QWEN25_15B, "--gpu", "cpu", "--engine-version", version, *extra)["budget"]
+
+
+def test_an_unset_kv_space_is_4_gib_before_0_14_and_half_the_node_to_0_19():
+    assert _budget("0.13.0", "--gpu-memory", "18GiB")["kv_budget_bytes"] == 4 * 2**30
+    assert _budget("0.17.0", "--gpu-memory", "18GiB")["kv_budget_bytes"] == 9 * 2**30
+
+
+def test_from_0_20_the_node_x_utilisation_less_the_worker_s_memory_is_the_kv_space():
+    """vLLM 0.22's "Auto set (1.48/18.0) GiB for KV cache on node 0, with 5.4 GiB requested memory for the worker.
+    3.92 GiB memory was consumed by non-kv usages" (Qwen2.5-1.5B, utilisation 0.3): kvplan takes the weights and
+    its estimate of the worker's runtime off the requested 5.4 GiB, and the terms add up to it."""
+    b = _budget("0.22.0", "--gpu-memory", "18GiB", "--gpu-util", "0.3")
+    requested = -(-18 * 2**30 * 3 // 10)
+    assert b["overhead_bytes"] == vllm.CPU_WORKER_RSS_BYTES
+    assert b["kv_budget_bytes"] == requested - b["weights_bytes"] - b["overhead_bytes"]
+    assert abs(b["kv_budget_bytes"] / 2**30 - 1.48) < 0.1
+    # a measured runtime replaces the estimate: 3.92 GiB consumed less the 2.88 GiB weights
+    given = _budget("0.22.0", "--gpu-memory", "18GiB", "--gpu-util", "0.3", "--overhead-gib", "1.04")
+    assert given["kv_budget_bytes"] == requested - given["weights_bytes"] - round(1.04 * 2**30)
+
+
+def test_without_the_node_s_memory_or_with_an_explicit_budget_the_auto_rule_does_not_apply():
+    r = runner.invoke(app, ["estimate", QWEN25_15B, "--gpu", "cpu", "--engine-version", "0.22.0", "--kv-budget", "2GiB",
+                            "--json"])
+    b = json.loads(r.stdout)["budget"]
+    assert b["kv_budget_bytes"] == 2 * 2**30 and b["overhead_bytes"] == 0

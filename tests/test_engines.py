@@ -215,10 +215,14 @@ def test_negative_budget_is_an_answer():
 
 
 def test_cpu_backend(llama3):
-    plan = plan_for_spec(llama3, Options(model="x", gpu="cpu", gpu_memory_bytes=64 * GiB))
+    plan = plan_for_spec(llama3, Options(model="x", gpu="cpu", gpu_memory_bytes=64 * GiB, engine_version="0.13.0"))
     assert (plan.engine.block_size, plan.engine.max_num_batched_tokens) == (128, 4096)
-    # VLLM_CPU_KVCACHE_SPACE unset: 4 GiB; 128-token blocks of 32 layers x 4 KiB = 16 MiB -> 256 blocks
+    # VLLM_CPU_KVCACHE_SPACE unset before 0.14: 4 GiB; 128-token blocks of 32 layers x 4 KiB = 16 MiB -> 256 blocks
     assert plan.budget.kv_budget_bytes == 4 * GiB and plan.answer.num_blocks == 256
+    # from 0.20 ("Auto set"): the 64 GiB node x 0.92 less the weights and the worker's runtime
+    auto = plan_for_spec(llama3, Options(model="x", gpu="cpu", gpu_memory_bytes=64 * GiB)).budget
+    assert auto.gpu_util == 0.92
+    assert auto.kv_budget_bytes == -(-64 * GiB * 92 // 100) - auto.weights.bytes - vllm.CPU_WORKER_RSS_BYTES
     given = plan_for_spec(llama3, Options(model="x", gpu="cpu", gpu_memory_bytes=64 * GiB, kv_budget_bytes=40 * GiB))
     assert given.answer.num_blocks == 2560  # 40 GiB / 16 MiB
 

@@ -355,3 +355,18 @@ def test_the_cheap_look_before_each_pattern_never_skips_a_match():
             assert matching <= tried, (path.name, line[:120], [r.pattern.pattern for r in matching - tried])
             checked += bool(matching)
     assert checked > 1500  # lines that match a rule
+
+
+def test_a_real_vllm_cpu_server_that_sizes_its_own_kv_space_is_explained():
+    """Recorded here from vLLM 0.32.0's CPU server on the benchmark's tiny Llama with no KV budget and
+    --gpu-memory-utilization 0.5: "Auto set (7.22/15.96) GiB for KV cache on node 0, with 7.98 GiB requested memory
+    for the worker. 0.77 GiB memory was consumed by non-kv usages". The log's own numbers reproduce its pool;
+    kvplan's terms, the weights and its runtime estimate off the requested 7.98 GiB, promise less, not more."""
+    text = (CPU / "startup_info_auto_set_util05.log").read_text()
+    log = parse_log(text)
+    assert (log.platform, log.total_memory_gib, log.requested_memory_gib, log.available_kv_gib) == ("cpu", 15.96, 7.98, 7.22)
+    ex = explain(text, {"model": str(CPU / "real_server_model")})
+    assert ex.matches and ex.from_logged.kv_cache_tokens == log.kv_cache_tokens == 3_783_040
+    own = ex.plan.budget
+    assert own.kv_budget_bytes == own.usable_bytes - own.weights.bytes - own.overhead.bytes
+    assert 0.9 * 7.22 * 2**30 < own.kv_budget_bytes < 7.22 * 2**30  # within 10%, on the safe side
