@@ -611,9 +611,7 @@ def block_size_from_concurrency(log: StartupLog, choices: tuple[int, ...]) -> in
     rule, printed to 2 decimals) holds for one of the engine's ``choices`` only. Only a size other than the
     default 16 is returned, and only when it is the one choice that reproduces the line (a backend that chose
     its own pages, such as FlashMLA's 64, and printed no line saying so)."""
-    if None in (log.num_gpu_blocks, log.max_concurrency, log.concurrency_len) or log.kv_cache_tokens is not None:
-        return None
-    if not log.concurrency_len:
+    if not log.num_gpu_blocks or not log.concurrency_len or log.max_concurrency is None or log.kv_cache_tokens is not None:
         return None
     fits = [size for size in choices if round(log.num_gpu_blocks * size / log.concurrency_len, 2) == log.max_concurrency]
     return fits[0] if len(fits) == 1 and fits[0] != 16 else None
