@@ -212,3 +212,72 @@ def test_the_0_9_sources_round_the_encoder_items_up_and_0_10_down(gemma3):
     assert image_profile(gemma3, 1, 8192, 1024, 2, "placeholder", release=(0, 9, 2)).items == 32
     assert image_profile(gemma3, 1, 8192, 1024, 2, "placeholder", release=(0, 10, 1)).items == 31
     assert image_profile(gemma3, 1, 8192, 1024, 2, "ceil-placeholder", release=(0, 8, 5)).items == 32
+
+@pytest.fixture(scope="module")
+def qwen35_9b():
+    return build_spec(load_bundled("Qwen/Qwen3.5-9B"))
+
+
+@pytest.fixture(scope="module")
+def qwen36_35b():
+    return build_spec(load_bundled("Qwen/Qwen3.6-35B-A3B"))
+
+
+def test_qwen35_vision_specs_read_as_qwen3_vl_without_deepstack(qwen35_9b, qwen36_35b):
+    # qwen3_5 / qwen3_5_moe: Qwen3-VL's processor sizes, 16,777,216 // 32^2 = 16,384 tokens of a 4,096 x 4,096
+    # image, (4,096 / 16)^2 = 65,536 patches; deepstack_visual_indexes [] -> the output is out_hidden_size a token
+    for spec, out in ((qwen35_9b, 4096), (qwen36_35b, 2048)):
+        v = spec.vision
+        assert (v.kind, v.image_size, v.patch_size, v.tokens_per_image, v.patches_per_image) == ("qwen-vl", 4096, 16,
+                                                                                                16_384, 65_536)
+        assert (v.output_width, v.deepstack_levels, v.gated_mlp, v.video_max_pixels) == (out, 0, False, 25_165_824)
+        assert "no deepstack" in v.source
+        assert deepstack_buffer_bytes(spec, 8192, 2) == 0  # Qwen3_5ForConditionalGeneration makes none
+        assert any("profile run of it" in n for n in spec.notes)
+        assert not any("not modelled" in n for n in spec.notes if n.startswith("multimodal"))
+
+
+def test_qwen35_profiles_its_image_on_0_14_and_from_0_17(qwen35_9b):
+    # 0.17+: the video is 2 frames of 25,165,824 // 2 // 32^2 = 12,288 = 96 x 128 tokens (3,072 x 4,096 pixels),
+    # below the image's 16,384: one image at 8,192 batched tokens (16,384 // 16,384). Pixels 3 x 2 x 4,096^2 x 2 B =
+    # 201,326,592; output 16,384 x 4,096 x 2 B = 134,217,728; encoder at tp 1: the attention's 2 x 1,152 + 8 x
+    # 1,152 = 11,520 elements a patch (above the MLP's 2 x 1,152 + 2 x 4,304 = 10,912), no deepstack features:
+    # 65,536 x 11,520 x 2 B = 1,509,949,440 + the pixels
+    for version in ("0.17.0", "0.20.0", "0.33.0"):
+        p = vllm.image_profile_for(qwen35_9b, 1, 8192, 256, 2, version, 262_144)
+        assert (p.rule, p.modality, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("embeds", "image", 1,
+                                                                                             16_384, 16_384)
+        assert (p.pixel_bytes, p.cached_bytes) == (201_326_592, 134_217_728)
+        assert p.encoder_peak_bytes == 1_509_949_440 + 201_326_592
+    # 0.14's rules (the 0.16 dev builds of the corpus): the video grows to 24,576 frames of 32 x 32 within
+    # 262,144 tokens, 12,288 tokens again: the same image
+    assert vllm.image_profile_for(qwen35_9b, 1, 8192, 256, 2, "0.14.0", 262_144) == p
+    # tp 2: the attention shard 576 - 2 x 1,152 + 8 x 576 = 6,912 (MLP 2 x 1,152 + 2 x 2,152 = 6,608)
+    assert image_profile(qwen35_9b, 2, 8192, 256, 2, "embeds", 262_144, (0, 20, 0)).encoder_peak_bytes == (
+        201_326_592 + 65_536 * 6_912 * 2)
+
+
+def test_qwen3_two_frame_video_from_0_17(qwen35_9b):
+    from kvplan.engines.vllm_profile import _video_item
+    # 12,288 tokens = 96 x 128 -> 1 group of 192 x 256 = 49,152 patches of 3 x 2 x 16 x 16 pixel elements
+    video = _video_item(qwen35_9b.vision, "embeds", 262_144, 8192, (0, 17, 0))
+    assert (video.frames, video.tokens, video.embeds, video.patches, video.pixels) == (2, 12_288, 12_288, 49_152,
+                                                                                        49_152 * 1536)
+
+
+def test_qwen36_35b_on_a_gb10_at_65536_batched_tokens(qwen36_35b):
+    # The GB10 log (vllm 0.20.0, max_num_batched_tokens 65,536): "budget of 65536 tokens, and profiled with 4
+    # image items". Pixels 4 x 201,326,592 = 805,306,368; outputs 4 x 16,384 x 2,048 x 2 B = 268,435,456; the
+    # encoder over 4 x 65,536 patches x 11,520 x 2 B = 6,039,797,760 + the pixels = 6,845,104,128, above the text
+    # peak (the 65,536-token forward 5.04 GiB + the images 1.00 GiB), so it is the activation - on 0.20 and 0.27
+    for version in ("0.20.0", "0.27.0"):
+        p = vllm.image_profile_for(qwen36_35b, 1, 65_536, 8, 2, version, 262_144)
+        assert (p.items, p.encoder_budget_tokens, p.pixel_bytes, p.cached_bytes) == (4, 65_536, 805_306_368,
+                                                                                     268_435_456)
+        assert p.encoder_peak_bytes == 6_845_104_128
+        b = vllm.budget(128 * 2**30, 0.85, Term("weights", 18 * 2**30, "checkpoint"), None, None, None, None,
+                        spec=qwen36_35b, tp=1, max_num_batched_tokens=65_536, max_num_seqs=8, act_bytes=2,
+                        is_cpu=False, version=version, max_model_len=262_144)
+        assert b.activation_images_bytes == 805_306_368 + 268_435_456
+        assert b.activation.bytes == 6_845_104_128 and "4 dummy images" in b.activation.source
+        assert b.weights.bytes == 18 * 2**30  # no deepstack buffers

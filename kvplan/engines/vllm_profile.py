@@ -37,6 +37,11 @@
   outputs) = 2.81 GiB with the pixels, below the text profile's 3.96 GiB (sampler 3.73 + images 0.23).
   Qwen3-VL on 0.11 - 0.12 profiles one video of up to 24,576 frames (``_video_item``) counted as 153,600
   tokens, whose 12,288 x 8,192-element output (deepstack included) sits in a 153,600-row buffer.
+  Qwen3.5 / Qwen3.6 (vLLM 0.17 - 0.33 ``qwen3_5.py``: Qwen3-VL's ``Qwen3_VisionTransformer``,
+  ``Qwen3VLProcessingInfo`` and ``Qwen3VLDummyInputsBuilder``, no deepstack) profile Qwen3-VL's 4,096 x 4,096
+  image of 16,384 tokens (their 2-frame video has 12,288): Qwen3.6-35B-A3B at 65,536 batched tokens 4 images,
+  pixels 4 x 201,326,592 B, outputs 4 x 16,384 x 2,048 x 2 B, encoder peak 6.38 GiB (a GB10 0.20 log: "budget
+  of 65536 tokens, and profiled with 4 image items").
 """
 
 from __future__ import annotations
@@ -132,6 +137,36 @@ def _qwen3_video(side: int, patch: int, merge: int, temporal: int, max_pixels: i
     return (n, *shape(n))
 
 
+def _closest_factor_pair(n: int) -> tuple[int, int]:
+    """``(rows, columns)``, rows <= columns, of ``n`` merged tokens as near square as its divisors allow (vLLM's
+    ``closest_factor_pair`` in ``Qwen2VLProcessingInfo.get_image_size_with_most_features``)."""
+    rows = next(d for d in range(math.isqrt(n), 0, -1) if n % d == 0)
+    return rows, n // rows
+
+
+def _qwen3_two_frame_video(vision: VisionEncoder) -> _Item:
+    """Qwen3-VL's dummy video from vLLM 0.17 (qwen3_vl.py 0.17 - 0.33, which Qwen3.5 / Qwen3.6 use unchanged).
+
+    ``get_max_video_tokens`` and ``Qwen3VLDummyInputsBuilder.get_dummy_mm_data`` both take 2 frames of
+    ``get_image_size_with_most_features(max_pixels=video_max_pixels // temporal_patch_size)``: ``video_max_pixels
+    // temporal // (patch x merge)^2`` merged tokens split into the closest factor pair (aspect at most 200), which
+    the video processor's ``smart_resize`` keeps (2 frames x that size is within ``video_max_pixels``). Qwen3-VL's
+    and Qwen3.5's processor files: 25,165,824 // 2 // 32^2 = 12,288 = 96 x 128 tokens, a 3,072 x 4,096 frame pair
+    of 192 x 256 = 49,152 patches, below the image's 16,384 tokens: the image is profiled.
+    """
+    unit = vision.patch_size * vision.merge
+    tokens = max(1, vision.video_max_pixels // vision.temporal_patch // (unit * unit))
+    rows, cols = _closest_factor_pair(tokens)
+    while cols > 200 * rows:  # vLLM lowers the token count until a factor pair's aspect is at most 200
+        tokens -= 1
+        rows, cols = _closest_factor_pair(tokens)
+    groups = -(-2 // vision.temporal_patch)
+    patches = groups * rows * cols * vision.merge * vision.merge
+    embeds = patches // (vision.merge * vision.merge)
+    per_group = vision.channels * vision.temporal_patch * vision.patch_size ** 2
+    return _Item("video", embeds, embeds, patches, patches * per_group, 2)
+
+
 def _qwen2_video_frames(vision: VisionEncoder, seq_len: int, cap: int) -> int:
     """Frames of a Qwen2/2.5-VL dummy video within ``seq_len`` tokens (``get_num_frames_with_most_features``):
     ``_get_max_video_frames`` adds frames of the largest image while ``ceil(frames / 2)`` x its tokens fit, so
@@ -152,11 +187,13 @@ def _video_item(vision: VisionEncoder, rule: str, max_model_len: int, max_num_ba
     ``max_model_len``: so before 0.11 the encoder runs on a video of ``max_num_batched_tokens``' frames (one
     pair at 2,048 tokens) while the budget counts ``max_model_len``'s.
     Qwen3-VL (``video_max_pixels``, 0.11+): :func:`_qwen3_video`; 0.11 - 0.12 count its tokens x 12.5
-    (timestamps and markers, ``get_max_video_tokens``), 0.13 on its output tokens. From 0.17 vLLM sizes the
-    budget's video from 2 frames and caps the dummy at 2,048 frames; kvplan keeps the 0.13 count, below the
-    image's tokens either way.
+    (timestamps and markers, ``get_max_video_tokens``), 0.13 on its output tokens. From 0.17 (the first source
+    read after 0.14; 0.15 - 0.16 keep the 0.13 count here) the budget and the dummy take 2 frames
+    (:func:`_qwen3_two_frame_video`); below the image's tokens either way.
     """
     per_group = vision.channels * vision.temporal_patch * vision.patch_size ** 2  # pixel elements of one patch
+    if vision.video_max_pixels and release >= (0, 17, 0):
+        return _qwen3_two_frame_video(vision)
     if vision.video_max_pixels:
         frames, side, embeds = _qwen3_video(vision.image_size, vision.patch_size, vision.merge, vision.temporal_patch,
                                             vision.video_max_pixels, max_model_len, vision.max_video_frames)
@@ -227,7 +264,8 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
     a view of all of them: counted whole, the safe side). Qwen-VL: a Qwen2.5-VL video outweighs its image from
     32K of max_model_len (131,072 patches at 32K); Qwen3-VL's 0.11 - 0.12 video is 153,600 formatted tokens at
     64K (24,576 frames of 32 x 32), so its budget buffer is 153,600 x 8,192 x 2 B = 2.34 GiB for
-    Qwen3-VL-30B-A3B; from 0.13 its 16,384-token image is profiled. The encoder's peak: the pixels + patches x
+    Qwen3-VL-30B-A3B; from 0.13 its 16,384-token image is profiled, and so is Qwen3.5's (0.17+, the same
+    processing info: one image up to 32,767 batched tokens, 4 at 65,536). The encoder's peak: the pixels + patches x
     the larger of one layer's MLP and attention (:func:`_attention_elements`) per patch, + for Qwen3-VL its
     deepstack features (``levels x out_hidden / merge^2`` a patch), held from their layer to the last.
     """

@@ -82,7 +82,8 @@ def deepstack_buffer_bytes(spec: ModelSpec, max_num_batched_tokens: int, act_byt
     """Qwen3-VL's deepstack buffers: ``Qwen3VLForConditionalGeneration.__init__`` (0.11 and later) allocates one
     ``torch.zeros(max_num_batched_tokens, text hidden)`` per deepstack level, in the model dtype on the GPU, on
     every rank: 3 x 2,048 x 2,048 x 2 B = 25,165,824 B for Qwen3-VL-30B-A3B under ``vllm serve`` on a 24 GB
-    card, 201 MB at 16,384 tokens."""
+    card, 201 MB at 16,384 tokens. Qwen3.5 / Qwen3.6 have none: ``Qwen3_5ForConditionalGeneration.__init__``
+    (0.17 - 0.33) skips Qwen3-VL's, and their ``deepstack_visual_indexes`` is empty (0 levels)."""
     levels = spec.vision.deepstack_levels if spec.vision is not None else 0
     return levels * max_num_batched_tokens * spec.hidden_size * act_bytes
 

@@ -13,9 +13,10 @@ Called by :mod:`kvplan.model.spec` with its config reader. Both feed the engine'
 - :func:`rope_scaling`: the config's rope parameters (``rope_parameters``, per layer type when nested, or
   ``rope_scaling``), from which each engine derives the longest max_model_len it accepts
   (:func:`kvplan.engines.vllm_rules.model_max_len`, :func:`kvplan.engines.sglang.model_max_len`).
-- :func:`vision_encoder`: the image encoder of Gemma 3's multimodal checkpoints (SigLIP), whose dummy image
-  batch vLLM's profile run pushes through the encoder (:mod:`kvplan.engines.vllm_profile`). Other
-  multimodal families are not modelled (``None``; the spec's note says so).
+- :func:`vision_encoder`: the image encoder of Gemma 3's multimodal checkpoints (SigLIP) and of the Qwen-VL
+  family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 / Qwen3.6), whose dummy image or video batch vLLM's profile
+  run pushes through the encoder (:mod:`kvplan.engines.vllm_profile`). Other multimodal families are not
+  modelled (``None``; the spec's note says so).
 """
 
 from __future__ import annotations
@@ -146,8 +147,11 @@ def rope_scaling(r: ConfigReader) -> tuple[RopeScaling, ...]:
 
 # Qwen2-VL's image processor defaults (preprocessor_config.json, not config.json): max_pixels 12,845,056 =
 # 16,384 merged tokens of 28 x 28 pixels; Qwen3-VL's longest_edge 16,777,216 pixels = 16,384 tokens of 32 x 32.
+# Qwen3.5 / Qwen3.6 (qwen3_5, qwen3_5_moe) ship Qwen3-VL's processor files unchanged (Qwen3VLProcessor, the same
+# longest_edge 16,777,216 and a video longest_edge of 25,165,824: public copies of Qwen/Qwen3.5-2B-Base's and
+# Qwen/Qwen3.6-35B-A3B-FP8's), and vLLM's qwen3_5.py reads them through Qwen3VLProcessingInfo.
 QWEN_VL_MAX_PIXELS = {"qwen2_vl": 12_845_056, "qwen2_5_vl": 12_845_056, "qwen3_vl": 16_777_216,
-                      "qwen3_vl_moe": 16_777_216}
+                      "qwen3_vl_moe": 16_777_216, "qwen3_5": 16_777_216, "qwen3_5_moe": 16_777_216}
 QWEN_VL_MAX_VIDEO_FRAMES = 14  # vLLM's _MAX_FRAMES_PER_VIDEO (qwen2_vl.py) from 0.11 (16 before: the engine's rule)
 # Qwen3-VL's video_preprocessor_config.json (the Qwen3-VL checkpoints ship it; transformers' class default is
 # 768 x 32 x 32): size.longest_edge 25,165,824 pixels over all frames = 12,288 tokens of 2 frames x 32 x 32.
@@ -156,12 +160,18 @@ QWEN3_VL_MAX_VIDEO_FRAMES = 24_576  # vLLM's _MAX_FRAMES_PER_VIDEO in qwen3_vl.p
 
 
 def _qwen_vl(config: Mapping[str, Any], vision: Mapping[str, Any], where: str) -> VisionEncoder:
-    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: patches of ``patch_size`` over ``temporal_patch_size`` frames, merged
-    ``spatial_merge_size`` x ``spatial_merge_size`` into one token; vLLM's dummy image is the largest the image
-    processor takes (``max_pixels``). Its dummy video: Qwen2/2.5-VL frames of that image's size, Qwen3-VL frames
-    its video processor shrinks to ``QWEN3_VL_VIDEO_MAX_PIXELS`` over all of them. Qwen3-VL's encoder output
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5: patches of ``patch_size`` over ``temporal_patch_size`` frames,
+    merged ``spatial_merge_size`` x ``spatial_merge_size`` into one token; vLLM's dummy image is the largest the
+    image processor takes (``max_pixels``). Its dummy video: Qwen2/2.5-VL frames of that image's size, Qwen3-VL
+    frames its video processor shrinks to ``QWEN3_VL_VIDEO_MAX_PIXELS`` over all of them. Qwen3-VL's encoder output
     per token is ``out_hidden_size x (1 + len(deepstack_visual_indexes))`` (the deepstack features are
-    concatenated to it: vLLM's ``Qwen3_VisionTransformer.forward``)."""
+    concatenated to it: vLLM's ``Qwen3_VisionTransformer.forward``).
+
+    Qwen3.5 / Qwen3.6 (model_type ``qwen3_5`` / ``qwen3_5_moe``; vLLM 0.17 - 0.33 ``qwen3_5.py``) are read as
+    Qwen3-VL: ``Qwen3_5ForConditionalGeneration`` builds Qwen3-VL's ``Qwen3_VisionTransformer`` (an fc1/fc2 GELU
+    MLP) and registers ``Qwen3_5ProcessingInfo`` (Qwen3-VL's, only ``get_hf_config`` replaced) with
+    ``Qwen3VLDummyInputsBuilder``. Their ``deepstack_visual_indexes`` is empty, so the output is
+    ``out_hidden_size`` a token and no deepstack features or buffers are counted."""
     model_type = str(config.get("model_type"))
     v = ConfigReader(dict(vision), where, "vision_config.")
     patch = v.int("patch_size", ("patch_size", "spatial_patch_size"), default=14) or 14
@@ -184,7 +194,8 @@ def _qwen_vl(config: Mapping[str, Any], vision: Mapping[str, Any], where: str) -
         levels = len(levels) if isinstance(levels, list) else 0
         if out:
             width = out * (1 + levels)
-            deepstack = f", output {out} x (1 + {levels} deepstack levels)"
+            deepstack = (f", output {out} x (1 + {levels} deepstack levels)" if levels
+                         else f", output {out}, no deepstack")
     unit = patch * merge
     tokens = QWEN_VL_MAX_PIXELS.get(model_type, 12_845_056) // (unit * unit)
     side = math.isqrt(tokens) * unit  # the dummy image: square, its merged tokens a square number
