@@ -175,8 +175,9 @@ def test_qwen3_vl_profiles_one_formatted_video_on_0_11_and_0_12(qwen3_vl):
     assert (p.pixel_bytes, p.cached_bytes) == (150_994_944, 2_516_582_400 + 201_326_592)
     # encoder at tp 4: 0.11's rotary step (18 x 1,152 / 4 besides residual and input) above the MLP (2 x 1,152 +
     # 2 x ceil(4,304 / 4) = 4,456), and the 3 deepstack levels' features held, 3 x 2,048 per 4 patches:
-    # 49,152 patches x (2,304 + 5,184 + 1,536) x 2 B = 887,095,296 + the pixels
-    assert p.encoder_peak_bytes == 887_095_296 + 150_994_944
+    # 49,152 patches x (2,304 + 5,184 + 1,536) x 2 B = 887,095,296, the position embeddings held through the
+    # forward (one 1,152-wide vector a patch): 49,152 x 1,152 x 2 B = 113,246,208, + the pixels
+    assert p.encoder_peak_bytes == 887_095_296 + 113_246_208 + 150_994_944
     # 0.12 sizes the buffer by the item's 153,600 tokens: the same for one item
     assert image_profile(qwen3_vl, 4, 2048, 256, 2, "scattered-item", 65_536).cached_bytes == p.cached_bytes
     # 8K: 2 frames already exceed it (12,100 tokens: 4,096 / sqrt(2 x 4,096^2 / 25,165,824) = 3,547 -> 3,520,
@@ -192,8 +193,9 @@ def test_qwen3_vl_profiles_its_image_from_0_13(qwen3_vl):
     assert (p.modality, p.items, p.tokens_per_item, p.pixel_bytes, p.cached_bytes) == ("image", 1, 16_384, 201_326_592,
                                                                                        268_435_456)
     # encoder at tp 1: the attention, 2 x 1,152 + 8 x 1,152 = 11,520 elements a patch, above the MLP's 2 x 1,152
-    # + 2 x 4,304 = 10,912, + the deepstack features 1,536: 65,536 x 13,056 x 2 B = 1,711,276,032 + the pixels
-    assert image_profile(qwen3_vl, 1, 2048, 256, 2, "embeds", 65_536).encoder_peak_bytes == 1_711_276_032 + 201_326_592
+    # + 2 x 4,304 = 10,912, + the deepstack features 1,536 + the position embeddings 1,152: 65,536 x 14,208 x 2 B =
+    # 1,862,270,976 + the pixels
+    assert image_profile(qwen3_vl, 1, 2048, 256, 2, "embeds", 65_536).encoder_peak_bytes == 1_862_270_976 + 201_326_592
 
 
 def test_qwen3_vl_loads_its_deepstack_buffers_with_the_weights(qwen25_vl, qwen3_vl):
@@ -241,20 +243,20 @@ def test_qwen35_profiles_its_image_on_0_14_and_from_0_17(qwen35_9b):
     # 0.17+: the video is 2 frames of 25,165,824 // 2 // 32^2 = 12,288 = 96 x 128 tokens (3,072 x 4,096 pixels),
     # below the image's 16,384: one image at 8,192 batched tokens (16,384 // 16,384). Pixels 3 x 2 x 4,096^2 x 2 B =
     # 201,326,592; output 16,384 x 4,096 x 2 B = 134,217,728; encoder at tp 1: the attention's 2 x 1,152 + 8 x
-    # 1,152 = 11,520 elements a patch (above the MLP's 2 x 1,152 + 2 x 4,304 = 10,912), no deepstack features:
-    # 65,536 x 11,520 x 2 B = 1,509,949,440 + the pixels
+    # 1,152 = 11,520 elements a patch (above the MLP's 2 x 1,152 + 2 x 4,304 = 10,912), no deepstack features, the
+    # position embeddings 1,152: 65,536 x 12,672 x 2 B = 1,660,944,384 + the pixels
     for version in ("0.17.0", "0.20.0", "0.33.0"):
         p = vllm.image_profile_for(qwen35_9b, 1, 8192, 256, 2, version, 262_144)
         assert (p.rule, p.modality, p.items, p.tokens_per_item, p.encoder_budget_tokens) == ("embeds", "image", 1,
                                                                                              16_384, 16_384)
         assert (p.pixel_bytes, p.cached_bytes) == (201_326_592, 134_217_728)
-        assert p.encoder_peak_bytes == 1_509_949_440 + 201_326_592
+        assert p.encoder_peak_bytes == 1_660_944_384 + 201_326_592
     # 0.14's rules (the 0.16 dev builds of the corpus): the video grows to 24,576 frames of 32 x 32 within
     # 262,144 tokens, 12,288 tokens again: the same image
     assert vllm.image_profile_for(qwen35_9b, 1, 8192, 256, 2, "0.14.0", 262_144) == p
-    # tp 2: the attention shard 576 - 2 x 1,152 + 8 x 576 = 6,912 (MLP 2 x 1,152 + 2 x 2,152 = 6,608)
+    # tp 2: the attention shard 576 - 2 x 1,152 + 8 x 576 = 6,912 (MLP 2 x 1,152 + 2 x 2,152 = 6,608), + 1,152
     assert image_profile(qwen35_9b, 2, 8192, 256, 2, "embeds", 262_144, (0, 20, 0)).encoder_peak_bytes == (
-        201_326_592 + 65_536 * 6_912 * 2)
+        201_326_592 + 65_536 * (6_912 + 1_152) * 2)
 
 
 def test_qwen3_two_frame_video_from_0_17(qwen35_9b):
@@ -268,16 +270,17 @@ def test_qwen3_two_frame_video_from_0_17(qwen35_9b):
 def test_qwen36_35b_on_a_gb10_at_65536_batched_tokens(qwen36_35b):
     # The GB10 log (vllm 0.20.0, max_num_batched_tokens 65,536): "budget of 65536 tokens, and profiled with 4
     # image items". Pixels 4 x 201,326,592 = 805,306,368; outputs 4 x 16,384 x 2,048 x 2 B = 268,435,456; the
-    # encoder over 4 x 65,536 patches x 11,520 x 2 B = 6,039,797,760 + the pixels = 6,845,104,128, above the text
-    # peak (the 65,536-token forward 5.04 GiB + the images 1.00 GiB), so it is the activation - on 0.20 and 0.27
+    # encoder over 4 x 65,536 patches x (11,520 + 1,152) x 2 B = 6,643,777,536 + the pixels = 7,449,083,904,
+    # above the text peak (the 65,536-token forward 5.04 GiB + the images 1.00 GiB), so it is the activation - on
+    # 0.20 and 0.27
     for version in ("0.20.0", "0.27.0"):
         p = vllm.image_profile_for(qwen36_35b, 1, 65_536, 8, 2, version, 262_144)
         assert (p.items, p.encoder_budget_tokens, p.pixel_bytes, p.cached_bytes) == (4, 65_536, 805_306_368,
                                                                                      268_435_456)
-        assert p.encoder_peak_bytes == 6_845_104_128
+        assert p.encoder_peak_bytes == 7_449_083_904
         b = vllm.budget(128 * 2**30, 0.85, Term("weights", 18 * 2**30, "checkpoint"), None, None, None, None,
                         spec=qwen36_35b, tp=1, max_num_batched_tokens=65_536, max_num_seqs=8, act_bytes=2,
                         is_cpu=False, version=version, max_model_len=262_144)
         assert b.activation_images_bytes == 805_306_368 + 268_435_456
-        assert b.activation.bytes == 6_845_104_128 and "4 dummy images" in b.activation.source
+        assert b.activation.bytes == 7_449_083_904 and "4 dummy images" in b.activation.source
         assert b.weights.bytes == 18 * 2**30  # no deepstack buffers

@@ -290,6 +290,8 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
     per_patch = max(mlp, 2 * h + _attention_elements(vision, rule, math.ceil(h / tp)))
     if vision.deepstack_levels:  # Qwen3-VL keeps each level's merged features for the layers after it
         per_patch += vision.output_width // (1 + vision.deepstack_levels) * vision.deepstack_levels // vision.merge ** 2
+    if vision.position_embeddings:  # Qwen3-VL / Qwen3.5: pos_embeds (one hidden vector a patch) live to the last layer
+        per_patch += h
     encoder = pixels + items * item.patches * per_patch * act_bytes
     return ImageProfile(items, item.tokens, budget, pixels, cached, encoder, rule, item.modality, item.frames)
 

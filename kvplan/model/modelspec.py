@@ -161,6 +161,8 @@ class VisionEncoder:
     video_max_pixels: int = 0  # a video's pixel cap over all its frames (Qwen3-VL); 0: every frame at the image's size
     output_width: int = 0  # elements per output token (Qwen3-VL: out_hidden_size x (1 + deepstack levels)); 0: hidden
     deepstack_levels: int = 0  # encoder layers whose features are added to early decoder layers (Qwen3-VL: 3)
+    position_embeddings: bool = False  # a learned position embedding per patch, held through the encoder's forward
+    # (Qwen3-VL / Qwen3.5: fast_pos_embed_interpolate's pos_embeds, a local - from 0.20 in encoder_metadata)
 
     @property
     def patches_per_image(self) -> int:

@@ -209,7 +209,7 @@ def _qwen_vl(config: Mapping[str, Any], vision: Mapping[str, Any], where: str) -
                          kind="qwen-vl", temporal_patch=temporal, gated_mlp=gated,
                          max_video_frames=QWEN3_VL_MAX_VIDEO_FRAMES if qwen3 else QWEN_VL_MAX_VIDEO_FRAMES,
                          merge=merge, video_max_pixels=QWEN3_VL_VIDEO_MAX_PIXELS if qwen3 else 0,
-                         output_width=width, deepstack_levels=levels if qwen3 else 0)
+                         output_width=width, deepstack_levels=levels if qwen3 else 0, position_embeddings=qwen3)
 
 
 def vision_encoder(config: Mapping[str, Any], where: str) -> VisionEncoder | None:
