@@ -215,6 +215,7 @@ def test_the_0_9_sources_round_the_encoder_items_up_and_0_10_down(gemma3):
     assert image_profile(gemma3, 1, 8192, 1024, 2, "placeholder", release=(0, 10, 1)).items == 31
     assert image_profile(gemma3, 1, 8192, 1024, 2, "ceil-placeholder", release=(0, 8, 5)).items == 32
 
+
 @pytest.fixture(scope="module")
 def qwen35_9b():
     return build_spec(load_bundled("Qwen/Qwen3.5-9B"))
