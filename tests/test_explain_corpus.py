@@ -229,3 +229,29 @@ def test_the_logged_budget_gives_the_logged_tokens(entry_id, monkeypatch):
         assert ex.from_logged.kv_cache_tokens == tokens
     if r.get("num_gpu_blocks") is not None:
         assert ex.from_logged.num_blocks == r["num_gpu_blocks"]
+
+
+# Real logs that print vLLM V1's multimodal profile ("Encoder cache will be initialized with a budget of N tokens,
+# and profiled with K <modality> items"), planned with their curated stand-in model and GPU: kvplan's dummy batch
+# (engines.vllm_profile.image_profile, per release) is the log's - items, modality and encoder budget.
+MM_PROFILED = sorted(eid for eid, e in ENTRIES.items()
+                     if "profiled with" in e.log and (e.meta.get("kvplan") or {}).get("model")
+                     and not (e.meta.get("kvplan") or {}).get("skip"))
+
+
+def test_the_corpus_has_logs_that_print_their_multimodal_profile():
+    assert len(MM_PROFILED) >= 6 and {"image", "video"} <= {parse_log(ENTRIES[e].log).mm_modality for e in MM_PROFILED}
+
+
+@pytest.mark.parametrize("entry_id", MM_PROFILED)
+def test_kvplan_profiles_the_multimodal_batch_the_log_profiled(entry_id, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    entry = ENTRIES[entry_id]
+    log = parse_log(entry.log)
+    flags = corpus.explain_flags(entry.meta, log)
+    if entry.meta["kvplan"].get("gpu"):
+        flags["gpu"] = entry.meta["kvplan"]["gpu"]
+    ex = explain(entry.log, flags)
+    assert ex.plan is not None, ex.needs
+    assert ex.plan.budget.mm_profile == (log.mm_items, log.mm_modality, log.mm_budget_tokens)
+    assert any(n.startswith("the multimodal profile is the log's") for n in ex.notes)

@@ -370,3 +370,14 @@ def test_a_real_vllm_cpu_server_that_sizes_its_own_kv_space_is_explained():
     own = ex.plan.budget
     assert own.kv_budget_bytes == own.usable_bytes - own.weights.bytes - own.overhead.bytes
     assert 0.9 * 7.22 * 2**30 < own.kv_budget_bytes < 7.22 * 2**30  # within 10%, on the safe side
+
+
+def test_the_log_s_multimodal_profile_is_set_beside_kvplan_s():
+    from kvplan.explain.reconcile import mm_profile_note
+
+    log = parse_log("(EngineCore_DP0 pid=1) INFO 10-01 [gpu_model_runner.py:3400] Encoder cache will be initialized "
+                    "with a budget of 153600 tokens, and profiled with 1 video items of the maximum feature size.\n")
+    assert (log.mm_budget_tokens, log.mm_items, log.mm_modality) == (153_600, 1, "video")
+    assert mm_profile_note(log, (1, "video", 153_600)).startswith("the multimodal profile is the log's: 1 video item")
+    assert "kvplan's plan profiles 2 image items within 16,384 tokens" in mm_profile_note(log, (2, "image", 16_384))
+    assert "kvplan models no multimodal profile" in mm_profile_note(log, None)

@@ -80,6 +80,9 @@ class Budget:
     state_pool_bytes: int = 0  # a pool of per-request state slots the engine carves out of the budget before the
     # KV pool (SGLang's Mamba pool: ``state_slots x`` one request's state); ``kv_budget_bytes`` is what is left
     state_slots: int = 0  # that pool's request slots (SGLang's max_mamba_cache_size); 0: no such pool
+    mm_profile: tuple[int, str, int] | None = None  # the dummy multimodal batch: (items, modality, encoder budget
+    # tokens), as vLLM logs it ("Encoder cache will be initialized with a budget of N tokens, and profiled with K
+    # image items"); None: no multimodal profile
 
     @property
     def terms(self) -> tuple[Term, ...]:

@@ -810,4 +810,5 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         source = "usable - weights - activation - overhead - cudagraph"
     return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                   p.rounding, forward, sampler, tuple(notes), images.resident_bytes if images else 0,
-                  images.encoder_peak_bytes if images else 0, path_gap)
+                  images.encoder_peak_bytes if images else 0, path_gap,
+                  mm_profile=(images.items, images.modality, images.encoder_budget_tokens) if images else None)

@@ -116,6 +116,9 @@ LINES: tuple[Line, ...] = (
     _l(r"Setting attention block size to ([0-9]+) tokens", "engine_block_size", "int", engine=VLLM),
     _l(r"Setting kv cache block size to ([0-9]+)", "engine_block_size", "int", engine=VLLM),
     _l(r"Forcing kv cache block size to ([0-9]+) for", "engine_block_size", "int", engine=VLLM),  # MLA 0.8 - 0.17
+    # the multimodal profile's dummy batch (V1)
+    _l(r"Encoder cache will be initialized with a budget of ([0-9]+) tokens, and profiled with ([0-9]+) (\w+) items",
+       "mm_budget_tokens mm_items mm_modality", "int int word", engine=VLLM),
     # the sampler path of the profile run (0.8 - 0.11: FlashInfer where it is installed, the native sort otherwise)
     _l(r"Using FlashInfer for top-p & top-k sampling", "flashinfer_sampler", "true", engine=VLLM),
     _l(r"(?:FlashInfer is not available|FlashInfer is available, but it is not enabled|is disabled because "

@@ -63,6 +63,9 @@ class StartupLog:
     engine_block_size: int | None = None  # as the engine chose it ("Setting attention block size to 544 tokens")
     workers_tp: int | None = None  # the tensor-parallel ranks the worker names show (largest index + 1): a lower bound
     workers_pp: int | None = None  # the pipeline stages they show (Worker_PP1_TP0)
+    mm_budget_tokens: int | None = None  # "Encoder cache will be initialized with a budget of N tokens, and
+    mm_items: int | None = None  # profiled with K <modality> items of the maximum feature size" (vLLM V1)
+    mm_modality: str | None = None
     prefix_caching: bool | None = None  # enable_prefix_caching as the config line or the non-default args print it
     flashinfer_sampler: bool | None = None  # vLLM's sampler said it uses FlashInfer (True) or falls back (False)
     enforce_eager: bool | None = None

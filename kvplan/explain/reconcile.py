@@ -737,6 +737,20 @@ def _bundled_by_name(model: str) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
+def mm_profile_note(log: StartupLog, planned: tuple[int, str, int] | None) -> str:
+    """One line setting the log's multimodal dummy batch ("profiled with K <modality> items" within an encoder
+    budget of N tokens) beside the one kvplan's plan profiles (``Budget.mm_profile``)."""
+    said = (f"{plural(log.mm_items or 0, f'{log.mm_modality} item')} within an encoder budget of "
+            f"{plural(log.mm_budget_tokens or 0, 'token')}")
+    if planned is None:
+        return f"the log profiles {said}; kvplan models no multimodal profile for this model (its activation lacks it)"
+    items, modality, budget = planned
+    if (items, modality, budget) == (log.mm_items, log.mm_modality, log.mm_budget_tokens):
+        return f"the multimodal profile is the log's: {said}"
+    return (f"the log profiles {said}; kvplan's plan profiles {plural(items, f'{modality} item')} within "
+            f"{plural(budget, 'token')} (its activation term follows its own)")
+
+
 def _other_prefix_caching(log: StartupLog, plan: Any, values: dict[str, Any], token: str | None) -> Any:
     """``(plan, values, _from_logged(...))`` with prefix caching the other way, when the log does not say and the
     model has state layers (whose blocks per request depend on it) and that plan reproduces the log's capacity
@@ -788,6 +802,8 @@ def explain(text: str, overrides: dict[str, Any] | None = None, token: str | Non
             notes.append(f"prefix caching {'on' if plan.prefix_caching else 'off'}: the log's capacity lines hold only "
                          "with it (the blocks a request keeps in each state group depend on it), although "
                          f"{plan.engine.label}'s default for this model is {'off' if plan.prefix_caching else 'on'}")
+    if plan is not None and log.mm_items is not None:
+        notes.append(mm_profile_note(log, plan.budget.mm_profile))
     rows = _term_rows(log, plan, gpu_known)
     if plan is not None and from_logged is None and log.kv_cache_tokens is not None:
         mismatches = ["the log prints tokens but no KV budget or blocks to derive them from"]
