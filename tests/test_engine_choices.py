@@ -221,3 +221,13 @@ def test_worker_names_give_a_lower_bound_of_the_parallel_sizes(lines, tp, pp):
 
     log = parse_log("\n".join(lines) + "\n")
     assert (log.workers_tp, log.workers_pp) == (tp, pp)
+
+
+def test_global_worker_ranks_over_a_stated_pipeline_are_tensor_parallel_ranks_times_it():
+    from kvplan.explain.reconcile import log_values
+    from kvplan.explain.logparse import parse_log
+
+    log = parse_log("INFO x pipeline_parallel_size=2, something\n(VllmWorker rank=7 pid=9) INFO x\n"
+                    "INFO 10-01 [kv_cache_utils.py:1] GPU KV cache size: 100,000 tokens\n")
+    values, notes = log_values(log)
+    assert (values["tp"], values["pp"]) == (4, 2) and any(n.startswith("tp 4:") for n in notes)

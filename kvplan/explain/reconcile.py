@@ -322,7 +322,10 @@ def log_values(log: StartupLog, overrides: dict[str, Any] | None = None) -> tupl
                 notes.append(f"block size {implied}: the log's {plural(log.num_gpu_blocks, 'block')} x "
                              f"{plural(implied, 'token')} hold {log.max_concurrency:g}x "
                              f"{plural(log.concurrency_len, 'token')} (no other block size does)")
-    for key, seen, word in (("tp", log.workers_tp, "tensor-parallel ranks"), ("pp", log.workers_pp, "pipeline stages")):
+    workers_tp = log.workers_tp
+    if workers_tp and log.workers_pp is None and (values.get("pp") or 1) > 1:  # global ranks: tp x pp of them
+        workers_tp //= values["pp"]
+    for key, seen, word in (("tp", workers_tp, "tensor-parallel ranks"), ("pp", log.workers_pp, "pipeline stages")):
         if seen and seen > 1 and key not in values:
             values[key] = seen
             notes.append(f"{key} {seen}: the log prints no {key} setting; its worker names show {seen} {word} "
