@@ -336,8 +336,7 @@ def mamba_slots(version: str, rest_bytes: int, per_req_bytes: int, *, radix_cach
     if r.mamba == "fixed" or (not radix_cache and (r.mamba2_radix_off or max_running_requests)):
         if max_running_requests:
             return max_running_requests, f"--max-running-requests {max_running_requests}"
-        if r.mamba == "fixed" or r.mamba2_radix_off:
-            return MAMBA_FIXED_SLOTS, f"{MAMBA_FIXED_SLOTS} (the default without --max-running-requests)"
+        return MAMBA_FIXED_SLOTS, f"{MAMBA_FIXED_SLOTS} (the default without --max-running-requests)"
     rest_gib = rest_bytes / GiB  # SGLang's float GiB
     raw = rest_gib * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
     slots = max(0, int(raw * GiB // per_req_bytes)) if per_req_bytes > 0 else 0

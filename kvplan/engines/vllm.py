@@ -450,29 +450,36 @@ def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_l
                                          "16, chunked prefill and prefix caching off",))
 
 
-def cpu_kv_budget(version: str, node_bytes: int, usable_bytes: int, worker_bytes: int) -> tuple[int, str, list[str]]:
-    """``(KV bytes, source, notes)`` of vLLM's CPU backend when neither ``VLLM_CPU_KVCACHE_SPACE`` nor
-    ``--kv-cache-memory-bytes`` is set, on a NUMA node of ``node_bytes`` (``--gpu-memory``; 0: not given):
+def cpu_kv_budget(version: str, node_bytes: int, usable_bytes: int, weights_bytes: int,
+                  overhead: Term | None) -> tuple[int, str, Term, list[str]]:
+    """``(KV bytes, source, overhead term, notes)`` of vLLM's CPU backend when neither ``VLLM_CPU_KVCACHE_SPACE``
+    nor ``--kv-cache-memory-bytes`` is set, on a NUMA node of ``node_bytes`` (``--gpu-memory``; 0: not given):
     4 GiB before 0.14; half the node 0.14 - 0.19; from 0.20 ``ceil(node x gpu_memory_utilization)``
-    (``usable_bytes``) less the worker's resident memory ``worker_bytes`` (the weights and the overhead term,
-    :data:`CPU_WORKER_RSS_BYTES` unless given; a start with nothing left fails: "Available memory on node ...
-    less than requested memory for kv")."""
+    (``usable_bytes``) less the worker's resident memory: the weights and the overhead term (``overhead`` when
+    given, else :data:`CPU_WORKER_RSS_BYTES`; a start with nothing left fails: "Available memory on node ... less
+    than requested memory for kv"). Before 0.20 the overhead is not subtracted."""
     release = release_tuple(version, ENGINE)
-    ask = ["pass --kv-budget with the size your log states (its \"Auto set\" / \"Explicitly set\" line)"]
-    if release < CPU_HALF_NODE_FROM or not node_bytes:
-        note = [] if release < CPU_HALF_NODE_FROM else [
-            "vLLM 0.14+ on CPU sizes an unset VLLM_CPU_KVCACHE_SPACE from the NUMA node's memory: pass --gpu-memory "
-            "with the node's size, or " + ask[0]]
-        return CPU_KVCACHE_SPACE_BYTES, "VLLM_CPU_KVCACHE_SPACE unset: vLLM's CPU default 4 GiB", note
-    if release < CPU_AUTO_SET_FROM:
+    ask = "pass --kv-budget with the size your log states (its \"Auto set\" / \"Explicitly set\" line)"
+    if release < CPU_AUTO_SET_FROM or not node_bytes:
+        overhead = overhead or Term("overhead", 0, "not subtracted on the CPU backend")
+        if release < CPU_HALF_NODE_FROM or not node_bytes:
+            note = [] if release < CPU_HALF_NODE_FROM else [
+                "vLLM 0.14+ on CPU sizes an unset VLLM_CPU_KVCACHE_SPACE from the NUMA node's memory: pass "
+                "--gpu-memory with the node's size, or " + ask]
+            return CPU_KVCACHE_SPACE_BYTES, "VLLM_CPU_KVCACHE_SPACE unset: vLLM's CPU default 4 GiB", overhead, note
         kv = int(node_bytes * CPU_HALF_NODE_FRACTION)
-        return kv, f"VLLM_CPU_KVCACHE_SPACE unset: half of the {node_bytes / GiB:.2f} GiB node", []
-    kv = usable_bytes - worker_bytes
+        return kv, f"VLLM_CPU_KVCACHE_SPACE unset: half of the {node_bytes / GiB:.2f} GiB node", overhead, []
+    notes = []
+    if overhead is None:
+        overhead = Term("overhead", CPU_WORKER_RSS_BYTES, "estimate: the CPU worker's resident memory besides the "
+                        "weights (torch and the runtime), which \"Auto set\" takes off")
+        notes.append(f"the CPU worker's memory besides the weights is an estimate ({CPU_WORKER_RSS_BYTES / GiB:.2f} "
+                     "GiB; its log says \"... GiB memory was consumed by non-kv usages\"): pass --overhead-gib with "
+                     "that less the weights, or " + ask)
+    worker = weights_bytes + overhead.bytes
+    kv = usable_bytes - worker
     return kv, (f"VLLM_CPU_KVCACHE_SPACE unset (\"Auto set\"): node x gpu_memory_utilization {usable_bytes / GiB:.2f} "
-                f"GiB - the worker's memory {worker_bytes / GiB:.2f} GiB (weights + overhead)"), [
-        f"the CPU worker's memory besides the weights is an estimate ({CPU_WORKER_RSS_BYTES / GiB:.2f} GiB; its log "
-        "says \"... GiB memory was consumed by non-kv usages\"): pass --overhead-gib with that less the weights, "
-        "or " + ask[0]]
+                f"GiB - the worker's memory {worker / GiB:.2f} GiB (weights + overhead)"), overhead, notes
 
 
 def requested_bytes(total_bytes: int, gpu_util: float, rounding: str) -> int:
@@ -739,15 +746,11 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         activation = activation or Term("activation", 0, "not subtracted: the CPU backend sizes its KV cache "
                                                           "from VLLM_CPU_KVCACHE_SPACE")
         cudagraph = cudagraph or Term("cudagraph", 0, "none on the CPU backend")
-        auto_set = kv_budget_override is None and total_bytes and release_tuple(version, ENGINE) >= CPU_AUTO_SET_FROM
-        if overhead is None:
-            overhead = (Term("overhead", CPU_WORKER_RSS_BYTES, "estimate: the CPU worker's resident memory besides the "
-                             "weights (torch and the runtime), which \"Auto set\" takes off") if auto_set
-                        else Term("overhead", 0, "not subtracted on the CPU backend"))
         if kv_budget_override is not None:
             kv, source = kv_budget_override, "--kv-budget (VLLM_CPU_KVCACHE_SPACE)"
+            overhead = overhead or Term("overhead", 0, "not subtracted on the CPU backend")
         else:
-            kv, source, note = cpu_kv_budget(version, total_bytes, usable, weights.bytes + overhead.bytes)
+            kv, source, overhead, note = cpu_kv_budget(version, total_bytes, usable, weights.bytes, overhead)
             notes.extend(note)
         return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                       p.rounding, 0, 0, tuple(notes))

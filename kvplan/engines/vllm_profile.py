@@ -40,7 +40,7 @@
   Qwen3.5 / Qwen3.6 (vLLM 0.17 - 0.33 ``qwen3_5.py``: Qwen3-VL's ``Qwen3_VisionTransformer``,
   ``Qwen3VLProcessingInfo`` and ``Qwen3VLDummyInputsBuilder``, no deepstack) profile Qwen3-VL's 4,096 x 4,096
   image of 16,384 tokens (their 2-frame video has 12,288): Qwen3.6-35B-A3B at 65,536 batched tokens 4 images,
-  pixels 4 x 201,326,592 B, outputs 4 x 16,384 x 2,048 x 2 B, encoder peak 6.38 GiB (a GB10 0.20 log: "budget
+  pixels 4 x 201,326,592 B, outputs 4 x 16,384 x 2,048 x 2 B, encoder peak 6.94 GiB (a GB10 0.20 log: "budget
   of 65536 tokens, and profiled with 4 image items").
 """
 
@@ -163,8 +163,7 @@ def _qwen3_two_frame_video(vision: VisionEncoder) -> _Item:
     groups = -(-2 // vision.temporal_patch)
     patches = groups * rows * cols * vision.merge * vision.merge
     embeds = patches // (vision.merge * vision.merge)
-    per_group = vision.channels * vision.temporal_patch * vision.patch_size ** 2
-    return _Item("video", embeds, embeds, patches, patches * per_group, 2)
+    return _Item("video", embeds, embeds, patches, patches * vision.pixels_per_patch, 2)
 
 
 def _qwen2_video_frames(vision: VisionEncoder, seq_len: int, cap: int) -> int:
@@ -191,7 +190,6 @@ def _video_item(vision: VisionEncoder, rule: str, max_model_len: int, max_num_ba
     read after 0.14; 0.15 - 0.16 keep the 0.13 count here) the budget and the dummy take 2 frames
     (:func:`_qwen3_two_frame_video`); below the image's tokens either way.
     """
-    per_group = vision.channels * vision.temporal_patch * vision.patch_size ** 2  # pixel elements of one patch
     if vision.video_max_pixels and release >= (0, 17, 0):
         return _qwen3_two_frame_video(vision)
     if vision.video_max_pixels:
@@ -199,7 +197,7 @@ def _video_item(vision: VisionEncoder, rule: str, max_model_len: int, max_num_ba
                                             vision.video_max_pixels, max_model_len, vision.max_video_frames)
         patches = -(-frames // vision.temporal_patch) * (side // vision.patch_size) ** 2
         tokens = int(embeds * QWEN3_VL_FORMATTED_TOKENS) if rule in SCATTERED_RULES else embeds
-        return _Item("video", tokens, embeds, patches, patches * per_group, frames)
+        return _Item("video", tokens, embeds, patches, patches * vision.pixels_per_patch, frames)
     tpi = vision.tokens_per_image
     before_0_11 = rule in ("ceil-placeholder", "placeholder")
     cap = QWEN2_VL_FRAMES_BEFORE_0_11 if before_0_11 else vision.max_video_frames

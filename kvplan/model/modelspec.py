@@ -172,6 +172,11 @@ class VisionEncoder:
     def pixels_per_image(self) -> int:
         return self.channels * self.temporal_patch * self.image_size * self.image_size
 
+    @property
+    def pixels_per_patch(self) -> int:
+        """Pixel elements of one encoder patch (its ``temporal_patch`` frames)."""
+        return self.channels * self.temporal_patch * self.patch_size * self.patch_size
+
 
 @dataclass(frozen=True)
 class ModelSpec:
