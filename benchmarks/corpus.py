@@ -72,7 +72,7 @@ def entries(engine: str | None = None) -> Iterator[Entry]:
 
 def from_earlier_file(meta: dict[str, Any]) -> bool:
     """Whether the entry came from the earlier evidence file (``origin: engine_reports.yaml ...``, retired: the
-    corpus holds its 61 starts, their logs byte for byte): the starts tests/test_explain.py reproduces term by term."""
+    corpus holds its 61 starts, their logs byte for byte): the starts tests/explain/test_reconcile.py reproduces term by term."""
     return str(meta.get("origin") or "").startswith("engine_reports.yaml")
 
 

@@ -4,7 +4,7 @@
 ``kvplan.io.files.parse_bundled_yaml`` answers a shipped file from this index when the text's digest is in it
 (``json`` is already loaded; importing PyYAML and parsing took about a tenth of ``kvplan estimate``'s start-up),
 and parses the YAML itself otherwise, so a stale index costs time, never a wrong number. A test
-(tests/test_startup.py) keeps the committed index current: it holds exactly the shipped files, each the same
+(tests/cli/test_startup.py) keeps the committed index current: it holds exactly the shipped files, each the same
 data PyYAML reads.
 
     python3 benchmarks/gen_bundled_index.py           # rewrite the index

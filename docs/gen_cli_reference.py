@@ -4,7 +4,7 @@ docs/*.md: a ```text block whose first line is `$ kvplan ARGS` holds what ARGS p
 at 100 columns), run in a scratch folder holding docs/examples/*.yaml, docs/examples/mistakes/*.yaml (inputs
 with deliberate mistakes) and the benchmarks/corpus/ logs of CORPUS_LOGS (`vllm.log`, `info.log`, `debug.log`,
 `sglang.log`, a folder `logs/`; explain runs with HF_HUB_OFFLINE=1).
-`observe` blocks are left alone (they need a live server; tests/test_observe.py checks that command).
+`observe` blocks are left alone (they need a live server; tests/observe/test_observe.py checks that command).
 
     python3 docs/gen_cli_reference.py          # rewrite what is stale
     python3 docs/gen_cli_reference.py --check  # exit 1 if anything is stale (used by the tests)

@@ -1,4 +1,4 @@
-"""Fuzz worker for tests/test_fuzz.py: feeds generated files and option values to the real CLI entry point.
+"""Fuzz worker for tests/e2e/test_fuzz.py: feeds generated files and option values to the real CLI entry point.
 
 Run as ``python tests/fuzz_worker.py MODE EXAMPLES`` in a fresh interpreter (the test measures its memory
 and wall time from outside). For every input, ``kvplan.cli.app.main`` must end in ``SystemExit`` with 0, 1

@@ -18,7 +18,7 @@ from kvplan.cli.app import app
 from kvplan.checks.scenario import load_capacity
 
 runner = CliRunner()
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 # Llama-3.1-8B in bf16: 32 layers x 8 kv heads x 128 x 2 B x 2 (K and V) = 131,072 B/token; a 16-token block
 # is 2 MiB. An explicit KV budget of 10 GiB holds 10 GiB / 2 MiB = 5,120 blocks (one is vLLM's null block).

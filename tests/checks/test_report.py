@@ -19,7 +19,7 @@ from kvplan.checks.report import LABEL_FIELDS, ROW_FIELDS, Pool, build_report, m
 from kvplan.checks.scenario import load_whatif
 
 runner = CliRunner()
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 
 def write(tmp_path: Path, text: str, name: str = "whatif.yaml") -> Path:
@@ -299,7 +299,7 @@ def test_a_large_report_is_announced_and_streamed_in_flat_memory(tmp_path):
     warm = write(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nsweep: {context: [1k, 2k]}\n"
                            "outputs: [warm/r.csv, warm/r.json]\n", "warm.yaml")
     r = subprocess.run([sys.executable, "-c", _PEAK, str(warm), str(path)], capture_output=True, text=True, timeout=120,
-                       cwd=Path(__file__).resolve().parents[1])
+                       cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0, r.stderr
     peak = int(r.stdout.split("\n", 1)[0])
     assert r.stderr.startswith("kvplan: 20,000 rows (context 20 x batch 1,000) -> ")
@@ -332,7 +332,7 @@ def test_temporary_files_of_killed_reports_are_cleaned(tmp_path):
     path = write(tmp_path, f"defaults: {{model: meta-llama/Llama-3.1-8B}}\nsweep:\n  context: {_values(100)}\n"
                            f"  batch: {_values(5000)}\noutputs: [out/r.csv, out/r.json]\n")
     proc = subprocess.Popen([sys.executable, "-m", "kvplan", "report", str(path), "--offline"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2])
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (out.is_dir() and any(p.stat().st_size > 0 for p in out.glob(".*.tmp"))):

@@ -236,7 +236,7 @@ def test_scenario_errors_are_located(tmp_path):
 def test_import_cli_does_not_import_pydantic():
     code = "import sys, kvplan.cli.app; bad = [m for m in ('pydantic', 'matplotlib', 'torch') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
 
 

@@ -31,8 +31,8 @@ from kvplan.paged.allocator import BlockAllocator
 from kvplan.paged.groups import allocator_groups, exact_layout
 from kvplan.planning.plan import Options, Plan, plan_for_spec
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hardening import kvplan  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from entry_point import kvplan  # noqa: E402
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 # (context, prefix): half, all of it (the last token is recomputed), not block-aligned, one block

@@ -22,11 +22,12 @@ import yaml
 from kvplan.io.files import BUNDLED_INDEX, bundled_index_text, parse_bundled_yaml, text_digest
 from kvplan.model import hub as kvhub
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from hub_emulator import HubEmulator, VirtualFile  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1] / "model" / "hub"))
 from test_hub import REPO, _sharded_repo, _single_file_repo  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "model_specs").rglob("*.yaml")) + [ROOT / "kvplan" / "data" / n for n in ("gpus.yaml", "kv_spread.yaml")]
 REGISTRY = "/api/agent-harnesses"  # huggingface_hub's own user-agent registry, fetched at most once a day
 

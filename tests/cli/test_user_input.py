@@ -27,8 +27,8 @@ from kvplan.gpus import find_gpu, load_gpus
 from kvplan.options import options_from_values
 from kvplan.units import GB, GiB, MiB
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hardening import assert_one_line, kvplan as run  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from entry_point import assert_one_line, kvplan as run  # noqa: E402
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 

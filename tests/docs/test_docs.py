@@ -8,7 +8,7 @@ from kvplan_names import resolve
 
 import kvplan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MATH = (REPO / "docs" / "math.md").read_text()
 
 

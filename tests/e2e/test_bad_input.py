@@ -6,32 +6,16 @@ from __future__ import annotations
 import re
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "configs"
 
-
-def kvplan(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
-    """``python -m kvplan ARGS`` as a user runs it (the real entry point, not typer's test runner)."""
-    return subprocess.run([sys.executable, "-m", "kvplan", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=kwargs.pop("cwd", ROOT), env={**os.environ, "COLUMNS": "80", **kwargs.pop("env", {})},
-                          **kwargs)
-
-
-def assert_one_line(r: subprocess.CompletedProcess, *needles: str) -> str:
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvplan: error: "), r.stderr
-    assert "Traceback" not in r.stderr and "╭" not in r.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
+sys.path.insert(0, str(ROOT / "tests"))
+from entry_point import assert_one_line, kvplan  # noqa: E402
 
 
 @pytest.mark.parametrize("args,needles", [
@@ -408,7 +392,7 @@ def test_no_fp8_suggestion_when_the_weights_do_not_fit():
     p = _plan(model="meta-llama/Llama-3.1-70B", gpu="rtx4090")
     assert "fp8" not in p.answer.fix and p.answer.fix == "--tp 8"
     assert _plan(model="meta-llama/Llama-3.1-70B", gpu="rtx4090", tp=8).answer.fits
-    # 64 x 128k: no single change fits, nor any catalogue GPU: nothing is suggested (tests/test_suggest.py)
+    # 64 x 128k: no single change fits, nor any catalogue GPU: nothing is suggested (tests/planning/test_suggest.py)
     assert _plan(model="meta-llama/Llama-3.1-70B", gpu="rtx4090", context="128k", batch=64).answer.fix is None
 
 
@@ -438,7 +422,7 @@ def test_no_serve_line_for_a_deployment_the_engine_refuses():
     longest = _plan(gpu="rtx4090", context="128k").answer.longest_startable_len
     flat = " ".join(text.replace("│", " ").split())
     # "--max-model-len {longest}" with -c 128k is a flag the options reject: the length is stated, the flag to
-    # paste is the context (tests/test_suggest.py)
+    # paste is the context (tests/planning/test_suggest.py)
     assert f"the longest max_model_len it starts with is {longest:,}" in flat and f"--max-model-len {longest}" not in flat
     assert f"try --context {longest}" in flat
     assert _plan(gpu="rtx4090", context=longest).answer.engine_starts  # the suggestion starts
@@ -473,7 +457,7 @@ def test_contiguous_reserves_max_model_len_in_sliding_layers_too():
 
 
 # ---------------------------------------------------------------------------------------------
-# found by the fuzz (tests/test_fuzz.py)
+# found by the fuzz (tests/e2e/test_fuzz.py)
 
 
 @pytest.mark.parametrize("value,needle", [("1e308", "too large"), ("1e999", "not a finite number")])

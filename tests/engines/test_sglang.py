@@ -162,7 +162,7 @@ def test_explain_sets_the_logged_mamba_slots_beside_kvplan_s_and_keeps_stand_in_
     from kvplan.explain.reconcile import explain
     from kvplan.render.explain import _notes, render_explanation
 
-    log = (Path(__file__).resolve().parents[1] / "benchmarks/corpus/sglang/sglang-exp001-2x4090-qwen35-9b-tp2.log"
+    log = (Path(__file__).resolve().parents[2] / "benchmarks/corpus/sglang/sglang-exp001-2x4090-qwen35-9b-tp2.log"
            ).read_text(encoding="utf-8")
     with_gpu = explain(log, {"model": "Qwen/Qwen3.5-9B", "gpu": "RTX-4090-24GB"})
     console = Console(width=100, record=True)

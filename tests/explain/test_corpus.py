@@ -25,7 +25,7 @@ from kvplan.gpus import find_gpu
 from kvplan.model.sources import bundled_ids
 from kvplan.options import Options
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "benchmarks" / "corpus"
 _spec = importlib.util.spec_from_file_location("benchmarks_corpus", REPO / "benchmarks" / "corpus.py")
 corpus = importlib.util.module_from_spec(_spec)  # benchmarks/corpus.py: the split

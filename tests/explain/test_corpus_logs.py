@@ -19,7 +19,7 @@ from kvplan.cli.app import app
 from kvplan.explain.logparse import parse_log
 from kvplan.explain.reconcile import explain
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import corpus  # noqa: E402  (benchmarks/corpus.py: the entries and their split)
 
@@ -171,7 +171,7 @@ def _reproducible() -> dict[str, dict]:
     model where the log's is not one it can load here: {entry id: overrides}. The earlier evidence file's starts
     (``origin: engine_reports.yaml``) are explained as their curated ``kvplan:`` block plans them (its stand-in model,
     release, usage context and options, and the settings the entry states that the log does not:
-    ``corpus.explain_flags``), as tests/test_explain.py does with their GPU; the others with the log's own model
+    ``corpus.explain_flags``), as tests/explain/test_reconcile.py does with their GPU; the others with the log's own model
     when kvplan can load it by its name, else the bundled model its source names."""
     from kvplan.explain.reconcile import _bundled_by_name
     from kvplan.model.sources import bundled_ids

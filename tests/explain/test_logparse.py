@@ -22,7 +22,7 @@ from kvplan.explain.logparse import parse_log
 from kvplan.explain.reconcile import explain
 from kvplan.units import GiB
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "benchmarks" / "corpus"
 CPU = ROOT / "tests" / "fixtures" / "vllm_cpu"
 runner = CliRunner()

@@ -23,7 +23,7 @@ from kvplan.explain.reconcile import ExplainError, explain, log_values
 from kvplan.explain.logparse import parse_log
 from kvplan.units import GiB
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import corpus  # noqa: E402  (benchmarks/corpus.py: the entries and their kvplan blocks)
 import corpus_agreement  # noqa: E402  (the GPU a kvplan block plans with)

@@ -14,7 +14,7 @@ from kvplan.errors import InputError
 from kvplan.model.spec import LayerCache, LayerKind, spec_from_config
 from kvplan.units import parse_dtype
 
-FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "configs"
 BF16, FP8, FP32 = parse_dtype("bf16"), parse_dtype("fp8"), parse_dtype("fp32")
 
 

@@ -20,7 +20,7 @@ from kvplan.errors import ConfigError
 from kvplan.model.spec import LayerKind, spec_from_config
 from kvplan.units import parse_dtype
 
-HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"
+HUB_CONFIGS = Path(__file__).resolve().parents[3] / "shared" / "hub-configs"
 
 if not (HUB_CONFIGS / "MANIFEST.yaml").is_file():
     pytest.skip(f"no shared Hub configs at {HUB_CONFIGS} (they ship with the CI workspace)", allow_module_level=True)

@@ -21,7 +21,7 @@ from kvplan.model.sources import load_bundled, load_spec
 from kvplan.model.spec import spec_from_config
 from tests.test_hardening import assert_one_line, kvplan
 
-HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"
+HUB_CONFIGS = Path(__file__).resolve().parents[3] / "shared" / "hub-configs"
 if not HUB_CONFIGS.is_dir():
     HUB_CONFIGS = Path("/work/shared/hub-configs")
 

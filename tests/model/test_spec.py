@@ -16,7 +16,7 @@ from kvplan.model.sources import load_bundled
 from kvplan.model.spec import LayerKind, Overrides, spec_from_config
 from kvplan.units import parse_dtype
 
-FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "configs"
 BF16 = parse_dtype("bf16")
 
 

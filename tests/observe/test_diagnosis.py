@@ -8,7 +8,7 @@ at 98-100%; with ``--gpu cpu`` it failed before the first poll although the endp
 assumptions left out the prefix; a server killed mid-run (15 of 21 polls failed) was exit 0, no finding.
 
 The pages here are written from vLLM's metric definitions (tests/metrics_pages.py) with the real server's
-cache config; tests/test_observe_real_server.py replays the pages the real server served.
+cache config; tests/observe/test_real_server.py replays the pages the real server served.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover - depends on how pytest was started
     from metrics_pages import ReplayServer, Reply, vllm_v1_page  # type: ignore[no-redef]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "benchmarks" / "real_server_model")
 SERVED = "tiny-llama"
 # the real server's cache config: 72 MiB = 288 blocks of 128 tokens (2,048 B a token)

@@ -31,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover - depends on how pytest was started
     from metrics_pages import MODEL, ReplayServer, Reply, sglang_page, vllm_v0_page, vllm_v1_page  # type: ignore[no-redef]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 

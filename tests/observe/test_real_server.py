@@ -31,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover - depends on how pytest was started
     from metrics_pages import ReplayServer, Reply  # type: ignore[no-redef]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "vllm_cpu"
 TINY = str(REPO / "benchmarks" / "real_server_model")
 VALUES = {"model": TINY, "gpu": "cpu", "max_model_len": 2048, "max_num_batched_tokens": 4096, "context": 1184}

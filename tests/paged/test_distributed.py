@@ -14,7 +14,7 @@ import pytest
 
 from kvplan.paged.distributed import World, world_from_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CPU = ["--gpu", "cpu", "--gpu-memory", "8GiB", "--kv-budget", "0.125GiB", "--context", "1k", "--device", "cpu"]
 
 

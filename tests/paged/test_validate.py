@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from kvplan.cli.app import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 CPU = ("--gpu", "cpu", "--gpu-memory", "8GiB")  # vLLM's CPU backend: block size 128, max_num_batched_tokens 4096
 

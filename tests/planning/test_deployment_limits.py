@@ -3,7 +3,7 @@ planned as starting, the scheduler's max_num_seqs was ignored, the launch comman
 the plan, and three outputs did not add up (the CPU panel, a hint the option rejects, a cut source column).
 
 The rules live in one place (:class:`kvplan.planning.answer.Deployment` over the engine's ``refusal`` /
-``request_limit`` / ``serve_command``); tests/test_one_answer.py checks the same properties over every
+``request_limit`` / ``serve_command``); tests/planning/test_sections_agree.py checks the same properties over every
 bundled spec.
 """
 
@@ -24,8 +24,8 @@ from kvplan.planning.plan import estimate, options_from_values, plan_for_spec
 from kvplan.model.sources import load_bundled
 from kvplan.model.spec import build_spec
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hardening import assert_one_line, kvplan  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from entry_point import assert_one_line, kvplan  # noqa: E402
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 
@@ -268,6 +268,7 @@ def test_a_pasted_serve_line_plans_the_same_deployment(values):
 
 
 def test_no_report_and_no_command_for_a_model_the_release_dropped(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "memory"))
     from test_cross_attention import LLAMA_32_90B_VISION
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_32_90B_VISION))
@@ -302,7 +303,7 @@ def test_no_hint_suggests_a_flag_value_with_separators():
     """A suggestion such as ``raise --max-model-len to {n:,}`` prints 32,768, which --max-model-len rejects."""
     suggestion = re.compile(r"(?:to|try|use|with|pass|raise|lower)\s+--[a-z][a-z-]*\s+(?:to\s+)?\{[^}]*:,")
     offenders = []
-    for path in sorted((Path(__file__).parents[1] / "kvplan").rglob("*.py")):
+    for path in sorted((Path(__file__).parents[2] / "kvplan").rglob("*.py")):
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if suggestion.search(line):
                 offenders.append(f"{path.name}:{n}: {line.strip()}")

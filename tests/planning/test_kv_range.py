@@ -15,7 +15,7 @@ from kvplan.cli.app import app
 from kvplan.engines import spread
 from kvplan.planning.plan import plan_for_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 

@@ -26,9 +26,10 @@ from kvplan.checks.scenario import load_capacity
 from kvplan.model.sources import bundled_ids, load_bundled, load_spec
 from kvplan.model.spec import build_spec
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parents[1] / "memory"))
 from test_cross_attention import LLAMA_32_90B_VISION  # noqa: E402
-from test_hardening import assert_one_line, kvplan  # noqa: E402
+from entry_point import assert_one_line, kvplan  # noqa: E402
 
 # the CLI spelling of each option -> (its name, the value a bare flag means)
 FLAGS: dict[str, tuple[str, object]] = {}
@@ -245,7 +246,7 @@ def test_no_user_facing_string_has_a_count_before_a_plural_noun_unchecked():
     ``plural`` (``1 block``, ``2 blocks``); the exceptions are vLLM's own log line and nouns after a word."""
     import ast
 
-    root = Path(__file__).resolve().parents[1] / "kvplan"
+    root = Path(__file__).resolve().parents[2] / "kvplan"
     bad = []
     pattern = re.compile(r"^(blocks|requests|tokens|layers|rows|GPUs|checks)\b")
     for path in root.rglob("*.py"):
@@ -278,7 +279,7 @@ def test_no_tracker_numbers_in_user_facing_strings():
     """"issue 15" means nothing to a user: no string literal in kvplan/ (comments and docstrings aside) names one."""
     import ast
 
-    root = Path(__file__).resolve().parents[1] / "kvplan"
+    root = Path(__file__).resolve().parents[2] / "kvplan"
     bad = []
     for path in root.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -25,8 +25,8 @@ from kvplan.planning.plan import Options, plan_for_spec
 from kvplan.planning.weights import served_weights, weights_bytes as _weights
 from kvplan.units import GiB, parse_dtype
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hardening import assert_one_line, kvplan  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from entry_point import assert_one_line, kvplan  # noqa: E402
 
 
 @lru_cache(maxsize=None)

@@ -12,7 +12,7 @@ import pytest
 
 import kvplan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "matplotlib", "huggingface_hub", "pydantic_settings")
 
 

@@ -29,8 +29,8 @@ from kvplan.planning.plan import Options, Plan, plan_for_spec
 from kvplan.render.estimate import answer_lines, memory_figures, render_brief, render_plan
 from kvplan.units import GiB, rounded_parts
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hardening import kvplan  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from entry_point import kvplan  # noqa: E402
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 SCENARIOS = ({"gpu": "H100", "context": 8192, "batch": 32}, {"gpu": "L4", "context": 32768, "batch": 4},

@@ -114,7 +114,7 @@ def test_the_deployment_credits_the_shared_prefix_with_prefix_caching_and_says_s
     from kvplan.render.simulate import simulate_to_dict
     from kvplan.sim.workload import load_workload, run_workload
 
-    wl = load_workload(Path(__file__).resolve().parents[1] / "docs" / "examples" / "shared_prompt.yaml")
+    wl = load_workload(Path(__file__).resolve().parents[2] / "docs" / "examples" / "shared_prompt.yaml")
     wl = replace(wl, duration_s=5.0)
     run = run_workload(wl, record_series=False)
     c = run.capacity

@@ -18,7 +18,7 @@ from kvplan.sim.simulate import (
 )
 from kvplan.sim.workload import load_workload, run_workload
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 runner = CliRunner()
 
 # a one-second step: 100 B of weights over 100 B/s, KV reads free unless a test says otherwise

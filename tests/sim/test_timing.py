@@ -23,7 +23,7 @@ from kvplan.sim.streams import Arrivals
 from kvplan.sim.timing import StepFit, TimingRun, add_run, fit_runs, read_timing
 from kvplan.sim.workload import load_workload, run_workload
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "benchmarks" / "real_server_model"  # the tiny Llama the real-server benchmark serves
 runner = CliRunner()
 # 4 ms a step, 110 us a sequence, 0.2 us a KV token read, 70 us a prompt token, 0.1 us a KV token held
