@@ -200,3 +200,10 @@ def test_a_model_name_the_os_cannot_look_up_is_a_model_error(model):
 def test_an_empty_text_option_is_an_error_not_the_default(option):
     with pytest.raises(InputError, match="must not be empty"):
         kvplan.estimate("meta-llama/Llama-3.1-8B", **{option: " "})
+
+
+def test_the_python_api_suggests_an_option_and_lists_only_itself():
+    with pytest.raises(InputError) as err:
+        kvplan.estimate(LLAMA, gpux="H100")
+    assert err.value.hint == "did you mean 'gpu'?"
+    assert dir(kvplan) == sorted(kvplan.__all__) == ["__version__", "check", "estimate", "sweep"]

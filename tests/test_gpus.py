@@ -290,3 +290,11 @@ def test_top_level_shape_is_checked():
         parse_catalogue([_record()], "t.yaml")
     with pytest.raises(ConfigError, match=r"gpus\[0\]: expected a mapping"):
         parse_catalogue({"gpus": ["H100"]}, "t.yaml")
+
+
+@pytest.mark.parametrize("typo,first", [("H1OO", "H100-SXM-80GB"), ("a1OO", "A100-SXM-80GB"), ("hl00", "H100-SXM-80GB"),
+                                        ("mi3OOx", "MI300X-192GB"), ("rtx409", "RTX-4090-24GB")])
+def test_the_closest_gpu_to_a_typo_comes_first(typo, first):
+    with pytest.raises(GpuNotFoundError) as err:
+        find_gpu(typo)
+    assert err.value.hint.startswith(f"closest: {first}"), err.value.hint

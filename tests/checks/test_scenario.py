@@ -16,6 +16,8 @@ from kvplan.cli.app import app
 from kvplan.checks.scenario import load_capacity, load_whatif
 from kvplan.io.yamldoc import ScenarioFileError
 
+from entry_point import kvplan as run
+
 runner = CliRunner()
 
 GOOD_CHECK = """\
@@ -382,3 +384,9 @@ def test_an_unknown_model_still_writes_junit(tmp_path):
     assert r.exit_code == 2
     case = ET.parse(junit).getroot().find("testsuite/testcase")
     assert case.get("name") == "capacity file is valid" and "NoSuchModel" in case.find("error").get("message")
+
+
+def test_a_gpu_name_under_gpus_suggests_gpu(tmp_path):
+    (tmp_path / "w.yaml").write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nsweep:\n  gpus: [H100]\n")
+    r = run("report", str(tmp_path / "w.yaml"))
+    assert r.returncode == 2 and "did you mean gpu?" in r.stderr

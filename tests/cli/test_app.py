@@ -8,6 +8,8 @@ from typer.testing import CliRunner
 
 from kvplan.cli.app import app
 
+from entry_point import assert_one_line, kvplan as run_entry_point
+
 runner = CliRunner()
 
 
@@ -201,3 +203,9 @@ def test_models_show_takes_vllms_kv_cache_dtype():
     r = run("models", "show", "meta-llama/Llama-3.1-8B", "--kv-cache-dtype", "fp8", "--json")
     fp8 = run("models", "show", "meta-llama/Llama-3.1-8B", "--kv-dtype", "fp8", "--json")
     assert r.exit_code == 0 and r.stdout == fp8.stdout
+
+
+def test_the_workload_schema_exists():
+    r = run_entry_point("schema", "workload")
+    assert r.returncode == 0 and json.loads(r.stdout)["title"] == "kvplan workload file"
+    assert "capacity, whatif, workload" in assert_one_line(run_entry_point("schema", "nope"))

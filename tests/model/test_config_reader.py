@@ -1,11 +1,8 @@
-"""Polish an acceptance run found, each checked as a class:
+"""kvplan.model.config_reader: where each value came from.
 
-- provenance named a model type's default (``num_experts <- num_local_experts (qwen3_moe default)``) for a value
-  the file itself gives: a key the file holds wins over one the defaults filled in, whatever the order of the
-  aliases;
-- validate's attention table had two rows that looked the same: each row names its request;
-- the report's memory plot put its legend over the axis label, and summed overhead and CUDA graphs in one
-  segment: the legend sits beside the bars, one segment per budget term.
+Provenance named a model type's default (``num_experts <- num_local_experts (qwen3_moe default)``) for a value
+the file itself gives: a key the file holds wins over one the defaults filled in, whatever the order of the
+aliases.
 """
 
 from __future__ import annotations
@@ -39,41 +36,3 @@ def test_no_bundled_value_the_file_gives_is_credited_to_a_default(model_id):
         if where.endswith(" default)"):
             key = where.split(" (")[0].split(".")[-1]
             assert key not in config, (model_id, field, where)
-
-
-def test_validate_names_the_request_of_each_attention_row():
-    pytest.importorskip("torch")
-    from rich.console import Console
-
-    import kvplan
-    from kvplan.paged.validate import validate_plan
-    from kvplan.render.validate import render_result
-
-    plan = kvplan.estimate("Qwen/Qwen3-0.6B", gpu="cpu", gpu_memory="8GiB", kv_budget="0.25GiB", context=512)
-    result = validate_plan(plan, device="cpu")
-    rows = [(c.case, c.request) for c in result.attention]
-    assert len(rows) == len(set(rows)) >= 2 and {r for _, r in rows} == {1, result.fill.filled_requests}
-    console = Console(width=80, record=True, color_system=None)
-    console.print(render_result(result, plan))
-    text = console.export_text()
-    assert f"1 of {result.fill.filled_requests}" in text and "…" not in text
-
-
-@pytest.mark.parametrize("gpus", [["H100"], ["H100", "A100-40GB", "L4"], ["H100", "H200", "A100-40GB", "L4", "L40S",
-                                                                          "MI300X", "B200"]])
-def test_the_memory_plot_legend_clears_the_axis_label(gpus):
-    pytest.importorskip("matplotlib")
-    import kvplan
-    from kvplan.render.report_plots import _pyplot, memory_figure
-
-    report = kvplan.sweep({"defaults": {"model": "meta-llama/Llama-3.1-8B"}, "sweep": {"gpu": gpus}})
-    fig, _ = memory_figure(report)
-    fig.canvas.draw()
-    ax = fig.axes[0]
-    legend = ax.get_legend().get_window_extent()
-    for label in (ax.xaxis.label, ax.title):
-        assert not legend.overlaps(label.get_window_extent()), label.get_text()
-    assert not legend.overlaps(ax.get_window_extent())  # beside the bars, not over them
-    names = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "overhead" in names and "cudagraph" in names and not any("+" in n for n in names)
-    _pyplot().close(fig)

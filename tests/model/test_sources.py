@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kvplan.model.sources import clear_spec_cache, load_spec
 from kvplan.model.spec import Overrides
+
+from entry_point import assert_one_line, kvplan as run
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "vocab_size": 1000, "torch_dtype": "bfloat16"}
@@ -45,3 +49,19 @@ def test_capacity_and_report_share_the_cache(tmp_path: Path) -> None:
     from kvplan.model import sources
 
     assert len(sources._SPECS) == 1  # one resolution served the check and both report rows
+
+
+@pytest.mark.parametrize("typo,meant", [("meta-llama/Lama-3.1-8B", "meta-llama/Llama-3.1-8B"), ("Qwen/Qwen3-8b-", "Qwen/Qwen3-8B"),
+                                        ("mistralai/Mistral-7B-v0.4", "mistralai/Mistral-7B-v0.3")])
+def test_a_mistyped_model_id_offline_names_the_bundled_one(typo, meant):
+    line = assert_one_line(run("estimate", typo, "--offline"))
+    assert f"did you mean the bundled {meant}?" in line
+
+
+def test_every_bundled_id_one_letter_off_is_named(monkeypatch):
+    from kvplan.model.sources import bundled_ids, did_you_mean
+
+    for model_id in bundled_ids():
+        org, name = model_id.split("/")
+        typo = f"{org}/{name[:3]}{name[4:]}"  # a letter dropped
+        assert did_you_mean(typo) == model_id, (typo, did_you_mean(typo))

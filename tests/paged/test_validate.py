@@ -228,3 +228,21 @@ def test_validate_takes_every_estimate_option():
     estimate_options = set(inspect.signature(cli.estimate).parameters) - {"json_out", "brief"}  # output flags
     validate = typer.main.get_command(app).commands["validate"]
     assert estimate_options <= {p.name for p in validate.params}
+
+
+def test_validate_names_the_request_of_each_attention_row():
+    pytest.importorskip("torch")
+    from rich.console import Console
+
+    import kvplan
+    from kvplan.paged.validate import validate_plan
+    from kvplan.render.validate import render_result
+
+    plan = kvplan.estimate("Qwen/Qwen3-0.6B", gpu="cpu", gpu_memory="8GiB", kv_budget="0.25GiB", context=512)
+    result = validate_plan(plan, device="cpu")
+    rows = [(c.case, c.request) for c in result.attention]
+    assert len(rows) == len(set(rows)) >= 2 and {r for _, r in rows} == {1, result.fill.filled_requests}
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render_result(result, plan))
+    text = console.export_text()
+    assert f"1 of {result.fill.filled_requests}" in text and "…" not in text

@@ -5,8 +5,9 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import kvplan
 from kvplan import memory
-from kvplan.errors import InputError
+from kvplan.errors import InputError, KvplanError, ModelNotFoundError
 from kvplan.planning.plan import Options, estimate, options_from_values, plan_for_spec
 from kvplan.model.sources import load_bundled
 from kvplan.model.spec import LayerKind, build_spec
@@ -290,3 +291,19 @@ def test_an_empty_kv_budget_names_the_terms_that_took_the_memory():
     assert note.endswith(f"= {taken:.2f} GiB of {plan.budget.usable_bytes / GiB:.2f} GiB usable per GPU")
     heavy = estimate(options_from_values({"model": LLAMA, "gpu": "A10G", "weights_gib": "30"}))
     assert any(n.startswith("no memory left for the KV cache: weights alone take 30.00 GiB of") for n in heavy.notes)
+
+
+def test_a_model_described_by_options_alone_is_planned():
+    p = kvplan.estimate("mymodel", layers=32, kv_heads=8, head_dim=128, weights_gib=15)
+    # 2 x 32 layers x 8 kv_heads x 128 head_dim x 2 B (bfloat16) = 131,072 B/token; 15 GiB of weights
+    assert p.kv_bytes_per_token_gpu == 131_072 and p.budget.weights.bytes == 15 * GiB
+    assert p.source == "no config, described by --layers 32 --kv-heads 8 --head-dim 128"
+    assert any("described by --layers 32" in n for n in p.notes)
+    # the same through a check file (one resolver for every command)
+    assert kvplan.check({"checks": [{"name": "m", "model": "mymodel", "layers": 32, "kv_heads": 8, "head_dim": 128,
+                                     "weights_gib": 15, "require": {"concurrency": 8}}]}).passed
+    with pytest.raises(ModelNotFoundError, match="not a local path") as err:
+        kvplan.estimate("mymodel", layers=32, kv_heads=8)  # one of the three missing
+    assert "describe it: --layers N --kv-heads N --head-dim N --weights-gib SIZE" in err.value.hint
+    with pytest.raises(KvplanError, match="no weight facts"):
+        kvplan.estimate("mymodel", layers=32, kv_heads=8, head_dim=128)

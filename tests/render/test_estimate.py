@@ -153,3 +153,16 @@ def test_rounded_parts_add_up_and_stay_within_a_unit(parts, unit):
     assert sum(out) == (2 * whole + unit) // (2 * unit)
     for got, part in zip(out, parts):
         assert part // unit <= got <= -(-part // unit)
+
+
+def test_the_memory_panel_separates_thousands_beside_numbers_that_do():
+    # "87960.93 GB" stood beside "79.20 GiB"-style figures with separators
+    from rich.console import Console
+
+    from kvplan import api
+    from kvplan.render.estimate import render_plan
+
+    console = Console(width=120, record=True, color_system=None)
+    console.print(render_plan(api.estimate(LLAMA, gpu_memory="1000")))
+    text = console.export_text()
+    assert "1,073.74 GB" in text and "1,000.00 GiB" in text
