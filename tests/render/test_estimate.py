@@ -159,7 +159,7 @@ def test_the_memory_panel_separates_thousands_beside_numbers_that_do():
     # "87960.93 GB" stood beside "79.20 GiB"-style figures with separators
     from rich.console import Console
 
-    from kvplan import api
+    import kvplan as api
     from kvplan.render.estimate import render_plan
 
     console = Console(width=120, record=True, color_system=None)
