@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "configs"
 
 sys.path.insert(0, str(ROOT / "tests"))
-from entry_point import assert_one_line, kvplan  # noqa: E402
+from entry_point import assert_one_line, kvplan, kvplan_process  # noqa: E402
 
 
 @pytest.mark.parametrize("args,needles", [
@@ -29,12 +29,12 @@ from entry_point import assert_one_line, kvplan  # noqa: E402
 ])
 def test_usage_errors_are_the_documented_one_line(args, needles):
     # typer printed a multi-line "Usage: ... ╭─ Error ─╮" box; docs/cli.md promises one line and exit 2
-    assert_one_line(kvplan(*args), *needles)
+    assert_one_line(kvplan_process(*args), *needles)
 
 
 def test_help_and_version_still_work():
-    assert kvplan("--version").stdout.startswith("kvplan ")
-    r = kvplan("estimate", "--help")
+    assert kvplan_process("--version").stdout.startswith("kvplan ")
+    r = kvplan_process("estimate", "--help")
     assert r.returncode == 0 and "--context" in r.stdout
 
 
