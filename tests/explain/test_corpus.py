@@ -9,14 +9,12 @@ part, and the llm-d-planner repository (reserved as an independent check) is nev
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import yaml
 
 from kvplan.engines import sglang as sglang_engine
 from kvplan.engines import vllm as vllm_engine
@@ -27,10 +25,8 @@ from kvplan.options import Options
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "benchmarks" / "corpus"
-_spec = importlib.util.spec_from_file_location("benchmarks_corpus", REPO / "benchmarks" / "corpus.py")
-corpus = importlib.util.module_from_spec(_spec)  # benchmarks/corpus.py: the split
-sys.modules[_spec.name] = corpus  # its dataclass resolves annotations through sys.modules
-_spec.loader.exec_module(corpus)
+sys.path.insert(0, str(REPO / "benchmarks"))
+import corpus  # noqa: E402  (benchmarks/corpus.py: the split, and the entries read once for every test file)
 
 PATHS = sorted(CORPUS.glob("*/*.yaml"))
 IDS = [p.stem for p in PATHS]
@@ -51,7 +47,7 @@ BUDGET_FROM_LOG = "budget from the log"
 
 
 def _load(path: Path) -> dict:
-    entry = yaml.safe_load(path.read_text(encoding="utf-8"))
+    entry = corpus.read_meta(path)
     assert isinstance(entry, dict), path
     return entry
 
