@@ -52,10 +52,14 @@ def spec_of(model_id: str):  # noqa: ANN201
     return build_spec(load_bundled(model_id))
 
 
-def replan(p: Plan, **changes: object) -> Plan:
+def replan(p: Plan, suggest: bool = False, **changes: object) -> Plan:
     """The same deployment at another context / batch: a max_model_len the user fixed stays, one that follows
-    the context follows it (the pool is the same but for V0, whose batching defaults follow max_model_len)."""
-    return plan_for_spec(p.spec, replace(p.options, **changes))
+    the context follows it (the pool is the same but for V0, whose batching defaults follow max_model_len).
+
+    Without suggestions unless asked (``suggest`` re-plans every single change that would make a plan that does
+    not fit fit: ``answer.fix``, and nothing else of the plan): the checks below read the fix of one re-plan only,
+    so the others plan as kvplan.planning.suggest's own re-plans do (``suggest=False``)."""
+    return plan_for_spec(p.spec, replace(p.options, **changes), suggest=suggest)
 
 
 def check_answer_agrees(p: Plan) -> None:
@@ -227,7 +231,7 @@ def check_limits(spec, model_id: str, gpu: str, engine: str, version: str | None
     limit = seqs.deployment.model_limit  # the engine's own (max_position_embeddings, rope scaling)
     assert seqs.answer.model_max_len == (limit if limit < memory.UNBOUNDED_TOKENS else None)
     if limit < (1 << 22):
-        past = replan(seqs, context=2 * limit)
+        past = replan(seqs, suggest=True, context=2 * limit)
         check_answer_agrees(past)
         # the engine refuses a max_model_len past the model's maximum (VLLM_ALLOW_LONG_MAX_MODEL_LEN aside)
         assert not past.answer.engine_starts and "exceeds the model's maximum length" in past.answer.refusal
