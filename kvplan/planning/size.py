@@ -38,6 +38,7 @@ LOW, ESTIMATE = "low", "estimate"  # where a replica's requests are judged
 AT_WORDS = {LOW: "the low end of kvplan's range", ESTIMATE: "kvplan's estimate"}
 DEFAULT_NODE_GPUS = 8  # one node's GPUs for a GPU the catalogue gives no node_gpus
 MAX_PP = 16  # pipeline stages tried at most
+WHY_CLAUSES = 3  # the nearest smaller deployments said in a row's why_not_smaller
 BINDS = ("weights", "KV per GPU", "max_num_seqs", "model length")
 
 
@@ -251,7 +252,8 @@ def search_gpu(replicas: Replicas, requirement: Requirement,
 
     for tp in accepted:
         consider(replicas.layout(tp, 1))
-    if accepted:
+    widest_plan = replicas.layout(max(accepted), 1).plan if accepted else None
+    if widest_plan is not None and not _too_long(widest_plan):  # more stages help memory, not the length
         widest = max(accepted)
         for pp in range(2, MAX_PP + 1):
             best = min((layout.gpus * r for layout, r in holding), default=None)
@@ -266,6 +268,12 @@ def search_gpu(replicas: Replicas, requirement: Requirement,
 
 # ---------------------------------------------------------------------------------------------
 # why: what binds a deployment, why a smaller one fails
+
+
+def _too_long(plan: Plan) -> bool:
+    """Whether the context is past the model's maximum length (no GPU count helps)."""
+    limit = plan.answer.model_max_len
+    return bool(limit) and plan.options.context > limit
 
 
 def no_request_reason(layout: Layout, requirement: Requirement) -> str:
@@ -299,12 +307,13 @@ def _weights_bound(layout: Layout) -> bool:
         layout.plan.kv_range is not None and layout.plan.kv_range.kv_budget_low_bytes <= 0)
 
 
-def binds_of(layout: Layout, n_replicas: int, empty: Sequence[Layout], requirement: Requirement) -> str:
+def binds_of(layout: Layout, n_replicas: int, empty: Sequence[Layout], requirement: Requirement,
+             smaller_holding: bool = False) -> str:
     """What sets the size: ``weights`` (a smaller replica of this GPU cannot hold them with room for a request,
     and one replica holds N), ``max_num_seqs`` (the scheduler caps a replica's requests), ``model length``
     (a smaller replica runs no request this long) or ``KV per GPU`` (the pool)."""
     smaller = [e for e in empty if e.gpus < layout.gpus and e.plan is not None]
-    if n_replicas == 1 and smaller and all(_weights_bound(e) for e in smaller):
+    if n_replicas == 1 and smaller and all(_weights_bound(e) for e in smaller) and not smaller_holding:
         return "weights"
     a = judged_answer(layout.plan, requirement.at)
     if a.limited_by == "max_num_seqs":
@@ -323,13 +332,13 @@ def why_not_smaller(best: tuple[Layout, int], holding: Sequence[tuple[Layout, in
     if n_rep > 1:
         per = layout.requests(at)
         out.append(f"{n_rep - 1} x {_shape(layout)} hold {(n_rep - 1) * per:,} < {n:,}")
-    for other, r in holding:
+    for other, r in sorted(holding, key=lambda h: -h[0].gpus):  # the nearest smaller shapes first
         if (other.tp, other.pp) != (layout.tp, layout.pp) and other.gpus < layout.gpus:
             out.append(f"{_shape(other)} needs {r} replicas ({other.gpus * r} GPUs)")
-    for e in sorted(empty, key=lambda e: e.gpus):
+    for e in sorted(empty, key=lambda e: -e.gpus):
         if e.gpus < layout.gpus and e.plan is not None:
             out.append(f"{_shape(e)}: {no_request_reason(e, requirement)}")
-    return "; ".join(out[:4]) or "none is smaller"
+    return "; ".join(out[:WHY_CLAUSES]) or "none is smaller"
 
 
 def _shape(layout: Layout) -> str:
@@ -369,13 +378,18 @@ def size(spec: "ModelSpec", base: Options, requirement: Requirement, gpus: Seque
             continue
         rows.append(_row(gpu, holding, empty, requirement, priced.get(gpu.name, (None, None))[1]))
     if tps and len(refused_tp) == len(tps):
-        tp = tps[0]
-        raise InputError(f"--tp {tp}: {refused_tp[tp]}", "pass a tp the engine can split the model by, or no --tp")
+        raise InputError(refused_tp[tps[0]], "pass a tp the engine can split the model by, or no --tp")
     if not rows:
         what = f"{plural(requirement.context, 'token')}"
-        detail = "; ".join(f"{g}: {why}" for g, why in unfit[:3]) + ("; ..." if len(unfit) > 3 else "")
+        reasons = {why.split(": ", 1)[-1] for _, why in unfit}
+        if len(reasons) == 1:  # one reason for every GPU (the model's length): say it once
+            detail = reasons.pop()
+        else:
+            detail = "; ".join(f"{g}: {why}" for g, why in unfit[:3]) + ("; ..." if len(unfit) > 3 else "")
+        hint = ("give a --context the model takes" if "maximum length" in detail
+                else "try a shorter --context, --kv-dtype fp8, or other --gpu choices")
         raise InputError(f"no GPU holds one request of {what} of {spec.model_id} at {AT_WORDS[requirement.at]} "
-                         f"({detail})", "try a shorter --context, --kv-dtype fp8, or other --gpu choices")
+                         f"({detail})", hint)
     rows.sort(key=_rank_key if priced else lambda r: (r.gpus, -r.headroom, r.gpu))
     first = rows[0].plan
     return Sizing(spec.model_id, source or spec.source, requirement, first.engine.engine, first.engine.version,
@@ -395,8 +409,9 @@ def _row(gpu: "Gpu", holding: list[tuple[Layout, int]], empty: list[Layout], req
     if share != plan.options.batch:
         plan = plan_for_spec(plan.spec, replace(plan.options, batch=share), plan.source, suggest=False)
     low, est = judged_answer(plan, LOW).max_requests, plan.answer.max_requests
+    smaller_holding = any(other.gpus < layout.gpus for other, _ in holding)
     return Sized(gpu.name, layout.tp, layout.pp, n_rep, plan, low, est, requirement.at,
-                 binds_of(layout, n_rep, empty, requirement), why_not_smaller(holding[0], holding, empty, requirement),
+                 binds_of(layout, n_rep, empty, requirement, smaller_holding), why_not_smaller(holding[0], holding, empty, requirement),
                  requirement.concurrency, price)
 
 
@@ -420,4 +435,66 @@ def _resolve_prices(prices: "Prices") -> dict[str, tuple["Gpu", "Price"]]:
     return out
 
 
-__all__ = ["ESTIMATE", "LOW", "Requirement", "Sized", "Sizing", "default_gpus", "size"]
+# ---------------------------------------------------------------------------------------------
+# from user input (the CLI and the Python API)
+
+MODEL_OPTIONS = ("revision", "hub", "offline", "refresh", "kv_dtype", "engine", "engine_version", "dtype",
+                 "weights_dtype", "quantization", "gpu_util", "max_num_seqs", "max_num_batched_tokens",
+                 "prefix_caching", "block_size")
+
+
+def size_model(model: str, concurrency: Any, context: Any = None, *, gpus: Sequence[str] | str | None = None,
+               tps: Sequence[Any] | str | None = None, at: str = LOW, prices: Any = None, token: str | None = None,
+               prefix_tokens: Any = None, **options: Any) -> Sizing:
+    """:func:`size` from user input: the model resolved once (bundled, local or the Hub), values parsed as the
+    options parse them (``context="8k"``, ``concurrency=200``), GPU names as ``--gpu`` takes them (a list or
+    ``"H100,H200"``), ``tps`` the tp sizes to try (``"2,4"``), ``at`` ``low`` or ``estimate``, ``prices`` a
+    price file's path (:func:`kvplan.io.prices.load_prices`) or a loaded :class:`~kvplan.io.prices.Prices`."""
+    from kvplan.gpus import find_gpu
+    from kvplan.model.sources import load_spec
+    from kvplan.model.spec import Overrides
+    from kvplan.options import options_from_values
+
+    if at not in (LOW, ESTIMATE):
+        raise InputError(f"invalid --at {at!r}: choose low or estimate",
+                         "low (the default) judges at the low end of kvplan's range")
+    unknown = sorted(set(options) - set(MODEL_OPTIONS))
+    if unknown:
+        raise InputError(f"size: unknown option {unknown[0]!r}", f"size takes {', '.join(MODEL_OPTIONS)}")
+    values = {"model": str(model), "batch": concurrency, **{k: v for k, v in options.items() if v is not None}}
+    if context is not None:
+        values["context"] = context
+    if prefix_tokens is not None:
+        values["prefix_tokens"] = prefix_tokens
+    if concurrency is None:
+        raise InputError("size needs --concurrency N: how many requests must run at once")
+    base = options_from_values(values)
+    spec, source = load_spec(base.model, revision=base.revision, token=token, force_hub=base.hub,
+                             offline=base.offline, refresh=base.refresh, overrides=Overrides(None, None, None))
+    if context is None:  # as the engine defaults: the model's maximum, at most estimate's default
+        limit = spec.max_position_embeddings or base.context
+        base = replace(base, context=min(base.context, limit), prefix_tokens=min(base.prefix_tokens, limit))
+    chosen = None
+    if gpus:
+        names = [g.strip() for g in (gpus.split(",") if isinstance(gpus, str) else gpus) if str(g).strip()]
+        chosen = tuple(find_gpu(name) for name in names)
+        cpu = next((g for g in chosen if g.is_cpu or not g.memory_bytes), None)
+        if cpu is not None:
+            raise InputError(f"--gpu {cpu.name}: size searches GPUs of the catalogue", "pass datacenter GPUs such as H100,H200")
+    tp_list = None
+    if tps:
+        tp_list = []
+        for raw in (tps.split(",") if isinstance(tps, str) else tps):
+            text = str(raw).strip()
+            if not text.isdigit() or int(text) < 1:
+                raise InputError(f"invalid --tp {text!r}: a comma-separated list of positive integers", "e.g. --tp 2,4,8")
+            tp_list.append(int(text))
+    if prices is not None and not hasattr(prices, "entries"):
+        from kvplan.io.prices import load_prices
+
+        prices = load_prices(prices)
+    requirement = Requirement(base.batch, base.context, base.prefix_tokens, at)
+    return size(spec, base, requirement, chosen, source.describe(), prices, tp_list)
+
+
+__all__ = ["ESTIMATE", "LOW", "Requirement", "Sized", "Sizing", "default_gpus", "size", "size_model"]
