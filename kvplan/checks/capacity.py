@@ -192,17 +192,31 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
 # what would make a failed requirement pass (each candidate re-planned and re-checked)
 
 
-def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[str, ...]:
+def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec, at_low: bool = False) -> tuple[str, ...]:
     """The smallest single changes (one per kind) under which ``key`` holds, each re-planned with the options
-    validated as a user's (:mod:`kvplan.planning.suggest`) and written as the file's keys accept them."""
-    o, a = plan.options, plan.answer
+    validated as a user's (:mod:`kvplan.planning.suggest`) and written as the file's keys accept them.
+
+    ``plan`` is the check's own plan (its options as the file gives them). ``at_low`` (``--conservative``): each
+    change is planned fresh from those options and judged at the low end of its own range (:func:`low_end`), so
+    a larger tp or another GPU is judged with its own KV budget and spread, never the check's."""
+    o = plan.options
     measure, unit = _MEASURES[key]
+    judged: dict[int, Plan] = {}
+
+    def judge(p: Plan) -> Plan:
+        if not at_low:
+            return p
+        if id(p) not in judged:
+            judged[id(p)] = low_end(p, spec)
+        return judged[id(p)]
+
+    a = judge(plan).answer
 
     def planner(options: Options) -> Plan:
         return plan_for_spec(spec, options, plan.source, suggest=False)
 
     def holds(p: Plan) -> bool:
-        return _holds(key, required, p)
+        return _holds(key, required, judge(p))
 
     def at(**changes: Any) -> tuple[Options, Plan] | None:
         hit = replan(planner, o, **changes)
@@ -212,7 +226,7 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
 
     def offer(label: str, hit: tuple[Options, Plan] | None, was: bool = False) -> None:
         if hit:
-            after = f"was {spell_was(o, hit[0])}" if was else f"{key} {format_value(measure(hit[1]), unit)}"
+            after = f"was {spell_was(o, hit[0])}" if was else f"{key} {format_value(measure(judge(hit[1])), unit)}"
             out.append(f"{label}: {spell(o, hit[0], 'yaml')} ({after})")
 
     if key == "concurrency" and a.max_requests >= 1:  # a requirement of 0 requests checks nothing
@@ -247,7 +261,33 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
         for hit in other_engines(spec, o, planner, holds):
             offer("another engine" if hit[0].engine != o.engine else "a release that serves the model", hit)
     offer("another GPU", other_gpu(o, planner, holds, plan.gpu.memory_bytes))
+    if key == "concurrency":
+        out.extend(_replicas(required, plan, spec, at_low))
     return tuple(out)
+
+
+def _replicas(required: int, plan: Plan, spec: ModelSpec, at_low: bool) -> list[str]:
+    """The smallest deployment of the check's GPU that holds ``required`` requests with replicas (data
+    parallel), from ``kvplan size``'s search (:func:`kvplan.planning.size.size`), judged where the check is;
+    nothing when one replica is enough (the changes above say how) or the GPU is not the catalogue's."""
+    from kvplan.gpus import find_gpu
+    from kvplan.planning.size import ESTIMATE, LOW, Requirement, size
+
+    o = plan.options
+    if not o.gpu or o.gpu_memory_bytes or required < 1:
+        return []
+    try:
+        gpu = find_gpu(o.gpu)
+        best = size(spec, o, Requirement(required, o.context, o.prefix_tokens, LOW if at_low else ESTIMATE),
+                    (gpu,), plan.source).best
+    except KvplanError:
+        return []
+    if best.replicas < 2:
+        return []
+    shape = f"tp: {best.tp}" + (f", pp: {best.pp}" if best.pp > 1 else "")
+    per = best.requests_per_replica_low if at_low else best.requests_per_replica
+    return [f"replicas (kvplan size): {best.replicas} x {{gpu: {best.gpu}, {shape}}} = {plural(best.gpus, 'GPU')} "
+            f"(concurrency {best.replicas} x {per} requests)"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +377,7 @@ def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: A
             at_low = evaluate(key, required, low)
             outcome = replace(outcome, low_end_actual=at_low.actual, low_end_passed=at_low.passed)
         if not outcome.passed:
-            outcome = replace(outcome, suggestions=suggestions(key, required, judged, spec))
+            outcome = replace(outcome, suggestions=suggestions(key, required, plan, spec, at_low=how == "low end"))
         outcomes.append(outcome)
     return CheckResult(check.name, check.description, check.where, plan, tuple(outcomes), how)
 

@@ -23,6 +23,11 @@ def _shape(row: "Sized") -> str:
     return f"{row.replicas} x {row.gpu} at {shape}"
 
 
+def _deployment(row: "Sized") -> str:
+    """``2 x tp 8`` / ``1 x tp 8 pp 3``: replicas x one replica's shape."""
+    return f"{row.replicas} x tp {row.tp}" + (f" pp {row.pp}" if row.pp > 1 else "")
+
+
 def _money(value: float | None, currency: str, digits: int = 2) -> str:
     if value is None:
         return "-"
@@ -46,7 +51,8 @@ def headline(sizing: "Sizing") -> list[str]:
         currency = sizing.prices.currency if sizing.prices else ""
         lines.append(f"cost: {_money(best.cost_per_hour, currency)} per hour, "
                      f"{_money(best.cost_per_million_tokens_hour, currency, 4)} per million tokens of context held "
-                     f"for an hour (price {best.price.per_gpu_hour:g} per GPU-hour: {best.price.source}, "
+                     f"for an hour (price {best.price.per_gpu_hour:g}{' ' + currency if currency else ''} per GPU-hour: "
+                     f"{best.price.source}, "
                      f"{best.price.date})")
     each = "each replica" if best.replicas > 1 else "the replica"
     lines.append(f"serve ({each} on its own {plural(best.tp * best.pp, 'GPU')}): {best.serve_command}")
@@ -65,15 +71,14 @@ def render_size(sizing: "Sizing", width: int | None = None) -> Any:
     parts.append(Text(lines[0]))
     parts.extend(Text(line, style="bold" if i == 0 else "") for i, line in enumerate(lines[1:]))
     priced = sizing.prices is not None
-    cols = [Col("GPU"), Col("tp", justify="right"), Col("pp", justify="right"), Col("replicas", justify="right"),
-            Col("GPUs", justify="right"), Col("req/replica\nlow (est)", justify="right"),
-            Col("requests\nlow", justify="right"), Col("head-\nroom", justify="right", drop=2),
-            Col("binds")]
+    cols = [Col("GPU"), Col("deployment"), Col("GPUs", justify="right"),
+            Col("req/replica\nlow (est)", justify="right"), Col("requests\nlow", justify="right", drop=3),
+            Col("headroom", justify="right", drop=2), Col("binds", wrap=True, drop=4)]
     if priced:
         cols += [Col("cost/h", justify="right"), Col("per Mtok-h", justify="right", drop=1)]
     currency = sizing.prices.currency if sizing.prices else ""
     for row in sizing.rows:
-        cells = [row.gpu, str(row.tp), str(row.pp), str(row.replicas), str(row.gpus),
+        cells = [row.gpu, _deployment(row), str(row.gpus),
                  f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_low:,}",
                  f"{row.headroom:+,}", row.binds]
         if priced:
