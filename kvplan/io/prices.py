@@ -107,7 +107,7 @@ def load_prices(path: str | Path) -> Prices:
             said[key] = _text(fields[key]) if key in fields else top.get(key)
             if said[key] is None:
                 raise doc.error(loc, f"no {key}: give the price's {key} (at the top of the file or on the entry)",
-                                "kvplan ships no prices: say where yours came from and when")
+                                "kvplan ships no prices: say where yours came from and when", key=True)
         entries.append(Price(str(name), value, said["source"], said["date"], doc.where(loc, key=True)))
     return Prices(doc.display, top.get("currency") or "", top.get("source") or "", top.get("date") or "",
                   tuple(entries))

@@ -8,8 +8,8 @@ range; a row re-planned with ``kvplan estimate --gpu G --tp T --pp P`` gives its
 
 - tp: every size from 1 to one node's GPUs (the catalogue's ``node_gpus``; 8 for a GPU without it) that the
   engine accepts for the model (the plan's own check: attention heads, KV heads, state-layer widths);
-- pp: 1, and at the largest accepted tp, more stages while a replica that size can still be smaller than the
-  best deployment found (the weights need it: a replica larger than a node);
+- pp: 1, and more stages at each accepted tp while a replica that size can still be smaller than the best
+  deployment found (:func:`request_bound` prunes the shapes that cannot);
 - replicas: the fewest that hold N, ``ceil(N / requests per replica)``.
 
 Deployments are ranked by GPUs, then by headroom (requests held past N); with prices
@@ -237,7 +237,11 @@ def _order(candidates: Iterable[tuple[Layout, int]], concurrency: int, at: str) 
 def search_gpu(replicas: Replicas, requirement: Requirement,
                tps: Sequence[int] | None = None) -> tuple[list[tuple[Layout, int]], list[Layout]]:
     """Every (layout, replicas) of one GPU that holds the requirement, smallest first, and the layouts that hold
-    no request. ``tps``: the tp sizes to try (None: all within a node)."""
+    no request. ``tps``: the tp sizes to try (None: all within a node).
+
+    Every accepted tp at pp 1 is planned. More stages (pp 2 to :data:`MAX_PP`, at every accepted tp) are
+    planned in order of replica size while a replica that size could still be smaller than the best deployment
+    found: a shape whose :func:`request_bound` says it cannot beat it is not planned."""
     n, at = requirement.concurrency, requirement.at
     holding: list[tuple[Layout, int]] = []
     empty: list[Layout] = []
@@ -252,18 +256,46 @@ def search_gpu(replicas: Replicas, requirement: Requirement,
 
     for tp in accepted:
         consider(replicas.layout(tp, 1))
-    widest_plan = replicas.layout(max(accepted), 1).plan if accepted else None
-    if widest_plan is not None and not _too_long(widest_plan):  # more stages help memory, not the length
-        widest = max(accepted)
-        for pp in range(2, MAX_PP + 1):
-            best = min((layout.gpus * r for layout, r in holding), default=None)
-            if best is not None and widest * pp >= best:
-                break  # a replica this size is no smaller than the best deployment found
-            layout = replicas.layout(widest, pp)
-            if layout.plan is None:
-                break  # the engine takes no more stages (layers)
-            consider(layout)
+    first = replicas.layout(accepted[0], 1).plan if accepted else None
+    if first is None or _too_long(first):  # more stages help memory, not the model's length
+        return _order(holding, n, at), empty
+    bound = request_bound(replicas, requirement)
+    shapes = sorted(((tp, pp) for tp in accepted for pp in range(2, MAX_PP + 1)), key=lambda s: (s[0] * s[1], -s[0]))
+    no_more: set[int] = set()  # tp sizes at which the engine took no more stages
+    for tp, pp in shapes:
+        g = tp * pp
+        best = min((layout.gpus * r for layout, r in holding), default=None)
+        if best is not None and g >= best:
+            break  # shapes come by size: no later one is smaller than the best found
+        most = bound(g)
+        if tp in no_more or most < 1 or (best is not None and g * math.ceil(n / most) >= best):
+            continue
+        layout = replicas.layout(tp, pp)
+        if layout.plan is None:
+            no_more.add(tp)
+            continue
+        consider(layout)
     return _order(holding, n, at), empty
+
+
+BOUND_SLACK = 1.02  # paging slack a larger shape may save over tp 1's request (block rounding)
+
+
+def request_bound(replicas: Replicas, requirement: Requirement) -> Any:
+    """g -> at most how many requests a replica of g GPUs runs: the GPUs' whole memory less the model's weights,
+    over the bytes one request holds at tp 1 (the whole model; a shard holds at least its share; the shared
+    prefix left out), with :data:`BOUND_SLACK`. Only for pruning: a shape is planned unless this says it cannot
+    beat the best."""
+    plan = replicas.layout(1, 1).plan
+    if plan is None:
+        return lambda g: math.inf
+    tokens = max(1, requirement.context - requirement.prefix_tokens)
+    per_request = plan.demand.bytes(tokens)
+    weights = plan.budget.weights.bytes  # tp 1 pp 1: the whole model's
+    memory = replicas.gpu.memory_bytes
+    if per_request <= 0:
+        return lambda g: math.inf
+    return lambda g: math.floor(max(0, g * memory - weights) / per_request * BOUND_SLACK) + 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,26 +331,23 @@ def no_request_reason(layout: Layout, requirement: Requirement) -> str:
 
 
 def _weights_bound(layout: Layout) -> bool:
-    """Whether a layout holds no request because of its weights (they leave no KV memory per GPU)."""
-    if layout.plan is None:
-        return False
-    b = layout.plan.budget
-    return b.weights.bytes >= b.usable_bytes or b.kv_budget_bytes <= 0 or (
-        layout.plan.kv_range is not None and layout.plan.kv_range.kv_budget_low_bytes <= 0)
+    """Whether a layout that holds no request fails for memory (what the weights leave per GPU is less than one
+    request), not for the model's length."""
+    return layout.plan is not None and not _too_long(layout.plan)
 
 
 def binds_of(layout: Layout, n_replicas: int, empty: Sequence[Layout], requirement: Requirement,
              smaller_holding: bool = False) -> str:
-    """What sets the size: ``weights`` (a smaller replica of this GPU cannot hold them with room for a request,
-    and one replica holds N), ``max_num_seqs`` (the scheduler caps a replica's requests), ``model length``
-    (a smaller replica runs no request this long) or ``KV per GPU`` (the pool)."""
+    """What sets the size: ``weights`` (one replica holds N, and no smaller replica of this GPU holds even one
+    request: the weights leave too little memory per GPU), ``max_num_seqs`` (the scheduler caps a replica's
+    requests), ``model length`` (a smaller replica runs no request this long) or ``KV per GPU`` (the pool)."""
     smaller = [e for e in empty if e.gpus < layout.gpus and e.plan is not None]
     if n_replicas == 1 and smaller and all(_weights_bound(e) for e in smaller) and not smaller_holding:
         return "weights"
     a = judged_answer(layout.plan, requirement.at)
     if a.limited_by == "max_num_seqs":
         return "max_num_seqs"
-    if smaller and all(not _weights_bound(e) and e.plan is not None and e.plan.answer.refusal for e in smaller):
+    if smaller and all(_too_long(e.plan) for e in smaller):
         return "model length"
     return "KV per GPU"
 
