@@ -287,7 +287,7 @@ def _replicas(required: int, plan: Plan, spec: ModelSpec, at_low: bool) -> list[
     shape = f"tp: {best.tp}" + (f", pp: {best.pp}" if best.pp > 1 else "")
     per = best.requests_per_replica_low if at_low else best.requests_per_replica
     return [f"replicas (kvplan size): {best.replicas} x {{gpu: {best.gpu}, {shape}}} = {plural(best.gpus, 'GPU')} "
-            f"(concurrency {best.replicas} x {per} requests)"]
+            f"(concurrency {best.replicas} x {plural(per, 'request')})"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -316,7 +316,7 @@ def no_request_reason(layout: Layout, requirement: Requirement) -> str:
     a = judged_answer(plan, requirement.at)
     b = plan.budget
     if a.model_max_len and plan.options.context > a.model_max_len:
-        return f"the model's maximum length is {a.model_max_len:,} tokens"
+        return f"the model's maximum length is {plural(a.model_max_len, 'token')}"
     if b.weights.bytes >= b.usable_bytes:
         return (f"weights {b.weights.bytes / GiB:.1f} GiB per GPU exceed the {b.usable_bytes / GiB:.1f} GiB "
                 f"usable")
@@ -363,7 +363,7 @@ def why_not_smaller(best: tuple[Layout, int], holding: Sequence[tuple[Layout, in
         out.append(f"{n_rep - 1} x {_shape(layout)} hold {(n_rep - 1) * per:,} < {n:,}")
     for other, r in sorted(holding, key=lambda h: -h[0].gpus):  # the nearest smaller shapes first
         if (other.tp, other.pp) != (layout.tp, layout.pp) and other.gpus < layout.gpus:
-            out.append(f"{_shape(other)} needs {r} replicas ({other.gpus * r} GPUs)")
+            out.append(f"{_shape(other)} needs {plural(r, 'replica')} ({plural(other.gpus * r, 'GPU')})")
     for e in sorted(empty, key=lambda e: -e.gpus):
         if e.gpus < layout.gpus and e.plan is not None:
             out.append(f"{_shape(e)}: {no_request_reason(e, requirement)}")

@@ -44,7 +44,7 @@ def headline(sizing: "Sizing") -> list[str]:
     which = "cheapest" if sizing.ranked_by == "cost" else "smallest"
     lines = [f"{plural(r.concurrency, 'request')} of {plural(r.context, 'token')}{prefix} of {sizing.model} on "
              f"{sizing.engine} {sizing.engine_version}, judged at {AT_WORDS[r.at]}:",
-             f"{which}: {_shape(best)} = {plural(best.gpus, 'GPU')}, {best.requests_per_replica_low:,} requests per "
+             f"{which}: {_shape(best)} = {plural(best.gpus, 'GPU')}, {plural(best.requests_per_replica_low, 'request')} per "
              f"replica at the low end ({best.requests_per_replica:,} at the estimate), "
              f"{best.requests_judged:,} in all at the {judged} (binds: {best.binds})"]
     if best.cost_per_hour is not None:
