@@ -168,7 +168,7 @@ class Sizing:
     rows: tuple[Sized, ...]
     unfit: tuple[tuple[str, str], ...]
     prices: "Prices | None" = None
-    searched: int = 0  # (gpu, tp, pp) replicas planned
+    searched: int = 0  # (gpu, tp, pp) shapes tried (each planned once; a tp the engine refuses counts)
     layouts: dict = field(default_factory=dict, compare=False, repr=False)  # gpu -> its Layouts, for checks
 
     @property
