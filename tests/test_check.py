@@ -284,7 +284,8 @@ def test_conservative_suggestions_are_judged_at_their_own_low_end(tmp_path):
         assert not result.passed and result.judged == "low end"
         (o,) = result.outcomes
         for s in o.suggestions:
-            m = re.fullmatch(r"(another GPU|more tensor parallelism|fp8 KV cache): (.+) \(concurrency (\d+) requests\)", s)
+            m = re.fullmatch(r"(another GPU|more tensor parallelism|fp8 KV cache|smallest deployment \(kvplan size\)): (.+) "
+                         r"\(concurrency (\d+) requests\)", s)
             if not m:
                 continue
             seen.add(m[1])
@@ -298,7 +299,7 @@ def test_conservative_suggestions_are_judged_at_their_own_low_end(tmp_path):
             at_low = low_end(fresh, spec).answer.max_requests
             assert at_low == int(m[3]) >= o.required, (result.name, s, at_low)
             assert fresh.kv_range.low.max_requests == at_low  # the range's own low figure, as kvplan size reads it
-    assert {"another GPU", "more tensor parallelism"} <= seen, seen
+    assert {"another GPU", "more tensor parallelism", "smallest deployment (kvplan size)"} <= seen, seen
 
 
 def test_junit_and_annotations_carry_every_suggestion(tmp_path):

@@ -28,7 +28,9 @@ from kvplan import memory
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.planning.plan import Options, Plan, options_from_values, plan_for_spec
 from kvplan.checks.scenario import CapacityFile, CheckScenario, model_error
-from kvplan.planning.suggest import largest, more_tp, other_engines, other_gpu, refuses_the_model, replan, spell, spell_was
+from kvplan.planning.suggest import (
+    largest, more_tp, other_engines, other_gpu, refuses_the_model, replan, spell, spell_was,
+)
 from kvplan.io.yamldoc import Where
 from kvplan.model.spec import ModelSpec, Overrides
 from kvplan.units import plural
@@ -201,14 +203,14 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec, at_low: bo
     a larger tp or another GPU is judged with its own KV budget and spread, never the check's."""
     o = plan.options
     measure, unit = _MEASURES[key]
-    judged: dict[int, Plan] = {}
+    judged: dict[int, tuple[Plan, Plan]] = {}  # id(plan) -> (plan, its low end): the plan kept, so its id is its own
 
     def judge(p: Plan) -> Plan:
         if not at_low:
             return p
         if id(p) not in judged:
-            judged[id(p)] = low_end(p, spec)
-        return judged[id(p)]
+            judged[id(p)] = (p, low_end(p, spec))
+        return judged[id(p)][1]
 
     a = judge(plan).answer
 
@@ -261,15 +263,17 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec, at_low: bo
         for hit in other_engines(spec, o, planner, holds):
             offer("another engine" if hit[0].engine != o.engine else "a release that serves the model", hit)
     offer("another GPU", other_gpu(o, planner, holds, plan.gpu.memory_bytes))
-    if key == "concurrency":
-        out.extend(_replicas(required, plan, spec, at_low))
+    if key == "concurrency":  # the size search's deployment, unless a change above is the same one
+        out.extend(s for s in _replicas(required, plan, spec, at_low)
+                   if s.split(": ", 1)[1] not in {x.split(": ", 1)[-1] for x in out})
     return tuple(out)
 
 
 def _replicas(required: int, plan: Plan, spec: ModelSpec, at_low: bool) -> list[str]:
-    """The smallest deployment of the check's GPU that holds ``required`` requests with replicas (data
-    parallel), from ``kvplan size``'s search (:func:`kvplan.planning.size.size`), judged where the check is;
-    nothing when one replica is enough (the changes above say how) or the GPU is not the catalogue's."""
+    """The smallest deployment of the check's GPU that holds ``required`` requests, from ``kvplan size``'s
+    search (:func:`kvplan.planning.size.size`: every tp within a node, pipeline stages, replicas), judged where
+    the check is: one replica of another tp / pp as the file's keys, or replicas (data parallel) in words;
+    nothing when the GPU is not the catalogue's."""
     from kvplan.gpus import find_gpu
     from kvplan.planning.size import ESTIMATE, LOW, Requirement, size
 
@@ -282,10 +286,13 @@ def _replicas(required: int, plan: Plan, spec: ModelSpec, at_low: bool) -> list[
                     (gpu,), plan.source).best
     except KvplanError:
         return []
-    if best.replicas < 2:
-        return []
-    shape = f"tp: {best.tp}" + (f", pp: {best.pp}" if best.pp > 1 else "")
     per = best.requests_per_replica_low if at_low else best.requests_per_replica
+    if best.replicas == 1:  # one replica of another shape, as the file's keys take it (tp always: a file's
+        # `gpus: N` alone means tp N)
+        keys = ([f"gpus: {best.tp * best.pp}"] if o.gpu_count != 1 else []) + [f"tp: {best.tp}"]
+        keys += [f"pp: {best.pp}"] if best.pp != 1 or o.pp != 1 else []
+        return [f"smallest deployment (kvplan size): {', '.join(keys)} (concurrency {plural(per, 'request')})"]
+    shape = f"tp: {best.tp}" + (f", pp: {best.pp}" if best.pp > 1 else "")
     return [f"replicas (kvplan size): {best.replicas} x {{gpu: {best.gpu}, {shape}}} = {plural(best.gpus, 'GPU')} "
             f"(concurrency {best.replicas} x {plural(per, 'request')})"]
 
