@@ -101,6 +101,25 @@ def render_size(sizing: "Sizing", width: int | None = None) -> Any:
     return Group(*parts)
 
 
+TABLE_HEADER = ("GPU", "deployment", "GPUs", "req/replica low (est)", "requests low", "headroom", "binds",
+                "why no smaller one holds it")
+
+
+def size_table(sizing: "Sizing") -> tuple[list[str], list[list[str]]]:
+    """A report's table of one sizing question (Markdown, HTML): header and cells, best first."""
+    priced = sizing.prices is not None
+    header = list(TABLE_HEADER[:-1]) + (["cost/h", "per Mtok-h"] if priced else []) + [TABLE_HEADER[-1]]
+    rows = []
+    for row in sizing.rows:
+        cells = [row.gpu, _deployment(row), str(row.gpus),
+                 f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_low:,}",
+                 f"{row.headroom:+,}", row.binds]
+        if priced:
+            cells += [_money(row.cost_per_hour, ""), _money(row.cost_per_million_tokens_hour, "", 4)]
+        rows.append(cells + [row.why_not_smaller])
+    return header, rows
+
+
 def size_csv(sizing: "Sizing") -> str:
     """One line per deployment, the JSON's keys as columns (:data:`CSV_COLUMNS`)."""
     out = io.StringIO()
