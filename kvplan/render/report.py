@@ -237,6 +237,11 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
                           f"CSV/JSON outputs and --json", style="yellow"))
     for note in report.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
+    if report.sizes:  # each question's answer (its table is in the Markdown / HTML / JSON outputs)
+        from kvplan.render.size import headline
+
+        for name, sizing in report.sizes:
+            parts.append(Text(f"size {name}: " + headline(sizing)[1]))
     for path in written or []:
         parts.append(Text(f"wrote {path}", style="grey62"))
     return Group(*parts)
