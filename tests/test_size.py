@@ -128,6 +128,11 @@ def test_default_gpus_are_the_catalogues_datacenter_parts():
     assert {r.gpu for r in sizing.rows} | {g for g, _ in sizing.unfit} == names
 
 
+def test_a_gpu_named_twice_is_searched_once():
+    sizing = kvplan.size("meta-llama/Llama-3.1-8B", concurrency=8, context=4096, gpus="h100,H100-SXM-80GB,L4")
+    assert [r.gpu for r in sizing.rows].count("H100-SXM-80GB") == 1 and len(sizing.rows) == 2
+
+
 def test_tp_stays_within_one_node():
     sizing = kvplan.size("meta-llama/Llama-3.1-405B", concurrency=64, context=8192)
     for row in sizing.rows:
@@ -217,6 +222,7 @@ def test_json_and_csv_carry_the_rows_figures():
     keys = {"gpu", "tp", "pp", "replicas", "gpus", "requests_per_replica_low", "requests_per_replica",
             "requests_low", "binds", "cost_per_hour", "serve_command"}
     assert data["deployments"] and all(keys <= set(d) for d in data["deployments"])
+    assert data["schema_version"] == 1
     assert data["requirement"] == {"concurrency": 100, "context": 32768, "prefix_tokens": 0, "judged_at": "low end"}
     rows = list(csv.DictReader(io.StringIO(runner.invoke(app, args + ["--csv"]).stdout)))
     assert [(r["gpu"], int(r["gpus"]), int(r["requests_low"]), r["serve_command"]) for r in rows] == [

@@ -38,6 +38,7 @@ LOW, ESTIMATE = "low", "estimate"  # where a replica's requests are judged
 AT_WORDS = {LOW: "the low end of kvplan's range", ESTIMATE: "kvplan's estimate"}
 DEFAULT_NODE_GPUS = 8  # one node's GPUs for a GPU the catalogue gives no node_gpus
 MAX_PP = 16  # pipeline stages tried at most
+SCHEMA_VERSION = 1  # of Sizing.to_dict (kvplan size --json); keys may be added within a version
 WHY_CLAUSES = 3  # the nearest smaller deployments said in a row's why_not_smaller
 BINDS = ("weights", "KV per GPU", "max_num_seqs", "model length")
 
@@ -181,7 +182,7 @@ class Sizing:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.requirement
-        return {"model": self.model, "source": self.source,
+        return {"schema_version": SCHEMA_VERSION, "model": self.model, "source": self.source,
                 "requirement": {"concurrency": r.concurrency, "context": r.context, "prefix_tokens": r.prefix_tokens,
                                 "judged_at": "low end" if r.at == LOW else "estimate"},
                 "engine": self.engine, "engine_version": self.engine_version, "ranked_by": self.ranked_by,
@@ -506,7 +507,7 @@ def size_model(model: str, concurrency: Any, context: Any = None, *, gpus: Seque
     chosen = None
     if gpus:
         names = [g.strip() for g in (gpus.split(",") if isinstance(gpus, str) else gpus) if str(g).strip()]
-        chosen = tuple(find_gpu(name) for name in names)
+        chosen = tuple({g.name: g for g in map(find_gpu, names)}.values())  # h100,H100-SXM: one GPU, once
         cpu = next((g for g in chosen if g.is_cpu or not g.memory_bytes), None)
         if cpu is not None:
             raise InputError(f"--gpu {cpu.name}: size searches GPUs of the catalogue", "pass datacenter GPUs such as H100,H200")
