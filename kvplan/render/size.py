@@ -23,6 +23,13 @@ def _shape(row: "Sized") -> str:
     return f"{row.replicas} x {row.gpu} at {shape}"
 
 
+def _end(sizing: "Sizing") -> str:
+    """Where the requirement is judged, as a column says it: ``low`` or ``est``."""
+    from kvplan.planning.size import LOW
+
+    return "low" if sizing.requirement.at == LOW else "est"
+
+
 def _deployment(row: "Sized") -> str:
     """``2 x tp 8`` / ``1 x tp 8 pp 3``: replicas x one replica's shape."""
     return f"{row.replicas} x tp {row.tp}" + (f" pp {row.pp}" if row.pp > 1 else "")
@@ -72,14 +79,14 @@ def render_size(sizing: "Sizing", width: int | None = None) -> Any:
     parts.extend(Text(line, style="bold" if i == 0 else "") for i, line in enumerate(lines[1:]))
     priced = sizing.prices is not None
     cols = [Col("GPU"), Col("deployment"), Col("GPUs", justify="right"),
-            Col("req/replica\nlow (est)", justify="right"), Col("requests\nlow", justify="right", drop=3),
+            Col("req/replica\nlow (est)", justify="right"), Col(f"requests\n{_end(sizing)}", justify="right", drop=3),
             Col("headroom", justify="right", drop=2), Col("binds", wrap=True, drop=4)]
     if priced:
         cols += [Col("cost/h", justify="right"), Col("per Mtok-h", justify="right", drop=1)]
     currency = sizing.prices.currency if sizing.prices else ""
     for row in sizing.rows:
         cells = [row.gpu, _deployment(row), str(row.gpus),
-                 f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_low:,}",
+                 f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_judged:,}",
                  f"{row.headroom:+,}", row.binds]
         if priced:
             cells += [_money(row.cost_per_hour, ""), _money(row.cost_per_million_tokens_hour, "", 4)]
@@ -109,10 +116,11 @@ def size_table(sizing: "Sizing") -> tuple[list[str], list[list[str]]]:
     """A report's table of one sizing question (Markdown, HTML): header and cells, best first."""
     priced = sizing.prices is not None
     header = list(TABLE_HEADER[:-1]) + (["cost/h", "per Mtok-h"] if priced else []) + [TABLE_HEADER[-1]]
+    header[4] = f"requests {_end(sizing)}"
     rows = []
     for row in sizing.rows:
         cells = [row.gpu, _deployment(row), str(row.gpus),
-                 f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_low:,}",
+                 f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_judged:,}",
                  f"{row.headroom:+,}", row.binds]
         if priced:
             cells += [_money(row.cost_per_hour, ""), _money(row.cost_per_million_tokens_hour, "", 4)]
