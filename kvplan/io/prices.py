@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvplan.errors import ScenarioError
 from kvplan.io.yamldoc import ScenarioFileError, Where, read_yaml
 
 TOP_KEYS = ("currency", "source", "date", "prices")
