@@ -259,3 +259,12 @@ def test_the_python_api_checks_types():
         kvplan.size("meta-llama/Llama-3.1-8B", concurrency=[4])
     with pytest.raises(InputError, match="unknown option"):
         kvplan.size("meta-llama/Llama-3.1-8B", concurrency=4, colour="red")
+
+
+def test_the_repr_reads_as_the_answer():
+    sizing = kvplan.size("meta-llama/Llama-3.1-8B", concurrency=100, context="8k", gpus="H100,L4")
+    best = sizing.best
+    assert repr(sizing).startswith("Sizing(100 x 8,192 tokens of meta-llama/Llama-3.1-8B on vllm, at the low end: "
+                                   "2 of 2 GPUs searched hold it")
+    assert f"{best.replicas} x {best.gpu} tp {best.tp} pp {best.pp} = {best.gpus} GPUs" in repr(sizing)
+    assert len(repr(sizing)) < 300  # no plans dumped

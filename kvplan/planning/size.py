@@ -99,6 +99,10 @@ class Sized:
     concurrency: int
     price: "Price | None" = None
 
+    def __repr__(self) -> str:
+        return (f"Sized({self.replicas} x {self.gpu} tp {self.tp} pp {self.pp} = {self.gpus} GPUs, "
+                f"{self.requests_per_replica_low} ({self.requests_per_replica}) requests per replica, binds {self.binds})")
+
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.replicas
@@ -171,6 +175,12 @@ class Sizing:
     prices: "Prices | None" = None
     searched: int = 0  # (gpu, tp, pp) shapes tried (each planned once; a tp the engine refuses counts)
     layouts: dict = field(default_factory=dict, compare=False, repr=False)  # gpu -> its Layouts, for checks
+
+    def __repr__(self) -> str:
+        r = self.requirement
+        best = f"{self.best!r}" if self.rows else "none"
+        return (f"Sizing({r.concurrency} x {r.context:,} tokens of {self.model} on {self.engine}, at the "
+                f"{'low end' if r.at == LOW else 'estimate'}: {len(self.rows)} of {len(self.rows) + len(self.unfit)} GPUs searched hold it, best {best})")
 
     @property
     def ranked_by(self) -> str:
