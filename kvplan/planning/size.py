@@ -100,8 +100,9 @@ class Sized:
     price: "Price | None" = None
 
     def __repr__(self) -> str:
-        return (f"Sized({self.replicas} x {self.gpu} tp {self.tp} pp {self.pp} = {self.gpus} GPUs, "
-                f"{self.requests_per_replica_low} ({self.requests_per_replica}) requests per replica, binds {self.binds})")
+        return (f"Sized({self.replicas} x {self.gpu} tp {self.tp} pp {self.pp} = {plural(self.gpus, 'GPU')}, "
+                f"{plural(self.requests_per_replica_low, 'request')} per replica at the low end "
+                f"({self.requests_per_replica:,} at the estimate), binds {self.binds})")
 
     @property
     def gpus(self) -> int:
@@ -179,8 +180,8 @@ class Sizing:
     def __repr__(self) -> str:
         r = self.requirement
         best = f"{self.best!r}" if self.rows else "none"
-        return (f"Sizing({r.concurrency} x {r.context:,} tokens of {self.model} on {self.engine}, at the "
-                f"{'low end' if r.at == LOW else 'estimate'}: {len(self.rows)} of {len(self.rows) + len(self.unfit)} GPUs searched hold it, best {best})")
+        return (f"Sizing({r.concurrency} x {plural(r.context, 'token')} of {self.model} on {self.engine}, at the "
+                f"{'low end' if r.at == LOW else 'estimate'}: {len(self.rows)} of {plural(len(self.rows) + len(self.unfit), 'GPU')} searched hold it, best {best})")
 
     @property
     def ranked_by(self) -> str:
