@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "check", "estimate", "sweep"]
+__all__ = ["__version__", "check", "estimate", "size", "sweep"]
 
 
 def __dir__() -> list[str]:
@@ -39,6 +39,28 @@ def estimate(model: str, *, token: str | None = None, **options: Any) -> "Plan":
 
     check_estimate(model, token, options)
     return _estimate(options_from_values({"model": fspath(model), **options}), token=token)
+
+
+def size(model: str, *, concurrency: int | str, context: int | str | None = None, gpus: Any = None, tp: Any = None,
+         at: str = "low", prices: Any = None, token: str | None = None, **options: Any) -> Any:
+    """The smallest deployments (GPU x tp x pp x replicas) that hold ``concurrency`` requests of ``context``
+    tokens, judged at the low end of kvplan's range (``at="estimate"``: at the estimate): ``gpus`` a list of
+    GPU names (default: the catalogue's datacenter GPUs), ``tp`` the tp sizes to try, ``prices`` a price
+    file's path (ranks by cost); ``options``: ``prefix_tokens``, ``kv_dtype``, ``engine``, ``engine_version``,
+    ``revision``, ``offline``, ...
+
+    Returns the frozen :class:`kvplan.planning.size.Sizing` (``.best``, ``.rows``, ``.to_dict()``).
+    Raises :class:`kvplan.errors.KvplanError` for bad input (no GPU holds one request; a tp the model cannot
+    split; a wrong-typed argument).
+    """
+    from os import fspath
+
+    from kvplan.api import check_size
+    from kvplan.planning.size import size_model
+
+    check_size(model, concurrency, context, gpus, tp, at, prices, token, options)
+    return size_model(fspath(model), concurrency, context, gpus=gpus, tps=tp, at=at,
+                      prices=fspath(prices) if prices is not None else None, token=token, **options)
 
 
 def _doc(function: str, name: str, source: Any, kind: str) -> Any:

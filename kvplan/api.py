@@ -65,6 +65,27 @@ def check_estimate(model: Any, token: Any, options: Mapping[str, Any]) -> None:
             require("estimate", key, value, types, expected)
 
 
+def check_size(model: Any, concurrency: Any, context: Any, gpus: Any, tp: Any, at: Any, prices: Any, token: Any,
+               options: Mapping[str, Any]) -> None:
+    """``kvplan.size(model, concurrency=..., ...)``: each argument's type."""
+    require("size", "model", model, PATH, "a model id or a path (str or os.PathLike)")
+    require("size", "concurrency", concurrency, (int, str), "an integer or a string such as '200'")
+    for name, value in (("context", context),):
+        if value is not None:
+            require("size", name, value, (int, str), "an integer or a string such as '8k'")
+    for name, value in (("gpus", gpus), ("tp", tp)):
+        if value is not None:
+            require("size", name, value, (str, list, tuple), "a list or a comma-separated string")
+    require("size", "at", at, (str,), "'low' or 'estimate'")
+    if prices is not None:
+        require("size", "prices", prices, PATH, "a price file path (str or os.PathLike)")
+    require("size", "token", token, (str, type(None)), "a string or None")
+    for key, value in options.items():
+        if value is not None:
+            types, expected = option_type(key)
+            require("size", key, value, types, expected)
+
+
 def option_type(key: str) -> tuple[tuple[type, ...], str]:
     """The types :func:`kvplan.estimate` takes for option ``key`` (an unknown key: anything, so that
     :func:`kvplan.options.options_from_values` names it)."""

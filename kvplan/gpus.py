@@ -34,7 +34,7 @@ _SEPARATORS = re.compile(r"[\s\-_/]+")
 
 _REQUIRED = ("name", "vendor", "marketing", "memory_bytes", "memory_source", "bandwidth_bytes_per_s", "bandwidth_source")
 _OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect", "compute_capability",
-             "smi_memory_mib", "smi_memory_source")
+             "smi_memory_mib", "smi_memory_source", "node_gpus")
 INTERCONNECTS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric")
 _CAPABILITY = re.compile(r"^(\d+)\.(\d+)$")
 # vLLM's CUDA platform supports bfloat16 from compute capability 8.0 (vllm/platforms/cuda.py supported_dtypes).
@@ -68,6 +68,7 @@ class Gpu:
     compute_capability: str | None = None
     smi_memory_mib: int | None = None  # the total nvidia-smi shows (MiB): what SGLang's defaults read
     smi_memory_source: str = ""
+    node_gpus: int | None = None  # GPUs of this part one server holds (a datacenter part); None: not one
 
     @property
     def supports_bf16(self) -> bool:
@@ -183,6 +184,7 @@ def _parse_record(record: Any, index: int, source: str) -> Gpu:
         compute_capability=_capability(record, where),
         smi_memory_mib=_positive_int(record, "smi_memory_mib", where, allow_none=True),
         smi_memory_source=str(record.get("smi_memory_source") or ""),
+        node_gpus=_positive_int(record, "node_gpus", where, allow_none=True),
     )
 
 

@@ -28,7 +28,9 @@ from kvplan import memory
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.planning.plan import Options, Plan, options_from_values, plan_for_spec
 from kvplan.checks.scenario import CapacityFile, CheckScenario, model_error
-from kvplan.planning.suggest import largest, more_tp, other_engines, other_gpu, refuses_the_model, replan, spell, spell_was
+from kvplan.planning.suggest import (
+    largest, more_tp, other_engines, other_gpu, refuses_the_model, replan, spell, spell_was,
+)
 from kvplan.io.yamldoc import Where
 from kvplan.model.spec import ModelSpec, Overrides
 from kvplan.units import plural
@@ -192,17 +194,31 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
 # what would make a failed requirement pass (each candidate re-planned and re-checked)
 
 
-def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[str, ...]:
+def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec, at_low: bool = False) -> tuple[str, ...]:
     """The smallest single changes (one per kind) under which ``key`` holds, each re-planned with the options
-    validated as a user's (:mod:`kvplan.planning.suggest`) and written as the file's keys accept them."""
-    o, a = plan.options, plan.answer
+    validated as a user's (:mod:`kvplan.planning.suggest`) and written as the file's keys accept them.
+
+    ``plan`` is the check's own plan (its options as the file gives them). ``at_low`` (``--conservative``): each
+    change is planned fresh from those options and judged at the low end of its own range (:func:`low_end`), so
+    a larger tp or another GPU is judged with its own KV budget and spread, never the check's."""
+    o = plan.options
     measure, unit = _MEASURES[key]
+    judged: dict[int, tuple[Plan, Plan]] = {}  # id(plan) -> (plan, its low end): the plan kept, so its id is its own
+
+    def judge(p: Plan) -> Plan:
+        if not at_low:
+            return p
+        if id(p) not in judged:
+            judged[id(p)] = (p, low_end(p, spec))
+        return judged[id(p)][1]
+
+    a = judge(plan).answer
 
     def planner(options: Options) -> Plan:
         return plan_for_spec(spec, options, plan.source, suggest=False)
 
     def holds(p: Plan) -> bool:
-        return _holds(key, required, p)
+        return _holds(key, required, judge(p))
 
     def at(**changes: Any) -> tuple[Options, Plan] | None:
         hit = replan(planner, o, **changes)
@@ -212,7 +228,7 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
 
     def offer(label: str, hit: tuple[Options, Plan] | None, was: bool = False) -> None:
         if hit:
-            after = f"was {spell_was(o, hit[0])}" if was else f"{key} {format_value(measure(hit[1]), unit)}"
+            after = f"was {spell_was(o, hit[0])}" if was else f"{key} {format_value(measure(judge(hit[1])), unit)}"
             out.append(f"{label}: {spell(o, hit[0], 'yaml')} ({after})")
 
     if key == "concurrency" and a.max_requests >= 1:  # a requirement of 0 requests checks nothing
@@ -247,7 +263,38 @@ def suggestions(key: str, required: Any, plan: Plan, spec: ModelSpec) -> tuple[s
         for hit in other_engines(spec, o, planner, holds):
             offer("another engine" if hit[0].engine != o.engine else "a release that serves the model", hit)
     offer("another GPU", other_gpu(o, planner, holds, plan.gpu.memory_bytes))
+    if key == "concurrency":  # the size search's deployment, unless a change above is the same one
+        out.extend(s for s in _replicas(required, plan, spec, at_low)
+                   if s.split(": ", 1)[1] not in {x.split(": ", 1)[-1] for x in out})
     return tuple(out)
+
+
+def _replicas(required: int, plan: Plan, spec: ModelSpec, at_low: bool) -> list[str]:
+    """The smallest deployment of the check's GPU that holds ``required`` requests, from ``kvplan size``'s
+    search (:func:`kvplan.planning.size.size`: every tp within a node, pipeline stages, replicas), judged where
+    the check is: one replica of another tp / pp as the file's keys, or replicas (data parallel) in words;
+    nothing when the GPU is not the catalogue's."""
+    from kvplan.gpus import find_gpu
+    from kvplan.planning.size import ESTIMATE, LOW, Requirement, size
+
+    o = plan.options
+    if not o.gpu or o.gpu_memory_bytes or required < 1:
+        return []
+    try:
+        gpu = find_gpu(o.gpu)
+        best = size(spec, o, Requirement(required, o.context, o.prefix_tokens, LOW if at_low else ESTIMATE),
+                    (gpu,), plan.source).best
+    except KvplanError:
+        return []
+    per = best.requests_per_replica_low if at_low else best.requests_per_replica
+    if best.replicas == 1:  # one replica of another shape, as the file's keys take it (tp always: a file's
+        # `gpus: N` alone means tp N)
+        keys = ([f"gpus: {best.tp * best.pp}"] if o.gpu_count != 1 else []) + [f"tp: {best.tp}"]
+        keys += [f"pp: {best.pp}"] if best.pp != 1 or o.pp != 1 else []
+        return [f"smallest deployment (kvplan size): {', '.join(keys)} (concurrency {plural(per, 'request')})"]
+    shape = f"tp: {best.tp}" + (f", pp: {best.pp}" if best.pp > 1 else "")
+    return [f"replicas (kvplan size): {best.replicas} x {{gpu: {best.gpu}, {shape}}} = {plural(best.gpus, 'GPU')} "
+            f"(concurrency {best.replicas} x {plural(per, 'request')})"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +384,7 @@ def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: A
             at_low = evaluate(key, required, low)
             outcome = replace(outcome, low_end_actual=at_low.actual, low_end_passed=at_low.passed)
         if not outcome.passed:
-            outcome = replace(outcome, suggestions=suggestions(key, required, judged, spec))
+            outcome = replace(outcome, suggestions=suggestions(key, required, plan, spec, at_low=how == "low end"))
         outcomes.append(outcome)
     return CheckResult(check.name, check.description, check.where, plan, tuple(outcomes), how)
 

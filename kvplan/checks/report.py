@@ -255,6 +255,7 @@ class Report:
     digest: RowDigest = field(repr=False, compare=False, default_factory=RowDigest)
     rows: tuple[Row, ...] | None = None
     given: tuple[str, ...] = ()  # the LABEL_FIELDS the file sets (defaults, sweep, zip, scenarios)
+    sizes: tuple[tuple[str, Any], ...] = ()  # the file's ``size:`` answers: (name, kvplan.planning.size.Sizing)
 
     def header(self) -> dict[str, Any]:
         """Everything :meth:`to_dict` holds but the rows (written before the rows when streaming)."""
@@ -266,6 +267,7 @@ class Report:
             "num_rows": self.num_rows,
             "varying": list(self.varying),
             "notes": list(self.notes),
+            **({"size": [{"name": name, **s.to_dict()} for name, s in self.sizes]} if self.sizes else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -345,6 +347,7 @@ class Sweep:
     def __init__(self, whatif: WhatIfFile, *, offline: bool = False, token: str | None = None,
                  calibration: Any = None) -> None:
         self.whatif = whatif
+        self.offline, self.token = offline, token  # the size questions resolve their models the same way
         self._planner = _Planner(whatif, offline, token, calibration)  # calibration: --calibration's loaded file
         self.pool_axes = [a for a in whatif.axes if not set(a.names) <= set(ROW_AXES)]
         self.row_axes = [a for a in whatif.axes if set(a.names) <= set(ROW_AXES)]
@@ -477,7 +480,25 @@ class Sweep:
         row_values = self._row_value_sets()
         return Report(self.whatif.title, self.whatif.description, self.whatif.display, self.num_rows,
                       _varying(pools, row_values), _notes(pools), tuple(pools), row_values["mml_differs"], digest, rows,
-                      self._given())
+                      self._given(), self._sizes())
+
+    def _sizes(self) -> tuple[tuple[str, Any], ...]:
+        """The ``size:`` questions answered (:func:`kvplan.planning.size.size_model`); a question no GPU holds,
+        or with a bad price file, is the file's located error."""
+        if not self.whatif.sizes:
+            return ()
+        from kvplan.planning.size import size_model
+
+        out = []
+        for q in self.whatif.sizes:
+            try:
+                arguments = {"offline": self.offline or None, **q.arguments}
+                out.append((q.name, size_model(q.model, q.concurrency, q.context, token=self.token, **arguments)))
+            except ScenarioFileError:
+                raise
+            except KvplanError as exc:
+                raise ScenarioFileError(q.where, f"size {q.name!r}: {exc.message}", exc.hint) from None
+        return tuple(out)
 
     def _given(self) -> tuple[str, ...]:
         """The label columns the file sets (``gpu_count`` is the ``gpus`` column)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -21,7 +21,8 @@ from kvplan.errors import KvplanError, ScenarioError
 from kvplan.options import AXIS_ORDER
 from kvplan.io.yamldoc import ScenarioFileError, Where, YamlDoc, combine_errors, option_locations, read_yaml, validate_doc
 from kvplan.checks.fields import (
-    OPTION_FIELDS, Bool, Percent, PositiveInt, Text, Tokens, expect_type, finish_values, option_fields,
+    OPTION_FIELDS, Bool, Engine, GpuName, KvDType, Percent, PositiveInt, Text, Tokens, TokensOrZero, expect_type,
+    finish_values, option_fields,
     option_values, set_fields,
 )
 
@@ -104,6 +105,24 @@ Plots = expect_type("true, false or a list of: concurrency, memory", _plots,
                     {"anyOf": [{"type": "boolean"}, {"type": "array", "items": {"enum": list(PLOTS)}, "minItems": 1}]})
 
 
+class SizeModel(BaseModel):
+    """One sizing question of a what-if file (``kvplan size``): the smallest deployments that hold it."""
+
+    model_config = _FORBID
+    name: Text = Field(None, description="label of this question in the report")
+    model: Text = Field(None, description="model (default: defaults.model)")
+    concurrency: PositiveInt = Field(..., description="requests that must run at once")
+    context: Tokens = Field(None, description="tokens per request (default: defaults.context, else 8192)")
+    prefix_tokens: TokensOrZero = Field(None, description="tokens of a prefix every request shares")
+    gpus: list[GpuName] = Field(None, min_length=1, description="GPUs to search (default: the datacenter GPUs)")
+    tp: list[PositiveInt] = Field(None, min_length=1, description="tp sizes to try (default: all within a node)")
+    at: Literal["low", "estimate"] = Field(None, description="judge at the range's low end (default) or the estimate")
+    prices: Text = Field(None, description="price file (GPU -> price per GPU-hour), relative to this file")
+    kv_dtype: KvDType = Field(None, description="KV dtype (default: defaults.kv_dtype)")
+    engine: Engine = Field(None, description="engine (default: defaults.engine)")
+    engine_version: Text = Field(None, description="engine release (default: defaults.engine_version)")
+
+
 class WhatIfModel(BaseModel):
     """A what-if file: `kvplan report whatif.yaml`."""
 
@@ -116,6 +135,8 @@ class WhatIfModel(BaseModel):
     scenarios: list[ScenarioRowModel] = Field(None, min_length=1, description="explicit rows, added after the sweep")  # type: ignore[valid-type]
     outputs: list[OutputPath] = Field(None, description="files to write (format from the suffix; relative to this file)")
     plots: Plots = Field(None, description="plots for HTML/Markdown outputs (default: both)")
+    size: list[SizeModel] = Field(None, min_length=1, description="sizing questions (`kvplan size`): the smallest "  # type: ignore[valid-type]
+                                  "deployments that hold N requests, in the report's size section")
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {"capacity": CapacityModel, "whatif": WhatIfModel}
@@ -297,6 +318,19 @@ class ExplicitRow:
 
 
 @dataclass(frozen=True)
+class SizeQuestion:
+    """A ``size:`` entry: :func:`kvplan.planning.size.size_model`'s arguments (defaults filled in) and where it
+    is."""
+
+    name: str
+    model: str
+    concurrency: int
+    context: Any
+    arguments: Mapping[str, Any]
+    where: Where
+
+
+@dataclass(frozen=True)
 class WhatIfFile:
     """A validated what-if file. ``outputs`` are resolved against the file's folder."""
 
@@ -311,6 +345,7 @@ class WhatIfFile:
     plots: tuple[str, ...]
     where: Where  # the sweep (or the file) for errors found while planning
     locations: Mapping[str, Where] = field(default_factory=dict)  # option -> where it was set (defaults/sweep)
+    sizes: tuple[SizeQuestion, ...] = ()  # the ``size:`` questions
 
     def where_of(self, key: str) -> Where:
         return self.locations.get(key, self.where)
@@ -354,7 +389,32 @@ def load_whatif(path: str | Path | YamlDoc) -> WhatIfFile:
         plots=PLOTS if model.plots is None else model.plots,
         where=doc.where(("sweep",)) if model.sweep is not None else doc.where(()),
         locations=option_locations(doc, [("defaults",), ("sweep",)], OPTION_FIELDS),
+        sizes=tuple(_size_question(doc, i, q, defaults) for i, q in enumerate(model.size or [])),
     )
+
+
+def _size_question(doc: YamlDoc, index: int, q: Any, defaults: Mapping[str, Any]) -> SizeQuestion:
+    """A ``size:`` entry with the file's defaults for what it leaves out (model, context, dtype, engine)."""
+    given = {k: getattr(q, k) for k in q.model_fields_set}
+    model = given.get("model") or defaults.get("model")
+    if not model:
+        raise doc.error(("size", index), "no model for this sizing question", "set model here or in defaults")
+    arguments: dict[str, Any] = {}
+    for key in ("prefix_tokens", "kv_dtype", "engine", "engine_version", "revision", "offline"):
+        value = given.get(key, defaults.get(key))
+        if value is not None:
+            arguments[key] = value
+    if given.get("gpus"):
+        arguments["gpus"] = list(given["gpus"])
+    if given.get("tp"):
+        arguments["tps"] = list(given["tp"])
+    if given.get("at"):
+        arguments["at"] = given["at"]
+    if given.get("prices"):
+        arguments["prices"] = str((doc.path.parent / given["prices"]).resolve())
+    context = given.get("context", defaults.get("context"))
+    name = given.get("name") or f"{given['concurrency']} x {model}"
+    return SizeQuestion(name, str(model), given["concurrency"], context, arguments, doc.where(("size", index)))
 
 
 def _sweep_values(doc: YamlDoc, sweep: Any) -> dict[str, list[Any]]:

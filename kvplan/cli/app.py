@@ -192,8 +192,8 @@ def _register_module(name: str) -> Callable[[typer.Typer], None]:
 # every command, in the order --help lists them: name -> how it is registered on an app
 COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "estimate": _register_estimate, "models": _register_models, "gpus": _register_gpus,
-    **{name: _register_module(name) for name in ("validate", "check", "report", "schema", "simulate", "observe",
-                                                 "explain")},
+    **{name: _register_module(name) for name in ("size", "validate", "check", "report", "schema", "simulate",
+                                                 "observe", "explain")},
 }
 
 

@@ -4,7 +4,8 @@
 - :mod:`kvplan.io.yamldoc`: YAML documents with line and column for every key, validated by pydantic models;
 - :mod:`kvplan.io.atomic`: writes that leave the old file or the whole new one, never half of it;
 - :mod:`kvplan.io.calibration`: the calibration file format (terms measured from start-up logs) that the
-  option table reads and ``kvplan explain --calibrate`` writes.
+  option table reads and ``kvplan explain --calibrate`` writes;
+- :mod:`kvplan.io.prices`: the price file ``kvplan size --prices`` reads (GPU -> price per GPU-hour).
 
 May import: kvplan.errors, kvplan.units, kvplan.limits
 """

@@ -59,7 +59,8 @@ def kv_bytes_per_token(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DTy
     cross-attention layers cache encoder tokens, a fixed amount per request: :func:`cross_bytes_per_request`)."""
     if isinstance(layers, ModelSpec):
         layers = layers.layers
-    return sum(layer_token_bytes(layer, kv_dtype) for layer in layers if layer.grows_with_context)
+    counts = Counter(layers)  # a model repeats a few kinds of layer: each kind's bytes once
+    return sum(n * layer_token_bytes(layer, kv_dtype) for layer, n in counts.items() if layer.grows_with_context)
 
 
 def cross_bytes_per_request(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType) -> int:
@@ -146,9 +147,22 @@ def kv_heads_replicated(spec: ModelSpec, tp: int) -> bool:
 def rank_layers(spec: ModelSpec, tp: int = 1, pp: int = 1) -> tuple[LayerCache, ...]:
     """The layers one GPU caches: the pipeline stage with the most KV bytes, sliced for one tp rank."""
     stages = pp_stages(spec.layers, pp)
-    sharded = [tuple(shard_layer(layer, tp) for layer in stage) for stage in stages]
+    shards: dict[LayerCache, LayerCache] = {}  # a model repeats a few kinds of layer: each sliced once
+
+    def shard(layer: LayerCache) -> LayerCache:
+        hit = shards.get(layer)
+        if hit is None:
+            hit = shards[layer] = shard_layer(layer, tp)
+        return hit
+
+    sharded = [tuple(shard(layer) for layer in stage) for stage in stages]
+
+    def stage_size(stage: tuple[LayerCache, ...]) -> tuple[int, int]:
+        counts = Counter(stage)
+        return sum(n * (layer_token_bytes(x, _BF16) + x.conv_elements + x.ssm_elements) for x, n in counts.items()), len(stage)
+
     # the largest stage decides (ties: the earliest), measured in bf16 bytes per token + state
-    return max(sharded, key=lambda s: (sum(layer_token_bytes(x, _BF16) for x in s) + sum(x.conv_elements + x.ssm_elements for x in s), len(s)))
+    return max(sharded, key=stage_size)
 
 
 _BF16 = parse_dtype("bf16")

@@ -4,7 +4,8 @@
 - :mod:`kvplan.planning.answer`: one deployment's answer (starts, requests, fits, max context);
 - :mod:`kvplan.planning.auto_length`: ``--max-model-len auto``;
 - :mod:`kvplan.planning.suggest`: option changes that make a plan fit, re-planned before they are offered;
-- :mod:`kvplan.planning.serialize`: a plan as the JSON every output shares.
+- :mod:`kvplan.planning.serialize`: a plan as the JSON every output shares;
+- :mod:`kvplan.planning.size`: the smallest deployments (GPU x tp x pp x replicas) that hold N requests.
 
 May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model,
 kvplan.memory, kvplan.engines

@@ -223,7 +223,7 @@ def github_annotations(report: "CheckReport") -> list[str]:
                                              f"kvplan check at risk: {r.name}", "\n".join(risky), "warning"))
             continue
         message, details = _failure_text(r)
-        fixes = [s for o in r.outcomes if not o.passed for s in o.suggestions[:3]]
+        fixes = [s for o in r.outcomes if not o.passed for s in o.suggestions]  # every one, as JUnit and the table carry them
         body = message + (("\nto pass: " + " | ".join(fixes)) if fixes else "")
         out.append(github_annotation(r.where.file, r.where.line, r.where.col, f"kvplan check failed: {r.name}", body))
     return out

@@ -237,6 +237,11 @@ def render_report(report: "Report", written: list[str] | None = None, limit: int
                           f"CSV/JSON outputs and --json", style="yellow"))
     for note in report.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
+    if report.sizes:  # each question's answer (its table is in the Markdown / HTML / JSON outputs)
+        from kvplan.render.size import headline
+
+        for name, sizing in report.sizes:
+            parts.append(Text(f"size {name}: " + headline(sizing)[1]))
     for path in written or []:
         parts.append(Text(f"wrote {path}", style="grey62"))
     return Group(*parts)
@@ -350,8 +355,28 @@ def to_markdown(report: "Report", images: dict[str, str], notes: list[str]) -> s
         lines += [f"*{plural(hidden, 'row')} not shown; the CSV and JSON outputs hold all {report.num_rows:,}.*", ""]
     for note in list(report.notes) + notes:
         lines.append(f"- note: {note}")
+    lines += _markdown_sizes(report)
     lines += ["", _footnote(), ""]
     return "\n".join(lines)
+
+
+def _markdown_sizes(report: "Report") -> list[str]:
+    """The ``size:`` questions: each one's answer, then its table (:func:`kvplan.render.size.size_table`)."""
+    if not report.sizes:
+        return []
+    from kvplan.render.size import headline, size_table
+
+    lines = ["", "## Sizing", ""]
+    for name, sizing in report.sizes:
+        header, rows = size_table(sizing)
+        lines += [f"### {_md_cell(name)}", ""] + [f"{_md_cell(line)}  " for line in headline(sizing)] + [""]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---" for _ in header) + "|")
+        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+        if sizing.unfit:
+            lines += ["", "No deployment holds one request on: " + "; ".join(f"{g} ({why})" for g, why in sizing.unfit)]
+        lines.append("")
+    return lines
 
 
 def _footnote() -> str:
@@ -423,9 +448,32 @@ def to_html(report: "Report", plots: dict[str, bytes], notes: list[str]) -> str:
     out.append("</tbody></table></div>")
     if hidden:
         out.append(f'<p class="note">{plural(hidden, "row")} not shown; the CSV and JSON outputs hold all {report.num_rows:,}.</p>')
+    out.extend(_html_sizes(report))
     out.append(f'<p class="foot">{esc(_footnote()).replace("*", "")}</p>')
     out.append("</body></html>\n")
     return "\n".join(out)
+
+
+def _html_sizes(report: "Report") -> list[str]:
+    """The ``size:`` questions as HTML: each one's answer, then its table."""
+    if not report.sizes:
+        return []
+    from kvplan.render.size import headline, size_table
+
+    esc = html.escape
+    out = ["<h2>Sizing</h2>"]
+    for name, sizing in report.sizes:
+        header, rows = size_table(sizing)
+        out.append(f"<h3>{esc(name)}</h3>")
+        out.extend(f'<p class="meta">{esc(line)}</p>' for line in headline(sizing))
+        out.append('<div class="wrap"><table><thead><tr>' + "".join(f"<th>{esc(h)}</th>" for h in header)
+                   + "</tr></thead><tbody>")
+        out.extend("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+        out.append("</tbody></table></div>")
+        if sizing.unfit:
+            out.append('<p class="note">No deployment holds one request on: '
+                       + esc("; ".join(f"{g} ({why})" for g, why in sizing.unfit)) + "</p>")
+    return out
 
 
 ROW_SUFFIXES = (".csv", ".json")  # outputs that hold every row (streamed)

@@ -244,3 +244,80 @@ def test_each_requirement_reads_each_word_once(tmp_path):
         assert len(words) == len(set(words)), text
     r = runner.invoke(app, ["check", str(tmp_path / "capacity.yaml"), "--offline"], env={"COLUMNS": "120"})
     assert "2 x 8,192 fits" in r.stdout and "fits 2 x" not in r.stdout and "engine_starts engine" not in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# --conservative: each suggestion planned fresh and judged at its own low end (not the check's pinned budget)
+
+CONSERVATIVE = """\
+defaults: {context: 16k}
+checks:
+  - {name: tp2-70b, model: meta-llama/Llama-3.1-70B, gpu: H100, tp: 2, require: {concurrency: 40}}
+  - {name: one-8b, model: meta-llama/Llama-3.1-8B, gpu: H100, prefix_tokens: 2k, prefix_caching: false,
+     require: {concurrency: 48}}
+  - {name: qwen-sglang, model: Qwen/Qwen3-32B, gpu: A100-40GB, engine: sglang, require: {concurrency: 24}}
+"""
+
+
+def _conservative(tmp_path: Path):
+    path = tmp_path / "conservative.yaml"
+    path.write_text(CONSERVATIVE, encoding="utf-8")
+    return path, run_checks(load_capacity(path), offline=True, conservative=True)
+
+
+def test_conservative_suggestions_are_judged_at_their_own_low_end(tmp_path):
+    """Each "to pass" change, applied to the check's own options and planned fresh, passes at the low end of its
+    own range with the very figure the suggestion prints (the old code carried the check's low-end KV budget
+    into every re-plan: "tp: 4 (concurrency 14 requests)" where tp 4's own low end is 44)."""
+    import re
+
+    import yaml
+
+    from kvplan.checks.capacity import low_end
+    from kvplan.model.sources import load_spec
+    from kvplan.planning.plan import plan_for_spec
+
+    path, report = _conservative(tmp_path)
+    checks = {c["name"]: c for c in yaml.safe_load(CONSERVATIVE)["checks"]}
+    seen = set()
+    for result in report.results:
+        assert not result.passed and result.judged == "low end"
+        (o,) = result.outcomes
+        for s in o.suggestions:
+            m = re.fullmatch(r"(another GPU|more tensor parallelism|fp8 KV cache|smallest deployment \(kvplan size\)): (.+) "
+                         r"\(concurrency (\d+) requests\)", s)
+            if not m:
+                continue
+            seen.add(m[1])
+            values = {k: v for k, v in checks[result.name].items() if k not in ("name", "require")}
+            values |= {"context": "16k", "batch": o.required}
+            for part in m[2].split(", "):
+                key, _, value = part.partition(": ")
+                values[key] = yaml.safe_load(value)
+            spec, _ = load_spec(values["model"])
+            fresh = plan_for_spec(spec, options_from_values(values), suggest=False)
+            at_low = low_end(fresh, spec).answer.max_requests
+            assert at_low == int(m[3]) >= o.required, (result.name, s, at_low)
+            assert fresh.kv_range.low.max_requests == at_low  # the range's own low figure, as kvplan size reads it
+    assert {"another GPU", "more tensor parallelism", "smallest deployment (kvplan size)"} <= seen, seen
+
+
+def test_junit_and_annotations_carry_every_suggestion(tmp_path):
+    """The same suggestions, all of them, in the table, the JSON, the JUnit XML and the GitHub annotation (the
+    annotation used to keep the first 3)."""
+    path, report = _conservative(tmp_path)
+    assert max(len(o.suggestions) for r in report.results for o in r.outcomes) > 3
+    junit = tmp_path / "junit.xml"
+    r = runner.invoke(app, ["check", str(path), "--offline", "--conservative", "--junit-xml", str(junit)],
+                      env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(tmp_path)})
+    assert r.exit_code == 1, r.output
+    xml = junit.read_text(encoding="utf-8")
+    annotations = [line for line in r.stdout.splitlines() if line.startswith("::error")]
+    for result in report.results:
+        (note,) = [a for a in annotations if f"title=kvplan check failed%3A {result.name}::" in a]
+        for s in result.outcomes[0].suggestions:
+            assert s in note, (result.name, s)
+            assert s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") in xml
+    data = json.loads(runner.invoke(app, ["check", str(path), "--offline", "--conservative", "--json"]).stdout)
+    assert [c["requirements"][0]["suggestions"] for c in data["checks"]] == [
+        list(r.outcomes[0].suggestions) for r in report.results]

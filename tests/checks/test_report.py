@@ -353,3 +353,68 @@ def test_temporary_files_of_killed_reports_are_cleaned(tmp_path):
     r = runner.invoke(app, ["report", str(small), "--offline"])
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in out.glob(".*.tmp")) == [live.name]
+
+
+# ---------------------------------------------------------------------------------------------
+# size: sizing questions answered by kvplan size's search, in the report's JSON, Markdown and HTML
+
+SIZED = """\
+title: sized
+defaults: {model: meta-llama/Llama-3.1-8B, context: 8k, engine: sglang}
+sweep:
+  gpu: [H100, L40S]
+size:
+  - concurrency: 200
+    gpus: [H100, L40S]
+  - name: 70B chat
+    model: meta-llama/Llama-3.3-70B-Instruct
+    concurrency: 100
+    at: estimate
+    prices: prices.yaml
+outputs: [out/report.md, out/report.html, out/report.json]
+"""
+
+
+def test_size_questions_are_the_size_commands_answers(tmp_path):
+    import kvplan
+
+    shutil.copy(EXAMPLES / "prices.yaml", tmp_path / "prices.yaml")
+    path = write(tmp_path, SIZED)
+    report = build_report(load_whatif(path), offline=True)
+    (first_name, first), (second_name, second) = report.sizes
+    assert (first_name, second_name) == ("200 x meta-llama/Llama-3.1-8B", "70B chat")
+    # the defaults fill what a question leaves out (context, engine); the same answer as kvplan size
+    alone = kvplan.size("meta-llama/Llama-3.1-8B", concurrency=200, context="8k", gpus=["H100", "L40S"],
+                        engine="sglang")
+    assert first.to_dict() == alone.to_dict()
+    priced = kvplan.size("meta-llama/Llama-3.3-70B-Instruct", concurrency=100, context="8k", engine="sglang",
+                         at="estimate", prices=EXAMPLES / "prices.yaml")
+    assert [r.to_dict() for r in second.rows] == [r.to_dict() for r in priced.rows]
+    assert second.ranked_by == "cost" and second.requirement.at == "estimate"
+    r = runner.invoke(app, ["report", str(path), "--offline"])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "out" / "report.json").read_text(encoding="utf-8"))
+    assert [q["name"] for q in data["size"]] == [first_name, second_name]
+    assert data["size"][0]["deployments"] == [row.to_dict() for row in first.rows]
+    md = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    for sizing in (first, second):
+        assert sizing.best.serve_command in md
+        assert sizing.best.serve_command in page
+        for row in sizing.rows:
+            assert f"| {row.gpu} | {row.replicas} x tp {row.tp}" in md
+
+
+@pytest.mark.parametrize("entry,words", [
+    ("  - {concurrency: 4, context: 1000k}", "maximum length is 131,072"),
+    ("  - {concurrency: 4, gpus: [H1000]}", "H1000"),
+    ("  - {concurrency: 4, colour: red}", "colour"),
+    ("  - {context: 8k}", "concurrency"),
+    ("  - {concurrency: 4, prices: missing.yaml}", "missing.yaml"),
+])
+def test_a_bad_size_question_is_one_located_line(tmp_path, entry, words):
+    path = write(tmp_path, "defaults: {model: meta-llama/Llama-3.1-8B}\nsweep:\n  gpu: [H100]\nsize:\n" + entry + "\n")
+    r = runner.invoke(app, ["report", str(path), "--offline"])
+    assert r.exit_code == 2, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert re.search(r"whatif\.yaml:5:\d+: ", line) and words in line, line

@@ -47,6 +47,7 @@ def test_estimate_builds_only_its_command_and_a_bundled_json_reads_no_yaml():
     assert not {m for m in modules if m.startswith("kvplan.cli.commands.")}, modules
     assert "yaml" not in modules and "rich" not in modules and "kvplan.render.estimate" not in modules
     assert "kvplan.checks.compare" not in modules  # only a list of values compares
+    assert "kvplan.planning.size" not in modules and "kvplan.io.prices" not in modules  # size's search is its own
     table = _modules_after("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100")
     assert "rich" in table and "yaml" not in table
     assert "kvplan.cli.commands.check" in _modules_after("check", "--help")

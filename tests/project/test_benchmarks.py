@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("script,args,needle", [
     ("sweep_speed.py", ["--repeat", "1"], "100,000 scenarios, 400 pools: load + sweep best"),
     ("simulate_speed.py", ["--duration", "5"], "prefix_caching"),
+    ("size_speed.py", ["--repeat", "1"], "size search: worst median"),
 ])
 def test_a_speed_benchmark_runs_to_its_summary(script, args, needle):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
