@@ -25,10 +25,10 @@ from kvplan.planning.plan import plan_for_spec
 from kvplan.planning.size import ESTIMATE, LOW, Requirement, default_gpus, size
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_hardening import assert_one_line, kvplan as run_kvplan  # noqa: E402
+from entry_point import assert_one_line, kvplan as run_kvplan  # noqa: E402
 
 runner = CliRunner()
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 # one model of each kind the issue names: dense, MoE, MLA, sliding-window, hybrid (state layers)
 KINDS = {
