@@ -460,11 +460,18 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     assert overhead(1, "nvlink-switch")[0].bytes == base + rope
     assert overhead(1, "nvlink-switch")[1] == ()
     term, notes = overhead(2, "nvlink-switch")
-    # 0.17+ on an NVSwitch board at tp 2: + the all-reduce fusion workspace 4 x 2 x min(64 MiB, 2048 x 4096 x 2)
-    assert term.bytes == base + chan + 4 * 2 * 16 * MiB + rope
+    # 0.27+ on an NVSwitch board at tp 2: + the all-reduce fusion workspace, T = min(64 MiB // (4096 x 2), 2048)
+    # = 2048 tokens: buffer 2 x 2048 x 4096 x 2 = 32 MiB, flags 2 x 256 x 4 B -> 2 MiB, lamport 3 x 32 = 96 MiB
+    assert term.bytes == base + chan + (32 + 2 + 96) * MiB + rope
     assert "at tp 2 over nvlink-switch" in term.source and term.source.startswith("estimate")
     assert notes and "is an estimate" in notes[0] and "--overhead-gib" in notes[0]
-    assert overhead(8, "nvlink-switch")[0].bytes == base + chan + 8 * nvls + 4 * 8 * MiB // 2 + rope
+    assert "fusion workspace" in term.source and any("--enforce-eager" in n for n in notes)
+    # tp 8 (max_size 0.5 MiB: T = 64 tokens): buffer 8 x 64 x 4096 x 2 = 4 MiB, flags 2 MiB, lamport 12 MiB
+    assert overhead(8, "nvlink-switch")[0].bytes == base + chan + 8 * nvls + (4 + 2 + 12) * MiB + rope
+    # 0.17 - 0.26 (FlashInfer 0.6.4 - 0.6.14): each of the three buffers rounded up to 512 MiB, at any tp
+    for tp in (2, 4, 8):
+        assert (overhead(tp, "nvlink-switch", "0.19.0")[0].bytes
+                == base + chan + (8 * nvls if tp == 8 else 4 * nvls if tp == 4 else 0) + 3 * 512 * MiB + rope)
     assert overhead(8, "nvlink-switch", "0.10.1")[0].bytes == base + 2 * (chan + 8 * nvls) + car + rope
     assert overhead(4, "nvlink")[0].bytes == base + chan + rope
     assert overhead(2, "pcie")[0].bytes == base + 53_687_091 + rope
@@ -476,6 +483,36 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     assert overhead(2, "nvlink-switch", cc="8.0")[0].bytes == base + chan + rope
     # 0.8.0 - 0.9.0 and 0.6.4 charge all non-torch memory: the CUDA context too
     assert overhead(1, "pcie", "0.8.5")[0].bytes == base + round(0.15 * GiB) + rope
+
+
+def test_non_torch_parts_sum_to_the_term_and_each_has_its_rule(llama3):
+    # Every release x tp x board: the named parts add up to what the plan charges; NVLS only on NVSwitch above 2
+    # GPUs; the fusion workspace only from 0.17 on NVSwitch boards of capability 9.0 / 10.x, three buffers each a
+    # whole number of its release's granularity (512 MiB to 0.26, 2 MiB from 0.27), and never below its raw size.
+    from kvplan.engines.vllm import (
+        FUSION_MULTICAST_GRANULARITY_BYTES,
+        PROFILES,
+        fusion_buffer_bytes,
+        non_torch,
+        profile,
+    )
+
+    for version in PROFILES:
+        p = profile(version)
+        for tp in (1, 2, 4, 8):
+            for board in ("nvlink-switch", "nvlink", "pcie", None):
+                for cc in ("9.0", "10.0", "8.0"):
+                    device = Device("cuda", 132, board, cc)
+                    nt = non_torch(p, tp, device, 1, llama3, 8192)
+                    assert sum(size for _, size in nt.parts()) == nt.bytes
+                    assert (nt.nvls > 0) == (board == "nvlink-switch" and tp > 2)
+                    fused = p.first >= (0, 17, 0) and tp > 1 and board == "nvlink-switch" and cc != "8.0"
+                    assert (nt.fusion > 0) == fused, (version, tp, board, cc)
+                    if fused:
+                        grain = FUSION_MULTICAST_GRANULARITY_BYTES if p.first < (0, 27, 0) else 2 * MiB
+                        parts = fusion_buffer_bytes(p, llama3.hidden_size, tp, 8192, device.capability)
+                        assert all(b % grain == 0 and b > 0 for b in parts) and sum(parts) == nt.fusion
+                        assert parts[2] >= 3 * (parts[0] - grain)  # the lamport buffers: 3 x the buffer
 
 
 def test_the_catalogue_carries_interconnect_and_sm_count():

@@ -117,10 +117,27 @@ NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 *
 NVLS_BYTES_PER_RANK = 288 * MiB
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
 # FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, on NVSwitch
-# boards of compute capability 9.0 / 10.x): 4 x tp x min(max_size, max_num_batched_tokens x hidden x 2) per GPU
-# (flashinfer trtllm_create_ipc_workspace_for_all_reduce_fusion: buffer + 3 lamport buffers); max_size (MB) by
-# capability and tp (FI_ALLREDUCE_FUSION_MAX_SIZE_MB).
+# boards of compute capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion; without multicast -
+# PCIe, NVLink bridges - FlashInfer's SymmDeviceMemory raises and vLLM runs without it). One workspace per process
+# (vllm/distributed/device_communicators/flashinfer_all_reduce.py: the quant-fusion workspace aliases the trtllm
+# one), created when the compile passes are built, after the profiler's snapshot: it is non-torch memory the
+# profile charges. Its three buffers per GPU (flashinfer/comm/trtllm_ar.py
+# trtllm_create_ipc_workspace_for_all_reduce_fusion), T = min(max_size // (hidden x 2), max_num_batched_tokens)
+# (AllReduceFusionPass.__init__), max_size by capability and tp (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, the same in
+# 0.17 - 0.33):
+# - the buffer: tp x T x hidden x 2 B; the barrier flags: tp x 256 x 4 B; the lamport buffers: 3 x tp x T x hidden x 2 B.
+# - each buffer is a SymmDeviceMemory (use_symm_dev_mem=True, cuMemCreate). FlashInfer 0.6.4 - 0.6.14 (pinned by
+#   vLLM 0.17 - 0.26) round every one up to the multicast granularity (cuMulticastGetGranularity RECOMMENDED,
+#   flashinfer/comm/mnnvl.py _get_allocation_prop) even with multicast off: three x 512 MiB = 1.5 GiB per GPU at
+#   any tp. FlashInfer 0.6.16+ (vLLM 0.27+) skip the multicast rounding when multicast is off: the allocation
+#   granularity, 2 MiB. The 512 MiB is the granularity Hopper reports for multicast objects (NCCL's NVLS buffers
+#   use the same rounding); it is not read from a log of kvplan's corpus, so Blackwell takes the same value (the
+#   safe side: more non-torch memory, less KV).
 ALLREDUCE_FUSION_FROM = (0, 17, 0)
+FUSION_EXACT_FROM = (0, 27, 0)  # FlashInfer 0.6.16.post3: buffers rounded to the allocation granularity only
+FUSION_MULTICAST_GRANULARITY_BYTES = 512 * MiB
+FUSION_ALLOC_GRANULARITY_BYTES = 2 * MiB
+FUSION_BARRIER_FLAGS = 256  # BarrierFlagCount (int32 each)
 FUSION_MAX_BYTES = {(9, 0): {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
                     (10, 0): {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB},
                     (10, 3): {2: 64 * MiB, 4: 64 * MiB, 8: 2 * MiB}}
@@ -581,60 +598,95 @@ def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max
 
 @dataclass(frozen=True)
 class NonTorch:
-    """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), and what it is made of."""
+    """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), as named parts."""
 
-    base: int  # cuBLAS / attention workspaces created during profiling
+    base: int  # cuBLAS / attention workspaces created during profiling (NON_TORCH_BYTES)
     context: int  # the CUDA context (releases that charge all non-torch memory)
-    communicators: int  # NCCL communicators' buffers (and custom all-reduce) the release counts
-    fusion: int  # the all-reduce + RMSNorm fusion workspace (0.17+, NVSwitch boards)
+    channels: int  # the counted NCCL communicators' channel buffers (NCCL_CHANNEL_BYTES each)
+    nvls: int  # their NVLink SHARP buffers (NVSwitch boards above 2 GPUs: NVLS_BYTES_PER_RANK x tp each)
+    custom_allreduce: int  # vLLM's custom all-reduce IPC buffers (releases that count them)
+    fusion: int  # the all-reduce + RMSNorm fusion workspace (0.17+, NVSwitch boards; fusion_workspace_bytes)
     interconnect: str
     counted: int  # how many tensor-parallel NCCL communicators the release counts
+
+    @property
+    def communicators(self) -> int:
+        """The NCCL communicators' buffers and custom all-reduce, bytes per GPU."""
+        return self.channels + self.nvls + self.custom_allreduce
 
     @property
     def bytes(self) -> int:
         return self.base + self.context + self.communicators + self.fusion
 
+    def parts(self) -> tuple[tuple[str, int], ...]:
+        """The non-zero parts as ``(name, bytes)``, in the order the profile meets them."""
+        named = (("tp-1 increase", self.base), ("CUDA context", self.context), ("NCCL channels", self.channels),
+                 ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
+                 ("all-reduce fusion workspace", self.fusion))
+        return tuple((name, size) for name, size in named if size)
 
-def nccl_communicator_bytes(tp: int, interconnect: str) -> int:
-    """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``: channel buffers, and NVLS
-    multicast buffers on NVSwitch boards above 2 GPUs (:data:`NVLS_BYTES_PER_RANK` per rank)."""
+
+def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
+    """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``, ``(channels, nvls)``:
+    channel buffers, and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
+    off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank)."""
     channels = NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
     nvls = NVLS_BYTES_PER_RANK * tp if interconnect == "nvlink-switch" and tp > 2 else 0
-    return channels + nvls
+    return channels, nvls
+
+
+def fusion_buffer_bytes(p: Profile, hidden_size: int, tp: int, max_num_batched_tokens: int,
+                        capability: tuple[int, int]) -> tuple[int, int, int]:
+    """The fusion workspace's three buffers per GPU as allocated, ``(buffer, flags, lamport)`` bytes: their
+    sizes (``tp x T x hidden x 2``, ``tp x 256 x 4``, ``3 x tp x T x hidden x 2``), each rounded up to the
+    granularity of release ``p``'s FlashInfer (see :data:`FUSION_MULTICAST_GRANULARITY_BYTES`)."""
+    sizes = FUSION_MAX_BYTES[capability]
+    below = [k for k in sizes if k <= tp]
+    max_size = sizes.get(tp, sizes[max(below)] if below else 0)
+    tokens = min(max_size // (hidden_size * 2), max_num_batched_tokens)
+    grain = (FUSION_ALLOC_GRANULARITY_BYTES if p.first >= FUSION_EXACT_FROM
+             else FUSION_MULTICAST_GRANULARITY_BYTES)
+
+    def allocated(size: int) -> int:
+        return -(-size // grain) * grain
+
+    buffer = tp * tokens * hidden_size * 2
+    return allocated(buffer), allocated(tp * FUSION_BARRIER_FLAGS * 4), allocated(3 * buffer)
 
 
 def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
                            device: Device) -> int:
-    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not enable it):
-    ``4 x tp x min(max_size, max_num_batched_tokens x hidden x 2)`` (buffer + 3 lamport buffers)."""
+    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not enable it): the sum
+    of :func:`fusion_buffer_bytes` (1.5 GiB at any tp in 0.17 - 0.26, about ``4 x tp x T x hidden x 2``
+    from 0.27)."""
     capability = device.capability
     if (p.first < ALLREDUCE_FUSION_FROM or tp < 2 or pp > 1 or device.interconnect != "nvlink-switch"
             or capability not in FUSION_MAX_BYTES):
         return 0
-    sizes = FUSION_MAX_BYTES[capability]
-    max_size = sizes.get(tp, sizes[max(k for k in sizes if k <= tp)] if any(k <= tp for k in sizes) else 0)
-    return 4 * tp * min(max_size, max_num_batched_tokens * spec.hidden_size * 2)
+    return sum(fusion_buffer_bytes(p, spec.hidden_size, tp, max_num_batched_tokens, capability))
 
 
 def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
               max_num_batched_tokens: int = 0) -> NonTorch:
-    """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`): the tp-1 increase, the CUDA
-    context where all non-torch memory counts, the NCCL communicators it counts (two before 0.11 - PyNccl's and
-    torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created lazily during the
-    profile), and the all-reduce fusion workspace. An unknown interconnect (``--gpu-memory`` alone) counts as
+    """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`), part by part: the tp-1
+    increase, the CUDA context where all non-torch memory counts, the NCCL communicators it counts (two before
+    0.11 - PyNccl's and torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created
+    lazily during the profile: v1/worker/gpu_worker.py init_device takes the snapshot after
+    init_worker_distributed_environment, which makes PyNccl, custom all-reduce and symmetric memory), their NVLS
+    buffers, and the all-reduce fusion workspace. An unknown interconnect (``--gpu-memory`` alone) counts as
     ``nvlink``."""
     device = device or Device()
     interconnect = device.interconnect or "nvlink"
     context = CUDA_CONTEXT_BYTES if p.measure == "absolute" else 0
-    counted = 0
-    communicators = 0
+    counted = channels = nvls = custom = 0
     if tp >= 2:
         counted = 1 if p.measure in ("post-nccl", "consumed") else 2
-        communicators = counted * nccl_communicator_bytes(tp, interconnect)
+        one_channels, one_nvls = nccl_communicator_bytes(tp, interconnect)
+        channels, nvls = counted * one_channels, counted * one_nvls
         if counted == 2 and not (interconnect == "pcie" and tp > 2):  # custom all-reduce: off on > 2 PCIe GPUs
-            communicators += CUSTOM_ALLREDUCE_BYTES
+            custom = CUSTOM_ALLREDUCE_BYTES
     fusion = fusion_workspace_bytes(p, spec, tp, pp, max_num_batched_tokens, device) if spec else 0
-    return NonTorch(p.non_torch_bytes, context, communicators, fusion, interconnect, counted)
+    return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted)
 
 
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
@@ -658,7 +710,12 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                      "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
                      "promise more KV than the engine gives; pass --overhead-gib with your log's non-torch memory")
     if nt.fusion:
-        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB")
+        grain = "2 MiB" if p.first >= FUSION_EXACT_FROM else "512 MiB multicast"
+        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (3 FlashInfer buffers, {grain} "
+                     "granularity)")
+        notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU) is FlashInfer's three buffers "
+                     f"rounded to its {grain} granularity (read in the code, not in a corpus log; 0 with "
+                     "--enforce-eager, which builds no compile passes)")
     parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
     return Term("overhead", nt.bytes + rope, "estimate: " + " + ".join(parts)), notes
 
