@@ -460,23 +460,27 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     assert overhead(1, "nvlink-switch")[0].bytes == base + rope
     assert overhead(1, "nvlink-switch")[1] == ()
     term, notes = overhead(2, "nvlink-switch")
-    # 0.27+ on an NVSwitch board at tp 2: + the all-reduce fusion workspace, T = min(64 MiB // (4096 x 2), 2048)
-    # = 2048 tokens: buffer 2 x 2048 x 4096 x 2 = 32 MiB, flags 2 x 256 x 4 B -> 2 MiB, lamport 3 x 32 = 96 MiB
-    assert term.bytes == base + chan + (32 + 2 + 96) * MiB + rope
+    # 0.25+ on an NVSwitch board at tp 2: + FlashInfer's mnnvl fusion workspace, T = min(64 MiB // (4096 x 2), 2048)
+    # = 2048 tokens; one multicast buffer of 3 x two-shot (2 x 1024 x 2 x 4096 x 2 = 16 MiB) = 48 MiB -> 512 MiB
+    assert term.bytes == base + chan + 512 * MiB + rope
     assert "at tp 2 over nvlink-switch" in term.source and term.source.startswith("estimate")
     assert notes and "is an estimate" in notes[0] and "--overhead-gib" in notes[0]
     assert "fusion workspace" in term.source and any("--enforce-eager" in n for n in notes)
-    # tp 8 (max_size 0.5 MiB: T = 64 tokens): buffer 8 x 64 x 4096 x 2 = 4 MiB, flags 2 MiB, lamport 12 MiB
-    assert overhead(8, "nvlink-switch")[0].bytes == base + chan + 8 * nvls + (4 + 2 + 12) * MiB + rope
-    # 0.17 - 0.26 (FlashInfer 0.6.4 - 0.6.14): each of the three buffers rounded up to 512 MiB, at any tp
+    assert overhead(8, "nvlink-switch")[0].bytes == base + chan + 8 * nvls + 512 * MiB + rope
+    # 0.17 - 0.24 (trtllm, FlashInfer 0.6.4 - 0.6.12): each of its three buffers rounded up to 512 MiB, at any tp
     for tp in (2, 4, 8):
         assert (overhead(tp, "nvlink-switch", "0.19.0")[0].bytes
-                == base + chan + (8 * nvls if tp == 8 else 4 * nvls if tp == 4 else 0) + 3 * 512 * MiB + rope)
+                == base + chan + (tp * nvls if tp > 2 else 0) + 3 * 512 * MiB + rope)
+    # 0.27+ without NVSwitch: the trtllm fallback, 2 MiB granularity (+ a 2 KiB signal pad per buffer): buffer
+    # 2 x 2048 x 4096 x 2 = 32 MiB -> 34, flags -> 2, lamport 96 -> 98 MiB; none before 0.27
+    assert overhead(2, "nvlink")[0].bytes == base + chan + (34 + 2 + 98) * MiB + rope
+    assert overhead(2, "nvlink", "0.26.0")[0].bytes == base + chan + rope
     assert overhead(8, "nvlink-switch", "0.10.1")[0].bytes == base + 2 * (chan + 8 * nvls) + car + rope
-    assert overhead(4, "nvlink")[0].bytes == base + chan + rope
-    assert overhead(2, "pcie")[0].bytes == base + 53_687_091 + rope
+    assert overhead(4, "nvlink", "0.26.0")[0].bytes == base + chan + rope
+    assert overhead(2, "pcie", cc="8.0")[0].bytes == base + 53_687_091 + rope
+    assert overhead(2, "pcie")[0].bytes == base + 53_687_091 + (34 + 2 + 98) * MiB + rope  # 0.27+'s trtllm fallback
     assert overhead(4, "pcie", "0.6.6")[0].bytes == base + 2 * 53_687_091 + rope  # custom all-reduce off on > 2 PCIe
-    assert overhead(2, None)[0].bytes == overhead(2, "nvlink")[0].bytes  # unknown GPU: as nvlink
+    assert overhead(2, None, cc=None)[0].bytes == base + chan + rope  # unknown GPU: nvlink, no fusion
     # no fusion workspace before 0.17, at pp > 1, or below compute capability 9.0
     assert overhead(2, "nvlink-switch", "0.16.0")[0].bytes == base + chan + rope
     assert overhead(2, "nvlink-switch", pp=2)[0].bytes == base + chan + rope
@@ -487,11 +491,13 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
 
 def test_non_torch_parts_sum_to_the_term_and_each_has_its_rule(llama3):
     # Every release x tp x board: the named parts add up to what the plan charges; NVLS only on NVSwitch above 2
-    # GPUs; the fusion workspace only from 0.17 on NVSwitch boards of capability 9.0 / 10.x, three buffers each a
-    # whole number of its release's granularity (512 MiB to 0.26, 2 MiB from 0.27), and never below its raw size.
+    # GPUs; the fusion workspace only from 0.17 at capability 9.0 / 10.x - trtllm on NVSwitch to 0.24, mnnvl
+    # from 0.25, trtllm without NVSwitch from 0.27 - each buffer a whole number of its granularity (512 MiB with
+    # multicast, 2 MiB without) and none smaller than the bytes it must hold.
     from kvplan.engines.vllm import (
         FUSION_MULTICAST_GRANULARITY_BYTES,
         PROFILES,
+        fusion_backend,
         fusion_buffer_bytes,
         non_torch,
         profile,
@@ -506,13 +512,20 @@ def test_non_torch_parts_sum_to_the_term_and_each_has_its_rule(llama3):
                     nt = non_torch(p, tp, device, 1, llama3, 8192)
                     assert sum(size for _, size in nt.parts()) == nt.bytes
                     assert (nt.nvls > 0) == (board == "nvlink-switch" and tp > 2)
-                    fused = p.first >= (0, 17, 0) and tp > 1 and board == "nvlink-switch" and cc != "8.0"
-                    assert (nt.fusion > 0) == fused, (version, tp, board, cc)
-                    if fused:
-                        grain = FUSION_MULTICAST_GRANULARITY_BYTES if p.first < (0, 27, 0) else 2 * MiB
-                        parts = fusion_buffer_bytes(p, llama3.hidden_size, tp, 8192, device.capability)
-                        assert all(b % grain == 0 and b > 0 for b in parts) and sum(parts) == nt.fusion
-                        assert parts[2] >= 3 * (parts[0] - grain)  # the lamport buffers: 3 x the buffer
+                    backend = fusion_backend(p, tp, 1, device)
+                    switch = board == "nvlink-switch"
+                    expected = (None if p.first < (0, 17, 0) or tp == 1 or cc == "8.0" else
+                                ("mnnvl" if p.first >= (0, 25, 0) else "trtllm") if switch else
+                                "trtllm" if p.first >= (0, 27, 0) else None)
+                    assert backend == expected, (version, tp, board, cc)
+                    assert (nt.fusion > 0) == (backend is not None)
+                    if backend:
+                        grain = FUSION_MULTICAST_GRANULARITY_BYTES if switch else 2 * MiB
+                        parts = fusion_buffer_bytes(backend, switch, llama3.hidden_size, tp, 8192, device.capability)
+                        assert sum(parts) == nt.fusion and all(b % grain == 0 for b in parts)
+                        assert len(parts) == (1 if backend == "mnnvl" else 3)
+                        if backend == "trtllm":
+                            assert parts[2] >= 3 * (parts[0] - grain)  # the lamport buffers: 3 x the buffer
 
 
 def test_the_catalogue_carries_interconnect_and_sm_count():

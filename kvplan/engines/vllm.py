@@ -116,28 +116,37 @@ NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 *
                       "infinity-fabric": round(0.41 * GiB), "pcie": round(0.05 * GiB)}
 NVLS_BYTES_PER_RANK = 288 * MiB
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
-# FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, on NVSwitch
-# boards of compute capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion; without multicast -
-# PCIe, NVLink bridges - FlashInfer's SymmDeviceMemory raises and vLLM runs without it). One workspace per process
-# (vllm/distributed/device_communicators/flashinfer_all_reduce.py: the quant-fusion workspace aliases the trtllm
-# one), created when the compile passes are built, after the profiler's snapshot: it is non-torch memory the
-# profile charges. Its three buffers per GPU (flashinfer/comm/trtllm_ar.py
-# trtllm_create_ipc_workspace_for_all_reduce_fusion), T = min(max_size // (hidden x 2), max_num_batched_tokens)
-# (AllReduceFusionPass.__init__), max_size by capability and tp (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, the same in
-# 0.17 - 0.33):
-# - the buffer: tp x T x hidden x 2 B; the barrier flags: tp x 256 x 4 B; the lamport buffers: 3 x tp x T x hidden x 2 B.
-# - each buffer is a SymmDeviceMemory (use_symm_dev_mem=True, cuMemCreate). FlashInfer 0.6.4 - 0.6.14 (pinned by
-#   vLLM 0.17 - 0.26) round every one up to the multicast granularity (cuMulticastGetGranularity RECOMMENDED,
-#   flashinfer/comm/mnnvl.py _get_allocation_prop) even with multicast off: three x 512 MiB = 1.5 GiB per GPU at
-#   any tp. FlashInfer 0.6.16+ (vLLM 0.27+) skip the multicast rounding when multicast is off: the allocation
-#   granularity, 2 MiB. The 512 MiB is the granularity Hopper reports for multicast objects (NCCL's NVLS buffers
-#   use the same rounding); it is not read from a log of kvplan's corpus, so Blackwell takes the same value (the
-#   safe side: more non-torch memory, less KV).
+# FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, dp 1, compute
+# capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion). One workspace per process
+# (vllm/distributed/device_communicators/flashinfer_all_reduce.py; the quant-fusion workspace aliases it), made
+# when the compile passes are built (AllReduceFusionPass.__init__), after the profiler's snapshot: non-torch memory
+# the profile charges. T = min(max_size // (hidden x 2), max_num_batched_tokens), max_size by capability and tp
+# (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, the same in 0.17 - 0.33). Its backend and buffers by release (the FlashInfer
+# each pins, flashinfer/comm/trtllm_ar.py, trtllm_mnnvl_ar.py, mnnvl.py):
+# - trtllm (0.17 - 0.24, FlashInfer 0.6.4 - 0.6.12): three SymmDeviceMemory buffers - tp x T x hidden x 2 B, the
+#   barrier flags tp x 256 x 4 B, the lamport buffers 3 x tp x T x hidden x 2 B - each rounded up to the multicast
+#   granularity (cuMulticastGetGranularity RECOMMENDED, _get_allocation_prop) although multicast is off: 3 x 512
+#   MiB = 1.5 GiB per GPU at any tp. Without multicast (no NVSwitch) SymmDeviceMemory raises and vLLM runs
+#   without the fusion.
+# - mnnvl (0.25+, the default on one node too): one multicast buffer of 3 x max(one-shot, two-shot) bytes (one-shot
+#   min(1 MiB // (tp x hidden x 2), T) x hidden x tp x 2, two-shot 2 x ceil(T / tp) x tp x hidden x 2), rounded up to
+#   the multicast granularity: 512 MiB at the default sizes. 0.25 - 0.26 (FlashInfer 0.6.13 - 0.6.14) allocate it
+#   through torch's symmetric memory, whose rounding kvplan takes to be the same.
+# - trtllm without multicast (0.27+, FlashInfer 0.6.16+: vLLM falls back to it on one node without NVSwitch
+#   multicast; SymmDeviceMemory no longer needs multicast): the three buffers rounded to the 2 MiB allocation
+#   granularity, about 4 x tp x T x hidden x 2 (514 MiB at tp 2 with 8,192 tokens of hidden 4,096). Whether it
+#   starts without P2P is not known: kvplan charges it (the safe side).
+# The 512 MiB is the granularity Hopper reports for multicast objects (NCCL's NVLS buffers are rounded the same);
+# it is read in the code, not in a corpus log, and Blackwell takes the same value (the safe side: more non-torch
+# memory, less KV). --enforce-eager builds no compile passes and no workspace.
 ALLREDUCE_FUSION_FROM = (0, 17, 0)
-FUSION_EXACT_FROM = (0, 27, 0)  # FlashInfer 0.6.16.post3: buffers rounded to the allocation granularity only
+FUSION_MNNVL_FROM = (0, 25, 0)  # _resolve_fi_ar_backend: "auto" picks mnnvl on one node too
+FUSION_TRTLLM_FALLBACK_FROM = (0, 27, 0)  # FlashInfer 0.6.16.post3: trtllm without multicast, 2 MiB rounding
 FUSION_MULTICAST_GRANULARITY_BYTES = 512 * MiB
 FUSION_ALLOC_GRANULARITY_BYTES = 2 * MiB
 FUSION_BARRIER_FLAGS = 256  # BarrierFlagCount (int32 each)
+FUSION_SIGNAL_PAD_BYTES = 2048  # SIGNAL_PAD_SIZE, on top of a SymmDeviceMemory buffer
+MNNVL_ONE_SHOT_THRESHOLD_BYTES = 64 * 1024 * 8 * 2
 FUSION_MAX_BYTES = {(9, 0): {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
                     (10, 0): {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB},
                     (10, 3): {2: 64 * MiB, 4: 64 * MiB, 8: 2 * MiB}}
@@ -635,35 +644,52 @@ def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
     return channels, nvls
 
 
-def fusion_buffer_bytes(p: Profile, hidden_size: int, tp: int, max_num_batched_tokens: int,
-                        capability: tuple[int, int]) -> tuple[int, int, int]:
-    """The fusion workspace's three buffers per GPU as allocated, ``(buffer, flags, lamport)`` bytes: their
-    sizes (``tp x T x hidden x 2``, ``tp x 256 x 4``, ``3 x tp x T x hidden x 2``), each rounded up to the
-    granularity of release ``p``'s FlashInfer (see :data:`FUSION_MULTICAST_GRANULARITY_BYTES`)."""
+def fusion_backend(p: Profile, tp: int, pp: int, device: Device) -> str | None:
+    """Which FlashInfer all-reduce fusion workspace release ``p`` makes on ``device`` (see
+    :data:`FUSION_MAX_BYTES`): ``trtllm`` (0.17 - 0.24, NVSwitch multicast needed; 0.27+ without multicast),
+    ``mnnvl`` (0.25+ with multicast) or None (no fusion: before 0.17, tp 1, pp > 1, another capability)."""
+    if (p.first < ALLREDUCE_FUSION_FROM or tp < 2 or pp > 1 or device.capability not in FUSION_MAX_BYTES):
+        return None
+    multicast = device.interconnect == "nvlink-switch"
+    if multicast:
+        return "mnnvl" if p.first >= FUSION_MNNVL_FROM else "trtllm"
+    return "trtllm" if p.first >= FUSION_TRTLLM_FALLBACK_FROM else None
+
+
+def fusion_buffer_bytes(backend: str, multicast: bool, hidden_size: int, tp: int, max_num_batched_tokens: int,
+                        capability: tuple[int, int]) -> tuple[int, ...]:
+    """The fusion workspace's buffers per GPU as allocated (bytes): trtllm's three (buffer, barrier flags,
+    lamport), mnnvl's one; each rounded up to the multicast granularity where ``multicast`` (the
+    SymmDeviceMemory of FlashInfer 0.6.4 - 0.6.14, and mnnvl's multicast buffer) or to 2 MiB."""
     sizes = FUSION_MAX_BYTES[capability]
     below = [k for k in sizes if k <= tp]
     max_size = sizes.get(tp, sizes[max(below)] if below else 0)
     tokens = min(max_size // (hidden_size * 2), max_num_batched_tokens)
-    grain = (FUSION_ALLOC_GRANULARITY_BYTES if p.first >= FUSION_EXACT_FROM
-             else FUSION_MULTICAST_GRANULARITY_BYTES)
+    grain = FUSION_MULTICAST_GRANULARITY_BYTES if multicast else FUSION_ALLOC_GRANULARITY_BYTES
 
     def allocated(size: int) -> int:
-        return -(-size // grain) * grain
+        return -(-(size + FUSION_SIGNAL_PAD_BYTES) // grain) * grain
 
+    if backend == "mnnvl":
+        one_shot_tokens = min(MNNVL_ONE_SHOT_THRESHOLD_BYTES // (tp * hidden_size * 2), tokens)
+        one_shot = one_shot_tokens * hidden_size * tp * 2
+        two_shot = 2 * -(-tokens // tp) * tp * hidden_size * 2
+        return (allocated(3 * max(one_shot, two_shot)),)
     buffer = tp * tokens * hidden_size * 2
     return allocated(buffer), allocated(tp * FUSION_BARRIER_FLAGS * 4), allocated(3 * buffer)
 
 
 def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
                            device: Device) -> int:
-    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not enable it): the sum
-    of :func:`fusion_buffer_bytes` (1.5 GiB at any tp in 0.17 - 0.26, about ``4 x tp x T x hidden x 2``
-    from 0.27)."""
-    capability = device.capability
-    if (p.first < ALLREDUCE_FUSION_FROM or tp < 2 or pp > 1 or device.interconnect != "nvlink-switch"
-            or capability not in FUSION_MAX_BYTES):
+    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not make one): the sum of
+    :func:`fusion_buffer_bytes` for :func:`fusion_backend` - 1.5 GiB at any tp in 0.17 - 0.24 and 512 MiB from
+    0.25 on NVSwitch boards; about ``4 x tp x T x hidden x 2`` from 0.27 on other boards of those GPUs."""
+    backend = fusion_backend(p, tp, pp, device)
+    if backend is None:
         return 0
-    return sum(fusion_buffer_bytes(p, spec.hidden_size, tp, max_num_batched_tokens, capability))
+    multicast = device.interconnect == "nvlink-switch"  # 0.27+'s trtllm runs only without it
+    return sum(fusion_buffer_bytes(backend, multicast, spec.hidden_size, tp, max_num_batched_tokens,
+                                   device.capability))
 
 
 def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
@@ -710,12 +736,11 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                      "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
                      "promise more KV than the engine gives; pass --overhead-gib with your log's non-torch memory")
     if nt.fusion:
-        grain = "2 MiB" if p.first >= FUSION_EXACT_FROM else "512 MiB multicast"
-        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (3 FlashInfer buffers, {grain} "
-                     "granularity)")
-        notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU) is FlashInfer's three buffers "
-                     f"rounded to its {grain} granularity (read in the code, not in a corpus log; 0 with "
-                     "--enforce-eager, which builds no compile passes)")
+        backend = fusion_backend(p, tp, pp, device or Device())
+        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (FlashInfer {backend})")
+        notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU, FlashInfer's {backend} "
+                     "buffers rounded to their granularity) is read in the code, not in a corpus log; --enforce-eager "
+                     "builds no compile passes and no workspace")
     parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
     return Term("overhead", nt.bytes + rope, "estimate: " + " + ".join(parts)), notes
 
