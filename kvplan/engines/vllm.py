@@ -115,6 +115,19 @@ CUDA_CONTEXT_BYTES = round(0.15 * GiB)
 NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 * GiB),
                       "infinity-fabric": round(0.41 * GiB), "pcie": round(0.05 * GiB)}
 NVLS_BYTES_PER_RANK = 288 * MiB
+# Each peer beyond the first adds buffers to a communicator over NVLink-class links (NVLink, NVSwitch, Infinity
+# Fabric): NCCL connects P2P channels per peer (send/recv and the gather vLLM's logits use), each with its own
+# Simple/LL/LL128 buffers, so the bytes grow with tp - 1. The size per peer is a fit, not read in NCCL: on the
+# calibration part it takes the one tp-8 NVLink log that prints non-torch memory (vllm-f3706561278, 8 x A100 40GB,
+# V0 0.7.1: 2.10 GiB with two communicators -> 0.89 GiB each, 0.41 at tp 2 + 6 x 0.08) with the tp-2 value above;
+# uncertain to about +-0.05 GiB per peer (the validation part's tp-4 A100 log charges 1.39 GiB, this rule 1.50).
+# PCIe boards keep the tp-2 figure (logs at tp 8 over PCIe charge 0.2 - 0.4 GiB in all). Only the peers of one node
+# count (NVLINK_PEERS_PER_NODE: a node of 8 GPUs; peers on other nodes are reached over the network transport, not
+# P2P; no calibration log prints non-torch memory above 8 GPUs, and vllm-17242, 2 x 8 H20 at tp 16, is already
+# planned 28% under the KV it got).
+NVLINK_PEERS_PER_NODE = 8
+NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * GiB),
+                   "infinity-fabric": round(0.08 * GiB), "pcie": 0}
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
 # FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, dp 1, compute
 # capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion). One workspace per process
@@ -637,10 +650,13 @@ class NonTorch:
 
 def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
     """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``, ``(channels, nvls)``:
-    channel buffers, and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
+    channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
     off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank)."""
-    channels = NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
-    nvls = NVLS_BYTES_PER_RANK * tp if interconnect == "nvlink-switch" and tp > 2 else 0
+    channels = (NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
+                + max(0, min(tp, NVLINK_PEERS_PER_NODE) - 2) * NCCL_PEER_BYTES.get(interconnect, NCCL_PEER_BYTES["nvlink"]))
+    # NVLS spans one NVLink domain: its buffers scale with the ranks of one node (nvlsTotalSize = per-rank x heads)
+    local = min(tp, NVLINK_PEERS_PER_NODE)
+    nvls = NVLS_BYTES_PER_RANK * local if interconnect == "nvlink-switch" and tp > 2 else 0
     return channels, nvls
 
 
