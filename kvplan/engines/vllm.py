@@ -115,12 +115,51 @@ CUDA_CONTEXT_BYTES = round(0.15 * GiB)
 NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 * GiB),
                       "infinity-fabric": round(0.41 * GiB), "pcie": round(0.05 * GiB)}
 NVLS_BYTES_PER_RANK = 288 * MiB
+# Each peer beyond the first adds buffers to a communicator over NVLink-class links (NVLink, NVSwitch, Infinity
+# Fabric): NCCL connects P2P channels per peer (send/recv and the gather vLLM's logits use), each with its own
+# Simple/LL/LL128 buffers, so the bytes grow with tp - 1. The size per peer is a fit, not read in NCCL: on the
+# calibration part it takes the one tp-8 NVLink log that prints non-torch memory (vllm-f3706561278, 8 x A100 40GB,
+# V0 0.7.1: 2.10 GiB with two communicators -> 0.89 GiB each, 0.41 at tp 2 + 6 x 0.08) with the tp-2 value above;
+# uncertain to about +-0.05 GiB per peer (the validation part's tp-4 A100 log charges 1.39 GiB, this rule 1.50).
+# PCIe boards keep the tp-2 figure (logs at tp 8 over PCIe charge 0.2 - 0.4 GiB in all). Only the peers of one node
+# count (NVLINK_PEERS_PER_NODE: a node of 8 GPUs; peers on other nodes are reached over the network transport, not
+# P2P; no calibration log prints non-torch memory above 8 GPUs, and vllm-17242, 2 x 8 H20 at tp 16, is already
+# planned 28% under the KV it got).
+NVLINK_PEERS_PER_NODE = 8
+NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * GiB),
+                   "infinity-fabric": round(0.08 * GiB), "pcie": 0}
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
-# FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, on NVSwitch
-# boards of compute capability 9.0 / 10.x): 4 x tp x min(max_size, max_num_batched_tokens x hidden x 2) per GPU
-# (flashinfer trtllm_create_ipc_workspace_for_all_reduce_fusion: buffer + 3 lamport buffers); max_size (MB) by
-# capability and tp (FI_ALLREDUCE_FUSION_MAX_SIZE_MB).
+# FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, dp 1, compute
+# capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion). One workspace per process
+# (vllm/distributed/device_communicators/flashinfer_all_reduce.py; the quant-fusion workspace aliases it), made
+# when the compile passes are built (AllReduceFusionPass.__init__), after the profiler's snapshot: non-torch memory
+# the profile charges. T = min(max_size // (hidden x 2), max_num_batched_tokens), max_size by capability and tp
+# (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, the same in 0.17 - 0.33). Its backend and buffers by release (the FlashInfer
+# each pins, flashinfer/comm/trtllm_ar.py, trtllm_mnnvl_ar.py, mnnvl.py):
+# - trtllm (0.17 - 0.24, FlashInfer 0.6.4 - 0.6.12): three SymmDeviceMemory buffers - tp x T x hidden x 2 B, the
+#   barrier flags tp x 256 x 4 B, the lamport buffers 3 x tp x T x hidden x 2 B - each rounded up to the multicast
+#   granularity (cuMulticastGetGranularity RECOMMENDED, _get_allocation_prop) although multicast is off: 3 x 512
+#   MiB = 1.5 GiB per GPU at any tp. Without multicast (no NVSwitch) SymmDeviceMemory raises and vLLM runs
+#   without the fusion.
+# - mnnvl (0.25+, the default on one node too): one multicast buffer of 3 x max(one-shot, two-shot) bytes (one-shot
+#   min(1 MiB // (tp x hidden x 2), T) x hidden x tp x 2, two-shot 2 x ceil(T / tp) x tp x hidden x 2), rounded up to
+#   the multicast granularity: 512 MiB at the default sizes. 0.25 - 0.26 (FlashInfer 0.6.13 - 0.6.14) allocate it
+#   through torch's symmetric memory, whose rounding kvplan takes to be the same.
+# - trtllm without multicast (0.27+, FlashInfer 0.6.16+: vLLM falls back to it on one node without NVSwitch
+#   multicast; SymmDeviceMemory no longer needs multicast): the three buffers rounded to the 2 MiB allocation
+#   granularity, about 4 x tp x T x hidden x 2 (514 MiB at tp 2 with 8,192 tokens of hidden 4,096). Whether it
+#   starts without P2P is not known: kvplan charges it (the safe side).
+# The 512 MiB is the granularity Hopper reports for multicast objects (NCCL's NVLS buffers are rounded the same);
+# it is read in the code, not in a corpus log, and Blackwell takes the same value (the safe side: more non-torch
+# memory, less KV). --enforce-eager builds no compile passes and no workspace.
 ALLREDUCE_FUSION_FROM = (0, 17, 0)
+FUSION_MNNVL_FROM = (0, 25, 0)  # _resolve_fi_ar_backend: "auto" picks mnnvl on one node too
+FUSION_TRTLLM_FALLBACK_FROM = (0, 27, 0)  # FlashInfer 0.6.16.post3: trtllm without multicast, 2 MiB rounding
+FUSION_MULTICAST_GRANULARITY_BYTES = 512 * MiB
+FUSION_ALLOC_GRANULARITY_BYTES = 2 * MiB
+FUSION_BARRIER_FLAGS = 256  # BarrierFlagCount (int32 each)
+FUSION_SIGNAL_PAD_BYTES = 2048  # SIGNAL_PAD_SIZE, on top of a SymmDeviceMemory buffer
+MNNVL_ONE_SHOT_THRESHOLD_BYTES = 64 * 1024 * 8 * 2
 FUSION_MAX_BYTES = {(9, 0): {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
                     (10, 0): {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB},
                     (10, 3): {2: 64 * MiB, 4: 64 * MiB, 8: 2 * MiB}}
@@ -581,60 +620,115 @@ def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max
 
 @dataclass(frozen=True)
 class NonTorch:
-    """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), and what it is made of."""
+    """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), as named parts."""
 
-    base: int  # cuBLAS / attention workspaces created during profiling
+    base: int  # cuBLAS / attention workspaces created during profiling (NON_TORCH_BYTES)
     context: int  # the CUDA context (releases that charge all non-torch memory)
-    communicators: int  # NCCL communicators' buffers (and custom all-reduce) the release counts
-    fusion: int  # the all-reduce + RMSNorm fusion workspace (0.17+, NVSwitch boards)
+    channels: int  # the counted NCCL communicators' channel buffers (NCCL_CHANNEL_BYTES each)
+    nvls: int  # their NVLink SHARP buffers (NVSwitch boards above 2 GPUs: NVLS_BYTES_PER_RANK x tp each)
+    custom_allreduce: int  # vLLM's custom all-reduce IPC buffers (releases that count them)
+    fusion: int  # the all-reduce + RMSNorm fusion workspace (0.17+, NVSwitch boards; fusion_workspace_bytes)
     interconnect: str
     counted: int  # how many tensor-parallel NCCL communicators the release counts
+
+    @property
+    def communicators(self) -> int:
+        """The NCCL communicators' buffers and custom all-reduce, bytes per GPU."""
+        return self.channels + self.nvls + self.custom_allreduce
 
     @property
     def bytes(self) -> int:
         return self.base + self.context + self.communicators + self.fusion
 
+    def parts(self) -> tuple[tuple[str, int], ...]:
+        """The non-zero parts as ``(name, bytes)``, in the order the profile meets them."""
+        named = (("tp-1 increase", self.base), ("CUDA context", self.context), ("NCCL channels", self.channels),
+                 ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
+                 ("all-reduce fusion workspace", self.fusion))
+        return tuple((name, size) for name, size in named if size)
 
-def nccl_communicator_bytes(tp: int, interconnect: str) -> int:
-    """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``: channel buffers, and NVLS
-    multicast buffers on NVSwitch boards above 2 GPUs (:data:`NVLS_BYTES_PER_RANK` per rank)."""
-    channels = NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
-    nvls = NVLS_BYTES_PER_RANK * tp if interconnect == "nvlink-switch" and tp > 2 else 0
-    return channels + nvls
+
+def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
+    """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``, ``(channels, nvls)``:
+    channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
+    off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank)."""
+    channels = (NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
+                + max(0, min(tp, NVLINK_PEERS_PER_NODE) - 2) * NCCL_PEER_BYTES.get(interconnect, NCCL_PEER_BYTES["nvlink"]))
+    # NVLS spans one NVLink domain: its buffers scale with the ranks of one node (nvlsTotalSize = per-rank x heads)
+    local = min(tp, NVLINK_PEERS_PER_NODE)
+    nvls = NVLS_BYTES_PER_RANK * local if interconnect == "nvlink-switch" and tp > 2 else 0
+    return channels, nvls
+
+
+def fusion_backend(p: Profile, tp: int, pp: int, device: Device) -> str | None:
+    """Which FlashInfer all-reduce fusion workspace release ``p`` makes on ``device`` (see
+    :data:`FUSION_MAX_BYTES`): ``trtllm`` (0.17 - 0.24, NVSwitch multicast needed; 0.27+ without multicast),
+    ``mnnvl`` (0.25+ with multicast) or None (no fusion: before 0.17, tp 1, pp > 1, another capability)."""
+    if (p.first < ALLREDUCE_FUSION_FROM or tp < 2 or pp > 1 or device.capability not in FUSION_MAX_BYTES):
+        return None
+    multicast = device.interconnect == "nvlink-switch"
+    if multicast:
+        return "mnnvl" if p.first >= FUSION_MNNVL_FROM else "trtllm"
+    return "trtllm" if p.first >= FUSION_TRTLLM_FALLBACK_FROM else None
+
+
+def fusion_buffer_bytes(backend: str, multicast: bool, hidden_size: int, tp: int, max_num_batched_tokens: int,
+                        capability: tuple[int, int]) -> tuple[int, ...]:
+    """The fusion workspace's buffers per GPU as allocated (bytes): trtllm's three (buffer, barrier flags,
+    lamport), mnnvl's one; each rounded up to the multicast granularity where ``multicast`` (the
+    SymmDeviceMemory of FlashInfer 0.6.4 - 0.6.14, and mnnvl's multicast buffer) or to 2 MiB."""
+    sizes = FUSION_MAX_BYTES[capability]
+    below = [k for k in sizes if k <= tp]
+    max_size = sizes.get(tp, sizes[max(below)] if below else 0)
+    tokens = min(max_size // (hidden_size * 2), max_num_batched_tokens)
+    grain = FUSION_MULTICAST_GRANULARITY_BYTES if multicast else FUSION_ALLOC_GRANULARITY_BYTES
+
+    def allocated(size: int) -> int:
+        return -(-(size + FUSION_SIGNAL_PAD_BYTES) // grain) * grain
+
+    if backend == "mnnvl":
+        one_shot_tokens = min(MNNVL_ONE_SHOT_THRESHOLD_BYTES // (tp * hidden_size * 2), tokens)
+        one_shot = one_shot_tokens * hidden_size * tp * 2
+        two_shot = 2 * -(-tokens // tp) * tp * hidden_size * 2
+        return (allocated(3 * max(one_shot, two_shot)),)
+    buffer = tp * tokens * hidden_size * 2
+    return allocated(buffer), allocated(tp * FUSION_BARRIER_FLAGS * 4), allocated(3 * buffer)
 
 
 def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
                            device: Device) -> int:
-    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not enable it):
-    ``4 x tp x min(max_size, max_num_batched_tokens x hidden x 2)`` (buffer + 3 lamport buffers)."""
-    capability = device.capability
-    if (p.first < ALLREDUCE_FUSION_FROM or tp < 2 or pp > 1 or device.interconnect != "nvlink-switch"
-            or capability not in FUSION_MAX_BYTES):
+    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not make one): the sum of
+    :func:`fusion_buffer_bytes` for :func:`fusion_backend` - 1.5 GiB at any tp in 0.17 - 0.24 and 512 MiB from
+    0.25 on NVSwitch boards; about ``4 x tp x T x hidden x 2`` from 0.27 on other boards of those GPUs."""
+    backend = fusion_backend(p, tp, pp, device)
+    if backend is None:
         return 0
-    sizes = FUSION_MAX_BYTES[capability]
-    max_size = sizes.get(tp, sizes[max(k for k in sizes if k <= tp)] if any(k <= tp for k in sizes) else 0)
-    return 4 * tp * min(max_size, max_num_batched_tokens * spec.hidden_size * 2)
+    multicast = device.interconnect == "nvlink-switch"  # 0.27+'s trtllm runs only without it
+    return sum(fusion_buffer_bytes(backend, multicast, spec.hidden_size, tp, max_num_batched_tokens,
+                                   device.capability))
 
 
 def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
               max_num_batched_tokens: int = 0) -> NonTorch:
-    """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`): the tp-1 increase, the CUDA
-    context where all non-torch memory counts, the NCCL communicators it counts (two before 0.11 - PyNccl's and
-    torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created lazily during the
-    profile), and the all-reduce fusion workspace. An unknown interconnect (``--gpu-memory`` alone) counts as
+    """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`), part by part: the tp-1
+    increase, the CUDA context where all non-torch memory counts, the NCCL communicators it counts (two before
+    0.11 - PyNccl's and torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created
+    lazily during the profile: v1/worker/gpu_worker.py init_device takes the snapshot after
+    init_worker_distributed_environment, which makes PyNccl, custom all-reduce and symmetric memory), their NVLS
+    buffers, and the all-reduce fusion workspace. An unknown interconnect (``--gpu-memory`` alone) counts as
     ``nvlink``."""
     device = device or Device()
     interconnect = device.interconnect or "nvlink"
     context = CUDA_CONTEXT_BYTES if p.measure == "absolute" else 0
-    counted = 0
-    communicators = 0
+    counted = channels = nvls = custom = 0
     if tp >= 2:
         counted = 1 if p.measure in ("post-nccl", "consumed") else 2
-        communicators = counted * nccl_communicator_bytes(tp, interconnect)
+        one_channels, one_nvls = nccl_communicator_bytes(tp, interconnect)
+        channels, nvls = counted * one_channels, counted * one_nvls
         if counted == 2 and not (interconnect == "pcie" and tp > 2):  # custom all-reduce: off on > 2 PCIe GPUs
-            communicators += CUSTOM_ALLREDUCE_BYTES
+            custom = CUSTOM_ALLREDUCE_BYTES
     fusion = fusion_workspace_bytes(p, spec, tp, pp, max_num_batched_tokens, device) if spec else 0
-    return NonTorch(p.non_torch_bytes, context, communicators, fusion, interconnect, counted)
+    return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted)
 
 
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
@@ -658,7 +752,11 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                      "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
                      "promise more KV than the engine gives; pass --overhead-gib with your log's non-torch memory")
     if nt.fusion:
-        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB")
+        backend = fusion_backend(p, tp, pp, device or Device())
+        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (FlashInfer {backend})")
+        notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU, FlashInfer's {backend} "
+                     "buffers rounded to their granularity) is read in the code, not in a corpus log; --enforce-eager "
+                     "builds no compile passes and no workspace")
     parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
     return Term("overhead", nt.bytes + rope, "estimate: " + " + ".join(parts)), notes
 

@@ -447,10 +447,11 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     # counts: one from 0.11 (torch.distributed's, created lazily by the profile run; PyNccl's is in the snapshot),
     # two before (+ 18 MiB of custom all-reduce buffers). One communicator: 0.41 GiB = 440,234,148 B of channel
     # buffers over NVLink / NVSwitch, 0.05 GiB = 53,687,091 over PCIe, + 288 MiB x tp of NVLS buffers on NVSwitch
-    # boards above 2 GPUs. Llama-3-8B's rotary cache: 8,192 x 128 x 2 = 2 MiB.
+    # boards above 2 GPUs; each peer beyond the first adds 0.08 GiB = 85,899,346 B over NVLink-class links (none over
+    # PCIe). Llama-3-8B's rotary cache: 8,192 x 128 x 2 = 2 MiB.
     common = dict(spec=llama3, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
     rope = 2 * MiB
-    base, chan, nvls, car = 322_122_547, 440_234_148, 288 * MiB, 18 * MiB
+    base, chan, nvls, car, peer = 322_122_547, 440_234_148, 288 * MiB, 18 * MiB, 85_899_346
 
     def overhead(tp, interconnect, version="0.32", pp=1, cc="9.0"):
         b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=tp, pp=pp, version=version,
@@ -460,22 +461,81 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     assert overhead(1, "nvlink-switch")[0].bytes == base + rope
     assert overhead(1, "nvlink-switch")[1] == ()
     term, notes = overhead(2, "nvlink-switch")
-    # 0.17+ on an NVSwitch board at tp 2: + the all-reduce fusion workspace 4 x 2 x min(64 MiB, 2048 x 4096 x 2)
-    assert term.bytes == base + chan + 4 * 2 * 16 * MiB + rope
+    # 0.25+ on an NVSwitch board at tp 2: + FlashInfer's mnnvl fusion workspace, T = min(64 MiB // (4096 x 2), 2048)
+    # = 2048 tokens; one multicast buffer of 3 x two-shot (2 x 1024 x 2 x 4096 x 2 = 16 MiB) = 48 MiB -> 512 MiB
+    assert term.bytes == base + chan + 512 * MiB + rope
     assert "at tp 2 over nvlink-switch" in term.source and term.source.startswith("estimate")
     assert notes and "is an estimate" in notes[0] and "--overhead-gib" in notes[0]
-    assert overhead(8, "nvlink-switch")[0].bytes == base + chan + 8 * nvls + 4 * 8 * MiB // 2 + rope
-    assert overhead(8, "nvlink-switch", "0.10.1")[0].bytes == base + 2 * (chan + 8 * nvls) + car + rope
-    assert overhead(4, "nvlink")[0].bytes == base + chan + rope
-    assert overhead(2, "pcie")[0].bytes == base + 53_687_091 + rope
-    assert overhead(4, "pcie", "0.6.6")[0].bytes == base + 2 * 53_687_091 + rope  # custom all-reduce off on > 2 PCIe
-    assert overhead(2, None)[0].bytes == overhead(2, "nvlink")[0].bytes  # unknown GPU: as nvlink
+    assert "fusion workspace" in term.source and any("--enforce-eager" in n for n in notes)
+    assert overhead(8, "nvlink-switch")[0].bytes == base + chan + 6 * peer + 8 * nvls + 512 * MiB + rope
+    # 0.17 - 0.24 (trtllm, FlashInfer 0.6.4 - 0.6.12): each of its three buffers rounded up to 512 MiB, at any tp
+    for tp in (2, 4, 8):
+        assert (overhead(tp, "nvlink-switch", "0.19.0")[0].bytes
+                == base + chan + (tp - 2) * peer + (tp * nvls if tp > 2 else 0) + 3 * 512 * MiB + rope)
+    # 0.27+ without NVSwitch: the trtllm fallback, 2 MiB granularity (+ a 2 KiB signal pad per buffer): buffer
+    # 2 x 2048 x 4096 x 2 = 32 MiB -> 34, flags -> 2, lamport 96 -> 98 MiB; none before 0.27
+    assert overhead(2, "nvlink")[0].bytes == base + chan + (34 + 2 + 98) * MiB + rope
+    assert overhead(2, "nvlink", "0.26.0")[0].bytes == base + chan + rope
+    assert overhead(8, "nvlink-switch", "0.10.1")[0].bytes == base + 2 * (chan + 6 * peer + 8 * nvls) + car + rope
+    # 8 x A100 40GB (NVSwitch, no NVLS), V0 0.7.1, two communicators: 0.30 + 2 x (0.41 + 6 x 0.08) + 18 MiB = 2.10
+    # GiB, the non-torch memory vllm-f3706561278's log charges
+    assert abs(overhead(8, "nvlink", "0.7.1", cc="8.0")[0].bytes - rope - 2.10 * GiB) < 0.01 * GiB
+    # above one node of 8 GPUs neither the per-peer buffers nor NVLS grow (peers on other nodes use the network)
+    assert overhead(16, "nvlink-switch", "0.10.1")[0].bytes == overhead(8, "nvlink-switch", "0.10.1")[0].bytes
+    assert overhead(4, "nvlink", "0.26.0")[0].bytes == base + chan + 2 * peer + rope
+    assert overhead(2, "pcie", cc="8.0")[0].bytes == base + 53_687_091 + rope
+    assert overhead(2, "pcie")[0].bytes == base + 53_687_091 + (34 + 2 + 98) * MiB + rope  # 0.27+'s trtllm fallback
+    assert overhead(4, "pcie", "0.6.6")[0].bytes == base + 2 * 53_687_091 + rope  # custom all-reduce off on > 2 PCIe;
+    # no per-peer term over PCIe
+    assert overhead(2, None, cc=None)[0].bytes == base + chan + rope  # unknown GPU: nvlink, no fusion
     # no fusion workspace before 0.17, at pp > 1, or below compute capability 9.0
     assert overhead(2, "nvlink-switch", "0.16.0")[0].bytes == base + chan + rope
     assert overhead(2, "nvlink-switch", pp=2)[0].bytes == base + chan + rope
     assert overhead(2, "nvlink-switch", cc="8.0")[0].bytes == base + chan + rope
     # 0.8.0 - 0.9.0 and 0.6.4 charge all non-torch memory: the CUDA context too
     assert overhead(1, "pcie", "0.8.5")[0].bytes == base + round(0.15 * GiB) + rope
+
+
+def test_non_torch_parts_sum_to_the_term_and_each_has_its_rule(llama3):
+    # Every release x tp x board: the named parts add up to what the plan charges; NVLS only on NVSwitch above 2
+    # GPUs; the fusion workspace only from 0.17 at capability 9.0 / 10.x - trtllm on NVSwitch to 0.24, mnnvl
+    # from 0.25, trtllm without NVSwitch from 0.27 - each buffer a whole number of its granularity (512 MiB with
+    # multicast, 2 MiB without) and none smaller than the bytes it must hold.
+    from kvplan.engines.vllm import (
+        FUSION_MULTICAST_GRANULARITY_BYTES,
+        PROFILES,
+        fusion_backend,
+        fusion_buffer_bytes,
+        non_torch,
+        profile,
+    )
+
+    for version in PROFILES:
+        p = profile(version)
+        for tp in (1, 2, 4, 8):
+            for board in ("nvlink-switch", "nvlink", "pcie", None):
+                for cc in ("9.0", "10.0", "8.0"):
+                    device = Device("cuda", 132, board, cc)
+                    nt = non_torch(p, tp, device, 1, llama3, 8192)
+                    assert sum(size for _, size in nt.parts()) == nt.bytes
+                    assert (nt.nvls > 0) == (board == "nvlink-switch" and tp > 2)
+                    if tp > 2:  # one communicator's channel buffers grow with its peers, except over PCIe
+                        fewer = non_torch(p, tp // 2, device, 1, llama3, 8192)
+                        assert (nt.channels > fewer.channels) == (board != "pcie")
+                    backend = fusion_backend(p, tp, 1, device)
+                    switch = board == "nvlink-switch"
+                    expected = (None if p.first < (0, 17, 0) or tp == 1 or cc == "8.0" else
+                                ("mnnvl" if p.first >= (0, 25, 0) else "trtllm") if switch else
+                                "trtllm" if p.first >= (0, 27, 0) else None)
+                    assert backend == expected, (version, tp, board, cc)
+                    assert (nt.fusion > 0) == (backend is not None)
+                    if backend:
+                        grain = FUSION_MULTICAST_GRANULARITY_BYTES if switch else 2 * MiB
+                        parts = fusion_buffer_bytes(backend, switch, llama3.hidden_size, tp, 8192, device.capability)
+                        assert sum(parts) == nt.fusion and all(b % grain == 0 for b in parts)
+                        assert len(parts) == (1 if backend == "mnnvl" else 3)
+                        if backend == "trtllm":
+                            assert parts[2] >= 3 * (parts[0] - grain)  # the lamport buffers: 3 x the buffer
 
 
 def test_the_catalogue_carries_interconnect_and_sm_count():
