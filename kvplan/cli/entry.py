@@ -1,0 +1,36 @@
+"""The ``kvplan`` console entry point (and ``python -m kvplan``): a plain ``kvplan estimate`` command line
+(:func:`kvplan.cli.flags.plain_estimate`) runs the estimate command without importing typer; every other
+command line goes to the typer app (:func:`kvplan.cli.app.main`), which reads it whole.
+
+Both paths run the one body of the command (:func:`kvplan.cli.estimate.estimate_command`) with the same
+keyword arguments, so they print the same bytes and exit with the same codes.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from kvplan.cli.errors import handle_errors
+from kvplan.cli.estimate import estimate_command
+from kvplan.cli.flags import plain_estimate, split_values
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point: exits 0, 2 for bad input (one line on stderr), or typer's codes."""
+    if args is None:
+        args = sys.argv[1:]
+    kwargs = plain_estimate(args)
+    if kwargs is None:
+        from kvplan.cli.app import main as typer_main
+
+        typer_main(args)
+        return
+    handle_errors(_estimate, exit_with=SystemExit)(kwargs)
+    sys.exit(0)
+
+
+def _estimate(kwargs: dict[str, Any]) -> None:
+    """The estimate command for typer's keyword arguments, as the typer command runs it."""
+    values, token = split_values(kwargs)  # two spellings of one option that disagree: an InputError
+    estimate_command(values=values, token=token, **kwargs)
