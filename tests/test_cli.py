@@ -237,7 +237,7 @@ def _calls(monkeypatch, main, argv):
     import contextlib
     import io
 
-    from kvplan.cli import entry, estimate
+    from kvplan.cli import estimate
 
     calls = []
 
@@ -245,7 +245,6 @@ def _calls(monkeypatch, main, argv):
         calls.append({"model": model, "json_out": json_out, "brief": brief, "values": values, "token": token})
 
     monkeypatch.setattr(estimate, "estimate_command", record)
-    monkeypatch.setattr(entry, "estimate_command", record)
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:

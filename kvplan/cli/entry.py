@@ -8,29 +8,46 @@ keyword arguments, so they print the same bytes and exit with the same codes.
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
-from kvplan.cli.errors import handle_errors
-from kvplan.cli.estimate import estimate_command
-from kvplan.cli.flags import plain_estimate, split_values
-
 
 def main(args: list[str] | None = None) -> None:
-    """Console-script entry point: exits 0, 2 for bad input (one line on stderr), or typer's codes."""
+    """Console-script entry point: exits 0, 2 for bad input (one line on stderr), or typer's codes.
+
+    A plain estimate runs with the cyclic garbage collector paused: it is one short run (a plan and its
+    output) whose imports build ~40 dataclasses, and the collector's passes over the growing heap while they
+    are built were ~10% of its time; it frees nothing such a run needs freed. Any other command collects.
+    """
     if args is None:
         args = sys.argv[1:]
-    kwargs = plain_estimate(args)
-    if kwargs is None:
-        from kvplan.cli.app import main as typer_main
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from kvplan.cli.flags import plain_estimate
 
-        typer_main(args)
-        return
-    handle_errors(_estimate, exit_with=SystemExit)(kwargs)
+        kwargs = plain_estimate(args)
+        if kwargs is None:
+            if collecting:
+                gc.enable()
+            from kvplan.cli.app import main as typer_main
+
+            typer_main(args)
+            return
+        from kvplan.cli.errors import handle_errors
+
+        handle_errors(_estimate, exit_with=SystemExit)(kwargs)
+    finally:
+        if collecting:
+            gc.enable()
     sys.exit(0)
 
 
 def _estimate(kwargs: dict[str, Any]) -> None:
     """The estimate command for typer's keyword arguments, as the typer command runs it."""
+    from kvplan.cli.estimate import estimate_command
+    from kvplan.cli.flags import split_values
+
     values, token = split_values(kwargs)  # two spellings of one option that disagree: an InputError
     estimate_command(values=values, token=token, **kwargs)
