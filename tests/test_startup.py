@@ -76,7 +76,7 @@ NOT_USED_BY_ESTIMATE = {
     "kvplan.render.compare", "kvplan.render.simulate", "kvplan.render.validate", "kvplan.render.explain",
     "kvplan.render.observe", "kvplan.render.fit", "kvplan.render.catalogue", "kvplan.render.progress",
     "kvplan.planning.auto_length", "secrets", "tempfile", "subprocess", "shutil", "csv", "html", "xml",
-    "http", "urllib.request", "email", "socket", "ssl", "asyncio", "concurrent", "multiprocessing",
+    "http", "urllib.request", "email", "socket", "ssl", "asyncio", "concurrent", "multiprocessing", "difflib",
 }
 
 
