@@ -319,3 +319,16 @@ def test_the_lines_people_type_take_the_plain_path():
                  "estimate M --batch 1_0", "estimate M -g=H100", "estimate M --json=1", "estimate M --layers -1",
                  "models", "estimate M -- --json", "gpus --json"):
         assert plain_estimate(line.split()) is None, line
+
+
+@pytest.mark.parametrize("entry_point", ["kvplan.cli.entry", "kvplan.cli.app"])
+def test_a_reader_that_leaves_ends_the_run_quietly(entry_point):
+    """`kvplan estimate ... | head -1`: exit 1 and nothing on stderr, on the plain path as typer's does."""
+    import subprocess
+    import sys
+
+    code = f"from {entry_point} import main; main(['estimate', 'meta-llama/Llama-3.1-8B', '--gpu', 'H100'])"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert (p.wait(timeout=120), err) == (1, b"")

@@ -9,6 +9,7 @@ keyword arguments, so they print the same bytes and exit with the same codes.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from typing import Any
 
@@ -37,7 +38,11 @@ def main(args: list[str] | None = None) -> None:
             return
         from kvplan.cli.errors import handle_errors
 
-        handle_errors(_estimate, exit_with=SystemExit)(kwargs)
+        try:
+            handle_errors(_estimate, exit_with=SystemExit)(kwargs)
+        except BrokenPipeError:  # the reader left (`| head`): quiet, exit 1, as typer's (click's) main does
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
     finally:
         if collecting:
             gc.enable()
