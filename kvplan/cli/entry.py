@@ -8,10 +8,13 @@ keyword arguments, so they print the same bytes and exit with the same codes.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import sys
 from typing import Any
+
+_AT_EXIT: list[Any] = []  # what main registered with atexit
 
 
 def main(args: list[str] | None = None) -> None:
@@ -19,7 +22,9 @@ def main(args: list[str] | None = None) -> None:
 
     A plain estimate runs with the cyclic garbage collector paused: it is one short run (a plan and its
     output) whose imports build ~40 dataclasses, and the collector's passes over the growing heap while they
-    are built were ~10% of its time; it frees nothing such a run needs freed. Any other command collects.
+    are built were ~10% of its time; it frees nothing such a run needs freed. At exit the heap is frozen
+    (:func:`gc.freeze`, registered with :mod:`atexit`), so the interpreter's last collections skip it: another
+    ~8%. Exit handlers, flushing and module teardown run as ever. Any other command collects as usual.
     """
     if args is None:
         args = sys.argv[1:]
@@ -38,6 +43,9 @@ def main(args: list[str] | None = None) -> None:
             return
         from kvplan.cli.errors import handle_errors
 
+        if gc.freeze not in _AT_EXIT:  # once per process (tests call main many times)
+            _AT_EXIT.append(gc.freeze)
+            atexit.register(gc.freeze)
         try:
             handle_errors(_estimate, exit_with=SystemExit)(kwargs)
         except BrokenPipeError:  # the reader left (`| head`): quiet, exit 1, as typer's (click's) main does
