@@ -332,3 +332,15 @@ def test_a_reader_that_leaves_ends_the_run_quietly(entry_point):
     p.stdout.close()
     err = p.stderr.read()
     assert (p.wait(timeout=120), err) == (1, b"")
+
+
+def test_the_plain_path_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
+    import gc
+
+    from kvplan.cli import entry
+
+    for argv in (["estimate", "meta-llama/Llama-3.1-8B", "--json"], ["estimate", "--help"], ["estimate", "nosuch"]):
+        assert gc.isenabled()
+        _calls(monkeypatch, entry.main, argv)
+        assert gc.isenabled(), argv
+    assert entry._AT_EXIT == [gc.freeze]  # registered once, however many runs
