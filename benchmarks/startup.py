@@ -18,6 +18,34 @@ is stopped (so any network attempt would fail) and `kvplan estimate acme/Llama-3
 from the warm cache, alternating with the bundled `--json` run. Reported: the median of the per-pair
 ratios hub / bundled (target <= 1.3), which cancels the load of the shared machine better than a ratio
 of medians.
+
+Peer: ``--kvfit PYTHON`` (an interpreter with kvfit installed, e.g. ``python3 -m venv /tmp/kvfit &&
+/tmp/kvfit/bin/pip install kvfit==0.3.0``) runs kvfit and kvplan in alternating pairs on the same model and
+GPU (Llama-3.1-8B, H100, 8,192 tokens, tp 1), ``--json`` and the table, and reports the median of the per-pair
+ratios kvplan / kvfit (targets: ``--json`` <= 0.90, the table <= 1.20; ``--peer-only`` skips the rest). kvfit
+reads a model only from the Hub over HTTPS (no local source, no cache), so a small driver stands in for its
+one network function (``kvfit.hf._fetch_json``) with the bundled spec's config.json and a repository listing
+holding its safetensors size; everything else is kvfit's own (its imports, parsing, planning and rendering),
+with bytecode cached like kvplan's. ``--kvplan-python PYTHON`` runs kvplan's side under another interpreter
+(default: this one): a venv holding only kvplan's dependencies, started with ``PYTHONPATH`` at this checkout,
+is like kvfit's venv; an interpreter whose site-packages run extra ``.pth`` start-up hooks (this dev
+machine's imports certifi and importlib.resources, ~30 ms) charges them to kvplan alone.
+
+Measured for issue 31 (2026-12-02, the shared 2-core dev machine, kvfit 0.3.0, both sides in venvs holding only
+their own dependencies, 20-30 pairs per line; the machine's load moves every absolute figure, so read the
+ratios):
+
+    paired ratio kvplan/kvfit     before (51af833)      after
+    estimate --json               1.29 - 1.32           0.84 - 0.86 at load 8-11; 0.90 in a quieter run
+    estimate table                1.70 - 1.78           1.16 - 1.22 at load 8-11; 1.26 in a quieter run
+
+Where the time went (``python -X importtime``, ``dataclasses._process_class``, cProfile): typer's import
+(~50 ms of a ~125 ms run; a plain ``estimate`` line is now read without it, kvplan.cli.entry), the cyclic
+GC's passes while the ~40 dataclasses are built (~10%; paused for a plain estimate) and the interpreter's
+last collections at exit (~8%; the heap is frozen at exit), then difflib, tempfile and secrets (imported
+where used). Left: building the dataclasses themselves (36 of the 42 are used on the path; the 6 that are
+not are ~1% of the run), and the table's rich (its console, table and panel imports ~28 ms, its rendering
+~10 ms on an idle machine).
 """
 
 from __future__ import annotations
