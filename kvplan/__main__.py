@@ -3,7 +3,7 @@
 May import: kvplan.cli
 """
 
-from kvplan.cli.app import main
+from kvplan.cli.entry import main
 
 if __name__ == "__main__":
     main()

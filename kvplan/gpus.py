@@ -15,7 +15,6 @@ May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from dataclasses import asdict, dataclass
@@ -268,6 +267,8 @@ def closest_keys(key: str, keys: list[str], cutoff: float = 0.4) -> list[str]:
     (``h1oo`` is ``h100``), names that begin with ``key``'s first character before those that do not (so
     ``H1OO`` gets the H100s, not ``cpu``)."""
     fixed = re.sub(r"o(?=[\do]*\d)|(?<=\d)o+", lambda m: "0" * len(m.group()), key) if any(c.isdigit() for c in key) else key
+    import difflib  # here: only an unknown GPU name asks
+
     scored = [(difflib.SequenceMatcher(None, fixed, k).ratio(), k) for k in keys]
     kept = [(r, k) for r, k in scored if r >= cutoff]
     return [k for r, k in sorted(kept, key=lambda rk: (rk[1][:1] != fixed[:1], -rk[0]))]

@@ -5,9 +5,10 @@ Errors: a :class:`~kvplan.errors.KvplanError` becomes one line on stderr and its
 the core ones live in ``kvplan/cli/commands/<name>.py`` and register themselves on the app (each imports its
 heavy modules lazily, and never imports this module).
 
-Start-up: :func:`main` builds a typer app holding only the command it runs (:func:`build_app`), so neither the
-other commands' modules nor their typer parameters are made; ``app`` (every command: ``--help``, the docs,
-typer's test runner) is built on first use.
+Start-up: the console entry point is :func:`kvplan.cli.entry.main`, which runs a plain ``kvplan estimate``
+line without typer and hands every other line to :func:`main` here. :func:`main` builds a typer app holding
+only the command it runs (:func:`build_app`), so neither the other commands' modules nor their typer
+parameters are made; ``app`` (every command: ``--help``, the docs, typer's test runner) is built on first use.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from kvplan.cli.options import (
     BriefOpt, HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
     with_estimate_options,
 )
-from kvplan.errors import InputError
-from kvplan.options import CLI_OPTIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     app: typer.Typer
@@ -66,38 +65,9 @@ ESTIMATE_EPILOG = ("Examples: kvplan estimate meta-llama/Llama-3.1-8B --gpu H100
 def estimate(model: ModelArg, json_out: JsonOpt = False, brief: BriefOpt = False, *, values: dict[str, Any],
              token: str | None) -> None:
     """How many requests at what context fit: the answer first, then per-token bytes, memory budget, blocks."""
-    from kvplan.planning.plan import estimate as run_estimate, options_from_values
+    from kvplan.cli import estimate as body  # shared with the plain path that runs without typer
 
-    if brief and json_out:
-        raise InputError("--brief and --json: give one of them", "--json holds every figure --brief prints")
-    if any("," in str(values.get(o.name) or "") for o in CLI_OPTIONS if o.compare):  # one row per combination
-        from kvplan.checks.compare import compare
-
-        comparison = compare({"model": model, **values}, token=token)
-        from kvplan.render import console, print_json
-
-        if json_out:
-            print_json(comparison.to_dict())
-            return
-        from kvplan.render.compare import render_comparison
-
-        console().print(render_comparison(comparison))
-        return
-    plan = run_estimate(options_from_values({"model": model, **values}), token=token)
-    if json_out:
-        from kvplan.render import print_json
-
-        print_json(plan.to_dict())
-        return
-    from kvplan.render import console
-    from kvplan.render.estimate import render_brief, render_plan
-
-    out = console()
-    if brief:
-        out.print(render_brief(plan))
-        return
-    out.print(f"[grey62]source: {plan.source}[/]")
-    out.print(render_plan(plan))
+    body.estimate_command(model, json_out, brief, values=values, token=token)
 
 
 @handle_errors

@@ -10,23 +10,33 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable, TypeVar
-
-import typer
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from kvplan.errors import KvplanError
 
+if TYPE_CHECKING:  # pragma: no cover
+    import typer
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _typer_exit(code: int) -> "typer.Exit":
+    import typer  # imported when a command fails: the plain estimate path runs without typer
+
+    return typer.Exit(code)
 
 
 def fail(message: str, code: int = 2) -> "typer.Exit":
     """Print ``kvplan: error: message`` on stderr and return the Exit to raise."""
     sys.stderr.write(f"kvplan: error: {message}\n")
-    return typer.Exit(code)
+    return _typer_exit(code)
 
 
-def handle_errors(fn: F) -> F:
-    """Turn kvplan errors into one line on stderr + exit code; KVPLAN_DEBUG=1 re-raises."""
+def handle_errors(fn: F, exit_with: Callable[[int], BaseException] = _typer_exit) -> F:
+    """Turn kvplan errors into one line on stderr + exit code; KVPLAN_DEBUG=1 re-raises.
+
+    ``exit_with(code)`` is the exception raised with the code: typer's Exit inside a typer command (the
+    default), :class:`SystemExit` where no typer runs (:func:`kvplan.cli.entry.main`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -36,10 +46,11 @@ def handle_errors(fn: F) -> F:
             if os.environ.get("KVPLAN_DEBUG"):
                 raise
             lines = [" ".join(line.splitlines()) for line in exc.lines()]  # a value with a newline stays on its line
-            for line in lines[:-1]:  # a file with several mistakes: one line each
+            for line in lines:  # a file with several mistakes: one line each
                 sys.stderr.write(f"kvplan: error: {line}\n")
-            raise fail(lines[-1], exc.exit_code) from None
+            raise exit_with(exc.exit_code) from None
         except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
+            sys.stderr.write("kvplan: error: interrupted\n")
+            raise exit_with(130) from None
 
     return wrapper  # type: ignore[return-value]

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 
-from kvplan.errors import InputError
-from kvplan.options import BY_NAME, CLI_OPTIONS, KINDS, Opt
+from kvplan.cli.flags import ALIASES, cli_type, resolve_aliases, split_flags, split_values  # noqa: F401 - re-exported
+from kvplan.options import BY_NAME, CLI_OPTIONS, Opt
 
 ModelArg = Annotated[str, typer.Argument(help="Hub id (meta-llama/Llama-3.1-8B), bundled id, or local path to a config.json / model folder.", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
@@ -23,31 +23,9 @@ BriefOpt = Annotated[bool, typer.Option("--brief", help="Print only the lines th
                                         "and the verdict.")]
 
 
-def split_flags(opt: Opt) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]:
-    """``(flags, others)``: the option's own flags (its first long flag and the short ones) and each other
-    long spelling with whether it negates: vLLM's ``--tensor-parallel-size`` for ``--tp`` (an alias),
-    ``--no-prefix-caching`` for ``--prefix-caching`` (a negation).
-
-    Each other spelling is a parameter of its own, so ``--help`` lists every name whole on its own row:
-    rich's options table puts an option's long names in one cell (and a negation in a column of its own)
-    and cuts the cell to fit 80 columns (``--tp,--tensor-paral…``).
-    """
-    own: list[str] = []
-    others: list[tuple[str, bool]] = []
-    for flag in opt.cli_flags:
-        positive, _, negative = flag.partition("/")
-        if not positive.startswith("--") or not any(f.startswith("--") for f in own):
-            own.append(positive)
-        else:
-            others.append((positive, False))
-        if negative:
-            others.append((negative, True))
-    return tuple(own), tuple(others)
-
-
 def cli_annotation(opt: Opt) -> Any:
     """``Annotated[type, typer.Option(...)]`` for one table entry (its kind decides the type)."""
-    typ: Any = str if opt.compare else KINDS[opt.kind].cli_type  # a list of values is text
+    typ: Any = cli_type(opt)
     if opt.cli_value is None:
         typ = Optional[typ]
     extra = {} if opt.show_default else {"show_default": False}
@@ -61,25 +39,10 @@ def alias_parameters(name: str) -> list[inspect.Parameter]:
         if opt.name == name:
             help_ = f"Turns {opt.flag} off." if negates else f"Same as {opt.flag}."
             option = typer.Option(flag, help=help_, rich_help_panel=opt.panel, show_default=False)
-            typ = Optional[bool if negates else (str if opt.compare else KINDS[opt.kind].cli_type)]
+            typ = Optional[bool if negates else cli_type(opt)]
             out.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None,
                                          annotation=Annotated[typ, option]))
     return out
-
-
-def resolve_aliases(kwargs: dict[str, Any]) -> None:
-    """Fold each other spelling's parameter into its option's, in place (``--no-prefix-caching``: False);
-    the option and another spelling of it given different values is an :class:`InputError`."""
-    for key, (opt, flag, negates) in ALIASES.items():
-        given = kwargs.pop(key, None)
-        if given is None:
-            continue
-        given = not given if negates else given
-        value = kwargs.get(opt.name, opt.cli_value)
-        if value != opt.cli_value and value != given:
-            raise InputError(f"{split_flags(opt)[0][0]} and {flag} disagree" if negates else
-                             f"{opt.flag} {value} and {flag} {given} disagree", "give one of them")
-        kwargs[opt.name] = given
 
 
 def with_alias_rows(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
@@ -96,11 +59,6 @@ def cli_parameter(opt: Opt) -> inspect.Parameter:
     return inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, default=opt.cli_value,
                              annotation=cli_annotation(opt))
 
-
-# other spellings: parameter name -> (option, flag, negates), e.g. ``tp__tensor_parallel_size`` ->
-# (--tp, --tensor-parallel-size, False), ``prefix_caching__no_prefix_caching`` -> (..., True)
-ALIASES: dict[str, tuple[Opt, str, bool]] = {f"{o.name}__{flag[2:].replace('-', '_')}": (o, flag, negates)
-                                             for o in CLI_OPTIONS for flag, negates in split_flags(o)[1]}
 
 # the table's options that commands also declare on their own (``kvplan models show``, ``kvplan check``)
 RevisionOpt, TokenOpt, HubOpt, OfflineOpt, RefreshOpt, KvDtypeOpt = (
@@ -120,13 +78,10 @@ def with_estimate_options(fn: F) -> F:
     hints = typing.get_type_hints(fn, include_extras=True)  # fn's annotations are strings (PEP 563)
     own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()
            if p.name not in ("values", "token")]
-    names = {p.name for p in ESTIMATE_PARAMS}
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        resolve_aliases(kwargs)
-        values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
-        token = values.pop("token", None)
+        values, token = split_values(kwargs)
         return fn(*args, values=values, token=token, **kwargs)
 
     params = own[:1] + [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in ESTIMATE_PARAMS] + own[1:]

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any, Mapping
@@ -41,6 +39,8 @@ def check_writable(path: str | Path, what: str = "output") -> Path:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise InputError(f"cannot write {what} {path}: {ancestor} is not a folder")
+    import tempfile  # here, not at the top: a run that writes nothing imports neither tempfile nor secrets
+
     try:  # a real probe: permissions, read-only filesystems and root all answer the same way
         with tempfile.TemporaryFile(dir=ancestor):
             pass
@@ -123,6 +123,8 @@ class AtomicFiles:
         if path in self._temps:
             raise InputError(f"cannot write {path} twice")
         self._folder(path)
+        import secrets
+
         temp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -13,7 +13,6 @@ estimate, check, report and ``models show`` resolve each (model, revision, overr
 
 from __future__ import annotations
 
-import difflib
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -122,6 +121,8 @@ def closest_bundled(name: str, n: int = 3) -> list[str]:
     ids = bundled_ids()
     lowered = {i.lower(): i for i in ids}
     lowered.update({i.split("/", 1)[1].lower(): i for i in ids})
+    import difflib  # here: only a name that is not found asks (a found one never imports it)
+
     hits = difflib.get_close_matches(name.lower(), list(lowered), n=n * 2, cutoff=0.4)
     out: list[str] = []
     for h in hits:
@@ -176,6 +177,8 @@ def did_you_mean(name: str) -> str | None:
     """The bundled id a mistyped ``name`` most likely meant (``meta-llama/Lama-3.1-8B``: ``meta-llama/Llama-3.1-8B``),
     or None when none is that close."""
     ids = {i.lower(): i for i in bundled_ids()}
+    import difflib
+
     hits = difflib.get_close_matches(name.strip().lower(), list(ids), n=1, cutoff=0.85)
     return ids[hits[0]] if hits else None
 

@@ -209,3 +209,146 @@ def test_the_workload_schema_exists():
     r = run_entry_point("schema", "workload")
     assert r.returncode == 0 and json.loads(r.stdout)["title"] == "kvplan workload file"
     assert "capacity, whatif, workload" in assert_one_line(run_entry_point("schema", "nope"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the plain estimate path (kvplan.cli.entry: no typer) reads a line exactly as typer does
+
+
+def _typer_estimate_params():
+    import typer
+
+    from kvplan.cli.app import build_app
+
+    return typer.main.get_command(build_app("estimate")).commands["estimate"].params
+
+
+def test_the_plain_spellings_are_the_typer_commands_own():
+    from kvplan.cli.flags import ESTIMATE_SPELLINGS
+
+    types = {"int": int, "str": str, "boolean": bool}
+    seen = {}
+    for p in _typer_estimate_params():
+        if p.param_type_name == "argument":
+            assert p.name == "model" and p.nargs == 1
+            continue
+        # a form the plain reader does not know (a second spelling, an env variable, a list) would fail here
+        assert not p.secondary_opts and p.envvar is None and not p.multiple and p.nargs == 1, p.name
+        assert p.callback is None and not p.is_eager and p.expose_value
+        assert (p.is_flag, types[p.type.name]) in ((True, bool), (False, int), (False, str)), p.name
+        seen.update({flag: (p.name, types[p.type.name], p.default) for flag in p.opts})
+    assert {flag: tuple(s) for flag, s in ESTIMATE_SPELLINGS.items()} == seen
+
+
+def _calls(monkeypatch, main, argv):
+    """(the estimate command's calls, the exit code, stderr) when ``main`` reads ``argv``."""
+    import contextlib
+    import io
+
+    from kvplan.cli import estimate
+
+    calls = []
+
+    def record(model, json_out=False, brief=False, *, values, token):
+        calls.append({"model": model, "json_out": json_out, "brief": brief, "values": values, "token": token})
+
+    monkeypatch.setattr(estimate, "estimate_command", record)
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            main(list(argv))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    return calls, code, err.getvalue()
+
+
+_PLAIN = [("--gpu", "H100"), ("-g", "a100"), ("--gpu", "H100,H200"), ("--tp", "2"), ("--tensor-parallel-size", "2"),
+          ("--tensor-parallel-size", "4"), ("--pp", "2"), ("--pipeline-parallel-size", "03"), ("--context", "8k"),
+          ("-c", "32768"), ("--batch", "4"), ("--kv-dtype", "fp8"), ("--kv-cache-dtype", "int8"),
+          ("--gpu-util", "0.8"), ("--gpu-memory-utilization", "0.9"), ("--max-num-seqs", "256"), ("--gpus", "8"),
+          ("-q", "fp8"), ("--token", "hf_x"), ("--engine", "sglang"), ("--max-model-len", "auto"),
+          ("--gpu-memory", "24GiB"), ("--revision", ""), ("--block-size", "32")]
+_PLAIN_FLAGS = ["--json", "--brief", "--hub", "--offline", "--prefix-caching", "--no-prefix-caching", "--flashinfer",
+                "--no-flashinfer", "--enforce-eager", "--enable-lora", "--expert-parallel", "--refresh"]
+_ODD = [["-b", "x"], ["--batch", "1_0"], ["--layers", "-1"], ["--help"], ["-h"], ["--no-json"], ["--nonsense"],
+        ["--"], ["--json=1"], ["-g=H100"], ["--gpu="], ["--json", "--json"], ["x/y"], ["--batch"]]
+
+
+@st.composite
+def _lines(draw):
+    """``(argv, plain)``: an estimate line; ``plain``: built of forms the plain path reads (each option once)."""
+    from kvplan.cli.flags import ESTIMATE_SPELLINGS
+
+    units = []  # an option with its value, a flag, the model: in any order
+    for flag, value in draw(st.lists(st.sampled_from(_PLAIN), max_size=6,
+                                     unique_by=lambda fv: ESTIMATE_SPELLINGS[fv[0]].param)):
+        joined = flag.startswith("--") and value and draw(st.booleans())  # `--revision=` is left to typer
+        units.append([f"{flag}={value}"] if joined else [flag, value])
+    units += [[flag] for flag in draw(st.lists(st.sampled_from(_PLAIN_FLAGS), max_size=3, unique=True))]
+    units.append([draw(st.sampled_from(["meta-llama/Llama-3.1-8B", "./local"]))])
+    odd = draw(st.lists(st.sampled_from(_ODD), max_size=2)) if draw(st.booleans()) else []
+    units = draw(st.permutations(units))
+    for extra in odd:  # anywhere, even between an option and its value
+        units.insert(draw(st.integers(0, len(units))), extra)
+    return ["estimate", *(w for unit in units for w in unit)], not odd
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(line=_lines())
+def test_a_line_gives_the_command_what_typer_gives_it(monkeypatch, line):
+    """The console entry point (the plain path where it reads the line, typer otherwise) and the typer app
+    call the estimate command with the same arguments, or fail with the same code and message."""
+    from kvplan.cli import app as typer_app, entry
+    from kvplan.cli.flags import plain_estimate
+
+    argv, plain = line
+    assert plain_estimate(argv) is not None or not plain, argv  # every plain form is read
+    assert _calls(monkeypatch, entry.main, argv) == _calls(monkeypatch, typer_app.main, argv), argv
+
+
+@pytest.mark.parametrize("odd", _ODD, ids=" ".join)
+def test_each_odd_form_alone_gives_what_typer_gives(monkeypatch, odd):
+    from kvplan.cli import app as typer_app, entry
+
+    for argv in (["estimate", "meta-llama/Llama-3.1-8B", *odd], ["estimate", *odd, "meta-llama/Llama-3.1-8B"]):
+        assert _calls(monkeypatch, entry.main, argv) == _calls(monkeypatch, typer_app.main, argv), argv
+
+
+def test_the_lines_people_type_take_the_plain_path():
+    from kvplan.cli.flags import plain_estimate
+
+    for line in ("estimate meta-llama/Llama-3.1-8B --gpu H100 --json",
+                 "estimate Qwen/Qwen3-32B -g a100 --tp 2 --kv-dtype fp8 --batch 32 --json",
+                 "estimate meta-llama/Llama-3.1-8B --context=128k --no-prefix-caching --gpu-memory-utilization 0.85",
+                 "estimate --gpu H100,H200 meta-llama/Llama-3.1-8B --brief"):
+        assert plain_estimate(line.split()) is not None, line
+    for line in ("estimate", "estimate --help", "estimate M --gpu", "estimate M --json --json", "estimate M N",
+                 "estimate M --batch 1_0", "estimate M -g=H100", "estimate M --json=1", "estimate M --layers -1",
+                 "models", "estimate M -- --json", "gpus --json"):
+        assert plain_estimate(line.split()) is None, line
+
+
+@pytest.mark.parametrize("entry_point", ["kvplan.cli.entry", "kvplan.cli.app"])
+def test_a_reader_that_leaves_ends_the_run_quietly(entry_point):
+    """`kvplan estimate ... | head -1`: exit 1 and nothing on stderr, on the plain path as typer's does."""
+    import subprocess
+    import sys
+
+    code = f"from {entry_point} import main; main(['estimate', 'meta-llama/Llama-3.1-8B', '--gpu', 'H100'])"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert (p.wait(timeout=120), err) == (1, b"")
+
+
+def test_the_plain_path_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
+    import gc
+
+    from kvplan.cli import entry
+
+    for argv in (["estimate", "meta-llama/Llama-3.1-8B", "--json"], ["estimate", "--help"], ["estimate", "nosuch"]):
+        assert gc.isenabled()
+        _calls(monkeypatch, entry.main, argv)
+        assert gc.isenabled(), argv
+    assert entry._AT_EXIT == [gc.freeze]  # registered once, however many runs

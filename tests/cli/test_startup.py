@@ -53,6 +53,51 @@ def test_estimate_builds_only_its_command_and_a_bundled_json_reads_no_yaml():
     assert "kvplan.cli.commands.check" in _modules_after("check", "--help")
 
 
+def _modules_of_the_entry_point(*args: str) -> set[str]:
+    """What ``kvplan ARGS`` (the console entry point, as ``python -m kvplan`` runs it) imports beyond what the
+    interpreter imports for ``pass`` (a site hook of the machine's own is not the command's)."""
+    code = ("import sys, io, contextlib\nfrom kvplan.cli.entry import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    try:\n        main({list(args)!r})\n    except SystemExit:\n        pass\n"
+            "print('\\n'.join(sorted(sys.modules)))")
+    base = subprocess.run([sys.executable, "-c", "import sys; print('\\n'.join(sys.modules))"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and base.returncode == 0, r.stderr + base.stderr
+    return set(r.stdout.split()) - set(base.stdout.split())
+
+
+# what `kvplan estimate` on a bundled model never uses: other stages, other commands, writers, the Hub, the
+# command-line framework (a plain line is read without typer), and the standard library's writers
+NOT_USED_BY_ESTIMATE = {
+    "torch", "matplotlib", "numpy", "huggingface_hub", "httpx", "requests", "yaml", "pydantic", "prometheus_client",
+    "packaging", "typer", "click", "kvplan.sim", "kvplan.explain", "kvplan.observe", "kvplan.paged",
+    "kvplan.checks", "kvplan.cli.app", "kvplan.cli.options", "kvplan.cli.commands", "kvplan.model.hub",
+    "kvplan.model.quant", "kvplan.io.atomic", "kvplan.io.yamldoc", "kvplan.io.calibration",
+    "kvplan.render.report", "kvplan.render.report_cells", "kvplan.render.report_plots", "kvplan.render.check",
+    "kvplan.render.compare", "kvplan.render.simulate", "kvplan.render.validate", "kvplan.render.explain",
+    "kvplan.render.observe", "kvplan.render.fit", "kvplan.render.catalogue", "kvplan.render.progress",
+    "kvplan.planning.auto_length", "secrets", "tempfile", "subprocess", "shutil", "csv", "html", "xml",
+    "http", "urllib.request", "email", "socket", "ssl", "asyncio", "concurrent", "multiprocessing", "difflib",
+}
+
+
+def _used(modules: set[str], forbidden: set[str]) -> set[str]:
+    return {m for m in modules if m in forbidden or any(m.startswith(f + ".") for f in forbidden)}
+
+
+def test_estimate_imports_only_what_it_uses():
+    json_run = _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--json")
+    assert "kvplan.planning.plan" in json_run  # the run did plan (a failed run would import little)
+    assert _used(json_run, NOT_USED_BY_ESTIMATE | {"rich", "kvplan.render.estimate", "kvplan.planning.suggest"}) \
+        == set()
+    table = _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100")
+    assert "rich.table" in table and "kvplan.render.estimate" in table
+    assert _used(table, NOT_USED_BY_ESTIMATE) == set()
+    # a line the plain path does not read goes to typer: the same command, typer's reading of it
+    assert "typer" in _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu=H100", "--help")
+
+
 def test_the_bundled_index_holds_every_shipped_yaml_file_as_yaml_reads_it():
     index = json.loads(BUNDLED_INDEX.read_text(encoding="utf-8"))
     texts = [p.read_text(encoding="utf-8") for p in SHIPPED]
