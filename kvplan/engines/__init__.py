@@ -131,6 +131,9 @@ class EngineDefaults:
     # (SGLang's MambaPool): the pool layout holds the attention layers only
     state_slots: int = 0  # that pool's request slots once the budget is split (SGLang's max_mamba_cache_size)
     state_slots_per_request: int = 1  # slots the request cap counts per running request (SGLang: 3 with radix cache)
+    windows_full_length: bool = False  # sliding / chunked layers hold every token (SGLang outside its hybrid SWA pool)
+    swa_ratio: float = 0.0  # > 0: sliding layers in a pool of their own with this ratio of the full pool's tokens
+    # (SGLang's hybrid SWA pool, --swa-full-tokens-ratio); the plan's layout is then memory.split_swa_layout
 
     @property
     def label(self) -> str:
@@ -259,6 +262,7 @@ class Launch:
     speculative_tokens: int = 0  # tokens the draft proposes per step
     expert_parallel: bool = False  # --enable-expert-parallel
     state_slots: int = 0  # request slots of the engine's own state pool (SGLang's max_mamba_cache_size); 0: none
+    swa_tokens: int = 0  # token slots of the engine's own sliding-window pool (SGLang's swa_layer_tokens); 0: none
 
     @property
     def speculative_config(self) -> str | None:

@@ -128,7 +128,8 @@ class Plan:
             lora=bool(o.enable_lora or o.max_loras or o.max_lora_rank), max_loras=o.max_loras,
             max_lora_rank=o.max_lora_rank,
             speculative=o.speculative, speculative_tokens=o.num_speculative_tokens or 0,
-            expert_parallel=o.expert_parallel, state_slots=e.state_slots)
+            expert_parallel=o.expert_parallel, state_slots=e.state_slots,
+            swa_tokens=int(a.capacity_tokens * self.layout.swa_ratio) // self.layout.block_size * self.layout.block_size)
 
     @property
     def option_values(self) -> dict[str, Any]:
@@ -302,8 +303,20 @@ def _with_engine_layers(layers: tuple[LayerCache, ...], draft: int, engine: Engi
 
 def _paged_layers(layers: tuple[LayerCache, ...], engine: EngineDefaults) -> tuple[LayerCache, ...]:
     """The layers the paged pool holds: all, or the attention layers alone where the engine keeps state layers in
-    a pool of request slots of their own (``engine.state_pool``: SGLang's Mamba pool)."""
-    return tuple(x for x in layers if not x.is_state) if engine.state_pool else layers
+    a pool of request slots of their own (``engine.state_pool``: SGLang's Mamba pool); windowed layers at full
+    length where the engine keeps no window (``engine.windows_full_length``: SGLang outside its hybrid SWA pool)."""
+    layers = tuple(x for x in layers if not x.is_state) if engine.state_pool else layers
+    return memory.full_length_layers(layers) if engine.windows_full_length else layers
+
+
+def _layout(layers: tuple[LayerCache, ...], engine: EngineDefaults, kv_dtype: DType,
+            model_dtype: DType) -> memory.PoolLayout:
+    """The pool layout of this GPU's ``layers`` as the engine lays them out: vLLM's KV-cache groups, or SGLang's
+    full-attention and sliding-window pools (``engine.swa_ratio``: :func:`kvplan.memory.split_swa_layout`)."""
+    paged = _paged_layers(layers, engine)
+    if engine.swa_ratio:
+        return memory.split_swa_layout(paged, engine.block_size, kv_dtype, model_dtype, engine.swa_ratio)
+    return memory.cached_pool_layout(paged, engine.block_size, kv_dtype, model_dtype)
 
 
 def _pool(spec: ModelSpec, options: Options) -> _Pool:
@@ -343,7 +356,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                                        options, gpu)
     layers = _with_images(layers, spec, options)
     layers = _with_engine_layers(layers, rules.draft_layers(engine, spec, features), engine, model_dtype)
-    layout = memory.cached_pool_layout(_paged_layers(layers, engine), engine.block_size, kv_dtype, model_dtype)
+    layout = _layout(layers, engine, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
     if engine.prefix_caching is not None:  # the engine forces it for this model
         prefix_caching = engine.prefix_caching
