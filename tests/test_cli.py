@@ -257,3 +257,16 @@ def test_sglang_hint_flags_are_accepted_back():
                 "--json")
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)["answer"]["fits"]
+
+
+@pytest.mark.parametrize("engine,kv", [("vllm", "int4"), ("vllm", "int8"), ("sglang", "int8"), ("sglang", "int4"),
+                                       ("sglang", "fp16")])
+def test_a_kv_dtype_the_engine_cannot_run_prints_no_launch_line(engine, kv):
+    """A KV dtype with no --kv-cache-dtype spelling in the release: the answer stands as a what-if, the engine panel
+    has no command to paste, and a note says why (with the release's choices)."""
+    result = run("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", engine, "--kv-dtype", kv)
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "--kv-cache-dtype" not in flat.split("serve:")[1].split("note:")[0]
+    assert "serve: none:" in flat and "is a what-if" in flat
+    assert "vllm serve" not in flat and "sglang.launch_server" not in flat

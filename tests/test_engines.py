@@ -587,3 +587,51 @@ def test_sglang_hybrid_swa_request_holds_every_token_in_the_full_pool_and_its_wi
     assert plan.demand.blocks(32768) == 32768
     window = plan.demand.blocks(100)  # min(128 - 1 + chunk, 100) + 1 = 101 sliding tokens, / 0.8
     assert window == -(-101 * 10 // 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# --kv-cache-dtype: each engine's own spellings per release; a dtype it has none for is a what-if
+
+
+# each release's --kv-cache-dtype choices as its arg parser lists them (read in the wheels)
+ENGINE_KV_CHOICES = {
+    ("vllm", "0.6.3"): {"auto", "fp8", "fp8_e4m3", "fp8_e5m2"},
+    ("vllm", "0.10.2"): {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"},
+    ("vllm", "0.11.0"): {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"},
+    ("vllm", "0.17.0"): {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"},
+    ("vllm", "0.33.0"): {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"},
+    ("sglang", "0.4.0"): {"auto", "fp8_e5m2"},
+    ("sglang", "0.4.9"): {"auto", "fp8_e5m2", "fp8_e4m3"},
+    ("sglang", "0.5.3"): {"auto", "fp8_e5m2", "fp8_e4m3"},
+    ("sglang", "0.5.20"): {"auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"},
+}
+KVPLAN_KV_DTYPES = ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+
+
+@pytest.mark.parametrize("engine_name,version", sorted(ENGINE_KV_CHOICES))
+def test_launch_lines_only_name_kv_dtypes_the_engine_takes(engine_name, version, llama3):
+    """Every engine release x every kvplan KV dtype: the launch line's --kv-cache-dtype is one of the release's own
+    choices, or there is no launch line at all and a note says the dtype is a what-if the engine cannot run; the
+    JSON's serve_command agrees."""
+    import re
+
+    choices = ENGINE_KV_CHOICES[(engine_name, version)]
+    what_ifs = 0
+    for kv in KVPLAN_KV_DTYPES:
+        plan = plan_for_spec(llama3, Options(model=llama3.model_id, gpu="H100", engine=engine_name,
+                                             engine_version=version, kv_dtype=kv), suggest=False)
+        command = plan.serve_command
+        assert plan.to_dict()["engine_report"]["serve_command"] == command
+        notes = [n for n in plan.notes if "what-if" in n]
+        if command is None:
+            what_ifs += 1
+            assert len(notes) == 1 and f"--kv-dtype {plan.kv_dtype}" in notes[0], (version, kv, plan.notes)
+            continue
+        assert not notes, (version, kv)
+        flag = re.search(r"--kv-cache-dtype (\S+)", command)
+        if flag:
+            assert flag.group(1) in choices, (engine_name, version, kv, command)
+        else:
+            assert plan.kv_dtype == plan.model_dtype, (engine_name, version, kv, command)
+    assert what_ifs >= 2  # int8 and int4 in every release
+

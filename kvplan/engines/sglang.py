@@ -604,6 +604,19 @@ def report(launch: Launch) -> tuple[str, ...]:
     return (f"{lines[0]} (mem_fraction_static {launch.gpu_util:g})",) + lines[1:]
 
 
+def kv_cache_dtypes(engine: EngineDefaults) -> dict[str, str]:
+    """SGLang's ``--kv-cache-dtype`` choices besides ``auto`` (``ServerArgs``, read in the wheels 0.3.6 - 0.5.23):
+    ``fp8_e5m2`` in every release, ``fp8_e4m3`` from 0.4.2, ``bfloat16`` from 0.5.4 (kvplan's dtype name ->
+    SGLang's). No float16, int8 or int4 KV cache in any release (its fp4 / mxfp8 / nvfp4 are not kvplan dtypes)."""
+    v = release_tuple(engine.requested_version or engine.version, ENGINE)
+    out = {"fp8_e5m2": "fp8_e5m2"}
+    if v >= (0, 4, 2):
+        out["fp8_e4m3"] = "fp8_e4m3"
+    if v >= (0, 5, 4):
+        out["bfloat16"] = "bfloat16"
+    return out
+
+
 # how `python -m sglang.launch_server` spells each setting of a Launch, in command-line order
 SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tp {}"), ("pp_flag", "--pp-size {}"), ("dtype", "--dtype {}"),
                ("quantization", "--quantization {}"), ("kv_dtype_flag", "--kv-cache-dtype {}"),

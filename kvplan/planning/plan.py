@@ -14,7 +14,8 @@ from kvplan import memory
 from kvplan.planning.answer import Answer, Deployment, credited_prefix
 from kvplan.planning.kv_range import KvRange, kv_range
 from kvplan.planning.weights import check_quantization, served_weights, weights_bytes as _weights
-from kvplan.engines import Budget, Device, Engine, EngineDefaults, Features, Launch, Term, quantization_weights
+from kvplan.engines import (Budget, Device, Engine, EngineDefaults, Features, Launch, Term, kv_cache_dtype_spelling,
+                            quantization_weights, what_if_kv_dtype)
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
 from kvplan.options import Options, check_context, option_values_of, options_from_values
@@ -129,7 +130,17 @@ class Plan:
             max_lora_rank=o.max_lora_rank,
             speculative=o.speculative, speculative_tokens=o.num_speculative_tokens or 0,
             expert_parallel=o.expert_parallel, state_slots=e.state_slots,
-            swa_tokens=int(a.capacity_tokens * self.layout.swa_ratio) // self.layout.block_size * self.layout.block_size)
+            swa_tokens=int(a.capacity_tokens * self.layout.swa_ratio) // self.layout.block_size * self.layout.block_size,
+            kv_cache_dtype=kv_cache_dtype_spelling(self.kv_dtype, self.model_dtype, self.rules.kv_cache_dtypes(e)))
+
+    @property
+    def serve_command(self) -> str | None:
+        """The command line that starts the planned deployment (the engine's ``serve_command``), None when the engine
+        refuses to start or cannot run the planned KV dtype (a what-if: :attr:`Launch.kv_cache_dtype` None)."""
+        launch = self.launch
+        if self.answer.refusal or launch.kv_cache_dtype is None:
+            return None
+        return self.rules.serve_command(launch)
 
     @property
     def option_values(self) -> dict[str, Any]:
@@ -520,6 +531,9 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
         notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
     if pool.model_dtype.name != spec.dtype:
         notes.append(_dtype_note(pool, spec.dtype))
+    choices = engine_rules(pool.engine.engine).kv_cache_dtypes(pool.engine)
+    if kv_cache_dtype_spelling(pool.kv_dtype.name, pool.model_dtype.name, choices) is None:
+        notes.append(what_if_kv_dtype(pool.engine, pool.kv_dtype.name, choices))
     if budget.kv_budget_bytes <= 0:
         notes.append(_no_kv_memory_note(budget))
     if layout.padding_layers:

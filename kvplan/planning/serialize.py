@@ -236,7 +236,7 @@ def _engine_report(plan: Plan) -> dict[str, Any]:
         "model_max_len": a.model_max_len,
         "model_max_len_rule": a.model_max_len_rule or None,
         "idle_reason": a.idle_reason,
-        "serve_command": None if a.refusal else plan.rules.serve_command(plan.launch),
+        "serve_command": plan.serve_command,
         "serve_note": None if a.refusal else served_weights(plan)[1],
     }
 

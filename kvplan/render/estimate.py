@@ -358,7 +358,11 @@ def _engine_panel(plan: "Plan") -> Panel:
     for line in explained:
         eng.append(f"  {line}\n", style="grey62")
     eng.append("serve: ", style="bold")
-    eng.append(plan.rules.serve_command(plan.launch))
+    command = plan.serve_command
+    if command is None:  # a KV dtype the engine has no --kv-cache-dtype for (the plan's note says so)
+        eng.append(f"none: {plan.engine.label} cannot run --kv-dtype {plan.kv_dtype} (a what-if)", style="yellow")
+    else:
+        eng.append(command)
     serve_note = served_weights(plan)[1]
     if serve_note:
         eng.append(f"\n  not what was planned: {serve_note}", style="yellow")
