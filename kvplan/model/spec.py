@@ -459,7 +459,8 @@ def spec_from_config(
                    rope_scaling=rope_vision.rope_scaling(r),
                    vision=rope_vision.vision_encoder(config, where),
                    mtp_layers=mtp_layers(r), mtp_parameters=sum(t.parameters for t in tensors if t.mtp),
-                   shared_expert_size=shared_expert_size(spec, r), quant_method=quant_method(r), mla_dims=mla_dims(r))
+                   shared_expert_size=shared_expert_size(spec, r), quant_method=quant_method(r), mla_dims=mla_dims(r),
+                   weights_format=checkpoint.weights_format(config, where, spec.dtype))
 
 
 def _bounded_parameters(r: ConfigReader, parameters: int | None, spec: ModelSpec) -> int | None:

@@ -341,11 +341,15 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     if options.dtype and options.dtype != "auto":
         model_dtype = parse_dtype(options.dtype, "--dtype")
     else:  # the engine's --dtype auto: a float32 checkpoint runs in bf16 (fp16 without bf16 support)
-        model_dtype = parse_dtype(rules.auto_dtype(spec.dtype, spec.model_type, bf16=gpu.bf16))
+        model_dtype = parse_dtype(rules.auto_dtype(stored_dtype(spec), spec.model_type, bf16=gpu.bf16))
     kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
     if engine.kv_in_model_dtype:  # the engine ignores --kv-dtype for this model
         kv_dtype = model_dtype
-    weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
+    weights_dtype = None
+    if options.weights_dtype and options.weights_dtype.strip().lower() != spec.weights_format:
+        weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True)
+        if weights_dtype.name == spec.weights_format:  # the format the checkpoint stores: the checkpoint as it is
+            weights_dtype = None
     quantized_how = ""
     if options.quantization:
         method_dtype, quantized_how = quantization_weights(options.quantization)
@@ -488,7 +492,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         engine=pool.engine,
         kv_dtype=pool.kv_dtype.name,
         model_dtype=pool.model_dtype.name,
-        weights_dtype=(pool.weights_dtype or pool.model_dtype).name,
+        weights_dtype=planned_weights_dtype(spec, pool.weights_dtype, pool.model_dtype),
         rank_layers=pool.layers,
         heads_replicated=replicated,
         kv_bytes_per_token_model=memory.kv_bytes_per_token(spec, pool.kv_dtype),
@@ -507,6 +511,15 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         kv_range=kv_range(pool.budget, pool.engine, deployment, answer, options.tp, options.context, options.batch,
                           fixed, pool.gpu.is_cpu),
     )
+
+
+def planned_weights_dtype(spec: ModelSpec, weights_dtype: DType | None, model_dtype: DType) -> str:
+    """What the planned weights are stored as: ``--weights-dtype`` (or an online ``--quantization``'s), else a
+    quantized checkpoint's stored format (``fp8_e4m3``, ``mxfp4``, ``int4``, ...: ``spec.weights_format``), else the
+    dtype the model runs in. ``--weights-dtype`` with this value plans the same weights."""
+    if weights_dtype is not None:
+        return weights_dtype.name
+    return spec.weights_format or model_dtype.name
 
 
 def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], Plan]":
@@ -530,7 +543,7 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
     if replicated:
         notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
     if pool.model_dtype.name != spec.dtype:
-        notes.append(_dtype_note(pool, spec.dtype))
+        notes.append(_dtype_note(pool, spec))
     choices = engine_rules(pool.engine.engine).kv_cache_dtypes(pool.engine)
     if kv_cache_dtype_spelling(pool.kv_dtype.name, pool.model_dtype.name, choices) is None:
         notes.append(what_if_kv_dtype(pool.engine, pool.kv_dtype.name, choices))
@@ -591,15 +604,39 @@ def _state_note(pool: _Pool, spec: ModelSpec) -> str | None:
     return f"{STATE_NOTE} conv state in {pool.model_dtype.name}, SSM state in {ssm}{why}"
 
 
-def _dtype_note(pool: _Pool, checkpoint: str) -> str:
-    """Why the model runs in another dtype than its checkpoint's (KV, activations and weights follow)."""
-    run = pool.model_dtype.name
+_SAFETENSORS_16 = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def checkpoint_label(spec: ModelSpec) -> str:
+    """What the checkpoint stores, in words: ``float32``, or for a quantized one its format and the dtype of its
+    other tensors (``mxfp4 + bfloat16``: gpt-oss' MXFP4 experts and bfloat16 rest, whatever the config's
+    ``torch_dtype`` says or leaves out)."""
+    return f"{spec.weights_format} + {stored_dtype(spec)}" if spec.weights_format else spec.dtype
+
+
+def stored_dtype(spec: ModelSpec) -> str:
+    """The dtype of a checkpoint's unquantized tensors: a quantized checkpoint's most common 16-bit tensor dtype
+    (gpt-oss: bfloat16, whatever its config's missing torch_dtype defaults to), else the config's dtype. What the
+    engines' ``--dtype auto`` reads (SGLang runs MXFP4 gpt-oss in bfloat16)."""
+    held = dict(spec.weights.params_by_dtype) if spec.weights is not None and spec.weights.params_by_dtype else {}
+    rest = [_SAFETENSORS_16[k] for k in sorted(held, key=lambda k: -held[k]) if k in _SAFETENSORS_16 and k != "F32"]
+    return rest[0] if spec.weights_format and rest else spec.dtype
+
+
+def _dtype_note(pool: _Pool, spec: ModelSpec) -> str:
+    """Why the model runs in another dtype than its config's (KV, activations and weights follow); a quantized
+    checkpoint is named by what it stores (:func:`checkpoint_label`), not by the config's dtype."""
+    run, checkpoint = pool.model_dtype.name, spec.dtype
+    stored = checkpoint_label(spec)
+    prov = spec.provenance.get("dtype") or ""
+    config_dtype = prov if prov and prov != "torch_dtype" else f"the config's torch_dtype {checkpoint}"
+    what = f"the {stored} checkpoint" + (f" ({config_dtype})" if spec.weights_format else "")
     if pool.options.dtype and pool.options.dtype != "auto":
-        why = f"--dtype {pool.options.dtype}: the {checkpoint} checkpoint is cast to {run}"
+        why = f"--dtype {pool.options.dtype}: {what} is cast to {run}"
     else:
         no_bf16 = "" if pool.gpu.bf16 else f" ({pool.gpu.name} has no bfloat16: compute capability below 8.0)"
-        why = f"dtype auto: {pool.engine.engine} runs the {checkpoint} checkpoint in {run}{no_bf16}"
-    keep = f"; --dtype {checkpoint} keeps {checkpoint}" if checkpoint == "float32" else ""
+        why = f"dtype auto: {pool.engine.engine} runs {what} in {run}{no_bf16}"
+    keep = f"; --dtype {checkpoint} keeps {checkpoint}" if checkpoint == "float32" and not spec.weights_format else ""
     return f"{why}; the KV cache, activations and weights are sized in {run}{keep}"
 
 
