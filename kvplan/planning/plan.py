@@ -134,6 +134,12 @@ class Plan:
             kv_cache_dtype=kv_cache_dtype_spelling(self.kv_dtype, self.model_dtype, self.rules.kv_cache_dtypes(e)))
 
     @property
+    def request_bytes(self) -> int:
+        """Pool bytes one request of ``--context`` tokens holds on one GPU under the engine's rules (windows, paging,
+        state: ``demand.bytes``): what the answer's concurrency divides the budget by."""
+        return self.demand.bytes(self.options.context)
+
+    @property
     def serve_command(self) -> str | None:
         """The command line that starts the planned deployment (the engine's ``serve_command``), None when the engine
         refuses to start or cannot run the planned KV dtype (a what-if: :attr:`Launch.kv_cache_dtype` None)."""

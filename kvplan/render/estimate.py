@@ -125,8 +125,19 @@ def _model_panel(plan: "Plan") -> Panel:
     for line in formula_lines(plan.rank_layers, parse_dtype(plan.kv_dtype), parse_dtype(plan.model_dtype)):
         head.append(f"  {line}\n")
     head.append(f"  = {plan.kv_bytes_per_token_gpu:,} B/token ({fmt_bytes(plan.kv_bytes_per_token_gpu)})"
-                f"; {fmt_bytes(plan.kv_bytes_per_token_gpu * o.context)} per {o.context:,}-token request before paging")
+                f"; {fmt_bytes(plan.request_bytes)} per {o.context:,}-token request in {plan.engine.engine}'s pool"
+                f"{_held_how(plan)}")
     return Panel(head, title="model", title_align="left")
+
+
+def _held_how(plan: "Plan") -> str:
+    """How a windowed model's request is held: its windows (vLLM, SGLang's hybrid SWA pool) or every token in every
+    layer (SGLang otherwise); "" for models without windows."""
+    if not any(x.kind.value in ("sliding", "chunked") for x in plan.rank_layers):
+        return ""
+    if plan.engine.windows_full_length:
+        return " (every layer holds every token: no window in this pool)"
+    return " (windowed layers hold their window)"
 
 
 def _memory_panel(plan: "Plan") -> Panel:
