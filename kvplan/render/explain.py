@@ -149,9 +149,11 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
     cols = ("term", "logged", "kvplan", "kvplan - logged", "") if own_terms else ("term", "logged", "")
     for col in cols:
         terms.add_column(col, justify="right" if col in ("logged", "kvplan", "kvplan - logged") else "left")
+    shown = 0
     for row in ex.terms:
         if row.logged_bytes is None and (row.kvplan_bytes is None or not own_terms):
             continue
+        shown += 1
         diff = row.difference_bytes
         style = "" if diff is None or abs(diff) < 0.1 * GiB else "yellow"
         note = Text(row.note, style="grey62")
@@ -187,9 +189,14 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
         verdict.append(ex.diagnosis + "\n", style="bold")
     if p is not None:
         rule = RULES.get(p.engine.kv_tokens_rule, p.engine.kv_tokens_rule)
-        from kvplan.explain.reconcile import prints_capacity_lines
+        from kvplan.explain.reconcile import IMPLIED, prints_capacity_lines
 
-        if ex.matches and not prints_capacity_lines(log):
+        kv_row = ex.term("kv_budget")
+        if ex.matches and kv_row is not None and kv_row.note.startswith(IMPLIED):
+            verdict.append(f"the log prints {plural(log.kv_cache_tokens, 'token')} (max_total_num_tokens) but no KV "
+                           "size: the logged budget is what they take at kvplan's cell size", style="green")
+            verdict.append(f"; token line: {rule}\n")
+        elif ex.matches and not prints_capacity_lines(log):
             verdict.append("the logged budget " + ("starts the engine, as the log shows" if log.starts is not False
                                                    else "does not start the engine either"), style="green")
             verdict.append(f" (the log prints no block, token or concurrency line to check further); token line: {rule}\n")
@@ -211,6 +218,11 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
         notes.append(f"! log: {warning}\n", style="yellow")
     for note in _notes(ex):
         notes.append(f"· {note}\n", style="grey62")
+    if not shown:  # nothing to tabulate: say why in one line instead of an empty table
+        why = ("the log prints none of them" + ("" if p is not None else
+                                                 ", and kvplan has no plan of its own to set beside them (the model: "
+                                                 "pass --model)"))
+        terms = Text(f"budget per GPU: no term to show: {why}", style="yellow")
     return Group(_head(ex), terms, cap, verdict, notes)
 
 
