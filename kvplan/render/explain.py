@@ -110,9 +110,11 @@ def _head(ex: "Explanation"):  # noqa: ANN202 - a rich Text
     if p is not None:
         gpu = f"{p.options.gpu_count}x {p.gpu.name}" if ex.gpu_known else "a GPU the log does not name"
         head.append(f"{p.spec.model_id} on {gpu}", style="bold")
+        # without the GPU the plan's utilisation follows a stand-in size (SGLang derives it from the GPU): only the log's
+        util = (f", util {p.budget.gpu_util:g}" if ex.gpu_known or log.gpu_memory_utilization is not None else "")
         head.append(f" - {p.engine.label} (rules of {p.engine.engine} {p.engine.release_range or p.engine.version}), "
                     f"tp {p.options.tp}, pp {p.options.pp}, {p.model_dtype}, KV {p.kv_dtype}, max_model_len "
-                    f"{p.max_model_len:,}, util {p.budget.gpu_util:g}")
+                    f"{p.max_model_len:,}{util}")
         return head
     from kvplan.explain.reconcile import account
 
@@ -133,7 +135,8 @@ def _notes(ex: "Explanation") -> list[str]:
     inferred = any(n.startswith("version not in the log: its lines are") for n in ex.notes)
     plan = [n for n in (ex.plan.notes if ex.plan is not None else ()) if not (inferred and ": rules of modelled" in n)]
     if ex.plan is not None and not ex.gpu_known:  # the plan budgets a stand-in size: its budget's notes are not the log's
-        plan = [n for n in plan if n not in ex.plan.budget.notes and not n.startswith("--gpu-memory:")]
+        plan = [n for n in plan if n not in ex.plan.budget.notes and not n.startswith(("--gpu-memory:",
+                                                                                      "no memory left for the KV cache"))]
     return list(ex.notes) + plan
 
 
