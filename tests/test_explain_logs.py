@@ -435,3 +435,12 @@ def test_every_sglang_log_checks_the_tokens_it_prints_and_draws_no_empty_table(g
         assert all("SGLang" in n for n in mtp), mtp
     assert read >= 40
     assert not gpu or (gaps >= 5 and tokens_only >= 1)
+
+
+def test_a_hybrid_swa_log_counts_the_full_pool_as_its_tokens():
+    """SGLang's hybrid SWA pool logs "Use sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S" and a
+    "KV Cache is allocated. #tokens: S" line for the SWA pool: the pool's token figure (max_total_num_tokens, what
+    kvplan's plan reports) is F, and S is kept beside it."""
+    log = parse_log(corpus_log("sglang", "sglang-pr18039-4gpu-mimo-v2-flash-tp4-swa-main"))
+    assert (log.sglang_full_tokens, log.sglang_swa_tokens) == (375_360, 300_288)
+    assert log.kv_cache_tokens == log.sglang_full_tokens
