@@ -317,6 +317,11 @@ OPTIONS: tuple[Opt, ...] = (
         PANEL_BUDGET, flags=("--flashinfer/--no-flashinfer",), show_default=False),
     Opt("expert_parallel", "flag", "vLLM --enable-expert-parallel: MoE experts split over the GPUs (each GPU's "
         "fused-MoE workspaces use the whole expert width).", PANEL_BUDGET, default=False),
+    Opt("swa_full_tokens_ratio", "fraction", "SGLang's --swa-full-tokens-ratio: the sliding-window pool's tokens per "
+        "full-attention pool token where the release gives the model its hybrid SWA pool (default 0.8).",
+        PANEL_BUDGET),
+    Opt("disable_hybrid_swa_memory", "flag", "SGLang's --disable-hybrid-swa-memory: one pool of full layers, each "
+        "holding every token, for a model that would get the hybrid SWA pool.", PANEL_BUDGET, default=False),
     Opt("block_size", "count", "Tokens per KV block (vLLM GPU default 16, CPU 128; SGLang's --page-size, 1).",
         PANEL_BUDGET, flags=("--block-size", "--page-size")),
     Opt("max_num_batched_tokens", "tokens", "Engine max_num_batched_tokens (SGLang: chunked_prefill_size; default: "

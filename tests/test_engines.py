@@ -635,3 +635,30 @@ def test_launch_lines_only_name_kv_dtypes_the_engine_takes(engine_name, version,
             assert plan.kv_dtype == plan.model_dtype, (engine_name, version, kv, command)
     assert what_ifs >= 2  # int8 and int4 in every release
 
+
+
+def test_sglang_swa_flags_resize_the_hybrid_pool_as_sglang_does():
+    """--swa-full-tokens-ratio r: full tokens = budget / (full bytes + r x sliding bytes per token), the sliding pool r
+    x that, and the launch line passes it; --disable-hybrid-swa-memory: one pool of full layers (budget / every
+    layer's bytes). On a model without the hybrid pool, a note says the flag changes nothing; vLLM refuses them."""
+    from kvplan import memory
+    from kvplan.errors import InputError as Refused
+
+    spec = build_spec(load_bundled("openai/gpt-oss-120b"))
+    base = Options(model=spec.model_id, gpu="H100", engine="sglang", context=32768)
+    half = plan_for_spec(spec, Options(**{**base.__dict__, "swa_full_tokens_ratio": 0.5}), suggest=False)
+    per_token = 18 * 8 * 64 * 2 * 2
+    assert half.layout.block_bytes == per_token + per_token // 2
+    assert half.answer.kv_tokens == half.budget.kv_budget_bytes // half.layout.block_bytes
+    assert f"swa_layer_tokens={int(half.answer.kv_tokens * 0.5)}" in " ".join(sglang.log_lines(half.launch))
+    assert "--swa-full-tokens-ratio 0.5" in half.serve_command
+    off = plan_for_spec(spec, Options(**{**base.__dict__, "disable_hybrid_swa_memory": True}), suggest=False)
+    assert off.answer.kv_tokens == sglang.max_total_num_tokens(
+        off.budget.kv_budget_bytes, sglang.cell_size_bytes(memory.full_length_layers(off.rank_layers), off.layout.kv_dtype))
+    assert off.answer.kv_tokens < half.answer.kv_tokens and "--disable-hybrid-swa-memory" in off.serve_command
+    mistral = build_spec(load_bundled("mistralai/Mistral-7B-v0.1"))
+    plan = plan_for_spec(mistral, Options(model=mistral.model_id, gpu="H100", engine="sglang", swa_full_tokens_ratio=0.5),
+                         suggest=False)
+    assert any("no hybrid SWA pool" in n and "no effect" in n for n in plan.notes)
+    with pytest.raises(Refused, match="SGLang's"):
+        plan_for_spec(spec, Options(model=spec.model_id, gpu="H100", disable_hybrid_swa_memory=True), suggest=False)

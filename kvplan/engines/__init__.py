@@ -263,6 +263,8 @@ class Launch:
     expert_parallel: bool = False  # --enable-expert-parallel
     state_slots: int = 0  # request slots of the engine's own state pool (SGLang's max_mamba_cache_size); 0: none
     swa_tokens: int = 0  # token slots of the engine's own sliding-window pool (SGLang's swa_layer_tokens); 0: none
+    swa_full_tokens_ratio: float | None = None  # SGLang's --swa-full-tokens-ratio to pass (the user's)
+    disable_hybrid_swa_memory: bool = False  # SGLang's --disable-hybrid-swa-memory
     kv_cache_dtype: str | None = "auto"  # --kv-cache-dtype as the engine spells the planned KV dtype ("auto": the model
     # dtype's); None: the engine has no spelling for it, so the plan is a what-if it cannot run (no command line)
 

@@ -625,7 +625,9 @@ SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tp {}"), ("pp_flag"
                ("max_num_seqs_flag", "--max-running-requests {}"), ("enforce_eager", "--disable-cuda-graph"),
                ("prefix_caching_off", "--disable-radix-cache"), ("lora", "--enable-lora"),
                ("max_loras", "--max-loras-per-batch {}"), ("max_lora_rank", "--max-lora-rank {}"),
-               ("speculative_algorithm", "--speculative-algorithm {}"), ("ep_size", "--ep-size {}"))
+               ("speculative_algorithm", "--speculative-algorithm {}"), ("ep_size", "--ep-size {}"),
+               ("swa_full_tokens_ratio", "--swa-full-tokens-ratio {}"),
+               ("disable_hybrid_swa_memory", "--disable-hybrid-swa-memory"))
 
 
 def serve_command(launch: Launch) -> str:

@@ -131,7 +131,8 @@ class Plan:
             speculative=o.speculative, speculative_tokens=o.num_speculative_tokens or 0,
             expert_parallel=o.expert_parallel, state_slots=e.state_slots,
             swa_tokens=int(a.capacity_tokens * self.layout.swa_ratio) // self.layout.block_size * self.layout.block_size,
-            kv_cache_dtype=kv_cache_dtype_spelling(self.kv_dtype, self.model_dtype, self.rules.kv_cache_dtypes(e)))
+            kv_cache_dtype=kv_cache_dtype_spelling(self.kv_dtype, self.model_dtype, self.rules.kv_cache_dtypes(e)),
+            swa_full_tokens_ratio=o.swa_full_tokens_ratio, disable_hybrid_swa_memory=o.disable_hybrid_swa_memory)
 
     @property
     def request_bytes(self) -> int:
@@ -318,6 +319,20 @@ def _with_engine_layers(layers: tuple[LayerCache, ...], draft: int, engine: Engi
     return layers
 
 
+def _hybrid_swa_options(engine: EngineDefaults, options: Options) -> EngineDefaults:
+    """SGLang's ``--swa-full-tokens-ratio`` (the hybrid SWA pool's split) and ``--disable-hybrid-swa-memory`` (one
+    pool of full layers instead); a note where the release gives the model no hybrid pool for them to change."""
+    flag = "--disable-hybrid-swa-memory" if options.disable_hybrid_swa_memory else "--swa-full-tokens-ratio"
+    if engine.engine != "sglang":
+        raise InputError(f"{flag} is SGLang's: {engine.engine} has no hybrid SWA pool", "use --engine sglang")
+    if not engine.swa_ratio:
+        return replace(engine, notes=engine.notes + (f"{flag}: {engine.label} gives this model no hybrid SWA pool "
+                                                     "(every layer holds every token): no effect",))
+    if options.disable_hybrid_swa_memory:
+        return replace(engine, swa_ratio=0.0, windows_full_length=True)
+    return replace(engine, swa_ratio=options.swa_full_tokens_ratio)
+
+
 def _paged_layers(layers: tuple[LayerCache, ...], engine: EngineDefaults) -> tuple[LayerCache, ...]:
     """The layers the paged pool holds: all, or the attention layers alone where the engine keeps state layers in
     a pool of request slots of their own (``engine.state_pool``: SGLang's Mamba pool); windowed layers at full
@@ -343,6 +358,8 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     engine = rules.for_model(_engine_defaults(rules, options, gpu, spec), spec, gpu.is_cpu,
                              options.max_model_len or options.context, device=gpu.device,
                              kv_dtype=options.kv_dtype, user_block_size=options.block_size)
+    if options.swa_full_tokens_ratio is not None or options.disable_hybrid_swa_memory:
+        engine = _hybrid_swa_options(engine, options)
     features = features_of(options)
     if options.dtype and options.dtype != "auto":
         model_dtype = parse_dtype(options.dtype, "--dtype")
