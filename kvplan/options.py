@@ -260,7 +260,8 @@ OPTIONS: tuple[Opt, ...] = (
         flags=("--context", "-c"), cli_default=None, compare=True),
     Opt("batch", "count", "Concurrent requests for the fits verdict and max context.", default=1,
         flags=("--batch", "-b")),
-    Opt("max_model_len", "max_model_len", "Engine max_model_len (default: --context); `auto` = the longest that fits."),
+    Opt("max_model_len", "max_model_len", "Engine max_model_len (default: --context); `auto` = the longest that fits.",
+        flags=("--max-model-len", "--context-length")),
     Opt("prefix_tokens", "tokens_or_zero", "Tokens of a prefix shared by every request (prefix caching).", default=0),
     Opt("prefix_caching", "switch", "Engine prefix caching (default: the engine's; vLLM V1: on). Changes the blocks "
         "state layers keep.", flags=("--prefix-caching/--no-prefix-caching",), show_default=False),
@@ -283,8 +284,9 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("ssm_dtype", "ssm_dtype", "SSM state dtype of hybrid models (vLLM --mamba-ssm-cache-dtype), e.g. float32.",
         PANEL_MODEL),
     Opt("weights_gib", "size", "Total weight size (all GPUs), e.g. 15, 14.96GiB.", PANEL_BUDGET, field="weights_bytes"),
-    Opt("gpu_util", "fraction", "gpu_memory_utilization (default: the engine version's).", PANEL_BUDGET,
-        flags=("--gpu-util", "--gpu-memory-utilization")),
+    Opt("gpu_util", "fraction", "gpu_memory_utilization (SGLang: mem_fraction_static; default: the engine "
+        "version's).", PANEL_BUDGET,
+        flags=("--gpu-util", "--gpu-memory-utilization", "--mem-fraction-static")),
     Opt("kv_budget", "size", "Explicit KV budget per GPU (vLLM kv_cache_memory_bytes), e.g. 40GiB.",
         PANEL_BUDGET, field="kv_budget_bytes"),
     Opt("activation_gib", "size_or_zero", "Override the activation peak per GPU.", PANEL_BUDGET,
@@ -315,10 +317,17 @@ OPTIONS: tuple[Opt, ...] = (
         PANEL_BUDGET, flags=("--flashinfer/--no-flashinfer",), show_default=False),
     Opt("expert_parallel", "flag", "vLLM --enable-expert-parallel: MoE experts split over the GPUs (each GPU's "
         "fused-MoE workspaces use the whole expert width).", PANEL_BUDGET, default=False),
-    Opt("block_size", "count", "Tokens per KV block (vLLM GPU default 16, CPU 128).", PANEL_BUDGET),
-    Opt("max_num_batched_tokens", "tokens", "Engine max_num_batched_tokens (default: the engine's for this GPU).",
+    Opt("swa_full_tokens_ratio", "fraction", "SGLang's --swa-full-tokens-ratio: the sliding-window pool's tokens per "
+        "full-attention pool token where the release gives the model its hybrid SWA pool (default 0.8).",
         PANEL_BUDGET),
-    Opt("max_num_seqs", "count", "Engine max_num_seqs (default: the engine's for this GPU).", PANEL_BUDGET),
+    Opt("disable_hybrid_swa_memory", "flag", "SGLang's --disable-hybrid-swa-memory: one pool of full layers, each "
+        "holding every token, for a model that would get the hybrid SWA pool.", PANEL_BUDGET, default=False),
+    Opt("block_size", "count", "Tokens per KV block (vLLM GPU default 16, CPU 128; SGLang's --page-size, 1).",
+        PANEL_BUDGET, flags=("--block-size", "--page-size")),
+    Opt("max_num_batched_tokens", "tokens", "Engine max_num_batched_tokens (SGLang: chunked_prefill_size; default: "
+        "the engine's for this GPU).", PANEL_BUDGET, flags=("--max-num-batched-tokens", "--chunked-prefill-size")),
+    Opt("max_num_seqs", "count", "Engine max_num_seqs (SGLang: max_running_requests; default: the engine's for this "
+        "GPU).", PANEL_BUDGET, flags=("--max-num-seqs", "--max-running-requests")),
     Opt("revision", "revision", "Hub revision (branch, tag or commit).", PANEL_HUB),
     Opt("token", "text", "Hub token for gated models (default: HF_TOKEN or the saved token). Never printed.",
         PANEL_HUB, yaml=False, in_options=False, show_default=False),

@@ -241,6 +241,12 @@ INT4 = DType("int4", 4, scale_group=32, scale_bytes=2, torch_name="uint8")
 # int4 weights (GPTQ/AWQ style): fp16 scale and packed zero per group of 128 -> modelled as 2 B / 128.
 INT4_WEIGHTS = DType("int4", 4, scale_group=128, scale_bytes=2, torch_name="uint8")
 
+# 4-bit float weight formats of quantized checkpoints (weights only, never a KV dtype): MXFP4 (e2m1 + one 8-bit
+# exponent scale per 32 weights, gpt-oss' experts) and NVFP4 (e2m1 + one fp8 scale per 16 weights)
+MXFP4 = DType("mxfp4", 4, scale_group=32, scale_bytes=1, torch_name="uint8")
+NVFP4 = DType("nvfp4", 4, scale_group=16, scale_bytes=1, torch_name="uint8")
+_WEIGHT_ALIASES: dict[str, DType] = {"mxfp4": MXFP4, "nvfp4": NVFP4}
+
 _DTYPE_ALIASES: dict[str, DType] = {
     "float32": FP32, "fp32": FP32, "f32": FP32, "float": FP32,
     "bfloat16": BF16, "bf16": BF16,
@@ -255,6 +261,8 @@ _DTYPE_ALIASES: dict[str, DType] = {
 def parse_dtype(name: str, what: str = "dtype", *, weights: bool = False) -> DType:
     """Look up a dtype by any common spelling (``bf16``, ``torch.bfloat16``, ``fp8_e4m3``...)."""
     key = str(name).strip().lower().removeprefix("torch.")
+    if weights and key in _WEIGHT_ALIASES:
+        return _WEIGHT_ALIASES[key]
     if key not in _DTYPE_ALIASES:
         raise InputError(f"unknown {what} {name!r}", "use one of fp32, bf16, fp16, fp8, fp8_e5m2, int8, int4")
     dtype = _DTYPE_ALIASES[key]

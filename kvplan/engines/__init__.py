@@ -131,6 +131,9 @@ class EngineDefaults:
     # (SGLang's MambaPool): the pool layout holds the attention layers only
     state_slots: int = 0  # that pool's request slots once the budget is split (SGLang's max_mamba_cache_size)
     state_slots_per_request: int = 1  # slots the request cap counts per running request (SGLang: 3 with radix cache)
+    windows_full_length: bool = False  # sliding / chunked layers hold every token (SGLang outside its hybrid SWA pool)
+    swa_ratio: float = 0.0  # > 0: sliding layers in a pool of their own with this ratio of the full pool's tokens
+    # (SGLang's hybrid SWA pool, --swa-full-tokens-ratio); the plan's layout is then memory.split_swa_layout
 
     @property
     def label(self) -> str:
@@ -259,6 +262,11 @@ class Launch:
     speculative_tokens: int = 0  # tokens the draft proposes per step
     expert_parallel: bool = False  # --enable-expert-parallel
     state_slots: int = 0  # request slots of the engine's own state pool (SGLang's max_mamba_cache_size); 0: none
+    swa_tokens: int = 0  # token slots of the engine's own sliding-window pool (SGLang's swa_layer_tokens); 0: none
+    swa_full_tokens_ratio: float | None = None  # SGLang's --swa-full-tokens-ratio to pass (the user's)
+    disable_hybrid_swa_memory: bool = False  # SGLang's --disable-hybrid-swa-memory
+    kv_cache_dtype: str | None = "auto"  # --kv-cache-dtype as the engine spells the planned KV dtype ("auto": the model
+    # dtype's); None: the engine has no spelling for it, so the plan is a what-if it cannot run (no command line)
 
     @property
     def speculative_config(self) -> str | None:
@@ -288,7 +296,8 @@ class Launch:
 
     @property
     def kv_dtype_flag(self) -> str | None:
-        return self.kv_dtype if self.kv_dtype != self.model_dtype else None
+        """``--kv-cache-dtype`` as the engine spells it (:attr:`kv_cache_dtype`), None for ``auto``."""
+        return None if self.kv_cache_dtype in ("auto", None) else self.kv_cache_dtype
 
     @property
     def kv_budget_tokens(self) -> int | None:
@@ -302,6 +311,22 @@ class Launch:
     @property
     def prefix_caching_off(self) -> bool:
         return self.prefix_caching_flag is False
+
+
+def kv_cache_dtype_spelling(kv_dtype: str, model_dtype: str, choices: dict[str, str]) -> str | None:
+    """How an engine's ``--kv-cache-dtype`` names kvplan's KV dtype ``kv_dtype`` (a :class:`kvplan.units.DType`
+    name): ``"auto"`` when it is the model dtype, else ``choices[kv_dtype]`` (the release's spellings: kvplan's
+    dtype name -> the engine's choice), None when the release has none (the engine cannot run it)."""
+    if kv_dtype == model_dtype:
+        return "auto"
+    return choices.get(kv_dtype)
+
+
+def what_if_kv_dtype(engine: EngineDefaults, kv_dtype: str, choices: dict[str, str]) -> str:
+    """The note of a plan whose KV dtype the engine cannot run: a what-if, with the release's choices."""
+    names = ", ".join(dict.fromkeys(["auto", *choices.values()]))
+    return (f"--kv-dtype {kv_dtype} is a what-if {engine.label} cannot run: its --kv-cache-dtype takes {names} "
+            "(no launch line)")
 
 
 def launch_flags(launch: Launch, spelling: tuple[tuple[str, str], ...]) -> list[str]:
@@ -450,6 +475,10 @@ class Engine(Protocol):
                   architecture: str, *, is_cpu: bool) -> tuple[str | None, str]:
         """The SSM-state dtype the engine stores a state layer in (None: the model dtype) given ``--ssm-dtype``
         (``requested``) and the config's (``configured``), and why when it is not the config's."""
+
+    def kv_cache_dtypes(self, engine: EngineDefaults) -> dict[str, str]:
+        """The release's ``--kv-cache-dtype`` choices besides ``auto``: kvplan's KV dtype name -> the engine's
+        spelling (:func:`kv_cache_dtype_spelling`); a dtype missing from it is a what-if the engine cannot run."""
 
     def report(self, launch: Launch) -> tuple[str, ...]:
         """What the engine will log about its KV cache (first line: the log itself; then explanations)."""

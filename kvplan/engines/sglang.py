@@ -7,8 +7,9 @@ ranks) and again after loading, and keeps ``rest = free_after_load - free_before
 mem_fraction_static)`` for the pool: ``pool = (total - used_before_load) x frac - weights``. Activations and
 CUDA graphs live in ``1 - mem_fraction_static``. ``max_total_num_tokens = pool // cell_size`` (rounded down
 to the page size from 0.4.6), ``cell_size`` the KV bytes of one token over this GPU's layers (MLA:
-``(kv_lora_rank + qk_rope_head_dim) x layers x bytes``); sliding-window models (0.4.10+) split the pool
-between full and windowed layers (:func:`swa_cell_bytes`); Mamba / linear-attention hybrids (0.5.2+) keep their
+``(kv_lora_rank + qk_rope_head_dim) x layers x bytes``); sliding-window models split the pool
+between full and windowed layers where the release gives them a hybrid SWA pool (:func:`hybrid_swa`), else
+hold every token in every layer; Mamba / linear-attention hybrids (0.5.2+) keep their
 state layers in a pool of request slots carved out of the budget first (:func:`split_state_pool`,
 :func:`mamba_slots`), the token pool holding the full-attention layers only. Page size 1 is expressed as
 ``EngineDefaults(block_size=1)``, so the plan's blocks are tokens and the shared pool math applies.
@@ -46,7 +47,7 @@ class Release:
     (``small-25000``, ``small-tp``, ``0.4.8``, ``0.5.3``, ``0.5.5``, ``0.5.20``); ``graph_reserve``: the 0.5.10+
     piecewise CUDA-graph reserve; ``page_rounding``: the pool rounded down to whole pages (0.4.6+);
     ``clamp_plus_one``: ``max_running_requests``' clamp is one higher (the request pool's padding slot,
-    0.3 - 0.4.6); ``swa``: sliding-window layers get their own smaller pool (0.4.10+). Mamba / linear-attention
+    0.3 - 0.4.6) (sliding-window pools, per architecture and release: :func:`hybrid_swa`). Mamba / linear-attention
     hybrids (:func:`mamba_slots`): ``mamba`` how the state pool's request slots are sized (``fixed``: 512 or
     ``--max-running-requests``, radix cache off, 0.5.2 - 0.5.3; ``ratio``: ``mamba_full_memory_ratio`` of the
     budget, 0.5.4+); ``mamba2_radix_off``: Mamba2 models run without the radix cache (0.5.4 - 0.5.9);
@@ -62,7 +63,6 @@ class Release:
     graph_reserve: bool = False
     page_rounding: bool = True
     clamp_plus_one: bool = False
-    swa: bool = True
     mamba: str = "ratio"
     mamba2_radix_off: bool = False
     ssm_from_config: bool = True
@@ -71,12 +71,12 @@ class Release:
 _OLD_MAMBA = dict(mamba="fixed", ssm_from_config=False)  # 0.5.2 - 0.5.3's state pool (older releases serve no hybrid)
 RELEASES: dict[str, Release] = {r.version: r for r in (
     Release("0.3", (0, 3, 0), "tp ladder 0.88 - 0.79 (0.82 at tp 8)", "ladder-0.3", "small-25000",
-            page_rounding=False, clamp_plus_one=True, swa=False, **_OLD_MAMBA),
+            page_rounding=False, clamp_plus_one=True, **_OLD_MAMBA),
     Release("0.4", (0, 4, 0), "tp ladder 0.88 / 0.87 / 0.85 / 0.81 / 0.79", "ladder", "small-tp",
-            page_rounding=False, clamp_plus_one=True, swa=False, **_OLD_MAMBA),
+            page_rounding=False, clamp_plus_one=True, **_OLD_MAMBA),
     Release("0.4.6", (0, 4, 6), "above 80 GiB: (gpu - 13 GiB) / gpu; page size", "ladder-13g", "small-tp",
-            clamp_plus_one=True, swa=False, **_OLD_MAMBA),
-    Release("0.4.7", (0, 4, 7), "ladder by tp x pp; a reserve above 96 GiB", "ladder-big", "small-tp", swa=False,
+            clamp_plus_one=True, **_OLD_MAMBA),
+    Release("0.4.7", (0, 4, 7), "ladder by tp x pp; a reserve above 96 GiB", "ladder-big", "small-tp",
             **_OLD_MAMBA),
     Release("0.4.8", (0, 4, 8), "a reserve by GPU size: round((gpu - reserved) / gpu, 3); sliding-window pools "
             "from 0.4.10; 0.5.2: a state pool of 512 slots for linear-attention hybrids", "tiers", "0.4.8",
@@ -266,18 +266,6 @@ def cell_size_bytes(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType)
     return memory.kv_bytes_per_token(layers, kv_dtype)
 
 
-def swa_cell_bytes(layers: tuple[LayerCache, ...], kv_dtype: DType) -> int:
-    """Bytes per pool token of a sliding-window model (0.4.10+, ``HybridSWA`` pools): full layers' bytes per token
-    + ``swa_full_tokens_ratio`` (0.8) x the windowed layers', so ``full tokens = pool // swa_cell`` and the windowed
-    layers get 0.8 of that many; the logged ``max_total_num_tokens`` is the full layers' count. 0 for models
-    without windowed layers (or with chunked attention, Llama 4's own split)."""
-    full = [layer for layer in layers if layer.kind in (LayerKind.FULL, LayerKind.MLA)]
-    swa = [layer for layer in layers if layer.kind is LayerKind.SLIDING]
-    if not swa or not full or any(layer.kind is LayerKind.CHUNKED for layer in layers):
-        return 0
-    return cell_size_bytes(tuple(full), kv_dtype) + math.floor(SWA_FULL_TOKENS_RATIO * cell_size_bytes(tuple(swa), kv_dtype))
-
-
 def max_total_num_tokens(kv_budget_bytes: int, cell_size: int, page_size: int = 1) -> int:
     """``max_total_num_tokens = pool bytes // cell_size``, rounded down to whole pages (0 when negative)."""
     tokens = max(0, kv_budget_bytes // cell_size) if cell_size > 0 else 0
@@ -444,13 +432,49 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
 # the engine's rules (kvplan.engines.Engine)
 
 
+def hybrid_swa(engine: EngineDefaults, spec: ModelSpec, device: Device | None = None,
+               speculative: bool = False) -> bool:
+    """Whether this release gives ``spec`` its hybrid SWA pool (a full-attention pool holding every token of a
+    request and a sliding-window pool of ``--swa-full-tokens-ratio`` x its tokens holding the windows), read in
+    the wheels (``ModelRunner`` / ``model_runner_kv_cache_mixin`` / ``pool_configurator``, ``ServerArgs``'
+    model overrides): never before 0.4.10; Gemma 3 / 3n in 0.4.10.x only (0.4.10 gives every model with
+    ``get_attention_sliding_window_size`` the pool; 0.5.1+ sets ``disable_hybrid_swa_memory`` for Gemma 2 / 3 /
+    3n, 0.4.10.post2 already for Gemma 2, planned as never); gpt-oss from 0.5.8 (0.5.1 - 0.5.7 disable it; 0.5.8 -
+    0.5.9 also with the ``trtllm_mha`` backend, the default on compute capability 10, and with speculative
+    decoding); MiMo-V2 / Step-3.5 (0.5.10+'s ``is_hybrid_swa_model``) where kvplan plans them. The model needs
+    both full and sliding layers. Every other model (Mistral v0.1, Qwen2 with sliding windows, Phi-3, Llama 4's
+    chunks, ...) gets one pool of full layers: each layer holds every token. Lean to the safe side: where
+    unsure, the full-layer pool (it holds fewer tokens)."""
+    kinds = {layer.kind for layer in spec.layers if layer.kind is not LayerKind.NONE}
+    if LayerKind.SLIDING not in kinds or not kinds & {LayerKind.FULL, LayerKind.MLA} or \
+            kinds - {LayerKind.SLIDING, LayerKind.FULL, LayerKind.MLA}:
+        return False
+    v = release_tuple(engine.requested_version or engine.version, ENGINE)
+    arch = spec.architecture
+    if arch.startswith(("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma3n")):
+        return (0, 4, 10) <= v < (0, 5, 0)
+    if arch == "GptOssForCausalLM":
+        if v < (0, 5, 8):
+            return False
+        cc = device.capability if device else None
+        return v >= (0, 5, 10) or not (speculative or (cc is not None and cc[0] == 10))
+    if arch.startswith(("MiMoV2", "Step3p5")):
+        return v >= (0, 5, 10)
+    return False
+
+
 def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None, *,
               device: Device | None = None, kv_dtype: str | None = None,
               user_block_size: int | None = None) -> EngineDefaults:  # noqa: ARG001 - the Engine interface
-    """What SGLang does for this model's layer kinds: a Mamba / linear-attention hybrid keeps its state layers in a
+    """What SGLang does for this model's layer kinds: a sliding-window model gets the hybrid SWA pool where the
+    release gives its architecture one (:func:`hybrid_swa`: ``swa_ratio``), else every layer holds every token
+    (``windows_full_length``); a Mamba / linear-attention hybrid keeps its state layers in a
     pool of request slots of its own (``HybridReqToTokenPool`` / ``MambaPool``; :func:`split_state_pool`), its
     token pool holds the full-attention layers only, and some releases run it without the radix cache
     (:func:`mamba_radix_cache`)."""
+    if any(layer.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) for layer in spec.layers):
+        engine = (replace(engine, swa_ratio=SWA_FULL_TOKENS_RATIO) if hybrid_swa(engine, spec, device)
+                  else replace(engine, windows_full_length=True))
     kinds = {layer.state_kind for layer in spec.layers if layer.is_state}
     if not kinds or not any(layer.caches_tokens for layer in spec.layers):
         return engine
@@ -545,14 +569,15 @@ def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
 
 def kv_tokens(engine: EngineDefaults, blocks: int, layout: memory.PoolLayout, per_request_blocks: int,
               max_model_len: int) -> int:
-    """``max_total_num_tokens``: the pool's token slots (``blocks x page size``); for a sliding-window model
-    (0.4.10+) the full layers' tokens of the split pool (:func:`swa_cell_bytes`)."""
-    if release(engine.version).swa:
-        layers = tuple(g.cache for g in layout.groups for _ in range(g.num_layers))
-        swa = swa_cell_bytes(layers, layout.kv_dtype) if layers else 0
-        if swa:
-            return max_total_num_tokens(blocks * layout.block_bytes, swa, layout.block_size)
+    """``max_total_num_tokens``: the pool's token slots (``blocks x page size``); in a hybrid SWA pool the full
+    pool's (``full_layer_tokens``; :func:`swa_tokens` the sliding pool's)."""
     return blocks * layout.block_size
+
+
+def swa_tokens(full_tokens: int, page_size: int = PAGE_SIZE, ratio: float = SWA_FULL_TOKENS_RATIO) -> int:
+    """``swa_layer_tokens`` of a hybrid SWA pool with ``full_tokens`` full-layer tokens: ``int(full x ratio)``
+    rounded down to whole pages."""
+    return int(full_tokens * ratio) // page_size * page_size
 
 
 def draft_layers(engine: EngineDefaults, spec: ModelSpec, features: Features | None) -> int:
@@ -565,6 +590,9 @@ def log_lines(launch: Launch) -> tuple[str, ...]:
     ``max_total_num_tokens``, ``max_running_requests`` (``launch.max_num_seqs``), ``context_len``; then a hybrid's
     ``Mamba Cache is allocated. max_mamba_cache_size`` (``launch.state_slots``; SGLang prints it first)."""
     mamba = (f"Mamba Cache is allocated. max_mamba_cache_size: {launch.state_slots}",) if launch.state_slots else ()
+    if launch.swa_tokens:  # a hybrid SWA pool's split (SGLang prints it first)
+        mamba = (f"Use sliding window memory pool. full_layer_tokens={launch.kv_tokens}, "
+                 f"swa_layer_tokens={launch.swa_tokens}",) + mamba
     return (f"max_total_num_tokens={launch.kv_tokens}, max_running_requests={launch.max_num_seqs}, "
             f"context_len={launch.max_model_len}",) + mamba
 
@@ -576,6 +604,19 @@ def report(launch: Launch) -> tuple[str, ...]:
     return (f"{lines[0]} (mem_fraction_static {launch.gpu_util:g})",) + lines[1:]
 
 
+def kv_cache_dtypes(engine: EngineDefaults) -> dict[str, str]:
+    """SGLang's ``--kv-cache-dtype`` choices besides ``auto`` (``ServerArgs``, read in the wheels 0.3.6 - 0.5.23):
+    ``fp8_e5m2`` in every release, ``fp8_e4m3`` from 0.4.2, ``bfloat16`` from 0.5.4 (kvplan's dtype name ->
+    SGLang's). No float16, int8 or int4 KV cache in any release (its fp4 / mxfp8 / nvfp4 are not kvplan dtypes)."""
+    v = release_tuple(engine.requested_version or engine.version, ENGINE)
+    out = {"fp8_e5m2": "fp8_e5m2"}
+    if v >= (0, 4, 2):
+        out["fp8_e4m3"] = "fp8_e4m3"
+    if v >= (0, 5, 4):
+        out["bfloat16"] = "bfloat16"
+    return out
+
+
 # how `python -m sglang.launch_server` spells each setting of a Launch, in command-line order
 SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tp {}"), ("pp_flag", "--pp-size {}"), ("dtype", "--dtype {}"),
                ("quantization", "--quantization {}"), ("kv_dtype_flag", "--kv-cache-dtype {}"),
@@ -584,7 +625,9 @@ SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tp {}"), ("pp_flag"
                ("max_num_seqs_flag", "--max-running-requests {}"), ("enforce_eager", "--disable-cuda-graph"),
                ("prefix_caching_off", "--disable-radix-cache"), ("lora", "--enable-lora"),
                ("max_loras", "--max-loras-per-batch {}"), ("max_lora_rank", "--max-lora-rank {}"),
-               ("speculative_algorithm", "--speculative-algorithm {}"), ("ep_size", "--ep-size {}"))
+               ("speculative_algorithm", "--speculative-algorithm {}"), ("ep_size", "--ep-size {}"),
+               ("swa_full_tokens_ratio", "--swa-full-tokens-ratio {}"),
+               ("disable_hybrid_swa_memory", "--disable-hybrid-swa-memory"))
 
 
 def serve_command(launch: Launch) -> str:

@@ -21,7 +21,7 @@ from kvplan.engines.vllm_profile import ImageProfile, image_profile, rope_cache_
 from kvplan.engines.vllm_weights import loaded_extra_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
     DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
-    default_prefix_caching, inflight_tokens, kv_tokens, log_lines, model_max_len, refusal, release_of, report,
+    default_prefix_caching, inflight_tokens, kv_cache_dtypes, kv_tokens, log_lines, model_max_len, refusal, release_of, report,
     request_limit, split_state_pool,
     idle_reason, longest_start, serve_command, serving_release, ssm_dtype, start_blocks, starts)
 from kvplan.errors import InputError

@@ -220,6 +220,19 @@ def report(launch: Launch) -> tuple[str, ...]:
     return tuple(lines)
 
 
+def kv_cache_dtypes(engine: EngineDefaults) -> dict[str, str]:
+    """vLLM's ``--kv-cache-dtype`` choices besides ``auto`` (``CacheDType``, read in the wheels): fp8 (e4m3) and
+    fp8_e5m2 in every modelled release (0.6+), ``bfloat16`` from 0.11, ``float16`` from 0.18 (kvplan's dtype name ->
+    vLLM's). No int8 or int4 KV cache in any release."""
+    v = release_tuple(engine.requested_version or engine.version, "vllm")
+    out = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+    if v >= (0, 11, 0):
+        out["bfloat16"] = "bfloat16"
+    if v >= (0, 18, 0):
+        out["float16"] = "float16"
+    return out
+
+
 # how `vllm serve` spells each setting of a Launch, in command-line order
 SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tensor-parallel-size {}"),
                ("pp_flag", "--pipeline-parallel-size {}"), ("dtype", "--dtype {}"), ("quantization", "--quantization {}"),

@@ -575,6 +575,8 @@ def _finish(c: _Collect) -> StartupLog:
         c.set("available_kv_gib", v["refusal"].available_gib, keep_first=True)
     if v.get("sglang_tokens") is not None:  # the scheduler's max_total_num_tokens is the pool's
         v["kv_cache_tokens"] = v.pop("sglang_tokens")
+    elif v.get("sglang_full_tokens") is not None:  # a hybrid SWA pool: max_total_num_tokens is the full pool's
+        v["kv_cache_tokens"] = v["sglang_full_tokens"]  # (full_layer_tokens); its "#tokens" line is the SWA pool's
     sglang = c.votes[L.SGLANG] > 0 and not any(k in v for k in ("num_gpu_blocks", "available_kv_gib", "mode",
                                                                 "concurrency_len"))
     vllm = not sglang and c.votes[L.VLLM] > 0 and any(

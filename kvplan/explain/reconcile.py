@@ -441,6 +441,19 @@ def logged_kv_bytes(log: StartupLog) -> int | None:
     return _b(log.kv_gib)
 
 
+def implied_kv_bytes(log: StartupLog, plan: Any) -> int | None:
+    """The KV pool an SGLang log's ``max_total_num_tokens`` implies where it prints no KV size (bytes per GPU):
+    its tokens in whole pages x the plan's bytes per page (kvplan's cell size); None when the log prints a KV
+    budget, no tokens, or is not SGLang's."""
+    if plan is None or not account(log.engine).measures_free_memory or log.kv_cache_tokens is None \
+            or logged_kv_bytes(log) is not None:
+        return None
+    return log.kv_cache_tokens // plan.layout.block_size * plan.layout.block_bytes
+
+
+IMPLIED = "implied: max_total_num_tokens"  # how the note of a KV budget the tokens imply begins
+
+
 def _requested(log: StartupLog) -> tuple[int | None, str]:
     """The share of the device the log's budget comes from (bytes), and how the log gives it."""
     if account(log.engine).measures_free_memory:
@@ -489,6 +502,7 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
                 "cudagraph": _cudagraph(log)[1]}.get(name, "")
         rows.append(TermRow(name, logged[name], own(term and term.bytes), note))
     kv = logged_kv_bytes(log)
+    implied = implied_kv_bytes(log, plan)
     printed = [row for row in rows[2:] if row.logged_bytes is not None]
     # what the budget subtracts but no line prints (SGLang's graphs live outside its budget: not missing)
     missing = [row for row in rows[2:] if row.logged_bytes is None and not (sglang and row.name == "cudagraph")]
@@ -505,6 +519,12 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
     if log.kv_gib is None and log.prints_every_term and kv is not None:
         rows = [row for row in rows if row.name != UNPRINTED]
         rows.append(TermRow("kv_budget", kv, own(b and b.kv_budget_bytes), "not printed: requested - the printed terms"))
+        return tuple(rows)
+    if implied is not None:
+        per_token = plan.layout.block_bytes / plan.layout.block_size
+        rows.append(TermRow("kv_budget", implied, own(b and b.kv_budget_bytes),
+                            f"{IMPLIED} {log.kv_cache_tokens:,} x {per_token:,.0f} B per token (kvplan's cell size; "
+                            "the log prints no KV size)"))
         return tuple(rows)
     rows.append(TermRow("kv_budget", kv, own(b and b.kv_budget_bytes),
                         ("K + V sizes" if log.sglang_k_gib is not None and log.sglang_kv_gib is None else "the pool")
@@ -558,6 +578,9 @@ def _block_range(log: StartupLog, plan: Any) -> tuple[int, int] | None:
     elif log.prints_every_term:  # requested - the terms: each printed to 0.01 GiB
         implied = logged_kv_bytes(log)
         lo, hi = implied - 4 * PRINT_HALF_STEP_BYTES, implied + 4 * PRINT_HALF_STEP_BYTES
+    elif implied_kv_bytes(log, plan) is not None:  # SGLang's tokens alone: the pool's pages
+        blocks = log.kv_cache_tokens // plan.layout.block_size
+        return blocks, blocks
     elif log.max_concurrency is not None:  # only "Maximum concurrency": blocks / per-request blocks, to 0.01
         per_request = plan.demand.blocks(plan.max_model_len)
         c_lo, c_hi = printed_interval(log.max_concurrency)

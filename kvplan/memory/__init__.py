@@ -28,7 +28,7 @@ from kvplan.memory.layout import (
     DEFAULT_BLOCK_SIZE, GROUP_RATIO, KVGroup, PoolLayout, cached_pool_layout, cross_bytes_per_request,
     group_size_for, hybrid_block_size,
     kv_bytes_per_token, kv_heads_replicated, layer_page_bytes, layer_state_bytes, layer_token_bytes, num_blocks,
-    pool_bytes, pool_layout, pp_layer_counts, pp_stages, rank_layers, shard_layer, state_bytes_per_request,
+    pool_bytes, pool_layout, full_length_layers, split_swa_layout, pp_layer_counts, pp_stages, rank_layers, shard_layer, state_bytes_per_request,
     tp_kv_heads,
 )
 
@@ -37,7 +37,7 @@ __all__ = [
     "group_size_for",
     "hybrid_block_size", "kv_bytes_per_token", "kv_heads_replicated", "layer_page_bytes", "layer_state_bytes",
     "layer_token_bytes", "num_blocks", "pool_bytes", "pool_layout", "pp_layer_counts", "pp_stages", "rank_layers",
-    "shard_layer", "state_bytes_per_request", "tp_kv_heads",
+    "shard_layer", "state_bytes_per_request", "tp_kv_heads", "full_length_layers", "split_swa_layout",
     "NULL_BLOCKS", "UNBOUNDED_TOKENS", "Demand", "Fragmentation", "PrefixSharing", "Roofline", "contiguous_vs_paged",
     "decode_roofline", "step_weight_bytes", "group_blocks_per_request", "grouped_kv_tokens", "kv_cache_tokens", "max_context",
     "max_requests", "max_sharing_requests", "prefix_sharing", "raw_request_bytes", "vllm_max_concurrency", "weight_bytes",

@@ -66,7 +66,14 @@ class Demand:
                                         self.prefix_caching)
 
     def blocks(self, tokens: int) -> int:
-        """Block ids one request of ``tokens`` tokens holds, summed over the pool's groups."""
+        """Block ids one request of ``tokens`` tokens holds, summed over the pool's groups. In a split sliding-window
+        pool (``layout.swa_ratio``, SGLang's hybrid SWA pool) the full pool's pages it holds or, where its window
+        binds first, the sliding pool's over the ratio: ``max(full, ceil(sliding / ratio))``, so ``batch`` requests
+        fit when both pools hold them."""
+        if self.layout.swa_ratio:
+            full = sum(self.group_blocks(g, tokens) for g in self.layout.groups if g.cache.kind is not LayerKind.SLIDING)
+            swa = sum(self.group_blocks(g, tokens) for g in self.layout.groups if g.cache.kind is LayerKind.SLIDING)
+            return max(full, math.ceil(swa / self.layout.swa_ratio))
         return sum(self.group_blocks(g, tokens) for g in self.layout.groups)
 
     def bytes(self, tokens: int) -> int:

@@ -8,6 +8,7 @@ layers; one *block id* costs ``group_size x page`` bytes and backs one page in e
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -210,6 +211,8 @@ class PoolLayout:
     bytes_per_block: int = 0
     base_block_size: int = 0
     state_page_bytes: int = 0
+    swa_ratio: float = 0.0  # > 0: the sliding groups live in a pool of their own with swa_ratio x the full pool's
+    # token slots (SGLang's hybrid SWA pool); block ids count the full pool's slots (:func:`split_swa_layout`)
 
     @property
     def block_bytes(self) -> int:
@@ -336,6 +339,33 @@ def _uniform_type(kinds: list[LayerCache]) -> bool:
     if first.kind in (LayerKind.FULL, LayerKind.MLA):
         return all(k.kind is first.kind for k in kinds)
     return all(k.kind is first.kind and k.window_tokens == first.window_tokens for k in kinds)
+
+
+def full_length_layers(layers: tuple[LayerCache, ...]) -> tuple[LayerCache, ...]:
+    """``layers`` with every windowed (sliding, chunked) layer holding every token, as full attention: how an engine
+    that keeps no window in its pool (SGLang outside its hybrid SWA pool) stores them."""
+    return tuple(replace(x, kind=LayerKind.FULL, window_tokens=None)
+                 if x.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) else x for x in layers)
+
+
+def split_swa_layout(layers: tuple[LayerCache, ...], page_size: int, kv_dtype: DType, model_dtype: DType,
+                     ratio: float) -> PoolLayout:
+    """A pool split into a full-attention pool and a sliding-window pool with ``ratio`` x its token slots
+    (SGLang's hybrid SWA pool, ``--swa-full-tokens-ratio``): one group of the full (and MLA) layers and one of the
+    sliding layers, each of all its layers; a block id is one page of the full pool, and it costs the full layers'
+    page plus ``ratio`` x the sliding layers' page (``floor``), so ``num_blocks`` is the full pool's pages
+    (SGLang: ``full_tokens = total_memory / (F x n_full + r x S x n_swa)``). A request holds its every token in the
+    full pool and its window in the sliding one (:meth:`kvplan.memory.Demand.blocks`)."""
+    full = tuple(x for x in layers if x.kind in (LayerKind.FULL, LayerKind.MLA))
+    swa = tuple(x for x in layers if x.kind is LayerKind.SLIDING)
+    if not full or not swa or len(full) + len(swa) != sum(1 for x in layers if x.kind is not LayerKind.NONE):
+        raise InputError("a hybrid sliding-window pool needs full and sliding layers only")
+    full_page = sum(page_size * layer_token_bytes(x, kv_dtype) for x in full)
+    swa_page = sum(page_size * layer_token_bytes(x, kv_dtype) for x in swa)
+    groups = (KVGroup(full[0], len(full), page_bytes=full_page), KVGroup(swa[0], len(swa), page_bytes=swa_page))
+    return PoolLayout(page_size, page_size * layer_token_bytes(full[0], kv_dtype), len(full) + len(swa), groups,
+                      kv_dtype, model_dtype, bytes_per_block=full_page + math.floor(ratio * swa_page),
+                      base_block_size=page_size, swa_ratio=ratio)
 
 
 def num_blocks(kv_budget_bytes: int, layout: PoolLayout) -> int:

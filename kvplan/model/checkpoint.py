@@ -69,6 +69,18 @@ def engine_weights(config: Mapping[str, Any], where: str, facts: WeightFacts | N
     return estimate, (note,) + kv
 
 
+def weights_format(config: Mapping[str, Any], where: str, dtype: str) -> str:
+    """The format a quantized checkpoint stores its quantized weights in (``fp8_e4m3``, ``mxfp4``, ``nvfp4``,
+    ``int4``, ...: :attr:`kvplan.model.quant.Quantization.weights_format`), "" when the config declares no
+    quantization (its tensors are in ``dtype``)."""
+    if config.get("quantization_config") is None and config.get("compression_config") is None:
+        return ""
+    from kvplan.model import quant
+
+    q = quant.read(config, where, _SAFETENSORS.get(dtype, "BF16"))
+    return q.weights_format if q is not None else ""
+
+
 def _without_mtp(facts: WeightFacts, mtp: list[Tensors], q: Quantization | None,
                  model_dtype: str) -> WeightFacts:
     """``facts`` less the MTP layers' tensors as the checkpoint stores them."""

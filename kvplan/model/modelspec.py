@@ -218,6 +218,8 @@ class ModelSpec:
     mtp_parameters: int = 0  # their parameters (loaded only with speculative decoding)
     shared_expert_size: int = 0  # intermediate size of a MoE layer's shared expert(s), 0 for none
     quant_method: str = ""  # the checkpoint's quantization_config quant_method ("mxfp4", "fp8", ...), "" when not quantized
+    weights_format: str = ""  # the format its quantized weights are stored in ("fp8_e4m3", "mxfp4", "int4", ...), "" when
+    # not quantized (kvplan.model.checkpoint.weights_format)
     mla_dims: tuple[int, ...] = ()  # MLA: (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
 
     @property

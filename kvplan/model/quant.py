@@ -133,6 +133,27 @@ class Quantization:
     def labels(self) -> str:
         return "; ".join(dict.fromkeys(rule.storage.label for rule in self.rules))
 
+    @property
+    def weights_format(self) -> str:
+        """The format the quantized weights are stored in, as kvplan names weight dtypes (``fp8_e4m3``, ``mxfp4``,
+        ``nvfp4``, ``int8``, ``int4``; several joined by ``+``); the method's name when kvplan does not model it."""
+        if not self.rules:
+            return self.method
+        return "+".join(dict.fromkeys(_format(rule.storage, self.method) for rule in self.rules))
+
+
+def _format(storage: Storage, method: str) -> str:
+    """One storage rule's weight format (kvplan's weight dtype names)."""
+    if method == "mxfp4":
+        return "mxfp4"
+    if storage.weight_dtype == "F8_E4M3":
+        return "fp8_e4m3"
+    if storage.weight_dtype == "F8_E5M2":
+        return "fp8_e5m2"
+    if storage.label.startswith("NVFP4"):
+        return "nvfp4"
+    return f"int{storage.bits}"
+
 
 # ---------------------------------------------------------------------------------------------
 # module names

@@ -459,7 +459,8 @@ def spec_from_config(
                    rope_scaling=rope_vision.rope_scaling(r),
                    vision=rope_vision.vision_encoder(config, where),
                    mtp_layers=mtp_layers(r), mtp_parameters=sum(t.parameters for t in tensors if t.mtp),
-                   shared_expert_size=shared_expert_size(spec, r), quant_method=quant_method(r), mla_dims=mla_dims(r))
+                   shared_expert_size=shared_expert_size(spec, r), quant_method=quant_method(r), mla_dims=mla_dims(r),
+                   weights_format=checkpoint.weights_format(config, where, spec.dtype))
 
 
 def _bounded_parameters(r: ConfigReader, parameters: int | None, spec: ModelSpec) -> int | None:
@@ -537,7 +538,8 @@ def _notes(r: ConfigReader, config: Mapping[str, Any], layers: list[LayerCache],
         where = f" ({r.prefix.rstrip('.')})" if r.prefix else ""
         batch = "a dummy image or video batch" if encoder.max_video_frames else "a dummy image batch"
         notes.append(f"multimodal config: the language model{where} is planned; the vision encoder's "
-                     f"weights are in the checkpoint and vLLM's profile run of it ({batch}) in the activation")
+                     f"weights are in the checkpoint, and vLLM's profile run of it ({batch}) in the activation (SGLang keeps "
+                     "it in 1 - mem_fraction_static)")
     elif r.prefix:
         notes.append(f"multimodal config: the language model ({r.prefix.rstrip('.')}) is planned; vision encoder memory "
                      "is not modelled")
@@ -548,7 +550,7 @@ def _notes(r: ConfigReader, config: Mapping[str, Any], layers: list[LayerCache],
         notes.append(cross_note)
     if mtp_layers(r):
         notes.append(f"multi-token-prediction (MTP) layers ({r.provenance['num_mtp_layers']} = {mtp_layers(r)}): vLLM "
-                     "loads them only for speculative decoding (its "
+                     "and SGLang load them only for speculative decoding (as the draft; the model's own "
                      "load_weights skips them), so they are left out of the weights, the active parameters and the KV cache")
     if any(layer.kind is LayerKind.CHUNKED for layer in layers):
         notes.append("chunked local attention: a request holds at most chunk + max_num_batched_tokens tokens in the "

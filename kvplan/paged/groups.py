@@ -12,6 +12,10 @@ the blocks the plan's :class:`~kvplan.memory.Demand` counts:
 - cross-attention layers (encoder / image tokens, a fixed amount per request) -> ``state`` holding
   ``ceil(encoder tokens / block size)`` blocks.
 
+SGLang's hybrid SWA pool (``layout.swa_ratio``: a full pool and a sliding pool of their own) is one allocator here:
+a request's sliding blocks are taken from the full pool's, so the allocator holds at most what the plan's
+:class:`~kvplan.memory.Demand` counts (``max(full, sliding / ratio)``) and never more (the safe side).
+
 :func:`plan_allocator` is the allocator validate fills; :func:`exact_layout` says when its demand is
 exactly the plan's (so one request beyond the plan must not fit).
 

@@ -47,5 +47,8 @@ def settle(deployment: Deployment,
     startable = final.longest_startable_len()
     idle = (f"; {final.engine.engine} would start with up to {startable:,}, but no request that long runs"
             if startable > longest else "")
-    return settled, longest, (f"max_model_len auto: {plural(longest, 'token')} (the longest the engine starts "
+    from kvplan.engines.registry import flag
+
+    return settled, longest, (f"{flag(final.engine.engine, 'max_model_len')} auto: {plural(longest, 'token')} "
+                              f"(the longest the engine starts "
                               f"with and one request that long runs{capped}{idle})")

@@ -14,7 +14,8 @@ from kvplan import memory
 from kvplan.planning.answer import Answer, Deployment, credited_prefix
 from kvplan.planning.kv_range import KvRange, kv_range
 from kvplan.planning.weights import check_quantization, served_weights, weights_bytes as _weights
-from kvplan.engines import Budget, Device, Engine, EngineDefaults, Features, Launch, Term, quantization_weights
+from kvplan.engines import (Budget, Device, Engine, EngineDefaults, Features, Launch, Term, kv_cache_dtype_spelling,
+                            quantization_weights, what_if_kv_dtype)
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
 from kvplan.options import Options, check_context, option_values_of, options_from_values
@@ -128,7 +129,25 @@ class Plan:
             lora=bool(o.enable_lora or o.max_loras or o.max_lora_rank), max_loras=o.max_loras,
             max_lora_rank=o.max_lora_rank,
             speculative=o.speculative, speculative_tokens=o.num_speculative_tokens or 0,
-            expert_parallel=o.expert_parallel, state_slots=e.state_slots)
+            expert_parallel=o.expert_parallel, state_slots=e.state_slots,
+            swa_tokens=int(a.capacity_tokens * self.layout.swa_ratio) // self.layout.block_size * self.layout.block_size,
+            kv_cache_dtype=kv_cache_dtype_spelling(self.kv_dtype, self.model_dtype, self.rules.kv_cache_dtypes(e)),
+            swa_full_tokens_ratio=o.swa_full_tokens_ratio, disable_hybrid_swa_memory=o.disable_hybrid_swa_memory)
+
+    @property
+    def request_bytes(self) -> int:
+        """Pool bytes one request of ``--context`` tokens holds on one GPU under the engine's rules (windows, paging,
+        state: ``demand.bytes``): what the answer's concurrency divides the budget by."""
+        return self.demand.bytes(self.options.context)
+
+    @property
+    def serve_command(self) -> str | None:
+        """The command line that starts the planned deployment (the engine's ``serve_command``), None when the engine
+        refuses to start or cannot run the planned KV dtype (a what-if: :attr:`Launch.kv_cache_dtype` None)."""
+        launch = self.launch
+        if self.answer.refusal or launch.kv_cache_dtype is None:
+            return None
+        return self.rules.serve_command(launch)
 
     @property
     def option_values(self) -> dict[str, Any]:
@@ -300,10 +319,36 @@ def _with_engine_layers(layers: tuple[LayerCache, ...], draft: int, engine: Engi
     return layers
 
 
+def _hybrid_swa_options(engine: EngineDefaults, options: Options) -> EngineDefaults:
+    """SGLang's ``--swa-full-tokens-ratio`` (the hybrid SWA pool's split) and ``--disable-hybrid-swa-memory`` (one
+    pool of full layers instead); a note where the release gives the model no hybrid pool for them to change."""
+    flag = "--disable-hybrid-swa-memory" if options.disable_hybrid_swa_memory else "--swa-full-tokens-ratio"
+    if engine.engine != "sglang":
+        raise InputError(f"{flag} is SGLang's: {engine.engine} has no hybrid SWA pool", "use --engine sglang")
+    if not engine.swa_ratio:
+        return replace(engine, notes=engine.notes + (f"{flag}: {engine.label} gives this model no hybrid SWA pool "
+                                                     "(every layer holds every token): no effect",))
+    if options.disable_hybrid_swa_memory:
+        return replace(engine, swa_ratio=0.0, windows_full_length=True)
+    return replace(engine, swa_ratio=options.swa_full_tokens_ratio)
+
+
 def _paged_layers(layers: tuple[LayerCache, ...], engine: EngineDefaults) -> tuple[LayerCache, ...]:
     """The layers the paged pool holds: all, or the attention layers alone where the engine keeps state layers in
-    a pool of request slots of their own (``engine.state_pool``: SGLang's Mamba pool)."""
-    return tuple(x for x in layers if not x.is_state) if engine.state_pool else layers
+    a pool of request slots of their own (``engine.state_pool``: SGLang's Mamba pool); windowed layers at full
+    length where the engine keeps no window (``engine.windows_full_length``: SGLang outside its hybrid SWA pool)."""
+    layers = tuple(x for x in layers if not x.is_state) if engine.state_pool else layers
+    return memory.full_length_layers(layers) if engine.windows_full_length else layers
+
+
+def _layout(layers: tuple[LayerCache, ...], engine: EngineDefaults, kv_dtype: DType,
+            model_dtype: DType) -> memory.PoolLayout:
+    """The pool layout of this GPU's ``layers`` as the engine lays them out: vLLM's KV-cache groups, or SGLang's
+    full-attention and sliding-window pools (``engine.swa_ratio``: :func:`kvplan.memory.split_swa_layout`)."""
+    paged = _paged_layers(layers, engine)
+    if engine.swa_ratio:
+        return memory.split_swa_layout(paged, engine.block_size, kv_dtype, model_dtype, engine.swa_ratio)
+    return memory.cached_pool_layout(paged, engine.block_size, kv_dtype, model_dtype)
 
 
 def _pool(spec: ModelSpec, options: Options) -> _Pool:
@@ -313,15 +358,21 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     engine = rules.for_model(_engine_defaults(rules, options, gpu, spec), spec, gpu.is_cpu,
                              options.max_model_len or options.context, device=gpu.device,
                              kv_dtype=options.kv_dtype, user_block_size=options.block_size)
+    if options.swa_full_tokens_ratio is not None or options.disable_hybrid_swa_memory:
+        engine = _hybrid_swa_options(engine, options)
     features = features_of(options)
     if options.dtype and options.dtype != "auto":
         model_dtype = parse_dtype(options.dtype, "--dtype")
     else:  # the engine's --dtype auto: a float32 checkpoint runs in bf16 (fp16 without bf16 support)
-        model_dtype = parse_dtype(rules.auto_dtype(spec.dtype, spec.model_type, bf16=gpu.bf16))
+        model_dtype = parse_dtype(rules.auto_dtype(stored_dtype(spec), spec.model_type, bf16=gpu.bf16))
     kv_dtype = parse_dtype(options.kv_dtype, "--kv-dtype") if options.kv_dtype and options.kv_dtype != "auto" else model_dtype
     if engine.kv_in_model_dtype:  # the engine ignores --kv-dtype for this model
         kv_dtype = model_dtype
-    weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True) if options.weights_dtype else None
+    weights_dtype = None
+    if options.weights_dtype and options.weights_dtype.strip().lower() != spec.weights_format:
+        weights_dtype = parse_dtype(options.weights_dtype, "--weights-dtype", weights=True)
+        if weights_dtype.name == spec.weights_format:  # the format the checkpoint stores: the checkpoint as it is
+            weights_dtype = None
     quantized_how = ""
     if options.quantization:
         method_dtype, quantized_how = quantization_weights(options.quantization)
@@ -343,7 +394,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                                        options, gpu)
     layers = _with_images(layers, spec, options)
     layers = _with_engine_layers(layers, rules.draft_layers(engine, spec, features), engine, model_dtype)
-    layout = memory.cached_pool_layout(_paged_layers(layers, engine), engine.block_size, kv_dtype, model_dtype)
+    layout = _layout(layers, engine, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
     if engine.prefix_caching is not None:  # the engine forces it for this model
         prefix_caching = engine.prefix_caching
@@ -464,7 +515,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         engine=pool.engine,
         kv_dtype=pool.kv_dtype.name,
         model_dtype=pool.model_dtype.name,
-        weights_dtype=(pool.weights_dtype or pool.model_dtype).name,
+        weights_dtype=planned_weights_dtype(spec, pool.weights_dtype, pool.model_dtype),
         rank_layers=pool.layers,
         heads_replicated=replicated,
         kv_bytes_per_token_model=memory.kv_bytes_per_token(spec, pool.kv_dtype),
@@ -483,6 +534,15 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         kv_range=kv_range(pool.budget, pool.engine, deployment, answer, options.tp, options.context, options.batch,
                           fixed, pool.gpu.is_cpu),
     )
+
+
+def planned_weights_dtype(spec: ModelSpec, weights_dtype: DType | None, model_dtype: DType) -> str:
+    """What the planned weights are stored as: ``--weights-dtype`` (or an online ``--quantization``'s), else a
+    quantized checkpoint's stored format (``fp8_e4m3``, ``mxfp4``, ``int4``, ...: ``spec.weights_format``), else the
+    dtype the model runs in. ``--weights-dtype`` with this value plans the same weights."""
+    if weights_dtype is not None:
+        return weights_dtype.name
+    return spec.weights_format or model_dtype.name
 
 
 def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], Plan]":
@@ -506,7 +566,10 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
     if replicated:
         notes.append(f"tp {options.tp} exceeds the KV heads: each rank holds a replicated copy of its head")
     if pool.model_dtype.name != spec.dtype:
-        notes.append(_dtype_note(pool, spec.dtype))
+        notes.append(_dtype_note(pool, spec))
+    choices = engine_rules(pool.engine.engine).kv_cache_dtypes(pool.engine)
+    if kv_cache_dtype_spelling(pool.kv_dtype.name, pool.model_dtype.name, choices) is None:
+        notes.append(what_if_kv_dtype(pool.engine, pool.kv_dtype.name, choices))
     if budget.kv_budget_bytes <= 0:
         notes.append(_no_kv_memory_note(budget))
     if layout.padding_layers:
@@ -564,15 +627,39 @@ def _state_note(pool: _Pool, spec: ModelSpec) -> str | None:
     return f"{STATE_NOTE} conv state in {pool.model_dtype.name}, SSM state in {ssm}{why}"
 
 
-def _dtype_note(pool: _Pool, checkpoint: str) -> str:
-    """Why the model runs in another dtype than its checkpoint's (KV, activations and weights follow)."""
-    run = pool.model_dtype.name
+_SAFETENSORS_16 = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def checkpoint_label(spec: ModelSpec) -> str:
+    """What the checkpoint stores, in words: ``float32``, or for a quantized one its format and the dtype of its
+    other tensors (``mxfp4 + bfloat16``: gpt-oss' MXFP4 experts and bfloat16 rest, whatever the config's
+    ``torch_dtype`` says or leaves out)."""
+    return f"{spec.weights_format} + {stored_dtype(spec)}" if spec.weights_format else spec.dtype
+
+
+def stored_dtype(spec: ModelSpec) -> str:
+    """The dtype of a checkpoint's unquantized tensors: a quantized checkpoint's most common 16-bit tensor dtype
+    (gpt-oss: bfloat16, whatever its config's missing torch_dtype defaults to), else the config's dtype. What the
+    engines' ``--dtype auto`` reads (SGLang runs MXFP4 gpt-oss in bfloat16)."""
+    held = dict(spec.weights.params_by_dtype) if spec.weights is not None and spec.weights.params_by_dtype else {}
+    rest = [_SAFETENSORS_16[k] for k in sorted(held, key=lambda k: -held[k]) if k in _SAFETENSORS_16 and k != "F32"]
+    return rest[0] if spec.weights_format and rest else spec.dtype
+
+
+def _dtype_note(pool: _Pool, spec: ModelSpec) -> str:
+    """Why the model runs in another dtype than its config's (KV, activations and weights follow); a quantized
+    checkpoint is named by what it stores (:func:`checkpoint_label`), not by the config's dtype."""
+    run, checkpoint = pool.model_dtype.name, spec.dtype
+    stored = checkpoint_label(spec)
+    prov = spec.provenance.get("dtype") or ""
+    config_dtype = prov if prov and prov != "torch_dtype" else f"the config's torch_dtype {checkpoint}"
+    what = f"the {stored} checkpoint" + (f" ({config_dtype})" if spec.weights_format else "")
     if pool.options.dtype and pool.options.dtype != "auto":
-        why = f"--dtype {pool.options.dtype}: the {checkpoint} checkpoint is cast to {run}"
+        why = f"--dtype {pool.options.dtype}: {what} is cast to {run}"
     else:
         no_bf16 = "" if pool.gpu.bf16 else f" ({pool.gpu.name} has no bfloat16: compute capability below 8.0)"
-        why = f"dtype auto: {pool.engine.engine} runs the {checkpoint} checkpoint in {run}{no_bf16}"
-    keep = f"; --dtype {checkpoint} keeps {checkpoint}" if checkpoint == "float32" else ""
+        why = f"dtype auto: {pool.engine.engine} runs {what} in {run}{no_bf16}"
+    keep = f"; --dtype {checkpoint} keeps {checkpoint}" if checkpoint == "float32" and not spec.weights_format else ""
     return f"{why}; the KV cache, activations and weights are sized in {run}{keep}"
 
 

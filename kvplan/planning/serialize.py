@@ -155,6 +155,7 @@ def _per_token(plan: Plan) -> dict[str, Any]:
         "kv_bytes_per_token_gpu": plan.kv_bytes_per_token_gpu,
         "state_bytes_per_request_gpu": plan.state_bytes_per_request_gpu,
         "cross_attention_bytes_per_request_gpu": memory.cross_bytes_per_request(plan.rank_layers, _dtypes(plan)[0]),
+        "kv_bytes_per_request_gpu": plan.request_bytes,
         "formula": formula_lines(plan.rank_layers, *_dtypes(plan)),
         "heads_replicated": plan.heads_replicated,
     }
@@ -236,7 +237,7 @@ def _engine_report(plan: Plan) -> dict[str, Any]:
         "model_max_len": a.model_max_len,
         "model_max_len_rule": a.model_max_len_rule or None,
         "idle_reason": a.idle_reason,
-        "serve_command": None if a.refusal else plan.rules.serve_command(plan.launch),
+        "serve_command": plan.serve_command,
         "serve_note": None if a.refusal else served_weights(plan)[1],
     }
 

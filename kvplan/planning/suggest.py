@@ -31,6 +31,14 @@ TP_FACTORS = (2, 4, 8)  # more tensor parallelism: the smallest of x2, x4, x8 th
 NOTHING_FITS = "no single change of batch, context, max_model_len, max_num_seqs, KV dtype, tp, engine or GPU fits"
 
 
+def nothing_fits(engine_name: str) -> str:
+    """:data:`NOTHING_FITS` in the engine's names for its settings (SGLang: context_length, max_running_requests)."""
+    from kvplan.engines.registry import setting_name
+
+    return (NOTHING_FITS.replace("max_model_len", setting_name(engine_name, "max_model_len"))
+            .replace("max_num_seqs", setting_name(engine_name, "max_num_seqs")))
+
+
 # ---------------------------------------------------------------------------------------------
 # changes: validated like user input, written as the options accept them
 
@@ -80,6 +88,15 @@ def _changed(old: Options, new: Options) -> list[tuple[str, Any]]:
     return out
 
 
+def _engine_spelling(opt, engine_name: str) -> str:  # noqa: ANN001 - an options.Opt
+    """The flag of ``opt`` as the engine spells it where kvplan takes the engine's flag too (SGLang's
+    ``--max-running-requests`` for ``--max-num-seqs``), else kvplan's own."""
+    from kvplan.engines.registry import SETTINGS
+
+    engine_flag = SETTINGS.get(engine_name, {}).get(opt.field_name, ("",))[0]
+    return engine_flag if engine_flag in opt.cli_flags else opt.flag
+
+
 def spell(old: Options, new: Options, style: str = "flag") -> str:
     """The changes from ``old`` to ``new`` as flags (``--context 1024 --prefix-tokens 1024``) or YAML keys
     (``context: 1024, prefix_tokens: 1024``); an option dropped is ``without --gpu-memory``."""
@@ -87,7 +104,7 @@ def spell(old: Options, new: Options, style: str = "flag") -> str:
     for name, value in _changed(old, new):
         opt = BY_FIELD[name]
         if style == "flag":
-            flag = opt.flag
+            flag = _engine_spelling(opt, new.engine)
             if value is None:
                 parts.append(f"without {flag}")
             elif opt.kind == "switch":

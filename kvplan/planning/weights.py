@@ -66,6 +66,8 @@ def served_weights(plan: "Plan") -> tuple[str | None, str | None]:
     if not o.weights_dtype or o.weights_bytes is not None:
         return None, None
     planned = plan.weights_dtype
+    if spec.weights_format and planned == spec.weights_format:  # the checkpoint's own format: served as stored
+        return None, None
     if not spec.quant_method and planned == "fp8_e4m3":  # what the engines' online fp8 stores
         return "fp8", None
     model_dtype = parse_dtype(plan.model_dtype)

@@ -9,9 +9,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from kvplan.engines.registry import flag as engine_flag, setting_name
 from kvplan.planning.weights import served_weights
 from kvplan.planning.serialize import formula_lines
-from kvplan.planning.suggest import NOTHING_FITS
+from kvplan.planning.suggest import nothing_fits
 from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural, rounded_parts
 
 if TYPE_CHECKING:
@@ -124,8 +125,19 @@ def _model_panel(plan: "Plan") -> Panel:
     for line in formula_lines(plan.rank_layers, parse_dtype(plan.kv_dtype), parse_dtype(plan.model_dtype)):
         head.append(f"  {line}\n")
     head.append(f"  = {plan.kv_bytes_per_token_gpu:,} B/token ({fmt_bytes(plan.kv_bytes_per_token_gpu)})"
-                f"; {fmt_bytes(plan.kv_bytes_per_token_gpu * o.context)} per {o.context:,}-token request before paging")
+                f"; {fmt_bytes(plan.request_bytes)} per {o.context:,}-token request in {plan.engine.engine}'s pool"
+                f"{_held_how(plan)}")
     return Panel(head, title="model", title_align="left")
+
+
+def _held_how(plan: "Plan") -> str:
+    """How a windowed model's request is held: its windows (vLLM, SGLang's hybrid SWA pool) or every token in every
+    layer (SGLang otherwise); "" for models without windows."""
+    if not any(x.kind.value in ("sliding", "chunked") for x in plan.rank_layers):
+        return ""
+    if plan.engine.windows_full_length:
+        return " (every layer holds every token: no window in this pool)"
+    return " (windowed layers hold their window)"
 
 
 def _memory_panel(plan: "Plan") -> Panel:
@@ -227,9 +239,9 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     if a.limited_by == "refused":
         at.append(f" ({plan.engine.engine} does not start: see engine)")
     elif a.limited_by == "max_num_seqs":
-        at.append(f" (max_num_seqs {a.max_num_seqs:,} binds; the pool holds {plural(a.pool_requests, 'request')})")
+        at.append(f" ({_seqs(plan)} {a.max_num_seqs:,} binds; the pool holds {plural(a.pool_requests, 'request')})")
     else:
-        at.append(f" (the pool binds: {plural(a.blocks_per_request, 'block')} each; max_num_seqs {a.max_num_seqs:,})")
+        at.append(f" (the pool binds: {plural(a.blocks_per_request, 'block')} each; {_seqs(plan)} {a.max_num_seqs:,})")
     lines.append(at)
     spread = _range_line(plan)
     if spread:
@@ -268,6 +280,16 @@ def _shared_prefix_line(plan: "Plan") -> str | None:
     return f"a {prefix}, not shared: prefix caching is off (--prefix-caching shares it)"
 
 
+def _seqs(plan: "Plan") -> str:
+    """The engine's name for the limit on requests at once (``max_num_seqs``, SGLang's ``max_running_requests``)."""
+    return setting_name(plan.engine.engine, "max_num_seqs")
+
+
+def _len(plan: "Plan") -> str:
+    """The engine's name for its length limit (``max_model_len``, SGLang's ``context_length``)."""
+    return setting_name(plan.engine.engine, "max_model_len")
+
+
 def _max_context_line(plan: "Plan") -> Text:
     """The longest context ``batch`` requests run at, and the max_model_len it holds for: the planned one when
     it caps it, else the one a launch needs (the launch line's is the context's)."""
@@ -280,7 +302,7 @@ def _max_context_line(plan: "Plan") -> Text:
             line.append(f" ({plan.engine.engine} does not start)")
         elif a.batch > d.request_cap(fixed or max(1, a.longest_startable_len)):
             limit = d.request_limit(fixed or max(1, a.longest_startable_len))
-            line.append(f" (max_num_seqs {limit:,} runs at most {plural(limit, 'request')} at once)")
+            line.append(f" ({_seqs(plan)} {limit:,} runs at most {plural(limit, 'request')} at once)")
         else:
             line.append(f" (not one token each: {plural(a.batch, 'request')} need more than the pool's "
                         f"{plural(a.num_blocks, 'block')})")
@@ -288,11 +310,11 @@ def _max_context_line(plan: "Plan") -> Text:
     line.append(answer_figures(plan)["max_context"] + (" token" if m == 1 else " tokens"), style="bold cyan")
     if fixed is not None:
         if m == fixed:
-            line.append(f" (max_model_len {fixed:,} caps it)")
-    elif m > plan.max_model_len:  # a flag the options accept with this --context
-        line.append(f" (needs --max-model-len {m})")
+            line.append(f" ({_len(plan)} {fixed:,} caps it)")
+    elif m > plan.max_model_len:  # a flag the options accept with this --context (kvplan takes the engine's too)
+        line.append(f" (needs {engine_flag(plan.engine.engine, 'max_model_len')} {m})")
     elif m < plan.max_model_len:
-        line.append(f" (at max_model_len {m:,})")
+        line.append(f" (at {_len(plan)} {m:,})")
     return line
 
 
@@ -311,12 +333,12 @@ def _verdict(plan: "Plan") -> Text:
     if a.refusal:
         why = f"{plan.engine.engine} does not start"
     elif a.batch > a.max_num_seqs:
-        why = f"max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once"
+        why = f"{_seqs(plan)} {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once"
     else:
         why = f"short by {plural(-a.fits_margin_blocks, 'block')} = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}"
         if a.shared_prefix_tokens:
             why += ", the shared prefix stored once"
-    line.append(f" ({why}); " + (f"try {a.fix}" if a.fix else NOTHING_FITS))
+    line.append(f" ({why}); " + (f"try {a.fix}" if a.fix else nothing_fits(plan.engine.engine)))
     return line
 
 
@@ -330,31 +352,35 @@ def _engine_panel(plan: "Plan") -> Panel:
         eng.append(a.refusal + "\n")
         eng.append("serve: ", style="bold")
         if a.longest_startable_len >= a.context:  # a flag the options accept with this --context
-            eng.append(f"none for max_model_len {plan.max_model_len:,}; it starts with --max-model-len "
-                       f"{a.longest_startable_len}")
+            eng.append(f"none for {_len(plan)} {plan.max_model_len:,}; it starts with "
+                       f"{engine_flag(plan.engine.engine, 'max_model_len')} {a.longest_startable_len}")
         elif a.longest_startable_len >= 1:  # shorter than the context: a length, not a flag to paste
-            eng.append(f"none for max_model_len {plan.max_model_len:,}; the longest max_model_len it starts with is "
+            eng.append(f"none for {_len(plan)} {plan.max_model_len:,}; the longest {_len(plan)} it starts with is "
                        f"{a.longest_startable_len:,}")
         else:
-            eng.append("none: no max_model_len starts")
+            eng.append(f"none: no {_len(plan)} starts")
         return Panel(eng, title="engine", title_align="left")
     first, *explained = plan.rules.report(plan.launch)
     eng.append(f"{plan.engine.label} will report: ", style="bold")
     eng.append(first + "\n")
     if a.idle_reason:
-        eng.append("no request of max_model_len runs: ", style="bold red")
+        eng.append(f"no request of {_len(plan)} runs: ", style="bold red")
         eng.append(a.idle_reason + "\n")
     for line in explained:
         eng.append(f"  {line}\n", style="grey62")
     eng.append("serve: ", style="bold")
-    eng.append(plan.rules.serve_command(plan.launch))
+    command = plan.serve_command
+    if command is None:  # a KV dtype the engine has no --kv-cache-dtype for (the plan's note says so)
+        eng.append(f"none: {plan.engine.label} cannot run --kv-dtype {plan.kv_dtype} (a what-if)", style="yellow")
+    else:
+        eng.append(command)
     serve_note = served_weights(plan)[1]
     if serve_note:
         eng.append(f"\n  not what was planned: {serve_note}", style="yellow")
     if " factor " in a.model_max_len_rule:  # rope scaling decided it (or was ignored)
         eng.append(f"\n  the model's maximum length: {a.model_max_len_rule}", style="grey62")
     if not plan.launch.max_num_seqs_flag:
-        eng.append(f"\n  max_num_seqs stays {plan.engine.engine}'s {a.max_num_seqs:,}: the pool holds "
+        eng.append(f"\n  {_seqs(plan)} stays {plan.engine.engine}'s {a.max_num_seqs:,}: the pool holds "
                    f"{plural(a.pool_requests, 'request')} of {plural(a.context, 'token')} at once and more shorter ones; the "
                    "scheduler admits only what the free blocks hold", style="grey62")
     return Panel(eng, title="engine", title_align="left")
@@ -366,7 +392,7 @@ def _paging_panel(plan: "Plan") -> Panel:
     more = Text()
     if plan.answer.refusal:
         more.append(f"{plan.engine.engine} does not start, so no request runs either way:\n")
-    more.append(f"contiguous (reserve max_model_len {f.max_model_len:,}): {plural(f.contiguous_max_requests, 'request')}, "
+    more.append(f"contiguous (reserve {_len(plan)} {f.max_model_len:,}): {plural(f.contiguous_max_requests, 'request')}, "
                 f"{fmt_bytes(f.contiguous_waste_bytes)} wasted each\n")
     more.append(f"paged (block {lay.block_size}): {plural(f.paged_max_requests, 'request')}, {fmt_bytes(f.paged_waste_bytes)} slack each")
     if plan.answer.shared_prefix_tokens:

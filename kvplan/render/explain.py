@@ -110,9 +110,11 @@ def _head(ex: "Explanation"):  # noqa: ANN202 - a rich Text
     if p is not None:
         gpu = f"{p.options.gpu_count}x {p.gpu.name}" if ex.gpu_known else "a GPU the log does not name"
         head.append(f"{p.spec.model_id} on {gpu}", style="bold")
+        # without the GPU the plan's utilisation follows a stand-in size (SGLang derives it from the GPU): only the log's
+        util = (f", util {p.budget.gpu_util:g}" if ex.gpu_known or log.gpu_memory_utilization is not None else "")
         head.append(f" - {p.engine.label} (rules of {p.engine.engine} {p.engine.release_range or p.engine.version}), "
                     f"tp {p.options.tp}, pp {p.options.pp}, {p.model_dtype}, KV {p.kv_dtype}, max_model_len "
-                    f"{p.max_model_len:,}, util {p.budget.gpu_util:g}")
+                    f"{p.max_model_len:,}{util}")
         return head
     from kvplan.explain.reconcile import account
 
@@ -133,7 +135,8 @@ def _notes(ex: "Explanation") -> list[str]:
     inferred = any(n.startswith("version not in the log: its lines are") for n in ex.notes)
     plan = [n for n in (ex.plan.notes if ex.plan is not None else ()) if not (inferred and ": rules of modelled" in n)]
     if ex.plan is not None and not ex.gpu_known:  # the plan budgets a stand-in size: its budget's notes are not the log's
-        plan = [n for n in plan if n not in ex.plan.budget.notes and not n.startswith("--gpu-memory:")]
+        plan = [n for n in plan if n not in ex.plan.budget.notes and not n.startswith(("--gpu-memory:",
+                                                                                      "no memory left for the KV cache"))]
     return list(ex.notes) + plan
 
 
@@ -149,9 +152,11 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
     cols = ("term", "logged", "kvplan", "kvplan - logged", "") if own_terms else ("term", "logged", "")
     for col in cols:
         terms.add_column(col, justify="right" if col in ("logged", "kvplan", "kvplan - logged") else "left")
+    shown = 0
     for row in ex.terms:
         if row.logged_bytes is None and (row.kvplan_bytes is None or not own_terms):
             continue
+        shown += 1
         diff = row.difference_bytes
         style = "" if diff is None or abs(diff) < 0.1 * GiB else "yellow"
         note = Text(row.note, style="grey62")
@@ -187,9 +192,14 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
         verdict.append(ex.diagnosis + "\n", style="bold")
     if p is not None:
         rule = RULES.get(p.engine.kv_tokens_rule, p.engine.kv_tokens_rule)
-        from kvplan.explain.reconcile import prints_capacity_lines
+        from kvplan.explain.reconcile import IMPLIED, prints_capacity_lines
 
-        if ex.matches and not prints_capacity_lines(log):
+        kv_row = ex.term("kv_budget")
+        if ex.matches and kv_row is not None and kv_row.note.startswith(IMPLIED):
+            verdict.append(f"the log prints {plural(log.kv_cache_tokens, 'token')} (max_total_num_tokens) but no KV "
+                           "size: the logged budget is what they take at kvplan's cell size", style="green")
+            verdict.append(f"; token line: {rule}\n")
+        elif ex.matches and not prints_capacity_lines(log):
             verdict.append("the logged budget " + ("starts the engine, as the log shows" if log.starts is not False
                                                    else "does not start the engine either"), style="green")
             verdict.append(f" (the log prints no block, token or concurrency line to check further); token line: {rule}\n")
@@ -211,6 +221,11 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
         notes.append(f"! log: {warning}\n", style="yellow")
     for note in _notes(ex):
         notes.append(f"· {note}\n", style="grey62")
+    if not shown:  # nothing to tabulate: say why in one line instead of an empty table
+        why = ("the log prints none of them" + ("" if p is not None else
+                                                 ", and kvplan has no plan of its own to set beside them (the model: "
+                                                 "pass --model)"))
+        terms = Text(f"budget per GPU: no term to show: {why}", style="yellow")
     return Group(_head(ex), terms, cap, verdict, notes)
 
 

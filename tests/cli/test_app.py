@@ -352,3 +352,72 @@ def test_the_plain_path_leaves_the_garbage_collector_as_it_found_it(monkeypatch)
         _calls(monkeypatch, entry.main, argv)
         assert gc.isenabled(), argv
     assert entry._AT_EXIT == [gc.freeze]  # registered once, however many runs
+
+
+# every engine-facing hint in SGLang's own words: no vLLM flag or setting name in an SGLang answer
+VLLM_NAMES = ("--max-model-len", "max_model_len", "--max-num-seqs", "max_num_seqs", "--gpu-memory-utilization",
+              "gpu_memory_utilization", "--max-num-batched-tokens", "max_num_batched_tokens", "--block-size",
+              "--enable-prefix-caching", "--enforce-eager", "--tensor-parallel-size", "--kv-cache-memory-bytes")
+JSON_ENUM_KEYS = ("limited_by",)  # schema values (the answer's limit kind), not flags
+
+
+def _json_strings(value, key=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _json_strings(v, k)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _json_strings(v, key)
+    elif isinstance(value, str) and key not in JSON_ENUM_KEYS:
+        yield value
+
+
+@pytest.mark.parametrize("args", [
+    ("openai/gpt-oss-120b", "--gpu", "H100", "--context", "32k"),
+    ("google/gemma-3-27b-it", "--gpu", "H100", "--context", "32k"),
+    ("mistralai/Mistral-7B-v0.1", "--gpu", "RTX-4090", "--context", "32k"),
+    ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--batch", "4000"),
+    ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--context", "200k"),
+    ("meta-llama/Llama-3.1-70B", "--gpu", "H100", "--context", "8k"),
+    ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--max-model-len", "auto"),
+    ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--prefix-tokens", "2k", "--batch", "200"),
+    ("Qwen/Qwen3-8B", "--gpu", "H100", "--max-running-requests", "8", "--batch", "16"),
+    ("Qwen/Qwen3-8B", "--gpu", "L4", "--context-length", "32768", "--context", "8k", "--batch", "300"),
+])
+def test_sglang_answers_name_sglangs_own_flags(args):
+    """SGLang's answers (text and JSON) name SGLang's flags and settings (--context-length, max_running_requests,
+    mem_fraction_static, --page-size, ...), never vLLM's, whatever binds (the pool, the request limit, the length,
+    a refusal, --max-model-len auto); kvplan takes the SGLang flags it prints as aliases of its own options."""
+    for extra in ((), ("--json",)):
+        result = run("estimate", *args, "--engine", "sglang", *extra)
+        assert result.exit_code in (0, 1), result.output
+        texts = list(_json_strings(json.loads(result.output))) if extra else [result.output]
+        for text in texts:
+            flat = " ".join(text.split())
+            bad = [name for name in VLLM_NAMES if name in flat]
+            assert not bad, (args, extra, bad, flat[:300])
+        if not extra:
+            assert "--context-length" in result.output or "context_length" in result.output
+
+
+def test_sglang_hint_flags_are_accepted_back():
+    """The flags an SGLang hint names re-plan as they say: --context-length N, --max-running-requests N."""
+    result = run("estimate", "openai/gpt-oss-120b", "--gpu", "H100", "--context", "32k", "--engine", "sglang")
+    needed = result.output.split("(needs --context-length ")[1].split(")")[0]
+    again = run("estimate", "openai/gpt-oss-120b", "--gpu", "H100", "--engine", "sglang", "--context-length", needed,
+                "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["answer"]["fits"]
+
+
+@pytest.mark.parametrize("engine,kv", [("vllm", "int4"), ("vllm", "int8"), ("sglang", "int8"), ("sglang", "int4"),
+                                       ("sglang", "fp16")])
+def test_a_kv_dtype_the_engine_cannot_run_prints_no_launch_line(engine, kv):
+    """A KV dtype with no --kv-cache-dtype spelling in the release: the answer stands as a what-if, the engine panel
+    has no command to paste, and a note says why (with the release's choices)."""
+    result = run("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", engine, "--kv-dtype", kv)
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "--kv-cache-dtype" not in flat.split("serve:")[1].split("note:")[0]
+    assert "serve: none:" in flat and "is a what-if" in flat
+    assert "vllm serve" not in flat and "sglang.launch_server" not in flat

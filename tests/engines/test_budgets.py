@@ -555,3 +555,170 @@ def test_v0_on_rocm_says_its_non_torch_memory_is_not_modelled(llama31):
     v1 = plan_for_spec(llama31, Options(model=llama31.model_id, gpu="MI300X", engine_version="0.11.0", context=4096))
     assert any("V0 on ROCm" in n and "--overhead-gib" in n for n in rocm.budget.notes)
     assert not any("V0 on ROCm" in n for n in cuda.budget.notes + v1.budget.notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang's sliding-window models: the pool it allocates, not vLLM's windowed groups
+
+
+def _windowed_bundled_specs():
+    from kvplan.model.modelspec import LayerKind
+    from kvplan.model.sources import bundled_ids
+
+    out = []
+    for model_id in bundled_ids():
+        spec = build_spec(load_bundled(model_id))
+        if any(x.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) for x in spec.layers):
+            out.append(spec)
+    return out
+
+
+@pytest.mark.parametrize("version", ["0.4.9", "0.4.10", "0.5.3", "0.5.8", "0.5.20"])
+def test_sglang_never_plans_more_than_its_full_token_pool_on_a_windowed_model(version):
+    """Every bundled sliding / chunked-window model on SGLang: every request holds each of its tokens in the
+    full-attention pool (the hybrid SWA pool's full_layer_tokens) or, without the hybrid pool, in every layer, so no
+    answer line (max context, concurrency, fits, spare tokens) goes past max_total_num_tokens; without the hybrid pool
+    the pool is the budget over every layer's bytes per token (no window)."""
+    from kvplan import memory
+    from kvplan.model.modelspec import LayerKind
+
+    specs = _windowed_bundled_specs()
+    assert len(specs) >= 8  # Gemma 2 / 3, gpt-oss, Mistral v0.1, Llama 4, ...
+    hybrids = 0
+    for spec in specs:
+        for context in (4096, 32768):
+            try:
+                plan = plan_for_spec(spec, Options(model=spec.model_id, gpu="H200", engine="sglang", engine_version=version,
+                                                   context=context, max_model_len=131072 if spec.max_position_embeddings
+                                                   and spec.max_position_embeddings >= 131072 else None,
+                                                   tp=8 if spec.parameters_read(1) > 60e9 else 1), suggest=False)
+            except Exception as exc:  # noqa: BLE001 - a model the GPU cannot plan at all says so
+                assert "InputError" in type(exc).__name__ or "Error" in type(exc).__name__
+                continue
+            a, tokens = plan.answer, plan.answer.kv_tokens
+            where = f"{spec.model_id} sglang {version} at {context}"
+            assert a.max_context_at_batch <= tokens, where
+            assert a.max_requests * context <= tokens, where
+            if a.fits:
+                assert a.batch * context <= tokens, where
+            assert plan.demand.blocks(context) >= context, where  # every token in the full pool
+            if plan.layout.swa_ratio:
+                hybrids += 1
+                assert sglang.hybrid_swa(plan.engine, spec, plan.gpu.device)
+                lines = sglang.log_lines(plan.launch)
+                assert f"full_layer_tokens={tokens}, swa_layer_tokens={sglang.swa_tokens(tokens)}" in " ".join(lines)
+            else:
+                assert all(x.kind not in (LayerKind.SLIDING, LayerKind.CHUNKED) for g in plan.layout.groups
+                           for x in (g.cache,)), where
+                layers = memory.full_length_layers(plan.rank_layers)
+                assert tokens == sglang.max_total_num_tokens(plan.budget.kv_budget_bytes,
+                                                     sglang.cell_size_bytes(layers, plan.layout.kv_dtype)), where
+    assert hybrids or version in ("0.4.9", "0.5.3")
+
+
+def test_sglang_hybrid_swa_pool_by_architecture_and_release():
+    """Which models get SGLang's hybrid SWA pool (read in the wheels): Gemma 3 in 0.4.10.x only, gpt-oss from 0.5.8
+    (not on compute capability 10 in 0.5.8 - 0.5.9), Mistral v0.1 (every layer sliding) never."""
+    def hybrid(model_id, version, cc=None):
+        spec = build_spec(load_bundled(model_id))
+        engine = sglang.defaults(sglang.resolve_version(version)[0], 80 * GiB, False)
+        from dataclasses import replace
+
+        engine = replace(engine, requested_version=version)
+        return sglang.hybrid_swa(engine, spec, Device(compute_capability=cc))
+
+    assert [hybrid("google/gemma-3-27b-it", v) for v in ("0.4.9", "0.4.10", "0.5.3", "0.5.20")] == \
+        [False, True, False, False]
+    assert [hybrid("openai/gpt-oss-120b", v) for v in ("0.5.3", "0.5.7", "0.5.8", "0.5.20")] == [False, False, True, True]
+    assert not hybrid("openai/gpt-oss-120b", "0.5.9", "10.0") and hybrid("openai/gpt-oss-120b", "0.5.10", "10.0")
+    assert not any(hybrid("mistralai/Mistral-7B-v0.1", v) for v in ("0.4.10", "0.5.20"))
+
+
+def test_sglang_hybrid_swa_request_holds_every_token_in_the_full_pool_and_its_window_in_the_other():
+    """gpt-oss-120b on an H100, SGLang 0.5.20: 71,179 full-layer tokens (the budget over 18 full + 0.8 x 18 sliding
+    layers' bytes per token); one request of 32,768 tokens holds 32,768 of them, so batch 1 runs up to 71,178 (the pool
+    less SGLang's one token); a short request's window binds in the sliding pool: 129 tokens / 0.8."""
+    spec = build_spec(load_bundled("openai/gpt-oss-120b"))
+    plan = plan_for_spec(spec, Options(model=spec.model_id, gpu="H100", engine="sglang", context=32768), suggest=False)
+    per_token = 18 * 8 * 64 * 2 * 2  # full layers: 8 kv heads x 64 x K,V x bf16 = 36,864 B
+    assert plan.layout.block_bytes == per_token + int(0.8 * per_token)
+    assert plan.answer.kv_tokens == plan.budget.kv_budget_bytes // plan.layout.block_bytes
+    assert plan.answer.max_context_at_batch == plan.answer.kv_tokens - 1
+    assert plan.demand.blocks(32768) == 32768
+    window = plan.demand.blocks(100)  # min(128 - 1 + chunk, 100) + 1 = 101 sliding tokens, / 0.8
+    assert window == -(-101 * 10 // 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# --kv-cache-dtype: each engine's own spellings per release; a dtype it has none for is a what-if
+
+
+# each release's --kv-cache-dtype choices as its arg parser lists them (read in the wheels)
+ENGINE_KV_CHOICES = {
+    ("vllm", "0.6.3"): {"auto", "fp8", "fp8_e4m3", "fp8_e5m2"},
+    ("vllm", "0.10.2"): {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"},
+    ("vllm", "0.11.0"): {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"},
+    ("vllm", "0.17.0"): {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"},
+    ("vllm", "0.33.0"): {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"},
+    ("sglang", "0.4.0"): {"auto", "fp8_e5m2"},
+    ("sglang", "0.4.9"): {"auto", "fp8_e5m2", "fp8_e4m3"},
+    ("sglang", "0.5.3"): {"auto", "fp8_e5m2", "fp8_e4m3"},
+    ("sglang", "0.5.20"): {"auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"},
+}
+KVPLAN_KV_DTYPES = ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+
+
+@pytest.mark.parametrize("engine_name,version", sorted(ENGINE_KV_CHOICES))
+def test_launch_lines_only_name_kv_dtypes_the_engine_takes(engine_name, version, llama3):
+    """Every engine release x every kvplan KV dtype: the launch line's --kv-cache-dtype is one of the release's own
+    choices, or there is no launch line at all and a note says the dtype is a what-if the engine cannot run; the
+    JSON's serve_command agrees."""
+    import re
+
+    choices = ENGINE_KV_CHOICES[(engine_name, version)]
+    what_ifs = 0
+    for kv in KVPLAN_KV_DTYPES:
+        plan = plan_for_spec(llama3, Options(model=llama3.model_id, gpu="H100", engine=engine_name,
+                                             engine_version=version, kv_dtype=kv), suggest=False)
+        command = plan.serve_command
+        assert plan.to_dict()["engine_report"]["serve_command"] == command
+        notes = [n for n in plan.notes if "what-if" in n]
+        if command is None:
+            what_ifs += 1
+            assert len(notes) == 1 and f"--kv-dtype {plan.kv_dtype}" in notes[0], (version, kv, plan.notes)
+            continue
+        assert not notes, (version, kv)
+        flag = re.search(r"--kv-cache-dtype (\S+)", command)
+        if flag:
+            assert flag.group(1) in choices, (engine_name, version, kv, command)
+        else:
+            assert plan.kv_dtype == plan.model_dtype, (engine_name, version, kv, command)
+    assert what_ifs >= 2  # int8 and int4 in every release
+
+
+
+def test_sglang_swa_flags_resize_the_hybrid_pool_as_sglang_does():
+    """--swa-full-tokens-ratio r: full tokens = budget / (full bytes + r x sliding bytes per token), the sliding pool r
+    x that, and the launch line passes it; --disable-hybrid-swa-memory: one pool of full layers (budget / every
+    layer's bytes). On a model without the hybrid pool, a note says the flag changes nothing; vLLM refuses them."""
+    from kvplan import memory
+    from kvplan.errors import InputError as Refused
+
+    spec = build_spec(load_bundled("openai/gpt-oss-120b"))
+    base = Options(model=spec.model_id, gpu="H100", engine="sglang", context=32768)
+    half = plan_for_spec(spec, Options(**{**base.__dict__, "swa_full_tokens_ratio": 0.5}), suggest=False)
+    per_token = 18 * 8 * 64 * 2 * 2
+    assert half.layout.block_bytes == per_token + per_token // 2
+    assert half.answer.kv_tokens == half.budget.kv_budget_bytes // half.layout.block_bytes
+    assert f"swa_layer_tokens={int(half.answer.kv_tokens * 0.5)}" in " ".join(sglang.log_lines(half.launch))
+    assert "--swa-full-tokens-ratio 0.5" in half.serve_command
+    off = plan_for_spec(spec, Options(**{**base.__dict__, "disable_hybrid_swa_memory": True}), suggest=False)
+    assert off.answer.kv_tokens == sglang.max_total_num_tokens(
+        off.budget.kv_budget_bytes, sglang.cell_size_bytes(memory.full_length_layers(off.rank_layers), off.layout.kv_dtype))
+    assert off.answer.kv_tokens < half.answer.kv_tokens and "--disable-hybrid-swa-memory" in off.serve_command
+    mistral = build_spec(load_bundled("mistralai/Mistral-7B-v0.1"))
+    plan = plan_for_spec(mistral, Options(model=mistral.model_id, gpu="H100", engine="sglang", swa_full_tokens_ratio=0.5),
+                         suggest=False)
+    assert any("no hybrid SWA pool" in n and "no effect" in n for n in plan.notes)
+    with pytest.raises(Refused, match="SGLang's"):
+        plan_for_spec(spec, Options(model=spec.model_id, gpu="H100", disable_hybrid_swa_memory=True), suggest=False)

@@ -381,3 +381,66 @@ def test_the_log_s_multimodal_profile_is_set_beside_kvplan_s():
     assert mm_profile_note(log, (1, "video", 153_600)).startswith("the multimodal profile is the log's: 1 video item")
     assert "kvplan's plan profiles 2 image items within 16,384 tokens" in mm_profile_note(log, (2, "image", 16_384))
     assert "kvplan models no multimodal profile" in mm_profile_note(log, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang logs: what they print is checked, and what they lack is said in one line
+
+
+def _rendered(ex) -> str:  # noqa: ANN001
+    import io
+
+    from rich.console import Console
+
+    from kvplan.render.explain import render_explanation
+
+    console = Console(width=200, record=True, color_system=None, file=io.StringIO())
+    console.print(render_explanation(ex))
+    return " ".join(console.export_text().replace("│", " ").split())
+
+
+@pytest.mark.parametrize("gpu", [None, "H100"])
+def test_every_sglang_log_checks_the_tokens_it_prints_and_draws_no_empty_table(gpu):
+    """Every SGLang corpus log kvplan reads (with no flags, and with a GPU given): a log that prints its pool's tokens
+    is never told it printed none; where kvplan plans the deployment on a known GPU, one diagnosis line gives the KV
+    gap; a log with no term to tabulate (no loadable model) gets one line saying why, not an empty budget table; no
+    note says only vLLM does what both engines do (MTP layers)."""
+    from kvplan.errors import KvplanError
+
+    read = gaps = tokens_only = 0
+    for path in sorted((CORPUS / "sglang").glob("*.log")):
+        overrides = {"gpu": gpu} if gpu else {}
+        try:
+            ex = explain(path.read_text(encoding="utf-8", errors="replace"), overrides)
+        except KvplanError:
+            continue
+        read += 1
+        text = _rendered(ex)
+        where = (path.name, gpu)
+        if ex.log.kv_cache_tokens is not None:
+            assert "no KV budget, blocks or tokens" not in text, where
+        if ex.plan is not None and ex.log.kv_cache_tokens is not None and ex.log.starts is not False:
+            assert ex.from_logged is not None and ex.from_logged.kv_cache_tokens == ex.log.kv_cache_tokens, where
+            if ex.gpu_known:
+                assert "kvplan's terms give" in ex.diagnosis, (where, ex.diagnosis)
+                gaps += 1
+            kv = ex.term("kv_budget")
+            tokens_only += kv is not None and kv.note.startswith("implied")
+        assert "budget per GPU (GiB) term logged" not in text or any(
+            row.logged_bytes is not None or (ex.gpu_known and row.kvplan_bytes is not None) for row in ex.terms), where
+        if not any(row.logged_bytes is not None or (ex.gpu_known and ex.plan is not None and row.kvplan_bytes is not None)
+                   for row in ex.terms):
+            assert "budget per GPU: no term to show" in text, where
+        mtp = [n for n in (ex.plan.notes if ex.plan is not None else ()) if "multi-token-prediction" in n]
+        assert all("SGLang" in n for n in mtp), mtp
+    assert read >= 40
+    assert not gpu or (gaps >= 5 and tokens_only >= 1)
+
+
+def test_a_hybrid_swa_log_counts_the_full_pool_as_its_tokens():
+    """SGLang's hybrid SWA pool logs "Use sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S" and a
+    "KV Cache is allocated. #tokens: S" line for the SWA pool: the pool's token figure (max_total_num_tokens, what
+    kvplan's plan reports) is F, and S is kept beside it."""
+    log = parse_log(corpus_log("sglang", "sglang-pr18039-4gpu-mimo-v2-flash-tp4-swa-main"))
+    assert (log.sglang_full_tokens, log.sglang_swa_tokens) == (375_360, 300_288)
+    assert log.kv_cache_tokens == log.sglang_full_tokens

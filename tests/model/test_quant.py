@@ -260,3 +260,64 @@ def test_a_quantized_config_folder_plans_like_its_bundled_spec(model_id):
     assert local.weights_total_bytes == bundled.weights_total_bytes
     assert local.answer.max_concurrency == bundled.answer.max_concurrency > 0
     assert local.budget.weights.source.startswith("checkpoint: estimated from quantization_config")
+
+
+# --- the stored format is what a plan says its weights are ----------------------------------------
+
+
+@pytest.mark.parametrize("config, fmt", [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8_e4m3"),
+    ({"quant_method": "fp8", "fmt": "e5m2"}, "fp8_e5m2"),
+    ({"quant_method": "mxfp4"}, "mxfp4"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "int4"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": -1}, "int8"),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8"),
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                                           "group_size": 16}}}}, "nvfp4"),
+    ({"quant_algo": "FP8"}, "fp8_e4m3"),
+])
+def test_a_quantized_config_plans_its_weights_in_the_stored_format(config, fmt):
+    """A quantized checkpoint's plan reports the format its weights are stored in (never the model dtype) in the
+    plan, the JSON assumptions and a report row's column, and re-planning with that column plans the same weights."""
+    spec = spec_of(with_quant(config))
+    assert spec.weights_format == fmt
+    plan = plan_for_spec(spec, Options(model="m", gpu="H100"), suggest=False)
+    assert plan.weights_dtype == fmt and plan.to_dict()["assumptions"]["weights_dtype"] == fmt
+    again = plan_for_spec(spec, Options(model="m", gpu="H100", weights_dtype=plan.option_values["weights_dtype"]),
+                          suggest=False)
+    assert again.weights_total_bytes == plan.weights_total_bytes and again.weights_dtype == fmt
+
+
+def test_bundled_quantized_checkpoints_report_their_format_and_replan_to_the_same_weights():
+    """Every bundled quantized checkpoint (DeepSeek-R1 / V3: fp8_e4m3, gpt-oss: mxfp4) on both engines: the plan's
+    weights dtype is the stored format, a report row re-planned from its own columns has the same weights, and no
+    note calls the checkpoint float32."""
+    from kvplan.model.sources import bundled_ids
+    from kvplan.model.spec import build_spec
+    from kvplan.options import options_from_values
+
+    seen = {}
+    for model_id in bundled_ids():
+        spec = build_spec(load_bundled(model_id))
+        if not spec.quant_method:
+            continue
+        for engine in ("vllm", "sglang"):
+            plan = plan_for_spec(spec, Options(model=model_id, gpu="H200", tp=8, engine=engine), suggest=False)
+            assert plan.weights_dtype == spec.weights_format != plan.model_dtype, (model_id, engine)
+            again = plan_for_spec(spec, options_from_values(plan.option_values), suggest=False)
+            assert again.weights_total_bytes == plan.weights_total_bytes, (model_id, engine)
+            assert not any("float32 checkpoint" in n for n in plan.notes), plan.notes
+            seen[model_id] = plan.weights_dtype
+    assert seen["deepseek-ai/DeepSeek-R1"] == "fp8_e4m3" and seen["openai/gpt-oss-120b"] == "mxfp4"
+
+
+def test_gpt_oss_is_named_by_what_its_checkpoint_stores():
+    """gpt-oss' config names no torch_dtype (float32 by default) but its checkpoint holds MXFP4 experts and bfloat16
+    tensors: the note says so, and both engines run it in bfloat16."""
+    for engine in ("vllm", "sglang"):
+        plan = estimate(Options(model="openai/gpt-oss-120b", gpu="H100", engine=engine))
+        assert plan.model_dtype == "bfloat16", engine
+        note = next(n for n in plan.notes if n.startswith("dtype auto"))
+        assert "mxfp4 + bfloat16 checkpoint" in note and "--dtype float32" not in note, note

@@ -179,7 +179,11 @@ LAUNCH: dict[str, tuple[object, str, str]] = {
     "speculative": ("eagle", """--speculative-config '{"method": "eagle", "num_speculative_tokens": 1}'""",
                     "--speculative-algorithm EAGLE"),
     "expert_parallel": (True, "--enable-expert-parallel", "--ep-size"),
+    # SGLang's hybrid sliding-window pool (vLLM refuses both): on a model that gets that pool
+    "swa_full_tokens_ratio": (0.5, "", "--swa-full-tokens-ratio 0.5"),
+    "disable_hybrid_swa_memory": (True, "", "--disable-hybrid-swa-memory"),
 }
+SWA = "openai/gpt-oss-120b"  # SGLang 0.5.8+ gives it the hybrid sliding-window pool
 # options that are not engine settings, and why
 NOT_LAUNCH = {
     "model": "named first", "gpu": "the hardware", "gpu_memory": "the hardware", "batch": "the workload",
@@ -202,11 +206,11 @@ def test_every_option_is_a_launch_setting_or_says_why_not():
 
 
 @pytest.mark.parametrize("name,engine", [(n, e) for n in sorted(LAUNCH) for e, flag in zip(("vllm", "sglang"), LAUNCH[n][1:])
-                                         if flag])  # SGLang has no usage context
+                                         if flag])  # SGLang has no usage context; vLLM no SWA pool
 def test_every_plan_changing_option_is_in_the_launch_command(name, engine):
     value, vllm_flag, sglang_flag = LAUNCH[name]
     flag = vllm_flag if engine == "vllm" else sglang_flag
-    model = HYBRID if name == "ssm_dtype" else LLAMA
+    model = HYBRID if name == "ssm_dtype" else SWA if name in ("swa_full_tokens_ratio", "disable_hybrid_swa_memory") else LLAMA
     base = {"gpu": "H200", "engine": engine, "revision": None}
     if name == "revision":
         spec = build_spec(load_bundled(model))

@@ -320,3 +320,33 @@ def test_auto_on_v0_settles_on_the_pool_the_engine_sizes_for_that_length():
     assert (written.answer.num_blocks, written.answer.max_requests) == (auto.answer.num_blocks, auto.answer.max_requests)
     longer = estimate(options_from_values({**given, "max_model_len": str(length + 1)}))
     assert not longer.deployment.fits(1, length + 1, length + 1)
+
+
+def test_the_model_panels_request_is_the_plans_request():
+    """Every bundled model with sliding or chunked windows, on vLLM and SGLang: the model panel's per-request
+    figure is the pool bytes the plan's own request holds (the windows where the engine bounds them, every token
+    where it does not), and the requests the answer counts fit the budget at that size."""
+    from rich.console import Console
+
+    from kvplan.render.estimate import render_plan
+    from kvplan.units import fmt_bytes
+
+    checked = 0
+    for model_id in bundled_ids():
+        spec = spec_of(model_id)
+        if not any(x.kind.value in ("sliding", "chunked") for x in spec.layers):
+            continue
+        for engine in ("vllm", "sglang"):
+            try:
+                p = plan_for_spec(spec, Options(model=model_id, gpu="H200", engine=engine, context=32768, tp=8),
+                                  suggest=False)
+            except InputError:
+                continue
+            console = Console(width=200, record=True, color_system=None)
+            console.print(render_plan(p))
+            text = " ".join(console.export_text().replace("│", " ").split())
+            assert f"{fmt_bytes(p.request_bytes)} per 32,768-token request in {engine}'s pool" in text, (model_id, engine)
+            assert p.to_dict()["per_token"]["kv_bytes_per_request_gpu"] == p.request_bytes
+            assert p.answer.pool_requests * p.request_bytes <= max(0, p.budget.kv_budget_bytes), (model_id, engine)
+            checked += 1
+    assert checked >= 10

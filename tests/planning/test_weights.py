@@ -56,7 +56,9 @@ def test_every_launch_loads_what_was_planned_or_says_so(model_id):
         quantization, note = served_weights(p)
         command = p.rules.serve_command(p.launch)
         where = (model_id, weights_dtype, command, note)
-        if weights_dtype is None:
+        if weights_dtype is None or parse_dtype(weights_dtype, weights=True).name == spec.weights_format:
+            # nothing asked, or the format the checkpoint stores (fp8 for DeepSeek-R1): the checkpoint as it is
+            assert p.weights_dtype == (spec.weights_format or p.model_dtype), where
             assert (quantization, note) == (None, None) and "--quantization" not in command, where
             assert p.weights_total_bytes == _stored_bytes(p), where
         elif quantization is not None:  # the engine quantizes the 16-bit checkpoint as planned

@@ -102,12 +102,13 @@ def test_brief_and_the_answer_panel_come_from_one_function(model_id):
             assert m <= fixed, where
             assert ("caps it" in context_line) == (m == fixed), (where, context_line)
         elif m > p.max_model_len:
-            assert f"(needs --max-model-len {m})" in context_line, (where, context_line)
+            length_flag = "--context-length" if p.engine.engine == "sglang" else "--max-model-len"  # the engine's own
+            assert f"(needs {length_flag} {m})" in context_line, (where, context_line)
             if p.engine.mode != "V0":  # a launch with that max_model_len runs the batch at that context
                 at = plan_for_spec(p.spec, replace(p.options, context=m, max_model_len=m))
                 assert at.answer.fits and at.max_model_len == m, where
         else:
-            assert "--max-model-len" not in context_line, (where, context_line)
+            assert "--max-model-len" not in context_line and "--context-length" not in context_line, (where, context_line)
 
 
 def _cents(figure: str) -> int:
