@@ -19,7 +19,7 @@ from kvplan.model.params import Tensors
 from kvplan.planning.plan import Options, estimate, plan_for_spec
 from kvplan.model.sources import load_bundled, load_spec
 from kvplan.model.spec import spec_from_config
-from tests.test_hardening import assert_one_line, kvplan
+from entry_point import assert_one_line, kvplan
 
 HUB_CONFIGS = Path(__file__).resolve().parents[3] / "shared" / "hub-configs"
 if not HUB_CONFIGS.is_dir():
