@@ -214,6 +214,11 @@ def test_test_modules_have_unique_names_and_helpers_sit_at_the_top() -> None:
                     if not p.name.startswith("test_") and "fixtures" not in p.relative_to(TESTS).parts)
     assert others == sorted(HELPERS), "helpers belong at tests/'s top (and in HELPERS); tests are named test_*.py"
     assert not list(TESTS.rglob("__init__.py")), "tests/ is no package: its modules are imported by basename"
+    # ``from tests.x import`` finds tests/x.py of any checkout on sys.path (an editable install's): only helpers
+    wrong = sorted(f"{p.relative_to(TESTS)}: tests.{name}" for p in TESTS.rglob("*.py") if "fixtures" not in p.parts
+                   for name in re.findall(r"^\s*from tests\.(\w+) import", p.read_text(encoding="utf-8"), flags=re.M)
+                   if f"{name}.py" not in HELPERS)
+    assert wrong == [], f"test files import helpers by their bare name (tests/ is on sys.path), never other tests: {wrong}"
 
 
 # --- the size of the rooms --------------------------------------------------------------------------------------
