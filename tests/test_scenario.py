@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from kvplan.cli.app import app
 from kvplan.checks.scenario import load_capacity, load_whatif
 from kvplan.io.yamldoc import ScenarioFileError
+from kvplan.options import YAML_OPTIONS
 
 runner = CliRunner()
 
@@ -382,3 +383,36 @@ def test_an_unknown_model_still_writes_junit(tmp_path):
     assert r.exit_code == 2
     case = ET.parse(junit).getroot().find("testsuite/testcase")
     assert case.get("name") == "capacity file is valid" and "NoSuchModel" in case.find("error").get("message")
+
+
+def _past_the_limit(opt) -> object:
+    """A YAML value one unit past ``opt``'s limit: a count or token count + 1, a size in GiB twice the bound."""
+    from kvplan.units import GiB
+
+    return f"{opt.limit * 2 // GiB}GiB" if opt.kind.startswith("size") else opt.limit + 1
+
+
+BOUNDED_OPTIONS = [o for o in YAML_OPTIONS if o.limit is not None]
+
+
+@pytest.mark.parametrize("key, value", [("concurrency", 1 << 20 | 1), ("context", (1 << 32) + 1),
+                                        ("kv_tokens", (1 << 32) + 1)])
+def test_a_requirement_past_its_bound_is_reported_at_its_key(tmp_path, key, value):
+    # a huge require.concurrency was "invalid --batch ..." at the check's line: the batch it becomes was checked,
+    # not the key the user wrote; every bounded requirement is checked at its own key, in the file's words
+    line = check_error(tmp_path, GOOD_CHECK.replace("{concurrency: 4}", f"{{{key}: {value}}}"))
+    assert f"file.yaml:6:" in line and f"checks[0].require.{key}" in line and "must be at most" in line, line
+    assert "--" not in line, line
+
+
+@pytest.mark.parametrize("opt", BOUNDED_OPTIONS, ids=lambda o: o.name)
+def test_every_bounded_option_past_its_bound_is_reported_at_its_key(tmp_path, opt):
+    # the class of the same mistake: each option the CLI bounds is bounded in a file too, located at the key
+    # (line 7: the check's own key) and named as the file names it, never by a CLI flag
+    value = _past_the_limit(opt)
+    line = check_error(tmp_path, GOOD_CHECK + f"  - name: big\n    {opt.name}: {value}\n    require: {{fits: true}}\n")
+    assert f"file.yaml:8:" in line and f"checks[1].{opt.name}" in line and "must be at most" in line, line
+    assert opt.flag not in line, line
+    swept = report_error(tmp_path, f"defaults: {{model: meta-llama/Llama-3.1-8B}}\nsweep:\n  {opt.name}: [{value}]\n"
+                                   "outputs: [out/r.csv]\n")
+    assert f"sweep.{opt.name}" in swept and "must be at most" in swept and opt.flag not in swept, swept

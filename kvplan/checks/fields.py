@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Callable, Mapping
 
-from pydantic import BaseModel, Field, PlainValidator, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, Field, PlainValidator, WithJsonSchema
 
 from kvplan.errors import InputError, KvplanError
-from kvplan.options import ENGINE_NAMES, SPECULATIVE_METHODS, USAGE_CONTEXTS, YAML_OPTIONS
+from kvplan.limits import MAX_COUNT, MAX_TOKENS
+from kvplan.options import ENGINE_NAMES, SPECULATIVE_METHODS, USAGE_CONTEXTS, YAML_OPTIONS, Opt
 
 # ---------------------------------------------------------------------------------------------
 # value types (one validator each; the message says what was expected)
@@ -208,6 +209,28 @@ UsageContext = expect_type("serve (`vllm serve`) or llm (the LLM class)", _usage
 Speculative = expect_type("a speculative decoding method: " + ", ".join(SPECULATIVE_METHODS), _speculative,
                           {"type": "string", "enum": list(SPECULATIVE_METHODS)})
 
+def at_most(typ: Any, high: int, size: bool = False) -> Any:
+    """``typ`` that also holds its value to at most ``high`` (base units: a size is parsed to bytes), the bound
+    the CLI flag has (:attr:`kvplan.options.Opt.limit`): a YAML value past it is reported at its own key."""
+    def check(value: Any) -> Any:
+        from kvplan.units import fmt_bytes, parse_gib
+
+        n = parse_gib(value) if size else value
+        if isinstance(n, (int, float)) and not isinstance(n, bool) and n > high:
+            most = fmt_bytes(high) if size else f"{high:,}"
+            raise ValueError(f"must be at most {most} (a value this large is a typo or a unit mix-up)")
+        return value
+
+    return Annotated[typ, AfterValidator(check)]
+
+
+def option_type(opt: Opt) -> Any:
+    """The YAML type of one option: its kind's (:data:`KIND_TYPES`, ``gpus``: :data:`NAMED_TYPES`), bounded by
+    the option's limit where it has one."""
+    typ = NAMED_TYPES.get(opt.name, KIND_TYPES[opt.kind])
+    return typ if opt.limit is None else at_most(typ, opt.limit, size=opt.kind.startswith("size"))
+
+
 # the YAML type of each kind of option (kvplan.options.KINDS)
 KIND_TYPES: dict[str, Any] = {
     "text": Text, "revision": Revision, "version": Text, "gpu": GpuName, "dtype": ModelDType, "kv_dtype": KvDType,
@@ -220,8 +243,10 @@ KIND_TYPES: dict[str, Any] = {
 # those of kvplan.options.options_from_values (the CLI flags with underscores; `gpus` = --gpus).
 GpuCount = expect_type("a positive integer (the number of GPUs)", _gpu_count, {"type": "integer", "minimum": 1})
 NAMED_TYPES: dict[str, Any] = {"gpus": GpuCount}  # options whose YAML type is not their kind's
-OPTION_FIELDS: dict[str, tuple[Any, str]] = {o.name: (NAMED_TYPES.get(o.name, KIND_TYPES[o.kind]), o.help)
-                                             for o in YAML_OPTIONS}
+OPTION_FIELDS: dict[str, tuple[Any, str]] = {o.name: (option_type(o), o.help) for o in YAML_OPTIONS}
+# a requirement's bound is that of the option it becomes or is compared with (``concurrency`` is the batch)
+Requests = at_most(PositiveInt, MAX_COUNT)
+RequiredTokens = at_most(Tokens, MAX_TOKENS)
 
 
 def option_fields(wrap: Callable[[Any], Any] = lambda t: t, min_length: int | None = None) -> dict[str, Any]:
