@@ -59,7 +59,7 @@ def _plans(model_id: str):  # noqa: ANN202
         yield plan_for_spec(spec_of(model_id), Options(model=model_id, **values))
 
 
-def test_the_answer_is_in_the_first_lines_and_brief_is_four():
+def test_the_answer_is_in_the_first_lines_and_brief_is_five():
     r = kvplan("estimate", LLAMA, "--gpu", "H100", "--context", "8k", "--batch", "32")
     lines = r.stdout.splitlines()
     assert lines[1].startswith("╭─ answer"), lines[:3]
@@ -68,9 +68,12 @@ def test_the_answer_is_in_the_first_lines_and_brief_is_four():
     assert "max context at batch 32: 14,032 tokens (needs --max-model-len 14032)" in head
     assert "32 x 8,192 tokens: fits" in head
     brief = kvplan("estimate", LLAMA, "--gpu", "H100", "--context", "8k", "--batch", "32", "--brief").stdout
-    assert brief.splitlines() == ["Available KV cache memory: 54.82 GiB", "GPU KV cache size: 449,088 tokens",
-                                  "Maximum concurrency for 8,192 tokens per request: 54.82x",
-                                  "32 x 8,192 tokens: fits (11,683 blocks = 186,928 tokens spare)"]
+    # 28,068 blocks - 1 null block - 32 x 512 = 11,683 spare; 28,067 // 512 = 54 requests (the integer answer)
+    assert _flat(brief) == " ".join([
+        "Available KV cache memory: 54.82 GiB", "GPU KV cache size: 449,088 tokens",
+        "Maximum concurrency for 8,192 tokens per request: 54.82x",
+        "at 8,192 tokens/request: 54 (52 - 55) concurrent requests (the pool binds: 512 blocks each; max_num_seqs 1,024)",
+        "32 x 8,192 tokens: fits (11,683 blocks = 186,928 tokens spare; 1 null block kept by vllm)"])
 
 
 @pytest.mark.parametrize("model_id", bundled_ids())
@@ -88,10 +91,20 @@ def test_brief_and_the_answer_panel_come_from_one_function(model_id):
         assert _flat(" ".join(lines)) in answer, where
         brief = _text(render_brief(p), width=200).splitlines()
         assert brief[-1] == lines[-1], where  # one verdict
+        # the integer answer: the requests line of the panel, in --brief too
+        requests = next(line for line in lines if line.startswith(f"at {a.context:,} tokens/request: "))
+        assert brief[-2].split(" (")[0] == requests.split(" (")[0], where
+        assert re.match(rf"at {a.context:,} tokens/request: {a.max_requests:,} ", brief[-2]), (where, brief[-2])
+        # spare or short blocks are blocks - null block - the batch's blocks, and the verdict says why
+        if "spare" in lines[-1] or "short by" in lines[-1]:
+            assert "; 1 null block kept by " + p.engine.engine in lines[-1], (where, lines[-1])
+            if not a.shared_prefix_tokens and p.layout.block_size > 1:
+                blocks = a.num_blocks - 1 - a.batch * a.blocks_per_request
+                assert (f"({blocks:,} block" if blocks >= 0 else f"short by {-blocks:,} block") in lines[-1], where
         if a.refusal:
             assert "will refuse to start" in brief[0], where
         else:
-            assert brief[:-1] == list(p.rules.log_lines(p.launch)), where
+            assert brief[:-2] == list(p.rules.log_lines(p.launch)), where
             assert f"{a.kv_tokens:,} tokens" in brief[1] if p.engine.engine == "vllm" else \
                 f"max_total_num_tokens={a.kv_tokens}," in brief[0], where
         context_line = next(line for line in lines if line.startswith("max context at batch"))

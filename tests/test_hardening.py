@@ -490,10 +490,11 @@ def test_a_key_with_a_newline_stays_on_one_line(tmp_path):
 
 
 def test_a_huge_simulated_pool_is_refused_before_it_is_allocated(tmp_path):
-    # kv_budget 100 TiB = 100 x 2^40 / 2^21 = 52,428,800 blocks of 2 MiB: ~8.5 GB of allocator state at
-    # 163 B a block (the fuzz's worker grew to 24 GB before it was stopped)
+    # kv_budget 8 TiB = 8 x 2^40 / 2^21 = 4,194,304 blocks of 2 MiB: ~680 MB of allocator state at 163 B a
+    # block (the fuzz's worker grew to 24 GB before it was stopped); on a 16 TiB device, so the budget fits it
     path = tmp_path / "w.yaml"
-    path.write_text("model: meta-llama/Llama-3.1-8B\nkv_budget: 100TiB\nmax_model_len: 4096\narrivals: {rate: 1}\n"
+    path.write_text("model: meta-llama/Llama-3.1-8B\ngpu: H100\ngpu_memory: 16TiB\nkv_budget: 8TiB\nmax_model_len: 4096\n"
+                    "arrivals: {rate: 1}\n"
                     "num_requests: 10\nprompt_tokens: 10\noutput_tokens: 10\n")
     assert_one_line(kvplan("simulate", str(path), "--offline"), "blocks, past the 2,000,000 the simulator holds")
 

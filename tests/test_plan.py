@@ -290,3 +290,53 @@ def test_an_empty_kv_budget_names_the_terms_that_took_the_memory():
     assert note.endswith(f"= {taken:.2f} GiB of {plan.budget.usable_bytes / GiB:.2f} GiB usable per GPU")
     heavy = estimate(options_from_values({"model": LLAMA, "gpu": "A10G", "weights_gib": "30"}))
     assert any(n.startswith("no memory left for the KV cache: weights alone take 30.00 GiB of") for n in heavy.notes)
+
+
+# every user-given term that, with a given KV budget, asks the device for more than it has: the KV budget alone,
+# or beside a given weights / activation / overhead / CUDA-graph term, or on a --gpu-memory smaller than the pool;
+# on each engine and on the CPU backend with a host size
+IMPOSSIBLE_BUDGETS = [
+    dict(kv_budget="900GiB"),
+    dict(kv_budget="62GiB"),  # 79.20 - 14.96 - 1.79 - 0.33 - 0.97 = 61.16 GiB is what an H100 leaves
+    dict(kv_budget="60GiB", overhead_gib="30"),
+    dict(kv_budget="40GiB", activation_gib="30"),
+    dict(kv_budget="50GiB", cudagraph_gib="20"),
+    dict(kv_budget="6GiB", weights_gib="200"),
+    dict(kv_budget="60GiB", gpu="H100", gpu_memory="64GiB"),
+    dict(kv_budget="64GiB", engine="sglang"),  # SGLang holds no activation or graph term here: 63.67 GiB left
+    dict(kv_budget="80GiB", gpu="cpu", gpu_memory="64GiB"),
+]
+
+
+@pytest.mark.parametrize("kw", IMPOSSIBLE_BUDGETS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_a_kv_budget_past_what_the_device_holds_is_refused(kw):
+    # --kv-budget 900GiB on an H100 planned 899 requests, "fits" and a launch line vLLM fails on: the engine
+    # allocates the cache it is told to, beside everything else it holds, so the plan is refused with the figures
+    values = {"model": LLAMA, "gpu": "H100", **kw}
+    with pytest.raises(InputError) as exc:
+        estimate(options_from_values(values))
+    message = exc.value.message
+    assert message.startswith(f"--kv-budget {options_from_values(values).kv_budget_bytes / GiB:,.2f} GiB does not fit")
+    assert "leaves" in message and "GiB for the KV cache" in message
+    if "gpu_memory" in kw:
+        assert "--gpu-memory 64.00 GiB" in message
+    else:
+        assert "79.20 GiB" in message  # the H100's runtime-reported total
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("gib", [1, 20, 61, 62, 63, 70, 79, 80])
+def test_a_given_kv_budget_either_fits_the_device_or_is_refused(engine, gib):
+    # the property: whatever is given, an answered plan's KV budget and every other term fit in the device
+    try:
+        p = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "engine": engine, "kv_budget": f"{gib}GiB"}))
+    except InputError as exc:
+        assert "does not fit" in exc.message
+        return
+    assert p.budget.kv_budget_bytes + sum(t.bytes for t in p.budget.terms) <= p.gpu.memory_bytes
+
+
+def test_a_cpu_backend_sized_by_its_kv_space_alone_is_not_refused():
+    # the CPU backend without a host size plans VLLM_CPU_KVCACHE_SPACE as given: there is no total to hold it to
+    p = estimate(options_from_values({"model": LLAMA, "gpu": "cpu", "kv_budget": "900GiB", "context": "4k"}))
+    assert p.budget.kv_budget_bytes == 900 * GiB

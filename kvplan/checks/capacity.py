@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from kvplan import memory
 from kvplan.errors import KvplanError, ScenarioError
+from kvplan.planning.answer import null_block_words
 from kvplan.planning.plan import Options, Plan, options_from_values, plan_for_spec
 from kvplan.checks.scenario import CapacityFile, CheckScenario, model_error
 from kvplan.planning.suggest import largest, more_tp, other_engines, other_gpu, refuses_the_model, replan, spell, spell_was
@@ -184,7 +185,8 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
             message += f" (max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once)"
         else:
             short = -a.fits_margin_blocks
-            message += f" (short by {plural(short, 'block')} = {short * plan.layout.block_size:,} token slots)"
+            message += (f" (short by {plural(short, 'block')} = {short * plan.layout.block_size:,} token slots; "
+                        f"{null_block_words(plan.engine.engine)})")
     return Outcome(key, required, actual, margin, unit, passed, message)
 
 

@@ -368,11 +368,37 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     )
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))
+    check_kv_budget(budget, gpu, options, rules.ENGINE)
     if engine.state_pool:  # the state pool's request slots come out of the budget first
         engine, budget = rules.split_state_pool(engine, budget, layers, max_num_seqs=options.max_num_seqs,
                                                 prefix_caching=prefix_caching)
     return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
                  memory.num_blocks(budget.kv_budget_bytes, layout), ssm_note)
+
+
+def check_kv_budget(budget: Budget, gpu: GpuInfo, options: Options, engine: str) -> None:
+    """A given ``--kv-budget`` must fit on the device beside every other term the engine holds there (weights,
+    activation, non-torch overhead, CUDA graphs): the engine allocates the cache it is told to and fails when the
+    device has less, so a plan of more KV than the device holds is refused (one line with the device's figures),
+    never answered "fits". The CPU backend sized from the KV space alone has no device total to hold it to."""
+    kv = options.kv_budget_bytes
+    if kv is None or gpu.memory_source.startswith("--kv-budget"):
+        return
+    room = budget.total_bytes - sum(t.bytes for t in budget.terms)
+    if kv <= room:
+        return
+    held = [t for t in budget.terms if t.bytes]
+    taken = " + ".join(f"{t.name} {t.bytes / GiB:,.2f}" for t in held) or "nothing"
+    what = "host" if gpu.is_cpu else "GPU"
+    if options.gpu_memory_bytes:
+        total = f"--gpu-memory {budget.total_bytes / GiB:,.2f} GiB"
+    else:
+        total = f"the {gpu.name}'s {budget.total_bytes / GiB:,.2f} GiB" + ("" if gpu.is_cpu else " (runtime-reported)")
+    most = math.floor(room / GiB * 100) / 100
+    hint = (f"give at most --kv-budget {most:.2f}GiB, or a {what} with more memory" if most > 0 else
+            f"those terms alone fill the {what}: more tensor parallelism (--tp), or a {what} with more memory")
+    raise InputError(f"--kv-budget {kv / GiB:,.2f} GiB does not fit: {total} - {taken} GiB leaves "
+                     f"{room / GiB:,.2f} GiB for the KV cache, and {engine} would fail to allocate more", hint)
 
 
 def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: EngineDefaults, model_dtype: DType,
@@ -529,7 +555,15 @@ def _gpu_memory_note(gpu: GpuInfo, options: Options) -> str:
     gpus = [g for g in load_gpus() if not g.is_cpu and g.memory_bytes]
     boxed = [g for g in gpus if g.marketing_gb and size in (round(g.marketing_gb * GB), round(g.marketing_gb * GiB))]
     near = boxed or [g for g in gpus if 0.8 <= g.memory_bytes / size <= 1.25]
-    if not near or options.gpu:
+    if options.gpu:  # the user's size, not the named GPU's: say what that one reports when it differs
+        from kvplan.gpus import find_gpu
+
+        named = find_gpu(options.gpu)
+        if named.memory_bytes and named.memory_bytes != size:
+            what += (f", not what the catalogue's {named.name} reports ({named.memory_bytes / GiB:,.2f} GiB; leave "
+                     "--gpu-memory out to plan that)")
+        return what
+    if not near:
         return what
     # the size on a box names the first such GPU of the catalogue (H100 SXM for 80 GB), else the nearest in size
     best = near[0] if boxed else min(near, key=lambda g: abs(math.log(g.memory_bytes / size)))

@@ -189,6 +189,7 @@ def _pool(plan: Plan) -> dict[str, Any]:
         "state_page_bytes": lay.state_page_bytes,
         "state_padding_bytes": lay.state_padding_bytes,
         "num_blocks": blocks,
+        "null_blocks": memory.NULL_BLOCKS,  # kept by the engine, never a request's: fits_margin_blocks leaves it out
         "pool_bytes": memory.pool_bytes(blocks, lay),
         "groups": [{"kind": g.cache.kind.value, "layers": g.num_layers, "window_tokens": g.cache.window_tokens}
                    for g in lay.groups],
