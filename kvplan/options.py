@@ -252,9 +252,10 @@ OPTIONS: tuple[Opt, ...] = (
         "GiB, at most 1024; 80GB is 10^9 bytes x 80 = 74.51 GiB). Overrides the catalogue.", field="gpu_memory_bytes"),
     Opt("gpus", "count", "Number of GPUs (= tp x pp).", default=1, field="gpu_count", cli_default=None),
     Opt("tp", "count", "Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights; a list "
-        "(1,2,4) prints one row per size.", default=1, flags=("--tp", "--tensor-parallel-size"), compare=True),
-    Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides).", default=1,
-        flags=("--pp", "--pipeline-parallel-size")),
+        "(1,2,4) prints one row per size (default 1; with --gpus N alone, N; with --gpus and --pp, the rest).",
+        default=1, flags=("--tp", "--tensor-parallel-size"), compare=True, cli_default=None),
+    Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides) (default 1; with --gpus "
+        "and --tp, the rest).", default=1, flags=("--pp", "--pipeline-parallel-size"), cli_default=None),
     Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k (default: the "
         "--max-model-len given, else 8192); a list (8k,32k) prints one row per context.", default=8192,
         flags=("--context", "-c"), cli_default=None, compare=True),
@@ -465,12 +466,34 @@ def option_values_of(options: Any, resolved: dict[str, Any]) -> dict[str, Any]:
             for o in PLAN_OPTIONS}
 
 
+def _split_gpus(kwargs: dict[str, Any]) -> None:
+    """``--gpus N`` with one of ``--tp`` / ``--pp`` given: the other takes the rest (``--gpus 2 --tp 1`` is pp 2,
+    a note says so); both given must multiply to N. ``--gpus N`` alone is tensor parallelism over all N
+    (:class:`Options`). Values as :func:`options_from_values` parsed them, in place."""
+    gpus, tp, pp = kwargs.get("gpu_count"), kwargs.get("tp"), kwargs.get("pp")
+    if not _positive(gpus) or (tp is None and pp is None) or not all(v is None or _positive(v) for v in (tp, pp)):
+        return  # nothing to split (Options checks each value)
+    if tp is not None and pp is not None:
+        if tp * pp != gpus:
+            raise InputError(f"--tp {tp} x --pp {pp} = {tp * pp} does not match --gpus {gpus}", "set --gpus to tp x pp")
+        return
+    given, other, n = ("tp", "pp", tp) if tp is not None else ("pp", "tp", pp)
+    if gpus % n:
+        raise InputError(f"--gpus {gpus} is not a multiple of --{given} {n}: the rest cannot be split evenly by --{other}",
+                         f"give --gpus as tp x pp (e.g. --gpus {-(-gpus // n) * n}), or both --tp and --pp")
+    kwargs[other] = gpus // n
+    if gpus // n > 1:
+        kwargs["split_given"] = given
+        kwargs["tp_from_gpus"] = other == "tp"
+
+
 def _options_class() -> type:
     required = [(o.field_name, KINDS[o.kind].field_type) for o in BY_FIELD.values() if o.name == "model"]
     optional = [(o.field_name, f"{KINDS[o.kind].field_type} | None" if o.default is None else KINDS[o.kind].field_type,
                  field(default=o.default)) for o in BY_FIELD.values() if o.name != "model"]
     extra = [("auto_max_model_len", "bool", field(default=False)),  # --max-model-len auto: the longest that fits
-             ("tp_from_gpus", "bool", field(default=False))]  # --gpus N alone set tp = N
+             ("tp_from_gpus", "bool", field(default=False)),  # --gpus N alone (or with --pp) set tp
+             ("split_given", "str", field(default=""))]  # --gpus N with --tp or --pp ("tp", "pp"): the other took the rest
     return make_dataclass("Options", required + optional + extra, frozen=True, namespace={
         "__module__": __name__, "__post_init__": _validate,
         "__doc__": "Every estimate option, in base units (tokens, bytes); ``None`` means \"the default\".\n\n"
@@ -516,6 +539,7 @@ def options_from_values(values: dict[str, Any]) -> Any:
             near = difflib.get_close_matches(key, [o.name for o in OPTIONS if o.in_options], n=1, cutoff=0.6)
             raise InputError(f"unknown option {key!r}", f"did you mean {near[0]!r}?" if near else
                              "the options are the CLI flags with underscores: gpu, context, kv_dtype, ...")
+    _split_gpus(kwargs)
     if "context" not in kwargs and kwargs.get("max_model_len"):
         kwargs["context"] = kwargs["max_model_len"]  # a max_model_len given alone is the context planned
     options = Options(**kwargs)

@@ -357,7 +357,7 @@ def test_gpus_alone_implies_tensor_parallelism_and_says_so():
     assert (plan.options.tp, plan.options.pp, plan.options.gpu_count) == (8, 1, 8)
     assert any(n.startswith("--gpus 8 without --tp/--pp: tensor parallelism over all of them (tp 8)") for n in plan.notes)
     with pytest.raises(Exception, match="does not match --gpus 8"):
-        api.estimate("meta-llama/Llama-3.1-8B", gpus=8, tp=2)  # a contradiction stays an error
+        api.estimate("meta-llama/Llama-3.1-8B", gpus=8, tp=2, pp=2)  # a contradiction stays an error
 
 
 def test_a_yaml_context_past_max_model_len_is_located(tmp_path):

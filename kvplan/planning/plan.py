@@ -368,7 +368,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     )
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))
-    check_kv_budget(budget, gpu, options, rules.ENGINE)
+    check_kv_budget(budget, gpu, options, rules.ENGINE, layout)
     if engine.state_pool:  # the state pool's request slots come out of the budget first
         engine, budget = rules.split_state_pool(engine, budget, layers, max_num_seqs=options.max_num_seqs,
                                                 prefix_caching=prefix_caching)
@@ -376,13 +376,17 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                  memory.num_blocks(budget.kv_budget_bytes, layout), ssm_note)
 
 
-def check_kv_budget(budget: Budget, gpu: GpuInfo, options: Options, engine: str) -> None:
+def check_kv_budget(budget: Budget, gpu: GpuInfo, options: Options, engine: str, layout: memory.PoolLayout) -> None:
     """A given ``--kv-budget`` must fit on the device beside every other term the engine holds there (weights,
     activation, non-torch overhead, CUDA graphs): the engine allocates the cache it is told to and fails when the
     device has less, so a plan of more KV than the device holds is refused (one line with the device's figures),
-    never answered "fits". The CPU backend sized from the KV space alone has no device total to hold it to."""
+    never answered "fits". The CPU backend sized from the KV space alone has no device total to hold it to; a
+    budget that holds no block besides the null block answers itself (nothing fits: the low end of a plan whose
+    terms fill the device is planned so, :func:`kvplan.checks.capacity.low_end`)."""
     kv = options.kv_budget_bytes
     if kv is None or gpu.memory_source.startswith("--kv-budget"):
+        return
+    if memory.num_blocks(kv, layout) <= memory.NULL_BLOCKS:
         return
     room = budget.total_bytes - sum(t.bytes for t in budget.terms)
     if kv <= room:
@@ -526,7 +530,12 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
         notes.append(auto_note)
     if options.gpu_memory_bytes:
         notes.append(_gpu_memory_note(pool.gpu, options))
-    if options.tp_from_gpus:
+    if options.split_given:  # --gpus with --tp or --pp: the other took the rest
+        given, other = ("tp", "pp") if options.split_given == "tp" else ("pp", "tp")
+        kind = "pipeline" if other == "pp" else "tensor"
+        notes.append(f"--gpus {options.gpu_count} with --{given} {getattr(options, given)}: {kind} parallelism over "
+                     f"the rest ({other} {getattr(options, other)})")
+    elif options.tp_from_gpus:
         notes.append(f"--gpus {options.gpu_count} without --tp/--pp: tensor parallelism over all of them (tp "
                      f"{options.tp}); pass --tp and --pp to split them otherwise")
     if replicated:
