@@ -35,6 +35,8 @@ USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for th
 SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3", "ngram")  # --speculative: vLLM speculative_config methods
 PANEL_PLAN, PANEL_BUDGET, PANEL_MODEL, PANEL_HUB = "plan", "budget", "model", "hub"
 DEFAULT_GPU = "H100"
+DEFAULT_CONTEXT = 8192  # tokens per request when neither --context nor --max-model-len is given (at most the model's
+# maximum: vLLM's own default max_model_len is the model's maximum)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,7 +259,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides) (default 1; with --gpus "
         "and --tp, the rest).", default=1, flags=("--pp", "--pipeline-parallel-size"), cli_default=None),
     Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k (default: the "
-        "--max-model-len given, else 8192); a list (8k,32k) prints one row per context.", default=8192,
+        "--max-model-len given, else 8192 or the model's maximum where that is shorter); a list (8k,32k) prints one "
+        "row per context.", default=DEFAULT_CONTEXT,
         flags=("--context", "-c"), cli_default=None, compare=True),
     Opt("batch", "count", "Concurrent requests for the fits verdict and max context.", default=1,
         flags=("--batch", "-b")),
@@ -444,6 +447,20 @@ def check_context(context: int, max_model_len: int | None, *, auto: bool = False
                      "longer than max_model_len", f"raise --max-model-len to {context} or lower --context")
 
 
+def default_context(options: Any) -> bool:
+    """Whether ``options`` plan the default context (neither ``--context`` nor ``--max-model-len`` given), which
+    :func:`kvplan.planning.plan.plan_for_spec` lowers to a shorter model's maximum."""
+    return options.context_from_default and not options.max_model_len and options.context <= DEFAULT_CONTEXT
+
+
+def context_source(options: Any) -> str:
+    """Where the planned context came from: ``given`` (``--context``, or ``--max-model-len`` alone), ``default``
+    (:data:`~kvplan.options.DEFAULT_CONTEXT`) or ``model maximum`` (the default lowered to a shorter model's)."""
+    if not default_context(options):
+        return "given"
+    return "default" if options.context == DEFAULT_CONTEXT else "model maximum"
+
+
 def typed_value(opt: Opt, value: Any) -> Any:
     """An :class:`Options` value as the option takes it (:func:`options_from_values`, a YAML file): sizes as
     a number of GiB (bytes / 2^30, exact in a float), a calibration as its file's path, the rest as stored."""
@@ -493,7 +510,9 @@ def _options_class() -> type:
                  field(default=o.default)) for o in BY_FIELD.values() if o.name != "model"]
     extra = [("auto_max_model_len", "bool", field(default=False)),  # --max-model-len auto: the longest that fits
              ("tp_from_gpus", "bool", field(default=False)),  # --gpus N alone (or with --pp) set tp
-             ("split_given", "str", field(default=""))]  # --gpus N with --tp or --pp ("tp", "pp"): the other took the rest
+             ("split_given", "str", field(default="")),  # --gpus N with --tp or --pp ("tp", "pp"): the other took the rest
+             ("context_from_default", "bool", field(default=False))]  # neither --context nor --max-model-len given:
+    # the context is DEFAULT_CONTEXT, or the model's maximum where that is shorter (kvplan.planning.plan)
     return make_dataclass("Options", required + optional + extra, frozen=True, namespace={
         "__module__": __name__, "__post_init__": _validate,
         "__doc__": "Every estimate option, in base units (tokens, bytes); ``None`` means \"the default\".\n\n"
@@ -542,6 +561,8 @@ def options_from_values(values: dict[str, Any]) -> Any:
     _split_gpus(kwargs)
     if "context" not in kwargs and kwargs.get("max_model_len"):
         kwargs["context"] = kwargs["max_model_len"]  # a max_model_len given alone is the context planned
+    elif "context" not in kwargs:
+        kwargs["context_from_default"] = True  # the plan lowers it to a shorter model's maximum
     options = Options(**kwargs)
     check_context(options.context, options.max_model_len)
     return options

@@ -228,3 +228,23 @@ def test_validate_takes_every_estimate_option():
     estimate_options = set(inspect.signature(cli.estimate).parameters) - {"json_out", "brief"}  # output flags
     validate = typer.main.get_command(app).commands["validate"]
     assert estimate_options <= {p.name for p in validate.params}
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    # Qwen3-0.6B: 28 layers x 8 kv heads x 128 x 2 x 2 B = 114,688 B/token, 14 MiB per 128-token block; 0.25 GiB
+    # is 18 blocks = 2,304 tokens, short of one 32k request
+    (("Qwen/Qwen3-0.6B", *CPU, "--kv-budget", "0.25GiB", "--context", "32k"), "does not start"),
+    # the same plan on SGLang, whose pool caps a request instead of refusing to start
+    (("Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "sglang", "--kv-budget", "0.01GiB", "--context", "32k",
+      "--device", "cpu"), "nothing to validate"),
+    # a budget smaller than one block besides the null block
+    (("Qwen/Qwen3-0.6B", *CPU, "--kv-budget", "0.001GiB", "--context", "512"), "nothing to validate"),
+])
+def test_a_plan_of_no_request_is_bad_input_not_a_failed_validation(args, why):
+    # `validate` exited 1 ("FAIL") when the plan fits no request: nothing was measured, so nothing failed; every
+    # such plan (the engine refuses, its pool caps the request to nothing, no usable block) is one line, exit 2
+    r = runner.invoke(app, ["validate", *args])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvplan: error: ") and why in lines[0], r.output
+    assert "nothing to validate" in lines[0] and "FAIL" not in r.output

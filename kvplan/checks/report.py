@@ -320,6 +320,14 @@ def _describe_values(values: Mapping[str, Any]) -> str:
     return "row " + ", ".join(f"{'gpus' if k == 'gpu_count' else k}={v}" for k, v in shown.items())
 
 
+def _defaulted(pool: Pool, triple: tuple[int, int, int | None], values: Mapping[str, Any]) -> tuple[int, int, int | None]:
+    """An explicit row's (context, batch, max_model_len), its context the pool's where the row plans the default
+    (neither context nor max_model_len given: at most the model's maximum)."""
+    if "context" in values or "max_model_len" in values:
+        return triple
+    return (pool.plan.options.context, *triple[1:])
+
+
 def _row_values(values: Mapping[str, Any]) -> tuple[int, int, int | None]:
     """A row's (context, batch, max_model_len): a max_model_len given without a context is the context too
     (:func:`kvplan.options.options_from_values`' rule)."""
@@ -348,6 +356,10 @@ class Sweep:
         self._planner = _Planner(whatif, offline, token, calibration)  # calibration: --calibration's loaded file
         self.pool_axes = [a for a in whatif.axes if not set(a.names) <= set(ROW_AXES)]
         self.row_axes = [a for a in whatif.axes if set(a.names) <= set(ROW_AXES)]
+        # the sweep's rows plan the default context (no context or max_model_len anywhere): each pool's own, at most
+        # its model's maximum (kvplan.planning.plan.plan_for_spec)
+        self._context_defaulted = not {"context", "max_model_len"} & (set(whatif.defaults) |
+                                                                       {n for a in self.row_axes for n in a.names})
         self.num_rows = whatif.num_rows
         self.num_pools = (_count_of(self.pool_axes) if whatif.axes else 0) + len(whatif.scenarios)  # at most
         self._sweep_pools: list[tuple[dict[str, Any], Pool]] = []
@@ -436,13 +448,13 @@ class Sweep:
         contexts = {t[0] for t in self._row_triples()} if self._sweep_pools else set()
         for values, pool in self._sweep_pools:
             try:
-                for context in contexts:
+                for context in contexts if not self._context_defaulted else {pool.plan.options.context}:
                     pool.validate_context(context)
             except KvplanError as exc:
                 raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
         for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
             try:
-                pool.validate_context(_row_values(explicit.values)[0])
+                pool.validate_context(_defaulted(pool, _row_values(explicit.values), explicit.values)[0])
             except KvplanError as exc:
                 raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
 
@@ -454,6 +466,8 @@ class Sweep:
         for values, pool in self._sweep_pools:
             try:
                 for context, batch, mml in self._row_triples():
+                    if self._context_defaulted:  # the default context: the pool's (a shorter model's maximum)
+                        context = pool.plan.options.context
                     yield make_row(pool, context, batch, mml)
                     done += 1
             except KvplanError as exc:
@@ -461,7 +475,7 @@ class Sweep:
             if progress is not None:
                 progress(done, self.num_rows)
         for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
-            context, batch, mml = _row_values(explicit.values)
+            context, batch, mml = _defaulted(pool, _row_values(explicit.values), explicit.values)
             try:
                 yield make_row(pool, context, batch, mml, explicit.name)
             except KvplanError as exc:
@@ -492,7 +506,10 @@ class Sweep:
         from itertools import chain
 
         sweep_rows = ((None, t) for t in self._row_triples()) if self._sweep_pools else ()
-        explicit_rows = ((e.name, _row_values(e.values)) for e in self.whatif.scenarios)
+        if self._sweep_pools and self._context_defaulted:  # each pool's default context (a shorter model's maximum)
+            sweep_rows = ((None, (p.plan.options.context, *t[1:])) for _, p in self._sweep_pools for t in self._row_triples())
+        explicit_rows = ((e.name, _defaulted(p, _row_values(e.values), e.values))
+                         for e, p in zip(self.whatif.scenarios, self._explicit_pools))
         for name, (context, batch, mml) in chain(sweep_rows, explicit_rows):
             mml = mml or context
             sets["name"].add(name)

@@ -17,7 +17,8 @@ from kvplan.planning.weights import check_quantization, served_weights, weights_
 from kvplan.engines import Budget, Device, Engine, EngineDefaults, Features, Launch, Term, quantization_weights
 from kvplan.engines.registry import engine as engine_rules
 from kvplan.errors import InputError
-from kvplan.options import Options, check_context, option_values_of, options_from_values
+from kvplan.options import (DEFAULT_CONTEXT, Options, check_context, default_context, option_values_of,
+                            options_from_values)
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec, Overrides
 from kvplan.units import DType, GiB, MiB, parse_dtype, plural
 
@@ -380,7 +381,8 @@ def check_kv_budget(budget: Budget, gpu: GpuInfo, options: Options, engine: str,
     """A given ``--kv-budget`` must fit on the device beside every other term the engine holds there (weights,
     activation, non-torch overhead, CUDA graphs): the engine allocates the cache it is told to and fails when the
     device has less, so a plan of more KV than the device holds is refused (one line with the device's figures),
-    never answered "fits". The CPU backend sized from the KV space alone has no device total to hold it to; a
+    never answered "fits". The CPU backend's KV space must fit the host's total (the weights aside: the backend's
+    own sizing ignores them); sized from the KV space alone, it has no host total to hold it to; a
     budget that holds no block besides the null block answers itself (nothing fits: the low end of a plan whose
     terms fill the device is planned so, :func:`kvplan.checks.capacity.low_end`)."""
     kv = options.kv_budget_bytes
@@ -388,11 +390,14 @@ def check_kv_budget(budget: Budget, gpu: GpuInfo, options: Options, engine: str,
         return
     if memory.num_blocks(kv, layout) <= memory.NULL_BLOCKS:
         return
-    room = budget.total_bytes - sum(t.bytes for t in budget.terms)
+    # the CPU backend's KV space is host memory beside the weights, sized from the host's total alone (vLLM's own
+    # default is a share of it, kvplan.engines.vllm.cpu_kv_budget): it must fit the host, the weights aside
+    held = [] if gpu.is_cpu else [t for t in budget.terms if t.bytes]
+    room = budget.total_bytes - sum(t.bytes for t in held)
     if kv <= room:
         return
-    held = [t for t in budget.terms if t.bytes]
-    taken = " + ".join(f"{t.name} {t.bytes / GiB:,.2f}" for t in held) or "nothing"
+    taken = "".join(f" {'-' if i == 0 else '+'} {t.name} {t.bytes / GiB:,.2f}" for i, t in enumerate(held))
+    taken += " GiB" if held else ""
     what = "host" if gpu.is_cpu else "GPU"
     if options.gpu_memory_bytes:
         total = f"--gpu-memory {budget.total_bytes / GiB:,.2f} GiB"
@@ -401,7 +406,7 @@ def check_kv_budget(budget: Budget, gpu: GpuInfo, options: Options, engine: str,
     most = math.floor(room / GiB * 100) / 100
     hint = (f"give at most --kv-budget {most:.2f}GiB, or a {what} with more memory" if most > 0 else
             f"those terms alone fill the {what}: more tensor parallelism (--tp), or a {what} with more memory")
-    raise InputError(f"--kv-budget {kv / GiB:,.2f} GiB does not fit: {total} - {taken} GiB leaves "
+    raise InputError(f"--kv-budget {kv / GiB:,.2f} GiB does not fit: {total}{taken} leaves "
                      f"{room / GiB:,.2f} GiB for the KV cache, and {engine} would fail to allocate more", hint)
 
 
@@ -450,6 +455,8 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
     """
     pool = _pool(spec, options)
     deployment = _deployment(spec, pool)
+    pool, deployment, context_note = _default_context(spec, pool, deployment)
+    options = pool.options
     fixed, auto_note = options.max_model_len, None
     if options.auto_max_model_len:
         try:
@@ -461,7 +468,10 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
 
             raise InputError(exc.message, start_hint(spec, options, _planner(spec, source), pool.kv_dtype.bits,
                                                      pool.gpu.memory_bytes)) from None
-        check_context(options.context, fixed, auto=True)
+        if default_context(options) and options.context > fixed:  # the default context follows what auto chose
+            pool = replace(pool, options=replace(pool.options, context=fixed))
+            context_note = context_note or _default_context_note(fixed, "the longest --max-model-len auto starts with")
+        check_context(pool.options.context, fixed, auto=True)
     options, demand, blocks = pool.options, pool.demand, pool.blocks
     max_model_len = fixed or options.context
     deployment.rules.check_batching(pool.engine, max_model_len)
@@ -509,10 +519,26 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         fragmentation=frag,
         prefix=prefix,
         roofline=roofline,
-        notes=_notes(pool, spec, auto_note, replicated),
+        notes=_notes(pool, spec, auto_note, replicated) + ((context_note,) if context_note else ()),
         kv_range=kv_range(pool.budget, pool.engine, deployment, answer, options.tp, options.context, options.batch,
                           fixed, pool.gpu.is_cpu),
     )
+
+
+def _default_context_note(tokens: int, why: str) -> str:
+    return (f"context {tokens:,} tokens: {why}, below kvplan's default {DEFAULT_CONTEXT:,} (vLLM's own default "
+            "max_model_len is the model's maximum); --context sets another")
+
+
+def _default_context(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tuple[_Pool, Deployment, str | None]:
+    """The default context (:data:`~kvplan.options.DEFAULT_CONTEXT`) lowered to the model's maximum where that is
+    shorter (a 4k model's first run starts), re-planned there, and the note that says so; as given otherwise."""
+    options, limit = pool.options, deployment.model_length
+    if not default_context(options) or not limit.tokens or limit.tokens >= options.context:
+        return pool, deployment, None
+    options = replace(options, context=limit.tokens)
+    pool = _pool(spec, options)
+    return pool, _deployment(spec, pool), _default_context_note(limit.tokens, f"the model's maximum, {limit.rule}")
 
 
 def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], Plan]":

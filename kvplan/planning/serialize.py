@@ -13,6 +13,7 @@ from typing import Any
 
 from kvplan import memory
 from kvplan.model.spec import LayerCache, LayerKind
+from kvplan.options import context_source
 from kvplan.planning.weights import served_weights
 from kvplan.units import DType, parse_dtype, plural
 
@@ -137,6 +138,7 @@ def _assumptions(plan: Plan) -> dict[str, Any]:
         "block_size": plan.layout.block_size,
         "gpu_util": plan.budget.gpu_util,
         "context_tokens": o.context,
+        "context_source": context_source(o),
         "batch": o.batch,
         "max_model_len": plan.max_model_len,
         "max_num_batched_tokens": plan.max_num_batched_tokens,
