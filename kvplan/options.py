@@ -248,8 +248,9 @@ class Opt:
 
 OPTIONS: tuple[Opt, ...] = (
     Opt("model", "text", "Hub id, bundled id or local path", panel=""),
-    Opt("gpu", "gpu", "GPU from the catalogue (`kvplan gpus`), e.g. H100, a100-40gb, mi300x, cpu; a list "
-        "(H100,H200,MI300X) prints one row per GPU.", flags=("--gpu", "-g"), compare=True),
+    Opt("gpu", "gpu", f"GPU from the catalogue (`kvplan gpus`), e.g. H100, a100-40gb, mi300x, cpu; a list "
+        f"(H100,H200,MI300X) prints one row per GPU (default {DEFAULT_GPU}, unless --gpu-memory is given).",
+        flags=("--gpu", "-g"), compare=True),
     Opt("gpu_memory", "size_device", "GPU memory as the runtime reports it, e.g. 24GiB, 81559MiB (bare number = "
         "GiB, at most 1024; 80GB is 10^9 bytes x 80 = 74.51 GiB). Overrides the catalogue.", field="gpu_memory_bytes"),
     Opt("gpus", "count", "Number of GPUs (= tp x pp).", default=1, field="gpu_count", cli_default=None),

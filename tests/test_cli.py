@@ -202,3 +202,72 @@ def test_models_show_takes_vllms_kv_cache_dtype():
     r = run("models", "show", "meta-llama/Llama-3.1-8B", "--kv-cache-dtype", "fp8", "--json")
     fp8 = run("models", "show", "meta-llama/Llama-3.1-8B", "--kv-dtype", "fp8", "--json")
     assert r.exit_code == 0 and r.stdout == fp8.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# --help names the default GPU; shell completion offers GPU names, bundled models and dtypes
+
+
+def test_help_names_the_default_gpu():
+    from kvplan.options import DEFAULT_GPU
+
+    import re
+
+    r = runner.invoke(app, ["estimate", "--help"], env={"COLUMNS": "200"})
+    assert f"(default {DEFAULT_GPU}, unless --gpu-memory is given)" in " ".join(re.sub("[│╭╮╰╯─]", " ", r.output).split())
+
+
+def _completions(command: str, flag: str | None, incomplete: str) -> list[str]:
+    """What the shell completes for ``kvplan COMMAND [FLAG] INCOMPLETE``: typer's completion as a shell runs it
+    (zsh's protocol: the words in _TYPER_COMPLETE_ARGS, the values back in one ``_arguments`` line)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    words = " ".join(["kvplan", command, *(["x", flag] if flag else []), incomplete])
+    env = {**os.environ, "_TYPER_COMPLETE_ARGS": words, "_KVPLAN_COMPLETE": "complete_zsh"}
+    out = subprocess.run([sys.executable, "-m", "kvplan"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return re.findall(r'"([^"]*)"', out.stdout)
+
+
+@pytest.mark.parametrize("command", ["estimate", "validate", "models show"])
+def test_completion_offers_bundled_models(command):
+    from kvplan.model.sources import bundled_ids
+
+    got = _completions(command, None, "meta-llama/Llama-3.1-8")
+    assert got and set(got) <= set(bundled_ids()) and "meta-llama/Llama-3.1-8B" in got
+
+
+def test_every_option_with_names_completes_them():
+    # the class: every estimate option (and each other spelling of it) whose kind has names to offer completes
+    # them; a list option completes its last item
+    from kvplan.cli.options import COMPLETIONS, split_flags
+    from kvplan.options import CLI_OPTIONS
+
+    named = [o for o in CLI_OPTIONS if o.kind in COMPLETIONS]
+    assert {"gpu", "kv_dtype", "dtype", "engine", "usage_context", "speculative"} <= {o.name for o in named}
+    for opt in named:
+        own, others = split_flags(opt)
+        for flag in [f for f in own if f.startswith("--")] + [f for f, negates in others if not negates]:
+            assert _completions("estimate", flag, ""), (opt.name, flag)
+    assert {"H20-96GB", "H200-SXM-141GB"} <= set(_completions("estimate", "--gpu", "H2"))
+    assert _completions("estimate", "--gpu", "H100,mi3") and all(
+        c.startswith("H100,mi3") for c in _completions("estimate", "--gpu", "H100,mi3"))
+    assert set(_completions("estimate", "--kv-dtype", "fp8")) == {"fp8", "fp8_e4m3", "fp8_e5m2"}
+    assert set(_completions("validate", "--kv-cache-dtype", "int")) == {"int8", "int4"}
+    assert _completions("models show", "--kv-dtype", "b") == ["bf16"]
+    assert _completions("estimate", "--engine", "s") == ["sglang"]
+
+
+def test_completion_is_cheap():
+    # a completion runs on every <TAB>: no torch, no Hub client, no pydantic
+    import subprocess
+    import sys
+
+    code = ("import sys; from kvplan.cli.options import complete_gpu, complete_model, complete_kv_dtype; "
+            "complete_gpu('h'); complete_model('q'); complete_kv_dtype('f'); "
+            "print(sorted(m for m in ('torch', 'huggingface_hub', 'pydantic', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

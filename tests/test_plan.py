@@ -251,10 +251,15 @@ def test_max_model_len_auto_is_the_longest_that_starts():
                                       "context": "4k"}))
     assert p.max_model_len == 511 * 16
     assert p.answer.engine_starts and any("auto" in n for n in p.notes)
-    # a context longer than that is the same error as --context 8k --max-model-len 8176: vLLM rejects it
+    # a given context longer than that is the same error as --context 8k --max-model-len 8176: vLLM rejects it
     with pytest.raises(InputError, match="--context 8192 exceeds --max-model-len auto = 8176") as err:
-        estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto"}))
+        estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto",
+                                      "context": "8k"}))
     assert err.value.hint == "lower --context to 8176"
+    # the default context (none given) follows what auto chose, and says so
+    p = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto"}))
+    assert p.options.context == p.max_model_len == 8176
+    assert any(n.startswith("context 8,176 tokens: the longest --max-model-len auto starts with") for n in p.notes)
     # capped at max_position_embeddings when memory is plentiful
     big = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "max_model_len": "auto"}))
     assert big.max_model_len == big.spec.max_position_embeddings == 131_072
