@@ -149,13 +149,13 @@ def describe_requirement(key: str, required: Any, plan: Plan) -> str:
     if key == "concurrency":
         return f">= {plural(required, 'request')} at {plural(o.context, 'token')}{shared_prefix_words(plan)}"
     if key == "context":
-        return f">= {plural(required, 'token')} at batch {o.batch}{shared_prefix_words(plan)}"
+        return f">= {plural(required, 'token')} at batch {o.batch:,}{shared_prefix_words(plan)}"
     if key == "kv_tokens":
         return f">= {required:,} KV tokens (max_model_len {plan.max_model_len:,})"
     if key == "headroom_pct":
-        return f">= {required:g}% free after {o.batch} x {o.context:,}{shared_prefix_words(plan)}"
+        return f">= {required:g}% free after {o.batch:,} x {o.context:,}{shared_prefix_words(plan)}"
     if key == "fits":
-        return f"{o.batch} x {o.context:,} {'fits' if required else 'does not fit'}{shared_prefix_words(plan)}"
+        return f"{o.batch:,} x {o.context:,} {'fits' if required else 'does not fit'}{shared_prefix_words(plan)}"
     return f"engine {'starts' if required else 'does not start'} at max_model_len {plan.max_model_len:,}"
 
 

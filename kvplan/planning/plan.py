@@ -82,7 +82,7 @@ class Plan:
         return (f"Plan({self.spec.model_id} on {self.options.gpu_count}x {self.gpu.name}: "
                 f"{self.kv_bytes_per_token_gpu:,} B/token/GPU, KV budget {self.budget.kv_budget_bytes / GiB:.2f} GiB, "
                 f"{a.kv_tokens:,} KV tokens, {plural(a.max_requests, 'request')} at {plural(a.context, 'token')}, "
-                f"{'fits' if a.fits else 'does not fit'} {a.batch} x {a.context:,})")
+                f"{'fits' if a.fits else 'does not fit'} {a.batch:,} x {a.context:,})")
 
     @property
     def layout(self) -> memory.PoolLayout:

@@ -289,7 +289,7 @@ def _max_context_line(plan: "Plan") -> Text:
     """The longest context ``batch`` requests run at, and the max_model_len it holds for: the planned one when
     it caps it, else the one a launch needs (the launch line's is the context's)."""
     a, d = plan.answer, plan.deployment
-    line = Text.assemble((f"max context at batch {a.batch}: ", "bold"))
+    line = Text.assemble((f"max context at batch {a.batch:,}: ", "bold"))
     m, fixed = a.max_context_at_batch, plan.max_model_len_fixed
     if m < 1:
         line.append("none", style="bold red")
@@ -316,7 +316,7 @@ def _max_context_line(plan: "Plan") -> Text:
 def _verdict(plan: "Plan") -> Text:
     """``32 x 8,192 tokens: fits (... spare)`` or ``does NOT fit (why); try ...``."""
     a, lay = plan.answer, plan.layout
-    line = Text(f"{a.batch} x {plural(a.context, 'token')}: ")
+    line = Text(f"{a.batch:,} x {plural(a.context, 'token')}: ")
     if a.fits:
         line.append("fits", style="bold green")
         spare = plural(a.fits_margin_blocks * lay.block_size, "token")
@@ -411,6 +411,6 @@ def _paging_panel(plan: "Plan") -> Panel:
         r = plan.roofline
         knee = (f"KV reads match weight reads at batch {r.knee_batch:,.0f}" if r.knee_batch >= 1 else
                 "one request's KV reads exceed the weight reads")
-        more.append(f"\ndecode roofline at batch {r.batch}: >= {r.step_seconds * 1e3:.2f} ms/step, "
+        more.append(f"\ndecode roofline at batch {r.batch:,}: >= {r.step_seconds * 1e3:.2f} ms/step, "
                     f"<= {r.tokens_per_s:,.0f} tokens/s; {knee}")
     return Panel(more, title="paging, prefix, decode", title_align="left")

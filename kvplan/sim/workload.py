@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.io.yamldoc import ScenarioFileError, Where, YamlDoc, display_path, option_locations, read_yaml, validate_doc
 from kvplan.checks.fields import OPTION_FIELDS, finish_values, number, option_values
-from kvplan.units import check_number, plural
+from kvplan.units import check_number, fmt_seconds, plural
 from kvplan.sim.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
 
 # estimate options that make no sense for a simulation (the policies decide prefix caching; the
@@ -239,7 +239,7 @@ class Workload:
     def describe_traffic(self) -> str:
         """One line: how requests arrive and how long they are."""
         if self.closed_loop:
-            arrive = f"closed loop of {self.closed_loop.users} users, think {self.closed_loop.think_s:g} s"
+            arrive = f"closed loop of {self.closed_loop.users:,} users, think {fmt_seconds(self.closed_loop.think_s)}"
         elif self.rate:
             arrive = f"Poisson {self.rate:g} req/s"
         else:
@@ -251,7 +251,7 @@ class Workload:
             lengths = f"prompt {pre + ' + ' if pre else ''}{self.prompt.describe()}, output {self.output.describe()}"  # type: ignore[union-attr]
         stop = []
         if self.duration_s:
-            stop.append(f"{self.duration_s:g} s")
+            stop.append(fmt_seconds(self.duration_s))
         if self.num_requests:
             stop.append(f"{plural(self.num_requests, 'request')}")
         return f"{arrive}; {lengths}; {' or '.join(stop) or 'the whole trace'}; seed {self.seed}"
