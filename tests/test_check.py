@@ -244,3 +244,28 @@ def test_each_requirement_reads_each_word_once(tmp_path):
         assert len(words) == len(set(words)), text
     r = runner.invoke(app, ["check", str(tmp_path / "capacity.yaml"), "--offline"], env={"COLUMNS": "120"})
     assert "2 x 8,192 fits" in r.stdout and "fits 2 x" not in r.stdout and "engine_starts engine" not in r.stdout
+
+
+def test_junit_times_are_the_real_elapsed_seconds(tmp_path):
+    # every testsuite and testcase said time="0": each case carries the seconds its check took (a failing check
+    # re-plans its suggestions, so it takes longer than a passing one), the suite at least their sum; a file that
+    # cannot be checked carries the seconds it took to find that out
+    path = write(tmp_path, """\
+        - name: fits
+          require: {concurrency: 9}
+        - name: too-many
+          require: {concurrency: 10}
+        """)
+    junit = tmp_path / "junit.xml"
+    runner.invoke(app, ["check", str(path), "--offline", "--junit-xml", str(junit)])
+    root = ET.parse(junit).getroot()
+    suite = root.find("testsuite")
+    times = {c.get("name"): float(c.get("time")) for c in suite.iter("testcase")}
+    assert all(t > 0 for t in times.values()) and times["too-many"] > times["fits"], times
+    assert float(suite.get("time")) >= sum(times.values()) and float(root.get("time")) == float(suite.get("time"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n  - {name: a, require: {concurrency: 0}}\n")
+    runner.invoke(app, ["check", str(bad), "--offline", "--junit-xml", str(junit)])
+    for element in ET.parse(junit).getroot().iter():
+        if "time" in element.attrib:
+            assert float(element.get("time")) > 0, element.tag

@@ -271,3 +271,21 @@ def test_completion_is_cheap():
             "print(sorted(m for m in ('torch', 'huggingface_hub', 'pydantic', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_command_summary_reads_as_one_paragraph():
+    # `kvplan --help` broke validate's summary mid-sentence: a docstring's line break is kept by rich markup, so
+    # each command's (and subcommand's) summary paragraph is written on one line
+    import typer
+
+    def walk(group, path):
+        for name, cmd in getattr(group, "commands", {}).items():
+            yield f"{path} {name}", cmd
+            yield from walk(cmd, f"{path} {name}")
+
+    seen = 0
+    for path, cmd in walk(typer.main.get_command(app), "kvplan"):
+        summary = (cmd.help or "").strip().split("\n\n")[0]
+        assert summary and "\n" not in summary, (path, summary)
+        seen += 1
+    assert seen >= 11

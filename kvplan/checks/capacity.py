@@ -70,6 +70,7 @@ class CheckResult:
     plan: Plan
     outcomes: tuple[Outcome, ...]
     judged: str = "estimate"  # "estimate": kvplan's plan; "low end": the low end of its range (conservative)
+    elapsed_s: float = 0.0  # seconds this check took (its model resolved, planned, judged, suggestions re-planned)
 
     @property
     def passed(self) -> bool:
@@ -82,6 +83,7 @@ class CheckReport:
 
     file: str
     results: tuple[CheckResult, ...]
+    elapsed_s: float = 0.0  # seconds the whole file took (JUnit's testsuite time)
 
     @property
     def passed(self) -> bool:
@@ -354,14 +356,19 @@ def run_checks(capacity: CapacityFile, *, offline: bool = False, token: str | No
     ``conservative``: judge every check at the low end of its plan's range (``--conservative``)."""
     from kvplan.io.yamldoc import ScenarioFileError, combine_errors
 
+    import time
+
     resolve = resolve or spec_resolver(offline=offline, token=token)
     results, errors = [], list(capacity.mistakes)
+    started = time.perf_counter()
     for check in capacity.checks:
         try:
+            began = time.perf_counter()
             spec, source = resolve(check)
-            results.append(run_check(check, spec, source, calibration, conservative))
+            result = run_check(check, spec, source, calibration, conservative)
+            results.append(replace(result, elapsed_s=time.perf_counter() - began))
         except ScenarioFileError as exc:
             errors.append(exc)
     if errors:
         raise combine_errors(errors)
-    return CheckReport(capacity.display, tuple(results))
+    return CheckReport(capacity.display, tuple(results), time.perf_counter() - started)
