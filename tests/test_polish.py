@@ -77,3 +77,61 @@ def test_the_memory_plot_legend_clears_the_axis_label(gpus):
     names = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "overhead" in names and "cudagraph" in names and not any("+" in n for n in names)
     _pyplot().close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# thousands separators: every count kvplan computes and prints is grouped (`1,500 x 2,048`, not `1500 x 2,048`);
+# what is left bare is what a flag or a log line takes as typed (`--max-model-len 131072`, `max_total_num_tokens=`)
+
+import re  # noqa: E402
+
+_BARE = re.compile(r"(?<![\w.,/=+-])\d{4,}(?![\w.]|,\d)")  # 4+ digits, not part of a grouped number, id or decimal
+_AS_TYPED = re.compile(r"(--[a-z-]+|[a-z_]+=|try|was) ?\d+")  # a flag's value, a log line's key=value, a suggestion
+
+
+def _bare_numbers(text: str) -> list[str]:
+    text = _AS_TYPED.sub("", " ".join(re.sub(r"[│╭╮╰╯─┃┏┓┗┛━┡┩╇┳┻╋┼└┘┴┬├┤]", " ", text).split()))
+    return _BARE.findall(text)
+
+
+SCENARIOS = [dict(batch=1500, context=2048), dict(batch=1200, context=100_000, prefix_tokens=2000),
+             dict(batch=3, context=8192, max_num_seqs=2048), dict(batch=20_000, context=1024, kv_dtype="fp8")]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "google/gemma-3-27b-it", "Qwen/Qwen3-30B-A3B"])
+def test_every_figure_of_the_answer_and_paging_is_grouped(model, engine):
+    from rich.console import Console
+
+    import kvplan
+    from kvplan.render.estimate import _paging_panel, answer_lines, render_brief
+
+    for values in SCENARIOS:
+        p = kvplan.estimate(model, gpu="H200", engine=engine, **values)
+        console = Console(width=200, record=True, color_system=None)
+        for line in answer_lines(p):
+            console.print(line)
+        console.print(_paging_panel(p))
+        console.print(render_brief(p))
+        text = console.export_text()
+        assert _bare_numbers(text) == [], (model, engine, values, _bare_numbers(text), text)
+
+
+def test_every_figure_of_check_report_and_simulate_is_grouped(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+
+    runner = CliRunner()
+    (tmp_path / "c.yaml").write_text("defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100}\nchecks:\n"
+                                     "  - {name: many, batch: 1500, context: 2k, require: {fits: true, headroom_pct: 5}}\n"
+                                     "  - {name: long, context: 100k, require: {concurrency: 2000, context: 200000}}\n")
+    (tmp_path / "w.yaml").write_text("defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100}\n"
+                                     "sweep: {batch: [1500, 3000], context: [2k, 100k]}\noutputs: [out/r.csv]\n")
+    (tmp_path / "s.yaml").write_text("model: meta-llama/Llama-3.1-8B\ngpu: H100\narrivals: {rate: 5}\n"
+                                     "duration_s: 3600\nprompt_tokens: 1500\noutput_tokens: 10\nmax_num_seqs: 2048\n")
+    for args in (["check", str(tmp_path / "c.yaml")], ["report", str(tmp_path / "w.yaml")],
+                 ["simulate", str(tmp_path / "s.yaml")]):
+        r = runner.invoke(app, [*args, "--offline"], env={"COLUMNS": "200"})
+        assert r.exit_code in (0, 1), r.output
+        assert _bare_numbers(r.stdout) == [], (args[0], _bare_numbers(r.stdout), r.stdout)

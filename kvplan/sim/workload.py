@@ -171,10 +171,10 @@ class LengthDist:
 
     def describe(self) -> str:
         if self.kind == "fixed":
-            return f"{int(self.a)}"
+            return f"{int(self.a):,}"
         if self.kind == "uniform":
-            return f"uniform {int(self.a)}-{int(self.b)}"
-        return f"{self.kind} mean {self.a:g} std {self.b:g}"
+            return f"uniform {int(self.a):,}-{int(self.b):,}"
+        return f"{self.kind} mean {self.a:,g} std {self.b:,g}"
 
 
 def _length(value: Any, doc: YamlDoc, loc: tuple[Any, ...]) -> LengthDist | None:
