@@ -135,3 +135,28 @@ def test_every_figure_of_check_report_and_simulate_is_grouped(tmp_path):
         r = runner.invoke(app, [*args, "--offline"], env={"COLUMNS": "200"})
         assert r.exit_code in (0, 1), r.output
         assert _bare_numbers(r.stdout) == [], (args[0], _bare_numbers(r.stdout), r.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# one duration format: "3600 s" sat beside "3,600.0 s" (simulate's traffic line and its table)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0.25, "250 ms"), (1, "1.0 s"), (3600, "3,600.0 s"), (90_061.5, "90,061.5 s")])
+def test_one_duration_format(seconds, text):
+    from kvplan.units import fmt_seconds
+
+    assert fmt_seconds(seconds) == text
+
+
+def test_every_duration_a_simulation_prints_has_one_format(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+
+    (tmp_path / "s.yaml").write_text("model: meta-llama/Llama-3.1-8B\ngpu: H100\narrivals: {users: 2, think_s: 2}\n"
+                                     "duration_s: 3600\nprompt_tokens: 100\noutput_tokens: 10\n")
+    r = CliRunner().invoke(app, ["simulate", str(tmp_path / "s.yaml"), "--offline"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    durations = re.findall(r"([\d,.]+) (s|ms)\b", r.stdout)
+    assert durations and all(re.fullmatch(r"\d{1,3}(,\d{3})*\.\d", n) for n, unit in durations if unit == "s"), durations
+    assert "3,600.0 s" in r.stdout and "think 2.0 s" in r.stdout
