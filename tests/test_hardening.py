@@ -493,8 +493,8 @@ def test_a_huge_simulated_pool_is_refused_before_it_is_allocated(tmp_path):
     # kv_budget 8 TiB = 8 x 2^40 / 2^21 = 4,194,304 blocks of 2 MiB: ~680 MB of allocator state at 163 B a
     # block (the fuzz's worker grew to 24 GB before it was stopped); on a 16 TiB device, so the budget fits it
     path = tmp_path / "w.yaml"
-    path.write_text("model: meta-llama/Llama-3.1-8B\ngpu: H100\ngpu_memory: 16TiB\nkv_budget: 8TiB\nmax_model_len: 4096\n"
-                    "arrivals: {rate: 1}\n"
+    path.write_text("model: meta-llama/Llama-3.1-8B\ngpu_memory: 16TiB\nkv_budget: 8TiB\nmax_model_len: 4096\n"
+                    "timing: {prefill_s_per_token: 1.0e-6, decode_step_s: 0.01}\narrivals: {rate: 1}\n"
                     "num_requests: 10\nprompt_tokens: 10\noutput_tokens: 10\n")
     assert_one_line(kvplan("simulate", str(path), "--offline"), "blocks, past the 2,000,000 the simulator holds")
 

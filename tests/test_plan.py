@@ -345,3 +345,18 @@ def test_a_cpu_backend_sized_by_its_kv_space_alone_is_not_refused():
     # the CPU backend without a host size plans VLLM_CPU_KVCACHE_SPACE as given: there is no total to hold it to
     p = estimate(options_from_values({"model": LLAMA, "gpu": "cpu", "kv_budget": "900GiB", "context": "4k"}))
     assert p.budget.kv_budget_bytes == 900 * GiB
+
+
+def test_a_gpu_memory_past_what_the_named_gpu_has_is_refused():
+    # `--gpu H100 --gpu-memory 200GiB` planned 200 GiB on an H100. Over the catalogue: a named GPU takes any
+    # --gpu-memory up to what it has by any count (runtime total, nvidia-smi's, the box's), none above
+    from kvplan.gpus import load_gpus
+    from kvplan.units import MiB
+
+    for g in (g for g in load_gpus() if not g.is_cpu and g.memory_bytes):
+        counts = [g.memory_bytes, (g.smi_memory_mib or 0) * MiB, round((g.marketing_gb or 0) * GiB)]
+        for ok in {c for c in counts if c} | {g.memory_bytes // 2}:
+            p = estimate(Options(model="Qwen/Qwen3-0.6B", gpu=g.name, gpu_memory_bytes=ok))
+            assert p.gpu.memory_bytes == ok, g.name
+        with pytest.raises(InputError, match=f"is more than the {g.name} has"):
+            estimate(Options(model="Qwen/Qwen3-0.6B", gpu=g.name, gpu_memory_bytes=max(counts) + MiB))

@@ -182,6 +182,8 @@ def resolve_gpu(options: Options) -> GpuInfo:
 
     gpu = find_gpu(options.gpu) if options.gpu else None
     is_cpu = bool(gpu and gpu.is_cpu)
+    if gpu is not None and not is_cpu and gpu.memory_bytes and options.gpu_memory_bytes:
+        _check_gpu_memory(gpu, options.gpu_memory_bytes)
     memory_bytes = options.gpu_memory_bytes or (gpu.memory_bytes if gpu else None)
     source = "--gpu-memory" if options.gpu_memory_bytes else (gpu.memory_source if gpu else "")
     if memory_bytes is None and is_cpu and options.kv_budget_bytes:
@@ -197,6 +199,23 @@ def resolve_gpu(options: Options) -> GpuInfo:
                    gpu.interconnect if gpu else None, gpu.supports_bf16 if gpu else True,
                    gpu.compute_capability if gpu else None,
                    gpu.smi_memory_mib * MiB if gpu and gpu.smi_memory_mib and same_memory else None)
+
+
+def _check_gpu_memory(gpu: Any, given_bytes: int) -> None:
+    """``--gpu-memory`` with a named GPU may be less than it reports (a share of it) but not more than the part
+    has by any count (what the runtime reports, nvidia-smi's total, the size on its box): a plan on memory the
+    GPU does not have is refused, never answered."""
+    most = max(gpu.memory_bytes, (gpu.smi_memory_mib or 0) * MiB, round((gpu.marketing_gb or 0) * GiB))
+    if given_bytes <= most:
+        return
+    counts = [f"it reports {gpu.memory_bytes / GiB:,.2f} GiB"]
+    if gpu.smi_memory_mib:
+        counts.append(f"nvidia-smi {gpu.smi_memory_mib:,} MiB")
+    if gpu.marketing_gb:
+        counts.append(f"{gpu.marketing_gb:g} GB on the box")
+    raise InputError(f"--gpu-memory {given_bytes / GiB:,.2f} GiB is more than the {gpu.name} has ({', '.join(counts)})",
+                     "name the GPU that has it (`kvplan gpus`), or leave --gpu out: --gpu-memory alone plans a GPU "
+                     "of that size")
 
 
 def estimate(options: Options, token: str | None = None) -> Plan:
