@@ -262,7 +262,7 @@ def test_junit_times_are_the_real_elapsed_seconds(tmp_path):
     suite = root.find("testsuite")
     times = {c.get("name"): float(c.get("time")) for c in suite.iter("testcase")}
     assert all(t > 0 for t in times.values()) and times["too-many"] > times["fits"], times
-    assert float(suite.get("time")) >= sum(times.values()) and float(root.get("time")) == float(suite.get("time"))
+    assert float(suite.get("time")) >= sum(times.values()) - 0.002 and root.get("time") == suite.get("time")  # 3 decimals each
     bad = tmp_path / "bad.yaml"
     bad.write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n  - {name: a, require: {concurrency: 0}}\n")
     runner.invoke(app, ["check", str(bad), "--offline", "--junit-xml", str(junit)])

@@ -287,10 +287,15 @@ def spec_resolver(offline: bool = False, token: str | None = None) -> SpecResolv
     return resolve
 
 
-def _located(where: Where, message: str, hint: str | None) -> ScenarioError:
+def _located(check: CheckScenario, exc: KvplanError) -> ScenarioError:
+    """A planning error of ``check`` in the file's words, at the line of the key it names first (the check's
+    entry when the key is not the check's own or the defaults')."""
+    from kvplan.checks.fields import first_key, in_file_words
     from kvplan.io.yamldoc import ScenarioFileError
 
-    return ScenarioFileError(where, message, hint)
+    key = first_key(exc.message)
+    return ScenarioFileError(check.where_of(key) if key else check.where,
+                             f"check {check.name!r}: {in_file_words(exc.message)}", in_file_words(exc.hint))
 
 
 def check_options(check: CheckScenario, calibration: Any = None) -> Options:
@@ -304,7 +309,7 @@ def check_options(check: CheckScenario, calibration: Any = None) -> Options:
     try:
         return options_from_values(values)
     except KvplanError as exc:
-        raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
+        raise _located(check, exc) from None
 
 
 def low_end(plan: Plan, spec: ModelSpec) -> Plan:
@@ -326,7 +331,7 @@ def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: A
     try:
         plan = plan_for_spec(spec, options, source)
     except KvplanError as exc:
-        raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
+        raise _located(check, exc) from None
     judged, how, low = plan, "estimate", low_end(plan, spec)
     if conservative or check.conservative:
         judged, how = low, "low end"

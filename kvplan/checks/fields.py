@@ -8,6 +8,7 @@ underscores; ``gpus`` for ``--gpus``) and take the same spellings (``8k``, ``24G
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Callable, Mapping
 
 from pydantic import AfterValidator, BaseModel, Field, PlainValidator, WithJsonSchema
@@ -274,3 +275,49 @@ def finish_values(values: dict[str, Any]) -> dict[str, Any]:
     if values.get("gpu") is None and values.get("gpu_memory") is None:
         values["gpu"] = "H100"
     return values
+
+
+# ---------------------------------------------------------------------------------------------
+# a planning error in a file's words
+
+
+def _flag_keys() -> list[tuple[re.Pattern[str], str]]:
+    """Each CLI spelling of a file option (``--kv-budget``, ``--tensor-parallel-size``, ``--no-prefix-caching``) ->
+    the file's key, longest first (so ``--gpu-memory`` is not read as ``--gpu``)."""
+    pairs = []
+    for opt in YAML_OPTIONS:
+        for flag in opt.cli_flags:
+            for spelling in flag.split("/"):
+                if spelling.startswith("--"):
+                    pairs.append((spelling, opt.name))
+    pairs.sort(key=lambda p: -len(p[0]))
+    return [(re.compile(rf"(?<![\w-]){re.escape(flag)}(?![\w-])"), key) for flag, key in pairs]
+
+
+FLAG_KEYS = _flag_keys()
+
+
+def in_file_words(text: str | None) -> str | None:
+    """A planning message (or hint) of a file's scenario with each CLI flag written as the file's key
+    (``--kv-budget 90.00 GiB does not fit`` -> ``kv_budget 90.00 GiB does not fit``): the file has no flags."""
+    if not text:
+        return text
+    for pattern, key in FLAG_KEYS:
+        text = pattern.sub(key, text)
+    return text
+
+
+# keys a message may name as they are (the engine's own names: ``max_num_batched_tokens 16 is below ...``); only
+# those with an underscore, which no other word of a message is
+_NAMED_KEYS = [(re.compile(rf"(?<![\w-]){o.name}(?![\w-])"), o.name) for o in YAML_OPTIONS if "_" in o.name]
+
+
+def first_key(text: str) -> str | None:
+    """The file key of the first CLI flag ``text`` names (else of the first key it names as it is), where the
+    error is located, as the scenario's locations name it (``gpus`` -> ``gpu_count``), or None."""
+    hits = [(m.start(), key) for pattern, key in FLAG_KEYS for m in [pattern.search(text)] if m]
+    hits = hits or [(m.start(), key) for pattern, key in _NAMED_KEYS for m in [pattern.search(text)] if m]
+    if not hits:
+        return None
+    key = min(hits)[1]
+    return "gpu_count" if key == "gpus" else key

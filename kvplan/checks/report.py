@@ -308,8 +308,11 @@ class _Planner:
             spec, source = self.spec(pool_values, model_where)
             try:
                 plan = plan_for_spec(spec, options_from_values({**pool_values, **first_row}), source)
-            except KvplanError as exc:
-                raise ScenarioFileError(where, f"{_describe_values(pool_values)}: {exc.message}", exc.hint) from None
+            except KvplanError as exc:  # in the file's words (a row's values come from several lines)
+                from kvplan.checks.fields import in_file_words
+
+                raise ScenarioFileError(where, f"{_describe_values(pool_values)}: {in_file_words(exc.message)}",
+                                        in_file_words(exc.hint)) from None
             pool = self.pools[key] = Pool(plan, pool_values)
         return pool
 

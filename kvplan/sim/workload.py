@@ -621,6 +621,10 @@ def run_workload(workload: Workload, token: str | None = None, record_series: bo
                           work=work, force=force, progress=progress)
     except ScenarioError:
         raise
-    except KvplanError as exc:  # name the file (a merged option has no single line)
-        raise ScenarioFileError(workload.where, exc.message, exc.hint) from None
+    except KvplanError as exc:  # in the file's words, at the key it names first (else the file)
+        from kvplan.checks.fields import first_key, in_file_words
+
+        key = first_key(exc.message)
+        raise ScenarioFileError(workload.where_of(key) if key else workload.where, in_file_words(exc.message),
+                                in_file_words(exc.hint)) from None
     return WorkloadRun(workload, plan, result, notes + result.notes, capacity(workload, plan))
