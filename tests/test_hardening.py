@@ -364,10 +364,12 @@ def test_a_yaml_context_past_max_model_len_is_located(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n"
                     "  - name: long\n    context: 32k\n    max_model_len: 8k\n    require: {fits: true}\n")
-    line = assert_one_line(kvplan("check", str(path), "--offline"), "exceeds --max-model-len 8192")
-    assert "c.yaml:3:" in line
+    # in the file's words (its keys, not the CLI's flags), at the key the error names first
+    line = assert_one_line(kvplan("check", str(path), "--offline"), "context 32768 exceeds max_model_len 8192")
+    assert "c.yaml:4:" in line and "--" not in line
     path.write_text("defaults: {model: meta-llama/Llama-3.1-8B, max_model_len: 8k}\nsweep: {context: [4k, 32k]}\n")
-    assert_one_line(kvplan("report", str(path), "--offline"), "--context 32768 exceeds --max-model-len 8192")
+    line = assert_one_line(kvplan("report", str(path), "--offline"), "context 32768 exceeds max_model_len 8192")
+    assert "--" not in line
 
 
 def test_one_concurrent_request_is_singular():

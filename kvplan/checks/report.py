@@ -30,6 +30,7 @@ from kvplan import memory
 from kvplan.errors import InputError, KvplanError
 from kvplan.planning.plan import Plan, options_from_values, plan_for_spec
 from kvplan.options import PLAN_OPTIONS, ROW_AXES
+from kvplan.checks.fields import in_file_words
 from kvplan.checks.scenario import WhatIfFile, model_error
 from kvplan.io.yamldoc import ScenarioFileError, Where
 from kvplan.model.spec import ModelSpec, Overrides
@@ -309,8 +310,6 @@ class _Planner:
             try:
                 plan = plan_for_spec(spec, options_from_values({**pool_values, **first_row}), source)
             except KvplanError as exc:  # in the file's words (a row's values come from several lines)
-                from kvplan.checks.fields import in_file_words
-
                 raise ScenarioFileError(where, f"{_describe_values(pool_values)}: {in_file_words(exc.message)}",
                                         in_file_words(exc.hint)) from None
             pool = self.pools[key] = Pool(plan, pool_values)
@@ -441,25 +440,26 @@ class Sweep:
                 try:
                     check_context(context, mml)
                 except KvplanError as exc:
-                    raise ScenarioFileError(whatif.where, exc.message, exc.hint) from None
+                    raise ScenarioFileError(whatif.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
         for explicit in whatif.scenarios:
             context, _, mml = _row_values(explicit.values)
             try:
                 check_context(context, mml)
             except KvplanError as exc:
-                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+                raise ScenarioFileError(explicit.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
         contexts = {t[0] for t in self._row_triples()} if self._sweep_pools else set()
         for values, pool in self._sweep_pools:
             try:
                 for context in contexts if not self._context_defaulted else {pool.plan.options.context}:
                     pool.validate_context(context)
             except KvplanError as exc:
-                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
+                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {in_file_words(exc.message)}",
+                                        in_file_words(exc.hint)) from None
         for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
             try:
                 pool.validate_context(_defaulted(pool, _row_values(explicit.values), explicit.values)[0])
             except KvplanError as exc:
-                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+                raise ScenarioFileError(explicit.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
 
     # ---- rows ---------------------------------------------------------------------------------
     def rows(self, progress: Progress | None = None) -> Iterator[Row]:
@@ -474,7 +474,8 @@ class Sweep:
                     yield make_row(pool, context, batch, mml)
                     done += 1
             except KvplanError as exc:
-                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
+                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {in_file_words(exc.message)}",
+                                        in_file_words(exc.hint)) from None
             if progress is not None:
                 progress(done, self.num_rows)
         for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
@@ -482,7 +483,7 @@ class Sweep:
             try:
                 yield make_row(pool, context, batch, mml, explicit.name)
             except KvplanError as exc:
-                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+                raise ScenarioFileError(explicit.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
             done += 1
         if progress is not None:
             progress(done, self.num_rows)

@@ -545,7 +545,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
 
 
 def _default_context_note(tokens: int, why: str) -> str:
-    return (f"context {tokens:,} tokens: {why}, below kvplan's default {DEFAULT_CONTEXT:,} (vLLM's own default "
+    return (f"context {plural(tokens, 'token')}: {why}, below kvplan's default {DEFAULT_CONTEXT:,} (vLLM's own default "
             "max_model_len is the model's maximum); --context sets another")
 
 
