@@ -35,6 +35,8 @@ USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for th
 SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3", "ngram")  # --speculative: vLLM speculative_config methods
 PANEL_PLAN, PANEL_BUDGET, PANEL_MODEL, PANEL_HUB = "plan", "budget", "model", "hub"
 DEFAULT_GPU = "H100"
+DEFAULT_CONTEXT = 8192  # tokens per request when neither --context nor --max-model-len is given (at most the model's
+# maximum: vLLM's own default max_model_len is the model's maximum)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,17 +248,20 @@ class Opt:
 
 OPTIONS: tuple[Opt, ...] = (
     Opt("model", "text", "Hub id, bundled id or local path", panel=""),
-    Opt("gpu", "gpu", "GPU from the catalogue (`kvplan gpus`), e.g. H100, a100-40gb, mi300x, cpu; a list "
-        "(H100,H200,MI300X) prints one row per GPU.", flags=("--gpu", "-g"), compare=True),
+    Opt("gpu", "gpu", f"GPU from the catalogue (`kvplan gpus`), e.g. H100, a100-40gb, mi300x, cpu; a list "
+        f"(H100,H200,MI300X) prints one row per GPU (default {DEFAULT_GPU}, unless --gpu-memory is given).",
+        flags=("--gpu", "-g"), compare=True),
     Opt("gpu_memory", "size_device", "GPU memory as the runtime reports it, e.g. 24GiB, 81559MiB (bare number = "
         "GiB, at most 1024; 80GB is 10^9 bytes x 80 = 74.51 GiB). Overrides the catalogue.", field="gpu_memory_bytes"),
     Opt("gpus", "count", "Number of GPUs (= tp x pp).", default=1, field="gpu_count", cli_default=None),
     Opt("tp", "count", "Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights; a list "
-        "(1,2,4) prints one row per size.", default=1, flags=("--tp", "--tensor-parallel-size"), compare=True),
-    Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides).", default=1,
-        flags=("--pp", "--pipeline-parallel-size")),
+        "(1,2,4) prints one row per size (default 1; with --gpus N alone, N; with --gpus and --pp, the rest).",
+        default=1, flags=("--tp", "--tensor-parallel-size"), compare=True, cli_default=None),
+    Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides) (default 1; with --gpus "
+        "and --tp, the rest).", default=1, flags=("--pp", "--pipeline-parallel-size"), cli_default=None),
     Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k (default: the "
-        "--max-model-len given, else 8192); a list (8k,32k) prints one row per context.", default=8192,
+        "--max-model-len given, else 8192 or the model's maximum where that is shorter); a list (8k,32k) prints one "
+        "row per context.", default=DEFAULT_CONTEXT,
         flags=("--context", "-c"), cli_default=None, compare=True),
     Opt("batch", "count", "Concurrent requests for the fits verdict and max context.", default=1,
         flags=("--batch", "-b")),
@@ -452,6 +457,20 @@ def check_context(context: int, max_model_len: int | None, *, auto: bool = False
                      "longer than max_model_len", f"raise --max-model-len to {context} or lower --context")
 
 
+def default_context(options: Any) -> bool:
+    """Whether ``options`` plan the default context (neither ``--context`` nor ``--max-model-len`` given), which
+    :func:`kvplan.planning.plan.plan_for_spec` lowers to a shorter model's maximum."""
+    return options.context_from_default and not options.max_model_len and options.context <= DEFAULT_CONTEXT
+
+
+def context_source(options: Any) -> str:
+    """Where the planned context came from: ``given`` (``--context``, or ``--max-model-len`` alone), ``default``
+    (:data:`~kvplan.options.DEFAULT_CONTEXT`) or ``model maximum`` (the default lowered to a shorter model's)."""
+    if not default_context(options):
+        return "given"
+    return "default" if options.context == DEFAULT_CONTEXT else "model maximum"
+
+
 def typed_value(opt: Opt, value: Any) -> Any:
     """An :class:`Options` value as the option takes it (:func:`options_from_values`, a YAML file): sizes as
     a number of GiB (bytes / 2^30, exact in a float), a calibration as its file's path, the rest as stored."""
@@ -474,12 +493,36 @@ def option_values_of(options: Any, resolved: dict[str, Any]) -> dict[str, Any]:
             for o in PLAN_OPTIONS}
 
 
+def _split_gpus(kwargs: dict[str, Any]) -> None:
+    """``--gpus N`` with one of ``--tp`` / ``--pp`` given: the other takes the rest (``--gpus 2 --tp 1`` is pp 2,
+    a note says so); both given must multiply to N. ``--gpus N`` alone is tensor parallelism over all N
+    (:class:`Options`). Values as :func:`options_from_values` parsed them, in place."""
+    gpus, tp, pp = kwargs.get("gpu_count"), kwargs.get("tp"), kwargs.get("pp")
+    if not _positive(gpus) or (tp is None and pp is None) or not all(v is None or _positive(v) for v in (tp, pp)):
+        return  # nothing to split (Options checks each value)
+    if tp is not None and pp is not None:
+        if tp * pp != gpus:
+            raise InputError(f"--tp {tp} x --pp {pp} = {tp * pp} does not match --gpus {gpus}", "set --gpus to tp x pp")
+        return
+    given, other, n = ("tp", "pp", tp) if tp is not None else ("pp", "tp", pp)
+    if gpus % n:
+        raise InputError(f"--gpus {gpus} is not a multiple of --{given} {n}: the rest cannot be split evenly by --{other}",
+                         f"give --gpus as tp x pp (e.g. --gpus {-(-gpus // n) * n}), or both --tp and --pp")
+    kwargs[other] = gpus // n
+    if gpus // n > 1:
+        kwargs["split_given"] = given
+        kwargs["tp_from_gpus"] = other == "tp"
+
+
 def _options_class() -> type:
     required = [(o.field_name, KINDS[o.kind].field_type) for o in BY_FIELD.values() if o.name == "model"]
     optional = [(o.field_name, f"{KINDS[o.kind].field_type} | None" if o.default is None else KINDS[o.kind].field_type,
                  field(default=o.default)) for o in BY_FIELD.values() if o.name != "model"]
     extra = [("auto_max_model_len", "bool", field(default=False)),  # --max-model-len auto: the longest that fits
-             ("tp_from_gpus", "bool", field(default=False))]  # --gpus N alone set tp = N
+             ("tp_from_gpus", "bool", field(default=False)),  # --gpus N alone (or with --pp) set tp
+             ("split_given", "str", field(default="")),  # --gpus N with --tp or --pp ("tp", "pp"): the other took the rest
+             ("context_from_default", "bool", field(default=False))]  # neither --context nor --max-model-len given:
+    # the context is DEFAULT_CONTEXT, or the model's maximum where that is shorter (kvplan.planning.plan)
     return make_dataclass("Options", required + optional + extra, frozen=True, namespace={
         "__module__": __name__, "__post_init__": _validate,
         "__doc__": "Every estimate option, in base units (tokens, bytes); ``None`` means \"the default\".\n\n"
@@ -525,8 +568,11 @@ def options_from_values(values: dict[str, Any]) -> Any:
             near = difflib.get_close_matches(key, [o.name for o in OPTIONS if o.in_options], n=1, cutoff=0.6)
             raise InputError(f"unknown option {key!r}", f"did you mean {near[0]!r}?" if near else
                              "the options are the CLI flags with underscores: gpu, context, kv_dtype, ...")
+    _split_gpus(kwargs)
     if "context" not in kwargs and kwargs.get("max_model_len"):
         kwargs["context"] = kwargs["max_model_len"]  # a max_model_len given alone is the context planned
+    elif "context" not in kwargs:
+        kwargs["context_from_default"] = True  # the plan lowers it to a shorter model's maximum
     options = Options(**kwargs)
     check_context(options.context, options.max_model_len)
     return options

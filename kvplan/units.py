@@ -196,6 +196,12 @@ def plural(n: int | float, noun: str, plural_form: str | None = None) -> str:
     return f"{n:,} {word}"
 
 
+def fmt_seconds(seconds: float) -> str:
+    """A duration as every output prints it: ``250 ms`` below a second, else ``3,600.0 s`` (one decimal, thousands
+    separated), so two durations of one output never read in two formats."""
+    return f"{seconds * 1000:,.0f} ms" if abs(seconds) < 1 else f"{seconds:,.1f} s"
+
+
 def fmt_tokens(n: int) -> str:
     """``131072`` -> ``'131,072'``."""
     return f"{n:,}"

@@ -127,3 +127,47 @@ def test_gpus_alone_errors_speak_of_gpus():
     line = assert_one_line(run("estimate", LLAMA, "--gpus", "3"))
     assert line.startswith("kvplan: error: --gpus 3 (tensor parallelism over all of them) does not divide")
     assert "--tp 3" not in line
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+@pytest.mark.parametrize("given", ["tp", "pp"])
+def test_gpus_with_one_of_tp_pp_honours_it_and_splits_the_rest(gpus, given):
+    # `--gpus 2 --tp 1` was planned as tp 2 (a note said no --tp was given): a given tp or pp is never replaced;
+    # the other takes the rest, and the plan says so
+    from kvplan.planning.plan import estimate
+
+    other = "pp" if given == "tp" else "tp"
+    for n in (d for d in (1, 2, 4, 8) if d <= gpus and gpus % d == 0):
+        o = options_from_values({"model": "meta-llama/Llama-3.1-8B", "gpus": gpus, given: n})
+        assert (getattr(o, given), getattr(o, other), o.gpu_count) == (n, gpus // n, gpus), (given, n)
+        notes = [x for x in estimate(o).notes if x.startswith(f"--gpus {gpus}")]
+        if gpus // n > 1:  # the rest is split: one note names the given flag and the size the rest took
+            kind = "pipeline" if other == "pp" else "tensor"
+            assert notes == [f"--gpus {gpus} with --{given} {n}: {kind} parallelism over the rest ({other} {gpus // n})"]
+        else:
+            assert notes == []
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"gpus": 3, "tp": 2}, "--gpus 3 is not a multiple of --tp 2"),
+    ({"gpus": 6, "pp": 4}, "--gpus 6 is not a multiple of --pp 4"),
+    ({"gpus": 2, "tp": 1, "pp": 1}, "--tp 1 x --pp 1 = 1 does not match --gpus 2"),
+    ({"gpus": 8, "tp": 2, "pp": 2}, "--tp 2 x --pp 2 = 4 does not match --gpus 8"),
+])
+def test_gpus_that_tp_and_pp_cannot_make_are_refused(values, message):
+    with pytest.raises(InputError, match=message):
+        options_from_values({"model": "m", **values})
+
+
+def test_gpus_and_tp_on_the_command_line_are_honoured():
+    # the CLI passes --tp/--pp only when given (their default is not sent), so `--tp 1` is a user's tp 1
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+
+    r = CliRunner().invoke(app, ["estimate", "meta-llama/Llama-3.1-8B", "--gpus", "2", "--tp", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    a = json.loads(r.stdout)["assumptions"]
+    assert (a["gpu_count"], a["tp"], a["pp"]) == (2, 1, 2)

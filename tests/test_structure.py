@@ -73,7 +73,7 @@ def test_every_option_is_declared_once_in_the_table() -> None:
         assert {o.name for o in CLI_OPTIONS} <= params, name
     assert list(OPTION_FIELDS) == [o.name for o in YAML_OPTIONS] == list(OptionsModel.model_fields)
     assert {f.name for f in fields(Options)} == ({o.field_name for o in OPTIONS if o.in_options}
-                                                 | {"auto_max_model_len", "tp_from_gpus"})
+                                                 | {"auto_max_model_len", "tp_from_gpus", "split_given", "context_from_default"})
     # every option a user can type is in the CLI and (except the Hub token) in the YAML files
     assert {o.name for o in OPTIONS if o.panel} | {"model"} == {o.name for o in YAML_OPTIONS} | {"token"}
 

@@ -76,3 +76,14 @@ def test_scaled_is_the_exact_floor_and_ceiling_of_the_product(n, factor):
 
     exact = Fraction(n) * Fraction(factor)
     assert scaled(n, factor) == math.floor(exact) and scaled(n, factor, ceil=True) == math.ceil(exact)
+
+
+# ---------------------------------------------------------------------------------------------
+# one duration format: "3600 s" sat beside "3,600.0 s" (simulate's traffic line and its table)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0.25, "250 ms"), (1, "1.0 s"), (3600, "3,600.0 s"), (90_061.5, "90,061.5 s")])
+def test_one_duration_format(seconds, text):
+    from kvplan.units import fmt_seconds
+
+    assert fmt_seconds(seconds) == text

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from kvplan import memory
 from kvplan.errors import KvplanError, ScenarioError
+from kvplan.planning.answer import null_block_words
 from kvplan.planning.plan import Options, Plan, options_from_values, plan_for_spec
 from kvplan.checks.scenario import CapacityFile, CheckScenario, model_error
 from kvplan.planning.suggest import (
@@ -71,6 +72,7 @@ class CheckResult:
     plan: Plan
     outcomes: tuple[Outcome, ...]
     judged: str = "estimate"  # "estimate": kvplan's plan; "low end": the low end of its range (conservative)
+    elapsed_s: float = 0.0  # seconds this check took (its model resolved, planned, judged, suggestions re-planned)
 
     @property
     def passed(self) -> bool:
@@ -83,6 +85,7 @@ class CheckReport:
 
     file: str
     results: tuple[CheckResult, ...]
+    elapsed_s: float = 0.0  # seconds the whole file took (JUnit's testsuite time)
 
     @property
     def passed(self) -> bool:
@@ -150,13 +153,13 @@ def describe_requirement(key: str, required: Any, plan: Plan) -> str:
     if key == "concurrency":
         return f">= {plural(required, 'request')} at {plural(o.context, 'token')}{shared_prefix_words(plan)}"
     if key == "context":
-        return f">= {plural(required, 'token')} at batch {o.batch}{shared_prefix_words(plan)}"
+        return f">= {plural(required, 'token')} at batch {o.batch:,}{shared_prefix_words(plan)}"
     if key == "kv_tokens":
         return f">= {required:,} KV tokens (max_model_len {plan.max_model_len:,})"
     if key == "headroom_pct":
-        return f">= {required:g}% free after {o.batch} x {o.context:,}{shared_prefix_words(plan)}"
+        return f">= {required:g}% free after {o.batch:,} x {o.context:,}{shared_prefix_words(plan)}"
     if key == "fits":
-        return f"{o.batch} x {o.context:,} {'fits' if required else 'does not fit'}{shared_prefix_words(plan)}"
+        return f"{o.batch:,} x {o.context:,} {'fits' if required else 'does not fit'}{shared_prefix_words(plan)}"
     return f"engine {'starts' if required else 'does not start'} at max_model_len {plan.max_model_len:,}"
 
 
@@ -186,7 +189,8 @@ def evaluate(key: str, required: Any, plan: Plan) -> Outcome:
             message += f" (max_num_seqs {a.max_num_seqs:,} runs at most {plural(a.max_num_seqs, 'request')} at once)"
         else:
             short = -a.fits_margin_blocks
-            message += f" (short by {plural(short, 'block')} = {short * plan.layout.block_size:,} token slots)"
+            message += (f" (short by {plural(short, 'block')} = {short * plan.layout.block_size:,} token slots; "
+                        f"{null_block_words(plan.engine.engine)})")
     return Outcome(key, required, actual, margin, unit, passed, message)
 
 
@@ -330,10 +334,15 @@ def spec_resolver(offline: bool = False, token: str | None = None) -> SpecResolv
     return resolve
 
 
-def _located(where: Where, message: str, hint: str | None) -> ScenarioError:
+def _located(check: CheckScenario, exc: KvplanError) -> ScenarioError:
+    """A planning error of ``check`` in the file's words, at the line of the key it names first (the check's
+    entry when the key is not the check's own or the defaults')."""
+    from kvplan.checks.fields import first_key, in_file_words
     from kvplan.io.yamldoc import ScenarioFileError
 
-    return ScenarioFileError(where, message, hint)
+    key = first_key(exc.message)
+    return ScenarioFileError(check.where_of(key) if key else check.where,
+                             f"check {check.name!r}: {in_file_words(exc.message)}", in_file_words(exc.hint))
 
 
 def check_options(check: CheckScenario, calibration: Any = None) -> Options:
@@ -347,7 +356,7 @@ def check_options(check: CheckScenario, calibration: Any = None) -> Options:
     try:
         return options_from_values(values)
     except KvplanError as exc:
-        raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
+        raise _located(check, exc) from None
 
 
 def low_end(plan: Plan, spec: ModelSpec) -> Plan:
@@ -369,7 +378,7 @@ def run_check(check: CheckScenario, spec: ModelSpec, source: str, calibration: A
     try:
         plan = plan_for_spec(spec, options, source)
     except KvplanError as exc:
-        raise _located(check.where, f"check {check.name!r}: {exc.message}", exc.hint) from None
+        raise _located(check, exc) from None
     judged, how, low = plan, "estimate", low_end(plan, spec)
     if conservative or check.conservative:
         judged, how = low, "low end"
@@ -399,14 +408,19 @@ def run_checks(capacity: CapacityFile, *, offline: bool = False, token: str | No
     ``conservative``: judge every check at the low end of its plan's range (``--conservative``)."""
     from kvplan.io.yamldoc import ScenarioFileError, combine_errors
 
+    import time
+
     resolve = resolve or spec_resolver(offline=offline, token=token)
     results, errors = [], list(capacity.mistakes)
+    started = time.perf_counter()
     for check in capacity.checks:
         try:
+            began = time.perf_counter()
             spec, source = resolve(check)
-            results.append(run_check(check, spec, source, calibration, conservative))
+            result = run_check(check, spec, source, calibration, conservative)
+            results.append(replace(result, elapsed_s=time.perf_counter() - began))
         except ScenarioFileError as exc:
             errors.append(exc)
     if errors:
         raise combine_errors(errors)
-    return CheckReport(capacity.display, tuple(results))
+    return CheckReport(capacity.display, tuple(results), time.perf_counter() - started)

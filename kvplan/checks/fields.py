@@ -8,12 +8,14 @@ underscores; ``gpus`` for ``--gpus``) and take the same spellings (``8k``, ``24G
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Callable, Mapping
 
-from pydantic import BaseModel, Field, PlainValidator, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, Field, PlainValidator, WithJsonSchema
 
 from kvplan.errors import InputError, KvplanError
-from kvplan.options import ENGINE_NAMES, SPECULATIVE_METHODS, USAGE_CONTEXTS, YAML_OPTIONS
+from kvplan.limits import MAX_COUNT, MAX_TOKENS
+from kvplan.options import ENGINE_NAMES, SPECULATIVE_METHODS, USAGE_CONTEXTS, YAML_OPTIONS, Opt
 
 # ---------------------------------------------------------------------------------------------
 # value types (one validator each; the message says what was expected)
@@ -208,6 +210,28 @@ UsageContext = expect_type("serve (`vllm serve`) or llm (the LLM class)", _usage
 Speculative = expect_type("a speculative decoding method: " + ", ".join(SPECULATIVE_METHODS), _speculative,
                           {"type": "string", "enum": list(SPECULATIVE_METHODS)})
 
+def at_most(typ: Any, high: int, size: bool = False) -> Any:
+    """``typ`` that also holds its value to at most ``high`` (base units: a size is parsed to bytes), the bound
+    the CLI flag has (:attr:`kvplan.options.Opt.limit`): a YAML value past it is reported at its own key."""
+    def check(value: Any) -> Any:
+        from kvplan.units import fmt_bytes, parse_gib
+
+        n = parse_gib(value) if size else value
+        if isinstance(n, (int, float)) and not isinstance(n, bool) and n > high:
+            most = fmt_bytes(high) if size else f"{high:,}"
+            raise ValueError(f"must be at most {most} (a value this large is a typo or a unit mix-up)")
+        return value
+
+    return Annotated[typ, AfterValidator(check)]
+
+
+def option_type(opt: Opt) -> Any:
+    """The YAML type of one option: its kind's (:data:`KIND_TYPES`, ``gpus``: :data:`NAMED_TYPES`), bounded by
+    the option's limit where it has one."""
+    typ = NAMED_TYPES.get(opt.name, KIND_TYPES[opt.kind])
+    return typ if opt.limit is None else at_most(typ, opt.limit, size=opt.kind.startswith("size"))
+
+
 # the YAML type of each kind of option (kvplan.options.KINDS)
 KIND_TYPES: dict[str, Any] = {
     "text": Text, "revision": Revision, "version": Text, "gpu": GpuName, "dtype": ModelDType, "kv_dtype": KvDType,
@@ -220,8 +244,10 @@ KIND_TYPES: dict[str, Any] = {
 # those of kvplan.options.options_from_values (the CLI flags with underscores; `gpus` = --gpus).
 GpuCount = expect_type("a positive integer (the number of GPUs)", _gpu_count, {"type": "integer", "minimum": 1})
 NAMED_TYPES: dict[str, Any] = {"gpus": GpuCount}  # options whose YAML type is not their kind's
-OPTION_FIELDS: dict[str, tuple[Any, str]] = {o.name: (NAMED_TYPES.get(o.name, KIND_TYPES[o.kind]), o.help)
-                                             for o in YAML_OPTIONS}
+OPTION_FIELDS: dict[str, tuple[Any, str]] = {o.name: (option_type(o), o.help) for o in YAML_OPTIONS}
+# a requirement's bound is that of the option it becomes or is compared with (``concurrency`` is the batch)
+Requests = at_most(PositiveInt, MAX_COUNT)
+RequiredTokens = at_most(Tokens, MAX_TOKENS)
 
 
 def option_fields(wrap: Callable[[Any], Any] = lambda t: t, min_length: int | None = None) -> dict[str, Any]:
@@ -249,3 +275,49 @@ def finish_values(values: dict[str, Any]) -> dict[str, Any]:
     if values.get("gpu") is None and values.get("gpu_memory") is None:
         values["gpu"] = "H100"
     return values
+
+
+# ---------------------------------------------------------------------------------------------
+# a planning error in a file's words
+
+
+def _flag_keys() -> list[tuple[re.Pattern[str], str]]:
+    """Each CLI spelling of a file option (``--kv-budget``, ``--tensor-parallel-size``, ``--no-prefix-caching``) ->
+    the file's key, longest first (so ``--gpu-memory`` is not read as ``--gpu``)."""
+    pairs = []
+    for opt in YAML_OPTIONS:
+        for flag in opt.cli_flags:
+            for spelling in flag.split("/"):
+                if spelling.startswith("--"):
+                    pairs.append((spelling, opt.name))
+    pairs.sort(key=lambda p: -len(p[0]))
+    return [(re.compile(rf"(?<![\w-]){re.escape(flag)}(?![\w-])"), key) for flag, key in pairs]
+
+
+FLAG_KEYS = _flag_keys()
+
+
+def in_file_words(text: str | None) -> str | None:
+    """A planning message (or hint) of a file's scenario with each CLI flag written as the file's key
+    (``--kv-budget 90.00 GiB does not fit`` -> ``kv_budget 90.00 GiB does not fit``): the file has no flags."""
+    if not text:
+        return text
+    for pattern, key in FLAG_KEYS:
+        text = pattern.sub(key, text)
+    return text
+
+
+# keys a message may name as they are (the engine's own names: ``max_num_batched_tokens 16 is below ...``); only
+# those with an underscore, which no other word of a message is
+_NAMED_KEYS = [(re.compile(rf"(?<![\w-]){o.name}(?![\w-])"), o.name) for o in YAML_OPTIONS if "_" in o.name]
+
+
+def first_key(text: str) -> str | None:
+    """The file key of the first CLI flag ``text`` names (else of the first key it names as it is), where the
+    error is located, as the scenario's locations name it (``gpus`` -> ``gpu_count``), or None."""
+    hits = [(m.start(), key) for pattern, key in FLAG_KEYS for m in [pattern.search(text)] if m]
+    hits = hits or [(m.start(), key) for pattern, key in _NAMED_KEYS for m in [pattern.search(text)] if m]
+    if not hits:
+        return None
+    key = min(hits)[1]
+    return "gpu_count" if key == "gpus" else key

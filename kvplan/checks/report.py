@@ -30,6 +30,7 @@ from kvplan import memory
 from kvplan.errors import InputError, KvplanError
 from kvplan.planning.plan import Plan, options_from_values, plan_for_spec
 from kvplan.options import PLAN_OPTIONS, ROW_AXES
+from kvplan.checks.fields import in_file_words
 from kvplan.checks.scenario import WhatIfFile, model_error
 from kvplan.io.yamldoc import ScenarioFileError, Where
 from kvplan.model.spec import ModelSpec, Overrides
@@ -310,8 +311,9 @@ class _Planner:
             spec, source = self.spec(pool_values, model_where)
             try:
                 plan = plan_for_spec(spec, options_from_values({**pool_values, **first_row}), source)
-            except KvplanError as exc:
-                raise ScenarioFileError(where, f"{_describe_values(pool_values)}: {exc.message}", exc.hint) from None
+            except KvplanError as exc:  # in the file's words (a row's values come from several lines)
+                raise ScenarioFileError(where, f"{_describe_values(pool_values)}: {in_file_words(exc.message)}",
+                                        in_file_words(exc.hint)) from None
             pool = self.pools[key] = Pool(plan, pool_values)
         return pool
 
@@ -320,6 +322,14 @@ def _describe_values(values: Mapping[str, Any]) -> str:
     shown = {k: v for k, v in values.items() if k in ("model", "gpu", "gpu_memory", "gpu_count", "tp", "pp", "kv_dtype",
                                                        "weights_dtype", "dtype", "engine", "block_size")}
     return "row " + ", ".join(f"{'gpus' if k == 'gpu_count' else k}={v}" for k, v in shown.items())
+
+
+def _defaulted(pool: Pool, triple: tuple[int, int, int | None], values: Mapping[str, Any]) -> tuple[int, int, int | None]:
+    """An explicit row's (context, batch, max_model_len), its context the pool's where the row plans the default
+    (neither context nor max_model_len given: at most the model's maximum)."""
+    if "context" in values or "max_model_len" in values:
+        return triple
+    return (pool.plan.options.context, *triple[1:])
 
 
 def _row_values(values: Mapping[str, Any]) -> tuple[int, int, int | None]:
@@ -351,6 +361,10 @@ class Sweep:
         self._planner = _Planner(whatif, offline, token, calibration)  # calibration: --calibration's loaded file
         self.pool_axes = [a for a in whatif.axes if not set(a.names) <= set(ROW_AXES)]
         self.row_axes = [a for a in whatif.axes if set(a.names) <= set(ROW_AXES)]
+        # the sweep's rows plan the default context (no context or max_model_len anywhere): each pool's own, at most
+        # its model's maximum (kvplan.planning.plan.plan_for_spec)
+        self._context_defaulted = not {"context", "max_model_len"} & (set(whatif.defaults) |
+                                                                       {n for a in self.row_axes for n in a.names})
         self.num_rows = whatif.num_rows
         self.num_pools = (_count_of(self.pool_axes) if whatif.axes else 0) + len(whatif.scenarios)  # at most
         self._sweep_pools: list[tuple[dict[str, Any], Pool]] = []
@@ -429,25 +443,26 @@ class Sweep:
                 try:
                     check_context(context, mml)
                 except KvplanError as exc:
-                    raise ScenarioFileError(whatif.where, exc.message, exc.hint) from None
+                    raise ScenarioFileError(whatif.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
         for explicit in whatif.scenarios:
             context, _, mml = _row_values(explicit.values)
             try:
                 check_context(context, mml)
             except KvplanError as exc:
-                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+                raise ScenarioFileError(explicit.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
         contexts = {t[0] for t in self._row_triples()} if self._sweep_pools else set()
         for values, pool in self._sweep_pools:
             try:
-                for context in contexts:
+                for context in contexts if not self._context_defaulted else {pool.plan.options.context}:
                     pool.validate_context(context)
             except KvplanError as exc:
-                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
+                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {in_file_words(exc.message)}",
+                                        in_file_words(exc.hint)) from None
         for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
             try:
-                pool.validate_context(_row_values(explicit.values)[0])
+                pool.validate_context(_defaulted(pool, _row_values(explicit.values), explicit.values)[0])
             except KvplanError as exc:
-                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+                raise ScenarioFileError(explicit.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
 
     # ---- rows ---------------------------------------------------------------------------------
     def rows(self, progress: Progress | None = None) -> Iterator[Row]:
@@ -457,18 +472,21 @@ class Sweep:
         for values, pool in self._sweep_pools:
             try:
                 for context, batch, mml in self._row_triples():
+                    if self._context_defaulted:  # the default context: the pool's (a shorter model's maximum)
+                        context = pool.plan.options.context
                     yield make_row(pool, context, batch, mml)
                     done += 1
             except KvplanError as exc:
-                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {exc.message}", exc.hint) from None
+                raise ScenarioFileError(whatif.where, f"{_describe_values(values)}: {in_file_words(exc.message)}",
+                                        in_file_words(exc.hint)) from None
             if progress is not None:
                 progress(done, self.num_rows)
         for explicit, pool in zip(whatif.scenarios, self._explicit_pools):
-            context, batch, mml = _row_values(explicit.values)
+            context, batch, mml = _defaulted(pool, _row_values(explicit.values), explicit.values)
             try:
                 yield make_row(pool, context, batch, mml, explicit.name)
             except KvplanError as exc:
-                raise ScenarioFileError(explicit.where, exc.message, exc.hint) from None
+                raise ScenarioFileError(explicit.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
             done += 1
         if progress is not None:
             progress(done, self.num_rows)
@@ -513,7 +531,10 @@ class Sweep:
         from itertools import chain
 
         sweep_rows = ((None, t) for t in self._row_triples()) if self._sweep_pools else ()
-        explicit_rows = ((e.name, _row_values(e.values)) for e in self.whatif.scenarios)
+        if self._sweep_pools and self._context_defaulted:  # each pool's default context (a shorter model's maximum)
+            sweep_rows = ((None, (p.plan.options.context, *t[1:])) for _, p in self._sweep_pools for t in self._row_triples())
+        explicit_rows = ((e.name, _defaulted(p, _row_values(e.values), e.values))
+                         for e, p in zip(self.whatif.scenarios, self._explicit_pools))
         for name, (context, batch, mml) in chain(sweep_rows, explicit_rows):
             mml = mml or context
             sets["name"].add(name)

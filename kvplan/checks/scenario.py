@@ -21,8 +21,8 @@ from kvplan.errors import KvplanError, ScenarioError
 from kvplan.options import AXIS_ORDER
 from kvplan.io.yamldoc import ScenarioFileError, Where, YamlDoc, combine_errors, option_locations, read_yaml, validate_doc
 from kvplan.checks.fields import (
-    OPTION_FIELDS, Bool, Engine, GpuName, KvDType, Percent, PositiveInt, Text, Tokens, TokensOrZero, expect_type,
-    finish_values, option_fields,
+    OPTION_FIELDS, Bool, Engine, GpuName, KvDType, Percent, PositiveInt, RequiredTokens, Requests, Text, Tokens,
+    TokensOrZero, expect_type, finish_values, option_fields,
     option_values, set_fields,
 )
 
@@ -49,9 +49,9 @@ class RequireModel(BaseModel):
     """What must hold for a check to pass (at least one key)."""
 
     model_config = _FORBID
-    concurrency: PositiveInt = Field(None, description="at least this many requests fit at once at the scenario's context")
-    context: Tokens = Field(None, description="at least this context fits at the scenario's batch (default: concurrency, else 1)")
-    kv_tokens: Tokens = Field(None, description="vLLM's 'GPU KV cache size' is at least this many tokens")
+    concurrency: Requests = Field(None, description="at least this many requests fit at once at the scenario's context")
+    context: RequiredTokens = Field(None, description="at least this context fits at the scenario's batch (default: concurrency, else 1)")
+    kv_tokens: RequiredTokens = Field(None, description="vLLM's 'GPU KV cache size' is at least this many tokens")
     headroom_pct: Percent = Field(None, description="at least this % of the KV pool is free after batch x context")
     fits: Bool = Field(None, description="batch x context fits (true) / does not fit (false)")
     engine_starts: Bool = Field(None, description="the engine starts at max_model_len (one request fits)")

@@ -15,9 +15,63 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 import typer
 
 from kvplan.cli.flags import ALIASES, cli_type, resolve_aliases, split_flags, split_values  # noqa: F401 - re-exported
-from kvplan.options import BY_NAME, CLI_OPTIONS, Opt
+from kvplan.options import BY_NAME, CLI_OPTIONS, KINDS, Opt
 
-ModelArg = Annotated[str, typer.Argument(help="Hub id (meta-llama/Llama-3.1-8B), bundled id, or local path to a config.json / model folder.", show_default=False)]
+# ---------------------------------------------------------------------------------------------
+# shell completion (typer's autocompletion callbacks): cheap, from the bundled files (no torch, no Hub)
+
+KV_DTYPE_NAMES = ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4")  # what --kv-dtype's help lists
+
+
+def _matching(names: Any, incomplete: str) -> list[str]:
+    """``names`` that complete ``incomplete``, case-insensitively; a list option (``H100,H2``) completes its last
+    item, keeping the ones before it."""
+    head, _, last = incomplete.rpartition(",")
+    head = head + "," if head else ""
+    seen: dict[str, None] = {}
+    for name in names:
+        if name.lower().startswith(last.lower()):
+            seen.setdefault(head + name)
+    return list(seen)
+
+
+def complete_gpu(incomplete: str) -> list[str]:
+    """GPU names and aliases of the catalogue (``kvplan gpus``), those a shell word can hold (no spaces)."""
+    from kvplan.gpus import load_gpus
+
+    return _matching((label for g in load_gpus() for label in (g.name, *g.aliases) if " " not in label), incomplete)
+
+
+def complete_model(incomplete: str) -> list[str]:
+    """Bundled model ids (``kvplan models``); a Hub id or a path is typed as it is."""
+    from kvplan.model.sources import bundled_ids
+
+    return _matching(bundled_ids(), incomplete)
+
+
+def complete_kv_dtype(incomplete: str) -> list[str]:
+    return _matching(KV_DTYPE_NAMES, incomplete)
+
+
+def complete_dtype(incomplete: str) -> list[str]:
+    from kvplan.options import MODEL_DTYPES
+
+    return _matching(("auto", *MODEL_DTYPES), incomplete)
+
+
+def complete_choice(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    return lambda incomplete: _matching(choices, incomplete)
+
+
+COMPLETIONS: dict[str, Callable[[str], list[str]]] = {
+    "gpu": complete_gpu, "kv_dtype": complete_kv_dtype, "dtype": complete_dtype,
+    **{kind: complete_choice(k.choices) for kind, k in KINDS.items() if k.choices},
+}
+"""The completion of each kind of option value that has names to offer (:data:`kvplan.options.KINDS`)."""
+
+ModelArg = Annotated[str, typer.Argument(help="Hub id (meta-llama/Llama-3.1-8B), bundled id, or local path to a "
+                                         "config.json / model folder.", show_default=False,
+                                         autocompletion=complete_model)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 BriefOpt = Annotated[bool, typer.Option("--brief", help="Print only the lines the engine logs about its KV cache "
                                         "and the verdict.")]
@@ -28,7 +82,9 @@ def cli_annotation(opt: Opt) -> Any:
     typ: Any = cli_type(opt)
     if opt.cli_value is None:
         typ = Optional[typ]
-    extra = {} if opt.show_default else {"show_default": False}
+    extra: dict[str, Any] = {} if opt.show_default else {"show_default": False}
+    if opt.kind in COMPLETIONS:
+        extra["autocompletion"] = COMPLETIONS[opt.kind]
     return Annotated[typ, typer.Option(*split_flags(opt)[0], help=opt.help, rich_help_panel=opt.panel, **extra)]
 
 
@@ -38,7 +94,8 @@ def alias_parameters(name: str) -> list[inspect.Parameter]:
     for key, (opt, flag, negates) in ALIASES.items():
         if opt.name == name:
             help_ = f"Turns {opt.flag} off." if negates else f"Same as {opt.flag}."
-            option = typer.Option(flag, help=help_, rich_help_panel=opt.panel, show_default=False)
+            done = {"autocompletion": COMPLETIONS[opt.kind]} if opt.kind in COMPLETIONS and not negates else {}
+            option = typer.Option(flag, help=help_, rich_help_panel=opt.panel, show_default=False, **done)
             typ = Optional[bool if negates else cli_type(opt)]
             out.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None,
                                          annotation=Annotated[typ, option]))

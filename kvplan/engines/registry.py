@@ -38,8 +38,16 @@ SETTINGS: dict[str, dict[str, tuple[str, str]]] = {
     "sglang": {"max_model_len": ("--context-length", "context_length"),
                "max_num_seqs": ("--max-running-requests", "max_running_requests"),
                "gpu_util": ("--mem-fraction-static", "mem_fraction_static"), "block_size": ("--page-size", "page_size"),
-               "max_num_batched_tokens": ("--chunked-prefill-size", "chunked_prefill_size")},
+               "max_num_batched_tokens": ("--chunked-prefill-size", "chunked_prefill_size"),
+               # the hybrid sliding-window pool's settings (vLLM has no such pool)
+               "swa_full_tokens_ratio": ("--swa-full-tokens-ratio", "swa_full_tokens_ratio"),
+               "disable_hybrid_swa_memory": ("--disable-hybrid-swa-memory", "disable_hybrid_swa_memory")},
 }
+
+
+def has_setting(engine_name: str, setting: str) -> bool:
+    """Whether the engine has kvplan's ``setting`` at all (vLLM has no ``swa_full_tokens_ratio``)."""
+    return setting in SETTINGS.get(engine_name, SETTINGS["vllm"])
 
 
 def flag(engine_name: str, setting: str) -> str:

@@ -260,10 +260,15 @@ def _layout_facts(layout: memory.PoolLayout) -> dict[str, Any]:
 def _checked_estimate(torch: Any, plan: "Plan", layout: memory.PoolLayout, device: str) -> int:
     """The pool's planned bytes on this rank; an :class:`InputError` when there is nothing to validate or the
     pool would not fit in the device's available memory."""
-    num_blocks = plan.answer.num_blocks
+    num_blocks, a = plan.answer.num_blocks, plan.answer
     if num_blocks < 1 + memory.NULL_BLOCKS:
         raise InputError(f"the plan leaves {plural(num_blocks, 'KV block')} on this GPU: nothing to validate",
                          f"try {plan.answer.fix}" if plan.answer.fix else NOTHING_FITS)
+    if a.max_requests < 1:  # nothing to fill: the concurrency check would check nothing, so it cannot pass or fail
+        why = (f"{plan.engine.engine} does not start: {a.refusal}" if a.refusal else
+               f"{plural(a.blocks_per_request, 'block')} each, {plural(num_blocks - memory.NULL_BLOCKS, 'usable block')}")
+        raise InputError(f"the plan fits no request of {plural(a.context, 'token')} ({why}): nothing to validate",
+                         f"try {a.fix}" if a.fix else "raise --kv-budget or lower --context")
     estimate = memory.pool_bytes(num_blocks, layout)
     available = accounting.available_bytes(torch, device)
     if available is not None and estimate > available * MEMORY_HEADROOM:

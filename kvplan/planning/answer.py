@@ -24,12 +24,20 @@ from typing import TYPE_CHECKING
 
 from kvplan import memory
 from kvplan.model.spec import ModelSpec
+from kvplan.units import plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.engines import Engine, EngineDefaults, ModelLength
 
 MEMO_ENTRIES = 65_536  # memoised per-length figures per deployment (a report asks for many), cleared when full
 
+
+
+def null_block_words(engine: str) -> str:
+    """Why the spare (or short) blocks of a verdict are one off ``blocks - batch x request blocks``: the engine
+    keeps :data:`kvplan.memory.NULL_BLOCKS` block(s) as its null block, never a request's. Said wherever spare or
+    short blocks are shown."""
+    return f"{plural(memory.NULL_BLOCKS, 'null block')} kept by {engine}"
 
 @dataclass(frozen=True)
 class Answer:

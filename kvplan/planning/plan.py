@@ -16,9 +16,10 @@ from kvplan.planning.kv_range import KvRange, kv_range
 from kvplan.planning.weights import check_quantization, served_weights, weights_bytes as _weights
 from kvplan.engines import (Budget, Device, Engine, EngineDefaults, Features, Launch, Term, kv_cache_dtype_spelling,
                             quantization_weights, what_if_kv_dtype)
-from kvplan.engines.registry import engine as engine_rules
+from kvplan.engines.registry import engine as engine_rules, has_setting
 from kvplan.errors import InputError
-from kvplan.options import Options, check_context, option_values_of, options_from_values
+from kvplan.options import (DEFAULT_CONTEXT, Options, check_context, default_context, option_values_of,
+                            options_from_values)
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec, Overrides
 from kvplan.units import DType, GiB, MiB, parse_dtype, plural
 
@@ -82,7 +83,7 @@ class Plan:
         return (f"Plan({self.spec.model_id} on {self.options.gpu_count}x {self.gpu.name}: "
                 f"{self.kv_bytes_per_token_gpu:,} B/token/GPU, KV budget {self.budget.kv_budget_bytes / GiB:.2f} GiB, "
                 f"{a.kv_tokens:,} KV tokens, {plural(a.max_requests, 'request')} at {plural(a.context, 'token')}, "
-                f"{'fits' if a.fits else 'does not fit'} {a.batch} x {a.context:,})")
+                f"{'fits' if a.fits else 'does not fit'} {a.batch:,} x {a.context:,})")
 
     @property
     def layout(self) -> memory.PoolLayout:
@@ -200,6 +201,8 @@ def resolve_gpu(options: Options) -> GpuInfo:
 
     gpu = find_gpu(options.gpu) if options.gpu else None
     is_cpu = bool(gpu and gpu.is_cpu)
+    if gpu is not None and not is_cpu and gpu.memory_bytes and options.gpu_memory_bytes:
+        _check_gpu_memory(gpu, options.gpu_memory_bytes)
     memory_bytes = options.gpu_memory_bytes or (gpu.memory_bytes if gpu else None)
     source = "--gpu-memory" if options.gpu_memory_bytes else (gpu.memory_source if gpu else "")
     if memory_bytes is None and is_cpu and options.kv_budget_bytes:
@@ -215,6 +218,23 @@ def resolve_gpu(options: Options) -> GpuInfo:
                    gpu.interconnect if gpu else None, gpu.supports_bf16 if gpu else True,
                    gpu.compute_capability if gpu else None,
                    gpu.smi_memory_mib * MiB if gpu and gpu.smi_memory_mib and same_memory else None)
+
+
+def _check_gpu_memory(gpu: Any, given_bytes: int) -> None:
+    """``--gpu-memory`` with a named GPU may be less than it reports (a share of it) but not more than the part
+    has by any count (what the runtime reports, nvidia-smi's total, the size on its box): a plan on memory the
+    GPU does not have is refused, never answered."""
+    most = max(gpu.memory_bytes, (gpu.smi_memory_mib or 0) * MiB, round((gpu.marketing_gb or 0) * GiB))
+    if given_bytes <= most:
+        return
+    counts = [f"it reports {gpu.memory_bytes / GiB:,.2f} GiB"]
+    if gpu.smi_memory_mib:
+        counts.append(f"nvidia-smi {gpu.smi_memory_mib:,} MiB")
+    if gpu.marketing_gb:
+        counts.append(f"{gpu.marketing_gb:g} GB on the box")
+    raise InputError(f"--gpu-memory {given_bytes / GiB:,.2f} GiB is more than the {gpu.name} has ({', '.join(counts)})",
+                     "name the GPU that has it (`kvplan gpus`), or leave --gpu out: --gpu-memory alone plans a GPU "
+                     "of that size")
 
 
 def estimate(options: Options, token: str | None = None) -> Plan:
@@ -323,7 +343,7 @@ def _hybrid_swa_options(engine: EngineDefaults, options: Options) -> EngineDefau
     """SGLang's ``--swa-full-tokens-ratio`` (the hybrid SWA pool's split) and ``--disable-hybrid-swa-memory`` (one
     pool of full layers instead); a note where the release gives the model no hybrid pool for them to change."""
     flag = "--disable-hybrid-swa-memory" if options.disable_hybrid_swa_memory else "--swa-full-tokens-ratio"
-    if engine.engine != "sglang":
+    if not has_setting(engine.engine, "swa_full_tokens_ratio"):
         raise InputError(f"{flag} is SGLang's: {engine.engine} has no hybrid SWA pool", "use --engine sglang")
     if not engine.swa_ratio:
         return replace(engine, notes=engine.notes + (f"{flag}: {engine.label} gives this model no hybrid SWA pool "
@@ -419,11 +439,45 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     )
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))
+    check_kv_budget(budget, gpu, options, rules.ENGINE, layout)
     if engine.state_pool:  # the state pool's request slots come out of the budget first
         engine, budget = rules.split_state_pool(engine, budget, layers, max_num_seqs=options.max_num_seqs,
                                                 prefix_caching=prefix_caching)
     return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
                  memory.num_blocks(budget.kv_budget_bytes, layout), ssm_note)
+
+
+def check_kv_budget(budget: Budget, gpu: GpuInfo, options: Options, engine: str, layout: memory.PoolLayout) -> None:
+    """A given ``--kv-budget`` must fit on the device beside every other term the engine holds there (weights,
+    activation, non-torch overhead, CUDA graphs): the engine allocates the cache it is told to and fails when the
+    device has less, so a plan of more KV than the device holds is refused (one line with the device's figures),
+    never answered "fits". The CPU backend's KV space must fit the host's total (the weights aside: the backend's
+    own sizing ignores them); sized from the KV space alone, it has no host total to hold it to; a
+    budget that holds no block besides the null block answers itself (nothing fits: the low end of a plan whose
+    terms fill the device is planned so, :func:`kvplan.checks.capacity.low_end`)."""
+    kv = options.kv_budget_bytes
+    if kv is None or gpu.memory_source.startswith("--kv-budget"):
+        return
+    if memory.num_blocks(kv, layout) <= memory.NULL_BLOCKS:
+        return
+    # the CPU backend's KV space is host memory beside the weights, sized from the host's total alone (vLLM's own
+    # default is a share of it, kvplan.engines.vllm.cpu_kv_budget): it must fit the host, the weights aside
+    held = [] if gpu.is_cpu else [t for t in budget.terms if t.bytes]
+    room = budget.total_bytes - sum(t.bytes for t in held)
+    if kv <= room:
+        return
+    taken = "".join(f" {'-' if i == 0 else '+'} {t.name} {t.bytes / GiB:,.2f}" for i, t in enumerate(held))
+    taken += " GiB" if held else ""
+    what = "host" if gpu.is_cpu else "GPU"
+    if options.gpu_memory_bytes:
+        total = f"--gpu-memory {budget.total_bytes / GiB:,.2f} GiB"
+    else:
+        total = f"the {gpu.name}'s {budget.total_bytes / GiB:,.2f} GiB" + ("" if gpu.is_cpu else " (runtime-reported)")
+    most = math.floor(room / GiB * 100) / 100
+    hint = (f"give at most --kv-budget {most:.2f}GiB, or a {what} with more memory" if most > 0 else
+            f"those terms alone fill the {what}: more tensor parallelism (--tp), or a {what} with more memory")
+    raise InputError(f"--kv-budget {kv / GiB:,.2f} GiB does not fit: {total}{taken} leaves "
+                     f"{room / GiB:,.2f} GiB for the KV cache, and {engine} would fail to allocate more", hint)
 
 
 def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: EngineDefaults, model_dtype: DType,
@@ -471,6 +525,8 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
     """
     pool = _pool(spec, options)
     deployment = _deployment(spec, pool)
+    pool, deployment, context_note = _default_context(spec, pool, deployment)
+    options = pool.options
     fixed, auto_note = options.max_model_len, None
     if options.auto_max_model_len:
         try:
@@ -482,7 +538,10 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
 
             raise InputError(exc.message, start_hint(spec, options, _planner(spec, source), pool.kv_dtype.bits,
                                                      pool.gpu.memory_bytes)) from None
-        check_context(options.context, fixed, auto=True)
+        if default_context(options) and options.context > fixed:  # the default context follows what auto chose
+            pool = replace(pool, options=replace(pool.options, context=fixed))
+            context_note = context_note or _default_context_note(fixed, "the longest --max-model-len auto starts with")
+        check_context(pool.options.context, fixed, auto=True)
     options, demand, blocks = pool.options, pool.demand, pool.blocks
     max_model_len = fixed or options.context
     deployment.rules.check_batching(pool.engine, max_model_len)
@@ -530,7 +589,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         fragmentation=frag,
         prefix=prefix,
         roofline=roofline,
-        notes=_notes(pool, spec, auto_note, replicated),
+        notes=_notes(pool, spec, auto_note, replicated) + ((context_note,) if context_note else ()),
         kv_range=kv_range(pool.budget, pool.engine, deployment, answer, options.tp, options.context, options.batch,
                           fixed, pool.gpu.is_cpu),
     )
@@ -543,6 +602,22 @@ def planned_weights_dtype(spec: ModelSpec, weights_dtype: DType | None, model_dt
     if weights_dtype is not None:
         return weights_dtype.name
     return spec.weights_format or model_dtype.name
+
+
+def _default_context_note(tokens: int, why: str) -> str:
+    return (f"context {plural(tokens, 'token')}: {why}, below kvplan's default {DEFAULT_CONTEXT:,} (vLLM's own default "
+            "max_model_len is the model's maximum); --context sets another")
+
+
+def _default_context(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tuple[_Pool, Deployment, str | None]:
+    """The default context (:data:`~kvplan.options.DEFAULT_CONTEXT`) lowered to the model's maximum where that is
+    shorter (a 4k model's first run starts), re-planned there, and the note that says so; as given otherwise."""
+    options, limit = pool.options, deployment.model_length
+    if not default_context(options) or not limit.tokens or limit.tokens >= options.context:
+        return pool, deployment, None
+    options = replace(options, context=limit.tokens)
+    pool = _pool(spec, options)
+    return pool, _deployment(spec, pool), _default_context_note(limit.tokens, f"the model's maximum, {limit.rule}")
 
 
 def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], Plan]":
@@ -560,7 +635,12 @@ def _notes(pool: _Pool, spec: ModelSpec, auto_note: str | None, replicated: bool
         notes.append(auto_note)
     if options.gpu_memory_bytes:
         notes.append(_gpu_memory_note(pool.gpu, options))
-    if options.tp_from_gpus:
+    if options.split_given:  # --gpus with --tp or --pp: the other took the rest
+        given, other = ("tp", "pp") if options.split_given == "tp" else ("pp", "tp")
+        kind = "pipeline" if other == "pp" else "tensor"
+        notes.append(f"--gpus {options.gpu_count} with --{given} {getattr(options, given)}: {kind} parallelism over "
+                     f"the rest ({other} {getattr(options, other)})")
+    elif options.tp_from_gpus:
         notes.append(f"--gpus {options.gpu_count} without --tp/--pp: tensor parallelism over all of them (tp "
                      f"{options.tp}); pass --tp and --pp to split them otherwise")
     if replicated:
@@ -592,7 +672,15 @@ def _gpu_memory_note(gpu: GpuInfo, options: Options) -> str:
     gpus = [g for g in load_gpus() if not g.is_cpu and g.memory_bytes]
     boxed = [g for g in gpus if g.marketing_gb and size in (round(g.marketing_gb * GB), round(g.marketing_gb * GiB))]
     near = boxed or [g for g in gpus if 0.8 <= g.memory_bytes / size <= 1.25]
-    if not near or options.gpu:
+    if options.gpu:  # the user's size, not the named GPU's: say what that one reports when it differs
+        from kvplan.gpus import find_gpu
+
+        named = find_gpu(options.gpu)
+        if named.memory_bytes and named.memory_bytes != size:
+            what += (f", not what the catalogue's {named.name} reports ({named.memory_bytes / GiB:,.2f} GiB; leave "
+                     "--gpu-memory out to plan that)")
+        return what
+    if not near:
         return what
     # the size on a box names the first such GPU of the catalogue (H100 SXM for 80 GB), else the nearest in size
     best = near[0] if boxed else min(near, key=lambda g: abs(math.log(g.memory_bytes / size)))

@@ -13,6 +13,7 @@ from typing import Any
 
 from kvplan import memory
 from kvplan.model.spec import LayerCache, LayerKind
+from kvplan.options import context_source
 from kvplan.planning.weights import served_weights
 from kvplan.units import DType, parse_dtype, plural
 
@@ -137,6 +138,7 @@ def _assumptions(plan: Plan) -> dict[str, Any]:
         "block_size": plan.layout.block_size,
         "gpu_util": plan.budget.gpu_util,
         "context_tokens": o.context,
+        "context_source": context_source(o),
         "batch": o.batch,
         "max_model_len": plan.max_model_len,
         "max_num_batched_tokens": plan.max_num_batched_tokens,
@@ -190,6 +192,7 @@ def _pool(plan: Plan) -> dict[str, Any]:
         "state_page_bytes": lay.state_page_bytes,
         "state_padding_bytes": lay.state_padding_bytes,
         "num_blocks": blocks,
+        "null_blocks": memory.NULL_BLOCKS,  # kept by the engine, never a request's: fits_margin_blocks leaves it out
         "pool_bytes": memory.pool_bytes(blocks, lay),
         "groups": [{"kind": g.cache.kind.value, "layers": g.num_layers, "window_tokens": g.cache.window_tokens}
                    for g in lay.groups],

@@ -140,11 +140,12 @@ def junit_xml(report: "CheckReport") -> str:
 
     n, failed = len(report.results), report.num_failed
     suites = ET.Element("testsuites", name="kvplan check", tests=str(n), failures=str(failed), errors="0")
+    suites.set("time", _seconds(report.elapsed_s))
     suite = ET.SubElement(suites, "testsuite", name=f"kvplan check {report.file}", tests=str(n), failures=str(failed),
-                          errors="0", skipped="0", time="0")
+                          errors="0", skipped="0", time=_seconds(report.elapsed_s))
     for r in report.results:
         case = ET.SubElement(suite, "testcase", classname=f"kvplan.checks.capacity.{Path(report.file).stem}", name=r.name,
-                             file=r.where.file, line=str(r.where.line), time="0")
+                             file=r.where.file, line=str(r.where.line), time=_seconds(r.elapsed_s))
         if not r.passed:
             message, details = _failure_text(r)
             failure = ET.SubElement(case, "failure", message=message, type="CapacityCheckFailed")
@@ -156,19 +157,26 @@ def junit_xml(report: "CheckReport") -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
-def junit_error_xml(file: str, error: Any) -> str:
+def _seconds(elapsed_s: float) -> str:
+    """JUnit's ``time``: the real elapsed seconds, to the millisecond."""
+    return f"{elapsed_s:.3f}"
+
+
+def junit_error_xml(file: str, error: Any, elapsed_s: float = 0.0) -> str:
     """JUnit XML for a capacity file that could not be checked (invalid, or a model that cannot be
     resolved): one ``testcase`` with an ``error`` carrying every mistake, so CI publishes a red test
-    instead of finding no report. ``error`` is a :class:`kvplan.errors.KvplanError`."""
+    instead of finding no report. ``error`` is a :class:`kvplan.errors.KvplanError`; ``elapsed_s`` the seconds
+    it took to find it."""
     import xml.etree.ElementTree as ET
 
     where = getattr(error, "where", None)
-    suites = ET.Element("testsuites", name="kvplan check", tests="1", failures="0", errors="1")
+    suites = ET.Element("testsuites", name="kvplan check", tests="1", failures="0", errors="1",
+                        time=_seconds(elapsed_s))
     suite = ET.SubElement(suites, "testsuite", name=f"kvplan check {file}", tests="1", failures="0", errors="1",
-                          skipped="0", time="0")
+                          skipped="0", time=_seconds(elapsed_s))
     attrs = {"file": where.file, "line": str(where.line)} if where is not None else {"file": file}
     case = ET.SubElement(suite, "testcase", classname=f"kvplan.checks.capacity.{Path(file).stem}",
-                         name="capacity file is valid", time="0", **attrs)
+                         name="capacity file is valid", time=_seconds(elapsed_s), **attrs)
     lines = error.lines()
     err = ET.SubElement(case, "error", message=lines[0], type=type(error).__name__)
     err.text = "\n".join(lines)

@@ -24,7 +24,7 @@ def render_comparison(comparison: "Comparison", width: int | None = None) -> Any
     first = next((r.plan for r in comparison.rows if r.plan is not None), None)
     cols = [Col(TITLES[a]) for a in comparison.axes]
     figures = [Col("KV budget", justify="right"), Col("KV tokens", justify="right"),
-               Col("requests", justify="right"), Col(f"max ctx\nat batch {first.options.batch if first else 1}",
+               Col("requests", justify="right"), Col(f"max ctx\nat batch {first.options.batch if first else 1:,}",
                                                       justify="right", drop=1),
                Col("fits", wrap=True)]
     errors: list[str] = []
@@ -44,7 +44,7 @@ def render_comparison(comparison: "Comparison", width: int | None = None) -> Any
     title = None
     if first is not None:
         o = first.options
-        fixed = [f"batch {o.batch}"] + ([] if "context" in comparison.axes else [f"context {o.context:,}"])
+        fixed = [f"batch {o.batch:,}"] + ([] if "context" in comparison.axes else [f"context {o.context:,}"])
         title = f"{first.spec.model_id}, {', '.join(fixed)}"
     table, dropped = fitted_table(cols + figures, width or terminal_width(), title=title, title_justify="left",
                                   **COMPACT)

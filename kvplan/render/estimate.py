@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan.engines.registry import flag as engine_flag, setting_name
+from kvplan.planning.answer import null_block_words
 from kvplan.planning.weights import served_weights
 from kvplan.planning.serialize import formula_lines
 from kvplan.planning.suggest import nothing_fits
@@ -140,6 +141,22 @@ def _held_how(plan: "Plan") -> str:
     return " (windowed layers hold their window)"
 
 
+def _total_row(plan: "Plan", shown: str) -> tuple[str, str, Text]:
+    """The memory panel's first row: the catalogue's runtime-reported total, or the user's ``--gpu-memory`` labelled
+    as given (beside the named GPU's own figure when it differs)."""
+    b, gpu = plan.budget, plan.gpu
+    if not plan.options.gpu_memory_bytes:
+        return "total (runtime-reported)", f"{shown} GiB", Text(f"{gpu.name}, {b.total_bytes / GB:,.2f} GB")
+    text = f"given, {b.total_bytes / GB:,.2f} GB"
+    if plan.options.gpu:
+        from kvplan.gpus import find_gpu
+
+        named = find_gpu(plan.options.gpu).memory_bytes
+        if named and named != b.total_bytes:
+            text += f" (the {gpu.name} reports {named / GiB:,.2f} GiB)"
+    return "total (--gpu-memory)", f"{shown} GiB", Text(text)
+
+
 def _memory_panel(plan: "Plan") -> Panel:
     """The budget's terms, with the rounding the engine uses, and the memory bar (the CPU backend: its KV
     space and the weights beside it, :func:`_cpu_memory_panel`). Sources wrap; nothing is cut."""
@@ -147,7 +164,7 @@ def _memory_panel(plan: "Plan") -> Panel:
         return _cpu_memory_panel(plan)
     b, shown = plan.budget, memory_figures(plan)
     t = _terms_table()
-    t.add_row("total (runtime-reported)", f"{shown['total']} GiB", Text(f"{plan.gpu.name}, {b.total_bytes / GB:,.2f} GB"))
+    t.add_row(*_total_row(plan, shown["total"]))
     t.add_row(f"usable (x {b.gpu_util:g})", f"{shown['usable']} GiB", Text(f"{b.requested_rounding}(total x gpu_util)"))
     for term in b.terms:
         t.add_row(f"− {term.name}", f"{shown[term.name]} GiB", Text(term.source))  # Text: sources hold "[rows, vocab]"
@@ -212,19 +229,26 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     In full: the KV cache (the engine's token figure, its blocks), requests of the context running at once
     (and what binds), the longest context at the batch (and the max_model_len it holds for), the verdict.
     ``brief``: the lines the engine logs about its KV cache (vLLM: available KV memory, KV cache size,
-    maximum concurrency), then the verdict.
+    maximum concurrency), then the requests of the context running at once (the integer answer) and the verdict.
     """
     a, lay, figures = plan.answer, plan.layout, answer_figures(plan)
     kv_tokens = figures["kv_tokens"] + (" token" if a.kv_tokens == 1 else " tokens")
     requests = figures["requests"] + (f" ({figures['requests_range']})" if figures["requests_range"] else "") + (
         " concurrent request" if a.max_requests == 1 else " concurrent requests")
     lines: list[Text] = []
-    if brief:
+    at = Text.assemble((f"at {a.context:,} tokens/request: ", "bold"), (requests, "bold cyan"))
+    if a.limited_by == "refused":
+        at.append(f" ({plan.engine.engine} does not start" + (")" if brief else ": see engine)"))
+    elif a.limited_by == "max_num_seqs":
+        at.append(f" ({_seqs(plan)} {a.max_num_seqs:,} binds; the pool holds {plural(a.pool_requests, 'request')})")
+    else:
+        at.append(f" (the pool binds: {plural(a.blocks_per_request, 'block')} each; {_seqs(plan)} {a.max_num_seqs:,})")
+    if brief:  # the engine's own lines, then the answer in whole requests (the integer) and the verdict
         if a.refusal:
             lines.append(Text.assemble((f"{plan.engine.label} will refuse to start: ", "bold red"), a.refusal))
         else:
             lines += [Text(line) for line in plan.rules.log_lines(plan.launch)]
-        lines.append(_verdict(plan))
+        lines += [at, _verdict(plan)]
         return lines
     kv = Text.assemble(("KV cache: ", "bold"), (kv_tokens, "bold cyan"))
     slots = f"{plural(a.num_blocks, 'block')} x {plural(lay.block_size, 'token')}"
@@ -235,13 +259,6 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     groups = f", each one page in each of {len(lay.groups)} groups" if len(lay.groups) > 1 else ""
     kv.append(f", {fmt_bytes(lay.block_bytes)} per block{groups})")
     lines.append(kv)
-    at = Text.assemble((f"at {a.context:,} tokens/request: ", "bold"), (requests, "bold cyan"))
-    if a.limited_by == "refused":
-        at.append(f" ({plan.engine.engine} does not start: see engine)")
-    elif a.limited_by == "max_num_seqs":
-        at.append(f" ({_seqs(plan)} {a.max_num_seqs:,} binds; the pool holds {plural(a.pool_requests, 'request')})")
-    else:
-        at.append(f" (the pool binds: {plural(a.blocks_per_request, 'block')} each; {_seqs(plan)} {a.max_num_seqs:,})")
     lines.append(at)
     spread = _range_line(plan)
     if spread:
@@ -294,7 +311,7 @@ def _max_context_line(plan: "Plan") -> Text:
     """The longest context ``batch`` requests run at, and the max_model_len it holds for: the planned one when
     it caps it, else the one a launch needs (the launch line's is the context's)."""
     a, d = plan.answer, plan.deployment
-    line = Text.assemble((f"max context at batch {a.batch}: ", "bold"))
+    line = Text.assemble((f"max context at batch {a.batch:,}: ", "bold"))
     m, fixed = a.max_context_at_batch, plan.max_model_len_fixed
     if m < 1:
         line.append("none", style="bold red")
@@ -321,13 +338,14 @@ def _max_context_line(plan: "Plan") -> Text:
 def _verdict(plan: "Plan") -> Text:
     """``32 x 8,192 tokens: fits (... spare)`` or ``does NOT fit (why); try ...``."""
     a, lay = plan.answer, plan.layout
-    line = Text(f"{a.batch} x {plural(a.context, 'token')}: ")
+    line = Text(f"{a.batch:,} x {plural(a.context, 'token')}: ")
     if a.fits:
         line.append("fits", style="bold green")
         spare = plural(a.fits_margin_blocks * lay.block_size, "token")
         if lay.block_size > 1:
             spare = f"{plural(a.fits_margin_blocks, 'block')} = {spare}"
-        line.append(f" ({spare} spare" + (", the shared prefix stored once" if a.shared_prefix_tokens else "") + ")")
+        line.append(f" ({spare} spare" + (", the shared prefix stored once" if a.shared_prefix_tokens else "")
+                    + f"; {null_block_words(plan.engine.engine)})")
         return line
     line.append("does NOT fit", style="bold red")
     if a.refusal:
@@ -338,6 +356,7 @@ def _verdict(plan: "Plan") -> Text:
         why = f"short by {plural(-a.fits_margin_blocks, 'block')} = {fmt_bytes(-a.fits_margin_blocks * lay.block_bytes)}"
         if a.shared_prefix_tokens:
             why += ", the shared prefix stored once"
+        why += f"; {null_block_words(plan.engine.engine)}"
     line.append(f" ({why}); " + (f"try {a.fix}" if a.fix else nothing_fits(plan.engine.engine)))
     return line
 
@@ -418,6 +437,6 @@ def _paging_panel(plan: "Plan") -> Panel:
         r = plan.roofline
         knee = (f"KV reads match weight reads at batch {r.knee_batch:,.0f}" if r.knee_batch >= 1 else
                 "one request's KV reads exceed the weight reads")
-        more.append(f"\ndecode roofline at batch {r.batch}: >= {r.step_seconds * 1e3:.2f} ms/step, "
+        more.append(f"\ndecode roofline at batch {r.batch:,}: >= {r.step_seconds * 1e3:.2f} ms/step, "
                     f"<= {r.tokens_per_s:,.0f} tokens/s; {knee}")
     return Panel(more, title="paging, prefix, decode", title_align="left")

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from kvplan.units import plural
+from kvplan.units import fmt_seconds, plural
 
 SCHEMA_VERSION = 1
 # tracker row field -> JSON / CSV key
@@ -151,7 +151,7 @@ def write_plot(obs: Any, path: str | Path) -> Path:
     ax_h.set_xlabel("time since start (s)")
     if len(obs.series) > 1:
         ax_u.legend(loc="lower right", fontsize="small")
-    ax_u.set_title(f"{obs.endpoint}: {obs.num_polls} polls every {obs.interval_s:g} s", fontsize="medium")
+    ax_u.set_title(f"{obs.endpoint}: {obs.num_polls:,} polls every {fmt_seconds(obs.interval_s)}", fontsize="medium")
     fig.tight_layout()
     save_figure(plt, fig, path)
     return path
@@ -200,8 +200,8 @@ def render_observation(obs: Any, view: Any = None, comparisons: Sequence[Any] = 
     state = {"running": "observing", "duration": "done", "interrupted": "stopped (Ctrl-C)"}[obs.stopped]
     head = Text()
     head.append(obs.endpoint, style="bold")
-    head.append(f"  {state} · {obs.num_polls} polls every {obs.interval_s:g} s ({obs.failed_polls} failed) · "
-                f"{obs.elapsed_s:,.1f} s", style="grey62")
+    head.append(f"  {state} · {obs.num_polls:,} polls every {fmt_seconds(obs.interval_s)} ({obs.failed_polls:,} failed) · "
+                f"{fmt_seconds(obs.elapsed_s)}", style="grey62")
     table = Table(show_header=True, header_style="bold")
     table.add_column("")
     columns = [(f"{escape(s.name)}\n[grey62]{s.engine}[/]", s.summary) for s in obs.series]

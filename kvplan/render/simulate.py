@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.render import PLOT_SUFFIXES, plot_path  # noqa: F401 - part of this module's API (commands, tests)
-from kvplan.units import GiB, plural
+from kvplan.units import GiB, fmt_seconds, plural
 
 SCHEMA_VERSION = 1
 
@@ -54,7 +54,7 @@ def _fits(run: Any) -> dict[str, Any] | None:
 def _s(x: float | None) -> str:
     if x is None:
         return "-"
-    return f"{x * 1000:,.0f} ms" if x < 1 else f"{x:,.1f} s"
+    return fmt_seconds(x)
 
 
 ROWS: list[tuple[str, Any]] = [
@@ -72,7 +72,7 @@ ROWS: list[tuple[str, Any]] = [
     ("time to first token p50 / p99", lambda r: f"{_s(r.ttft_p50_s)} / {_s(r.ttft_p99_s)}"),
     ("finished / queued / running", lambda r: f"{r.finished:,} / {r.queued:,} / {r.running:,}"),
     ("rejected (prompt >= max_model_len)", lambda r: f"{r.rejected:,}"),
-    ("simulated time", lambda r: f"{r.duration_s:,.1f} s ({r.num_steps:,} steps)"),
+    ("simulated time", lambda r: f"{fmt_seconds(r.duration_s)} ({r.num_steps:,} steps)"),
 ]
 
 
@@ -89,7 +89,7 @@ def render_simulation(run: Any):  # noqa: ANN201 - rich renderable
     head.append(f"  ({wl.display})\n", style="grey62")
     head.append(f"{plan.spec.model_id} on {plan.options.gpu_count}x {plan.gpu.name}: KV budget "
                 f"{plan.budget.kv_budget_bytes / GiB:.2f} GiB = {plural(pool.num_blocks, 'block')} x {plural(pool.block_size, 'token')} "
-                f"({plan.kv_dtype}), max_model_len {pool.max_model_len:,}, max_num_seqs {pool.max_num_seqs}, "
+                f"({plan.kv_dtype}), max_model_len {pool.max_model_len:,}, max_num_seqs {pool.max_num_seqs:,}, "
                 f"max_num_batched_tokens {pool.max_num_batched_tokens:,}\n")
     if run.capacity is not None:
         head.append(f"deployment: {run.capacity.describe('prefix_caching' in wl.policies)}\n")

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.io.yamldoc import ScenarioFileError, Where, YamlDoc, display_path, option_locations, read_yaml, validate_doc
 from kvplan.checks.fields import OPTION_FIELDS, finish_values, number, option_values
-from kvplan.units import check_number, plural
+from kvplan.units import check_number, fmt_seconds, plural
 from kvplan.sim.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
 
 # estimate options that make no sense for a simulation (the policies decide prefix caching; the
@@ -171,10 +171,10 @@ class LengthDist:
 
     def describe(self) -> str:
         if self.kind == "fixed":
-            return f"{int(self.a)}"
+            return f"{int(self.a):,}"
         if self.kind == "uniform":
-            return f"uniform {int(self.a)}-{int(self.b)}"
-        return f"{self.kind} mean {self.a:g} std {self.b:g}"
+            return f"uniform {int(self.a):,}-{int(self.b):,}"
+        return f"{self.kind} mean {self.a:,g} std {self.b:,g}"
 
 
 def _length(value: Any, doc: YamlDoc, loc: tuple[Any, ...]) -> LengthDist | None:
@@ -239,7 +239,7 @@ class Workload:
     def describe_traffic(self) -> str:
         """One line: how requests arrive and how long they are."""
         if self.closed_loop:
-            arrive = f"closed loop of {self.closed_loop.users} users, think {self.closed_loop.think_s:g} s"
+            arrive = f"closed loop of {self.closed_loop.users:,} users, think {fmt_seconds(self.closed_loop.think_s)}"
         elif self.rate:
             arrive = f"Poisson {self.rate:g} req/s"
         else:
@@ -251,7 +251,7 @@ class Workload:
             lengths = f"prompt {pre + ' + ' if pre else ''}{self.prompt.describe()}, output {self.output.describe()}"  # type: ignore[union-attr]
         stop = []
         if self.duration_s:
-            stop.append(f"{self.duration_s:g} s")
+            stop.append(fmt_seconds(self.duration_s))
         if self.num_requests:
             stop.append(f"{plural(self.num_requests, 'request')}")
         return f"{arrive}; {lengths}; {' or '.join(stop) or 'the whole trace'}; seed {self.seed}"
@@ -621,6 +621,10 @@ def run_workload(workload: Workload, token: str | None = None, record_series: bo
                           work=work, force=force, progress=progress)
     except ScenarioError:
         raise
-    except KvplanError as exc:  # name the file (a merged option has no single line)
-        raise ScenarioFileError(workload.where, exc.message, exc.hint) from None
+    except KvplanError as exc:  # in the file's words, at the key it names first (else the file)
+        from kvplan.checks.fields import first_key, in_file_words
+
+        key = first_key(exc.message)
+        raise ScenarioFileError(workload.where_of(key) if key else workload.where, in_file_words(exc.message),
+                                in_file_words(exc.hint)) from None
     return WorkloadRun(workload, plan, result, notes + result.notes, capacity(workload, plan))

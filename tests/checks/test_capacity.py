@@ -321,3 +321,28 @@ def test_junit_and_annotations_carry_every_suggestion(tmp_path):
     data = json.loads(runner.invoke(app, ["check", str(path), "--offline", "--conservative", "--json"]).stdout)
     assert [c["requirements"][0]["suggestions"] for c in data["checks"]] == [
         list(r.outcomes[0].suggestions) for r in report.results]
+
+
+def test_junit_times_are_the_real_elapsed_seconds(tmp_path):
+    # every testsuite and testcase said time="0": each case carries the seconds its check took (a failing check
+    # re-plans its suggestions, so it takes longer than a passing one), the suite at least their sum; a file that
+    # cannot be checked carries the seconds it took to find that out
+    path = write(tmp_path, """\
+        - name: fits
+          require: {concurrency: 9}
+        - name: too-many
+          require: {concurrency: 10}
+        """)
+    junit = tmp_path / "junit.xml"
+    runner.invoke(app, ["check", str(path), "--offline", "--junit-xml", str(junit)])
+    root = ET.parse(junit).getroot()
+    suite = root.find("testsuite")
+    times = {c.get("name"): float(c.get("time")) for c in suite.iter("testcase")}
+    assert all(t > 0 for t in times.values()) and times["too-many"] > times["fits"], times
+    assert float(suite.get("time")) >= sum(times.values()) - 0.002 and root.get("time") == suite.get("time")  # 3 decimals each
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n  - {name: a, require: {concurrency: 0}}\n")
+    runner.invoke(app, ["check", str(bad), "--offline", "--junit-xml", str(junit)])
+    for element in ET.parse(junit).getroot().iter():
+        if "time" in element.attrib:
+            assert float(element.get("time")) > 0, element.tag

@@ -184,7 +184,7 @@ def test_error_leaves_existing_reports_untouched(tmp_path):
         outputs: [out/r.csv, out/r.html]
         """)
     r = runner.invoke(app, ["report", str(path), "--offline"])
-    assert r.exit_code == 2 and "--tp 3" in r.stderr
+    assert r.exit_code == 2 and "tp 3 does not divide" in r.stderr
     assert (out / "r.csv").read_text() == "OLD" and not (out / "r.html").exists()
     assert sorted(p.name for p in out.iterdir()) == ["r.csv"]
 

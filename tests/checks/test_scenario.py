@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from kvplan.cli.app import app
 from kvplan.checks.scenario import load_capacity, load_whatif
 from kvplan.io.yamldoc import ScenarioFileError
+from kvplan.options import YAML_OPTIONS
 
 from entry_point import kvplan as run
 
@@ -169,9 +170,31 @@ def test_missing_and_empty_requirements(tmp_path):
     assert "file.yaml:2:5:" in line and "names no model" in line
 
 
-def test_option_contradiction_points_at_the_check(tmp_path):
+def test_option_contradiction_points_at_the_key(tmp_path):
     line = check_error(tmp_path, GOOD_CHECK + "  - name: bad-tp\n    tp: 3\n    require: {fits: true}\n")
-    assert "file.yaml:7:5:" in line and "bad-tp" in line and "--tp 3" in line
+    assert "file.yaml:8:9:" in line and "bad-tp" in line and "tp 3 does not divide" in line and "--" not in line
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("tp", 3, "tp 3 does not divide"),
+    ("kv_budget", "900GiB", "kv_budget 900.00 GiB does not fit"),
+    ("prefix_tokens", 9000, "prefix_tokens 9000 exceeds context 8192"),
+    ("gpu_memory", "200GiB", "gpu_memory 200.00 GiB is more than"),
+    ("max_num_batched_tokens", 16, "max_num_batched_tokens"),
+])
+def test_a_planning_error_names_the_file_line_and_key(tmp_path, key, value, words):
+    # the class: what only planning finds (a contradiction, a budget past the GPU) is located at the key that
+    # caused it and written in the file's words, in a capacity file and in a workload file alike
+    line = check_error(tmp_path, GOOD_CHECK + f"  - name: bad\n    context: 8k\n    {key}: {value}\n"
+                                              "    require: {fits: true}\n")
+    assert "file.yaml:9:" in line and words in line and "--" not in line, line
+    if key == "prefix_tokens":  # a workload's prefixes are its own key
+        return
+    work = write(tmp_path, f"model: meta-llama/Llama-3.1-8B\ngpu: H100\ncontext: 8k\n{key}: {value}\n"
+                           "arrivals: {rate: 1}\nnum_requests: 5\nprompt_tokens: 100\noutput_tokens: 10\n", "w.yaml")
+    r = runner.invoke(app, ["simulate", str(work), "--offline"])
+    assert r.exit_code == 2, r.output
+    assert "w.yaml:4:" in r.stderr and words in r.stderr and "--" not in r.stderr.replace("(--json", ""), r.stderr
 
 
 WHATIF = """\
@@ -205,7 +228,7 @@ def test_whatif_errors(tmp_path):
     assert "nothing to report" in line
     line = report_error(tmp_path, WHATIF.replace("gpu: [H100, L4]", "tp: [1, 3]"))
     assert "file.yaml:3:1:" in line or "file.yaml:4:" in line
-    assert "--tp 3" in line
+    assert "tp 3 does not divide" in line and "--tp" not in line  # in the file's words
 
 
 def test_schema_command_prints_json_schema():
@@ -339,7 +362,7 @@ CHECK_MISTAKES = [
     ("  - name: b\n    tp: zero\n    require: {fits: true}\n", "schema", "'zero': expected a positive integer"),
     ("  - name: c\n    require: {}\n", "nothing required", "nothing required"),
     ("  - name: d\n    model: Llama-3.1-8C\n    require: {fits: true}\n", "unknown model", "'Llama-3.1-8C'"),
-    ("  - name: e\n    tp: 3\n    require: {fits: true}\n", "option contradiction", "--tp 3"),
+    ("  - name: e\n    tp: 3\n    require: {fits: true}\n", "option contradiction", "tp 3 does not divide"),
     ("  - name: a\n    require: {fits: true}\n", "duplicate name", "duplicate check name 'a'"),
 ]
 
@@ -390,3 +413,36 @@ def test_a_gpu_name_under_gpus_suggests_gpu(tmp_path):
     (tmp_path / "w.yaml").write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nsweep:\n  gpus: [H100]\n")
     r = run("report", str(tmp_path / "w.yaml"))
     assert r.returncode == 2 and "did you mean gpu?" in r.stderr
+
+
+def _past_the_limit(opt) -> object:
+    """A YAML value one unit past ``opt``'s limit: a count or token count + 1, a size in GiB twice the bound."""
+    from kvplan.units import GiB
+
+    return f"{opt.limit * 2 // GiB}GiB" if opt.kind.startswith("size") else opt.limit + 1
+
+
+BOUNDED_OPTIONS = [o for o in YAML_OPTIONS if o.limit is not None]
+
+
+@pytest.mark.parametrize("key, value", [("concurrency", 1 << 20 | 1), ("context", (1 << 32) + 1),
+                                        ("kv_tokens", (1 << 32) + 1)])
+def test_a_requirement_past_its_bound_is_reported_at_its_key(tmp_path, key, value):
+    # a huge require.concurrency was "invalid --batch ..." at the check's line: the batch it becomes was checked,
+    # not the key the user wrote; every bounded requirement is checked at its own key, in the file's words
+    line = check_error(tmp_path, GOOD_CHECK.replace("{concurrency: 4}", f"{{{key}: {value}}}"))
+    assert f"file.yaml:6:" in line and f"checks[0].require.{key}" in line and "must be at most" in line, line
+    assert "--" not in line, line
+
+
+@pytest.mark.parametrize("opt", BOUNDED_OPTIONS, ids=lambda o: o.name)
+def test_every_bounded_option_past_its_bound_is_reported_at_its_key(tmp_path, opt):
+    # the class of the same mistake: each option the CLI bounds is bounded in a file too, located at the key
+    # (line 7: the check's own key) and named as the file names it, never by a CLI flag
+    value = _past_the_limit(opt)
+    line = check_error(tmp_path, GOOD_CHECK + f"  - name: big\n    {opt.name}: {value}\n    require: {{fits: true}}\n")
+    assert f"file.yaml:8:" in line and f"checks[1].{opt.name}" in line and "must be at most" in line, line
+    assert opt.flag not in line, line
+    swept = report_error(tmp_path, f"defaults: {{model: meta-llama/Llama-3.1-8B}}\nsweep:\n  {opt.name}: [{value}]\n"
+                                   "outputs: [out/r.csv]\n")
+    assert f"sweep.{opt.name}" in swept and "must be at most" in swept and opt.flag not in swept, swept

@@ -64,7 +64,8 @@ def test_prefix_flag_reports_savings():
     (["estimate", "meta-llama/Llama-3.1-8B", "--context", "eight"], "--context"),
     (["estimate", "meta-llama/Llama-3.1-8B", "--batch", "0"], "--batch"),
     (["estimate", "meta-llama/Llama-3.1-8B", "--tp", "3"], "--tp 3"),
-    (["estimate", "meta-llama/Llama-3.1-8B", "--tp", "2", "--gpus", "4"], "--gpus"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--tp", "2", "--pp", "1", "--gpus", "4"], "--gpus"),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--tp", "2", "--gpus", "3"], "--gpus 3 is not a multiple of --tp 2"),
     (["estimate", "meta-llama/Llama-3.1-8B", "--gpu-util", "0"], "--gpu-util"),
     (["estimate", "meta-llama/Llama-3.1-8B", "--kv-dtype", "fp7"], "kv-dtype"),
     (["estimate", "meta-llama/Llama-3.1-8B", "--gpu-memory", "lots"], "gpu-memory"),
@@ -421,3 +422,90 @@ def test_a_kv_dtype_the_engine_cannot_run_prints_no_launch_line(engine, kv):
     assert "--kv-cache-dtype" not in flat.split("serve:")[1].split("note:")[0]
     assert "serve: none:" in flat and "is a what-if" in flat
     assert "vllm serve" not in flat and "sglang.launch_server" not in flat
+
+
+# ---------------------------------------------------------------------------------------------
+# --help names the default GPU; shell completion offers GPU names, bundled models and dtypes
+
+
+def test_help_names_the_default_gpu():
+    from kvplan.options import DEFAULT_GPU
+
+    import re
+
+    r = runner.invoke(app, ["estimate", "--help"], env={"COLUMNS": "200"})
+    assert f"(default {DEFAULT_GPU}, unless --gpu-memory is given)" in " ".join(re.sub("[│╭╮╰╯─]", " ", r.output).split())
+
+
+def _completions(command: str, flag: str | None, incomplete: str) -> list[str]:
+    """What the shell completes for ``kvplan COMMAND [FLAG] INCOMPLETE``: typer's completion as a shell runs it
+    (zsh's protocol: the words in _TYPER_COMPLETE_ARGS, the values back in one ``_arguments`` line)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    words = " ".join(["kvplan", command, *(["x", flag] if flag else []), incomplete])
+    env = {**os.environ, "_TYPER_COMPLETE_ARGS": words, "_KVPLAN_COMPLETE": "complete_zsh"}
+    out = subprocess.run([sys.executable, "-m", "kvplan"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return re.findall(r'"([^"]*)"', out.stdout)
+
+
+@pytest.mark.parametrize("command", ["estimate", "validate", "models show"])
+def test_completion_offers_bundled_models(command):
+    from kvplan.model.sources import bundled_ids
+
+    got = _completions(command, None, "meta-llama/Llama-3.1-8")
+    assert got and set(got) <= set(bundled_ids()) and "meta-llama/Llama-3.1-8B" in got
+
+
+def test_every_option_with_names_completes_them():
+    # the class: every estimate option (and each other spelling of it) whose kind has names to offer completes
+    # them; a list option completes its last item
+    from kvplan.cli.options import COMPLETIONS, split_flags
+    from kvplan.options import CLI_OPTIONS
+
+    named = [o for o in CLI_OPTIONS if o.kind in COMPLETIONS]
+    assert {"gpu", "kv_dtype", "dtype", "engine", "usage_context", "speculative"} <= {o.name for o in named}
+    for opt in named:
+        own, others = split_flags(opt)
+        for flag in [f for f in own if f.startswith("--")] + [f for f, negates in others if not negates]:
+            assert _completions("estimate", flag, ""), (opt.name, flag)
+    assert {"H20-96GB", "H200-SXM-141GB"} <= set(_completions("estimate", "--gpu", "H2"))
+    assert _completions("estimate", "--gpu", "H100,mi3") and all(
+        c.startswith("H100,mi3") for c in _completions("estimate", "--gpu", "H100,mi3"))
+    assert set(_completions("estimate", "--kv-dtype", "fp8")) == {"fp8", "fp8_e4m3", "fp8_e5m2"}
+    assert set(_completions("validate", "--kv-cache-dtype", "int")) == {"int8", "int4"}
+    assert _completions("models show", "--kv-dtype", "b") == ["bf16"]
+    assert _completions("estimate", "--engine", "s") == ["sglang"]
+
+
+def test_completion_is_cheap():
+    # a completion runs on every <TAB>: no torch, no Hub client, no pydantic
+    import subprocess
+    import sys
+
+    code = ("import sys; from kvplan.cli.options import complete_gpu, complete_model, complete_kv_dtype; "
+            "complete_gpu('h'); complete_model('q'); complete_kv_dtype('f'); "
+            "print(sorted(m for m in ('torch', 'huggingface_hub', 'pydantic', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_command_summary_reads_as_one_paragraph():
+    # `kvplan --help` broke validate's summary mid-sentence: a docstring's line break is kept by rich markup, so
+    # each command's (and subcommand's) summary paragraph is written on one line
+    import typer
+
+    def walk(group, path):
+        for name, cmd in getattr(group, "commands", {}).items():
+            yield f"{path} {name}", cmd
+            yield from walk(cmd, f"{path} {name}")
+
+    seen = 0
+    for path, cmd in walk(typer.main.get_command(app), "kvplan"):
+        summary = (cmd.help or "").strip().split("\n\n")[0]
+        assert summary and "\n" not in summary, (path, summary)
+        seen += 1
+    assert seen >= 11

@@ -341,17 +341,19 @@ def test_gpus_alone_implies_tensor_parallelism_and_says_so():
     assert (plan.options.tp, plan.options.pp, plan.options.gpu_count) == (8, 1, 8)
     assert any(n.startswith("--gpus 8 without --tp/--pp: tensor parallelism over all of them (tp 8)") for n in plan.notes)
     with pytest.raises(Exception, match="does not match --gpus 8"):
-        api.estimate("meta-llama/Llama-3.1-8B", gpus=8, tp=2)  # a contradiction stays an error
+        api.estimate("meta-llama/Llama-3.1-8B", gpus=8, tp=2, pp=2)  # a contradiction stays an error
 
 
 def test_a_yaml_context_past_max_model_len_is_located(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nchecks:\n"
                     "  - name: long\n    context: 32k\n    max_model_len: 8k\n    require: {fits: true}\n")
-    line = assert_one_line(kvplan("check", str(path), "--offline"), "exceeds --max-model-len 8192")
-    assert "c.yaml:3:" in line
+    # in the file's words (its keys, not the CLI's flags), at the key the error names first
+    line = assert_one_line(kvplan("check", str(path), "--offline"), "context 32768 exceeds max_model_len 8192")
+    assert "c.yaml:4:" in line and "--" not in line
     path.write_text("defaults: {model: meta-llama/Llama-3.1-8B, max_model_len: 8k}\nsweep: {context: [4k, 32k]}\n")
-    assert_one_line(kvplan("report", str(path), "--offline"), "--context 32768 exceeds --max-model-len 8192")
+    line = assert_one_line(kvplan("report", str(path), "--offline"), "context 32768 exceeds max_model_len 8192")
+    assert "--" not in line
 
 
 def test_one_concurrent_request_is_singular():
@@ -474,23 +476,27 @@ def test_a_key_with_a_newline_stays_on_one_line(tmp_path):
 
 
 def test_a_huge_simulated_pool_is_refused_before_it_is_allocated(tmp_path):
-    # kv_budget 100 TiB = 100 x 2^40 / 2^21 = 52,428,800 blocks of 2 MiB: ~8.5 GB of allocator state at
-    # 163 B a block (the fuzz's worker grew to 24 GB before it was stopped)
+    # kv_budget 8 TiB = 8 x 2^40 / 2^21 = 4,194,304 blocks of 2 MiB: ~680 MB of allocator state at 163 B a
+    # block (the fuzz's worker grew to 24 GB before it was stopped); on a 16 TiB device, so the budget fits it
     path = tmp_path / "w.yaml"
-    path.write_text("model: meta-llama/Llama-3.1-8B\nkv_budget: 100TiB\nmax_model_len: 4096\narrivals: {rate: 1}\n"
+    path.write_text("model: meta-llama/Llama-3.1-8B\ngpu_memory: 16TiB\nkv_budget: 8TiB\nmax_model_len: 4096\n"
+                    "timing: {prefill_s_per_token: 1.0e-6, decode_step_s: 0.01}\narrivals: {rate: 1}\n"
                     "num_requests: 10\nprompt_tokens: 10\noutput_tokens: 10\n")
     assert_one_line(kvplan("simulate", str(path), "--offline"), "blocks, past the 2,000,000 the simulator holds")
 
 
 def test_a_validation_that_checks_no_request_does_not_pass():
     # the docs' old laptop example: 0.25 GiB = 14 blocks of 128 tokens (18 MiB each); a 2,048-token request
-    # needs 16: the plan fits 0 requests, the fill checks nothing, and it printed PASS
+    # needs 16: the plan fits 0 requests, the fill checks nothing, and it printed PASS. It then failed (exit 1,
+    # "FAIL") as if the pool disagreed with the plan; a plan of no request is bad input: one line, exit 2
     pytest.importorskip("torch")
     r = kvplan("validate", "Qwen/Qwen3-8B", "--gpu", "cpu", "--gpu-memory", "8GiB", "--kv-budget", "0.25GiB",
                "--context", "2k", timeout=300)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "the plan fits no request of 2,048 tokens, so the fill checked nothing" in " ".join(r.stdout.split())
-    assert "PASS  estimate matches" not in r.stdout
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    line = r.stderr.strip()
+    assert line.startswith("kvplan: error: the plan fits no request of 2,048 tokens (vllm does not start: "), line
+    assert "): nothing to validate (try --context " in line, line
 
 
 # ---------------------------------------------------------------------------------------------

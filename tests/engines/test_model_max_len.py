@@ -32,6 +32,7 @@ from dataclasses import replace
 import pytest
 
 from kvplan.engines import sglang, vllm
+from kvplan.errors import KvplanError
 from kvplan.model.modelspec import RopeScaling
 from kvplan.planning.plan import Options, plan_for_spec
 from kvplan.model.spec import spec_from_config
@@ -139,3 +140,83 @@ def test_an_absurd_factor_stays_a_number():
         spec = replace(_spec(QWEN3), rope_scaling=(RopeScaling("deepseek_yarn", factor),))
         assert vllm.model_max_len(old, spec).tokens == tokens
         assert sglang.model_max_len(sglang.defaults("0.5", 80 * GiB, False), spec).tokens == tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# the default context: at most the model's maximum (vLLM's own default max_model_len is the maximum)
+
+
+def _default_plans():
+    from kvplan.model.sources import bundled_ids, load_bundled
+    from kvplan.model.spec import build_spec
+    from kvplan.options import options_from_values
+
+    for model_id in bundled_ids():
+        spec = build_spec(load_bundled(model_id))
+        for engine in ("vllm", "sglang"):
+            yield model_id, engine, spec, options_from_values({"model": model_id, "gpu": "H200", "engine": engine})
+
+
+def test_the_default_context_is_at_most_every_bundled_models_maximum():
+    # Phi-3-mini-4k and Llama-2-7b "did not start" on their first run: 8,192 exceeds their 4,096. Over every bundled
+    # spec and engine: the default context is min(8,192, the model's maximum), the plan never refuses for its length,
+    # and the plan says which it was (JSON assumptions.context_source, a note when it was lowered)
+    lowered = set()
+    for model_id, engine, spec, options in _default_plans():
+        try:
+            p = plan_for_spec(spec, options)
+        except KvplanError as exc:  # a model the engine does not serve is refused on its own account
+            assert "maximum length" not in str(exc) and "max_model_len" not in str(exc), (model_id, engine, exc)
+            continue
+        limit = p.answer.model_max_len
+        assert p.options.context == min(8192, limit or 8192), (model_id, engine)
+        assert "exceeds the model's maximum length" not in (p.answer.refusal or ""), (model_id, engine)
+        source = p.to_dict()["assumptions"]["context_source"]
+        note = [n for n in p.notes if n.startswith(f"context {p.options.context:,} tokens: the model's maximum")]
+        if limit and limit < 8192:
+            lowered.add(model_id)
+            assert source == "model maximum" and len(note) == 1, (model_id, engine, source, p.notes)
+        else:
+            assert source == "default" and not note, (model_id, engine)
+    assert {"microsoft/Phi-3-mini-4k-instruct", "meta-llama/Llama-2-7b-hf"} <= lowered
+
+
+def test_a_given_context_past_the_maximum_is_never_lowered():
+    # only the default follows the model: a context the user gives is planned as given (the engine's refusal shows)
+    from kvplan.options import options_from_values
+    from kvplan.planning.plan import estimate
+
+    for values in ({"context": "8k"}, {"max_model_len": 8192}):
+        p = estimate(options_from_values({"model": "meta-llama/Llama-2-7b-hf", "gpu": "H100", **values}))
+        assert p.options.context == 8192 and p.answer.refusal, values
+        assert p.to_dict()["assumptions"]["context_source"] == "given"
+
+
+def _kvplan(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "kvplan", *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_every_command_plans_the_default_context_at_a_short_models_maximum(tmp_path):
+    # estimate, check, report, simulate and the Python API all take the one default (kvplan.planning.plan)
+    import kvplan
+
+    model = "microsoft/Phi-3-mini-4k-instruct"
+    assert kvplan.estimate(model, gpu="H100").options.context == 4096
+    r = _kvplan("estimate", model, "--gpu", "H100", "--json")
+    assert json.loads(r.stdout)["assumptions"]["context_tokens"] == 4096, r.stderr
+    (tmp_path / "c.yaml").write_text(f"defaults: {{model: {model}, gpu: H100}}\nchecks:\n  - name: a\n"
+                                     "    require: {fits: true}\n")
+    r = _kvplan("check", str(tmp_path / "c.yaml"), "--offline", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "4,096" in r.stdout or "4096" in r.stdout
+    (tmp_path / "w.yaml").write_text(f"defaults: {{gpu: H100}}\nsweep:\n  model: [{model}, meta-llama/Llama-3.1-8B]\n"
+                                     "outputs: [out/r.json]\n")
+    r = _kvplan("report", str(tmp_path / "w.yaml"), "--offline", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "out" / "r.json").read_text())["rows"]
+    assert [(row["context"], row["fits"]) for row in rows] == [(4096, True), (8192, True)], rows
+    (tmp_path / "s.yaml").write_text(f"model: {model}\ngpu: H100\narrivals: {{rate: 1}}\nnum_requests: 5\n"
+                                     "prompt_tokens: 100\noutput_tokens: 10\n")
+    r = _kvplan("simulate", str(tmp_path / "s.yaml"), "--offline", "--json")
+    assert r.returncode == 0, r.stderr
+    assert '"max_model_len": 4096' in r.stdout

@@ -246,3 +246,53 @@ def test_validate_names_the_request_of_each_attention_row():
     console.print(render_result(result, plan))
     text = console.export_text()
     assert f"1 of {result.fill.filled_requests}" in text and "…" not in text
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    # Qwen3-0.6B: 28 layers x 8 kv heads x 128 x 2 x 2 B = 114,688 B/token, 14 MiB per 128-token block; 0.25 GiB
+    # is 18 blocks = 2,304 tokens, short of one 32k request
+    (("Qwen/Qwen3-0.6B", *CPU, "--kv-budget", "0.25GiB", "--context", "32k"), "does not start"),
+    # the same plan on SGLang, whose pool caps a request instead of refusing to start
+    (("Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "sglang", "--kv-budget", "0.01GiB", "--context", "32k",
+      "--device", "cpu"), "nothing to validate"),
+    # a budget smaller than one block besides the null block
+    (("Qwen/Qwen3-0.6B", *CPU, "--kv-budget", "0.001GiB", "--context", "512"), "nothing to validate"),
+])
+def test_a_plan_of_no_request_is_bad_input_not_a_failed_validation(args, why):
+    # `validate` exited 1 ("FAIL") when the plan fits no request: nothing was measured, so nothing failed; every
+    # such plan (the engine refuses, its pool caps the request to nothing, no usable block) is one line, exit 2
+    r = runner.invoke(app, ["validate", *args])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvplan: error: ") and why in lines[0], r.output
+    assert "nothing to validate" in lines[0] and "FAIL" not in r.output
+
+
+@pytest.mark.parametrize("width", [80, 64])
+def test_validate_tables_are_framed_and_never_cut_a_figure(width):
+    # the tables cut figures at 80 columns ("264,241,15…") and had no frame: every table of a validation, with
+    # an H200-sized pool's figures, and the ranks table, keep each figure whole at the width and draw a frame
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from kvplan.paged.validate import validate_plan
+    from kvplan.planning.plan import estimate, options_from_values
+    from kvplan.render.validate import render_ranks, render_result
+
+    plan = estimate(options_from_values({"model": "Qwen/Qwen3-0.6B", "gpu": "cpu", "gpu_memory": "8GiB",
+                                         "kv_budget": "0.25GiB", "context": "512"}))
+    r = validate_plan(plan, "cpu")
+    big = 123_456_789_012  # 115 GiB: the widest figure a 141 GB GPU's pool prints
+    r = replace(r, measure=replace(r.measure, estimate_bytes=big, storage_bytes=big, device_bytes=big + 4_096,
+                                   expected_device_bytes=big, rss_bytes=big + 3_067_904, released_bytes=0),
+                num_blocks=8_410_152)
+    figures = [f"{big:,}", f"{big + 4_096:,}"]  # whole, in the measure table and the ranks table
+    for renderable in (render_result(r, plan, width=width), render_ranks([r, replace(r, rank=1)], width=width)):
+        console = Console(width=width, record=True, color_system=None)
+        console.print(renderable)
+        text = console.export_text()
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= width, text
+        assert "┏" in text and "└" in text, text  # framed
+        for figure in figures:
+            assert figure in text, (figure, text)

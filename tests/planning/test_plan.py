@@ -252,10 +252,15 @@ def test_max_model_len_auto_is_the_longest_that_starts():
                                       "context": "4k"}))
     assert p.max_model_len == 511 * 16
     assert p.answer.engine_starts and any("auto" in n for n in p.notes)
-    # a context longer than that is the same error as --context 8k --max-model-len 8176: vLLM rejects it
+    # a given context longer than that is the same error as --context 8k --max-model-len 8176: vLLM rejects it
     with pytest.raises(InputError, match="--context 8192 exceeds --max-model-len auto = 8176") as err:
-        estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto"}))
+        estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto",
+                                      "context": "8k"}))
     assert err.value.hint == "lower --context to 8176"
+    # the default context (none given) follows what auto chose, and says so
+    p = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "kv_budget": "1GiB", "max_model_len": "auto"}))
+    assert p.options.context == p.max_model_len == 8176
+    assert any(n.startswith("context 8,176 tokens: the longest --max-model-len auto starts with") for n in p.notes)
     # capped at max_position_embeddings when memory is plentiful
     big = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "max_model_len": "auto"}))
     assert big.max_model_len == big.spec.max_position_embeddings == 131_072
@@ -307,3 +312,68 @@ def test_a_model_described_by_options_alone_is_planned():
     assert "describe it: --layers N --kv-heads N --head-dim N --weights-gib SIZE" in err.value.hint
     with pytest.raises(KvplanError, match="no weight facts"):
         kvplan.estimate("mymodel", layers=32, kv_heads=8, head_dim=128)
+
+
+# every user-given term that, with a given KV budget, asks the device for more than it has: the KV budget alone,
+# or beside a given weights / activation / overhead / CUDA-graph term, or on a --gpu-memory smaller than the pool;
+# on each engine and on the CPU backend with a host size
+IMPOSSIBLE_BUDGETS = [
+    dict(kv_budget="900GiB"),
+    dict(kv_budget="62GiB"),  # 79.20 - 14.96 - 1.79 - 0.33 - 0.97 = 61.16 GiB is what an H100 leaves
+    dict(kv_budget="60GiB", overhead_gib="30"),
+    dict(kv_budget="40GiB", activation_gib="30"),
+    dict(kv_budget="50GiB", cudagraph_gib="20"),
+    dict(kv_budget="6GiB", weights_gib="200"),
+    dict(kv_budget="60GiB", gpu="H100", gpu_memory="64GiB"),
+    dict(kv_budget="64GiB", engine="sglang"),  # SGLang holds no activation or graph term here: 63.67 GiB left
+    dict(kv_budget="80GiB", gpu="cpu", gpu_memory="64GiB"),
+]
+
+
+@pytest.mark.parametrize("kw", IMPOSSIBLE_BUDGETS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_a_kv_budget_past_what_the_device_holds_is_refused(kw):
+    # --kv-budget 900GiB on an H100 planned 899 requests, "fits" and a launch line vLLM fails on: the engine
+    # allocates the cache it is told to, beside everything else it holds, so the plan is refused with the figures
+    values = {"model": LLAMA, "gpu": "H100", **kw}
+    with pytest.raises(InputError) as exc:
+        estimate(options_from_values(values))
+    message = exc.value.message
+    assert message.startswith(f"--kv-budget {options_from_values(values).kv_budget_bytes / GiB:,.2f} GiB does not fit")
+    assert "leaves" in message and "GiB for the KV cache" in message
+    if "gpu_memory" in kw:
+        assert "--gpu-memory 64.00 GiB" in message
+    else:
+        assert "79.20 GiB" in message  # the H100's runtime-reported total
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("gib", [1, 20, 61, 62, 63, 70, 79, 80])
+def test_a_given_kv_budget_either_fits_the_device_or_is_refused(engine, gib):
+    # the property: whatever is given, an answered plan's KV budget and every other term fit in the device
+    try:
+        p = estimate(options_from_values({"model": LLAMA, "gpu": "H100", "engine": engine, "kv_budget": f"{gib}GiB"}))
+    except InputError as exc:
+        assert "does not fit" in exc.message
+        return
+    assert p.budget.kv_budget_bytes + sum(t.bytes for t in p.budget.terms) <= p.gpu.memory_bytes
+
+
+def test_a_cpu_backend_sized_by_its_kv_space_alone_is_not_refused():
+    # the CPU backend without a host size plans VLLM_CPU_KVCACHE_SPACE as given: there is no total to hold it to
+    p = estimate(options_from_values({"model": LLAMA, "gpu": "cpu", "kv_budget": "900GiB", "context": "4k"}))
+    assert p.budget.kv_budget_bytes == 900 * GiB
+
+
+def test_a_gpu_memory_past_what_the_named_gpu_has_is_refused():
+    # `--gpu H100 --gpu-memory 200GiB` planned 200 GiB on an H100. Over the catalogue: a named GPU takes any
+    # --gpu-memory up to what it has by any count (runtime total, nvidia-smi's, the box's), none above
+    from kvplan.gpus import load_gpus
+    from kvplan.units import MiB
+
+    for g in (g for g in load_gpus() if not g.is_cpu and g.memory_bytes):
+        counts = [g.memory_bytes, (g.smi_memory_mib or 0) * MiB, round((g.marketing_gb or 0) * GiB)]
+        for ok in {c for c in counts if c} | {g.memory_bytes // 2}:
+            p = estimate(Options(model="Qwen/Qwen3-0.6B", gpu=g.name, gpu_memory_bytes=ok))
+            assert p.gpu.memory_bytes == ok, g.name
+        with pytest.raises(InputError, match=f"is more than the {g.name} has"):
+            estimate(Options(model="Qwen/Qwen3-0.6B", gpu=g.name, gpu_memory_bytes=max(counts) + MiB))

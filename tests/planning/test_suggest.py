@@ -235,12 +235,12 @@ def test_short_by_one_block_is_singular(tmp_path):
     # Llama-3.1-8B, 10 GiB of KV = 5,120 blocks of 2 MiB (one null): ten 8k requests need 10 x 512 = 5,120 > 5,119,
     # short by 1 block (before: "short by 1 blocks")
     args = ("meta-llama/Llama-3.1-8B", "-g", "H100", "--kv-budget", "10GiB", "-c", "8k", "-b", "10")
-    assert "does NOT fit (short by 1 block = 2 MiB)" in _flat(kvplan("estimate", *args).stdout)
+    assert "does NOT fit (short by 1 block = 2 MiB; 1 null block kept by vllm)" in _flat(kvplan("estimate", *args).stdout)
     path = tmp_path / "c.yaml"
     path.write_text("defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100, kv_budget: 10GiB, context: 8k}\n"
                     "checks:\n  - {name: ten, batch: 10, require: {fits: true}}\n", encoding="utf-8")
     (r,) = run_checks(load_capacity(path), offline=True).results
-    assert "(short by 1 block = 16 token slots)" in r.outcomes[0].message
+    assert "(short by 1 block = 16 token slots; 1 null block kept by vllm)" in r.outcomes[0].message
 
 
 # f-string values before a plural noun that are not counts in kvplan's own words: layer kinds ("sliding layers"),

@@ -59,7 +59,7 @@ def _plans(model_id: str):  # noqa: ANN202
         yield plan_for_spec(spec_of(model_id), Options(model=model_id, **values))
 
 
-def test_the_answer_is_in_the_first_lines_and_brief_is_four():
+def test_the_answer_is_in_the_first_lines_and_brief_is_five():
     r = kvplan("estimate", LLAMA, "--gpu", "H100", "--context", "8k", "--batch", "32")
     lines = r.stdout.splitlines()
     assert lines[1].startswith("╭─ answer"), lines[:3]
@@ -68,9 +68,12 @@ def test_the_answer_is_in_the_first_lines_and_brief_is_four():
     assert "max context at batch 32: 14,032 tokens (needs --max-model-len 14032)" in head
     assert "32 x 8,192 tokens: fits" in head
     brief = kvplan("estimate", LLAMA, "--gpu", "H100", "--context", "8k", "--batch", "32", "--brief").stdout
-    assert brief.splitlines() == ["Available KV cache memory: 54.82 GiB", "GPU KV cache size: 449,088 tokens",
-                                  "Maximum concurrency for 8,192 tokens per request: 54.82x",
-                                  "32 x 8,192 tokens: fits (11,683 blocks = 186,928 tokens spare)"]
+    # 28,068 blocks - 1 null block - 32 x 512 = 11,683 spare; 28,067 // 512 = 54 requests (the integer answer)
+    assert _flat(brief) == " ".join([
+        "Available KV cache memory: 54.82 GiB", "GPU KV cache size: 449,088 tokens",
+        "Maximum concurrency for 8,192 tokens per request: 54.82x",
+        "at 8,192 tokens/request: 54 (52 - 55) concurrent requests (the pool binds: 512 blocks each; max_num_seqs 1,024)",
+        "32 x 8,192 tokens: fits (11,683 blocks = 186,928 tokens spare; 1 null block kept by vllm)"])
 
 
 @pytest.mark.parametrize("model_id", bundled_ids())
@@ -88,10 +91,20 @@ def test_brief_and_the_answer_panel_come_from_one_function(model_id):
         assert _flat(" ".join(lines)) in answer, where
         brief = _text(render_brief(p), width=200).splitlines()
         assert brief[-1] == lines[-1], where  # one verdict
+        # the integer answer: the requests line of the panel, in --brief too
+        requests = next(line for line in lines if line.startswith(f"at {a.context:,} tokens/request: "))
+        assert brief[-2].split(" (")[0] == requests.split(" (")[0], where
+        assert re.match(rf"at {a.context:,} tokens/request: {a.max_requests:,} ", brief[-2]), (where, brief[-2])
+        # spare or short blocks are blocks - null block - the batch's blocks, and the verdict says why
+        if "spare" in lines[-1] or "short by" in lines[-1]:
+            assert "; 1 null block kept by " + p.engine.engine in lines[-1], (where, lines[-1])
+            if not a.shared_prefix_tokens and p.layout.block_size > 1:
+                blocks = a.num_blocks - 1 - a.batch * a.blocks_per_request
+                assert (f"({blocks:,} block" if blocks >= 0 else f"short by {-blocks:,} block") in lines[-1], where
         if a.refusal:
             assert "will refuse to start" in brief[0], where
         else:
-            assert brief[:-1] == list(p.rules.log_lines(p.launch)), where
+            assert brief[:-2] == list(p.rules.log_lines(p.launch)), where
             assert f"{a.kv_tokens:,} tokens" in brief[1] if p.engine.engine == "vllm" else \
                 f"max_total_num_tokens={a.kv_tokens}," in brief[0], where
         context_line = next(line for line in lines if line.startswith("max context at batch"))
@@ -167,3 +180,59 @@ def test_the_memory_panel_separates_thousands_beside_numbers_that_do():
     console.print(render_plan(api.estimate(LLAMA, gpu_memory="1000")))
     text = console.export_text()
     assert "1,073.74 GB" in text and "1,000.00 GiB" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# thousands separators: every count kvplan computes and prints is grouped (`1,500 x 2,048`, not `1500 x 2,048`);
+# what is left bare is what a flag or a log line takes as typed (`--max-model-len 131072`, `max_total_num_tokens=`)
+
+_BARE = re.compile(r"(?<![\w.,/=+-])\d{4,}(?![\w.]|,\d)")  # 4+ digits, not part of a grouped number, id or decimal
+_AS_TYPED = re.compile(r"(--[a-z-]+|[a-z_]+=|try|was) ?\d+")  # a flag's value, a log line's key=value, a suggestion
+
+
+def _bare_numbers(text: str) -> list[str]:
+    text = _AS_TYPED.sub("", " ".join(re.sub(r"[│╭╮╰╯─┃┏┓┗┛━┡┩╇┳┻╋┼└┘┴┬├┤]", " ", text).split()))
+    return _BARE.findall(text)
+
+
+SCENARIOS = [dict(batch=1500, context=2048), dict(batch=1200, context=100_000, prefix_tokens=2000),
+             dict(batch=3, context=8192, max_num_seqs=2048), dict(batch=20_000, context=1024, kv_dtype="fp8")]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "google/gemma-3-27b-it", "Qwen/Qwen3-30B-A3B"])
+def test_every_figure_of_the_answer_and_paging_is_grouped(model, engine):
+    from rich.console import Console
+
+    import kvplan
+    from kvplan.render.estimate import _paging_panel, answer_lines, render_brief
+
+    for values in SCENARIOS:
+        p = kvplan.estimate(model, gpu="H200", engine=engine, **values)
+        console = Console(width=200, record=True, color_system=None)
+        for line in answer_lines(p):
+            console.print(line)
+        console.print(_paging_panel(p))
+        console.print(render_brief(p))
+        text = console.export_text()
+        assert _bare_numbers(text) == [], (model, engine, values, _bare_numbers(text), text)
+
+
+def test_every_figure_of_check_report_and_simulate_is_grouped(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+
+    runner = CliRunner()
+    (tmp_path / "c.yaml").write_text("defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100}\nchecks:\n"
+                                     "  - {name: many, batch: 1500, context: 2k, require: {fits: true, headroom_pct: 5}}\n"
+                                     "  - {name: long, context: 100k, require: {concurrency: 2000, context: 200000}}\n")
+    (tmp_path / "w.yaml").write_text("defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100}\n"
+                                     "sweep: {batch: [1500, 3000], context: [2k, 100k]}\noutputs: [out/r.csv]\n")
+    (tmp_path / "s.yaml").write_text("model: meta-llama/Llama-3.1-8B\ngpu: H100\narrivals: {rate: 5}\n"
+                                     "duration_s: 3600\nprompt_tokens: 1500\noutput_tokens: 10\nmax_num_seqs: 2048\n")
+    for args in (["check", str(tmp_path / "c.yaml")], ["report", str(tmp_path / "w.yaml")],
+                 ["simulate", str(tmp_path / "s.yaml")]):
+        r = runner.invoke(app, [*args, "--offline"], env={"COLUMNS": "200"})
+        assert r.exit_code in (0, 1), r.output
+        assert _bare_numbers(r.stdout) == [], (args[0], _bare_numbers(r.stdout), r.stdout)

@@ -619,3 +619,22 @@ def test_a_binary_trace_is_one_line(tmp_path):
     (tmp_path / "t.jsonl").write_bytes(b"\0\1\2")
     with pytest.raises(ScenarioError, match="binary data"):
         load_workload(_write(tmp_path, "model: meta-llama/Llama-3.1-8B\ntrace: t.jsonl\n"))
+
+
+# one duration format: "3600 s" sat beside "3,600.0 s" (simulate's traffic line and its table)
+
+
+def test_every_duration_a_simulation_prints_has_one_format(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+
+    (tmp_path / "s.yaml").write_text("model: meta-llama/Llama-3.1-8B\ngpu: H100\narrivals: {users: 2, think_s: 2}\n"
+                                     "duration_s: 3600\nprompt_tokens: 100\noutput_tokens: 10\n")
+    r = CliRunner().invoke(app, ["simulate", str(tmp_path / "s.yaml"), "--offline"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    import re
+
+    durations = re.findall(r"([\d,.]+) (s|ms)\b", r.stdout)
+    assert durations and all(re.fullmatch(r"\d{1,3}(,\d{3})*\.\d", n) for n, unit in durations if unit == "s"), durations
+    assert "3,600.0 s" in r.stdout and "think 2.0 s" in r.stdout

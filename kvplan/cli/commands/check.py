@@ -46,6 +46,9 @@ def register(app: typer.Typer) -> None:
         from kvplan.checks.scenario import load_capacity
         from kvplan.io.yamldoc import display_path
 
+        import time
+
+        started = time.perf_counter()
         if junit_xml:  # before the work: a bad path must not hide the checks' outcome
             from kvplan.io.atomic import check_writable
 
@@ -70,7 +73,7 @@ def register(app: typer.Typer) -> None:
                 from kvplan.io.atomic import write_atomic
                 from kvplan.render.check import junit_error_xml
 
-                write_atomic(junit_xml, junit_error_xml(display_path(Path(path)), exc))
+                write_atomic(junit_xml, junit_error_xml(display_path(Path(path)), exc, time.perf_counter() - started))
             raise
         from kvplan.render.check import github_annotations, junit_xml as to_junit, report_to_dict
 

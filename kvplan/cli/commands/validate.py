@@ -30,8 +30,7 @@ def register(app: typer.Typer) -> None:
     @with_estimate_options
     def validate(model: ModelArg, device: DeviceOpt = None, probe: ProbeOpt = False, json_out: JsonOpt = False, *,
                  values: dict[str, Any], token: Optional[str]) -> None:
-        """Prove the estimate: allocate the planned KV pool in torch, measure it, fill it to the planned
-        concurrency, check paged attention; exit 1 if the bytes or the concurrency disagree."""
+        """Prove the estimate: allocate the planned KV pool in torch, measure it, fill it to the planned concurrency, check paged attention; exit 1 if the bytes or the concurrency disagree, 2 for a plan that fits no request."""  # noqa: E501 - one line: --help's summary
         values = {"model": model, **values}
         from kvplan.paged.validate import require_torch
 
