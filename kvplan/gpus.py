@@ -33,9 +33,10 @@ _SIZE_TOKEN = re.compile(r"^(\d+)(?:gb|gib|g)$")
 _SEPARATORS = re.compile(r"[\s\-_/]+")
 
 _REQUIRED = ("name", "vendor", "marketing", "memory_bytes", "memory_source", "bandwidth_bytes_per_s", "bandwidth_source")
-_OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect", "compute_capability",
+_OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect", "compute_capability", "memory_kind",
              "smi_memory_mib", "smi_memory_source")
 INTERCONNECTS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric")
+MEMORY_KINDS = ("dedicated", "unified")  # unified: the GPU's memory is the host's (GB10), what is free varies with it
 _CAPABILITY = re.compile(r"^(\d+)\.(\d+)$")
 # vLLM's CUDA platform supports bfloat16 from compute capability 8.0 (vllm/platforms/cuda.py supported_dtypes).
 BF16_MIN_CAPABILITY = (8, 0)
@@ -68,6 +69,7 @@ class Gpu:
     compute_capability: str | None = None
     smi_memory_mib: int | None = None  # the total nvidia-smi shows (MiB): what SGLang's defaults read
     smi_memory_source: str = ""
+    memory_kind: str = "dedicated"  # one of MEMORY_KINDS
 
     @property
     def supports_bf16(self) -> bool:
@@ -183,6 +185,7 @@ def _parse_record(record: Any, index: int, source: str) -> Gpu:
         compute_capability=_capability(record, where),
         smi_memory_mib=_positive_int(record, "smi_memory_mib", where, allow_none=True),
         smi_memory_source=str(record.get("smi_memory_source") or ""),
+        memory_kind=_memory_kind(record, where),
     )
 
 
@@ -190,6 +193,13 @@ def _interconnect(record: dict[str, Any], where: str) -> str | None:
     value = record.get("interconnect")
     if value is not None and value not in INTERCONNECTS:
         raise _field_error(where, "interconnect", f"must be one of {', '.join(INTERCONNECTS)}, got {value!r}")
+    return value
+
+
+def _memory_kind(record: dict[str, Any], where: str) -> str:
+    value = record.get("memory_kind", "dedicated")
+    if value not in MEMORY_KINDS:
+        raise _field_error(where, "memory_kind", f"must be one of {', '.join(MEMORY_KINDS)}, got {value!r}")
     return value
 
 
