@@ -174,15 +174,15 @@ def term_spread(term: str, engine: str, cls: str, estimate_bytes: int) -> TermSp
         return None
     own = rows.get(cls)
     if own is not None and int(own["logs"]) >= MIN_TERM_LOGS:
-        chosen, basis = [own], f"{cls}: {own['logs']} logs"
+        chosen, basis = [own], f"{cls}, {own['logs']} logs"
     else:
         near = [rows[c] for c in _neighbours(term, engine, cls) if c in rows]
         thin = sum(int(r["logs"]) for r in near) < MIN_TERM_LOGS  # too few neighbours: every class of the term
         chosen = ([own] if own else []) + ([r for c, r in rows.items() if c != cls] if thin else near)
         seen = f"{own['logs']} {'log' if own['logs'] == 1 else 'logs'}" if own else "no logs"
         widest = max(chosen, key=lambda r: float(r["over"]))
-        basis = (f"{cls} has {seen}: the widest of {'it and ' if own else ''}"
-                 f"{'every class' if thin else 'its neighbours'} ({widest['class']}, {widest['logs']} logs)")
+        whose = "" if widest is own else f": {widest['class']}, {widest['logs']} logs"
+        basis = f"{cls}: {seen}, so the widest of {'every class' if thin else 'its neighbours'}{whose}"
     scale = estimate_bytes if TERM_UNITS[term] == "fraction" else GiB
     over = max(float(r["over"]) for r in chosen)
     under = max(float(r["under"]) for r in chosen)
