@@ -36,7 +36,9 @@ _REQUIRED = ("name", "vendor", "marketing", "memory_bytes", "memory_source", "ba
 _OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect", "compute_capability", "memory_kind",
              "smi_memory_mib", "smi_memory_source")
 INTERCONNECTS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric")
-MEMORY_KINDS = ("dedicated", "unified")  # unified: the GPU's memory is the host's (GB10), what is free varies with it
+# unified: the GPU's memory is the host's (GB10), what is free varies with it; display: a card that commonly drives
+# a desktop (GeForce), whose compositor and applications hold some of its memory
+MEMORY_KINDS = ("dedicated", "unified", "display")
 _CAPABILITY = re.compile(r"^(\d+)\.(\d+)$")
 # vLLM's CUDA platform supports bfloat16 from compute capability 8.0 (vllm/platforms/cuda.py supported_dtypes).
 BF16_MIN_CAPABILITY = (8, 0)

@@ -131,6 +131,8 @@ class EngineDefaults:
     # (SGLang's MambaPool): the pool layout holds the attention layers only
     state_slots: int = 0  # that pool's request slots once the budget is split (SGLang's max_mamba_cache_size)
     state_slots_per_request: int = 1  # slots the request cap counts per running request (SGLang: 3 with radix cache)
+    charges_other_processes: bool = False  # the profiler charges memory other processes hold on the GPU as this
+    # engine's non-torch memory (vLLM V0 0.6.4 and V1 0.8.0 - 0.9.0: a desktop on the card shrinks the KV budget)
 
     @property
     def label(self) -> str:

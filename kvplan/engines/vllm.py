@@ -304,7 +304,7 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
                           p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, notes=notes,
                           release_range=RANGES[p.version], concurrent_batches=p.concurrent_batches,
                           max_len_rule=p.max_len_rule, mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0,
-                          long_prefill_chunked=chunked)
+                          long_prefill_chunked=chunked, charges_other_processes=p.measure == "absolute")
 
 
 V0_FALLBACK_RULES = "0.7.2"  # the newest V0 rules: what 0.8 - 0.10 run when they fall back to the V0 engine

@@ -6,8 +6,8 @@ family), non-torch memory (by tp and board), CUDA graphs (by release family) and
 rest). The low end pays every term's downside (their sum): a KV budget that much lower. A term the user gives
 (``--activation-gib``) has no spread; a term a calibration file measured keeps the logs' printed precision. Where
 the engine's code path depends on its installation (vLLM 0.8 - 0.11's sampler) the low end pays the costlier path
-too, and on a unified-memory device (GB10) the non-torch term takes the widest spread of its neighbours and a note
-says why. An engine whose logs print no terms (SGLang) keeps the whole budget's spread per class. The range
+too; on a unified-memory device (GB10) the non-torch term takes the widest spread of its neighbours, and on a
+GeForce card under a release that charges other processes' memory the low end allows for a desktop; a note says why. An engine whose logs print no terms (SGLang) keeps the whole budget's spread per class. The range
 re-answers the same deployment (:class:`~kvplan.planning.answer.Deployment`, the same rules) with the blocks of
 the budget less the downsides, and plus the upsides. A KV budget the user gives (``--kv-budget``) has no spread.
 """
@@ -26,6 +26,13 @@ from kvplan.engines.spread import (
 from kvplan.planning.answer import Answer, Deployment
 from kvplan.units import GiB
 
+# A desktop session (the compositor and a browser) on a GeForce card holds memory kvplan cannot see; releases whose
+# profiler charges other processes' memory (EngineDefaults.charges_other_processes) give that much less KV. Not
+# measured on the corpus (its consumer logs show none): an allowance the low end pays, said in a note.
+DESKTOP_ALLOWANCE_BYTES = round(0.5 * GiB)
+DESKTOP_NOTE = ("{release} charges memory other processes hold on the GPU as its own non-torch memory: a desktop on "
+                "this {gpu} gives less KV by what it holds, which kvplan cannot know; the low end allows "
+                "{allowance:.2f} GiB (check nvidia-smi's use before the engine starts)")
 UNIFIED_NOTE = ("{gpu} shares its memory with the host: what vLLM finds free there moves with the host's use "
                 "(cudaMemGetInfo counts system memory; 0.17+ reads psutil's available memory), and the non-torch "
                 "memory it measures takes in what the host allocates meanwhile; kvplan cannot know it, so the low end "
@@ -112,6 +119,10 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
     if budget.path_gap_bytes:
         out.append(TermSpread("sampler path", budget.path_gap_bytes, 0, 0,
                               "the engine's costlier code path where its installation lacks FlashInfer"))
+    if kind == "display" and engine.charges_other_processes and not given(budget.overhead):
+        out.append(TermSpread("desktop", DESKTOP_ALLOWANCE_BYTES, 0, 0, "an allowance for a desktop on the card"))
+        notes.append(DESKTOP_NOTE.format(release=engine.label, gpu=getattr(gpu, "name", "GPU"),
+                                         allowance=DESKTOP_ALLOWANCE_BYTES / GiB))
     return tuple(out), tuple(notes)
 
 
