@@ -478,7 +478,7 @@ def write_spread(done: list[Row], path: Path) -> None:
     head = ("# kvplan's KV-budget spread, measured on the calibration part of benchmarks/corpus\n"
             "# (generated: PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-spread --write-docs; do not edit).\n"
             "# terms: per budget term and class, how far the logged term rose above kvplan's estimate (over: the\n"
-            "# engine gave less KV; the 90th percentile), fell below it (under) and the median (logged - kvplan), as a\n"
+            "# engine gave less KV; the 95th percentile, TERM_QUANTILE), fell below it (under) and the median (logged - kvplan), as a\n"
             "# fraction of the estimate (unit fraction) or GiB per GPU; from: the logs that print the term.\n"
             "# classes: the whole KV budget's shortfall (over_gib) and excess (under_gib) per class, for engines whose\n"
             "# logs print no terms. Read by kvplan.engines.spread.\n")

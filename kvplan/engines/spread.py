@@ -8,7 +8,8 @@ promised more KV) and fell below it (``under``), per class of that term (:data:`
 
 - ``weights``: by how kvplan counted them (a checkpoint's size, or parameters x a dtype), as a fraction of the term;
 - ``activation``: by model family (dense, MoE, vision, hybrid), as a fraction of the term;
-- ``overhead`` (non-torch memory): by tp and board (NVSwitch, NVLink, PCIe, Infinity Fabric, unified memory), GiB;
+- ``overhead`` (non-torch memory): by tp and board (NVSwitch, NVLink, PCIe, Infinity Fabric, unified memory,
+  unknown: a GPU given by its memory alone), GiB;
 - ``cudagraph``: by release family, GiB (where the release subtracts it);
 - ``rest``: what no line prints (the gap left when every term the release charges is put in), by release family.
 
@@ -39,14 +40,17 @@ MIN_ENGINE_LOGS = 3  # an engine with fewer calibration logs than MIN_LOGS still
 # vllm-f51900802258, an NVFP4 Qwen3.6): the low end allows at least this much more of it.
 ROUGH_WEIGHTS_FRACTION = 0.15
 MIN_TERM_LOGS = 4  # a term class with fewer calibration logs takes the widest spread of itself and its neighbours
-TERM_QUANTILE = 0.90  # each term's spread: this quantile of the calibration logs' per-term gaps
+# Each term's spread: this quantile of the calibration logs' per-term gaps. 0.95, not 0.90: the low end adds the
+# terms' spreads, and with 0.90 it held in only 87% of the calibration starts (0.95: 98%); chosen on the calibration
+# part alone.
+TERM_QUANTILE = 0.95
 PRINTED_PRECISION_BYTES = round(0.01 * GiB)  # logs print each term to 0.01 GiB: what a calibrated term keeps
 # How each term's class is named and measured: (classes in neighbour order or None, unit). A "fraction" term's
 # spread is a fraction of kvplan's estimate of it; a "GiB" term's is absolute.
 TERM_UNITS = {"weights": "fraction", "activation": "fraction", "overhead": "GiB", "cudagraph": "GiB", "rest": "GiB"}
 WEIGHTS_CLASSES = ("checkpoint", "parameters x dtype")
 MODEL_FAMILIES = ("dense", "moe", "hybrid", "vision")
-BOARDS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric", "unified")
+BOARDS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric", "unified", "unknown")
 TP_BUCKETS = ("tp 1", "tp 2", "tp 4 - 8", "tp 16+")
 FLOOR_BYTES = round(0.05 * GiB)  # the narrowest spread kept on either side (printed GiB figures are 0.01 precise)
 
@@ -114,9 +118,11 @@ def model_family(spec: Any) -> str:
 
 
 def board(interconnect: str | None, memory_kind: str | None = None) -> str:
-    """The non-torch term's board: ``unified`` for a unified-memory device, else its interconnect (``nvlink``
-    when unknown, as :func:`kvplan.engines.vllm.non_torch` plans it)."""
-    return "unified" if memory_kind == "unified" else interconnect or "nvlink"
+    """The non-torch term's board: ``unified`` for a unified-memory device, else its interconnect; ``unknown``
+    where the GPU is only a memory size (``--gpu-memory``): :func:`kvplan.engines.vllm.non_torch` plans it as
+    NVLink, and its spread is the class's own where the corpus has enough such logs, else the widest of the boards
+    at its tp."""
+    return "unified" if memory_kind == "unified" else interconnect or "unknown"
 
 
 def term_class(term: str, *, engine: str, version: str, tp: int, board_name: str, family_name: str,
@@ -127,8 +133,16 @@ def term_class(term: str, *, engine: str, version: str, tp: int, board_name: str
     if term == "activation":
         return family_name
     if term == "overhead":
-        return f"{tp_bucket(tp)}, {board_name}"
+        return _overhead_class(tp_bucket(tp), board_name)
     return family(engine, version)
+
+
+def _overhead_class(bucket: str, board_name: str) -> str:
+    """``tp 2, nvlink-switch``; at tp 1 no NCCL buffers exist, so the NVIDIA boards with their own memory are one
+    class (``tp 1``), and only the platforms that charge other memory there have their own: unified memory
+    (``tp 1, unified``) and ROCm (``tp 1, infinity-fabric``: hipBLASLt workspaces)."""
+    pooled = bucket == "tp 1" and board_name not in ("unified", "infinity-fabric")
+    return "tp 1" if pooled else f"{bucket}, {board_name}"
 
 
 def _neighbours(term: str, engine: str, cls: str) -> list[str]:
@@ -139,7 +153,8 @@ def _neighbours(term: str, engine: str, cls: str) -> list[str]:
         tp, _, brd = cls.partition(", ")
         i = TP_BUCKETS.index(tp) if tp in TP_BUCKETS else 0
         beside = [TP_BUCKETS[j] for j in (i - 1, i + 1) if 0 <= j < len(TP_BUCKETS)]
-        return [f"{tp}, {b}" for b in BOARDS if b != brd] + [f"{t}, {brd}" for t in beside]
+        same_tp = {_overhead_class(tp, b) for b in BOARDS if b != brd} - {cls}
+        return sorted(same_tp) + [_overhead_class(t, brd or "nvlink") for t in beside]
     if term in ("cudagraph", "rest"):
         names = [name for _, name in FAMILIES.get(engine, ())]
         i = names.index(cls) if cls in names else -1
