@@ -45,8 +45,8 @@ MIN_TERM_LOGS = 4  # a term class with fewer calibration logs takes the widest s
 # part alone.
 TERM_QUANTILE = 0.95
 PRINTED_PRECISION_BYTES = round(0.01 * GiB)  # logs print each term to 0.01 GiB: what a calibrated term keeps
-# How each term's class is named and measured: (classes in neighbour order or None, unit). A "fraction" term's
-# spread is a fraction of kvplan's estimate of it; a "GiB" term's is absolute.
+# How each term's spread is measured: a "fraction" term's as a fraction of kvplan's estimate of it, a "GiB" term's
+# in GiB per GPU.
 TERM_UNITS = {"weights": "fraction", "activation": "fraction", "overhead": "GiB", "cudagraph": "GiB", "rest": "GiB"}
 WEIGHTS_CLASSES = ("checkpoint", "parameters x dtype")
 MODEL_FAMILIES = ("dense", "moe", "hybrid", "vision")
