@@ -80,6 +80,7 @@ class Row:
     low_holds: bool | None = None  # the range's low end is at or below the engine's figure (None: no range)
     low_width_pct: float | None = None  # (estimate - low end) / estimate, %
     dominant: str = ""  # the term whose spread dominates the low end
+    unified_gib: float | None = None  # on a unified-memory device: kvplan - logged KV with the printed terms put in
 
 
 def _num(x: Any) -> float | None:
@@ -314,7 +315,7 @@ def run(entry: corpus.Entry) -> Row | str:
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
     terms = logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled) if basis == "inputs" \
         else {}
-    terms_err, biggest, deltas, rest = None, "", {}, None
+    terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib
     estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
     if terms:
         try:
@@ -328,8 +329,10 @@ def run(entry: corpus.Entry) -> Row | str:
                 name, delta = max(moved.items(), key=lambda kv: abs(kv[1]))
                 biggest = f"{name} {delta:+.2f} GiB"
             charged = {"weights", "activation", "overhead"} | ({"cudagraph"} if plan.engine.cudagraph_profiled else set())
-            if charged <= printed and terms_err > -100:
-                rest = with_terms.budget.kv_budget_bytes * (terms_err / 100) / (1 + terms_err / 100) / GiB
+            if terms_err > -100:
+                left = with_terms.budget.kv_budget_bytes * (terms_err / 100) / (1 + terms_err / 100) / GiB
+                rest = left if charged <= printed else None
+                unified = left
         except KvplanError:
             pass
     rng = _range(plan, compare)
@@ -347,7 +350,8 @@ def run(entry: corpus.Entry) -> Row | str:
                predicted, err, gib, in_range, width, terms_err, biggest, model,
                rough_weights(plan.budget.weights.source), deltas, estimated, rest, model_family(plan.spec),
                board(plan.gpu.interconnect, plan.gpu.memory_kind), low_holds, low_width,
-               plan.kv_range.dominant if plan.kv_range else "")
+               plan.kv_range.dominant if plan.kv_range else "",
+               unified if plan.gpu.memory_kind == "unified" and basis == "inputs" else None)
 
 
 def rows(split: str | None = None) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -434,9 +438,12 @@ def _term_samples(r: Row) -> dict[tuple[str, str], tuple[float, float]]:
     from kvplan.engines.spread import TERM_UNITS, term_class
 
     out = {}
-    gaps = dict(r.deltas)
-    if r.rest_gib is not None:
-        gaps["rest"] = r.rest_gib
+    gaps = dict(r.deltas)  # kvplan's term - the log's: negative where kvplan promised more KV
+    # the KV left over is the other way round: kvplan's KV - the log's, positive where kvplan promised more
+    if r.unified_gib is not None:  # what the host's use of a unified memory took: all that no printed term explains
+        gaps["unified memory"] = -r.unified_gib
+    elif r.rest_gib is not None:
+        gaps["rest"] = -r.rest_gib
     for term, delta in gaps.items():
         cls = term_class(term, engine=r.engine, version=r.release, tp=r.tp, board_name=r.board,
                          family_name=r.model_family, rough=r.rough)

@@ -228,6 +228,10 @@ def test_unified_memory_says_kvplan_cannot_know_and_widens_the_low_end():
             and r["class"] in spread._neighbours("overhead", "vllm", "tp 1, unified")]
     assert near and overhead.over_bytes >= max(round(float(r["over"]) * spread.GiB) for r in near)
     assert "tp 1, unified" not in {r["class"] for r in spread._terms()} and "no logs" in overhead.basis
+    # and the low end pays what unified-memory logs lost beyond their printed terms
+    host = next(t for t in gb10.kv_range.terms if t.term == "unified memory")
+    row = next(r for r in spread._terms() if r["term"] == "unified memory")
+    assert host.over_bytes == round(float(row["over"]) * spread.GiB) > 0
     dedicated = kvplan.estimate("Qwen/Qwen3-8B", gpu="RTX-5090", context=8192)
     assert not any("shares its memory" in n for n in dedicated.notes)
 

@@ -11,7 +11,9 @@ promised more KV) and fell below it (``under``), per class of that term (:data:`
 - ``overhead`` (non-torch memory): by tp and board (NVSwitch, NVLink, PCIe, Infinity Fabric, unified memory,
   unknown: a GPU given by its memory alone), GiB;
 - ``cudagraph``: by release family, GiB (where the release subtracts it);
-- ``rest``: what no line prints (the gap left when every term the release charges is put in), by release family.
+- ``rest``: what no line prints (the gap left when every term the release charges is put in), by release family;
+- ``unified memory``: on a unified-memory device (GB10), all the gap its printed terms leave (what the host's use
+  took from the free memory vLLM measures), GiB.
 
 The range's low end (:mod:`kvplan.planning.kv_range`) pays every estimated term's ``over`` (a term the user or a
 calibration gives pays none); a class with fewer than :data:`MIN_TERM_LOGS` logs takes the widest of itself and
@@ -47,7 +49,8 @@ TERM_QUANTILE = 0.95
 PRINTED_PRECISION_BYTES = round(0.01 * GiB)  # logs print each term to 0.01 GiB: what a calibrated term keeps
 # How each term's spread is measured: a "fraction" term's as a fraction of kvplan's estimate of it, a "GiB" term's
 # in GiB per GPU.
-TERM_UNITS = {"weights": "fraction", "activation": "fraction", "overhead": "GiB", "cudagraph": "GiB", "rest": "GiB"}
+TERM_UNITS = {"weights": "fraction", "activation": "fraction", "overhead": "GiB", "cudagraph": "GiB", "rest": "GiB",
+              "unified memory": "GiB"}
 WEIGHTS_CLASSES = ("checkpoint", "parameters x dtype")
 MODEL_FAMILIES = ("dense", "moe", "hybrid", "vision")
 BOARDS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric", "unified", "unknown")
@@ -134,6 +137,8 @@ def term_class(term: str, *, engine: str, version: str, tp: int, board_name: str
         return family_name
     if term == "overhead":
         return _overhead_class(tp_bucket(tp), board_name)
+    if term == "unified memory":
+        return "unified"
     return family(engine, version)
 
 
@@ -159,6 +164,8 @@ def _neighbours(term: str, engine: str, cls: str) -> list[str]:
         names = [name for _, name in FAMILIES.get(engine, ())]
         i = names.index(cls) if cls in names else -1
         return [names[j] for j in (i - 1, i + 1) if i >= 0 and 0 <= j < len(names)]
+    if term == "unified memory":
+        return []
     classes = WEIGHTS_CLASSES if term == "weights" else MODEL_FAMILIES
     return [c for c in classes if c != cls]
 

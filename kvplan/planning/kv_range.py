@@ -36,7 +36,7 @@ DESKTOP_NOTE = ("{release} charges memory other processes hold on the GPU as its
 UNIFIED_NOTE = ("{gpu} shares its memory with the host: what vLLM finds free there moves with the host's use "
                 "(cudaMemGetInfo counts system memory; 0.17+ reads psutil's available memory), and the non-torch "
                 "memory it measures takes in what the host allocates meanwhile; kvplan cannot know it, so the low end "
-                "takes the widest non-torch spread of its neighbours")
+                "takes the widest non-torch spread of its neighbours and the gap unified-memory logs showed")
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,10 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         rest = term_spread("rest", engine.engine, cls, 0)
         if rest is not None:
             out.append(rest)
+    if kind == "unified":
+        host = term_spread("unified memory", engine.engine, "unified", 0)
+        if host is not None:
+            out.append(host)
     if budget.path_gap_bytes:
         out.append(TermSpread("sampler path", budget.path_gap_bytes, 0, 0,
                               "the engine's costlier code path where its installation lacks FlashInfer"))
