@@ -138,8 +138,11 @@ def test_the_low_end_pays_every_estimated_terms_spread_and_names_the_dominant_on
         doc = p.to_dict()["range"]
         assert doc["dominant"] == r.dominant and set(doc["terms"]) == {t.term for t in r.terms}
         assert doc["low"]["kv_budget_bytes"] == r.kv_budget_low_bytes
-    text = " ".join(runner.invoke(app, ["estimate", "meta-llama/Llama-3.1-70B", "--gpu", "H100", "--tp", "4"]).output.split())
-    assert "dominates" in text and "overhead -" in text
+    args = ["estimate", "meta-llama/Llama-3.1-70B", "--gpu", "H100", "--tp", "4"]
+    text = " ".join(runner.invoke(app, args).output.replace("│", " ").split())
+    r = kvplan.estimate("meta-llama/Llama-3.1-70B", gpu="H100", tp=4).kv_range
+    worst = max(r.terms, key=lambda t: t.over_bytes)
+    assert f"{r.dominant} dominates (-{worst.over_bytes / spread.GiB:.2f} GiB)" in text
 
 
 def test_a_term_the_user_gives_has_no_spread():

@@ -7,7 +7,8 @@ C for CUDAGraph memory" lines), records how far the logged term rose above kvpla
 promised more KV) and fell below it (``under``), per class of that term (:data:`TERM_CLASSES`):
 
 - ``weights``: by how kvplan counted them (a checkpoint's size, or parameters x a dtype), as a fraction of the term;
-- ``activation``: by model family (dense, MoE, vision, hybrid), as a fraction of the term;
+- ``activation``: by model family (dense, MoE, vision, hybrid) and engine (vLLM V0 profiles one whole prefill,
+  V1 a chunked batch), as a fraction of the term;
 - ``overhead`` (non-torch memory): by tp and board (NVSwitch, NVLink, PCIe, Infinity Fabric, unified memory,
   unknown: a GPU given by its memory alone), GiB;
 - ``cudagraph``: by release family, GiB (where the release subtracts it);
@@ -133,8 +134,8 @@ def term_class(term: str, *, engine: str, version: str, tp: int, board_name: str
     """The class of ``term`` for a deployment (see the module docstring)."""
     if term == "weights":
         return WEIGHTS_CLASSES[1] if rough else WEIGHTS_CLASSES[0]
-    if term == "activation":
-        return family_name
+    if term == "activation":  # by model family and engine (vLLM V0 profiles one whole prefill; V1 chunks it)
+        return f"{family_name}, {family(engine, version).split()[0]}"
     if term == "overhead":
         return _overhead_class(tp_bucket(tp), board_name)
     if term == "unified memory":
@@ -166,8 +167,11 @@ def _neighbours(term: str, engine: str, cls: str) -> list[str]:
         return [names[j] for j in (i - 1, i + 1) if i >= 0 and 0 <= j < len(names)]
     if term == "unified memory":
         return []
-    classes = WEIGHTS_CLASSES if term == "weights" else MODEL_FAMILIES
-    return [c for c in classes if c != cls]
+    if term == "activation":  # the same model family on the other engine, the other families on its own
+        fam, _, mode = cls.partition(", ")
+        modes = sorted({name.split()[0] for _, name in FAMILIES.get(engine, ())})
+        return [f"{fam}, {m}" for m in modes if m != mode] + [f"{f}, {mode}" for f in MODEL_FAMILIES if f != fam]
+    return [c for c in WEIGHTS_CLASSES if c != cls]
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,16 @@ class KvRange:
         worst = max(self.terms, key=lambda t: t.over_bytes, default=None)
         return worst.term if worst is not None and worst.over_bytes > 0 else ""
 
+    @property
+    def summary(self) -> str:
+        """The source in one short phrase for the answer panel: the budget's spread and the dominant term
+        (``source`` and ``terms`` hold every term)."""
+        worst = max(self.terms, key=lambda t: t.over_bytes, default=None)
+        if worst is None or len(self.terms) == 1 or not worst.over_bytes:
+            return self.source
+        head = self.source.split(", the sum", 1)[0]
+        return f"{head} from each term's spread; {worst.term} dominates (-{worst.over_bytes / GiB:.2f} GiB)"
+
     def to_dict(self) -> dict:
         def end(a: Answer, kv: int) -> dict:
             return {"kv_budget_bytes": kv, "num_blocks": a.num_blocks, "kv_tokens": a.kv_tokens,
