@@ -44,7 +44,7 @@ MIN_ENGINE_LOGS = 3  # an engine with fewer calibration logs than MIN_LOGS still
 ROUGH_WEIGHTS_FRACTION = 0.15
 MIN_TERM_LOGS = 4  # a term class with fewer calibration logs takes the widest spread of itself and its neighbours
 # Each term's spread: this quantile of the calibration logs' per-term gaps. 0.95, not 0.90: the low end adds the
-# terms' spreads, and with 0.90 it held in only 87% of the calibration starts (0.95: 98%); chosen on the calibration
+# terms' spreads, and with 0.90 it held in only 87% of the calibration starts (0.95: 96%); chosen on the calibration
 # part alone.
 TERM_QUANTILE = 0.95
 PRINTED_PRECISION_BYTES = round(0.01 * GiB)  # logs print each term to 0.01 GiB: what a calibrated term keeps
