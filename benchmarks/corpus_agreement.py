@@ -27,7 +27,7 @@ import math
 import statistics
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus  # noqa: E402
 
+from kvplan.engines import given  # noqa: E402
 from kvplan.engines.spread import rough_weights  # noqa: E402
 from kvplan.errors import KvplanError  # noqa: E402
 from kvplan.units import GiB  # noqa: E402
 
+TERM_OF_OPTION = {"weights_gib": "weights", "activation_gib": "activation", "overhead_gib": "overhead",
+                  "cudagraph_gib": "cudagraph"}
 COMPARE_ORDER = ("tokens", "blocks", "refusal", "max_len", "kv_gib", "concurrency")
 SPREAD_FILE = Path(__file__).resolve().parents[1] / "kvplan" / "data" / "kv_spread.yaml"
 NOMINAL_GPU_BYTES = 80 * GiB  # a GPU memory for rows planned from the logged budget (it does not enter the blocks)
@@ -68,6 +71,16 @@ class Row:
     biggest_term: str
     model: str
     rough: bool = False  # the weights were counted from parameters x a dtype (the range allows more of them)
+    deltas: dict[str, float] = field(default_factory=dict)  # per printed term: kvplan's - the log's, GiB per GPU
+    kvplan_terms: dict[str, float] = field(default_factory=dict)  # kvplan's estimate of each term, GiB per GPU
+    rest_gib: float | None = None  # kvplan - logged KV with every term the release charges put in (None: not all
+    # printed): what no log line prints
+    model_family: str = ""  # dense | moe | vision | hybrid (kvplan.engines.spread.model_family)
+    board: str = ""  # the term classes' board (kvplan.engines.spread.board)
+    low_holds: bool | None = None  # the range's low end is at or below the engine's figure (None: no range)
+    low_width_pct: float | None = None  # (estimate - low end) / estimate, %
+    dominant: str = ""  # the term whose spread dominates the low end
+    unified_gib: float | None = None  # on a unified-memory device: kvplan - logged KV with the printed terms put in
 
 
 def _num(x: Any) -> float | None:
@@ -302,28 +315,43 @@ def run(entry: corpus.Entry) -> Row | str:
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
     terms = logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled) if basis == "inputs" \
         else {}
-    terms_err, biggest = None, ""
+    terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib
+    estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
     if terms:
         try:
             with_terms = estimate(options_for(meta, model, {**extra, **terms}))
             terms_err = (measure(with_terms, compare) - value) / value * 100
+            printed = {TERM_OF_OPTION[k] for k in terms}
             deltas = {t.name: (t.bytes - w.bytes) / GiB for t, w in zip(plan.budget.terms, with_terms.budget.terms)
-                      if t.bytes != w.bytes}
-            if deltas:
-                name, delta = max(deltas.items(), key=lambda kv: abs(kv[1]))
+                      if t.name in printed and t.name in estimated}
+            moved = {k: v for k, v in deltas.items() if v}
+            if moved:
+                name, delta = max(moved.items(), key=lambda kv: abs(kv[1]))
                 biggest = f"{name} {delta:+.2f} GiB"
+            charged = {"weights", "activation", "overhead"} | ({"cudagraph"} if plan.engine.cudagraph_profiled else set())
+            if terms_err > -100:
+                left = with_terms.budget.kv_budget_bytes * (terms_err / 100) / (1 + terms_err / 100) / GiB
+                rest = left if charged <= printed else None
+                unified = left
         except KvplanError:
             pass
     rng = _range(plan, compare)
-    in_range = width = None
+    in_range = width = low_holds = low_width = None
     if rng is not None:
         lo, hi = min(rng), max(rng)
         in_range = lo <= value <= hi
         width = (hi - lo) / predicted * 100 if predicted else None
+        low_holds = lo <= value
+        low_width = (predicted - lo) / predicted * 100 if predicted else None
+    from kvplan.engines.spread import board, model_family
+
     return Row(entry.id, entry.split, basis, meta["engine"], plan.engine.version, family(meta["engine"], plan.engine.version),
                plan.gpu.name, gpu_class(plan.gpu.memory_bytes, plan.gpu.name), plan.options.tp, compare, value,
                predicted, err, gib, in_range, width, terms_err, biggest, model,
-               rough_weights(plan.budget.weights.source))
+               rough_weights(plan.budget.weights.source), deltas, estimated, rest, model_family(plan.spec),
+               board(plan.gpu.interconnect, plan.gpu.memory_kind), low_holds, low_width,
+               plan.kv_range.dominant if plan.kv_range else "",
+               unified if plan.gpu.memory_kind == "unified" and basis == "inputs" else None)
 
 
 def rows(split: str | None = None) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -353,6 +381,9 @@ def summary(done: list[Row]) -> dict[str, Any]:
         "off_gt_3pct_and_025gib": sum(1 for r in done if bad(r)),
         "range_coverage": (sum(1 for r in ranged if r.in_range) / len(ranged)) if ranged else None,
         "range_median_width_pct": statistics.median(r.range_width_pct for r in ranged if r.range_width_pct is not None)
+        if ranged else None,
+        "low_end_holds": (sum(1 for r in ranged if r.low_holds) / len(ranged)) if ranged else None,
+        "low_end_median_width_pct": statistics.median(r.low_width_pct for r in ranged if r.low_width_pct is not None)
         if ranged else None,
     }
 
@@ -401,24 +432,77 @@ def spread_table(done: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
+def _term_samples(r: Row) -> dict[tuple[str, str], tuple[float, float]]:
+    """``{(term, class): (over, under)}`` of one calibration row: how far each printed term rose above kvplan's
+    estimate and fell below it (a fraction of the estimate for the weights and the activation, GiB otherwise)."""
+    from kvplan.engines.spread import TERM_UNITS, term_class
+
+    out = {}
+    gaps = dict(r.deltas)  # kvplan's term - the log's: negative where kvplan promised more KV
+    # the KV left over is the other way round: kvplan's KV - the log's, positive where kvplan promised more
+    if r.unified_gib is not None:  # what the host's use of a unified memory took: all that no printed term explains
+        gaps["unified memory"] = -r.unified_gib
+    elif r.rest_gib is not None:
+        gaps["rest"] = -r.rest_gib
+    for term, delta in gaps.items():
+        cls = term_class(term, engine=r.engine, version=r.release, tp=r.tp, board_name=r.board,
+                         family_name=r.model_family, rough=r.rough)
+        if TERM_UNITS[term] == "fraction":
+            est = r.kvplan_terms.get(term, 0.0)
+            if est <= 0:
+                continue
+            delta /= est
+        out[(term, cls)] = (max(0.0, -delta), max(0.0, delta))
+    return out
+
+
+def term_table(done: list[Row]) -> list[dict[str, Any]]:
+    """Each budget term's spread per class (:mod:`kvplan.engines.spread`) from the calibration part's rows planned
+    from inputs whose logs print that term: the :data:`~kvplan.engines.spread.TERM_QUANTILE` quantiles of how far
+    the logged term rose above kvplan's estimate (``over``: the engine gave less KV) and fell below it (``under``),
+    and the median signed gap (``median``: logged - kvplan), as fractions of the estimate or GiB per GPU."""
+    from kvplan.engines.spread import TERM_QUANTILE, TERM_UNITS
+
+    groups: dict[tuple[str, str, str], list[tuple[str, float, float]]] = {}
+    for r in done:
+        if r.split != "calibration" or r.basis != "inputs":
+            continue
+        for (term, cls), (over, under) in _term_samples(r).items():
+            groups.setdefault((r.engine, term, cls), []).append((r.id, over, under))
+    out = []
+    for (engine, term, cls), xs in sorted(groups.items()):
+        out.append({"engine": engine, "term": term, "class": cls, "unit": TERM_UNITS[term], "logs": len(xs),
+                    "over": round(_quantile([o for _, o, _ in xs], TERM_QUANTILE), 4),
+                    "under": round(_quantile([u for _, _, u in xs], TERM_QUANTILE), 4),
+                    "median": round(statistics.median(o - u for _, o, u in xs), 4),
+                    "from": sorted(i for i, _, _ in xs)})
+    return out
+
+
 def write_spread(done: list[Row], path: Path) -> None:
     import yaml
 
-    head = ("# kvplan's KV-budget spread per class, measured on the calibration part of benchmarks/corpus\n"
-            "# (generated: PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-spread; do not edit).\n"
-            "# over_gib: how far the engine's KV budget per GPU fell below kvplan's (90th percentile), under_gib:\n"
-            "# how far above it; from: the logs of the class. Read by kvplan.engines.spread.\n")
-    path.write_text(head + yaml.safe_dump({"classes": spread_table(done)}, sort_keys=False, width=110))
+    head = ("# kvplan's KV-budget spread, measured on the calibration part of benchmarks/corpus\n"
+            "# (generated: PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-spread --write-docs; do not edit).\n"
+            "# terms: per budget term and class, how far the logged term rose above kvplan's estimate (over: the\n"
+            "# engine gave less KV; the 95th percentile, TERM_QUANTILE), fell below it (under) and the median (logged - kvplan), as a\n"
+            "# fraction of the estimate (unit fraction) or GiB per GPU; from: the logs that print the term.\n"
+            "# classes: the whole KV budget's shortfall (over_gib) and excess (under_gib) per class, for engines whose\n"
+            "# logs print no terms. Read by kvplan.engines.spread.\n")
+    doc = {"terms": term_table(done), "classes": spread_table(done)}
+    path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=110))
     subprocess.run([sys.executable, str(Path(__file__).with_name("gen_bundled_index.py"))], check=True)  # it ships
 
 
 def markdown(done: list[Row]) -> str:
-    lines = ["| engine, releases | GPU class | tp | logs | median \\|err\\| | max \\|err\\| | over-promising > 1% |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| engine, releases | GPU class | tp | logs | median \\|err\\| | max \\|err\\| | over-promising > 1% | "
+             "low end holds | low end's median width |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for (fam, cls, tp), rs in by_class(done).items():
         s = summary(rs)
         lines.append(f"| {fam} | {cls} | {tp} | {s['rows']} | {s['median_abs_err_pct']:.2f}% | "
-                     f"{s['max_abs_err_pct']:.2f}% | {s['over_promise_gt_1pct']} |")
+                     f"{s['max_abs_err_pct']:.2f}% | {s['over_promise_gt_1pct']} | {_share(s['low_end_holds'])} | "
+                     f"{_pct(s['low_end_median_width_pct'])} |")
     return "\n".join(lines)
 
 
@@ -428,6 +512,10 @@ BEGIN, END = "<!-- corpus-agreement:begin -->", "<!-- corpus-agreement:end -->"
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}%"
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def makeup(done: list[Row], skipped: list[tuple[str, str]]) -> list[str]:
@@ -454,8 +542,8 @@ def makeup(done: list[Row], skipped: list[tuple[str, str]]) -> list[str]:
 
 def summary_table(done: list[Row]) -> list[str]:
     lines = ["| part | engine | planned from | logs | median \\|err\\| | max \\|err\\| | over-promising > 1% | off > 3% and "
-             "> 0.25 GiB | range holds the log | range's median width |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "> 0.25 GiB | range holds the log | range's median width | low end holds | low end's median width |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for split in corpus.SPLITS:
         for engine in ("vllm", "sglang"):
             for basis in ("inputs", "logged budget"):
@@ -466,7 +554,26 @@ def summary_table(done: list[Row]) -> list[str]:
                 cov = "-" if s["range_coverage"] is None else f"{s['range_coverage']:.0%}"
                 lines.append(f"| {split} | {engine} | {basis} | {s['rows']} | {_pct(s['median_abs_err_pct'])} | "
                              f"{_pct(s['max_abs_err_pct'])} | {s['over_promise_gt_1pct']} | {s['off_gt_3pct_and_025gib']} | "
-                             f"{cov} | {_pct(s['range_median_width_pct'])} |")
+                             f"{cov} | {_pct(s['range_median_width_pct'])} | {_share(s['low_end_holds'])} | "
+                             f"{_pct(s['low_end_median_width_pct'])} |")
+    return lines
+
+
+def low_end_table(done: list[Row]) -> list[str]:
+    """The low end's one-sided hold rate (low end <= the engine's figure) per part, engine and tp, with its median
+    width ((estimate - low end) / estimate) and the term that dominates it most often."""
+    lines = ["| part | engine | tp | starts | low end holds | low end's median width | dominant term (most often) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for split in corpus.SPLITS:
+        for engine in ("vllm", "sglang"):
+            rs = [r for r in done if r.split == split and r.engine == engine and r.low_holds is not None]
+            for tp in sorted({r.tp for r in rs}):
+                part = [r for r in rs if r.tp == tp]
+                doms = [r.dominant for r in part if r.dominant]
+                dom = max(sorted(set(doms)), key=doms.count) if doms else "-"
+                holds = sum(1 for r in part if r.low_holds) / len(part)
+                width = statistics.median(r.low_width_pct for r in part if r.low_width_pct is not None)
+                lines.append(f"| {split} | {engine} | {tp} | {len(part)} | {holds:.0%} | {width:.2f}% | {dom} |")
     return lines
 
 
@@ -486,11 +593,15 @@ def write_docs(done: list[Row], skipped: list[tuple[str, str]]) -> None:
 
     validation = [r for r in done if r.split == "validation" and r.basis == "inputs"]
     section = [BEGIN, "### Agreement with the corpus of real start-up logs (generated)", "",
-               "`PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-docs` regenerates this section; the corpus "
+               "`PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-spread --write-docs` regenerates kvplan/data/kv_spread.yaml (from the calibration part) and this section; the corpus "
                "and its split are benchmarks/corpus/README.md's. `err` is (kvplan - logged) / logged for the figure the "
                "log prints (KV tokens, blocks, a refusal's tokens, the KV GiB or the concurrency); positive promises "
                "more than the engine gave. The validation part is never used to fit anything.", ""]
     section += makeup(done, skipped) + [""] + summary_table(done) + ["",
+                "The low end is built from the terms (kvplan/engines/spread.py): each estimated budget term pays its own "
+                "spread, measured on the calibration logs that print it; \"low end holds\" is the share of starts "
+                "whose engine gave at least the low end (the figure compared is at or above it). By tp:", ""]
+    section += low_end_table(done) + ["",
                 "By engine x release family x GPU class x tp (validation part, planned from the inputs):", ""]
     section += markdown(validation).splitlines() + ["", "Validation starts more than 2% off:", ""] + off_rows(done)
     section += ["", END]
@@ -513,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         from kvplan.engines import spread
 
         write_spread(done, SPREAD_FILE)
-        spread._table.cache_clear()
+        spread._doc.cache_clear()
         done, skipped = rows(args.split)  # the ranges from the spread just written
     if args.write_docs:
         write_docs(done, skipped)

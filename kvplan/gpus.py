@@ -33,8 +33,11 @@ _SEPARATORS = re.compile(r"[\s\-_/]+")
 
 _REQUIRED = ("name", "vendor", "marketing", "memory_bytes", "memory_source", "bandwidth_bytes_per_s", "bandwidth_source")
 _OPTIONAL = ("marketing_gb", "fp16_tflops", "aliases", "is_cpu", "sm_count", "interconnect", "compute_capability",
-             "smi_memory_mib", "smi_memory_source", "node_gpus")
+             "memory_kind", "smi_memory_mib", "smi_memory_source", "node_gpus")
 INTERCONNECTS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric")
+# unified: the GPU's memory is the host's (GB10), what is free varies with it; display: a card that commonly drives
+# a desktop (GeForce), whose compositor and applications hold some of its memory
+MEMORY_KINDS = ("dedicated", "unified", "display")
 _CAPABILITY = re.compile(r"^(\d+)\.(\d+)$")
 # vLLM's CUDA platform supports bfloat16 from compute capability 8.0 (vllm/platforms/cuda.py supported_dtypes).
 BF16_MIN_CAPABILITY = (8, 0)
@@ -68,6 +71,7 @@ class Gpu:
     smi_memory_mib: int | None = None  # the total nvidia-smi shows (MiB): what SGLang's defaults read
     smi_memory_source: str = ""
     node_gpus: int | None = None  # GPUs of this part one server holds (a datacenter part); None: not one
+    memory_kind: str = "dedicated"  # one of MEMORY_KINDS
 
     @property
     def supports_bf16(self) -> bool:
@@ -184,6 +188,7 @@ def _parse_record(record: Any, index: int, source: str) -> Gpu:
         smi_memory_mib=_positive_int(record, "smi_memory_mib", where, allow_none=True),
         smi_memory_source=str(record.get("smi_memory_source") or ""),
         node_gpus=_positive_int(record, "node_gpus", where, allow_none=True),
+        memory_kind=_memory_kind(record, where),
     )
 
 
@@ -191,6 +196,13 @@ def _interconnect(record: dict[str, Any], where: str) -> str | None:
     value = record.get("interconnect")
     if value is not None and value not in INTERCONNECTS:
         raise _field_error(where, "interconnect", f"must be one of {', '.join(INTERCONNECTS)}, got {value!r}")
+    return value
+
+
+def _memory_kind(record: dict[str, Any], where: str) -> str:
+    value = record.get("memory_kind", "dedicated")
+    if value not in MEMORY_KINDS:
+        raise _field_error(where, "memory_kind", f"must be one of {', '.join(MEMORY_KINDS)}, got {value!r}")
     return value
 
 

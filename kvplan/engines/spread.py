@@ -1,12 +1,26 @@
-"""How sure kvplan is: the spread of the KV budget per release family, tp and engine, measured on real start-ups.
+"""How sure kvplan is: each uncertain budget term's spread, measured on real start-ups.
 
 ``benchmarks/corpus_agreement.py --write-spread`` plans every start of the *calibration* part of the corpus of
-real start-up logs (benchmarks/corpus/) from its inputs and records, per class, how far the engine's KV budget
-per GPU fell below and rose above kvplan's (GiB): the 90th percentiles of the shortfall (``over``: kvplan
-promised more) and of the excess (``under``). A plan's range is its KV budget less ``over`` and plus ``under``
-(:mod:`kvplan.planning.kv_range`); the validation part of the corpus checks that the range holds the logged
-value (docs/engines.md). A class with fewer than :data:`MIN_LOGS` logs falls back to its release family, then
-to the engine.
+real start-up logs (benchmarks/corpus/) from its inputs and, for every budget term a log prints (vLLM's
+"Memory profiling takes ..." / "Actual usage is W for weight, A for peak activation, N for non-torch memory, and
+C for CUDAGraph memory" lines), records how far the logged term rose above kvplan's estimate (``over``: kvplan
+promised more KV) and fell below it (``under``), per class of that term (:data:`TERM_CLASSES`):
+
+- ``weights``: by how kvplan counted them (a checkpoint's size, or parameters x a dtype), as a fraction of the term;
+- ``activation``: by model family (dense, MoE, vision, hybrid) and engine (vLLM V0 profiles one whole prefill,
+  V1 a chunked batch), as a fraction of the term;
+- ``overhead`` (non-torch memory): by tp and board (NVSwitch, NVLink, PCIe, Infinity Fabric, unified memory,
+  unknown: a GPU given by its memory alone), GiB;
+- ``cudagraph``: by release family, GiB (where the release subtracts it);
+- ``rest``: what no line prints (the gap left when every term the release charges is put in), by release family;
+- ``unified memory``: on a unified-memory device (GB10), all the gap its printed terms leave (what the host's use
+  took from the free memory vLLM measures), GiB.
+
+The range's low end (:mod:`kvplan.planning.kv_range`) pays every estimated term's ``over`` (a term the user or a
+calibration gives pays none); a class with fewer than :data:`MIN_TERM_LOGS` logs takes the widest of itself and
+its neighbours (:func:`term_spread`), never a narrow one. An engine whose logs print no terms (SGLang) keeps the
+whole budget's spread per class (engine, release family, tp; :func:`spread`), falling back to its release family,
+then to the engine.
 
 The data lives in ``kvplan/data/kv_spread.yaml``; this module only reads it (once, lazily).
 """
@@ -26,8 +40,22 @@ MIN_LOGS = 8
 MIN_ENGINE_LOGS = 3  # an engine with fewer calibration logs than MIN_LOGS still gets its engine-wide spread
 # A weights term counted from the parameters and a weights dtype (no checkpoint size: --weights-dtype on a 16-bit
 # spec) is rough: calibration logs load 13 - 17% more than that estimate (vllm-f33676930891, an fp8 Qwen3-Next;
-# vllm-f51900802258, an NVFP4 Qwen3.6): the low end allows this much more of it.
+# vllm-f51900802258, an NVFP4 Qwen3.6): the low end allows at least this much more of it.
 ROUGH_WEIGHTS_FRACTION = 0.15
+MIN_TERM_LOGS = 4  # a term class with fewer calibration logs takes the widest spread of itself and its neighbours
+# Each term's spread: this quantile of the calibration logs' per-term gaps. 0.95, not 0.90: the low end adds the
+# terms' spreads, and with 0.90 it held in only 87% of the calibration starts (0.95: 96%); chosen on the calibration
+# part alone.
+TERM_QUANTILE = 0.95
+PRINTED_PRECISION_BYTES = round(0.01 * GiB)  # logs print each term to 0.01 GiB: what a calibrated term keeps
+# How each term's spread is measured: a "fraction" term's as a fraction of kvplan's estimate of it, a "GiB" term's
+# in GiB per GPU.
+TERM_UNITS = {"weights": "fraction", "activation": "fraction", "overhead": "GiB", "cudagraph": "GiB", "rest": "GiB",
+              "unified memory": "GiB"}
+WEIGHTS_CLASSES = ("checkpoint", "parameters x dtype")
+MODEL_FAMILIES = ("dense", "moe", "hybrid", "vision")
+BOARDS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric", "unified", "unknown")
+TP_BUCKETS = ("tp 1", "tp 2", "tp 4 - 8", "tp 16+")
 FLOOR_BYTES = round(0.05 * GiB)  # the narrowest spread kept on either side (printed GiB figures are 0.01 precise)
 
 # release families: the releases whose budget arithmetic is alike (first release, name)
@@ -69,11 +97,122 @@ class Spread:
 
 
 @lru_cache(maxsize=1)
-def _table() -> tuple[dict[str, Any], ...]:
+def _doc() -> dict[str, Any]:
     from kvplan.io.files import parse_bundled_yaml, read_text
 
-    doc = parse_bundled_yaml(read_text(DATA_FILE), DATA_FILE)
-    return tuple(doc.get("classes") or ())
+    return parse_bundled_yaml(read_text(DATA_FILE), DATA_FILE) or {}
+
+
+def _table() -> tuple[dict[str, Any], ...]:
+    return tuple(_doc().get("classes") or ())
+
+
+def _terms() -> tuple[dict[str, Any], ...]:
+    return tuple(_doc().get("terms") or ())
+
+
+def model_family(spec: Any) -> str:
+    """``vision``, ``hybrid`` (state layers), ``moe`` or ``dense``: the activation term's class of ``spec``
+    (a :class:`~kvplan.model.spec.ModelSpec`)."""
+    if getattr(spec, "vision", None) is not None:
+        return "vision"
+    if any(layer.is_state for layer in getattr(spec, "layers", ())):
+        return "hybrid"
+    return "moe" if getattr(spec, "num_experts", 0) else "dense"
+
+
+def board(interconnect: str | None, memory_kind: str | None = None) -> str:
+    """The non-torch term's board: ``unified`` for a unified-memory device, else its interconnect; ``unknown``
+    where the GPU is only a memory size (``--gpu-memory``): :func:`kvplan.engines.vllm.non_torch` plans it as
+    NVLink, and its spread is the class's own where the corpus has enough such logs, else the widest of the boards
+    at its tp."""
+    return "unified" if memory_kind == "unified" else interconnect or "unknown"
+
+
+def term_class(term: str, *, engine: str, version: str, tp: int, board_name: str, family_name: str,
+               rough: bool) -> str:
+    """The class of ``term`` for a deployment (see the module docstring)."""
+    if term == "weights":
+        return WEIGHTS_CLASSES[1] if rough else WEIGHTS_CLASSES[0]
+    if term == "activation":  # by model family and engine (vLLM V0 profiles one whole prefill; V1 chunks it)
+        return f"{family_name}, {family(engine, version).split()[0]}"
+    if term == "overhead":
+        return _overhead_class(tp_bucket(tp), board_name)
+    if term == "unified memory":
+        return "unified"
+    return family(engine, version)
+
+
+def _overhead_class(bucket: str, board_name: str) -> str:
+    """``tp 2, nvlink-switch``; at tp 1 no NCCL buffers exist, so the NVIDIA boards with their own memory are one
+    class (``tp 1``), and only the platforms that charge other memory there have their own: unified memory
+    (``tp 1, unified``) and ROCm (``tp 1, infinity-fabric``: hipBLASLt workspaces)."""
+    pooled = bucket == "tp 1" and board_name not in ("unified", "infinity-fabric")
+    return "tp 1" if pooled else f"{bucket}, {board_name}"
+
+
+def _neighbours(term: str, engine: str, cls: str) -> list[str]:
+    """The classes next to ``cls``: for non-torch memory the same tp on other boards and the same board at the
+    tp buckets beside it; for a release family the families beside it; otherwise every other class. Where the
+    neighbours hold fewer than :data:`MIN_TERM_LOGS` logs, :func:`term_spread` takes every class of the term."""
+    if term == "overhead":
+        tp, _, brd = cls.partition(", ")
+        i = TP_BUCKETS.index(tp) if tp in TP_BUCKETS else 0
+        beside = [TP_BUCKETS[j] for j in (i - 1, i + 1) if 0 <= j < len(TP_BUCKETS)]
+        same_tp = {_overhead_class(tp, b) for b in BOARDS if b != brd} - {cls}
+        return sorted(same_tp) + [_overhead_class(t, brd or "nvlink") for t in beside]
+    if term in ("cudagraph", "rest"):
+        names = [name for _, name in FAMILIES.get(engine, ())]
+        i = names.index(cls) if cls in names else -1
+        return [names[j] for j in (i - 1, i + 1) if i >= 0 and 0 <= j < len(names)]
+    if term == "unified memory":
+        return []
+    if term == "activation":  # the same model family on the other engine, the other families on its own
+        fam, _, mode = cls.partition(", ")
+        modes = sorted({name.split()[0] for _, name in FAMILIES.get(engine, ())})
+        return [f"{fam}, {m}" for m in modes if m != mode] + [f"{f}, {mode}" for f in MODEL_FAMILIES if f != fam]
+    return [c for c in WEIGHTS_CLASSES if c != cls]
+
+
+@dataclass(frozen=True)
+class TermSpread:
+    """How far one budget term may rise above (``over_bytes``: the engine gives less KV) or fall below
+    (``under_bytes``) kvplan's estimate, per GPU, and the class and logs it was measured on."""
+
+    term: str
+    over_bytes: int
+    under_bytes: int
+    logs: int
+    basis: str  # the class measured, e.g. "tp 2, nvlink-switch"; a fallback says so
+
+
+def has_term_data(engine: str) -> bool:
+    """Whether the calibration logs of ``engine`` print budget terms (else the whole budget's spread is used)."""
+    return any(r.get("engine") == engine for r in _terms())
+
+
+def term_spread(term: str, engine: str, cls: str, estimate_bytes: int) -> TermSpread | None:
+    """The spread of ``term`` in class ``cls`` for an estimate of ``estimate_bytes`` (None: the corpus has no
+    log of this engine that prints the term). A class with fewer than :data:`MIN_TERM_LOGS` logs (or none) takes
+    the widest of itself and its neighbours, and its basis says so."""
+    rows = {r["class"]: r for r in _terms() if r.get("engine") == engine and r.get("term") == term}
+    if not rows:
+        return None
+    own = rows.get(cls)
+    if own is not None and int(own["logs"]) >= MIN_TERM_LOGS:
+        chosen, basis = [own], f"{cls}, {own['logs']} logs"
+    else:
+        near = [rows[c] for c in _neighbours(term, engine, cls) if c in rows]
+        thin = sum(int(r["logs"]) for r in near) < MIN_TERM_LOGS  # too few neighbours: every class of the term
+        chosen = ([own] if own else []) + ([r for c, r in rows.items() if c != cls] if thin else near)
+        seen = f"{own['logs']} {'log' if own['logs'] == 1 else 'logs'}" if own else "no logs"
+        widest = max(chosen, key=lambda r: float(r["over"]))
+        whose = "" if widest is own else f": {widest['class']}, {widest['logs']} logs"
+        basis = f"{cls}: {seen}, so the widest of {'every class' if thin else 'its neighbours'}{whose}"
+    scale = estimate_bytes if TERM_UNITS[term] == "fraction" else GiB
+    over = max(float(r["over"]) for r in chosen)
+    under = max(float(r["under"]) for r in chosen)
+    return TermSpread(term, round(over * scale), round(under * scale), sum(int(r["logs"]) for r in chosen), basis)
 
 
 def rough_weights(source: str) -> bool:
@@ -87,15 +226,20 @@ def spread(engine: str, version: str, tp: int) -> Spread | None:
     :data:`MIN_ENGINE_LOGS`)."""
     fam, bucket = family(engine, version), tp_bucket(tp)
     rows = [r for r in _table() if r.get("engine") == engine]
+    passed: list[str] = []  # the classes skipped for too few logs, which the basis names
     for want_family, want_tp in ((fam, bucket), (None, bucket), (None, None)):
         least = MIN_LOGS if want_tp else MIN_ENGINE_LOGS  # the engine's own row: whatever it has, if anything
-        row = next((r for r in rows if r.get("family") == want_family and r.get("tp") == want_tp
-                    and int(r.get("logs") or 0) >= least), None)
-        if row is not None:
-            basis = ", ".join(x for x in (engine, want_family, want_tp) if x)
+        name = ", ".join(x for x in (engine, want_family, want_tp) if x)
+        row = next((r for r in rows if r.get("family") == want_family and r.get("tp") == want_tp), None)
+        if row is not None and int(row.get("logs") or 0) >= least:
+            basis = name + (f"; fell back from {'; '.join(passed)}" if passed else "")
             return Spread(max(FLOOR_BYTES, round(float(row["over_gib"]) * GiB)),
                           max(FLOOR_BYTES, round(float(row["under_gib"]) * GiB)), int(row["logs"]), basis)
+        logs = int(row.get("logs") or 0) if row is not None else 0
+        passed.append(f"{name} ({logs} {'log' if logs == 1 else 'logs'}, fewer than {least})")
     return None
 
 
-__all__ = ["FAMILIES", "ROUGH_WEIGHTS_FRACTION", "Spread", "family", "rough_weights", "spread", "tp_bucket"]
+__all__ = ["BOARDS", "FAMILIES", "MODEL_FAMILIES", "ROUGH_WEIGHTS_FRACTION", "Spread", "TERM_UNITS", "TermSpread",
+           "board", "family", "has_term_data", "model_family", "rough_weights", "spread", "term_class", "term_spread",
+           "tp_bucket"]

@@ -343,7 +343,7 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
                           p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, notes=notes,
                           release_range=RANGES[p.version], concurrent_batches=p.concurrent_batches,
                           max_len_rule=p.max_len_rule, mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0,
-                          long_prefill_chunked=chunked)
+                          long_prefill_chunked=chunked, charges_other_processes=p.measure == "absolute")
 
 
 V0_FALLBACK_RULES = "0.7.2"  # the newest V0 rules: what 0.8 - 0.10 run when they fall back to the V0 engine
@@ -737,6 +737,7 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
     tp >= 2, a note that says the multi-GPU part is an estimate."""
     rope = rope_cache_bytes(spec, act_bytes)
     nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
+    total = nt.bytes + rope  # the term: every figure below that speaks of it says this one number
     parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
     if nt.context:
         parts.append(f"CUDA context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
@@ -745,8 +746,9 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
         parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
                      f"{nt.communicators / GiB:.2f} GiB" + (" (NVLS buffers included)" if nt.interconnect ==
                                                             "nvlink-switch" and tp > 2 else ""))
-        notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate ({nt.bytes / GiB:.2f} GiB per "
-                     "GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your log's non-torch memory")
+        notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
+                     f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
+                     "log's non-torch memory")
     if p.mode == "V0" and device is not None and device.platform == "rocm":
         notes.append("vLLM V0 on ROCm charges more non-torch memory than kvplan models (hipBLASLt: 1.7 GiB more at tp 1 "
                      "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
@@ -758,7 +760,7 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                      "buffers rounded to their granularity) is read in the code, not in a corpus log; --enforce-eager "
                      "builds no compile passes and no workspace")
     parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
-    return Term("overhead", nt.bytes + rope, "estimate: " + " + ".join(parts)), notes
+    return Term("overhead", total, "estimate: " + " + ".join(parts)), notes
 
 
 def capture_sizes(max_size: int) -> list[int]:

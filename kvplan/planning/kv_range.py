@@ -1,27 +1,48 @@
-"""The plan's range: its answer at the low and the high end of the KV budget's spread.
+"""The plan's range: its answer at the low and the high end of the KV budget's spread, built from the terms.
 
-The budget's terms are estimates; :func:`kvplan.engines.spread.spread` says how far real engines of the same
-class (engine, release family, tp) strayed from kvplan's KV budget on the corpus of real start-up logs. The
-range re-answers the same deployment (:class:`~kvplan.planning.answer.Deployment`, the same rules) with the
-blocks that the budget less that shortfall, and plus that excess, hold. Where the engine's code path depends
-on its installation (vLLM 0.8 - 0.11's sampler) the low end pays the costlier path too. A KV budget the user
-gives (``--kv-budget``) has no spread.
+Each budget term kvplan estimates carries its own spread (:func:`kvplan.engines.spread.term_spread`, measured on
+the calibration logs that print that term): the weights (by how they were counted), the activation peak (by model
+family), non-torch memory (by tp and board), CUDA graphs (by release family) and what no log line prints (the
+rest). The low end pays every term's downside (their sum): a KV budget that much lower. A term the user gives
+(``--activation-gib``) has no spread; a term a calibration file measured keeps the logs' printed precision. Where
+the engine's code path depends on its installation (vLLM 0.8 - 0.11's sampler) the low end pays the costlier path
+too; on a unified-memory device (GB10) the non-torch term takes the widest spread of its neighbours, and on a
+GeForce card under a release that charges other processes' memory the low end allows for a desktop; a note says why. An engine whose logs print no terms (SGLang) keeps the whole budget's spread per class. The range
+re-answers the same deployment (:class:`~kvplan.planning.answer.Deployment`, the same rules) with the blocks of
+the budget less the downsides, and plus the upsides. A KV budget the user gives (``--kv-budget``) has no spread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvplan import memory
-from kvplan.engines import Budget, EngineDefaults
-from kvplan.engines.spread import ROUGH_WEIGHTS_FRACTION, rough_weights, spread
+from kvplan.engines import Budget, EngineDefaults, Term, given
+from kvplan.engines.spread import (
+    PRINTED_PRECISION_BYTES, ROUGH_WEIGHTS_FRACTION, TermSpread, board, has_term_data, model_family, rough_weights,
+    spread, term_class, term_spread,
+)
 from kvplan.planning.answer import Answer, Deployment
 from kvplan.units import GiB
+
+# A desktop session (the compositor and a browser) on a GeForce card holds memory kvplan cannot see; releases whose
+# profiler charges other processes' memory (EngineDefaults.charges_other_processes) give that much less KV. Not
+# measured on the corpus (its consumer logs show none): an allowance the low end pays, said in a note.
+DESKTOP_ALLOWANCE_BYTES = round(0.5 * GiB)
+DESKTOP_NOTE = ("{release} charges memory other processes hold on the GPU as its own non-torch memory: a desktop on "
+                "this {gpu} gives less KV by what it holds, which kvplan cannot know; the low end allows "
+                "{allowance:.2f} GiB (check nvidia-smi's use before the engine starts)")
+UNIFIED_NOTE = ("{gpu} shares its memory with the host: what vLLM finds free there moves with the host's use "
+                "(cudaMemGetInfo counts system memory; 0.17+ reads psutil's available memory), and the non-torch "
+                "memory it measures takes in what the host allocates meanwhile; kvplan cannot know it, so the low end "
+                "takes the widest non-torch spread of its neighbours and the gap unified-memory logs showed")
 
 
 @dataclass(frozen=True)
 class KvRange:
-    """The answer at the low and high end of the KV budget's spread (bytes per GPU), and where the spread came from."""
+    """The answer at the low and high end of the KV budget's spread (bytes per GPU), where the spread came from,
+    and each term's part of it (``terms``: the low end pays the sum of their ``over_bytes``)."""
 
     low: Answer
     high: Answer
@@ -30,6 +51,24 @@ class KvRange:
     source: str
     low_deployment: Deployment  # the plan's deployment with the low end's blocks (a report's rows ask it)
     high_deployment: Deployment
+    terms: tuple[TermSpread, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def dominant(self) -> str:
+        """The term whose downside is the largest part of the low end ("" for none)."""
+        worst = max(self.terms, key=lambda t: t.over_bytes, default=None)
+        return worst.term if worst is not None and worst.over_bytes > 0 else ""
+
+    @property
+    def summary(self) -> str:
+        """The source in one short phrase for the answer panel: the budget's spread and the dominant term
+        (``source`` and ``terms`` hold every term)."""
+        worst = max(self.terms, key=lambda t: t.over_bytes, default=None)
+        if worst is None or len(self.terms) == 1 or not worst.over_bytes:
+            return self.source
+        head = self.source.split(", the sum", 1)[0]
+        return f"{head} from each term's spread; {worst.term} dominates (-{worst.over_bytes / GiB:.2f} GiB)"
 
     def to_dict(self) -> dict:
         def end(a: Answer, kv: int) -> dict:
@@ -37,34 +76,114 @@ class KvRange:
                     "max_requests": a.max_requests, "max_concurrency": round(a.max_concurrency, 6),
                     "max_context_at_batch": a.max_context_at_batch, "fits": a.fits}
         return {"low": end(self.low, self.kv_budget_low_bytes), "high": end(self.high, self.kv_budget_high_bytes),
-                "source": self.source}
+                "source": self.source, "dominant": self.dominant or None,
+                "terms": {t.term: {"over_bytes": t.over_bytes, "under_bytes": t.under_bytes, "logs": t.logs,
+                                   "basis": t.basis} for t in self.terms},
+                "notes": list(self.notes)}
+
+
+def _calibrated(term: Term) -> bool:
+    return term.source.startswith("calibration")
+
+
+def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = None, gpu: Any = None
+                 ) -> tuple[tuple[TermSpread, ...], tuple[str, ...]]:
+    """Each uncertain term's spread for this plan (engines whose logs print terms), and the notes it needs."""
+    notes: list[str] = []
+    kind = getattr(gpu, "memory_kind", "dedicated")
+    brd = board(getattr(gpu, "interconnect", None), kind)
+    if kind == "unified":
+        notes.append(UNIFIED_NOTE.format(gpu=getattr(gpu, "name", "this GPU")))
+    fam = model_family(spec) if spec is not None else "dense"
+    rough = rough_weights(budget.weights.source)
+    out: list[TermSpread] = []
+    terms = (budget.weights, budget.activation, budget.overhead, budget.cudagraph)
+    for t in terms:
+        if t.name == "cudagraph" and t.bytes == 0 and not given(t):
+            continue  # not subtracted by this release (or none)
+        if given(t):
+            if _calibrated(t):
+                out.append(TermSpread(t.name, PRINTED_PRECISION_BYTES, PRINTED_PRECISION_BYTES, 1,
+                                      "measured by the calibration (logs print 0.01 GiB)"))
+            continue  # the user's figure stands
+        cls = term_class(t.name, engine=engine.engine, version=engine.version, tp=tp, board_name=brd,
+                         family_name=fam, rough=rough)
+        s = term_spread(t.name, engine.engine, cls, t.bytes)
+        if s is None:
+            continue
+        if t.name == "weights" and rough and s.over_bytes < ROUGH_WEIGHTS_FRACTION * t.bytes:
+            s = replace(s, over_bytes=round(ROUGH_WEIGHTS_FRACTION * t.bytes),
+                        basis=s.basis + f"; at least {ROUGH_WEIGHTS_FRACTION:.0%} (counted from parameters x a dtype)")
+        if t.name == "overhead" and kind == "unified":
+            s = replace(s, basis=s.basis + "; unified memory: see the note")
+        out.append(s)
+    if all(_calibrated(t) for t in terms[:3]):
+        out.append(TermSpread("rest", PRINTED_PRECISION_BYTES, PRINTED_PRECISION_BYTES, 1,
+                              "fitted by the calibration to the log's blocks"))
+    else:
+        cls = term_class("rest", engine=engine.engine, version=engine.version, tp=tp, board_name=brd,
+                         family_name=fam, rough=rough)
+        rest = term_spread("rest", engine.engine, cls, 0)
+        if rest is not None:
+            out.append(rest)
+    if kind == "unified":
+        host = term_spread("unified memory", engine.engine, "unified", 0)
+        if host is not None:
+            out.append(host)
+    if budget.path_gap_bytes:
+        out.append(TermSpread("sampler path", budget.path_gap_bytes, 0, 0,
+                              "the engine's costlier code path where its installation lacks FlashInfer"))
+    if kind == "display" and engine.charges_other_processes and not given(budget.overhead):
+        out.append(TermSpread("desktop", DESKTOP_ALLOWANCE_BYTES, 0, 0, "an allowance for a desktop on the card"))
+        notes.append(DESKTOP_NOTE.format(release=engine.label, gpu=getattr(gpu, "name", "GPU"),
+                                         allowance=DESKTOP_ALLOWANCE_BYTES / GiB))
+    return tuple(out), tuple(notes)
+
+
+def _source(terms: tuple[TermSpread, ...]) -> str:
+    over, under = sum(t.over_bytes for t in terms), sum(t.under_bytes for t in terms)
+    parts = ", ".join(f"{t.term} -{t.over_bytes / GiB:.2f} ({t.basis})" for t in sorted(terms, key=lambda t: -t.over_bytes)
+                      if t.over_bytes)
+    return f"-{over / GiB:.2f} / +{under / GiB:.2f} GiB, the sum of each term's spread on real start-up logs: {parts}"
 
 
 def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, answer: Answer, tp: int, context: int,
-             batch: int, max_model_len: int | None, is_cpu: bool) -> KvRange:
-    """The range of ``answer`` (the plan's, at ``batch`` x ``context``) for a deployment of ``tp`` GPUs."""
+             batch: int, max_model_len: int | None, is_cpu: bool, spec: Any = None, gpu: Any = None) -> KvRange:
+    """The range of ``answer`` (the plan's, at ``batch`` x ``context``) for a deployment of ``tp`` GPUs of ``gpu``
+    (the plan's :class:`~kvplan.planning.plan.GpuInfo`) serving ``spec``."""
     kv = budget.kv_budget_bytes
-    s = None if is_cpu or budget.kv_budget_source.startswith("--kv-budget") else spread(engine.engine, engine.version, tp)
-    if s is None:
-        why = ("the KV budget is given (--kv-budget)" if budget.kv_budget_source.startswith("--kv-budget") or is_cpu
-               else "no measured spread for this engine")
-        return KvRange(answer, answer, kv, kv, why, deployment, deployment)
-    over = max(s.over_bytes, budget.path_gap_bytes)
-    rough = round(ROUGH_WEIGHTS_FRACTION * budget.weights.bytes) if rough_weights(budget.weights.source) else 0
-    low_kv, high_kv = kv - over - rough, kv + s.under_bytes
-
+    kv_given = budget.kv_budget_source.startswith("--kv-budget")
+    if is_cpu or kv_given:
+        return KvRange(answer, answer, kv, kv, "the KV budget is given (--kv-budget)", deployment, deployment)
+    notes: tuple[str, ...] = ()
+    if has_term_data(engine.engine):
+        terms, notes = term_spreads(budget, engine, tp, spec, gpu)
+        source = _source(terms)
+    else:
+        s = spread(engine.engine, engine.version, tp)
+        if s is None:
+            return KvRange(answer, answer, kv, kv, "no measured spread for this engine", deployment, deployment)
+        terms = (TermSpread("whole budget", s.over_bytes, s.under_bytes, s.logs, s.basis),)
+        source = s.source
+        rough = round(ROUGH_WEIGHTS_FRACTION * budget.weights.bytes) if rough_weights(budget.weights.source) else 0
+        if rough:
+            terms += (TermSpread("weights", rough, 0, 0, "counted from parameters and a dtype"),)
+            source += (f"; the weights, counted from parameters and a dtype, may load {ROUGH_WEIGHTS_FRACTION:.0%} "
+                       f"more ({rough / GiB:.2f} GiB)")
+        if budget.path_gap_bytes:
+            terms += (TermSpread("sampler path", budget.path_gap_bytes, 0, 0, "the engine's costlier code path"),)
+            source += f"; the low end pays the engine's costlier code path ({budget.path_gap_bytes / GiB:.2f} GiB)"
+    low_kv = kv - sum(t.over_bytes for t in terms)
+    high_kv = kv + sum(t.under_bytes for t in terms)
     low, high = deployment_at(deployment, low_kv), deployment_at(deployment, high_kv)
 
     def answer_of(d: Deployment) -> Answer:
         return answer if d is deployment else d.answer(context, batch, max_model_len)
 
-    source = s.source
-    if rough:
-        source += (f"; the weights, counted from parameters and a dtype, may load {ROUGH_WEIGHTS_FRACTION:.0%} more "
-                   f"({rough / GiB:.2f} GiB)")
-    if budget.path_gap_bytes > s.over_bytes:
-        source += f"; the low end pays the engine's costlier code path ({budget.path_gap_bytes / GiB:.2f} GiB)"
-    return KvRange(answer_of(low), answer_of(high), low_kv, high_kv, source, low, high)
+    rng = KvRange(answer_of(low), answer_of(high), low_kv, high_kv, source, low, high, terms, notes)
+    if rng.dominant:
+        rng = replace(rng, source=rng.source + f"; {rng.dominant} dominates")
+    return rng
 
 
 def deployment_at(deployment: Deployment, kv_budget_bytes: int) -> Deployment:
@@ -73,4 +192,4 @@ def deployment_at(deployment: Deployment, kv_budget_bytes: int) -> Deployment:
     return deployment if blocks == deployment.blocks else replace(deployment, blocks=blocks)
 
 
-__all__ = ["KvRange", "deployment_at", "kv_range"]
+__all__ = ["KvRange", "deployment_at", "kv_range", "term_spreads"]

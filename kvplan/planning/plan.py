@@ -40,6 +40,7 @@ class GpuInfo:
     bf16: bool = True  # the engine can run bfloat16 here (NVIDIA: compute capability >= 8.0)
     compute_capability: str | None = None  # NVIDIA compute capability (the catalogue's)
     smi_memory_bytes: int | None = None  # the total nvidia-smi shows (the catalogue's smi_memory_mib)
+    memory_kind: str = "dedicated"  # "unified": the host's memory (the catalogue's memory_kind)
 
     @property
     def device(self) -> Device:
@@ -217,7 +218,8 @@ def resolve_gpu(options: Options) -> GpuInfo:
                    gpu.fp16_tflops if gpu else None, gpu.vendor if gpu else "", gpu.sm_count if gpu else None,
                    gpu.interconnect if gpu else None, gpu.supports_bf16 if gpu else True,
                    gpu.compute_capability if gpu else None,
-                   gpu.smi_memory_mib * MiB if gpu and gpu.smi_memory_mib and same_memory else None)
+                   gpu.smi_memory_mib * MiB if gpu and gpu.smi_memory_mib and same_memory else None,
+                   gpu.memory_kind if gpu else "dedicated")
 
 
 def _check_gpu_memory(gpu: Any, given_bytes: int) -> None:
@@ -566,6 +568,8 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
                                           demand.bytes(options.context), batch,
                                           pool.gpu.bandwidth_bytes_per_s)
     replicated = memory.kv_heads_replicated(spec, options.tp)
+    rng = kv_range(pool.budget, pool.engine, deployment, answer, options.tp, options.context, options.batch, fixed,
+                   pool.gpu.is_cpu, spec, pool.gpu)
     return Plan(
         options=options,
         spec=spec,
@@ -589,9 +593,8 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         fragmentation=frag,
         prefix=prefix,
         roofline=roofline,
-        notes=_notes(pool, spec, auto_note, replicated) + ((context_note,) if context_note else ()),
-        kv_range=kv_range(pool.budget, pool.engine, deployment, answer, options.tp, options.context, options.batch,
-                          fixed, pool.gpu.is_cpu),
+        notes=_notes(pool, spec, auto_note, replicated) + ((context_note,) if context_note else ()) + rng.notes,
+        kv_range=rng,
     )
 
 

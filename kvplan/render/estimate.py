@@ -281,7 +281,7 @@ def _range_line(plan: "Plan") -> str | None:
     lo, hi = rng.low, rng.high
     requests = (f"{lo.max_requests:,} - {plural(hi.max_requests, 'request')}" if lo.max_requests != hi.max_requests
                 else f"{plural(lo.max_requests, 'request')} at either end")
-    return f"range: {lo.kv_tokens:,} - {hi.kv_tokens:,} KV tokens, {requests} (KV budget {rng.source})"
+    return f"range: {lo.kv_tokens:,} - {hi.kv_tokens:,} KV tokens, {requests} (KV budget {rng.summary})"
 
 
 def _shared_prefix_line(plan: "Plan") -> str | None:

@@ -55,8 +55,10 @@ def test_the_spread_file_is_what_the_calibration_part_gives():
     sys.modules["corpus_agreement"] = ca
     module.loader.exec_module(ca)
     done, _ = ca.rows("calibration")
-    written = yaml.safe_load((ROOT / "kvplan" / "data" / "kv_spread.yaml").read_text())["classes"]
-    assert written == ca.spread_table(done), "regenerate: PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-spread"
+    written = yaml.safe_load((ROOT / "kvplan" / "data" / "kv_spread.yaml").read_text())
+    again = "regenerate: PYTHONPATH=. python3 benchmarks/corpus_agreement.py --write-spread --write-docs"
+    assert written["classes"] == ca.spread_table(done), again
+    assert written["terms"] == ca.term_table(done), again
     assert not any(r.split == "validation" for r in done)
 
 
@@ -117,3 +119,158 @@ def test_the_engine_docs_state_the_modelled_releases_and_the_current_agreement()
     assert ca.summary_table(done)[2] in section, "regenerate docs/engines.md's agreement section"
     for line in ca.off_rows(done):
         assert line in section, line
+
+
+# --------------------------------------------------------------------------------- the low end from the terms
+
+
+def test_the_low_end_pays_every_estimated_terms_spread_and_names_the_dominant_one():
+    for model, gpu, tp in (("meta-llama/Llama-3.1-8B", "H100", 1), ("meta-llama/Llama-3.1-70B", "H100", 4),
+                           ("Qwen/Qwen3-30B-A3B", "A100", 2), ("Qwen/Qwen3-8B", "RTX-4090", 1)):
+        p = kvplan.estimate(model, gpu=gpu, tp=tp, context=8192)
+        r = p.kv_range
+        assert {t.term for t in r.terms} >= {"weights", "activation", "overhead"}, (model, r.terms)
+        # one object: the low and high budgets are the plan's less / plus the terms' sums
+        assert r.kv_budget_low_bytes == p.budget.kv_budget_bytes - sum(t.over_bytes for t in r.terms)
+        assert r.kv_budget_high_bytes == p.budget.kv_budget_bytes + sum(t.under_bytes for t in r.terms)
+        assert r.dominant == max(r.terms, key=lambda t: t.over_bytes).term
+        assert r.source.endswith(f"{r.dominant} dominates")
+        doc = p.to_dict()["range"]
+        assert doc["dominant"] == r.dominant and set(doc["terms"]) == {t.term for t in r.terms}
+        assert doc["low"]["kv_budget_bytes"] == r.kv_budget_low_bytes
+    args = ["estimate", "meta-llama/Llama-3.1-70B", "--gpu", "H100", "--tp", "4"]
+    text = " ".join(runner.invoke(app, args).output.replace("│", " ").split())
+    r = kvplan.estimate("meta-llama/Llama-3.1-70B", gpu="H100", tp=4).kv_range
+    worst = max(r.terms, key=lambda t: t.over_bytes)
+    assert f"{r.dominant} dominates (-{worst.over_bytes / spread.GiB:.2f} GiB)" in text
+
+
+def test_a_term_the_user_gives_has_no_spread():
+    p = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", context=8192, activation_gib=2, overhead_gib=1)
+    names = {t.term for t in p.kv_range.terms}
+    assert "activation" not in names and "overhead" not in names and "weights" in names
+
+
+def test_a_calibrated_plan_keeps_only_what_the_calibration_leaves_uncertain(tmp_path):
+    # vllm-10517's RTX 3090 log prints weights, activation and non-torch memory; the calibrated plan reproduces
+    # its 1,952 blocks, so its range is the logs' printed precision (0.01 GiB per term), not the generic spread
+    log = ROOT / "benchmarks" / "corpus" / "vllm" / "vllm-10517-3090-llama31-8b-20k.log"
+    cal = tmp_path / "cal.yaml"
+    model = ["meta-llama/Llama-3.1-8B-Instruct"]
+    assert runner.invoke(app, ["explain", str(log), "--model", *model, "--calibrate", str(cal)]).exit_code == 0
+    args = ["estimate", *model, "--max-model-len", "20000", "--context", "20000", "--engine-version", "0.6",
+            "--gpu-memory", "23.58GiB", "--json"]
+    import json
+
+    plain = json.loads(runner.invoke(app, args).output)
+    calibrated = json.loads(runner.invoke(app, args + ["--calibration", str(cal)]).output)
+    assert calibrated["pool"]["num_blocks"] == 1952
+
+    def width(d: dict) -> int:
+        return d["range"]["high"]["kv_budget_bytes"] - d["range"]["low"]["kv_budget_bytes"]
+
+    from kvplan.engines.spread import PRINTED_PRECISION_BYTES
+
+    terms = calibrated["range"]["terms"]
+    assert set(terms) == {"weights", "activation", "overhead", "rest"}, terms
+    assert all(t["over_bytes"] == PRINTED_PRECISION_BYTES for t in terms.values())
+    assert width(calibrated) == 8 * PRINTED_PRECISION_BYTES < width(plain) / 4
+
+
+def _table(monkeypatch, rows):
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": rows, "classes": []})
+
+
+def test_a_class_the_corpus_has_not_seen_takes_the_widest_of_its_neighbours(monkeypatch):
+    def row(cls, logs, over):
+        return {"engine": "vllm", "term": "overhead", "class": cls, "unit": "GiB", "logs": logs, "over": over,
+                "under": 0.0, "median": 0.0}
+
+    _table(monkeypatch, [row("tp 2, nvlink-switch", 6, 0.5), row("tp 2, pcie", 5, 0.2), row("tp 1, nvlink", 9, 0.1),
+                         row("tp 4 - 8, pcie", 4, 1.5), row("tp 4 - 8, nvlink", 1, 0.05)])
+    GIB = spread.GiB
+    # a well-measured class: its own
+    assert spread.term_spread("overhead", "vllm", "tp 2, nvlink-switch", 0).over_bytes == round(0.5 * GIB)
+    # unseen (tp 4 - 8 on NVSwitch): the same tp on other boards (1.5, 0.05) and its board beside it (0.5)
+    s = spread.term_spread("overhead", "vllm", "tp 4 - 8, nvlink-switch", 0)
+    assert s.over_bytes == round(1.5 * GIB) and "no logs" in s.basis and "tp 4 - 8, pcie" in s.basis
+    # thin (1 log, narrow): never narrower than its neighbours
+    thin = spread.term_spread("overhead", "vllm", "tp 4 - 8, nvlink", 0)
+    assert thin.over_bytes == round(1.5 * GIB) and "1 log, so the widest" in thin.basis
+    # a neighbourhood with too few logs: every class of the term (tp 16+ has only tp 4 - 8 beside it)
+    lone = spread.term_spread("overhead", "vllm", "tp 16+, infinity-fabric", 0)
+    assert lone.over_bytes == round(1.5 * GIB)
+    # a fraction term scales with kvplan's estimate of it
+    _table(monkeypatch, [{"engine": "vllm", "term": "activation", "class": "dense", "unit": "fraction", "logs": 10,
+                          "over": 0.1, "under": 0.0, "median": 0.0}])
+    assert spread.term_spread("activation", "vllm", "dense", 3 * GIB).over_bytes == round(0.3 * GIB)
+    assert spread.term_spread("activation", "vllm", "vision", 3 * GIB).over_bytes == round(0.3 * GIB)
+
+
+def test_every_class_of_the_spread_file_falls_back_no_narrower_than_its_neighbours():
+    rows = [r for r in spread._terms()]
+    for r in rows:
+        for cls in [r["class"]] + spread._neighbours(r["term"], r["engine"], r["class"]):
+            got = spread.term_spread(r["term"], r["engine"], cls, spread.GiB)
+            own = next((x for x in rows if x["term"] == r["term"] and x["class"] == cls and x["engine"] == r["engine"]), None)
+            if own is None or own["logs"] < spread.MIN_TERM_LOGS:
+                near = [x for x in rows if x["term"] == r["term"] and x["engine"] == r["engine"]
+                        and x["class"] in spread._neighbours(r["term"], r["engine"], cls)]
+                widest = max((float(x["over"]) for x in near), default=0.0)
+                assert got.over_bytes >= round(widest * spread.GiB) - 1, (r["term"], cls)
+
+
+def test_unified_memory_says_kvplan_cannot_know_and_widens_the_low_end():
+    gb10 = kvplan.estimate("Qwen/Qwen3-8B", gpu="GB10", context=8192)
+    assert any("shares its memory with the host" in n for n in gb10.notes)
+    overhead = next(t for t in gb10.kv_range.terms if t.term == "overhead")
+    assert "unified" in overhead.basis
+    # no calibration log of a unified-memory device prints its non-torch memory: the widest of its neighbours
+    # (the tp-1 class of the dedicated boards, and tp 2 on unified memory)
+    near = [r for r in spread._terms() if r["term"] == "overhead"
+            and r["class"] in spread._neighbours("overhead", "vllm", "tp 1, unified")]
+    assert near and overhead.over_bytes >= max(round(float(r["over"]) * spread.GiB) for r in near)
+    assert "tp 1, unified" not in {r["class"] for r in spread._terms()} and "no logs" in overhead.basis
+    # and the low end pays what unified-memory logs lost beyond their printed terms
+    host = next(t for t in gb10.kv_range.terms if t.term == "unified memory")
+    row = next(r for r in spread._terms() if r["term"] == "unified memory")
+    assert host.over_bytes == round(float(row["over"]) * spread.GiB) > 0
+    dedicated = kvplan.estimate("Qwen/Qwen3-8B", gpu="RTX-5090", context=8192)
+    assert not any("shares its memory" in n for n in dedicated.notes)
+
+
+def test_no_well_measured_term_is_estimated_below_the_logs_median():
+    """The point estimate is not biased toward more KV: for every term class of the calibration part with enough
+    logs, the logged term's median is not above kvplan's estimate (by more than 1% of a fraction term or 0.05 GiB)."""
+    for r in spread._terms():
+        if r["logs"] >= spread.MIN_TERM_LOGS:
+            bound = 0.01 if r["unit"] == "fraction" else 0.05
+            assert float(r["median"]) <= bound, r
+
+
+def test_a_fallback_is_said_where_the_range_comes_from():
+    s = spread.spread("sglang", "0.5.5", 2)
+    assert s is not None and "fell back from sglang, 0.5.3+, tp 2" in s.source
+
+
+def test_the_overhead_note_says_the_tables_number():
+    from kvplan.units import GiB
+
+    for tp in (2, 4, 8):
+        p = kvplan.estimate("meta-llama/Llama-3.1-70B", gpu="H100", tp=tp, context=8192)
+        note = next(n for n in p.notes if n.startswith(f"non-torch memory at tp {tp}"))
+        assert f"{p.budget.overhead.bytes / GiB:.2f} GiB per GPU" in note, note
+
+
+def test_a_desktop_card_under_a_release_that_charges_other_processes_says_so():
+    from kvplan.planning.kv_range import DESKTOP_ALLOWANCE_BYTES
+
+    for version, charged in (("0.6.4", True), ("0.8.5", True), ("0.6.6", False), ("0.12", False)):
+        p = kvplan.estimate("Qwen/Qwen3-8B", gpu="RTX-4090", context=8192, engine_version=version)
+        desk = [t for t in p.kv_range.terms if t.term == "desktop"]
+        assert bool(desk) == charged == any("other processes hold on the GPU" in n for n in p.notes), version
+        if charged:
+            assert desk[0].over_bytes == DESKTOP_ALLOWANCE_BYTES
+    # a datacenter card under the same release: no desktop
+    h100 = kvplan.estimate("Qwen/Qwen3-8B", gpu="H100", context=8192, engine_version="0.8.5")
+    assert not any(t.term == "desktop" for t in h100.kv_range.terms)
