@@ -48,7 +48,9 @@ def register(app: typer.Typer) -> None:
 
         if junit_xml:  # before the work: a bad path must not hide the checks' outcome
             from kvplan.io.atomic import check_writable
+            from kvplan.io.kinds import check_replaceable
 
+            check_replaceable(junit_xml, "--junit-xml", "junit")  # never over a file of another kind
             check_writable(junit_xml, "--junit-xml")
         try:
             capacity = load_capacity(path, keep_going=True)  # its mistakes listed with planning's

@@ -108,6 +108,10 @@ def register(app: typer.Typer) -> None:
                      "weights_dtype": weights_dtype, "kv_dtype": kv_dtype, "prefix_caching": prefix_caching,
                      "flashinfer": flashinfer, "offline": offline or None}
         paths, many = log_paths(logs)
+        if calibrate:  # before the work: another kind of file is refused, untouched
+            from kvplan.io.calibration import check_calibration_target
+
+            check_calibration_target(calibrate)
         if many:
             _explain_many(paths, overrides, token, calibrate, json_out)
             return
