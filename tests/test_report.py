@@ -388,3 +388,32 @@ def test_rows_over_a_models_maximum_length_say_why_and_stay_off_the_plot(tmp_pat
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert sum(1 for r in rows if r["why"]) == 3 + 3 + 1
     assert "no (len)" in r.stdout
+
+
+def test_a_big_reports_plot_shows_every_model_and_names_what_it_leaves_out(tmp_path):
+    # 6 models x 2 GPUs x 2 KV dtypes = 24 lines, more than one panel holds (12): one panel per model, all 6 there
+    from kvplan.render.report_plots import MAX_SERIES, concurrency_panels
+
+    models = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-8B", "google/gemma-2-9b-it", "mistralai/Mistral-7B-v0.1",
+              "meta-llama/Llama-3.2-3B", "Qwen/Qwen2.5-7B-Instruct"]
+    path = write(tmp_path, f"""\
+        sweep: {{model: [{', '.join(models)}], gpu: [H100, L40S], kv_dtype: [auto, fp8], context: [2k, 8k]}}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    panels, note = concurrency_panels(report)
+    assert [m for m, _ in panels] == models and all(len(lines) == 4 for _, lines in panels) and note is None
+    # 14 lines of one model: one panel, 12 lines, and the note says 2 are left out
+    path = write(tmp_path, """\
+        sweep: {model: [meta-llama/Llama-3.1-8B], gpu: [H100, L40S], tp: [1, 2], kv_dtype: [auto, fp8], gpu_util: [0.8, 0.9], context: [2k, 8k]}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    panels, note = concurrency_panels(report)
+    assert len(panels) == 1 and len(panels[0][1]) == MAX_SERIES and note.startswith(f"{MAX_SERIES} of 16 configurations plotted")
+    # a second model past 12 lines each: two panels, and the note names the lines each leaves out
+    path = write(tmp_path, """\
+        sweep: {model: [meta-llama/Llama-3.1-8B, Qwen/Qwen3-8B], gpu: [H100, L40S], tp: [1, 2], kv_dtype: [auto, fp8], gpu_util: [0.8, 0.9], context: [2k, 8k]}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    panels, note = concurrency_panels(report)
+    assert [m for m, _ in panels] == ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-8B"]
+    assert "24 of 32 configurations plotted" in note and "Llama-3.1-8B (4 of 16)" in note and "Qwen3-8B (4 of 16)" in note

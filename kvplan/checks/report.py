@@ -209,7 +209,7 @@ class RowDigest:
     ``keep`` rows, the last ``keep`` after them, and the (context -> max requests) points of the first
     ``max_lines`` pools that have more than one context (and how many pools have)."""
 
-    def __init__(self, keep: int = 2000, max_lines: int = 12) -> None:
+    def __init__(self, keep: int = 2000, max_lines: int = 144) -> None:  # report_plots: 12 panels x 12 lines
         self.keep, self.max_lines = keep, max_lines
         self.count = 0
         self.head: list[Row] = []
