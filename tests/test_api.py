@@ -200,3 +200,27 @@ def test_a_model_name_the_os_cannot_look_up_is_a_model_error(model):
 def test_an_empty_text_option_is_an_error_not_the_default(option):
     with pytest.raises(InputError, match="must not be empty"):
         kvplan.estimate("meta-llama/Llama-3.1-8B", **{option: " "})
+
+
+@pytest.mark.parametrize("function, typo, meant", [
+    ("estimate", "contxt", "context"), ("estimate", "gpu_utl", "gpu_util"), ("estimate", "kv_dtyp", "kv_dtype"),
+    ("estimate", "tokn", "token"), ("estimate", "max_model_length", "max_model_len"),
+    ("sweep", "ofline", "offline"), ("sweep", "tokens", "token"), ("check", "offlin", "offline"), ("check", "tokn", "token"),
+])
+def test_every_api_function_names_the_option_a_typo_meant(function, typo, meant):
+    # every public function's keywords: a mistyped one is a kvplan error whose own message (what a traceback
+    # shows) names the closest option, never a TypeError
+    import kvplan
+
+    first = "meta-llama/Llama-3.1-8B" if function == "estimate" else {"defaults": {}}
+    with pytest.raises(kvplan.errors.InputError) as info:
+        getattr(kvplan, function)(first, **{typo: 1})
+    assert str(info.value) == f"kvplan.{function}(): unknown option {typo!r}; did you mean {meant!r}?"
+
+
+def test_an_unknown_api_option_with_nothing_close_lists_the_options():
+    import kvplan
+
+    with pytest.raises(kvplan.errors.InputError) as info:
+        kvplan.sweep({"defaults": {}}, zzz=1)
+    assert str(info.value) == "kvplan.sweep(): unknown option 'zzz'" and info.value.hint == "its options: offline, token"
