@@ -66,11 +66,17 @@ def _compare(planner: Any, obs: Any) -> list[Any]:
     return [c for c in (compare(planner.view, s, planner) for s in obs.series) if c is not None]
 
 
-def _observe(session: Any, planner: Any, live: bool) -> Any:
-    """Run the loop; adopt the endpoint's cache config into the plan; redraw the live view each poll."""
+def _observe(session: Any, planner: Any, live: bool, find_model: Any = None) -> tuple[Any, Any]:
+    """Run the loop; adopt the endpoint's cache config into the plan; redraw the live view each poll.
+
+    ``find_model(labels)``: without ``--model``, the planner for the bundled model the endpoint's series
+    name (None until one does). Returns (observation, planner)."""
     from kvplan.observe.session import run
 
     def adopt(s: Any) -> None:
+        nonlocal planner, find_model
+        if planner is None and find_model is not None and s.latest:
+            planner, find_model = find_model([r.labels for r in s.latest.values()]), None  # tried once
         if planner is not None:
             config = next((r.cache_config for r in s.latest.values() if r.cache_config and planner.serves(r.labels)),
                           None)
@@ -78,7 +84,7 @@ def _observe(session: Any, planner: Any, live: bool) -> Any:
                 planner.adopt(config)
 
     if not live:
-        return run(session, on_poll=adopt)
+        return run(session, on_poll=adopt), planner
     from rich.live import Live
 
     from kvplan.render import console
@@ -91,7 +97,29 @@ def _observe(session: Any, planner: Any, live: bool) -> Any:
             view.update(render_observation(obs, planner.view if planner else None, _compare(planner, obs),
                                            pending=_pending(planner)))
 
-        return run(session, on_poll=redraw)
+        return run(session, on_poll=redraw), planner
+
+
+def _endpoint_model(values: dict, token: str | None, ctx: typer.Context) -> Any:
+    """Without --model: a function of the first poll's series labels giving the planner for the bundled model
+    they name (``model_name``), or None (no label, several models, one kvplan does not bundle: no plan)."""
+    def find(labels: list) -> Any:  # noqa: ANN401 - a Planner or None
+        from kvplan.errors import KvplanError
+        from kvplan.observe.compare import Planner, served_bundled_model
+
+        found = served_bundled_model(labels)
+        if found is None:
+            return None
+        model, label = found
+        try:
+            planner = Planner({**values, "model": model}, token, given=_given(ctx, values), model_from=label)
+        except KvplanError as exc:
+            sys.stderr.write(f"kvplan: the endpoint serves {model} ({label}) but it cannot be planned: {exc.one_line()}\n")
+            return None
+        sys.stderr.write(f"kvplan: planning {model}, the bundled model the endpoint names ({label}); --model overrides\n")
+        return planner
+
+    return find
 
 
 def _fit_timing(obs: Any, path: str, planner: Any, endpoint: str) -> tuple[Any, Any]:
@@ -155,7 +183,7 @@ def register(app: typer.Typer) -> None:
         live = sys.stdout.isatty() and not json_out
         session = Session(where, interval_s=interval, duration_s=duration, timeout_s=timeout,
                           on_event=None if live else _say)
-        obs = _observe(session, planner, live)
+        obs, planner = _observe(session, planner, live, None if model else _endpoint_model(values, token, ctx))
         comparisons = _compare(planner, obs)
         outcomes = [evaluate(g, obs.summary, obs.failed_polls, obs.num_polls) for g in gates]
         files = {}
@@ -182,7 +210,8 @@ def register(app: typer.Typer) -> None:
             print_json(doc)
         else:
             out = console()
-            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes, max_events=20,
+            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes,
+                                         max_events=20 if live else 0,  # not live: each was on stderr already
                                          pending=_pending(planner)))
             if timing is not None:
                 from kvplan.render.observe import render_timing
@@ -191,10 +220,12 @@ def register(app: typer.Typer) -> None:
             for kind, path in files.items():
                 out.print(f"[grey62]{kind}: {escape(path)}[/]")
         if not obs.read_polls:
-            last = obs.polls[-1].error if obs.polls else "interrupted before the first poll"
+            last = obs.polls[-1].error if obs.polls else None
+            said = last is not None and any(last in e.message for e in obs.events)  # shown once, above
             from kvplan.cli.errors import fail
 
-            raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {last}")
+            why = ("every poll failed, as said above" if said else last) if last else "interrupted before the first poll"
+            raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {why}")
         if planner is not None and planner.view is None:
             from kvplan.cli.errors import fail
 
