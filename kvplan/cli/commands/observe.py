@@ -66,17 +66,11 @@ def _compare(planner: Any, obs: Any) -> list[Any]:
     return [c for c in (compare(planner.view, s, planner) for s in obs.series) if c is not None]
 
 
-def _observe(session: Any, planner: Any, live: bool, find_model: Any = None) -> tuple[Any, Any]:
-    """Run the loop; adopt the endpoint's cache config into the plan; redraw the live view each poll.
-
-    ``find_model(labels)``: without ``--model``, the planner for the bundled model the endpoint's series
-    name (None until one does). Returns (observation, planner)."""
+def _observe(session: Any, planner: Any, live: bool) -> Any:
+    """Run the loop; adopt the endpoint's cache config into the plan; redraw the live view each poll."""
     from kvplan.observe.session import run
 
     def adopt(s: Any) -> None:
-        nonlocal planner, find_model
-        if planner is None and find_model is not None and s.latest:
-            planner, find_model = find_model([r.labels for r in s.latest.values()]), None  # tried once
         if planner is not None:
             config = next((r.cache_config for r in s.latest.values() if r.cache_config and planner.serves(r.labels)),
                           None)
@@ -84,7 +78,7 @@ def _observe(session: Any, planner: Any, live: bool, find_model: Any = None) -> 
                 planner.adopt(config)
 
     if not live:
-        return run(session, on_poll=adopt), planner
+        return run(session, on_poll=adopt)
     from rich.live import Live
 
     from kvplan.render import console
@@ -97,17 +91,18 @@ def _observe(session: Any, planner: Any, live: bool, find_model: Any = None) -> 
             view.update(render_observation(obs, planner.view if planner else None, _compare(planner, obs),
                                            pending=_pending(planner)))
 
-        return run(session, on_poll=redraw), planner
+        return run(session, on_poll=redraw)
 
 
 def _endpoint_model(values: dict, token: str | None, ctx: typer.Context) -> Any:
-    """Without --model: a function of the first poll's series labels giving the planner for the bundled model
-    they name (``model_name``), or None (no label, several models, one kvplan does not bundle: no plan)."""
-    def find(labels: list) -> Any:  # noqa: ANN401 - a Planner or None
+    """Without --model: a function of the run's series giving the planner for the bundled model they name
+    (``model_name``; the endpoint's cache config adopted), or None (no label, several models, one kvplan does
+    not bundle: no plan)."""
+    def find(series: list) -> Any:  # noqa: ANN401 - a Planner or None
         from kvplan.errors import KvplanError
         from kvplan.observe.compare import Planner, served_bundled_model
 
-        found = served_bundled_model(labels)
+        found = served_bundled_model([s.labels for s in series])
         if found is None:
             return None
         model, label = found
@@ -117,6 +112,9 @@ def _endpoint_model(values: dict, token: str | None, ctx: typer.Context) -> Any:
             sys.stderr.write(f"kvplan: the endpoint serves {model} ({label}) but it cannot be planned: {exc.one_line()}\n")
             return None
         sys.stderr.write(f"kvplan: planning {model}, the bundled model the endpoint names ({label}); --model overrides\n")
+        config = next((s.cache_config for s in series if s.cache_config and planner.serves(s.labels)), None)
+        if config:
+            planner.adopt(config)
         return planner
 
     return find
@@ -183,7 +181,9 @@ def register(app: typer.Typer) -> None:
         live = sys.stdout.isatty() and not json_out
         session = Session(where, interval_s=interval, duration_s=duration, timeout_s=timeout,
                           on_event=None if live else _say)
-        obs, planner = _observe(session, planner, live, None if model else _endpoint_model(values, token, ctx))
+        obs = _observe(session, planner, live)
+        if planner is None and not model:  # after the run: planning never delays a poll
+            planner = _endpoint_model(values, token, ctx)(obs.series)
         comparisons = _compare(planner, obs)
         outcomes = [evaluate(g, obs.summary, obs.failed_polls, obs.num_polls) for g in gates]
         files = {}
