@@ -555,7 +555,7 @@ def _length_notes(digest: RowDigest) -> tuple[str, ...]:
     """What the rows over a model's maximum length are: they fit whatever the memory, and the plot leaves them out."""
     if not digest.over_length:
         return ()
-    models = "; ".join(f"{', '.join(sorted(m.split('/')[-1] for m in names))}: {limit:,} tokens"
+    models = "; ".join(f"{', '.join(sorted(m.split('/')[-1] for m in names))}: {plural(limit, 'token')}"
                        for limit, names in sorted(digest.over_length.items()))
     return (f"rows over a model's maximum length ({models}) do not fit whatever the memory: fits says no (len) and "
             "why says so; the concurrency plot leaves them out",)
