@@ -200,10 +200,6 @@ def over_model_length(d: Any, tokens: int) -> str | None:
 Progress = Callable[[int, int], None]
 
 
-def _model_name(pool: Pool) -> str:
-    return str(pool.labels()["model"])
-
-
 class RowDigest:
     """What the tables and the concurrency plot need from a stream of rows, in bounded memory: the first
     ``keep`` rows, the last ``keep`` after them, and the (context -> max requests) points of the first
@@ -226,7 +222,7 @@ class RowDigest:
         else:
             self.tail.append(row)
         if row.why is not None:  # over the model's maximum length: not a point of memory running out
-            self.over_length.setdefault(row.pool.plan.deployment.model_limit, set()).add(_model_name(row.pool))
+            self.over_length.setdefault(row.pool.deployment.model_limit, set()).add(str(row.pool.labels()["model"]))
             return
         key = id(row.pool)
         line = self.lines.get(key)

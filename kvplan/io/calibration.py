@@ -167,7 +167,7 @@ def check_calibration_target(path: str) -> None:
 
     if os.path.lexists(path):
         load_calibration(path)
-    check_writable(path, "--calibrate")
+    check_writable(path, "--calibrate")  # load_calibration above refused any other kind of file
 
 
 def write_calibration(path: str, entry: Entry) -> tuple[Calibration, bool]:

@@ -73,7 +73,7 @@ def other_kind(data: Any, expected: YamlKind) -> tuple[str, str] | None:
 FORMATS = {  # what check_replaceable's ``writes`` may be -> the sniffed kind that may be replaced
     "junit": "JUnit XML", "html": "an HTML page", "json": "JSON", "csv": "CSV", "markdown": "Markdown",
     "png": "a PNG image", "svg": "an SVG image", "pdf": "a PDF document",
-    "calibration": CALIBRATION.name, "timing": TIMING.name,
+    "timing": TIMING.name,
 }
 SUFFIX_FORMATS = {".xml": "junit", ".html": "html", ".htm": "html", ".json": "json", ".csv": "csv", ".md": "markdown",
                   ".png": "png", ".svg": "svg", ".pdf": "pdf"}
@@ -127,12 +127,10 @@ def sniff(head: bytes, whole: bool = True) -> str:
 
 def check_replaceable(path: str | Path, what: str, writes: str) -> None:
     """Raise :class:`InputError` when ``path`` exists and holds something other than ``writes`` (a key of
-    :data:`FORMATS`): an existing file of another kind is never replaced. Folders and unreadable files are
-    refused too; a missing or empty file passes (``kvplan.io.atomic.check_writable`` checks the folder)."""
+    :data:`FORMATS`): an existing file of another kind is never replaced. An unreadable file is refused too; a missing or empty file passes (:func:`kvplan.io.atomic.check_writable` calls this, and
+    checks the folder)."""
     path = Path(path)
-    if path.is_dir():
-        raise InputError(f"cannot write {what} {path}: it is a folder", "give a file name")
-    if not path.exists():
+    if not path.exists() or path.is_dir():
         return
     try:
         with path.open("rb") as fh:

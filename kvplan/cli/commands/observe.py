@@ -157,7 +157,6 @@ def register(app: typer.Typer) -> None:
         from kvplan.observe.scrape import endpoint
         from kvplan.observe.session import Session, check_timing
         from kvplan.io.atomic import check_writable
-        from kvplan.io.kinds import check_replaceable
         from kvplan.render import console, plot_path, print_json
         from kvplan.render.observe import observation_to_dict, render_observation
         from rich.markup import escape
@@ -166,11 +165,9 @@ def register(app: typer.Typer) -> None:
         where = endpoint(url, header or ())
         gates = [parse_gate(text) for text in require or ()]
         if csv:
-            check_replaceable(csv, "--csv", "csv")  # never over a file of another kind
-            check_writable(csv, "--csv")
+            check_writable(csv, "--csv", writes="csv")  # never over a file of another kind
         if fit_timing:
-            check_replaceable(fit_timing, "--fit-timing", "timing")
-            check_writable(fit_timing, "--fit-timing")
+            check_writable(fit_timing, "--fit-timing", writes="timing")
         plot_file = plot_path(plot) if plot else None
         if served_model_name is not None and not model:
             from kvplan.cli.errors import fail
