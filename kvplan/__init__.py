@@ -80,7 +80,7 @@ def _doc(function: str, name: str, source: Any, kind: str) -> Any:
     return parse_yaml(yaml.safe_dump(data, sort_keys=False), Path.cwd() / f"<{kind}>.yaml", f"<{kind}>")
 
 
-def sweep(whatif: Any, *, offline: bool = False, token: str | None = None) -> Any:
+def sweep(whatif: Any, *, offline: bool = False, token: str | None = None, **unknown: Any) -> Any:
     """Expand a what-if sweep into rows: ``whatif`` is a YAML path or the same structure as a mapping,
     e.g. ``{"defaults": {"context": "8k"}, "sweep": {"model": [...], "gpu": ["H100", "A100-40GB"]}}``.
 
@@ -91,11 +91,11 @@ def sweep(whatif: Any, *, offline: bool = False, token: str | None = None) -> An
     from kvplan.checks.report import build_report
     from kvplan.checks.scenario import load_whatif
 
-    check_run("sweep", offline, token)
+    check_run("sweep", offline, token, unknown)
     return build_report(load_whatif(_doc("sweep", "whatif", whatif, "sweep")), offline=offline, token=token)
 
 
-def check(capacity: Any, *, offline: bool = False, token: str | None = None) -> Any:
+def check(capacity: Any, *, offline: bool = False, token: str | None = None, **unknown: Any) -> Any:
     """Run capacity checks: ``capacity`` is a YAML path or a mapping with ``defaults`` and ``checks``.
 
     Returns the frozen :class:`kvplan.checks.capacity.CheckReport` (each result's verdict, margin, suggestions).
@@ -105,6 +105,6 @@ def check(capacity: Any, *, offline: bool = False, token: str | None = None) -> 
     from kvplan.checks.capacity import run_checks
     from kvplan.checks.scenario import load_capacity
 
-    check_run("check", offline, token)
+    check_run("check", offline, token, unknown)
     return run_checks(load_capacity(_doc("check", "capacity", capacity, "capacity"), keep_going=True),
                       offline=offline, token=token)

@@ -55,8 +55,35 @@ def require(function: str, name: str, value: Any, types: tuple[type, ...], expec
     raise InputError(f"kvplan.{function}(): {name} must be {expected}, got {type(value).__name__} {short(value)}")
 
 
+def refuse_unknown(function: str, given: Mapping[str, Any], known: Any) -> None:
+    """Raise :class:`InputError` for the first keyword of ``given`` not in ``known``, naming the closest known
+    one in the message itself (a Python caller sees ``str(error)``): ``kvplan.estimate(): unknown option
+    'contxt'; did you mean 'context'?``."""
+    import difflib
+
+    known = sorted(known)
+    for key in given:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        shown = ", ".join(known) if len(known) <= 8 else "the CLI flags with underscores: gpu, context, kv_dtype, ..."
+        raise InputError(f"kvplan.{function}(): unknown option {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""),
+                         f"its options: {shown}")
+
+
+def estimate_options() -> set[str]:
+    """Every keyword :func:`kvplan.estimate` takes: the estimate options, :class:`~kvplan.options.Options`
+    field names, and ``token``."""
+    from dataclasses import fields
+
+    from kvplan.options import OPTIONS, Options
+
+    return {o.name for o in OPTIONS if o.in_options} | {f.name for f in fields(Options)} | {"token"}
+
+
 def check_estimate(model: Any, token: Any, options: Mapping[str, Any]) -> None:
     """``kvplan.estimate(model, token=..., **options)``: each argument's type (``None`` = the option's default)."""
+    refuse_unknown("estimate", options, estimate_options() - {"model"})
     require("estimate", "model", model, PATH, "a model id or a path (str or os.PathLike)")
     require("estimate", "token", token, (str, type(None)), "a string or None")
     for key, value in options.items():
@@ -104,8 +131,9 @@ def option_type(key: str) -> tuple[tuple[type, ...], str]:
     return FIELD_TYPES.get(field_type or "", ((object,), "anything"))
 
 
-def check_run(function: str, offline: Any, token: Any) -> None:
-    """The keyword arguments :func:`kvplan.sweep` and :func:`kvplan.check` share."""
+def check_run(function: str, offline: Any, token: Any, unknown: Mapping[str, Any] | None = None) -> None:
+    """The keyword arguments :func:`kvplan.sweep` and :func:`kvplan.check` share (``unknown``: any others)."""
+    refuse_unknown(function, unknown or {}, ("offline", "token"))
     require(function, "offline", offline, (bool,), "True or False")
     require(function, "token", token, (str, type(None)), "a string or None")
 

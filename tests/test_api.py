@@ -207,3 +207,27 @@ def test_the_python_api_suggests_an_option_and_lists_only_itself():
         kvplan.estimate(LLAMA, gpux="H100")
     assert err.value.hint == "did you mean 'gpu'?"
     assert dir(kvplan) == sorted(kvplan.__all__) == ["__version__", "check", "estimate", "sweep"]
+
+
+@pytest.mark.parametrize("function, typo, meant", [
+    ("estimate", "contxt", "context"), ("estimate", "gpu_utl", "gpu_util"), ("estimate", "kv_dtyp", "kv_dtype"),
+    ("estimate", "tokn", "token"), ("estimate", "max_model_length", "max_model_len"),
+    ("sweep", "ofline", "offline"), ("sweep", "tokens", "token"), ("check", "offlin", "offline"), ("check", "tokn", "token"),
+])
+def test_every_api_function_names_the_option_a_typo_meant(function, typo, meant):
+    # every public function's keywords: a mistyped one is a kvplan error whose own message (what a traceback
+    # shows) names the closest option, never a TypeError
+    import kvplan
+
+    first = "meta-llama/Llama-3.1-8B" if function == "estimate" else {"defaults": {}}
+    with pytest.raises(kvplan.errors.InputError) as info:
+        getattr(kvplan, function)(first, **{typo: 1})
+    assert str(info.value) == f"kvplan.{function}(): unknown option {typo!r}; did you mean {meant!r}?"
+
+
+def test_an_unknown_api_option_with_nothing_close_lists_the_options():
+    import kvplan
+
+    with pytest.raises(kvplan.errors.InputError) as info:
+        kvplan.sweep({"defaults": {}}, zzz=1)
+    assert str(info.value) == "kvplan.sweep(): unknown option 'zzz'" and info.value.hint == "its options: offline, token"

@@ -55,7 +55,7 @@ FIGURE_FIELDS = (
     "kv_bytes_per_token", "weights_bytes", "total_bytes", "usable_bytes", "activation_bytes", "overhead_bytes",
     "cudagraph_bytes", "kv_budget_bytes", "num_blocks", "kv_tokens", "max_requests", "max_requests_low",
     "max_requests_high", "max_concurrency",
-    "max_context_at_batch", "fits", "engine_starts", "decode_tokens_per_s",
+    "max_context_at_batch", "fits", "engine_starts", "decode_tokens_per_s", "why",
 )
 ROW_FIELDS = LABEL_FIELDS + FIGURE_FIELDS
 # the labels the tables show when they vary (the others only when the file sets them)
@@ -152,6 +152,7 @@ class Row(NamedTuple):
     fits: bool  # batch x context fits
     engine_starts: bool
     decode_tokens_per_s: float | None  # decode roofline ceiling (HBM bandwidth bound)
+    why: str | None = None  # why the row does not fit when memory is not the reason (over the model's maximum length)
 
     def to_dict(self) -> dict[str, Any]:
         """The row's figures under :data:`ROW_FIELDS` (bytes as integers)."""
@@ -166,6 +167,7 @@ class Row(NamedTuple):
             "max_concurrency": round(mc, 4) if mc != float("inf") else None,
             "max_context_at_batch": self.max_context_at_batch, "fits": self.fits, "engine_starts": self.engine_starts,
             "decode_tokens_per_s": round(tps, 1) if tps is not None else None,
+            "why": self.why,
         }
 
 
@@ -184,7 +186,16 @@ def make_row(pool: Pool, context: int, batch: int, max_model_len: int | None, na
                d.max_context(batch, max_model_len),
                fits,
                pool.engine_starts(mml),
-               pool.decode_tokens_per_s(context, min(n, batch) if fits else n) if n else None)
+               pool.decode_tokens_per_s(context, min(n, batch) if fits else n) if n else None,
+               None if fits else over_model_length(d, max(context, mml)))
+
+
+def over_model_length(d: Any, tokens: int) -> str | None:
+    """Why ``tokens`` cannot run on deployment ``d`` whatever the memory: over the model's maximum length
+    (``over the model's maximum length 4,096 (max_position_embeddings)``), or ``None``."""
+    if tokens <= d.model_limit:
+        return None
+    return f"over the model's maximum length {d.model_length.rule}"
 
 
 Progress = Callable[[int, int], None]
@@ -195,7 +206,7 @@ class RowDigest:
     ``keep`` rows, the last ``keep`` after them, and the (context -> max requests) points of the first
     ``max_lines`` pools that have more than one context (and how many pools have)."""
 
-    def __init__(self, keep: int = 2000, max_lines: int = 12) -> None:
+    def __init__(self, keep: int = 2000, max_lines: int = 144) -> None:  # report_plots: 12 panels x 12 lines
         self.keep, self.max_lines = keep, max_lines
         self.count = 0
         self.head: list[Row] = []
@@ -203,6 +214,7 @@ class RowDigest:
         self.lines: dict[int, tuple[Pool, dict[int, int]]] = {}  # pools plotted (>1 context)
         self._first: dict[int, tuple[int, int]] = {}  # pools with one context so far: (context, max requests)
         self.num_lines = 0
+        self.over_length: dict[int, set[str]] = {}  # model maximum length -> models with rows over it (not plotted)
 
     def add(self, row: Row) -> None:
         self.count += 1
@@ -210,6 +222,9 @@ class RowDigest:
             self.head.append(row)
         else:
             self.tail.append(row)
+        if row.why is not None:  # over the model's maximum length: not a point of memory running out
+            self.over_length.setdefault(row.pool.deployment.model_limit, set()).add(str(row.pool.labels()["model"]))
+            return
         key = id(row.pool)
         line = self.lines.get(key)
         if line is not None:
@@ -497,7 +512,8 @@ class Sweep:
         pools = list({id(p): p for p in [p for _, p in self._sweep_pools] + self._explicit_pools}.values())
         row_values = self._row_value_sets()
         return Report(self.whatif.title, self.whatif.description, self.whatif.display, self.num_rows,
-                      _varying(pools, row_values), _notes(pools), tuple(pools), row_values["mml_differs"], digest, rows,
+                      _varying(pools, row_values), _notes(pools) + _length_notes(digest), tuple(pools),
+                      row_values["mml_differs"], digest, rows,
                       self._given(), self._sizes())
 
     def _sizes(self) -> tuple[tuple[str, Any], ...]:
@@ -571,6 +587,16 @@ def _varying(pools: list[Pool], row_values: Mapping[str, Any]) -> tuple[str, ...
         if len(row_values[name]) > 1:
             varying.add(name)
     return tuple(n for n in LABEL_FIELDS if n in varying)
+
+
+def _length_notes(digest: RowDigest) -> tuple[str, ...]:
+    """What the rows over a model's maximum length are: they fit whatever the memory, and the plot leaves them out."""
+    if not digest.over_length:
+        return ()
+    models = "; ".join(f"{', '.join(sorted(m.split('/')[-1] for m in names))}: {plural(limit, 'token')}"
+                       for limit, names in sorted(digest.over_length.items()))
+    return (f"rows over a model's maximum length ({models}) do not fit whatever the memory: fits says no (len) and "
+            "why says so; the concurrency plot leaves them out",)
 
 
 def _notes(pools: list[Pool]) -> tuple[str, ...]:

@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.options import AXIS_ORDER
-from kvplan.io.yamldoc import ScenarioFileError, Where, YamlDoc, combine_errors, option_locations, read_yaml, validate_doc
+from kvplan.io.kinds import CAPACITY, WHATIF
+from kvplan.io.yamldoc import (ScenarioFileError, Where, YamlDoc, combine_errors, expect_kind, option_locations, read_yaml,
+                               validate_doc)
 from kvplan.checks.fields import (
     OPTION_FIELDS, Bool, Engine, GpuName, KvDType, Percent, PositiveInt, RequiredTokens, Requests, Text, Tokens,
     TokensOrZero, expect_type, finish_values, option_fields,
@@ -217,6 +219,7 @@ def load_capacity(path: str | Path | YamlDoc, *, keep_going: bool = False) -> Ca
     :func:`kvplan.checks.capacity.run_checks` lists them together with what only planning finds (an unknown model,
     contradicting options). A file that is not YAML, or whose defaults are invalid, still raises."""
     doc = path if isinstance(path, YamlDoc) else read_yaml(path)
+    expect_kind(doc, CAPACITY)
     errors = _duplicate_names(doc)  # on the file as written: found even when other keys are invalid
     try:
         model = validate_doc(doc, CapacityModel)
@@ -361,6 +364,7 @@ class WhatIfFile:
 def load_whatif(path: str | Path | YamlDoc) -> WhatIfFile:
     """Read and validate a what-if file; raises :class:`ScenarioFileError` (file:line:col) on any mistake."""
     doc = path if isinstance(path, YamlDoc) else read_yaml(path)
+    expect_kind(doc, WHATIF)
     model: Any = validate_doc(doc, WhatIfModel)
     defaults = option_values(set_fields(model.defaults))
     axes_values = _sweep_values(doc, model.sweep)

@@ -875,6 +875,42 @@ def _term_words(ex: Explanation, row: TermRow) -> str:
     return account(ex.engine).words.get(row.name, row.name)
 
 
+GPU_DOUBT_BYTES = 4 * GiB  # the log's unprinted rest off kvplan's estimate of it by more than this (or 20% of the
+# requested memory) is not a term kvplan misjudged: the GPU is not the log's
+
+
+def gpu_doubt(ex: Explanation) -> str | None:
+    """When the log prints no total and the GPU planned (``--gpu``) cannot be the log's: what the log prints
+    (terms and KV budget) exceeds that GPU's requested memory, or leaves far more unexplained than the unprinted
+    terms take. Then one clause saying the GPU looks wrong, naming the catalogue GPU whose memory the log implies
+    (its printed terms plus kvplan's estimate of the unprinted ones, over the utilisation); else ``None``."""
+    from kvplan.gpus import load_gpus
+
+    log, plan = ex.log, ex.plan
+    rest, req = ex.term(UNPRINTED), ex.term("requested")
+    if (plan is None or log.total_memory_gib is not None or log.is_cpu or plan.gpu.is_cpu or rest is None
+            or req is None or not req.logged_bytes or rest.logged_bytes is None or rest.kvplan_bytes is None
+            or not plan.budget.total_bytes):
+        return None
+    off = rest.logged_bytes - rest.kvplan_bytes
+    if abs(off) <= max(GPU_DOUBT_BYTES, 0.2 * req.logged_bytes):
+        return None
+    printed = req.logged_bytes - rest.logged_bytes  # the log's printed terms and KV budget, per GPU
+    util = req.logged_bytes / plan.budget.total_bytes
+    implied = round((printed + max(0, rest.kvplan_bytes)) / util)
+    vendor = "amd" if log.platform == "rocm" else ("nvidia" if log.platform == "cuda" else plan.gpu.vendor)
+    cards = [g for g in load_gpus() if g.memory_bytes and not g.is_cpu and g.vendor == vendor]
+    near = min(cards, key=lambda g: abs(g.memory_bytes - implied), default=None)
+    said = (f"the log's printed terms and KV budget ({printed / GiB:.2f} GiB per GPU) "
+            + (f"exceed {plan.gpu.name}'s requested {req.logged_bytes / GiB:.2f} GiB" if rest.logged_bytes < 0 else
+               f"leave {rest.logged_bytes / GiB:.2f} GiB of {plan.gpu.name}'s requested {req.logged_bytes / GiB:.2f} GiB "
+               "unexplained"))
+    guess = (f"; they imply about {implied / GiB:.1f} GiB total, what {near.name} reports "
+             f"({near.memory_bytes / GiB:.2f} GiB): pass --gpu {near.name}" if near is not None else
+             f"; they imply about {implied / GiB:.1f} GiB total (pass --gpu-memory)")
+    return f"the GPU looks wrong: {said}{guess}"
+
+
 def diagnosis(ex: Explanation) -> str:
     """One line: kvplan's total KV gap against the engine and the term that makes most of it, worded for the
     engine; or why the engine did not start; or what the comparison needs. Computed from ``ex.terms`` and the
@@ -916,12 +952,15 @@ def diagnosis(ex: Explanation) -> str:
                     f"({got.max_concurrency:.2f}x at {ex.plan.max_model_len:,}) under kvplan's block rules; {tail}")
         return tail
     gap = kv.difference_bytes
+    doubt = gpu_doubt(ex)
     lo = ex.from_logged.num_blocks if ex.from_logged is not None else None
     blocks = "" if lo is None or ex.from_kvplan is None else f", {ex.from_kvplan.num_blocks - lo:+,} blocks"
     pct = f"{gap / kv.logged_bytes:+.1%}" if kv.logged_bytes else "n/a"
     if abs(gap) < 0.01 * GiB:
         return f"kvplan's terms give this engine's KV budget to within 0.01 GiB ({pct}{blocks})"
     line = f"kvplan's terms give {_gib(gap)} ({pct}{blocks}) {'more' if gap > 0 else 'less'} KV than {pool}"
+    if doubt is not None:  # the gap is the GPU's, not a term's
+        return f"{doubt} ({line} on {ex.plan.gpu.name})"
     big = _biggest(ex, gap)
     if big is not None:
         row, share = big

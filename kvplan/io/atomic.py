@@ -25,15 +25,20 @@ _TEMP = re.compile(r"^\.(?P<name>.+?)\.(?:(?P<pid>\d+)\.)?[A-Za-z0-9_]+\.tmp$")
 LEGACY_TEMP_AGE_S = 3600.0  # a temporary file without a PID is stale after an hour
 
 
-def check_writable(path: str | Path, what: str = "output") -> Path:
+def check_writable(path: str | Path, what: str = "output", writes: str | None = None) -> Path:
     """Raise :class:`InputError` now, before any work, when ``path`` could not be written later.
 
     ``path`` must not be a folder, and its nearest existing ancestor must be a folder we may write in
-    (missing folders are created when the file is written).
+    (missing folders are created when the file is written). ``writes``: the format to be written (a key of
+    :data:`kvplan.io.kinds.FORMATS`); an existing file of another kind is refused, never replaced.
     """
     path = Path(path)
     if path.is_dir():
         raise InputError(f"cannot write {what} {path}: it is a folder", "give a file name")
+    if writes is not None:
+        from kvplan.io.kinds import check_replaceable
+
+        check_replaceable(path, what, writes)
     ancestor = path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

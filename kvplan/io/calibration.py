@@ -122,15 +122,33 @@ def parse_calibration(text: str, path: str) -> Calibration:
     import yaml
 
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}{at}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("calibrations", []), list):
+    data = {} if data is None else data  # an empty file: no entries yet
+    _refuse_other(data, path)
+    if not isinstance(data.get("calibrations", []), list):
         raise ConfigError(f"{path}: expected a top-level 'calibrations' list", "write it with kvplan explain --calibrate")
     return Calibration(path, tuple(_entry(raw, f"{path}: calibrations[{i}]")
                                    for i, raw in enumerate(data.get("calibrations") or [])))
+
+
+def _refuse_other(data: Any, path: str) -> None:
+    """A calibration file is a mapping whose one key is ``calibrations`` (or an empty file): anything else
+    (a capacity file, ``hello: world``, a list) is another file, named as such, never read or replaced as one."""
+    from kvplan.io.kinds import yaml_kind
+
+    hint = "give a calibration file (one key, calibrations), or a new path for kvplan explain --calibrate"
+    if not isinstance(data, dict):
+        got = "a list" if isinstance(data, list) else f"the value {str(data)[:40]!r}"
+        raise ConfigError(f"{path} is not a calibration file: it holds {got}, not a mapping", hint)
+    other = [str(k) for k in data if k != "calibrations"]
+    if other:
+        kind = yaml_kind(data)
+        what = f"; it is a {kind.name}, which {kind.reader} reads" if kind and kind.name != "calibration file" else ""
+        raise ConfigError(f"{path} is not a calibration file: it has {', '.join(other)}{what}", hint)
 
 
 def load_calibration(path: str) -> Calibration:
@@ -138,6 +156,18 @@ def load_calibration(path: str) -> Calibration:
     from kvplan.io.files import read_text
 
     return parse_calibration(read_text(path, "calibration file"), str(path))
+
+
+def check_calibration_target(path: str) -> None:
+    """Before any work (``explain --calibrate``): ``path`` can be written, and is a calibration file when it
+    exists (anything else is refused and left untouched)."""
+    import os
+
+    from kvplan.io.atomic import check_writable
+
+    if os.path.lexists(path):
+        load_calibration(path)
+    check_writable(path, "--calibrate")  # load_calibration above refused any other kind of file
 
 
 def write_calibration(path: str, entry: Entry) -> tuple[Calibration, bool]:
@@ -151,7 +181,7 @@ def write_calibration(path: str, entry: Entry) -> tuple[Calibration, bool]:
 
     from kvplan.io.atomic import write_atomic
 
-    old = load_calibration(path) if os.path.exists(path) else Calibration(str(path), ())
+    old = load_calibration(path) if os.path.lexists(path) else Calibration(str(path), ())  # refuses other files
     kept = tuple(e for e in old.entries if e.key != entry.key)
     new = Calibration(str(path), kept + (entry,))
     body = yaml.safe_dump({"calibrations": [e.to_dict() for e in new.entries]}, sort_keys=False)
@@ -159,4 +189,4 @@ def write_calibration(path: str, entry: Entry) -> tuple[Calibration, bool]:
     return new, len(kept) != len(old.entries)
 
 
-__all__ = ["Calibration", "Entry", "load_calibration", "parse_calibration", "write_calibration", "TERM_KEYS"]
+__all__ = ["Calibration", "Entry", "check_calibration_target", "load_calibration", "parse_calibration", "write_calibration", "TERM_KEYS"]

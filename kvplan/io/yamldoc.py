@@ -264,6 +264,17 @@ def _reject_duplicates(node: yaml.Node, display: str, seen_nodes: set[int] | Non
             _reject_duplicates(item, display, seen_nodes)
 
 
+def expect_kind(doc: YamlDoc, expected: Any) -> None:
+    """Raise a located error when ``doc`` is another kvplan file kind than ``expected`` (a
+    :class:`kvplan.io.kinds.YamlKind`): ``simulate capacity.yaml`` says it is a capacity file that kvplan
+    check reads, instead of listing the keys a workload allows."""
+    from kvplan.io.kinds import other_kind
+
+    found = other_kind(doc.data, expected)
+    if found is not None:
+        raise ScenarioFileError(Where(doc.display, 1, 1), *found)
+
+
 def validate_doc(doc: YamlDoc, model: type[BaseModel]) -> BaseModel:
     """Validate ``doc.data`` against ``model``; every error (up to :data:`MAX_FILE_ERRORS`, in file order),
     each a located line: the raised error is the first, its ``more`` the others."""

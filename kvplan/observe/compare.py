@@ -93,6 +93,22 @@ def same_model(served: str | None, planned: Iterable[str], exact: bool = False) 
     return any(forms & _name_forms(n) for n in names)
 
 
+def served_bundled_model(labels: Iterable[Iterable[tuple[str, str]]]) -> tuple[str, str] | None:
+    """When no ``--model`` is given: the bundled model the endpoint's series name (their ``model_name``
+    label, as :func:`same_model` matches names), as (bundled id, ``model_name=label``); ``None`` when they
+    name none, several, or a model kvplan does not bundle."""
+    from kvplan.model.sources import bundled_ids
+
+    served = {dict(ls).get("model_name") for ls in labels} - {None, ""}
+    if len(served) != 1:
+        return None
+    name = served.pop()
+    ids = bundled_ids()
+    exact = [i for i in ids if i.lower() == name.strip().lower()]
+    hits = exact or [i for i in ids if same_model(name, [i])]
+    return (hits[0], f"model_name={name}") if len(hits) == 1 else None
+
+
 @dataclass(frozen=True)
 class PlanView:
     """The plan and where its options came from: ``from_endpoint`` maps an option to ``label=text``;
@@ -112,7 +128,8 @@ class PlanView:
         (``--gpus`` for tp when only ``--gpus N`` was given: it implies ``--tp N``). ``prefix``: the shared
         prefix the comparison credited (tokens, source; :func:`observed_prefix`), else the plan's."""
         a = self.plan.to_dict()["assumptions"]
-        rows = [("model", self.plan.spec.model_id, self.plan.source)]
+        rows = [("model", self.plan.spec.model_id,
+                 f"endpoint: {self.from_endpoint['model']}" if "model" in self.from_endpoint else self.plan.source)]
         keys = {"gpu": "gpu", "tp": "tp", "pp": "pp", "engine": "engine", "engine_version": "engine_version",
                 "dtype": "dtype", "kv_dtype": "kv_dtype", "gpu_util": "gpu_util", "block_size": "block_size",
                 "context_tokens": "context", "max_model_len": "max_model_len", "max_num_seqs": "max_num_seqs",
@@ -140,10 +157,11 @@ class Planner:
     and once more when the endpoint's cache config fills options the user left unset."""
 
     def __init__(self, values: Mapping[str, Any], token: str | None = None, given: frozenset[str] | None = None,
-                 served_name: str | None = None) -> None:
+                 served_name: str | None = None, model_from: str | None = None) -> None:
         from kvplan.planning.plan import estimate, options_from_values
 
         self.values, self.token, self.given, self.served_name = dict(values), token, given, served_name
+        self.model_from = {"model": model_from} if model_from else {}  # the model named by the endpoint's label
         self._adopted = False
         self.pending: KvplanError | None = None  # why there is no plan yet (the endpoint may still give it)
         try:
@@ -152,7 +170,7 @@ class Planner:
             if not self._budget_would_plan():
                 raise
             self.pending, plan = exc, None  # e.g. --gpu cpu: the endpoint's kv_cache_memory_bytes will size it
-        self.view: PlanView | None = PlanView(plan, self.values, {}, given=given) if plan is not None else None
+        self.view: PlanView | None = PlanView(plan, self.values, dict(self.model_from), given=given) if plan is not None else None
 
     @property
     def model_name(self) -> str:
@@ -198,10 +216,11 @@ class Planner:
             if self.view is None:
                 return False
             note = f"the endpoint's cache config could not be planned ({exc.one_line()}); the plan uses the command line"
-            self.view = PlanView(self.view.plan, self.values, {}, (note,), self.given)
+            self.view = PlanView(self.view.plan, self.values, dict(self.model_from), (note,), self.given)
             return False
         self.pending = None
-        self.view = PlanView(plan, self.values, {k: text for k, (_, text) in filled.items()}, given=self.given)
+        self.view = PlanView(plan, self.values, {**self.model_from, **{k: text for k, (_, text) in filled.items()}},
+                             given=self.given)
         return True
 
 

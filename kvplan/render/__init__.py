@@ -51,7 +51,7 @@ def plot_path(path: str | Path) -> Path:
         path = path.with_name(path.name + ".png")
     elif path.suffix.lower() not in PLOT_SUFFIXES:
         raise InputError(f"cannot write --plot {path}: unknown image format {path.suffix!r}", "use .png, .svg or .pdf")
-    check_writable(path, "--plot")
+    check_writable(path, "--plot", writes=path.suffix.lower().lstrip("."))
     if importlib.util.find_spec("matplotlib") is None:
         raise TorchMissingError("--plot needs matplotlib", "pip install 'kvplan[plot]'")
     return path

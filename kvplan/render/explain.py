@@ -284,21 +284,17 @@ def summary(results: "Sequence[LogResult]") -> dict[str, int]:
             "compared": sum(1 for ex in read if ex.from_kvplan is not None)}
 
 
-def render_many(results: "Sequence[LogResult]"):  # noqa: ANN201 - a rich renderable
-    """One row per log: model, GPU, engine and release, logged vs kvplan tokens and the error, the biggest term."""
-    from rich import box
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+MANY_COLUMNS = ("log", "model", "GPU", "engine", "log tokens", "kvplan (error)", "biggest term (GiB)")
 
-    table = Table(title=f"{plural(len(results), 'log')}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("log", "model", "GPU", "engine", "log tokens", "kvplan (error)", "biggest term (GiB)"):
-        table.add_column(col, justify="right" if "tokens" in col or "kvplan" in col else "left", overflow="fold",
-                         no_wrap="tokens" in col or "kvplan" in col)
+
+def many_rows(results: "Sequence[LogResult]") -> list[tuple[str, ...]]:
+    """The cells of the many-logs table, one tuple per log (:data:`MANY_COLUMNS`; a log that could not be read:
+    its name and the error)."""
+    rows: list[tuple[str, ...]] = []
     for r in results:
         v = _row_values(r)
         if r.explanation is None:
-            table.add_row(Path(v["log"]).name, Text(v["error"], style="red"), "", "", "", "", "")
+            rows.append((Path(v["log"]).name, v["error"], "", "", "", "", ""))
             continue
         log = r.explanation.log
         engine = v["engine"] if log.version else v["engine"] + (f" ({v['release']} rules)" if v["release"] else "")
@@ -312,12 +308,44 @@ def render_many(results: "Sequence[LogResult]"):  # noqa: ANN201 - a rich render
         logged = _fmt(v["logged_tokens"]) if v["logged_tokens"] is not None or v["logged_blocks"] is None else \
             plural(v["logged_blocks"], "block")
         model = (v["model"] or "-").rstrip("/").rsplit("/", 1)[-1]  # the name: the org and the folder are in the log
-        table.add_row(Path(v["log"]).name, model, v["gpu"] or "-", engine, logged, own, big)
+        rows.append((Path(v["log"]).name, model, v["gpu"] or "-", engine, logged, own, big))
+    return rows
+
+
+def many_text(results: "Sequence[LogResult]") -> str:
+    """The many-logs table as plain tab-separated lines (a header, one line per log, the summary), for a pipe or a
+    file: every name whole on its line, whatever the width (``render_many`` is the terminal's)."""
+    def clean(cell: str) -> str:
+        return " ".join(cell.split())  # a tab or newline in a name or an error stays inside its cell
+
+    lines = ["\t".join(MANY_COLUMNS)] + ["\t".join(clean(c) for c in row) for row in many_rows(results)]
+    return "\n".join(lines) + "\n" + _many_foot(results) + "\n"
+
+
+def render_many(results: "Sequence[LogResult]"):  # noqa: ANN201 - a rich renderable
+    """One row per log: model, GPU, engine and release, logged vs kvplan tokens and the error, the biggest term."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"{plural(len(results), 'log')}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in MANY_COLUMNS:
+        table.add_column(col, justify="right" if "tokens" in col or "kvplan" in col else "left", overflow="fold",
+                         no_wrap="tokens" in col or "kvplan" in col)
+    for r, row in zip(results, many_rows(results)):
+        if r.explanation is None:
+            table.add_row(row[0], Text(row[1], style="red"), *row[2:])
+        else:
+            table.add_row(*row)
+    return Group(table, Text(_many_foot(results) + "\n"))
+
+
+def _many_foot(results: "Sequence[LogResult]") -> str:
     s = summary(results)
     parts = [f"{s['read']} of {plural(s['logs'], 'log')} read", f"the logged terms reproduce {s['reproduced']} exactly"
              + (f" and not {s['not_reproduced']}" if s["not_reproduced"] else ""),
              f"kvplan's own terms compared on {s['compared']}"]
     if s["bad_input"]:
         parts.append(f"{s['bad_input']} not read (bad input)")
-    foot = Text("; ".join(parts) + "\n")
-    return Group(table, foot)
+    return "; ".join(parts)

@@ -228,7 +228,7 @@ def render_observation(obs: Any, view: Any = None, comparisons: Sequence[Any] = 
         parts.append(Text("plan: none (pass --model, the checkpoint the server loads, and the estimate options, e.g. "
                           f"--gpu, to compare with the plan{alias})", style="grey62"))
     events = list(obs.events)
-    if events:
+    if events and max_events > 0:  # 0: the events were written as they happened (kvplan observe when not a terminal)
         shown = events[-max_events:]
         text = Text()
         earlier = len(events) - len(shown) + obs.events_dropped

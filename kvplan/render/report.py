@@ -69,6 +69,8 @@ def _shown_values(row: "Row") -> dict[str, Any]:
     d["max_model_len"] = d["max_model_len"] or d["context"]  # None: it follows the context
     lo, hi = d["max_requests_low"], d["max_requests_high"]
     d["requests_range"] = f"{lo:,}" if lo == hi else f"{lo:,} - {hi:,}"
+    if d["why"]:  # not memory: the fits cell says why
+        d["fits"] = f"no: {d['why']}"
     return d
 
 
@@ -108,6 +110,8 @@ def _terminal_cell(key: str, value: Any) -> str:
         return _SHORT_DTYPES.get(value, value)
     if key == "model":
         return str(value).split("/")[-1]
+    if key == "fits" and isinstance(value, str):  # "no: over the model's maximum length ..."
+        return "no (len)"
     if key in ("context", "max_model_len"):
         return _tokens_short(value)
     if key == "kv_bytes_per_token":
@@ -438,7 +442,7 @@ def to_html(report: "Report", plots: dict[str, bytes], notes: list[str]) -> str:
         tds = []
         for key, cell in zip(keys, row):
             if key == "fits":
-                cls = cell if cell in ("yes", "no") else ""
+                cls = "no" if cell.startswith("no") else ("yes" if cell == "yes" else "")
             elif key == "name":
                 cls = "name"
             else:

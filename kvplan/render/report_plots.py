@@ -15,7 +15,8 @@ from kvplan.units import GiB
 if TYPE_CHECKING:
     from kvplan.checks.report import Pool, Report
 
-MAX_SERIES = 12  # lines in the concurrency plot
+MAX_SERIES = 12  # lines in the concurrency plot (in each model's panel when there are more)
+MAX_PANELS = 12  # models in the concurrency plot, one panel each, when one panel would not hold every line
 MAX_BARS = 24  # bars in the memory plot
 
 
@@ -58,33 +59,80 @@ def _png(fig: Any) -> bytes:
 
 
 def plot_concurrency(report: "Report") -> tuple[bytes | None, str | None]:
-    """Max concurrent requests vs context, one line per pool (model/GPU/dtype...). (png, caption note)."""
+    """Max concurrent requests vs context, one line per pool (model/GPU/dtype...). (png, caption note).
+
+    Up to :data:`MAX_SERIES` lines share one panel; past that, each model has its own panel (small multiples,
+    at most :data:`MAX_PANELS`, :data:`MAX_SERIES` lines each) so every model appears; what is left out is
+    named in the note."""
     keys = _pool_keys(report)
-    shown = list(report.digest.lines.values())[:MAX_SERIES]
-    num_lines = report.digest.num_lines
-    if not shown:
-        return None, "the concurrency plot needs more than one context (sweep context)"
+    panels, note = concurrency_panels(report)
+    if not panels:
+        return None, note
+    if panels[0][0] is not None:
+        keys = [k for k in keys if k != "model"]  # each panel's title
     plt = _pyplot()
-    colors = plt.get_cmap("tab20").colors if len(shown) > 10 else plt.get_cmap("tab10").colors
-    fig, ax = plt.subplots(figsize=(10, 5.2))
-    for i, (pool, points) in enumerate(shown):
-        xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, linewidth=1.6, color=colors[i % len(colors)],
-                linestyle="-" if i < len(colors) else "--", label=_series_label(pool, keys))
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("context (tokens per request)")
-    ax.set_ylabel("max concurrent requests (0 = none fits)")
-    ax.set_title("Max concurrency vs context")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x / 1024:g}k" if x >= 1024 else f"{x:g}"))
-    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:,.0f}"))
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ncols = 1 if len(panels) == 1 else min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    size = (10, 5.2) if len(panels) == 1 else (5.2 * ncols, 3.6 * nrows)
+    fig, axes = plt.subplots(nrows, ncols, figsize=size, squeeze=False)
+    for ax, (model, shown) in zip(axes.flat, panels):
+        colors = plt.get_cmap("tab20").colors if len(shown) > 10 else plt.get_cmap("tab10").colors
+        for i, (pool, points) in enumerate(shown):
+            xs = sorted(points)
+            ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, linewidth=1.6, color=colors[i % len(colors)],
+                    linestyle="-" if i < len(colors) else "--", label=_series_label(pool, keys))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("context (tokens per request)")
+        ax.set_ylabel("max concurrent requests (0 = none fits)")
+        ax.set_title("Max concurrency vs context" if model is None else str(model).split("/")[-1], fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x / 1024:g}k" if x >= 1024 else f"{x:g}"))
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+        if model is None:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        else:
+            ax.legend(fontsize=6, loc="best", frameon=False)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if len(panels) > 1:
+        fig.suptitle("Max concurrency vs context, one panel per model")
+        fig.tight_layout()
     data = _png(fig)
     plt.close(fig)
-    note = f"{len(shown)} of {num_lines} configurations plotted" if num_lines > len(shown) else None
     return data, note
+
+
+Line = tuple["Pool", dict[int, int]]
+
+
+def concurrency_panels(report: "Report") -> tuple[list[tuple[str | None, list[Line]]], str | None]:
+    """The concurrency plot's panels, each (model or ``None`` for one shared panel, its lines), and the note that
+    names what is left out (``None`` when every configuration is plotted)."""
+    lines = list(report.digest.lines.values())
+    num_lines = report.digest.num_lines
+    if not lines:
+        return [], "the concurrency plot needs more than one context (sweep context)"
+    by_model: dict[str, list[Line]] = {}
+    for pool, points in lines:
+        by_model.setdefault(pool.labels()["model"], []).append((pool, points))
+    panels: list[tuple[str | None, list[Line]]]
+    if num_lines <= MAX_SERIES or len(by_model) == 1:
+        panels = [(None, lines[:MAX_SERIES])]
+    else:
+        panels = [(m, ls[:MAX_SERIES]) for m, ls in list(by_model.items())[:MAX_PANELS]]
+    plotted = sum(len(s) for _, s in panels)
+    if plotted >= num_lines:
+        return panels, None
+    left = [m.split("/")[-1] for m in list(by_model)[MAX_PANELS:]] if len(panels) > 1 else []
+    short = [f"{m.split('/')[-1]} ({len(ls) - MAX_SERIES} of {len(ls)})" for m, ls in list(by_model.items())[:len(panels)]
+             if len(ls) > MAX_SERIES] if len(panels) > 1 else []
+    parts = ([f"models not plotted: {', '.join(left)}"] if left else []) + \
+            ([f"lines not plotted: {', '.join(short)}"] if short else [])
+    unseen = num_lines - len(lines)  # past the digest's bound: not even counted per model
+    return panels, (f"{plotted} of {num_lines} configurations plotted" + (f" ({'; '.join(parts)})" if parts else "")
+                  + (f"; {unseen:,} more not kept for the plot" if unseen > 0 else "") + "; the CSV and JSON hold every row")
 
 
 def plot_memory(report: "Report") -> tuple[bytes | None, str | None]:

@@ -65,8 +65,9 @@ __all__ = [
 
 MAX_WORK = 200_000_000
 """Request-steps (requests x engine steps each, plus one per arrival, summed over policies) a run may
-take without ``force``: about a minute of a 2-core laptop at the density of docs/examples/shared_prompt.yaml
-(an hour of it, three policies, is 2.2e7 and takes ~8 s); spans of decode steps make most runs cheaper."""
+take without ``force``: a few minutes of one core at the density of docs/examples/shared_prompt.yaml (an hour
+of it, three policies, is 2.2e7 and takes ~17 s: the median CPU time of 3 runs on a shared 2-core machine, so
+2e8 is ~2.5 min); spans of decode steps make most runs cheaper."""
 
 MAX_POOL_BLOCKS = 2_000_000
 """Blocks a simulated pool may have without ``force``: the allocator keeps ~163 B per block (325 MB at the
@@ -117,7 +118,7 @@ def check_work(work: Work, force: bool) -> None:
     """Raise InputError when ``work`` is past :data:`MAX_WORK` (unless ``force``), naming the numbers."""
     if not force and not work.units <= MAX_WORK:
         raise InputError(f"this simulation is too big to run without --force: {work.describe()}, past the bound of "
-                         f"{_count(MAX_WORK)} (about a minute on a laptop)",
+                         f"{_count(MAX_WORK)} (a few minutes on a laptop)",
                          "use --force to run it anyway, or lower the rate, duration_s or num_requests")
 
 

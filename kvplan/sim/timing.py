@@ -277,9 +277,11 @@ def _models():  # noqa: ANN202 - the pydantic models (pydantic is imported only 
 
 def read_timing(path: str | Path) -> TimingFile:
     """Read and validate a timing file; raises :class:`kvplan.io.yamldoc.ScenarioFileError` (file:line:col)."""
-    from kvplan.io.yamldoc import read_yaml, validate_doc
+    from kvplan.io.kinds import TIMING
+    from kvplan.io.yamldoc import expect_kind, read_yaml, validate_doc
 
     doc = read_yaml(path)
+    expect_kind(doc, TIMING)
     model: Any = validate_doc(doc, _models())
     if model.kvplan_timing != FORMAT_VERSION:
         raise doc.error(("kvplan_timing",), f"format version {model.kvplan_timing} is not {FORMAT_VERSION}",

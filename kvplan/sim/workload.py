@@ -34,7 +34,9 @@ from typing import Any, Iterator, Literal, Mapping, Union
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from kvplan.errors import KvplanError, ScenarioError
-from kvplan.io.yamldoc import ScenarioFileError, Where, YamlDoc, display_path, option_locations, read_yaml, validate_doc
+from kvplan.io.kinds import WORKLOAD
+from kvplan.io.yamldoc import (ScenarioFileError, Where, YamlDoc, display_path, expect_kind, option_locations, read_yaml,
+                               validate_doc)
 from kvplan.checks.fields import OPTION_FIELDS, finish_values, number, option_values
 from kvplan.units import check_number, fmt_seconds, plural
 from kvplan.sim.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
@@ -437,6 +439,7 @@ def load_trace(path: Path, display: str) -> tuple[Request, ...]:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a workload file; raises :class:`ScenarioFileError` (file:line:col) on any mistake."""
     doc = read_yaml(path)
+    expect_kind(doc, WORKLOAD)
     model: Any = validate_doc(doc, WorkloadModel)
     values = _deployment(doc, model)
     trace, trace_path = _trace(doc, model)

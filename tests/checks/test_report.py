@@ -177,7 +177,7 @@ def test_json_on_stdout(tmp_path):
 def test_error_leaves_existing_reports_untouched(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "r.csv").write_text("OLD")
+    (out / "r.csv").write_text("name,model\nOLD,x\n")  # an earlier report's CSV: kvplan may replace it
     path = write(tmp_path, """\
         defaults: {model: meta-llama/Llama-3.1-8B}
         sweep: {tp: [1, 3]}
@@ -185,7 +185,7 @@ def test_error_leaves_existing_reports_untouched(tmp_path):
         """)
     r = runner.invoke(app, ["report", str(path), "--offline"])
     assert r.exit_code == 2 and "tp 3 does not divide" in r.stderr
-    assert (out / "r.csv").read_text() == "OLD" and not (out / "r.html").exists()
+    assert (out / "r.csv").read_text() == "name,model\nOLD,x\n" and not (out / "r.html").exists()
     assert sorted(p.name for p in out.iterdir()) == ["r.csv"]
 
 
@@ -418,3 +418,67 @@ def test_a_bad_size_question_is_one_located_line(tmp_path, entry, words):
     assert r.exit_code == 2, r.output
     (line,) = r.stderr.strip().splitlines()
     assert re.search(r"whatif\.yaml:5:\d+: ", line) and words in line, line
+
+
+def test_rows_over_a_models_maximum_length_say_why_and_stay_off_the_plot(tmp_path):
+    # each model's rows past its maximum length (4k, 4k, 128k) do not fit whatever the memory: every one says why
+    # (the same rule as estimate's refusal), no row within its length does, and the plot's lines end at the limit
+    path = write(tmp_path, """\
+        sweep:
+          model: [microsoft/Phi-3-mini-4k-instruct, meta-llama/Llama-2-7b-hf, meta-llama/Llama-3.1-8B]
+          gpu: [H200]
+          context: [2k, 4k, 8k, 128k, 256k]
+        outputs: [r.md, r.csv]
+        plots: false
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    limits = {"microsoft/Phi-3-mini-4k-instruct": 4096, "meta-llama/Llama-2-7b-hf": 4096, "meta-llama/Llama-3.1-8B": 131072}
+    for row in report.rows:
+        d = row.to_dict()
+        over = row.context > limits[d["model"]]
+        assert (row.why is not None) == over, d
+        if over:
+            assert not row.fits and f"over the model's maximum length {limits[d['model']]:,}" in row.why
+            refusal = estimate(options_from_values({"model": d["model"], "gpu": "H200", "context": row.context,
+                                                    "offline": True})).answer.refusal
+            assert f"maximum length {limits[d['model']]:,}" in refusal  # one rule, the estimate's
+    for pool, points in report.digest.lines.values():  # the concurrency plot: no point past the model's length
+        assert max(points) <= limits[pool.labels()["model"]] and min(points.values()) > 0
+    note = next(n for n in report.notes if "maximum length" in n)
+    assert "Phi-3-mini-4k-instruct" in note and "131,072" in note
+    r = runner.invoke(app, ["report", str(path), "--offline"])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "r.md").read_text()
+    assert md.count("no: over the model's maximum length 4,096 (max_position_embeddings)") == 2 * 3
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert sum(1 for r in rows if r["why"]) == 3 + 3 + 1
+    assert "no (len)" in r.stdout
+
+
+def test_a_big_reports_plot_shows_every_model_and_names_what_it_leaves_out(tmp_path):
+    # 6 models x 2 GPUs x 2 KV dtypes = 24 lines, more than one panel holds (12): one panel per model, all 6 there
+    from kvplan.render.report_plots import MAX_SERIES, concurrency_panels
+
+    models = ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-8B", "google/gemma-2-9b-it", "mistralai/Mistral-7B-v0.1",
+              "meta-llama/Llama-3.2-3B", "Qwen/Qwen2.5-7B-Instruct"]
+    path = write(tmp_path, f"""\
+        sweep: {{model: [{', '.join(models)}], gpu: [H100, L40S], kv_dtype: [auto, fp8], context: [2k, 8k]}}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    panels, note = concurrency_panels(report)
+    assert [m for m, _ in panels] == models and all(len(lines) == 4 for _, lines in panels) and note is None
+    # 14 lines of one model: one panel, 12 lines, and the note says 2 are left out
+    path = write(tmp_path, """\
+        sweep: {model: [meta-llama/Llama-3.1-8B], gpu: [H100, L40S], tp: [1, 2], kv_dtype: [auto, fp8], gpu_util: [0.8, 0.9], context: [2k, 8k]}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    panels, note = concurrency_panels(report)
+    assert len(panels) == 1 and len(panels[0][1]) == MAX_SERIES and note.startswith(f"{MAX_SERIES} of 16 configurations plotted")
+    # a second model past 12 lines each: two panels, and the note names the lines each leaves out
+    path = write(tmp_path, """\
+        sweep: {model: [meta-llama/Llama-3.1-8B, Qwen/Qwen3-8B], gpu: [H100, L40S], tp: [1, 2], kv_dtype: [auto, fp8], gpu_util: [0.8, 0.9], context: [2k, 8k]}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    panels, note = concurrency_panels(report)
+    assert [m for m, _ in panels] == ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-8B"]
+    assert "24 of 32 configurations plotted" in note and "Llama-3.1-8B (4 of 16)" in note and "Qwen3-8B (4 of 16)" in note

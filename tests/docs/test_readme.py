@@ -15,3 +15,23 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in tests
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert tests.strip() in [line.strip() for line in ci]
+
+
+def test_the_hub_config_checks_skip_on_a_plain_clone_and_fail_in_ci_without_their_folder(tmp_path):
+    # a plain clone (no ../shared) skips tests/model/test_hub_configs.py and says why; CI (CI=true) must run them, so a
+    # missing folder is an error there, never a silent skip
+    import os
+    import subprocess
+    import sys
+
+    def run(ci: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "KVPLAN_HUB_CONFIGS": str(tmp_path / "missing"), "CI": ci}
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                               str(REPO / "tests" / "model" / "test_hub_configs.py")], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    plain = run("")
+    assert plain.returncode in (0, 5) and "1 skipped" in plain.stdout, plain.stdout  # 5: the file alone collects nothing
+    assert "../shared/hub-configs beside the repository" in plain.stdout and "a plain clone does not" in plain.stdout
+    ci = run("true")
+    assert ci.returncode not in (0, 5) and "under CI these checks must run, not be skipped" in ci.stdout, ci.stdout

@@ -255,3 +255,37 @@ def test_kvplan_profiles_the_multimodal_batch_the_log_profiled(entry_id, monkeyp
     assert ex.plan is not None, ex.needs
     assert ex.plan.budget.mm_profile == (log.mm_items, log.mm_modality, log.mm_budget_tokens)
     assert any(n.startswith("the multimodal profile is the log's") for n in ex.notes)
+
+
+def test_a_wrong_gpu_is_said_to_look_wrong_and_the_right_one_never_is(monkeypatch):
+    # every corpus log explained on its own GPU: the diagnosis never doubts it; the logs that print no total (so
+    # the GPU planned is --gpu's), explained on a GPU of another size: "the GPU looks wrong", naming the catalogue
+    # card whose memory the log's printed terms imply, never blaming the gap on a budget term
+    from kvplan.errors import KvplanError
+    from kvplan.explain.reconcile import UNPRINTED
+    from kvplan.units import GiB
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    wrong_checked = 0
+    for eid, entry in ENTRIES.items():
+        if eid in NOT_LOGS or eid in CUT_BEFORE_THE_POOL:
+            continue
+        flags = dict(REPRODUCIBLE.get(eid) or {})
+        try:
+            ex = explain(entry.log, flags or None)
+        except KvplanError:
+            continue
+        assert "GPU looks wrong" not in ex.diagnosis, (eid, ex.diagnosis)
+        rest, kv = ex.term(UNPRINTED), ex.term("kv_budget")
+        if (ex.plan is None or ex.log.total_memory_gib is not None or ex.log.requested_memory_gib is not None
+                or ex.log.is_cpu or rest is None or rest.kvplan_bytes is None or kv is None or kv.difference_bytes is None):
+            continue
+        for wrong in ("L4", "H200") if ex.plan.gpu.memory_bytes >= 60 * GiB else ("H200",):
+            bad = explain(entry.log, {**flags, "gpu": wrong})
+            assert bad.diagnosis.startswith("the GPU looks wrong: the log's printed terms"), (eid, wrong, bad.diagnosis)
+            assert "comes from" not in bad.diagnosis and "of it is" not in bad.diagnosis  # no term blamed
+            wrong_checked += 1
+    assert wrong_checked >= 1
+    ex = explain(ENTRIES["dennislee-4xa100-80-gpt-oss-120b-tp4"].log, {"gpu": "RTX-4090"})
+    assert ("exceed RTX-4090-24GB's requested 18.81 GiB; they imply about 79.5 GiB total, what H100-SXM-80GB "
+            "reports (79.20 GiB): pass --gpu H100-SXM-80GB") in ex.diagnosis

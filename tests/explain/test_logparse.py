@@ -295,6 +295,27 @@ def test_many_logs_give_one_row_each(tmp_path):
     assert table.exit_code == 0 and "4 of 5 logs read" in table.stdout and "1 not read (bad input)" in table.stdout
 
 
+def test_many_logs_piped_keep_every_name_whole_on_one_line(tmp_path):
+    # not a terminal (a pipe, a file, CI): one tab-separated line per log, each cell whole, at any width; the
+    # long names a corpus has (and one with a tab in it) are never cut into pieces over several lines
+    long = {f"{'x' * 60}-{name}": where for name, where in MANY.items()}
+    logs = _folder(tmp_path, long)
+    (logs / "notes\tsecond.txt").write_text("GET /index.html 200\n")
+    for columns in ("40", "80", "200"):
+        r = runner.invoke(app, ["explain", str(logs)], env={"COLUMNS": columns})
+        assert r.exit_code == 0, r.output
+        lines = r.stdout.splitlines()
+        assert lines[0].split("\t") == ["log", "model", "GPU", "engine", "log tokens", "kvplan (error)",
+                                         "biggest term (GiB)"]
+        rows = lines[1:1 + len(long) + 1]
+        assert all(len(row.split("\t")) == 7 for row in rows), rows
+        assert sorted(row.split("\t")[0] for row in rows) == sorted([*long, "notes second.txt"])
+        assert lines[len(long) + 2].startswith("4 of 5 logs read")
+    rows = {row.split("\t")[0]: row.split("\t") for row in rows}
+    assert rows[f"{'x' * 60}-c.log"][3].startswith("SGLang") and rows[f"{'x' * 60}-c.log"][4] == "420,200"
+    assert rows["notes second.txt"][1].startswith("the log does not say enough to explain it")
+
+
 def test_calibrate_over_many_logs_writes_one_file(tmp_path):
     # two V0 logs that name their model and print their GPU's total (calibrated), two that cannot be (skipped, why)
     logs = _folder(tmp_path, {"gtx1080.log": ("vllm", "vllm-f19400629813-gtx1080-llama32-1b-v064"),

@@ -10,6 +10,7 @@ be refused with a clear ConfigError.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,17 @@ from kvplan.errors import ConfigError
 from kvplan.model.spec import LayerKind, spec_from_config
 from kvplan.units import parse_dtype
 
-HUB_CONFIGS = Path(__file__).resolve().parents[3] / "shared" / "hub-configs"
+# The real configs are not in the repository: they live beside it, in the workspace's shared/hub-configs
+# (KVPLAN_HUB_CONFIGS names another folder). A plain clone skips this file and says why; CI (CI=true) has the
+# folder, and fails when it is missing rather than pass without these checks.
+HUB_CONFIGS = Path(os.environ.get("KVPLAN_HUB_CONFIGS") or Path(__file__).resolve().parents[3] / "shared" / "hub-configs")
 
 if not (HUB_CONFIGS / "MANIFEST.yaml").is_file():
-    pytest.skip(f"no shared Hub configs at {HUB_CONFIGS} (they ship with the CI workspace)", allow_module_level=True)
+    _why = (f"tests/test_hub_configs.py needs the real Hugging Face configs at {HUB_CONFIGS} (../shared/hub-configs "
+            "beside the repository, or KVPLAN_HUB_CONFIGS): the CI workspace has them, a plain clone does not")
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"{_why}; under CI these checks must run, not be skipped", pytrace=False)
+    pytest.skip(f"{_why}, so its checks are skipped here", allow_module_level=True)
 
 MANIFEST = yaml.safe_load((HUB_CONFIGS / "MANIFEST.yaml").read_text(encoding="utf-8"))
 ENTRIES = {e["hub_id"]: e for e in MANIFEST["models"]}

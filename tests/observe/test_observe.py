@@ -742,3 +742,40 @@ def test_docs_example_plan_is_kvplans():
     assert f"the plan fits {plan.answer.max_requests} requests of 8,192 tokens (max concurrency {plan.answer.max_concurrency:.2f}x" in text
     assert f"plan {plan.answer.num_blocks:,} ({(26_862 - plan.answer.num_blocks) / plan.answer.num_blocks:+.1%})" in text
     assert f"{plan.answer.num_blocks - 26_862:,} blocks" in text and f"where the plan fits {plan.answer.max_requests} of" in text
+
+
+@pytest.mark.parametrize("reply", ["refused", Reply("not found", 404), Reply("<html><body>login</body></html>", 200, "text/html"),
+                                   Reply("this is not a metrics page", 200), Reply("gone", 503)])
+def test_an_endpoint_that_never_answers_is_said_once(reply):
+    # whatever fails every poll, its one line is printed once (not in the event lines, the summary and the error)
+    if reply == "refused":
+        url = f"http://127.0.0.1:{free_port()}/metrics"
+        r = observe(url, "--duration", "0.2", "--interval", "0.1")
+    else:
+        with ReplayServer([reply]) as srv:
+            r = observe(srv.url, "--duration", "0.2", "--interval", "0.1")
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip().splitlines()
+    assert err[-1].endswith("every poll failed, as said above"), r.stderr
+    failure = err[0].split("] ", 1)[1]  # the first event: the failure, as it happened
+    assert r.output.count(failure) == 1, r.output
+
+
+def test_without_model_the_bundled_model_the_endpoint_names_is_planned():
+    # the series' model_name label names a bundled model: it is planned as if --model named it, and says so
+    with ReplayServer([vllm_v1_page(V1_RUN[0])]) as srv:
+        named = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--gpu", "H100", "--json")
+        given = observe(srv.url, "--duration", "0.1", "--interval", "0.1", "--gpu", "H100", "--model", MODEL, "--json")
+    assert named.exit_code == given.exit_code == 0, named.output
+    a, b = json.loads(named.stdout), json.loads(given.stdout)
+    assert a["plan"] is not None and a["plan"]["assumptions"][0]["value"] == MODEL
+    assert a["plan"]["assumptions"][0]["source"] == f"endpoint: model_name={MODEL}"
+    assert a["plan"]["comparison"] and a["plan"]["comparison"] == b["plan"]["comparison"]
+    assert f"planning {MODEL}, the bundled model the endpoint names" in named.stderr
+    # a label that names no bundled model (or a path to one: its last part is matched) leaves no plan / plans it
+    from kvplan.observe.compare import served_bundled_model
+
+    assert served_bundled_model([(("model_name", "my-private-model"),)]) is None
+    assert served_bundled_model([(("model_name", "/models/Llama-3.1-8B-Instruct"),)])[0] == MODEL
+    assert served_bundled_model([(("model_name", MODEL),), (("model_name", "other"),)]) is None  # two models
+    assert served_bundled_model([(("engine", "0"),)]) is None  # no label

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         if junit_xml:  # before the work: a bad path must not hide the checks' outcome
             from kvplan.io.atomic import check_writable
 
-            check_writable(junit_xml, "--junit-xml")
+            check_writable(junit_xml, "--junit-xml", writes="junit")  # never over a file of another kind
         try:
             capacity = load_capacity(path, keep_going=True)  # its mistakes listed with planning's
             report = run_checks(capacity, offline=offline, token=token,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -108,6 +109,10 @@ def register(app: typer.Typer) -> None:
                      "weights_dtype": weights_dtype, "kv_dtype": kv_dtype, "prefix_caching": prefix_caching,
                      "flashinfer": flashinfer, "offline": offline or None}
         paths, many = log_paths(logs)
+        if calibrate:  # before the work: another kind of file is refused, untouched
+            from kvplan.io.calibration import check_calibration_target
+
+            check_calibration_target(calibrate)
         if many:
             _explain_many(paths, overrides, token, calibrate, json_out)
             return
@@ -172,15 +177,18 @@ def _explain_many(paths: list[str], overrides: dict, token: str | None, calibrat
         print_json(many_to_dict(results, written))
         return
     from kvplan.render import console
-    from kvplan.render.explain import render_many
+    from kvplan.render.explain import many_text, render_many
 
     out = console()
-    out.print(render_many(results))
+    if sys.stdout.isatty():
+        out.print(render_many(results))
+    else:  # a pipe or a file: plain tab-separated lines, never names cut into pieces at 80 columns
+        sys.stdout.write(many_text(results))
     if written:
         entries = written["entries"]
         out.print(f"calibration: {written['path']}: {len(entries)} entries written "
                   f"({sum(1 for e in entries if e['action'] == 'replaced')} replaced); "
-                  f"{len(written['skipped'])} logs without terms to calibrate with")
+                  f"{len(written['skipped'])} logs without terms to calibrate with", soft_wrap=True)
 
 
 def _calibrate(explained: list, path: str, *, strict: bool) -> dict:  # noqa: ANN001 - (name, Explanation) pairs

@@ -94,6 +94,32 @@ def _observe(session: Any, planner: Any, live: bool) -> Any:
         return run(session, on_poll=redraw)
 
 
+def _endpoint_model(values: dict, token: str | None, ctx: typer.Context) -> Any:
+    """Without --model: a function of the run's series giving the planner for the bundled model they name
+    (``model_name``; the endpoint's cache config adopted), or None (no label, several models, one kvplan does
+    not bundle: no plan)."""
+    def find(series: list) -> Any:  # noqa: ANN401 - a Planner or None
+        from kvplan.errors import KvplanError
+        from kvplan.observe.compare import Planner, served_bundled_model
+
+        found = served_bundled_model([s.labels for s in series])
+        if found is None:
+            return None
+        model, label = found
+        try:
+            planner = Planner({**values, "model": model}, token, given=_given(ctx, values), model_from=label)
+        except KvplanError as exc:
+            sys.stderr.write(f"kvplan: the endpoint serves {model} ({label}) but it cannot be planned: {exc.one_line()}\n")
+            return None
+        sys.stderr.write(f"kvplan: planning {model}, the bundled model the endpoint names ({label}); --model overrides\n")
+        config = next((s.cache_config for s in series if s.cache_config and planner.serves(s.labels)), None)
+        if config:
+            planner.adopt(config)
+        return planner
+
+    return find
+
+
 def _fit_timing(obs: Any, path: str, planner: Any, endpoint: str) -> tuple[Any, Any]:
     """Add this run to the timing file: ``((measure, timing file), None)``, or ``(None, error)`` to raise
     after the observation is shown (the run is not lost to a fit that cannot be made)."""
@@ -139,9 +165,9 @@ def register(app: typer.Typer) -> None:
         where = endpoint(url, header or ())
         gates = [parse_gate(text) for text in require or ()]
         if csv:
-            check_writable(csv, "--csv")
+            check_writable(csv, "--csv", writes="csv")  # never over a file of another kind
         if fit_timing:
-            check_writable(fit_timing, "--fit-timing")
+            check_writable(fit_timing, "--fit-timing", writes="timing")
         plot_file = plot_path(plot) if plot else None
         if served_model_name is not None and not model:
             from kvplan.cli.errors import fail
@@ -153,6 +179,8 @@ def register(app: typer.Typer) -> None:
         session = Session(where, interval_s=interval, duration_s=duration, timeout_s=timeout,
                           on_event=None if live else _say)
         obs = _observe(session, planner, live)
+        if planner is None and not model:  # after the run: planning never delays a poll
+            planner = _endpoint_model(values, token, ctx)(obs.series)
         comparisons = _compare(planner, obs)
         outcomes = [evaluate(g, obs.summary, obs.failed_polls, obs.num_polls) for g in gates]
         files = {}
@@ -179,7 +207,8 @@ def register(app: typer.Typer) -> None:
             print_json(doc)
         else:
             out = console()
-            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes, max_events=20,
+            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes,
+                                         max_events=20 if live else 0,  # not live: each was on stderr already
                                          pending=_pending(planner)))
             if timing is not None:
                 from kvplan.render.observe import render_timing
@@ -188,10 +217,12 @@ def register(app: typer.Typer) -> None:
             for kind, path in files.items():
                 out.print(f"[grey62]{kind}: {escape(path)}[/]")
         if not obs.read_polls:
-            last = obs.polls[-1].error if obs.polls else "interrupted before the first poll"
+            last = obs.polls[-1].error if obs.polls else None
+            said = last is not None and any(last in e.message for e in obs.events)  # shown once, above
             from kvplan.cli.errors import fail
 
-            raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {last}")
+            why = ("every poll failed, as said above" if said else last) if last else "interrupted before the first poll"
+            raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {why}")
         if planner is not None and planner.view is None:
             from kvplan.cli.errors import fail
 

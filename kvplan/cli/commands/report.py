@@ -33,6 +33,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """What-if report: one row per scenario (per-token bytes, weights, KV budget, KV tokens, max concurrency, max context, fits, decode ceiling); writes the outputs the file lists."""
         from kvplan.io.atomic import AtomicFiles, check_writable
+        from kvplan.io.kinds import SUFFIX_FORMATS
         from kvplan.io.calibration import load_calibration
         from kvplan.render.progress import delayed_progress
         from kvplan.render.report import DOCUMENT_ROWS, JsonRows, open_row_writers, render_documents
@@ -45,7 +46,7 @@ def register(app: typer.Typer) -> None:
                       calibration=load_calibration(calibration) if calibration else None)
         sweep.check_bounds(force)
         for out_path in whatif.outputs:  # before the work: a bad path must not cost the whole sweep
-            check_writable(out_path)
+            check_writable(out_path, writes=SUFFIX_FORMATS[out_path.suffix.lower()])  # nor replace another kind
         if sweep.num_rows >= ANNOUNCE_ROWS:
             names = ", ".join(display_path(p) for p in whatif.outputs) or "no files"
             sys.stderr.write(f"kvplan: {sweep.describe_size()} -> {names}\n")
@@ -67,6 +68,8 @@ def register(app: typer.Typer) -> None:
             result = sweep.report(digest)
             documents, warnings = render_documents(result, whatif.outputs, whatif.plots)
             for doc_path, data in documents.items():
+                if doc_path not in whatif.outputs:  # a Markdown output's plots: not over another kind of file
+                    check_writable(doc_path, "plot", writes=SUFFIX_FORMATS[doc_path.suffix.lower()])
                 files.write(doc_path, data)
         for warning in warnings:
             sys.stderr.write(f"kvplan: warning: {warning}\n")

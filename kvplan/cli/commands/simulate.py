@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         timing: Annotated[Optional[str], typer.Option(
             "--timing", help="A step time fitted on a running server (kvplan observe --fit-timing FILE); replaces the "
             "workload's timing.file and the bandwidth roofline.", show_default=False)] = None,
-        force: Annotated[bool, typer.Option("--force", help="Run even past the work bound (2e8 request-steps, about a minute).")] = False,
+        force: Annotated[bool, typer.Option("--force", help="Run even past the work bound (2e8 request-steps, a few minutes).")] = False,
         offline: OfflineOpt = False,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
