@@ -12,12 +12,12 @@ build). docs/engines.md gives the sources and the agreement with real start-up l
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Term,
-                            forward_bytes, given, lora_stack_bytes, padded_vocab, release_ranges, release_tuple,
-                            resolve_release, sampler_bytes, sampler_peak_bytes)
-from kvplan.engines.vllm_profile import ImageProfile, image_profile, rope_cache_bytes
+                            forward_bytes, given, lora_stack_bytes, padded_vocab, release_tuple,
+                            sampler_bytes, sampler_peak_bytes)
+from kvplan.engines.vllm_profile import ImageProfile, image_profile
 from kvplan.engines.vllm_weights import loaded_extra_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
     DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
@@ -26,226 +26,62 @@ from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's r
     idle_reason, longest_start, serve_command, serving_release, ssm_dtype, start_blocks, starts)
 from kvplan.errors import InputError
 from kvplan.model.spec import LayerKind, ModelSpec
-from kvplan.units import GiB, MiB, plural
+from kvplan.units import GiB, plural
+from kvplan.engines.vllm_releases import (
+    DEFAULT_VERSION as DEFAULT_VERSION,
+    ENGINE as ENGINE,
+    MEASURES as MEASURES,
+    NEWEST_CHECKED as NEWEST_CHECKED,
+    NON_TORCH_BYTES as NON_TORCH_BYTES,
+    PROFILES as PROFILES,
+    Profile as Profile,
+    RANGES as RANGES,
+    VERSIONS as VERSIONS,
+    _V0 as _V0,
+    _V0_65 as _V0_65,
+    _V1_11 as _V1_11,
+    _V1_12 as _V1_12,
+    _V1_14 as _V1_14,
+    _V1_17 as _V1_17,
+    _V1_20 as _V1_20,
+    _V1_21 as _V1_21,
+    _V1_8 as _V1_8,
+    _V1_91 as _V1_91,
+    _p as _p,
+    profile as profile,
+    resolve_version as resolve_version,
+)
+from kvplan.engines.vllm_overhead import (
+    ALLREDUCE_FUSION_FROM as ALLREDUCE_FUSION_FROM,
+    CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE as CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE,
+    CUDA_CONTEXT_BYTES as CUDA_CONTEXT_BYTES,
+    CUSTOM_ALLREDUCE_BYTES as CUSTOM_ALLREDUCE_BYTES,
+    FUSION_ALLOC_GRANULARITY_BYTES as FUSION_ALLOC_GRANULARITY_BYTES,
+    FUSION_BARRIER_FLAGS as FUSION_BARRIER_FLAGS,
+    FUSION_MAX_BYTES as FUSION_MAX_BYTES,
+    FUSION_MNNVL_FROM as FUSION_MNNVL_FROM,
+    FUSION_MULTICAST_GRANULARITY_BYTES as FUSION_MULTICAST_GRANULARITY_BYTES,
+    FUSION_SIGNAL_PAD_BYTES as FUSION_SIGNAL_PAD_BYTES,
+    FUSION_TRTLLM_FALLBACK_FROM as FUSION_TRTLLM_FALLBACK_FROM,
+    MAX_CUDAGRAPH_CAPTURE_SIZE as MAX_CUDAGRAPH_CAPTURE_SIZE,
+    MNNVL_ONE_SHOT_THRESHOLD_BYTES as MNNVL_ONE_SHOT_THRESHOLD_BYTES,
+    NCCL_CHANNEL_BYTES as NCCL_CHANNEL_BYTES,
+    NCCL_PEER_BYTES as NCCL_PEER_BYTES,
+    NVLINK_PEERS_PER_NODE as NVLINK_PEERS_PER_NODE,
+    NVLS_BYTES_PER_RANK as NVLS_BYTES_PER_RANK,
+    NonTorch as NonTorch,
+    capture_sizes as capture_sizes,
+    cudagraph_bytes as cudagraph_bytes,
+    fusion_backend as fusion_backend,
+    fusion_buffer_bytes as fusion_buffer_bytes,
+    fusion_workspace_bytes as fusion_workspace_bytes,
+    nccl_communicator_bytes as nccl_communicator_bytes,
+    non_torch as non_torch,
+    overhead_term as overhead_term,
+)
 
-ENGINE = "vllm"
 BLOCK_SIZES: tuple[int, ...] | None = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices
 
-
-@dataclass(frozen=True)
-class Profile:
-    """What the vLLM releases from ``first`` up to the next profile's ``first`` do when they size the KV cache.
-
-    ``rounding``: ``floor`` (``requested = total * util`` as a float; blocks floor the difference) or
-    ``ceil`` (``math.ceil(total * util)``). ``batch_rule``: which default table fills
-    ``max_num_batched_tokens`` / ``max_num_seqs`` (``v0``, ``v1-70``, ``v1``, ``v1-160``). ``sampler``: the
-    top-k/top-p path of the profiled dummy sampler run (``v0``, ``native``, ``flashinfer-installed``,
-    ``triton``, ``flashinfer``); ``sampler_copies``: fp32 ``[rows, vocab]`` tensors alive at its peak on
-    the torch-sort paths (the others are derived: :func:`sampler_peak_bytes`). ``cudagraph``: ``none``
-    (captured after the KV cache, out of the ``1 - util`` slack), ``logged`` (estimated, not
-    subtracted) or ``subtracted``. ``kv_tokens_rule``: the "GPU KV cache size" line: ``blocks``
-    (``num_blocks x block_size``), ``groups`` (``num_blocks // num_groups x block_size``) or
-    ``concurrency`` (``int(max_concurrency x max_model_len)``). ``concurrent_batches``: batches in
-    flight, whose tokens sliding windows also hold (2 with async scheduling). ``non_torch_bytes``:
-    the non-torch increase during profiling at tp 1. ``mm_profile``: how the profile run sizes its dummy
-    image batch (:mod:`kvplan.engines.vllm_profile`). ``max_len_rule``: how the model's maximum length
-    follows from YaRN rope parameters (:func:`~kvplan.engines.vllm_rules.model_max_len`): ``yarn-original``
-    (``original_max_position_embeddings x factor``) or ``yarn-unscaled`` (``max_position_embeddings``, 0.30+).
-    ``measure``: what the memory profiler charges besides the weights and the torch peak (:data:`MEASURES`).
-    ``moe`` / ``moe_chunk``: the fused-MoE workspace shapes (:data:`kvplan.engines.MOE_RULES`) and
-    ``VLLM_FUSED_MOE_CHUNK_SIZE`` (0: no chunking). ``mla_align``: V0 pads each MLA cache entry to 256 bytes
-    of the model dtype (``VLLM_CUDA_MEM_ALIGN_KV_CACHE``). ``v0_chunk_tokens``: V0's ``max_num_batched_tokens``
-    when it chunks prefills. ``lora_in_budget``: the LoRA weight slots are counted (V1: with the weights;
-    V0 0.6.5 - 0.7.x create them after the weights are measured and charge them nowhere).
-    ``change``: what this release changed.
-    """
-
-    version: str
-    first: tuple[int, ...]
-    change: str
-    mode: str
-    gpu_util: float
-    rounding: str
-    batch_rule: str
-    sampler: str
-    sampler_copies: int
-    cudagraph: str
-    refusal: str
-    kv_tokens_rule: str
-    non_torch_bytes: int
-    concurrent_batches: int = 1
-    mm_profile: str = "embeds"
-    max_len_rule: str = "yarn-original"
-    measure: str = "increase"
-    moe: str = "v08"
-    moe_chunk: int = 32 * 1024
-    mla_align: bool = False
-    v0_chunk_tokens: int = 2048
-    lora_in_budget: bool = True
-
-
-# What the memory profiler charges besides the weights and the torch allocator's peak, by release (read in
-# worker/worker.py, v1/worker/gpu_worker.py and utils/mem_utils.py of each release):
-# - free-delta (V0 0.6.0 - 0.6.3): the drop in free memory since the worker started (NCCL, custom all-reduce,
-#   cuBLAS; not the CUDA context, which exists before the first reading);
-# - absolute (V0 0.6.4, V1 0.8.0 - 0.9.0): all device memory torch did not allocate, the CUDA context and any
-#   other process on the GPU included;
-# - increase (V0 0.6.5 - 0.10.x, V1 0.9.1 - 0.10.x): the non-torch increase since a snapshot taken before NCCL
-#   starts: both tensor-parallel NCCL communicators (PyNccl and torch.distributed's) and custom all-reduce count;
-# - post-nccl (V1 0.11 - 0.26): the snapshot moves after NCCL init: only what is created later counts, the
-#   torch.distributed communicator made lazily by the profile run's first collective among it;
-# - consumed (V1 0.27+): the whole drop in free memory since that snapshot plus the transient peak
-#   (``total_consumed``): the same NCCL share, and the model runner's persistent buffers too.
-MEASURES = ("free-delta", "absolute", "increase", "post-nccl", "consumed")
-
-# Non-torch increase (cuBLAS / attention workspaces created during profiling) at tp 1, GPU-independent.
-# Logged at tp 1 by releases that measure an increase (calibration part of benchmarks/corpus: 0.01 - 0.35 GiB,
-# median 0.10 over 17 logs; 0.13 - 0.14 on an H100 machine): kvplan keeps 0.30 GiB, above nearly all of them
-# (an overestimate promises less KV, the safe side; with it 59 vLLM 0.19 H100 logs agreed to 0.08% at the median).
-NON_TORCH_BYTES = round(0.30 * GiB)
-# The CUDA context, which the "absolute" releases charge: 0.6.4 logs 0.15 - 0.47 GiB of non-torch memory in all
-# at tp 1 (calibration part: vllm-10517, three GTX 1080 runs), so with the tp-1 increase above kvplan adds 0.15.
-CUDA_CONTEXT_BYTES = round(0.15 * GiB)
-# One NCCL communicator's buffers per GPU, by interconnect: channel buffers (NCCL's own sizes: 4 MiB per
-# channel and peer for the Simple protocol, plus LL/LL128) and, on NVSwitch boards with more than 2 GPUs,
-# NVLink SHARP (NVLS) multicast buffers, ``nvlsPerRankSize`` 288 MiB per rank in the communicator
-# (vllm#9699: 8 x H200, ``nvlsTotalSize`` 2.25 GiB). The channel part is calibrated on the one machine
-# whose tp 2 logs isolate one communicator (h100-k8s, 0.12: 0.13 -> 0.54 GiB); PCIe on two 24 GB GeForce
-# logs (0.20 - 0.25 GiB at tp 2 with two communicators).
-NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 * GiB),
-                      "infinity-fabric": round(0.41 * GiB), "pcie": round(0.05 * GiB)}
-NVLS_BYTES_PER_RANK = 288 * MiB
-# Each peer beyond the first adds buffers to a communicator over NVLink-class links (NVLink, NVSwitch, Infinity
-# Fabric): NCCL connects P2P channels per peer (send/recv and the gather vLLM's logits use), each with its own
-# Simple/LL/LL128 buffers, so the bytes grow with tp - 1. The size per peer is a fit, not read in NCCL: on the
-# calibration part it takes the one tp-8 NVLink log that prints non-torch memory (vllm-f3706561278, 8 x A100 40GB,
-# V0 0.7.1: 2.10 GiB with two communicators -> 0.89 GiB each, 0.41 at tp 2 + 6 x 0.08) with the tp-2 value above;
-# uncertain to about +-0.05 GiB per peer (the validation part's tp-4 A100 log charges 1.39 GiB, this rule 1.50).
-# PCIe boards keep the tp-2 figure (logs at tp 8 over PCIe charge 0.2 - 0.4 GiB in all). Only the peers of one node
-# count (NVLINK_PEERS_PER_NODE: a node of 8 GPUs; peers on other nodes are reached over the network transport, not
-# P2P; no calibration log prints non-torch memory above 8 GPUs, and vllm-17242, 2 x 8 H20 at tp 16, is already
-# planned 28% under the KV it got).
-NVLINK_PEERS_PER_NODE = 8
-NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * GiB),
-                   "infinity-fabric": round(0.08 * GiB), "pcie": 0}
-CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
-# FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, dp 1, compute
-# capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion). One workspace per process
-# (vllm/distributed/device_communicators/flashinfer_all_reduce.py; the quant-fusion workspace aliases it), made
-# when the compile passes are built (AllReduceFusionPass.__init__), after the profiler's snapshot: non-torch memory
-# the profile charges. T = min(max_size // (hidden x 2), max_num_batched_tokens), max_size by capability and tp
-# (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, the same in 0.17 - 0.33). Its backend and buffers by release (the FlashInfer
-# each pins, flashinfer/comm/trtllm_ar.py, trtllm_mnnvl_ar.py, mnnvl.py):
-# - trtllm (0.17 - 0.24, FlashInfer 0.6.4 - 0.6.12): three SymmDeviceMemory buffers - tp x T x hidden x 2 B, the
-#   barrier flags tp x 256 x 4 B, the lamport buffers 3 x tp x T x hidden x 2 B - each rounded up to the multicast
-#   granularity (cuMulticastGetGranularity RECOMMENDED, _get_allocation_prop) although multicast is off: 3 x 512
-#   MiB = 1.5 GiB per GPU at any tp. Without multicast (no NVSwitch) SymmDeviceMemory raises and vLLM runs
-#   without the fusion.
-# - mnnvl (0.25+, the default on one node too): one multicast buffer of 3 x max(one-shot, two-shot) bytes (one-shot
-#   min(1 MiB // (tp x hidden x 2), T) x hidden x tp x 2, two-shot 2 x ceil(T / tp) x tp x hidden x 2), rounded up to
-#   the multicast granularity: 512 MiB at the default sizes. 0.25 - 0.26 (FlashInfer 0.6.13 - 0.6.14) allocate it
-#   through torch's symmetric memory, whose rounding kvplan takes to be the same.
-# - trtllm without multicast (0.27+, FlashInfer 0.6.16+: vLLM falls back to it on one node without NVSwitch
-#   multicast; SymmDeviceMemory no longer needs multicast): the three buffers rounded to the 2 MiB allocation
-#   granularity, about 4 x tp x T x hidden x 2 (514 MiB at tp 2 with 8,192 tokens of hidden 4,096). Whether it
-#   starts without P2P is not known: kvplan charges it (the safe side).
-# The 512 MiB is the granularity Hopper reports for multicast objects (NCCL's NVLS buffers are rounded the same);
-# it is read in the code, not in a corpus log, and Blackwell takes the same value (the safe side: more non-torch
-# memory, less KV). --enforce-eager builds no compile passes and no workspace.
-ALLREDUCE_FUSION_FROM = (0, 17, 0)
-FUSION_MNNVL_FROM = (0, 25, 0)  # _resolve_fi_ar_backend: "auto" picks mnnvl on one node too
-FUSION_TRTLLM_FALLBACK_FROM = (0, 27, 0)  # FlashInfer 0.6.16.post3: trtllm without multicast, 2 MiB rounding
-FUSION_MULTICAST_GRANULARITY_BYTES = 512 * MiB
-FUSION_ALLOC_GRANULARITY_BYTES = 2 * MiB
-FUSION_BARRIER_FLAGS = 256  # BarrierFlagCount (int32 each)
-FUSION_SIGNAL_PAD_BYTES = 2048  # SIGNAL_PAD_SIZE, on top of a SymmDeviceMemory buffer
-MNNVL_ONE_SHOT_THRESHOLD_BYTES = 64 * 1024 * 8 * 2
-FUSION_MAX_BYTES = {(9, 0): {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
-                    (10, 0): {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB},
-                    (10, 3): {2: 64 * MiB, 4: 64 * MiB, 8: 2 * MiB}}
-
-
-def _p(version: str, first: tuple[int, ...], change: str, base: dict, **kw: object) -> Profile:
-    return Profile(version, first, change, **{**base, **kw})  # type: ignore[arg-type]
-
-
-# Each release differs from the one before it in the fields its ``change`` names; the source is the released
-# code of that version (the first version where the change appears; the one before does not have it).
-_V0 = dict(mode="V0", gpu_util=0.9, rounding="floor", batch_rule="v0", sampler="v0", sampler_copies=10,
-           cudagraph="none", refusal="tokens", kv_tokens_rule="blocks", non_torch_bytes=NON_TORCH_BYTES,
-           mm_profile="none", measure="free-delta", moe="v06", v0_chunk_tokens=512)
-_V0_65 = dict(_V0, measure="increase", v0_chunk_tokens=2048, lora_in_budget=False)
-# 0.8.0 - 0.9.0: V1 measures the absolute torch peak plus all non-torch memory; the sampler takes FlashInfer
-# only if it is older than 0.2.3 (TopKTopPSampler sends newer ones to forward_native): the 0.8 Docker images
-# ship FlashInfer 0.2.1 (the FlashInfer path), a plain pip install none (native); the fused-MoE caches share a buffer.
-_V1_8 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer-old", sampler_copies=0, refusal="bytes",
-             mm_profile="ceil-placeholder", measure="absolute", moe="v08", v0_chunk_tokens=2048)
-# 0.9.1: memory_profiling (the increase since a pre-NCCL snapshot); FlashInfer's sampler when it is installed
-# (an optional extra of the wheel; in the project's Docker images); the token line by KV-cache groups.
-_V1_91 = dict(_V1_8, batch_rule="v1", kv_tokens_rule="groups", mm_profile="placeholder", measure="increase",
-              sampler="flashinfer-installed", sampler_copies=0)
-_V1_11 = dict(_V1_91, measure="post-nccl", mm_profile="scattered")
-_V1_12 = dict(_V1_11, sampler="native", sampler_copies=10, moe_chunk=16 * 1024, mm_profile="scattered-item")
-_V1_14 = dict(_V1_12, mm_profile="embeds", rounding="ceil", moe="v014")
-_V1_17 = dict(_V1_14, sampler="triton", sampler_copies=0)
-_V1_20 = dict(_V1_17, moe_chunk=0, cudagraph="subtracted", gpu_util=0.92)
-_V1_21 = dict(_V1_20, kv_tokens_rule="concurrency", sampler="flashinfer")
-PROFILES: dict[str, Profile] = {p.version: p for p in (
-    _p("0.6", (0, 6, 0), "V0 engine: the drop in free memory since start-up is charged", _V0),
-    _p("0.6.4", (0, 6, 4), "V0 charges all non-torch memory (the CUDA context included); chunked prefill 2048",
-       _V0, measure="absolute", v0_chunk_tokens=2048),
-    _p("0.6.5", (0, 6, 5), "V0 memory profiling (PR #10511): the non-torch increase since a pre-NCCL snapshot; "
-       "LoRA slots charged nowhere", _V0_65),
-    _p("0.7.2", (0, 7, 2), "V0 pads MLA cache entries to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)", _V0_65,
-       mla_align=True),
-    _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; the sampler takes "
-       "FlashInfer < 0.2.3 (the Docker images) or the native path; batch defaults >= 70 GiB include the A100", _V1_8),
-    # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1)
-    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; multimodal items sized by their prompt tokens", _V1_8, batch_rule="v1",
-       mm_profile="placeholder"),
-    _p("0.9.1", (0, 9, 1), "memory profiling of the increase since a pre-NCCL snapshot; FlashInfer sampler when "
-       "installed; token line num_blocks // groups x block size", _V1_91),
-    _p("0.11", (0, 11, 0), "the memory snapshot moves after NCCL init; multimodal profiling copies each dummy "
-       "encoder output into an encoder-budget buffer", _V1_11),
-    # 0.12: VLLM_USE_FLASHINFER_SAMPLER becomes opt-in: the native torch sort path, 10 copies, calibrated on
-    # five H100 logs (activation 9.6 - 9.9 copies of rows x vocab x 4 B) and vLLM 0.11.1 on ROCm (native there).
-    _p("0.12", (0, 12, 0), "FlashInfer sampler opt-in: native top-k/top-p (torch sort); fused-MoE chunks of 16,384; "
-       "a dummy encoder output shorter than its item's tokens is copied into an item-sized buffer", _V1_12),
-    _p("0.13", (0, 13, 0), "multimodal profiling counts an image's embeddings and caches the encoder outputs as "
-       "they are", _V1_12, mm_profile="embeds"),
-    _p("0.14", (0, 14, 0), "requested memory = ceil(total x util) (request_memory); the modular fused-MoE "
-       "kernel's workspaces", _V1_14),
-    # 0.17: apply_top_k_top_p runs a Triton kernel in place for >= 8 rows (no sort copies); the sampler peak is
-    # derived from the code (sampler_peak_bytes). The all-reduce fusion workspace is on by default.
-    _p("0.17", (0, 17, 0), "Triton top-k/top-p in place (no sort copies); all-reduce + RMSNorm fusion", _V1_17),
-    _p("0.18", (0, 18, 0), "CUDA-graph memory estimated and logged (subtracted only with "
-       "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); fused MoE unchunked", _V1_17, cudagraph="logged", moe_chunk=0),
-    _p("0.20", (0, 20, 0), "default gpu_memory_utilization 0.92; CUDA-graph estimate subtracted by default", _V1_20),
-    # 0.20.1: _report_kv_cache_config prints int(max_concurrency x max_model_len) ("a naive num_blocks //
-    # num_groups x block_size formula underestimates capacity"; vllm#40691 reported the old line on 0.19.0).
-    _p("0.20.1", (0, 20, 1), "token line int(max_concurrency x max_model_len)", _V1_20, kv_tokens_rule="concurrency"),
-    # 0.21: VLLM_USE_FLASHINFER_SAMPLER defaults to True again: FlashInfer's top_k_top_p_sampling_from_logits
-    # (top-k mask copy + softmax probs) on CUDA GPUs with more than 16 SMs; ROCm keeps the Triton path.
-    _p("0.21", (0, 21, 0), "FlashInfer top-k/top-p sampler on by default (CUDA)", _V1_21),
-    # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
-    # scheduling on one pipeline stage).
-    _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches", _V1_21, concurrent_batches=2),
-    _p("0.27", (0, 27, 0), "the profiler charges the whole drop in free memory (total_consumed)", _V1_21,
-       concurrent_batches=2, measure="consumed"),
-    _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)", _V1_21, concurrent_batches=2,
-       measure="consumed", batch_rule="v1-160"),
-    _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
-       _V1_21, concurrent_batches=2, measure="consumed", batch_rule="v1-160", refusal="null_block"),
-    # 0.30: _get_and_verify_max_len no longer scales max_position_embeddings by a YaRN factor (yarn,
-    # deepseek_yarn, deepseek_llama_scaling join su/longrope/llama3; vllm#56446, read in 0.29.0 and 0.30.0)
-    _p("0.30", (0, 30, 0), "the model's maximum length ignores YaRN's factor (max_position_embeddings as it is)",
-       _V1_21, concurrent_batches=2, measure="consumed", batch_rule="v1-160", refusal="null_block",
-       max_len_rule="yarn-unscaled"),
-)}
-VERSIONS = tuple(PROFILES)
-DEFAULT_VERSION = VERSIONS[-1]
-NEWEST_CHECKED = (0, 33, 0)  # the newest release whose source was read (vllm 0.33.0)
-RANGES = release_ranges({k: p.first for k, p in PROFILES.items()})
 
 CPU_BLOCK_SIZE = 128
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
@@ -263,29 +99,6 @@ CPU_WORKER_RSS_BYTES = round(1.05 * GiB)
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's _DEFAULT_MAX_NUM_BATCHED_TOKENS
 BIG_GPU_BYTES = 70 * GiB  # get_batch_defaults: device memory >= 70 GiB and not an A100
 HUGE_GPU_BYTES = 160 * GiB  # PR #51726
-CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE = 300 * 1024  # per extra captured size and decoder layer (calibrated)
-MAX_CUDAGRAPH_CAPTURE_SIZE = 512
-
-
-def resolve_version(text: str | None) -> tuple[str, str]:
-    """``(modelled release, note)`` for any PEP 440 vLLM version (``0.19.0``, ``0.10.1.1``,
-    ``0.15.2rc1.dev93+g11a4c9d30``); ``None`` is the newest modelled release. Refuses versions older than
-    every modelled release (InputError listing the ranges)."""
-    if text is None:
-        return DEFAULT_VERSION, ""
-    key, note = resolve_release(ENGINE, text, {k: p.first for k, p in PROFILES.items()})
-    if release_tuple(text, ENGINE) > NEWEST_CHECKED:
-        note += f"; newer than the newest release checked ({'.'.join(map(str, NEWEST_CHECKED))})"
-    return key, note
-
-
-def profile(version: str) -> Profile:
-    """The modelled release for ``version``: a key of :data:`PROFILES` or any version it covers."""
-    if version in PROFILES:
-        return PROFILES[version]
-    return PROFILES[resolve_version(version)[0]]
-
-
 def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str | None = None,
                    max_model_len: int | None = None, usage_context: str = "serve",
                    long_prefill_chunked: bool = True) -> tuple[int, int]:
@@ -618,178 +431,6 @@ def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max
                          max_model_len, release_tuple(version, ENGINE))
 
 
-@dataclass(frozen=True)
-class NonTorch:
-    """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), as named parts."""
-
-    base: int  # cuBLAS / attention workspaces created during profiling (NON_TORCH_BYTES)
-    context: int  # the CUDA context (releases that charge all non-torch memory)
-    channels: int  # the counted NCCL communicators' channel buffers (NCCL_CHANNEL_BYTES each)
-    nvls: int  # their NVLink SHARP buffers (NVSwitch boards above 2 GPUs: NVLS_BYTES_PER_RANK x tp each)
-    custom_allreduce: int  # vLLM's custom all-reduce IPC buffers (releases that count them)
-    fusion: int  # the all-reduce + RMSNorm fusion workspace (0.17+, NVSwitch boards; fusion_workspace_bytes)
-    interconnect: str
-    counted: int  # how many tensor-parallel NCCL communicators the release counts
-
-    @property
-    def communicators(self) -> int:
-        """The NCCL communicators' buffers and custom all-reduce, bytes per GPU."""
-        return self.channels + self.nvls + self.custom_allreduce
-
-    @property
-    def bytes(self) -> int:
-        return self.base + self.context + self.communicators + self.fusion
-
-    def parts(self) -> tuple[tuple[str, int], ...]:
-        """The non-zero parts as ``(name, bytes)``, in the order the profile meets them."""
-        named = (("tp-1 increase", self.base), ("CUDA context", self.context), ("NCCL channels", self.channels),
-                 ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
-                 ("all-reduce fusion workspace", self.fusion))
-        return tuple((name, size) for name, size in named if size)
-
-
-def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
-    """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``, ``(channels, nvls)``:
-    channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
-    off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank)."""
-    channels = (NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
-                + max(0, min(tp, NVLINK_PEERS_PER_NODE) - 2) * NCCL_PEER_BYTES.get(interconnect, NCCL_PEER_BYTES["nvlink"]))
-    # NVLS spans one NVLink domain: its buffers scale with the ranks of one node (nvlsTotalSize = per-rank x heads)
-    local = min(tp, NVLINK_PEERS_PER_NODE)
-    nvls = NVLS_BYTES_PER_RANK * local if interconnect == "nvlink-switch" and tp > 2 else 0
-    return channels, nvls
-
-
-def fusion_backend(p: Profile, tp: int, pp: int, device: Device) -> str | None:
-    """Which FlashInfer all-reduce fusion workspace release ``p`` makes on ``device`` (see
-    :data:`FUSION_MAX_BYTES`): ``trtllm`` (0.17 - 0.24, NVSwitch multicast needed; 0.27+ without multicast),
-    ``mnnvl`` (0.25+ with multicast) or None (no fusion: before 0.17, tp 1, pp > 1, another capability)."""
-    if (p.first < ALLREDUCE_FUSION_FROM or tp < 2 or pp > 1 or device.capability not in FUSION_MAX_BYTES):
-        return None
-    multicast = device.interconnect == "nvlink-switch"
-    if multicast:
-        return "mnnvl" if p.first >= FUSION_MNNVL_FROM else "trtllm"
-    return "trtllm" if p.first >= FUSION_TRTLLM_FALLBACK_FROM else None
-
-
-def fusion_buffer_bytes(backend: str, multicast: bool, hidden_size: int, tp: int, max_num_batched_tokens: int,
-                        capability: tuple[int, int]) -> tuple[int, ...]:
-    """The fusion workspace's buffers per GPU as allocated (bytes): trtllm's three (buffer, barrier flags,
-    lamport), mnnvl's one; each rounded up to the multicast granularity where ``multicast`` (the
-    SymmDeviceMemory of FlashInfer 0.6.4 - 0.6.14, and mnnvl's multicast buffer) or to 2 MiB."""
-    sizes = FUSION_MAX_BYTES[capability]
-    below = [k for k in sizes if k <= tp]
-    max_size = sizes.get(tp, sizes[max(below)] if below else 0)
-    tokens = min(max_size // (hidden_size * 2), max_num_batched_tokens)
-    grain = FUSION_MULTICAST_GRANULARITY_BYTES if multicast else FUSION_ALLOC_GRANULARITY_BYTES
-
-    def allocated(size: int) -> int:
-        return -(-(size + FUSION_SIGNAL_PAD_BYTES) // grain) * grain
-
-    if backend == "mnnvl":
-        one_shot_tokens = min(MNNVL_ONE_SHOT_THRESHOLD_BYTES // (tp * hidden_size * 2), tokens)
-        one_shot = one_shot_tokens * hidden_size * tp * 2
-        two_shot = 2 * -(-tokens // tp) * tp * hidden_size * 2
-        return (allocated(3 * max(one_shot, two_shot)),)
-    buffer = tp * tokens * hidden_size * 2
-    return allocated(buffer), allocated(tp * FUSION_BARRIER_FLAGS * 4), allocated(3 * buffer)
-
-
-def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
-                           device: Device) -> int:
-    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not make one): the sum of
-    :func:`fusion_buffer_bytes` for :func:`fusion_backend` - 1.5 GiB at any tp in 0.17 - 0.24 and 512 MiB from
-    0.25 on NVSwitch boards; about ``4 x tp x T x hidden x 2`` from 0.27 on other boards of those GPUs."""
-    backend = fusion_backend(p, tp, pp, device)
-    if backend is None:
-        return 0
-    multicast = device.interconnect == "nvlink-switch"  # 0.27+'s trtllm runs only without it
-    return sum(fusion_buffer_bytes(backend, multicast, spec.hidden_size, tp, max_num_batched_tokens,
-                                   device.capability))
-
-
-def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
-              max_num_batched_tokens: int = 0) -> NonTorch:
-    """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`), part by part: the tp-1
-    increase, the CUDA context where all non-torch memory counts, the NCCL communicators it counts (two before
-    0.11 - PyNccl's and torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created
-    lazily during the profile: v1/worker/gpu_worker.py init_device takes the snapshot after
-    init_worker_distributed_environment, which makes PyNccl, custom all-reduce and symmetric memory), their NVLS
-    buffers, and the all-reduce fusion workspace. An unknown interconnect (``--gpu-memory`` alone) counts as
-    ``nvlink``."""
-    device = device or Device()
-    interconnect = device.interconnect or "nvlink"
-    context = CUDA_CONTEXT_BYTES if p.measure == "absolute" else 0
-    counted = channels = nvls = custom = 0
-    if tp >= 2:
-        counted = 1 if p.measure in ("post-nccl", "consumed") else 2
-        one_channels, one_nvls = nccl_communicator_bytes(tp, interconnect)
-        channels, nvls = counted * one_channels, counted * one_nvls
-        if counted == 2 and not (interconnect == "pcie" and tp > 2):  # custom all-reduce: off on > 2 PCIe GPUs
-            custom = CUSTOM_ALLREDUCE_BYTES
-    fusion = fusion_workspace_bytes(p, spec, tp, pp, max_num_batched_tokens, device) if spec else 0
-    return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted)
-
-
-def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
-                  pp: int = 1, max_num_batched_tokens: int = 0) -> tuple[Term, list[str]]:
-    """The overhead term (non-torch memory at this tp and interconnect + the rotary cache) and, at
-    tp >= 2, a note that says the multi-GPU part is an estimate."""
-    rope = rope_cache_bytes(spec, act_bytes)
-    nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
-    total = nt.bytes + rope  # the term: every figure below that speaks of it says this one number
-    parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
-    if nt.context:
-        parts.append(f"CUDA context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
-    notes = []
-    if tp >= 2:
-        parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
-                     f"{nt.communicators / GiB:.2f} GiB" + (" (NVLS buffers included)" if nt.interconnect ==
-                                                            "nvlink-switch" and tp > 2 else ""))
-        notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
-                     f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
-                     "log's non-torch memory")
-    if p.mode == "V0" and device is not None and device.platform == "rocm":
-        notes.append("vLLM V0 on ROCm charges more non-torch memory than kvplan models (hipBLASLt: 1.7 GiB more at tp 1 "
-                     "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
-                     "promise more KV than the engine gives; pass --overhead-gib with your log's non-torch memory")
-    if nt.fusion:
-        backend = fusion_backend(p, tp, pp, device or Device())
-        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (FlashInfer {backend})")
-        notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU, FlashInfer's {backend} "
-                     "buffers rounded to their granularity) is read in the code, not in a corpus log; --enforce-eager "
-                     "builds no compile passes and no workspace")
-    parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
-    return Term("overhead", total, "estimate: " + " + ".join(parts)), notes
-
-
-def capture_sizes(max_size: int) -> list[int]:
-    """CUDA-graph batch sizes vLLM captures up to ``max_size``: 1, 2, 4, 8..256 by 8, 272..512 by 16."""
-    sizes = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, MAX_CUDAGRAPH_CAPTURE_SIZE + 1, 16))
-    return [s for s in sizes if s <= max_size]
-
-
-def cudagraph_bytes(spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_num_batched_tokens: int,
-                    act_bytes: int, version: str = DEFAULT_VERSION) -> tuple[int, int, int]:
-    """vLLM's CUDA-graph memory estimate (0.18+) and the graph counts: ``(bytes, piecewise, full)``.
-
-    Piecewise graphs are captured up to ``min(2 x max_num_seqs, 512, max_num_batched_tokens)``
-    tokens, FULL decode graphs up to ``min(max_num_seqs, that)``. vLLM captures the largest graph of
-    each mode (its activation pool: the forward peak at that size) and extrapolates the second one
-    to the rest; kvplan charges ``300 KiB x decoder layers on this GPU`` per extra graph, calibrated
-    on two logs (PIECEWISE=51 + FULL=35 -> 1.62 GiB; PIECEWISE=16 -> 0.36 GiB). An estimate: pass
-    ``--cudagraph-gib`` with the number from your log ("Estimated CUDA graph memory").
-    """
-    p = profile(version)
-    largest = min(2 * max_num_seqs, MAX_CUDAGRAPH_CAPTURE_SIZE, max_num_batched_tokens)
-    piecewise = capture_sizes(largest)
-    full = capture_sizes(min(max_num_seqs, largest))
-    layers = -(-spec.num_layers // pp)
-    shared = forward_bytes(spec, tp, largest, act_bytes, p.moe, p.moe_chunk)
-    extra = (max(0, len(piecewise) - 1) + max(0, len(full) - 1)) * layers * CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE
-    return shared + extra, len(piecewise), len(full)
-
-
 def lora_weights_term(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int, act_bytes: int,
                       features: Features) -> tuple[Term, list[str]]:
     """The weights term with the LoRA weight slots (:func:`~kvplan.engines.lora_stack_bytes`), which V1 creates
@@ -840,72 +481,22 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     p = profile(version)
     features = features or Features()
     usable = requested_bytes(total_bytes, gpu_util, p.rounding)
-    notes: list[str] = []
-    forward = sampler = 0
     if is_cpu:
-        activation = activation or Term("activation", 0, "not subtracted: the CPU backend sizes its KV cache "
-                                                          "from VLLM_CPU_KVCACHE_SPACE")
-        cudagraph = cudagraph or Term("cudagraph", 0, "none on the CPU backend")
-        if kv_budget_override is not None:
-            kv, source = kv_budget_override, "--kv-budget (VLLM_CPU_KVCACHE_SPACE)"
-            overhead = overhead or Term("overhead", 0, "not subtracted on the CPU backend")
-        else:
-            kv, source, overhead, note = cpu_kv_budget(version, total_bytes, usable, weights.bytes, overhead)
-            notes.extend(note)
-        return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
-                      p.rounding, 0, 0, tuple(notes))
+        return _cpu_budget(p, version, total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph,
+                           kv_budget_override)
+    notes: list[str] = []
     if not given(weights):  # the user's --weights-gib or a calibration file's measurement stands as given
-        device_ = device or Device()
-        extra, why = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
-                                        features.expert_parallel, max_num_batched_tokens, act_bytes)
-        if extra:
-            weights = Term("weights", weights.bytes + extra, f"{weights.source} + {why} (vLLM's load)")
-        if features.lora:
-            weights, note = lora_weights_term(p, weights, spec, tp, pp, act_bytes, features)
-            notes.extend(note)
-        if spec.parameters and draft_layers(EngineDefaults(ENGINE, p.version, gpu_util, 16, 0, 0), spec, features):
-            mtp = mtp_weight_bytes(spec, features, weights.bytes * tp * pp / spec.parameters)
-            weights = Term("weights", weights.bytes + -(-mtp // (tp * pp)),
-                           f"{weights.source} + MTP layers {mtp / GiB:.2f} GiB (loaded for speculative decoding; "
-                           "embedding and LM head shared with the model's)")
-    images = None
-    path_gap = 0
+        weights = _loaded_weights(p, weights, spec, tp, pp, gpu_util, max_num_batched_tokens, act_bytes, device,
+                                  features, notes)
+    images, forward, sampler, path_gap = None, 0, 0, 0
     if activation is None:
-        forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
-                                            device, features)
-        images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version, max_model_len)
-        resident = images.resident_bytes if images else 0
-        peak = max(forward, sampler) + resident
-        rows = min(max_num_seqs, max_num_batched_tokens)
-        activation = Term("activation", max(peak, images.encoder_peak_bytes if images else 0),
-                          _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
-                                             *sampler_path(version, device, features.flashinfer), images))
-        if (p.sampler in INSTALLED_SAMPLERS and features.flashinfer is None
-                and sampler_path(version, device)[0] != "native"):
-            native = sampler_bytes(rows, spec.vocab_size, PROFILES["0.12"].sampler_copies)
-            path_gap = max(0, max(forward, native) + resident - activation.bytes)
-            notes.append(f"vllm {p.version}'s sampler takes FlashInfer where it is installed (the Docker images) and "
-                         f"the native path otherwise ({path_gap / GiB:.2f} GiB more activation): kvplan plans FlashInfer; "
-                         "the low end of the range is the native path (--no-flashinfer plans it)")
-        elif p.sampler in INSTALLED_SAMPLERS and features.flashinfer is not None:
-            notes.append(f"vllm {p.version}'s sampler " + ("takes FlashInfer (installed)" if features.flashinfer else
-                                                           "takes the native torch-sort path (no FlashInfer)"))
+        activation, images, forward, sampler, path_gap = _activation_term(
+            p, version, spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, device, features, max_model_len, notes)
     if overhead is None:
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens)
         notes.extend(note)
     if cudagraph is None:
-        estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes,
-                                                        version)
-        what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
-        if (device or Device()).platform == "rocm" and p.cudagraph != "none" and p.first < (0, 26, 0):
-            cudagraph = Term("cudagraph", 0, "not profiled on ROCm before 0.26 (vLLM skips the CUDA-graph estimate there)")
-        elif p.cudagraph == "subtracted":
-            cudagraph = Term("cudagraph", estimate, f"estimate: profiled CUDA graphs ({what}), subtracted since 0.20")
-        elif p.cudagraph == "logged":
-            cudagraph = Term("cudagraph", 0, f"not subtracted in {version} (estimate {what} is only logged)")
-        else:
-            cudagraph = Term("cudagraph", 0, f"not subtracted in {version}: graphs are captured after the KV cache, "
-                                             "out of the 1 - gpu_util slack")
+        cudagraph = _cudagraph_term(p, version, spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes, device)
     if kv_budget_override is not None:
         kv, source = kv_budget_override, "--kv-budget"
     else:
@@ -915,3 +506,86 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                   p.rounding, forward, sampler, tuple(notes), images.resident_bytes if images else 0,
                   images.encoder_peak_bytes if images else 0, path_gap,
                   mm_profile=(images.items, images.modality, images.encoder_budget_tokens) if images else None)
+
+
+def _cpu_budget(p: Profile, version: str, total_bytes: int, gpu_util: float, usable: int, weights: Term, activation: Term | None,
+                overhead: Term | None, cudagraph: Term | None, kv_budget_override: int | None) -> Budget:
+    """The CPU backend's budget: its KV space (``VLLM_CPU_KVCACHE_SPACE`` / ``--kv-budget``, or the release's rule
+    for an unset one: :func:`cpu_kv_budget`); no activation or CUDA graphs are subtracted."""
+    notes: list[str] = []
+    activation = activation or Term("activation", 0, "not subtracted: the CPU backend sizes its KV cache "
+                                                      "from VLLM_CPU_KVCACHE_SPACE")
+    cudagraph = cudagraph or Term("cudagraph", 0, "none on the CPU backend")
+    if kv_budget_override is not None:
+        kv, source = kv_budget_override, "--kv-budget (VLLM_CPU_KVCACHE_SPACE)"
+        overhead = overhead or Term("overhead", 0, "not subtracted on the CPU backend")
+    else:
+        kv, source, overhead, note = cpu_kv_budget(version, total_bytes, usable, weights.bytes, overhead)
+        notes.extend(note)
+    return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
+                  p.rounding, 0, 0, tuple(notes))
+
+
+def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int, gpu_util: float,
+                    max_num_batched_tokens: int, act_bytes: int, device: Device | None, features: Features,
+                    notes: list[str]) -> Term:
+    """The checkpoint's weights plus what vLLM's load adds (:func:`loaded_extra_bytes`), the LoRA slots and the MTP
+    layers speculative decoding loads; notes go to ``notes``."""
+    device_ = device or Device()
+    extra, why = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
+                                    features.expert_parallel, max_num_batched_tokens, act_bytes)
+    if extra:
+        weights = Term("weights", weights.bytes + extra, f"{weights.source} + {why} (vLLM's load)")
+    if features.lora:
+        weights, note = lora_weights_term(p, weights, spec, tp, pp, act_bytes, features)
+        notes.extend(note)
+    if spec.parameters and draft_layers(EngineDefaults(ENGINE, p.version, gpu_util, 16, 0, 0), spec, features):
+        mtp = mtp_weight_bytes(spec, features, weights.bytes * tp * pp / spec.parameters)
+        weights = Term("weights", weights.bytes + -(-mtp // (tp * pp)),
+                       f"{weights.source} + MTP layers {mtp / GiB:.2f} GiB (loaded for speculative decoding; "
+                       "embedding and LM head shared with the model's)")
+    return weights
+
+
+def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int,
+                     act_bytes: int, device: Device | None, features: Features, max_model_len: int | None,
+                     notes: list[str]) -> tuple[Term, ImageProfile | None, int, int, int]:
+    """``(activation, images, forward, sampler, path_gap)``: the profile run's peak (the dummy forward, the sampler,
+    the multimodal encoder) and, where the installation picks the sampler, how much more the native path takes."""
+    forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
+                                        device, features)
+    images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version, max_model_len)
+    resident = images.resident_bytes if images else 0
+    peak = max(forward, sampler) + resident
+    rows = min(max_num_seqs, max_num_batched_tokens)
+    activation = Term("activation", max(peak, images.encoder_peak_bytes if images else 0),
+                      _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
+                                         *sampler_path(version, device, features.flashinfer), images))
+    path_gap = 0
+    if p.sampler in INSTALLED_SAMPLERS and features.flashinfer is None and sampler_path(version, device)[0] != "native":
+        native = sampler_bytes(rows, spec.vocab_size, PROFILES["0.12"].sampler_copies)
+        path_gap = max(0, max(forward, native) + resident - activation.bytes)
+        notes.append(f"vllm {p.version}'s sampler takes FlashInfer where it is installed (the Docker images) and "
+                     f"the native path otherwise ({path_gap / GiB:.2f} GiB more activation): kvplan plans FlashInfer; "
+                     "the low end of the range is the native path (--no-flashinfer plans it)")
+    elif p.sampler in INSTALLED_SAMPLERS and features.flashinfer is not None:
+        notes.append(f"vllm {p.version}'s sampler " + ("takes FlashInfer (installed)" if features.flashinfer else
+                                                       "takes the native torch-sort path (no FlashInfer)"))
+    return activation, images, forward, sampler, path_gap
+
+
+def _cudagraph_term(p: Profile, version: str, spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_num_batched_tokens: int,
+                    act_bytes: int, device: Device | None) -> Term:
+    """The CUDA-graph term as the release treats it: subtracted (0.20+), only logged, or captured after the KV
+    cache out of the slack; none on ROCm before 0.26."""
+    estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes,
+                                                    version)
+    what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
+    if (device or Device()).platform == "rocm" and p.cudagraph != "none" and p.first < (0, 26, 0):
+        return Term("cudagraph", 0, "not profiled on ROCm before 0.26 (vLLM skips the CUDA-graph estimate there)")
+    if p.cudagraph == "subtracted":
+        return Term("cudagraph", estimate, f"estimate: profiled CUDA graphs ({what}), subtracted since 0.20")
+    if p.cudagraph == "logged":
+        return Term("cudagraph", 0, f"not subtracted in {version} (estimate {what} is only logged)")
+    return Term("cudagraph", 0, f"not subtracted in {version}: graphs are captured after the KV cache, "
+                                "out of the 1 - gpu_util slack")

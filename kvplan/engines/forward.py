@@ -1,0 +1,176 @@
+"""The profile run's activation formulas the engines share: a decoder layer's forward pass (dense and fused MoE), LoRA
+stacks, and the sampler's logits (bytes per GPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvplan.model.spec import ModelSpec
+
+
+def _per_rank(n: int, tp: int) -> int:
+    return math.ceil(n / tp) if n else 0
+
+
+def forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
+    """Peak live activation bytes per batched token of one decoder layer's forward pass, per GPU.
+
+    Eager layer, MLP stage (the larger one for dense models): the residual, the normed input, the
+    gate/up output (2 x intermediate), the activation output (1 x intermediate) and the down
+    projection's output are alive at once: ``(3 x hidden + 3 x intermediate / tp) x act_bytes``.
+    MoE (fused experts): each token is routed to ``top_k`` experts, each holding its gate/up/act
+    rows and a hidden-sized output: ``(3 x hidden + top_k x (3 x moe_intermediate / tp + hidden))``.
+    Attention stage: residual + normed input + q/k/v + attention output; the larger stage wins.
+    Llama-3-8B (4096 hidden, 14336 intermediate, bf16): (3 x 4096 + 3 x 14336) x 2 = 110,592 B.
+    """
+    h = spec.hidden_size
+    if spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size:
+        mlp = 3 * h + spec.num_experts_per_token * (3 * _per_rank(spec.moe_intermediate_size, tp) + h)
+    else:
+        mlp = 3 * h + 3 * _per_rank(spec.intermediate_size, tp)
+    return max(mlp, _attention_stage(spec, tp)) * act_bytes
+
+
+def _attention_stage(spec: ModelSpec, tp: int) -> int:
+    """Live elements per token of the attention stage, per GPU: residual, normed input, q, k, v and output."""
+    h, heads = spec.hidden_size, spec.num_attention_heads or 1
+    attn_layer = next((layer for layer in spec.layers if layer.kv_heads and layer.head_dim), None)
+    head_dim = attn_layer.head_dim if attn_layer else h // heads
+    kv_heads = attn_layer.kv_heads if attn_layer else heads
+    q = _per_rank(heads * head_dim, tp)
+    return 2 * h + q + 2 * max(1, kv_heads // tp) * head_dim + q
+
+
+def dense_forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
+    """Peak live activation bytes per batched token of a dense decoder layer (or a MoE model's attention stage),
+    per GPU: the larger of the MLP stage ``(3 x hidden + 3 x intermediate / tp)`` and the attention stage
+    (residual, input, q, k, v, output), times ``act_bytes`` (see :func:`forward_bytes_per_token`)."""
+    h = spec.hidden_size
+    all_moe = bool(spec.num_experts and spec.moe_intermediate_size
+                   and spec.routed_expert_layers >= spec.num_layers_decoder)
+    mlp = 0 if all_moe else 3 * h + 3 * _per_rank(spec.intermediate_size, tp)
+    return max(mlp, _attention_stage(spec, tp)) * act_bytes
+
+
+# How vLLM's fused-MoE kernels size their workspaces, per release (read in the released code:
+# model_executor/layers/fused_moe/fused_moe.py and modular_kernel.py), per routed token-expert pair, in
+# elements of the activation dtype, with I = moe_intermediate_size / tp (the whole of it under expert
+# parallelism) and H = hidden:
+# - v06 (0.6 - 0.7): intermediate_cache1 [M, k, 2I], cache2 [M k, I], cache3 [M, k, H] -> 3I + H
+# - v08 (0.8 - 0.13): cache1 and cache3 share one buffer of max(2I, H), cache2 [M k, I] -> max(2I, H) + I
+# - v014 (0.14 and later, the modular kernel's TritonExperts workspaces, kept by the workspace manager):
+#   [M, k, max(I, H)] + [M, k, max(2I, H)] -> max(I, H) + max(2I, H)
+MOE_RULES = ("v06", "v08", "v014")
+
+
+def moe_workspace_elements(rule: str, moe_intermediate: int, hidden: int) -> int:
+    """Elements of the fused-MoE workspaces per routed (token, expert) pair under ``rule`` (:data:`MOE_RULES`)."""
+    i, h = moe_intermediate, hidden
+    if rule == "v06":
+        return 3 * i + h
+    if rule == "v08":
+        return max(2 * i, h) + i
+    if rule == "v014":
+        return max(i, h) + max(2 * i, h)
+    raise ValueError(f"unknown MoE workspace rule {rule!r}")
+
+
+def moe_forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, rule: str, chunk: int,
+                      expert_parallel: bool = False) -> int:
+    """Peak bytes of one MoE layer's forward over ``tokens`` batched tokens, per GPU (0 for a dense model).
+
+    The fused-MoE workspaces of ``min(tokens, chunk)`` tokens (``chunk`` 0: no chunking) x ``top_k`` routed
+    pairs (:func:`moe_workspace_elements`), plus what stays alive around the experts call for every token:
+    the residual, the normed input and the layer's output (``3 x hidden``), the router logits (``experts``, model
+    dtype), the top-k weights and ids (12 B per pair: fp32 + int32 + int32) and a shared expert's output
+    (``hidden``). Tokens are not split by tp: every rank routes the whole batch, only the intermediate size
+    shrinks with tp (not at all under expert parallelism), and at most to the hidden-sized floors.
+    """
+    if not (spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size):
+        return 0
+    k, h = spec.num_experts_per_token, spec.hidden_size
+    inter = spec.moe_intermediate_size if expert_parallel else _per_rank(spec.moe_intermediate_size, tp)
+    m = min(tokens, chunk) if chunk else tokens
+    workspace = m * k * moe_workspace_elements(rule, inter, h) * act_bytes
+    shared = h if spec.shared_expert_size else 0
+    around = tokens * ((3 * h + spec.num_experts + shared) * act_bytes + 12 * k)
+    return workspace + around
+
+
+def forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, moe_rule: str = "v06", moe_chunk: int = 0,
+                  expert_parallel: bool = False) -> int:
+    """Peak bytes of the profiled forward over ``tokens`` tokens, per GPU: the larger of a dense layer (or a MoE
+    model's attention stage, :func:`dense_forward_bytes_per_token`) and a MoE layer (:func:`moe_forward_bytes`)."""
+    return max(tokens * dense_forward_bytes_per_token(spec, tp, act_bytes),
+               moe_forward_bytes(spec, tp, tokens, act_bytes, moe_rule, moe_chunk, expert_parallel))
+
+
+def lora_stack_bytes(spec: ModelSpec, tp: int, pp: int, max_loras: int, max_lora_rank: int, act_bytes: int) -> int:
+    """Bytes of the LoRA weight slots an engine keeps per GPU for ``max_loras`` adapters of rank ``max_lora_rank``
+    on every attention and dense-MLP projection (vLLM ``create_lora_weights``: per slot and projection an A
+    ``[rank, input]`` and a B ``[output, rank]`` stack, the tp-split side divided by tp), on this GPU's layers:
+
+    ``max_loras x rank x bytes x (7 x hidden + (2 x q + 2 x kv + 3 x intermediate) / tp)`` per layer
+    (qkv: A 3 hidden, B (q + 2 kv) / tp; o: A q / tp, B hidden; gate/up: A 2 hidden, B 2 intermediate / tp;
+    down: A intermediate / tp, B hidden). MoE experts' adapters are not counted (MoE models use the shared
+    ``intermediate_size`` here). Llama-3-8B, 1 slot of rank 16, bf16: 16 x 2 x 81,920 = 2,621,440 B per layer.
+    """
+    if max_loras <= 0:
+        return 0
+    h = spec.hidden_size
+    heads = spec.num_attention_heads or 1
+    attn_layer = next((layer for layer in spec.layers if layer.kv_heads and layer.head_dim), None)
+    head_dim = attn_layer.head_dim if attn_layer else h // heads
+    q = heads * head_dim
+    kv = (attn_layer.kv_heads if attn_layer else heads) * head_dim
+    per_layer = 7 * h + (2 * q + 2 * kv + 3 * spec.intermediate_size) // tp
+    layers = -(-spec.num_layers_decoder // pp)
+    return max_loras * max_lora_rank * act_bytes * per_layer * layers
+
+
+def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
+    """vLLM pads the vocab (embedding / LM head rows) to a multiple of 64."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def sampler_bytes(rows: int, vocab_size: int, copies: int) -> int:
+    """``copies`` fp32 tensors of ``[rows, padded vocab]`` alive at the sampler's peak (bytes)."""
+    return copies * rows * padded_vocab(vocab_size) * 4
+
+
+DEFAULT_SM_COUNT = 132  # an H100's, when the catalogue has no SM count for the GPU
+
+
+def sampler_peak_bytes(spec: ModelSpec, rows: int, act_bytes: int, max_num_batched_tokens: int, path: str,
+                       sm_count: int | None = None) -> int:
+    """Peak bytes of the dummy sampler run on the Triton (0.17+) and FlashInfer (0.21+) paths, derived
+    from vLLM's code (``_dummy_sampler_run``, ``Sampler.forward``, ``TopKTopPSampler``):
+
+    - the logits ``compute_logits`` returns, ``[rows, padded vocab]`` in the model dtype, stay referenced
+      by ``_dummy_sampler_run`` (Gemma 2's soft-capping makes two transient copies there, below this peak);
+    - ``Sampler.forward``: ``logits.to(float32)``, ``[rows, vocab]`` x 4 B (the same tensor for fp32 models);
+    - then two more fp32 ``[rows, vocab]`` tensors: Triton path: ``softmax`` probs and the exponential
+      noise ``q`` of ``random_sample`` (the top-k/top-p kernel works in place); FlashInfer path: the
+      top-k masked logits and their softmax probs;
+    - Triton only: its per-program buffer, one fp32 vocab row per SM (``min(rows, SMs)`` rounded up to a
+      power of two, at most the SM count), kept for later steps;
+    - the model's output hidden states of the profiled batch, ``max_num_batched_tokens x hidden``, and of the
+      sampled rows twice (``hidden_states[logit_indices]`` and its ``torch.rand_like`` copy), ``2 x rows x hidden``.
+    Llama-3.1-8B on an H100, 1,024 rows (Triton): 1,024 x (128,256 x 2 + 128,256 x 12) + 132 x 128,256 x 4
+    + (8,192 + 2 x 1,024) x 4,096 x 2 = 1,838,678,016 + 67,719,168 + 83,886,080 = 1,990,283,264 B (1.85 GiB).
+    """
+    vocab, padded = spec.vocab_size, padded_vocab(spec.vocab_size)
+    logits = rows * padded * act_bytes
+    if path == "flashinfer-old":
+        # vLLM 0.8.0 - 0.9.0 with FlashInfer < 0.2.3 (the 0.8 Docker images): the fp32 logits and FlashInfer's
+        # softmax probs; only the sampled rows' hidden states are alive (the batch's [T, hidden] output is freed)
+        fp32 = rows * vocab * 4 * (1 if act_bytes == 4 else 2)
+        return logits + fp32 + rows * spec.hidden_size * act_bytes
+    fp32 = rows * vocab * 4 * (2 if act_bytes == 4 else 3)
+    buffer = 0
+    if path == "triton":
+        sms = sm_count or DEFAULT_SM_COUNT
+        programs = min(sms, rows)
+        buffer = min(1 << (programs - 1).bit_length() if programs > 1 else 1, sms) * vocab * 4
+    return logits + fp32 + buffer + (max_num_batched_tokens + 2 * rows) * spec.hidden_size * act_bytes

@@ -1,0 +1,254 @@
+"""vLLM's memory outside the KV cache that no tensor of the model holds: non-torch memory (the CUDA context, cuBLAS
+workspaces, NCCL's communicators, NVLS buffers, custom all-reduce, the all-reduce fusion workspace) and CUDA graphs,
+per release, tp and board (bytes per GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvplan.engines import (
+    Device,
+    Term,
+    forward_bytes,
+)
+from kvplan.engines.vllm_profile import rope_cache_bytes
+from kvplan.engines.vllm_releases import DEFAULT_VERSION, Profile, profile
+from kvplan.model.spec import ModelSpec
+from kvplan.units import GiB, MiB, plural
+
+# The CUDA context, which the "absolute" releases charge: 0.6.4 logs 0.15 - 0.47 GiB of non-torch memory in all
+# at tp 1 (calibration part: vllm-10517, three GTX 1080 runs), so with the tp-1 increase above kvplan adds 0.15.
+CUDA_CONTEXT_BYTES = round(0.15 * GiB)
+# One NCCL communicator's buffers per GPU, by interconnect: channel buffers (NCCL's own sizes: 4 MiB per
+# channel and peer for the Simple protocol, plus LL/LL128) and, on NVSwitch boards with more than 2 GPUs,
+# NVLink SHARP (NVLS) multicast buffers, ``nvlsPerRankSize`` 288 MiB per rank in the communicator
+# (vllm#9699: 8 x H200, ``nvlsTotalSize`` 2.25 GiB). The channel part is calibrated on the one machine
+# whose tp 2 logs isolate one communicator (h100-k8s, 0.12: 0.13 -> 0.54 GiB); PCIe on two 24 GB GeForce
+# logs (0.20 - 0.25 GiB at tp 2 with two communicators).
+NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 * GiB),
+                      "infinity-fabric": round(0.41 * GiB), "pcie": round(0.05 * GiB)}
+NVLS_BYTES_PER_RANK = 288 * MiB
+# Each peer beyond the first adds buffers to a communicator over NVLink-class links (NVLink, NVSwitch, Infinity
+# Fabric): NCCL connects P2P channels per peer (send/recv and the gather vLLM's logits use), each with its own
+# Simple/LL/LL128 buffers, so the bytes grow with tp - 1. The size per peer is a fit, not read in NCCL: on the
+# calibration part it takes the one tp-8 NVLink log that prints non-torch memory (vllm-f3706561278, 8 x A100 40GB,
+# V0 0.7.1: 2.10 GiB with two communicators -> 0.89 GiB each, 0.41 at tp 2 + 6 x 0.08) with the tp-2 value above;
+# uncertain to about +-0.05 GiB per peer (the validation part's tp-4 A100 log charges 1.39 GiB, this rule 1.50).
+# PCIe boards keep the tp-2 figure (logs at tp 8 over PCIe charge 0.2 - 0.4 GiB in all). Only the peers of one node
+# count (NVLINK_PEERS_PER_NODE: a node of 8 GPUs; peers on other nodes are reached over the network transport, not
+# P2P; no calibration log prints non-torch memory above 8 GPUs, and vllm-17242, 2 x 8 H20 at tp 16, is already
+# planned 28% under the KV it got).
+NVLINK_PEERS_PER_NODE = 8
+NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * GiB),
+                   "infinity-fabric": round(0.08 * GiB), "pcie": 0}
+CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
+# FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, dp 1, compute
+# capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion). One workspace per process
+# (vllm/distributed/device_communicators/flashinfer_all_reduce.py; the quant-fusion workspace aliases it), made
+# when the compile passes are built (AllReduceFusionPass.__init__), after the profiler's snapshot: non-torch memory
+# the profile charges. T = min(max_size // (hidden x 2), max_num_batched_tokens), max_size by capability and tp
+# (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, the same in 0.17 - 0.33). Its backend and buffers by release (the FlashInfer
+# each pins, flashinfer/comm/trtllm_ar.py, trtllm_mnnvl_ar.py, mnnvl.py):
+# - trtllm (0.17 - 0.24, FlashInfer 0.6.4 - 0.6.12): three SymmDeviceMemory buffers - tp x T x hidden x 2 B, the
+#   barrier flags tp x 256 x 4 B, the lamport buffers 3 x tp x T x hidden x 2 B - each rounded up to the multicast
+#   granularity (cuMulticastGetGranularity RECOMMENDED, _get_allocation_prop) although multicast is off: 3 x 512
+#   MiB = 1.5 GiB per GPU at any tp. Without multicast (no NVSwitch) SymmDeviceMemory raises and vLLM runs
+#   without the fusion.
+# - mnnvl (0.25+, the default on one node too): one multicast buffer of 3 x max(one-shot, two-shot) bytes (one-shot
+#   min(1 MiB // (tp x hidden x 2), T) x hidden x tp x 2, two-shot 2 x ceil(T / tp) x tp x hidden x 2), rounded up to
+#   the multicast granularity: 512 MiB at the default sizes. 0.25 - 0.26 (FlashInfer 0.6.13 - 0.6.14) allocate it
+#   through torch's symmetric memory, whose rounding kvplan takes to be the same.
+# - trtllm without multicast (0.27+, FlashInfer 0.6.16+: vLLM falls back to it on one node without NVSwitch
+#   multicast; SymmDeviceMemory no longer needs multicast): the three buffers rounded to the 2 MiB allocation
+#   granularity, about 4 x tp x T x hidden x 2 (514 MiB at tp 2 with 8,192 tokens of hidden 4,096). Whether it
+#   starts without P2P is not known: kvplan charges it (the safe side).
+# The 512 MiB is the granularity Hopper reports for multicast objects (NCCL's NVLS buffers are rounded the same);
+# it is read in the code, not in a corpus log, and Blackwell takes the same value (the safe side: more non-torch
+# memory, less KV). --enforce-eager builds no compile passes and no workspace.
+ALLREDUCE_FUSION_FROM = (0, 17, 0)
+FUSION_MNNVL_FROM = (0, 25, 0)  # _resolve_fi_ar_backend: "auto" picks mnnvl on one node too
+FUSION_TRTLLM_FALLBACK_FROM = (0, 27, 0)  # FlashInfer 0.6.16.post3: trtllm without multicast, 2 MiB rounding
+FUSION_MULTICAST_GRANULARITY_BYTES = 512 * MiB
+FUSION_ALLOC_GRANULARITY_BYTES = 2 * MiB
+FUSION_BARRIER_FLAGS = 256  # BarrierFlagCount (int32 each)
+FUSION_SIGNAL_PAD_BYTES = 2048  # SIGNAL_PAD_SIZE, on top of a SymmDeviceMemory buffer
+MNNVL_ONE_SHOT_THRESHOLD_BYTES = 64 * 1024 * 8 * 2
+FUSION_MAX_BYTES = {(9, 0): {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
+                    (10, 0): {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB},
+                    (10, 3): {2: 64 * MiB, 4: 64 * MiB, 8: 2 * MiB}}
+
+CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE = 300 * 1024  # per extra captured size and decoder layer (calibrated)
+MAX_CUDAGRAPH_CAPTURE_SIZE = 512
+
+
+@dataclass(frozen=True)
+class NonTorch:
+    """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), as named parts."""
+
+    base: int  # cuBLAS / attention workspaces created during profiling (NON_TORCH_BYTES)
+    context: int  # the CUDA context (releases that charge all non-torch memory)
+    channels: int  # the counted NCCL communicators' channel buffers (NCCL_CHANNEL_BYTES each)
+    nvls: int  # their NVLink SHARP buffers (NVSwitch boards above 2 GPUs: NVLS_BYTES_PER_RANK x tp each)
+    custom_allreduce: int  # vLLM's custom all-reduce IPC buffers (releases that count them)
+    fusion: int  # the all-reduce + RMSNorm fusion workspace (0.17+, NVSwitch boards; fusion_workspace_bytes)
+    interconnect: str
+    counted: int  # how many tensor-parallel NCCL communicators the release counts
+
+    @property
+    def communicators(self) -> int:
+        """The NCCL communicators' buffers and custom all-reduce, bytes per GPU."""
+        return self.channels + self.nvls + self.custom_allreduce
+
+    @property
+    def bytes(self) -> int:
+        return self.base + self.context + self.communicators + self.fusion
+
+    def parts(self) -> tuple[tuple[str, int], ...]:
+        """The non-zero parts as ``(name, bytes)``, in the order the profile meets them."""
+        named = (("tp-1 increase", self.base), ("CUDA context", self.context), ("NCCL channels", self.channels),
+                 ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
+                 ("all-reduce fusion workspace", self.fusion))
+        return tuple((name, size) for name, size in named if size)
+
+
+def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
+    """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``, ``(channels, nvls)``:
+    channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
+    off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank)."""
+    channels = (NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
+                + max(0, min(tp, NVLINK_PEERS_PER_NODE) - 2) * NCCL_PEER_BYTES.get(interconnect, NCCL_PEER_BYTES["nvlink"]))
+    # NVLS spans one NVLink domain: its buffers scale with the ranks of one node (nvlsTotalSize = per-rank x heads)
+    local = min(tp, NVLINK_PEERS_PER_NODE)
+    nvls = NVLS_BYTES_PER_RANK * local if interconnect == "nvlink-switch" and tp > 2 else 0
+    return channels, nvls
+
+
+def fusion_backend(p: Profile, tp: int, pp: int, device: Device) -> str | None:
+    """Which FlashInfer all-reduce fusion workspace release ``p`` makes on ``device`` (see
+    :data:`FUSION_MAX_BYTES`): ``trtllm`` (0.17 - 0.24, NVSwitch multicast needed; 0.27+ without multicast),
+    ``mnnvl`` (0.25+ with multicast) or None (no fusion: before 0.17, tp 1, pp > 1, another capability)."""
+    if (p.first < ALLREDUCE_FUSION_FROM or tp < 2 or pp > 1 or device.capability not in FUSION_MAX_BYTES):
+        return None
+    multicast = device.interconnect == "nvlink-switch"
+    if multicast:
+        return "mnnvl" if p.first >= FUSION_MNNVL_FROM else "trtllm"
+    return "trtllm" if p.first >= FUSION_TRTLLM_FALLBACK_FROM else None
+
+
+def fusion_buffer_bytes(backend: str, multicast: bool, hidden_size: int, tp: int, max_num_batched_tokens: int,
+                        capability: tuple[int, int]) -> tuple[int, ...]:
+    """The fusion workspace's buffers per GPU as allocated (bytes): trtllm's three (buffer, barrier flags,
+    lamport), mnnvl's one; each rounded up to the multicast granularity where ``multicast`` (the
+    SymmDeviceMemory of FlashInfer 0.6.4 - 0.6.14, and mnnvl's multicast buffer) or to 2 MiB."""
+    sizes = FUSION_MAX_BYTES[capability]
+    below = [k for k in sizes if k <= tp]
+    max_size = sizes.get(tp, sizes[max(below)] if below else 0)
+    tokens = min(max_size // (hidden_size * 2), max_num_batched_tokens)
+    grain = FUSION_MULTICAST_GRANULARITY_BYTES if multicast else FUSION_ALLOC_GRANULARITY_BYTES
+
+    def allocated(size: int) -> int:
+        return -(-(size + FUSION_SIGNAL_PAD_BYTES) // grain) * grain
+
+    if backend == "mnnvl":
+        one_shot_tokens = min(MNNVL_ONE_SHOT_THRESHOLD_BYTES // (tp * hidden_size * 2), tokens)
+        one_shot = one_shot_tokens * hidden_size * tp * 2
+        two_shot = 2 * -(-tokens // tp) * tp * hidden_size * 2
+        return (allocated(3 * max(one_shot, two_shot)),)
+    buffer = tp * tokens * hidden_size * 2
+    return allocated(buffer), allocated(tp * FUSION_BARRIER_FLAGS * 4), allocated(3 * buffer)
+
+
+def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
+                           device: Device) -> int:
+    """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not make one): the sum of
+    :func:`fusion_buffer_bytes` for :func:`fusion_backend` - 1.5 GiB at any tp in 0.17 - 0.24 and 512 MiB from
+    0.25 on NVSwitch boards; about ``4 x tp x T x hidden x 2`` from 0.27 on other boards of those GPUs."""
+    backend = fusion_backend(p, tp, pp, device)
+    if backend is None:
+        return 0
+    multicast = device.interconnect == "nvlink-switch"  # 0.27+'s trtllm runs only without it
+    return sum(fusion_buffer_bytes(backend, multicast, spec.hidden_size, tp, max_num_batched_tokens,
+                                   device.capability))
+
+
+def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
+              max_num_batched_tokens: int = 0) -> NonTorch:
+    """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`), part by part: the tp-1
+    increase, the CUDA context where all non-torch memory counts, the NCCL communicators it counts (two before
+    0.11 - PyNccl's and torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created
+    lazily during the profile: v1/worker/gpu_worker.py init_device takes the snapshot after
+    init_worker_distributed_environment, which makes PyNccl, custom all-reduce and symmetric memory), their NVLS
+    buffers, and the all-reduce fusion workspace. An unknown interconnect (``--gpu-memory`` alone) counts as
+    ``nvlink``."""
+    device = device or Device()
+    interconnect = device.interconnect or "nvlink"
+    context = CUDA_CONTEXT_BYTES if p.measure == "absolute" else 0
+    counted = channels = nvls = custom = 0
+    if tp >= 2:
+        counted = 1 if p.measure in ("post-nccl", "consumed") else 2
+        one_channels, one_nvls = nccl_communicator_bytes(tp, interconnect)
+        channels, nvls = counted * one_channels, counted * one_nvls
+        if counted == 2 and not (interconnect == "pcie" and tp > 2):  # custom all-reduce: off on > 2 PCIe GPUs
+            custom = CUSTOM_ALLREDUCE_BYTES
+    fusion = fusion_workspace_bytes(p, spec, tp, pp, max_num_batched_tokens, device) if spec else 0
+    return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted)
+
+
+def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
+                  pp: int = 1, max_num_batched_tokens: int = 0) -> tuple[Term, list[str]]:
+    """The overhead term (non-torch memory at this tp and interconnect + the rotary cache) and, at
+    tp >= 2, a note that says the multi-GPU part is an estimate."""
+    rope = rope_cache_bytes(spec, act_bytes)
+    nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
+    total = nt.bytes + rope  # the term: every figure below that speaks of it says this one number
+    parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
+    if nt.context:
+        parts.append(f"CUDA context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
+    notes = []
+    if tp >= 2:
+        parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
+                     f"{nt.communicators / GiB:.2f} GiB" + (" (NVLS buffers included)" if nt.interconnect ==
+                                                            "nvlink-switch" and tp > 2 else ""))
+        notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
+                     f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
+                     "log's non-torch memory")
+    if p.mode == "V0" and device is not None and device.platform == "rocm":
+        notes.append("vLLM V0 on ROCm charges more non-torch memory than kvplan models (hipBLASLt: 1.7 GiB more at tp 1 "
+                     "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
+                     "promise more KV than the engine gives; pass --overhead-gib with your log's non-torch memory")
+    if nt.fusion:
+        backend = fusion_backend(p, tp, pp, device or Device())
+        parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (FlashInfer {backend})")
+        notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU, FlashInfer's {backend} "
+                     "buffers rounded to their granularity) is read in the code, not in a corpus log; --enforce-eager "
+                     "builds no compile passes and no workspace")
+    parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
+    return Term("overhead", total, "estimate: " + " + ".join(parts)), notes
+
+
+def capture_sizes(max_size: int) -> list[int]:
+    """CUDA-graph batch sizes vLLM captures up to ``max_size``: 1, 2, 4, 8..256 by 8, 272..512 by 16."""
+    sizes = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, MAX_CUDAGRAPH_CAPTURE_SIZE + 1, 16))
+    return [s for s in sizes if s <= max_size]
+
+
+def cudagraph_bytes(spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_num_batched_tokens: int,
+                    act_bytes: int, version: str = DEFAULT_VERSION) -> tuple[int, int, int]:
+    """vLLM's CUDA-graph memory estimate (0.18+) and the graph counts: ``(bytes, piecewise, full)``.
+
+    Piecewise graphs are captured up to ``min(2 x max_num_seqs, 512, max_num_batched_tokens)``
+    tokens, FULL decode graphs up to ``min(max_num_seqs, that)``. vLLM captures the largest graph of
+    each mode (its activation pool: the forward peak at that size) and extrapolates the second one
+    to the rest; kvplan charges ``300 KiB x decoder layers on this GPU`` per extra graph, calibrated
+    on two logs (PIECEWISE=51 + FULL=35 -> 1.62 GiB; PIECEWISE=16 -> 0.36 GiB). An estimate: pass
+    ``--cudagraph-gib`` with the number from your log ("Estimated CUDA graph memory").
+    """
+    p = profile(version)
+    largest = min(2 * max_num_seqs, MAX_CUDAGRAPH_CAPTURE_SIZE, max_num_batched_tokens)
+    piecewise = capture_sizes(largest)
+    full = capture_sizes(min(max_num_seqs, largest))
+    layers = -(-spec.num_layers // pp)
+    shared = forward_bytes(spec, tp, largest, act_bytes, p.moe, p.moe_chunk)
+    extra = (max(0, len(piecewise) - 1) + max(0, len(full) - 1)) * layers * CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE
+    return shared + extra, len(piecewise), len(full)

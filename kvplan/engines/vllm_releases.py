@@ -1,0 +1,190 @@
+"""vLLM's modelled releases: what each release's profile run measures and defaults to (:class:`Profile`), and which
+modelled release a version string resolves to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvplan.engines import (
+    release_ranges,
+    release_tuple,
+    resolve_release,
+)
+from kvplan.units import GiB
+
+ENGINE = "vllm"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the vLLM releases from ``first`` up to the next profile's ``first`` do when they size the KV cache.
+
+    ``rounding``: ``floor`` (``requested = total * util`` as a float; blocks floor the difference) or
+    ``ceil`` (``math.ceil(total * util)``). ``batch_rule``: which default table fills
+    ``max_num_batched_tokens`` / ``max_num_seqs`` (``v0``, ``v1-70``, ``v1``, ``v1-160``). ``sampler``: the
+    top-k/top-p path of the profiled dummy sampler run (``v0``, ``native``, ``flashinfer-installed``,
+    ``triton``, ``flashinfer``); ``sampler_copies``: fp32 ``[rows, vocab]`` tensors alive at its peak on
+    the torch-sort paths (the others are derived: :func:`sampler_peak_bytes`). ``cudagraph``: ``none``
+    (captured after the KV cache, out of the ``1 - util`` slack), ``logged`` (estimated, not
+    subtracted) or ``subtracted``. ``kv_tokens_rule``: the "GPU KV cache size" line: ``blocks``
+    (``num_blocks x block_size``), ``groups`` (``num_blocks // num_groups x block_size``) or
+    ``concurrency`` (``int(max_concurrency x max_model_len)``). ``concurrent_batches``: batches in
+    flight, whose tokens sliding windows also hold (2 with async scheduling). ``non_torch_bytes``:
+    the non-torch increase during profiling at tp 1. ``mm_profile``: how the profile run sizes its dummy
+    image batch (:mod:`kvplan.engines.vllm_profile`). ``max_len_rule``: how the model's maximum length
+    follows from YaRN rope parameters (:func:`~kvplan.engines.vllm_rules.model_max_len`): ``yarn-original``
+    (``original_max_position_embeddings x factor``) or ``yarn-unscaled`` (``max_position_embeddings``, 0.30+).
+    ``measure``: what the memory profiler charges besides the weights and the torch peak (:data:`MEASURES`).
+    ``moe`` / ``moe_chunk``: the fused-MoE workspace shapes (:data:`kvplan.engines.MOE_RULES`) and
+    ``VLLM_FUSED_MOE_CHUNK_SIZE`` (0: no chunking). ``mla_align``: V0 pads each MLA cache entry to 256 bytes
+    of the model dtype (``VLLM_CUDA_MEM_ALIGN_KV_CACHE``). ``v0_chunk_tokens``: V0's ``max_num_batched_tokens``
+    when it chunks prefills. ``lora_in_budget``: the LoRA weight slots are counted (V1: with the weights;
+    V0 0.6.5 - 0.7.x create them after the weights are measured and charge them nowhere).
+    ``change``: what this release changed.
+    """
+
+    version: str
+    first: tuple[int, ...]
+    change: str
+    mode: str
+    gpu_util: float
+    rounding: str
+    batch_rule: str
+    sampler: str
+    sampler_copies: int
+    cudagraph: str
+    refusal: str
+    kv_tokens_rule: str
+    non_torch_bytes: int
+    concurrent_batches: int = 1
+    mm_profile: str = "embeds"
+    max_len_rule: str = "yarn-original"
+    measure: str = "increase"
+    moe: str = "v08"
+    moe_chunk: int = 32 * 1024
+    mla_align: bool = False
+    v0_chunk_tokens: int = 2048
+    lora_in_budget: bool = True
+
+
+# What the memory profiler charges besides the weights and the torch allocator's peak, by release (read in
+# worker/worker.py, v1/worker/gpu_worker.py and utils/mem_utils.py of each release):
+# - free-delta (V0 0.6.0 - 0.6.3): the drop in free memory since the worker started (NCCL, custom all-reduce,
+#   cuBLAS; not the CUDA context, which exists before the first reading);
+# - absolute (V0 0.6.4, V1 0.8.0 - 0.9.0): all device memory torch did not allocate, the CUDA context and any
+#   other process on the GPU included;
+# - increase (V0 0.6.5 - 0.10.x, V1 0.9.1 - 0.10.x): the non-torch increase since a snapshot taken before NCCL
+#   starts: both tensor-parallel NCCL communicators (PyNccl and torch.distributed's) and custom all-reduce count;
+# - post-nccl (V1 0.11 - 0.26): the snapshot moves after NCCL init: only what is created later counts, the
+#   torch.distributed communicator made lazily by the profile run's first collective among it;
+# - consumed (V1 0.27+): the whole drop in free memory since that snapshot plus the transient peak
+#   (``total_consumed``): the same NCCL share, and the model runner's persistent buffers too.
+MEASURES = ("free-delta", "absolute", "increase", "post-nccl", "consumed")
+# Non-torch increase (cuBLAS / attention workspaces created during profiling) at tp 1, GPU-independent.
+# Logged at tp 1 by releases that measure an increase (calibration part of benchmarks/corpus: 0.01 - 0.35 GiB,
+# median 0.10 over 17 logs; 0.13 - 0.14 on an H100 machine): kvplan keeps 0.30 GiB, above nearly all of them
+# (an overestimate promises less KV, the safe side; with it 59 vLLM 0.19 H100 logs agreed to 0.08% at the median).
+NON_TORCH_BYTES = round(0.30 * GiB)
+
+
+def _p(version: str, first: tuple[int, ...], change: str, base: dict, **kw: object) -> Profile:
+    return Profile(version, first, change, **{**base, **kw})  # type: ignore[arg-type]
+
+
+# Each release differs from the one before it in the fields its ``change`` names; the source is the released
+# code of that version (the first version where the change appears; the one before does not have it).
+_V0 = dict(mode="V0", gpu_util=0.9, rounding="floor", batch_rule="v0", sampler="v0", sampler_copies=10,
+           cudagraph="none", refusal="tokens", kv_tokens_rule="blocks", non_torch_bytes=NON_TORCH_BYTES,
+           mm_profile="none", measure="free-delta", moe="v06", v0_chunk_tokens=512)
+_V0_65 = dict(_V0, measure="increase", v0_chunk_tokens=2048, lora_in_budget=False)
+# 0.8.0 - 0.9.0: V1 measures the absolute torch peak plus all non-torch memory; the sampler takes FlashInfer
+# only if it is older than 0.2.3 (TopKTopPSampler sends newer ones to forward_native): the 0.8 Docker images
+# ship FlashInfer 0.2.1 (the FlashInfer path), a plain pip install none (native); the fused-MoE caches share a buffer.
+_V1_8 = dict(_V0, mode="V1", batch_rule="v1-70", sampler="flashinfer-old", sampler_copies=0, refusal="bytes",
+             mm_profile="ceil-placeholder", measure="absolute", moe="v08", v0_chunk_tokens=2048)
+# 0.9.1: memory_profiling (the increase since a pre-NCCL snapshot); FlashInfer's sampler when it is installed
+# (an optional extra of the wheel; in the project's Docker images); the token line by KV-cache groups.
+_V1_91 = dict(_V1_8, batch_rule="v1", kv_tokens_rule="groups", mm_profile="placeholder", measure="increase",
+              sampler="flashinfer-installed", sampler_copies=0)
+_V1_11 = dict(_V1_91, measure="post-nccl", mm_profile="scattered")
+_V1_12 = dict(_V1_11, sampler="native", sampler_copies=10, moe_chunk=16 * 1024, mm_profile="scattered-item")
+_V1_14 = dict(_V1_12, mm_profile="embeds", rounding="ceil", moe="v014")
+_V1_17 = dict(_V1_14, sampler="triton", sampler_copies=0)
+_V1_20 = dict(_V1_17, moe_chunk=0, cudagraph="subtracted", gpu_util=0.92)
+_V1_21 = dict(_V1_20, kv_tokens_rule="concurrency", sampler="flashinfer")
+PROFILES: dict[str, Profile] = {p.version: p for p in (
+    _p("0.6", (0, 6, 0), "V0 engine: the drop in free memory since start-up is charged", _V0),
+    _p("0.6.4", (0, 6, 4), "V0 charges all non-torch memory (the CUDA context included); chunked prefill 2048",
+       _V0, measure="absolute", v0_chunk_tokens=2048),
+    _p("0.6.5", (0, 6, 5), "V0 memory profiling (PR #10511): the non-torch increase since a pre-NCCL snapshot; "
+       "LoRA slots charged nowhere", _V0_65),
+    _p("0.7.2", (0, 7, 2), "V0 pads MLA cache entries to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)", _V0_65,
+       mla_align=True),
+    _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; the sampler takes "
+       "FlashInfer < 0.2.3 (the Docker images) or the native path; batch defaults >= 70 GiB include the A100", _V1_8),
+    # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1)
+    _p("0.9", (0, 9, 0), "A100 out of the >= 70 GiB batch tier; multimodal items sized by their prompt tokens", _V1_8, batch_rule="v1",
+       mm_profile="placeholder"),
+    _p("0.9.1", (0, 9, 1), "memory profiling of the increase since a pre-NCCL snapshot; FlashInfer sampler when "
+       "installed; token line num_blocks // groups x block size", _V1_91),
+    _p("0.11", (0, 11, 0), "the memory snapshot moves after NCCL init; multimodal profiling copies each dummy "
+       "encoder output into an encoder-budget buffer", _V1_11),
+    # 0.12: VLLM_USE_FLASHINFER_SAMPLER becomes opt-in: the native torch sort path, 10 copies, calibrated on
+    # five H100 logs (activation 9.6 - 9.9 copies of rows x vocab x 4 B) and vLLM 0.11.1 on ROCm (native there).
+    _p("0.12", (0, 12, 0), "FlashInfer sampler opt-in: native top-k/top-p (torch sort); fused-MoE chunks of 16,384; "
+       "a dummy encoder output shorter than its item's tokens is copied into an item-sized buffer", _V1_12),
+    _p("0.13", (0, 13, 0), "multimodal profiling counts an image's embeddings and caches the encoder outputs as "
+       "they are", _V1_12, mm_profile="embeds"),
+    _p("0.14", (0, 14, 0), "requested memory = ceil(total x util) (request_memory); the modular fused-MoE "
+       "kernel's workspaces", _V1_14),
+    # 0.17: apply_top_k_top_p runs a Triton kernel in place for >= 8 rows (no sort copies); the sampler peak is
+    # derived from the code (sampler_peak_bytes). The all-reduce fusion workspace is on by default.
+    _p("0.17", (0, 17, 0), "Triton top-k/top-p in place (no sort copies); all-reduce + RMSNorm fusion", _V1_17),
+    _p("0.18", (0, 18, 0), "CUDA-graph memory estimated and logged (subtracted only with "
+       "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); fused MoE unchunked", _V1_17, cudagraph="logged", moe_chunk=0),
+    _p("0.20", (0, 20, 0), "default gpu_memory_utilization 0.92; CUDA-graph estimate subtracted by default", _V1_20),
+    # 0.20.1: _report_kv_cache_config prints int(max_concurrency x max_model_len) ("a naive num_blocks //
+    # num_groups x block_size formula underestimates capacity"; vllm#40691 reported the old line on 0.19.0).
+    _p("0.20.1", (0, 20, 1), "token line int(max_concurrency x max_model_len)", _V1_20, kv_tokens_rule="concurrency"),
+    # 0.21: VLLM_USE_FLASHINFER_SAMPLER defaults to True again: FlashInfer's top_k_top_p_sampling_from_logits
+    # (top-k mask copy + softmax probs) on CUDA GPUs with more than 16 SMs; ROCm keeps the Triton path.
+    _p("0.21", (0, 21, 0), "FlashInfer top-k/top-p sampler on by default (CUDA)", _V1_21),
+    # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
+    # scheduling on one pipeline stage).
+    _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches", _V1_21, concurrent_batches=2),
+    _p("0.27", (0, 27, 0), "the profiler charges the whole drop in free memory (total_consumed)", _V1_21,
+       concurrent_batches=2, measure="consumed"),
+    _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)", _V1_21, concurrent_batches=2,
+       measure="consumed", batch_rule="v1-160"),
+    _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
+       _V1_21, concurrent_batches=2, measure="consumed", batch_rule="v1-160", refusal="null_block"),
+    # 0.30: _get_and_verify_max_len no longer scales max_position_embeddings by a YaRN factor (yarn,
+    # deepseek_yarn, deepseek_llama_scaling join su/longrope/llama3; vllm#56446, read in 0.29.0 and 0.30.0)
+    _p("0.30", (0, 30, 0), "the model's maximum length ignores YaRN's factor (max_position_embeddings as it is)",
+       _V1_21, concurrent_batches=2, measure="consumed", batch_rule="v1-160", refusal="null_block",
+       max_len_rule="yarn-unscaled"),
+)}
+VERSIONS = tuple(PROFILES)
+DEFAULT_VERSION = VERSIONS[-1]
+NEWEST_CHECKED = (0, 33, 0)  # the newest release whose source was read (vllm 0.33.0)
+RANGES = release_ranges({k: p.first for k, p in PROFILES.items()})
+
+
+def resolve_version(text: str | None) -> tuple[str, str]:
+    """``(modelled release, note)`` for any PEP 440 vLLM version (``0.19.0``, ``0.10.1.1``,
+    ``0.15.2rc1.dev93+g11a4c9d30``); ``None`` is the newest modelled release. Refuses versions older than
+    every modelled release (InputError listing the ranges)."""
+    if text is None:
+        return DEFAULT_VERSION, ""
+    key, note = resolve_release(ENGINE, text, {k: p.first for k, p in PROFILES.items()})
+    if release_tuple(text, ENGINE) > NEWEST_CHECKED:
+        note += f"; newer than the newest release checked ({'.'.join(map(str, NEWEST_CHECKED))})"
+    return key, note
+
+
+def profile(version: str) -> Profile:
+    """The modelled release for ``version``: a key of :data:`PROFILES` or any version it covers."""
+    if version in PROFILES:
+        return PROFILES[version]
+    return PROFILES[resolve_version(version)[0]]
