@@ -205,8 +205,8 @@ def test_an_empty_text_option_is_an_error_not_the_default(option):
 def test_the_python_api_suggests_an_option_and_lists_only_itself():
     with pytest.raises(InputError) as err:
         kvplan.estimate(LLAMA, gpux="H100")
-    assert err.value.hint == "did you mean 'gpu'?"
-    assert dir(kvplan) == sorted(kvplan.__all__) == ["__version__", "check", "estimate", "sweep"]
+    assert str(err.value).endswith("did you mean 'gpu'?")
+    assert dir(kvplan) == sorted(kvplan.__all__) == ["__version__", "check", "estimate", "size", "sweep"]
 
 
 @pytest.mark.parametrize("function, typo, meant", [

@@ -72,7 +72,7 @@ def test_the_answer_is_in_the_first_lines_and_brief_is_five():
     assert _flat(brief) == " ".join([
         "Available KV cache memory: 54.82 GiB", "GPU KV cache size: 449,088 tokens",
         "Maximum concurrency for 8,192 tokens per request: 54.82x",
-        "at 8,192 tokens/request: 54 (52 - 55) concurrent requests (the pool binds: 512 blocks each; max_num_seqs 1,024)",
+        "at 8,192 tokens/request: 54 (53 - 55) concurrent requests (the pool binds: 512 blocks each; max_num_seqs 1,024)",
         "32 x 8,192 tokens: fits (11,683 blocks = 186,928 tokens spare; 1 null block kept by vllm)"])
 
 
