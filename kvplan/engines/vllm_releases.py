@@ -119,6 +119,8 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
        _V0, measure="absolute", v0_chunk_tokens=2048),
     _p("0.6.5", (0, 6, 5), "V0 memory profiling (PR #10511): the non-torch increase since a pre-NCCL snapshot; "
        "LoRA slots charged nowhere", _V0_65),
+    _p("0.7.1", (0, 7, 1), "V0 MLA for DeepSeek V2 / V3 (0.7.1): the load absorbs W_UK / W_UV into the query and "
+       "output projections (vllm_weights); the profile is 0.6.5's", _V0_65),
     _p("0.7.2", (0, 7, 2), "V0 pads MLA cache entries to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)", _V0_65,
        mla_align=True),
     _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; the sampler takes "
