@@ -471,12 +471,36 @@ def term_table(done: list[Row]) -> list[dict[str, Any]]:
             groups.setdefault((r.engine, term, cls), []).append((r.id, over, under))
     out = []
     for (engine, term, cls), xs in sorted(groups.items()):
-        out.append({"engine": engine, "term": term, "class": cls, "unit": TERM_UNITS[term], "logs": len(xs),
-                    "over": round(_quantile([o for _, o, _ in xs], TERM_QUANTILE), 4),
-                    "under": round(_quantile([u for _, _, u in xs], TERM_QUANTILE), 4),
-                    "median": round(statistics.median(o - u for _, o, u in xs), 4),
-                    "from": sorted(i for i, _, _ in xs)})
+        kept, aside = _set_aside_outlier(term, xs)
+        row = {"engine": engine, "term": term, "class": cls, "unit": TERM_UNITS[term], "logs": len(xs),
+               "over": round(_quantile([o for _, o, _ in kept], TERM_QUANTILE), 4),
+               "under": round(_quantile([u for _, _, u in kept], TERM_QUANTILE), 4),
+               "median": round(statistics.median(o - u for _, o, u in xs), 4),
+               "from": sorted(i for i, _, _ in xs)}
+        if aside is not None:
+            row["set_aside"] = {"log": aside[0], "over": round(aside[1], 4)}
+        out.append(row)
     return out
+
+
+def _set_aside_outlier(term: str, xs: list[tuple[str, float, float]]) -> tuple[list[tuple[str, float, float]],
+                                                                    tuple[str, float, float] | None]:
+    """``xs`` less its one outlier (and that log), else ``xs`` and None: for a term of
+    :data:`~kvplan.engines.spread.OUTLIER_TERMS`, in a class of at least
+    :data:`~kvplan.engines.spread.OUTLIER_MIN_LOGS` logs, the log whose ``over`` is more than
+    :data:`~kvplan.engines.spread.OUTLIER_FACTOR` x the others' quantile and above
+    :data:`~kvplan.engines.spread.OUTLIER_MIN_OVER` does not set the class's spread alone (its low end may miss
+    that one log; the class's neighbours do not inherit it). Only one log is set aside, never two."""
+    from kvplan.engines.spread import OUTLIER_FACTOR, OUTLIER_MIN_LOGS, OUTLIER_MIN_OVER, OUTLIER_TERMS, TERM_QUANTILE
+
+    if term not in OUTLIER_TERMS or len(xs) < OUTLIER_MIN_LOGS:
+        return xs, None
+    widest = max(xs, key=lambda x: x[1])
+    rest = [x for x in xs if x is not widest]
+    rest_over = _quantile([o for _, o, _ in rest], TERM_QUANTILE)
+    if widest[1] > max(OUTLIER_FACTOR * rest_over, OUTLIER_MIN_OVER):
+        return rest, widest
+    return xs, None
 
 
 def write_spread(done: list[Row], path: Path) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 from kvplan import memory
 from kvplan.engines import Budget, EngineDefaults, Term, given
 from kvplan.engines.spread import (
-    PRINTED_PRECISION_BYTES, ROUGH_WEIGHTS_FRACTION, TermSpread, board, has_term_data, model_family, rough_weights,
-    spread, term_class, term_spread,
+    PRINTED_PRECISION_BYTES, ROUGH_WEIGHTS_FRACTION, TermSpread, board, family, has_term_data, model_family,
+    rough_weights, spread, term_class, term_spread, widest_unexplained,
 )
 from kvplan.planning.answer import Answer, Deployment
 from kvplan.units import GiB
@@ -86,6 +86,12 @@ def _calibrated(term: Term) -> bool:
     return term.source.startswith("calibration")
 
 
+def _rocm_v0(engine: EngineDefaults, gpu: Any) -> bool:
+    """Whether this is vLLM's V0 engine on an AMD GPU (its non-torch memory holds hipBLASLt's, unmodelled)."""
+    return engine.engine == "vllm" and getattr(gpu, "vendor", "") == "amd" and \
+        family(engine.engine, engine.version).startswith("V0")
+
+
 def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = None, gpu: Any = None
                  ) -> tuple[tuple[TermSpread, ...], tuple[str, ...]]:
     """Each uncertain term's spread for this plan (engines whose logs print terms), and the notes it needs."""
@@ -109,6 +115,9 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         cls = term_class(t.name, engine=engine.engine, version=engine.version, tp=tp, board_name=brd,
                          family_name=fam, rough=rough)
         s = term_spread(t.name, engine.engine, cls, t.bytes)
+        if t.name == "overhead" and _rocm_v0(engine, gpu):
+            s = widest_unexplained(engine.engine, "vLLM V0 on ROCm: hipBLASLt's memory is not modelled and no "
+                                   "calibration log prints V0's non-torch memory there") or s
         if s is None:
             continue
         if t.name == "weights" and rough and s.over_bytes < ROUGH_WEIGHTS_FRACTION * t.bytes:
