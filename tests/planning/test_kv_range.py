@@ -62,6 +62,52 @@ def test_the_spread_file_is_what_the_calibration_part_gives():
     assert not any(r.split == "validation" for r in done)
 
 
+def _agreement():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    module = importlib.util.spec_from_file_location("corpus_agreement", ROOT / "benchmarks" / "corpus_agreement.py")
+    ca = importlib.util.module_from_spec(module)
+    sys.modules["corpus_agreement"] = ca
+    module.loader.exec_module(ca)
+    return ca
+
+
+def test_one_log_does_not_set_an_activation_classs_spread():
+    """In a class of OUTLIER_MIN_LOGS logs or more, one activation log far above the others is set aside (and
+    named); two such logs, a smaller class, a log not far above the rest, or a non-torch term keep every log."""
+    ca = _agreement()
+    n = spread.OUTLIER_MIN_LOGS
+    tame = [(f"log{i}", 0.01 * i, 0.0) for i in range(n - 1)]  # the others' 95th percentile: about 0.06
+    wild = ("wild", 6.66, 0.0)
+    kept, aside = ca._set_aside_outlier("activation", tame + [wild])
+    assert aside == wild and kept == tame
+    assert ca._set_aside_outlier("activation", tame[1:] + [wild]) == (tame[1:] + [wild], None)  # n - 1 logs
+    assert ca._set_aside_outlier("overhead", tame + [wild])[1] is None  # non-torch memory: every log counts
+    second = tame[1:] + [wild, ("wild2", 6.0, 0.0)]  # two far logs: the second sets the rest's quantile
+    assert ca._set_aside_outlier("activation", second)[1] is None
+    near = tame + [("near", 3 * 0.06, 0.0)]  # within OUTLIER_FACTOR of the rest, or under OUTLIER_MIN_OVER
+    assert ca._set_aside_outlier("activation", near)[1] is None
+    # the shipped file: a set-aside log is one of its class's logs, above its spread, and the basis names it
+    for r in spread._terms():
+        if "set_aside" in r:
+            assert r["term"] in spread.OUTLIER_TERMS and r["logs"] >= n and r["set_aside"]["log"] in r["from"]
+            assert float(r["set_aside"]["over"]) > spread.OUTLIER_FACTOR * float(r["over"])
+            got = spread.term_spread(r["term"], r["engine"], r["class"], spread.GiB)
+            assert r["set_aside"]["log"] in got.basis
+
+
+def test_v0_on_rocm_pays_the_widest_unexplained_memory():
+    """vLLM V0 on an AMD GPU: hipBLASLt's memory is not modelled and no calibration log prints V0's non-torch memory
+    there, so the low end's non-torch spread is the widest of every unexplained-memory class, never its board's."""
+    widest = max(float(r["over"]) for r in spread._terms() if r["term"] in spread.UNEXPLAINED_TERMS)
+    v0 = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, engine_version="0.6.5")
+    overhead = next(t for t in v0.kv_range.terms if t.term == "overhead")
+    assert overhead.over_bytes == round(widest * spread.GiB) > 0 and "ROCm" in overhead.basis
+    v1 = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, engine_version="0.11.0")
+    assert "ROCm" not in next(t for t in v1.kv_range.terms if t.term == "overhead").basis
+    cuda = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", context=8192, engine_version="0.6.5")
+    assert next(t for t in cuda.kv_range.terms if t.term == "overhead").over_bytes < overhead.over_bytes
+
+
 def _capacity(tmp_path: Path, file_key: str = "", check_key: str = "") -> Path:
     path = tmp_path / "capacity.yaml"
     path.write_text(f"""{file_key}
