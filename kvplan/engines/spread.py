@@ -239,8 +239,9 @@ UNEXPLAINED_TERMS = ("overhead", "rest", "unified memory")
 def widest_unexplained(engine: str, why: str) -> TermSpread | None:
     """The widest ``over`` of every class of :data:`UNEXPLAINED_TERMS` of ``engine``'s calibration logs, as a
     non-torch spread whose basis says ``why`` (None: no such log). For a class the corpus has not seen whose
-    memory kvplan knowingly leaves out (vLLM V0 on ROCm: hipBLASLt's kernels and workspaces, whose size neither
-    vLLM's nor PyTorch's code states), never a narrow spread."""
+    memory kvplan knowingly leaves out (vLLM V0 on ROCm: what hipBLASLt holds outside torch; its matmul workspace is
+    32 MiB on gfx942, but the library's loaded kernels have no size in vLLM's, PyTorch's or hipBLASLt's code),
+    never a narrow spread."""
     rows = [r for r in _terms() if r.get("engine") == engine and r.get("term") in UNEXPLAINED_TERMS]
     if not rows:
         return None

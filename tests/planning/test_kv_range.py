@@ -93,6 +93,10 @@ def test_one_log_does_not_set_an_activation_classs_spread():
             assert float(r["set_aside"]["over"]) > spread.OUTLIER_FACTOR * float(r["over"])
             got = spread.term_spread(r["term"], r["engine"], r["class"], spread.GiB)
             assert r["set_aside"]["log"] in got.basis
+            # and no class that borrows from it inherits the set-aside log: unseen classes stay at the robust width
+            for cls in spread._neighbours(r["term"], r["engine"], r["class"]):
+                near = spread.term_spread(r["term"], r["engine"], cls, spread.GiB)
+                assert near.over_bytes < float(r["set_aside"]["over"]) * spread.GiB, cls
 
 
 def test_v0_on_rocm_pays_the_widest_unexplained_memory():
