@@ -18,7 +18,11 @@ promised more KV) and fell below it (``under``), per class of that term (:data:`
 
 The range's low end (:mod:`kvplan.planning.kv_range`) pays every estimated term's ``over`` (a term the user or a
 calibration gives pays none); a class with fewer than :data:`MIN_TERM_LOGS` logs takes the widest of itself and
-its neighbours (:func:`term_spread`), never a narrow one. An engine whose logs print no terms (SGLang) keeps the
+its neighbours (:func:`term_spread`), never a narrow one. One activation log far above the rest of a well-measured
+class is set aside (:data:`OUTLIER_FACTOR`; named in the file and the basis), so that it neither sets its class's
+spread nor reaches every class that borrows from it. vLLM V0 on ROCm, whose non-torch memory (hipBLASLt's) kvplan
+does not model and no calibration log prints, pays the widest unexplained memory of every class
+(:func:`widest_unexplained`). An engine whose logs print no terms (SGLang) keeps the
 whole budget's spread per class (engine, release family, tp; :func:`spread`), falling back to its release family,
 then to the engine.
 
