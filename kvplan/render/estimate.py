@@ -363,8 +363,8 @@ def _verdict(plan: "Plan") -> Text:
         why += f"; {null_block_words(plan.engine.engine)}"
     if a.fix:
         line.append(f" ({why}); try {a.fix}")
-    else:
-        from kvplan.planning.suggest import nothing_fits  # only when nothing fits: the table path rarely needs it
+    else:  # nothing fits: only then is kvplan.planning.suggest imported (a plan that fits never needs it)
+        from kvplan.planning.suggest import nothing_fits
 
         line.append(f" ({why}); " + nothing_fits(plan.engine.engine))
     return line
