@@ -46,6 +46,29 @@ last collections at exit (~8%; the heap is frozen at exit), then difflib, tempfi
 where used). Left: building the dataclasses themselves (36 of the 42 are used on the path; the 6 that are
 not are ~1% of the run), and the table's rich (its console, table and panel imports ~28 ms, its rendering
 ~10 ms on an idle machine).
+
+Second pass (the table path, 2026-12-02, load 2-4 from other work on the machine): rich's ~3,600 emoji names
+(``rich._emoji_codes``, a 200 KB module, 3-8 ms) are no longer loaded: the console and the panels' titles read
+markup without emoji codes (a ``:name:`` in a local model's path printed as an emoji before); kvplan.planning.suggest
+is imported only when nothing fits. Output byte-identical on 29 command lines (8 bundled models' table and
+``--json``, ``--brief``, lists of values, errors, SGLang, tp 2, fp8) piped at 80, 60 and 200 columns and under a
+pty at 80 and 60 columns (145 runs). Paired before (d070712) / after / kvfit in rotation, 25-40 pairs:
+
+    paired ratio kvplan/kvfit     before       after        after/before
+    estimate --json               0.88-0.92    0.90-0.92    0.995-1.007 (an unchanged path: the noise)
+    estimate table                1.24-1.29    1.24-1.33    0.973-1.012 (0.987 in 40 pairs without kvfit)
+
+i.e. ~1-3 ms of a ~125 ms table run, inside this machine's noise; the targets are not met by it.
+
+What the table still costs over ``--json`` (in-process, GC paused, an idle moment): importing rich.console
+~19 ms, rich.table and rich.panel ~5 ms, rendering ~9 ms: ~35 ms, about 0.35 of kvfit's whole run, all in
+rich's own modules (their imports are rich's; no option of Console skips them). So the table is at
+``--json``'s ratio + ~0.35, and <= 1.20 needs ``--json`` at <= ~0.85 with room for noise. ``--json`` itself is
+import-bound: building the ~43 dataclasses is ~40% of its run (Python 3.11 compiles each generated method with
+its own ``exec``: ``Options`` ~4 ms, ``Launch`` ~2.5, ``ModelSpec``, ``Answer``, ``EngineDefaults``, ``Plan`` ~2
+each), kvplan's ~750 KB of bytecode unmarshalled ~5 ms; planning itself is ~5 ms and ``to_dict`` + ``json.dumps``
+~0.4 ms. Built but unused on this path: ``VisionEncoder``, ``TextConfig``, ``PrefixSharing``, ``LayerGroup``,
+``Spread``, ``ImageProfile``, ``_Item`` (~5 ms together).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def console(stderr: bool = False):  # noqa: ANN201 - rich.console.Console
     """A rich console at least 80 columns wide (wider when the terminal is)."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, emoji=False)
 
 
 def pyplot():  # noqa: ANN201 - the matplotlib.pyplot module

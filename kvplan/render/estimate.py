@@ -13,11 +13,16 @@ from kvplan.engines.registry import flag as engine_flag, setting_name
 from kvplan.planning.answer import null_block_words
 from kvplan.planning.weights import served_weights
 from kvplan.planning.serialize import formula_lines
-from kvplan.planning.suggest import nothing_fits
 from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural, rounded_parts
 
 if TYPE_CHECKING:
     from kvplan.planning.plan import Plan
+
+
+def _panel(body: object, title: str) -> Panel:
+    """A panel titled at its left. The title is markup without emoji codes (a string title would be read with
+    them: rich would load its ~3,600 emoji names to look for ``:name:`` in titles that never hold one)."""
+    return Panel(body, title=Text.from_markup(title, emoji=False), title_align="left")
 
 
 def _gib(n: int) -> str:
@@ -128,7 +133,7 @@ def _model_panel(plan: "Plan") -> Panel:
     head.append(f"  = {plan.kv_bytes_per_token_gpu:,} B/token ({fmt_bytes(plan.kv_bytes_per_token_gpu)})"
                 f"; {fmt_bytes(plan.request_bytes)} per {o.context:,}-token request in {plan.engine.engine}'s pool"
                 f"{_held_how(plan)}")
-    return Panel(head, title="model", title_align="left")
+    return _panel(head, "model")
 
 
 def _held_how(plan: "Plan") -> str:
@@ -174,8 +179,7 @@ def _memory_panel(plan: "Plan") -> Panel:
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
     t.add_row(Text(f"= {KV_BUDGET}", style=style), Text(f"{shown[KV_BUDGET]} GiB", style=style),
               Text(b.kv_budget_source))
-    return Panel(Group(t, memory_bar(plan)), title=f"memory per GPU ({plan.options.gpu_count}x {plan.gpu.name})",
-                 title_align="left")
+    return _panel(Group(t, memory_bar(plan)), f"memory per GPU ({plan.options.gpu_count}x {plan.gpu.name})")
 
 
 def _terms_table() -> Table:
@@ -201,13 +205,13 @@ def _cpu_memory_panel(plan: "Plan") -> Panel:
     if host:
         where += f"; {_gib(host)} of host memory given (--gpu-memory)" + (": it does not fit" if used > host else "")
     t.add_row("= host memory in use", _gib(used), Text(where))
-    return Panel(t, title=f"memory ({plan.gpu.name}: vLLM's CPU backend)", title_align="left")
+    return _panel(t, f"memory ({plan.gpu.name}: vLLM's CPU backend)")
 
 
 def _answer_panel(plan: "Plan") -> Panel:
     """The answer, first: KV tokens, requests at the context, max context at the batch, the verdict
     (:func:`answer_lines`)."""
-    return Panel(Text("\n").join(answer_lines(plan)), title="answer", title_align="left")
+    return _panel(Text("\n").join(answer_lines(plan)), "answer")
 
 
 def answer_figures(plan: "Plan") -> dict[str, str]:
@@ -357,7 +361,12 @@ def _verdict(plan: "Plan") -> Text:
         if a.shared_prefix_tokens:
             why += ", the shared prefix stored once"
         why += f"; {null_block_words(plan.engine.engine)}"
-    line.append(f" ({why}); " + (f"try {a.fix}" if a.fix else nothing_fits(plan.engine.engine)))
+    if a.fix:
+        line.append(f" ({why}); try {a.fix}")
+    else:  # nothing fits: only then is kvplan.planning.suggest imported (a plan that fits never needs it)
+        from kvplan.planning.suggest import nothing_fits
+
+        line.append(f" ({why}); " + nothing_fits(plan.engine.engine))
     return line
 
 
@@ -378,7 +387,7 @@ def _engine_panel(plan: "Plan") -> Panel:
                        f"{a.longest_startable_len:,}")
         else:
             eng.append(f"none: no {_len(plan)} starts")
-        return Panel(eng, title="engine", title_align="left")
+        return _panel(eng, "engine")
     first, *explained = plan.rules.report(plan.launch)
     eng.append(f"{plan.engine.label} will report: ", style="bold")
     eng.append(first + "\n")
@@ -402,7 +411,7 @@ def _engine_panel(plan: "Plan") -> Panel:
         eng.append(f"\n  {_seqs(plan)} stays {plan.engine.engine}'s {a.max_num_seqs:,}: the pool holds "
                    f"{plural(a.pool_requests, 'request')} of {plural(a.context, 'token')} at once and more shorter ones; the "
                    "scheduler admits only what the free blocks hold", style="grey62")
-    return Panel(eng, title="engine", title_align="left")
+    return _panel(eng, "engine")
 
 
 def _paging_panel(plan: "Plan") -> Panel:
@@ -439,4 +448,4 @@ def _paging_panel(plan: "Plan") -> Panel:
                 "one request's KV reads exceed the weight reads")
         more.append(f"\ndecode roofline at batch {r.batch:,}: >= {r.step_seconds * 1e3:.2f} ms/step, "
                     f"<= {r.tokens_per_s:,.0f} tokens/s; {knee}")
-    return Panel(more, title="paging, prefix, decode", title_align="left")
+    return _panel(more, "paging, prefix, decode")

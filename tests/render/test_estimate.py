@@ -236,3 +236,21 @@ def test_every_figure_of_check_report_and_simulate_is_grouped(tmp_path):
         r = runner.invoke(app, [*args, "--offline"], env={"COLUMNS": "200"})
         assert r.exit_code in (0, 1), r.output
         assert _bare_numbers(r.stdout) == [], (args[0], _bare_numbers(r.stdout), r.stdout)
+
+
+def test_emoji_codes_in_a_path_or_a_name_print_as_typed(tmp_path):
+    """rich reads ``:name:`` as an emoji code in markup: a local model in ``:thumbs_up:/`` printed its source as
+    ``👍/config.json``. The console (:func:`kvplan.render.console`) and the panels' titles read markup without
+    emoji codes, so a path or a name prints as typed, wherever it lands."""
+    config = load_bundled(LLAMA).config
+    folder = tmp_path / ":thumbs_up:"
+    folder.mkdir()
+    (folder / "config.json").write_text(__import__("json").dumps(dict(config)), encoding="utf-8")
+    out = kvplan("estimate", str(folder), "--gpu", "H100").stdout
+    assert ":thumbs_up:/config.json" in "".join(out.split()), out[:300]  # the source line, however it wraps
+    assert "\N{THUMBS UP SIGN}" not in out
+    plan = next(_plans(LLAMA))
+    named = replace(plan, gpu=replace(plan.gpu, name=":smile: H100"))
+    text = _text(render_plan(named), width=120)  # this console reads emoji codes: the title is read before it
+    assert "memory per GPU (1x :smile: H100)" in text
+    assert "\N{SMILING FACE WITH OPEN MOUTH AND SMILING EYES}" not in text
