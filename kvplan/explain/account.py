@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvplan.errors import InputError
-from kvplan.explain.logparse import StartupLog
+from kvplan.explain.startup_log import StartupLog
 
 TERMS = ("weights", "activation", "overhead", "cudagraph")
 UNPRINTED = "not printed"  # the row of what no line of the log prints: requested - printed terms - KV budget

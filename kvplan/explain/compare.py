@@ -20,7 +20,8 @@ from kvplan.explain.facts import (
     implied_kv_bytes,
     logged_kv_bytes,
 )
-from kvplan.explain.logparse import StartupLog, printed_interval
+from kvplan.explain.printed import printed_interval
+from kvplan.explain.startup_log import StartupLog
 from kvplan.units import GiB, plural
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.explain.account import ExplainError, account
-from kvplan.explain.logparse import StartupLog, printed_interval
+from kvplan.explain.printed import printed_interval
+from kvplan.explain.startup_log import StartupLog
 from kvplan.units import GiB, plural
 
 STAND_IN_UTIL = 0.9  # only to size a stand-in GPU for the layout when the log prints neither total nor requested

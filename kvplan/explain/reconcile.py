@@ -29,7 +29,8 @@ from kvplan.errors import KvplanError
 from kvplan.explain.account import Explanation
 from kvplan.explain.compare import _from_logged, _term_rows, capacity, diagnosis, prints_capacity_lines
 from kvplan.explain.facts import _stand_in_memory, log_values, logged_kv_bytes, release_candidates
-from kvplan.explain.logparse import StartupLog, parse_log
+from kvplan.explain.logparse import parse_log
+from kvplan.explain.startup_log import StartupLog
 from kvplan.units import plural
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from kvplan.engines import Device, vllm
-from kvplan.explain.logparse import StartupLog
+from kvplan.explain.startup_log import StartupLog
 from kvplan.explain.facts import block_size_from_concurrency
 from kvplan.planning.plan import Options, plan_for_spec
 from kvplan.model.sources import load_bundled
