@@ -230,7 +230,6 @@ PENDING = "pending split: being edited by other branches (the split follows thei
 MODULE_EXCEPTIONS = {
 }
 FUNCTION_EXCEPTIONS = {
-    "kvplan/cli/commands/observe.py:register.observe": (84, PENDING + " (the command's body: load, run, render)"),
     "kvplan/sim/simulate.py:config_from_plan": (72, "pending split: the pool's groups apart from the timing"),
     "kvplan/observe/fit.py:timing_run": (65, "pending split: the run's requests apart from the fit"),
     "kvplan/sim/timing.py:fit_runs": (63, "pending split: reading the runs apart from the fit"),
