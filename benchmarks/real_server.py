@@ -398,7 +398,8 @@ def wait_idle(server: Server, timeout_s: float = 120.0) -> None:
 def _simulate_json(path: Path) -> dict[str, Any]:
     """``kvplan simulate PATH --json``, with the time series (the CLI records it only for --plot)."""
     from kvplan.render.simulate import simulate_to_dict
-    from kvplan.sim.workload import load_workload, run_workload
+    from kvplan.sim.workload import load_workload
+    from kvplan.sim.workload_run import run_workload
 
     return json.loads(json.dumps(simulate_to_dict(run_workload(load_workload(path), record_series=True))))
 

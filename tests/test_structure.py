@@ -225,29 +225,9 @@ def test_test_modules_have_unique_names_and_helpers_sit_at_the_top() -> None:
 
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
-PENDING = "pending split: being edited by other branches (the split follows their merge)"
 # Each exception with its size when it was listed (lines): the list only shrinks, and a listed room does not grow.
-MODULE_EXCEPTIONS = {
-    "kvplan/engines/sglang.py": (663, PENDING),
-    "kvplan/explain/logparse.py": (698, PENDING + "; explain by read -> facts -> plan -> compare"),
-    "kvplan/explain/reconcile.py": (1062, PENDING + "; explain by read -> facts -> plan -> compare"),
-    "kvplan/planning/plan.py": (789, PENDING),
-    "kvplan/checks/report.py": (620, PENDING + "; the size: section grew it"),
-    "kvplan/sim/workload.py": (633, "pending split: the workload file's reader apart from its runs"),
-}
-FUNCTION_EXCEPTIONS = {
-    "kvplan/explain/reconcile.py:log_values": (100, PENDING),
-    "kvplan/explain/reconcile.py:_term_rows": (61, PENDING),
-    "kvplan/cli/commands/observe.py:register.observe": (84, PENDING + " (the command's body: load, run, render)"),
-    "kvplan/planning/plan.py:plan_for_spec": (80, PENDING),
-    "kvplan/sim/simulate.py:config_from_plan": (72, "pending split: the pool's groups apart from the timing"),
-    "kvplan/render/explain.py:render_explanation": (84, PENDING),
-    "kvplan/explain/logparse.py:_read_line": (69, PENDING),
-    "kvplan/planning/plan.py:_pool": (73, PENDING),
-    "kvplan/observe/fit.py:timing_run": (65, "pending split: the run's requests apart from the fit"),
-    "kvplan/sim/timing.py:fit_runs": (63, "pending split: reading the runs apart from the fit"),
-    "kvplan/observe/compare.py:diagnose": (63, "pending split: one function per finding"),
-}
+MODULE_EXCEPTIONS: dict[str, tuple[int, str]] = {}
+FUNCTION_EXCEPTIONS: dict[str, tuple[int, str]] = {}
 
 
 def _function_lengths(text: str, rel: str) -> dict[str, int]:

@@ -1,112 +1,48 @@
 """SGLang's KV pool, release by release: ``mem_fraction_static`` defaults and the token pool it allocates.
 
 SGLang does not profile activations. Every release (read in the sglang wheels 0.3.6 - 0.5.23,
-``ModelRunner.profile_max_num_token`` and its successors) measures the free memory after its distributed
-init (``total_gpu_memory``, misleadingly named: the free memory before the weights load, the minimum over
-ranks) and again after loading, and keeps ``rest = free_after_load - free_before_load x (1 -
-mem_fraction_static)`` for the pool: ``pool = (total - used_before_load) x frac - weights``. Activations and
-CUDA graphs live in ``1 - mem_fraction_static``. ``max_total_num_tokens = pool // cell_size`` (rounded down
-to the page size from 0.4.6), ``cell_size`` the KV bytes of one token over this GPU's layers (MLA:
-``(kv_lora_rank + qk_rope_head_dim) x layers x bytes``); sliding-window models split the pool
-between full and windowed layers where the release gives them a hybrid SWA pool (:func:`hybrid_swa`), else
-hold every token in every layer; Mamba / linear-attention hybrids (0.5.2+) keep their
-state layers in a pool of request slots carved out of the budget first (:func:`split_state_pool`,
-:func:`mamba_slots`), the token pool holding the full-attention layers only. Page size 1 is expressed as
-``EngineDefaults(block_size=1)``, so the plan's blocks are tokens and the shared pool math applies.
+``ModelRunner.profile_max_num_token`` and its successors) measures the free memory after its distributed init
+(``total_gpu_memory``, misleadingly named: the free memory before the weights load, the minimum over ranks) and
+again after loading, and keeps ``rest = free_after_load - free_before_load x (1 - mem_fraction_static)`` for the
+pool: ``pool = (total - used_before_load) x frac - weights``. Activations and CUDA graphs live in ``1 -
+mem_fraction_static``. ``max_total_num_tokens = pool // cell_size`` (rounded down to the page size from 0.4.6),
+``cell_size`` the KV bytes of one token over this GPU's layers (MLA: ``(kv_lora_rank + qk_rope_head_dim) x layers x
+bytes``); sliding-window models split the pool between full and windowed layers where the release gives them a
+hybrid SWA pool (:func:`hybrid_swa`), else hold every token in every layer; Mamba / linear-attention hybrids
+(0.5.2+) keep their state layers in a pool of request slots carved out of the budget first
+(:mod:`kvplan.engines.sglang_mamba`: :func:`split_state_pool`, :func:`mamba_slots`), the token pool holding the
+full-attention layers only. Page size 1 is expressed as ``EngineDefaults(block_size=1)``, so the plan's blocks are
+tokens and the shared pool math applies.
 
-``mem_fraction_static``'s default changed often (:data:`RELEASES`, :func:`mem_fraction_static`): a tp ladder
-(0.3 - 0.4.5), a large-GPU reserve (0.4.6, 0.4.7), a reserve by GPU size (0.4.8 - 0.5.2), and from 0.5.3 an
-estimate of the activations and CUDA graphs (``_handle_gpu_memory_settings``). The GPU size in these rules
-is nvidia-smi's total in MiB (the smallest card's), not the runtime's: the catalogue's ``smi_memory_mib``.
+``mem_fraction_static``'s default changed often (:data:`RELEASES`, in :mod:`kvplan.engines.sglang_releases`;
+:func:`mem_fraction_static`): a tp ladder (0.3 - 0.4.5), a large-GPU reserve (0.4.6, 0.4.7), a reserve by GPU size
+(0.4.8 - 0.5.2), and from 0.5.3 an estimate of the activations and CUDA graphs (``_handle_gpu_memory_settings``).
+The GPU size in these rules is nvidia-smi's total in MiB (the smallest card's), not the runtime's: the catalogue's
+``smi_memory_mib``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvplan import memory
 from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Launch, ModelLength, Term,
-                            launch_flags, length_refusal, lora_stack_bytes, release_ranges, release_tuple,
-                            resolve_release, scaled_length)
+                            launch_flags, length_refusal, lora_stack_bytes, release_tuple, scaled_length)
+from kvplan.engines.sglang_mamba import (  # noqa: F401 - the Engine interface's rules and the state pool's, re-exported
+    MAMBA_CONV_DTYPE, MAMBA_FIXED_SLOTS, MAMBA_FULL_MEMORY_RATIO, MAMBA_SLOTS_PER_RUNNING_REQUEST, MAMBA_SSM_DTYPE,
+    mamba_cache_per_req, mamba_radix_cache, mamba_slots, mamba_slots_per_request, split_state_pool)
+from kvplan.engines.sglang_releases import (  # noqa: F401 - the Engine interface's releases, re-exported
+    DEFAULT_VERSION, ENGINE, FIRSTS, NEWEST_CHECKED, RANGES, RELEASES, VERSIONS, Release, release, resolve_version)
 from kvplan.errors import InputError
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
-from kvplan.units import DType, GiB, MiB, parse_dtype, plural
+from kvplan.units import DType, GiB, MiB, plural
 
-ENGINE = "sglang"
 BLOCK_SIZES: tuple[int, ...] | None = None  # --page-size takes any positive number of tokens
 LONG_LEN_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # ModelConfig._derive_context_length's override
-
-
-@dataclass(frozen=True)
-class Release:
-    """What the SGLang releases from ``first`` up to the next one do when they size the pool.
-
-    ``fraction``: the ``mem_fraction_static`` rule (``ladder-0.3``, ``ladder``, ``ladder-13g``, ``ladder-big``,
-    ``tiers``, ``estimate``); ``tiers``: the (chunked_prefill_size, cuda_graph_max_bs) table by GPU memory
-    (``small-25000``, ``small-tp``, ``0.4.8``, ``0.5.3``, ``0.5.5``, ``0.5.20``); ``graph_reserve``: the 0.5.10+
-    piecewise CUDA-graph reserve; ``page_rounding``: the pool rounded down to whole pages (0.4.6+);
-    ``clamp_plus_one``: ``max_running_requests``' clamp is one higher (the request pool's padding slot,
-    0.3 - 0.4.6) (sliding-window pools, per architecture and release: :func:`hybrid_swa`). Mamba / linear-attention
-    hybrids (:func:`mamba_slots`): ``mamba`` how the state pool's request slots are sized (``fixed``: 512 or
-    ``--max-running-requests``, radix cache off, 0.5.2 - 0.5.3; ``ratio``: ``mamba_full_memory_ratio`` of the
-    budget, 0.5.4+); ``mamba2_radix_off``: Mamba2 models run without the radix cache (0.5.4 - 0.5.9);
-    ``ssm_from_config``: the SSM state dtype is the config's ``mamba_ssm_dtype`` when it names one (0.5.10+; before,
-    ``--mamba-ssm-dtype``'s float32).
-    """
-
-    version: str
-    first: tuple[int, int, int]
-    change: str
-    fraction: str
-    tiers: str
-    graph_reserve: bool = False
-    page_rounding: bool = True
-    clamp_plus_one: bool = False
-    mamba: str = "ratio"
-    mamba2_radix_off: bool = False
-    ssm_from_config: bool = True
-
-
-_OLD_MAMBA = dict(mamba="fixed", ssm_from_config=False)  # 0.5.2 - 0.5.3's state pool (older releases serve no hybrid)
-RELEASES: dict[str, Release] = {r.version: r for r in (
-    Release("0.3", (0, 3, 0), "tp ladder 0.88 - 0.79 (0.82 at tp 8)", "ladder-0.3", "small-25000",
-            page_rounding=False, clamp_plus_one=True, **_OLD_MAMBA),
-    Release("0.4", (0, 4, 0), "tp ladder 0.88 / 0.87 / 0.85 / 0.81 / 0.79", "ladder", "small-tp",
-            page_rounding=False, clamp_plus_one=True, **_OLD_MAMBA),
-    Release("0.4.6", (0, 4, 6), "above 80 GiB: (gpu - 13 GiB) / gpu; page size", "ladder-13g", "small-tp",
-            clamp_plus_one=True, **_OLD_MAMBA),
-    Release("0.4.7", (0, 4, 7), "ladder by tp x pp; a reserve above 96 GiB", "ladder-big", "small-tp",
-            **_OLD_MAMBA),
-    Release("0.4.8", (0, 4, 8), "a reserve by GPU size: round((gpu - reserved) / gpu, 3); sliding-window pools "
-            "from 0.4.10; 0.5.2: a state pool of 512 slots for linear-attention hybrids", "tiers", "0.4.8",
-            **_OLD_MAMBA),
-    Release("0.5.3", (0, 5, 3), "the reserve estimates activations and CUDA graphs (_handle_gpu_memory_settings)",
-            "estimate", "0.5.3", **_OLD_MAMBA),
-    Release("0.5.4", (0, 5, 4), "hybrids' state pool: mamba_full_memory_ratio 0.9 of the KV pool "
-            "(handle_max_mamba_cache)", "estimate", "0.5.3", mamba2_radix_off=True, ssm_from_config=False),
-    Release("0.5.5", (0, 5, 5), "cuda_graph_max_bs 24 on 20 - 35 GiB GPUs", "estimate", "0.5.5",
-            mamba2_radix_off=True, ssm_from_config=False),
-    Release("0.5.10", (0, 5, 10), "a piecewise CUDA-graph reserve", "estimate", "0.5.5", graph_reserve=True),
-    Release("0.5.14", (0, 5, 14), "no speculative-decoding reserve (the draft is inside the pool)", "estimate",
-            "0.5.5", graph_reserve=True),
-    Release("0.5.20", (0, 5, 20), "20 - 35 GiB GPUs: chunked_prefill_size 4096, cuda_graph_max_bs 48 / 160",
-            "estimate", "0.5.20", graph_reserve=True),
-)}
-FIRSTS: dict[str, tuple[int, ...]] = {k: r.first for k, r in RELEASES.items()}
-VERSIONS = tuple(RELEASES)
-DEFAULT_VERSION = VERSIONS[-1]
-NEWEST_CHECKED = (0, 5, 23)  # the newest release whose source was read (sglang 0.5.23)
-RANGES = release_ranges(FIRSTS)
 PAGE_SIZE = 1  # --page-size default: one token per page
 MAX_RUNNING_REQUESTS_CEILING = 4096
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio: windowed layers' tokens per full layers' token
-MAMBA_FULL_MEMORY_RATIO = 0.9  # --mamba-full-memory-ratio: the state pool's bytes per KV pool byte (0.5.4+)
-MAMBA_FIXED_SLOTS = 512  # the state pool's slots without the ratio (0.5.2 - 0.5.3; radix cache off in 0.5.4 - 0.5.9)
-MAMBA_SLOTS_PER_RUNNING_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (radix cache on, no extra buffer)
-MAMBA_CONV_DTYPE = "bfloat16"  # the conv state's dtype in every release (SGLANG_MAMBA_CONV_DTYPE unset)
-MAMBA_SSM_DTYPE = "float32"  # --mamba-ssm-dtype's default
-
 # Memory in use when SGLang takes its first reading (after its distributed init): the CUDA context (the
 # first mem_get_info creates it) plus NCCL / custom all-reduce ("Init torch distributed ends. mem usage=":
 # 0.00 - 0.19 GiB at tp 1 - 4 on PCIe / L4 logs, 1.25 GiB at tp 8 on H100s; SGLang keeps NVLS off unless
@@ -132,22 +68,6 @@ _TIERS = {
     "0.5.20": ((20, 2048, 8, 8), (35, 4096, 48, 160), (60, 4096, 32, 160), (160, 8192, 256, 512),
                (math.inf, 16384, 512, 512)),
 }
-
-
-def resolve_version(text: str | None) -> tuple[str, str]:
-    """``(modelled version, note)`` for any PEP 440 SGLang version (``0.4.6.post1``, ``0.5.3rc0``);
-    ``None`` is the newest modelled one. Versions before 0.3 are refused, with the ranges."""
-    if text is None:
-        return DEFAULT_VERSION, ""
-    key, note = resolve_release(ENGINE, text, FIRSTS)
-    if release_tuple(text, ENGINE) > NEWEST_CHECKED:
-        note += f"; newer than the newest release checked ({'.'.join(map(str, NEWEST_CHECKED))})"
-    return key, note
-
-
-def release(version: str) -> Release:
-    """The modelled release for ``version``: a key of :data:`RELEASES` or any version it covers."""
-    return RELEASES[version] if version in RELEASES else RELEASES[resolve_version(version)[0]]
 
 
 def smi_mib(gpu_memory_bytes: int | None, device: Device | None = None) -> float:
@@ -280,94 +200,6 @@ def max_running_requests(total_num_tokens: int, context_len: int, version: str =
     extra = 1 if release(version).clamp_plus_one else 0
     clamp = min(max(int(total_num_tokens / context_len * 512), 2048), MAX_RUNNING_REQUESTS_CEILING) + extra
     return max(1, min(total_num_tokens // 2, clamp))
-
-
-# ---------------------------------------------------------------------------------------------
-# Mamba / linear-attention hybrids (Qwen3-Next, Qwen3.5, Nemotron-H, Falcon-H1, ...): a state pool of their own
-
-
-def mamba_cache_per_req(layers: tuple[LayerCache, ...]) -> int:
-    """Bytes of one request's state slot (``mamba_cache_per_req``, configs/mamba_utils.py): over this GPU's state
-    layers, the conv state in bfloat16 (:data:`MAMBA_CONV_DTYPE`) + the SSM (temporal) state in the layer's SSM dtype
-    (the engine's, :func:`ssm_dtype`). Qwen3.5-9B at tp 2: 24 layers x (12,288 x 2 + 262,144 x 4) = 25,755,648 B."""
-    return memory.state_bytes_per_request(layers, parse_dtype(MAMBA_CONV_DTYPE))
-
-
-def mamba_radix_cache(version: str, state_kinds: set[str] | frozenset[str]) -> bool | None:
-    """Whether the release forces the radix cache off for a hybrid of these state kinds (``False``), else None:
-    0.5.2 - 0.5.3 for every hybrid ("Hybrid GDN model detected, disable radix cache"), 0.5.4 - 0.5.9 for Mamba2
-    models (``mamba2_config``: Nemotron-H, Falcon-H1)."""
-    r = release(version)
-    if r.mamba == "fixed" or (r.mamba2_radix_off and "mamba2" in state_kinds):
-        return False
-    return None
-
-
-def mamba_slots(version: str, rest_bytes: int, per_req_bytes: int, *, radix_cache: bool,
-                max_running_requests: int | None = None) -> tuple[int, str]:
-    """``(max_mamba_cache_size, how)``: the state pool's request slots out of ``rest_bytes``, the pool's budget
-    (bytes, what ``profile_max_num_token`` keeps: free after loading - free before x (1 - mem_fraction_static)),
-    ``per_req_bytes`` one slot (:func:`mamba_cache_per_req`). The state pool then takes ``slots x per_req_bytes``
-    and the KV pool the rest (``max_total_num_tokens = (rest - slots x per_req) // cell_size``, the cell of the
-    full-attention layers only).
-
-    - 0.5.2 - 0.5.3 (``ModelRunner.__init__``, ``profile_max_num_token``): ``--max-running-requests``, else 512;
-    - 0.5.4 - 0.5.9 (``ModelRunner.handle_max_mamba_cache``): with the radix cache off (``--disable-radix-cache``,
-      or forced for Mamba2 models) the same; else the ratio: ``int(rest x r / (1 + r) // per_req)``, ``r =
-      mamba_full_memory_ratio`` 0.9 (47% of the budget to state; 0.5.4 / 0.5.5 also ``// (1 + speculative draft
-      tokens)``, speculative decoding is not modelled);
-    - 0.5.10+ (``model_runner_kv_cache_mixin.handle_max_mamba_cache``; 0.5.16+ ``kv_cache_configurator``):
-      ``--max-running-requests`` only with the radix cache off, else the ratio.
-    ``--max-mamba-cache-size`` (not a kvplan option) would fix it in 0.5.10+.
-    """
-    r = release(version)
-    if r.mamba == "fixed" or (not radix_cache and (r.mamba2_radix_off or max_running_requests)):
-        if max_running_requests:
-            return max_running_requests, f"--max-running-requests {max_running_requests}"
-        return MAMBA_FIXED_SLOTS, f"{MAMBA_FIXED_SLOTS} (the default without --max-running-requests)"
-    rest_gib = rest_bytes / GiB  # SGLang's float GiB
-    raw = rest_gib * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
-    slots = max(0, int(raw * GiB // per_req_bytes)) if per_req_bytes > 0 else 0
-    return slots, (f"mamba_full_memory_ratio {MAMBA_FULL_MEMORY_RATIO:g}: {rest_gib:.2f} GiB x "
-                   f"{MAMBA_FULL_MEMORY_RATIO:g}/{1 + MAMBA_FULL_MEMORY_RATIO:g} // {per_req_bytes:,} B")
-
-
-def mamba_slots_per_request(version: str, radix_cache: bool) -> int:
-    """State slots the request cap counts per running request: ``max_running_requests <= max_mamba_cache_size //
-    ratio`` (0.5.4+ ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``): 3 with the radix cache (no extra buffer, the
-    default ``--mamba-scheduler-strategy``), 1 without; 0.5.2 - 0.5.3 cap at the slots themselves (1)."""
-    return MAMBA_SLOTS_PER_RUNNING_REQUEST if radix_cache and release(version).mamba == "ratio" else 1
-
-
-def split_state_pool(engine: EngineDefaults, budget: Budget, layers: tuple[LayerCache, ...], *,
-                     max_num_seqs: int | None, prefix_caching: bool) -> tuple[EngineDefaults, Budget]:
-    """SGLang's split of a hybrid's budget (bytes) into the Mamba state pool and the KV pool (:func:`mamba_slots`):
-    the budget's ``kv_budget_bytes`` becomes the KV pool's (``rest - slots x per_req``), ``state_pool_bytes`` /
-    ``state_slots`` the state pool's, and the defaults carry the slots for the request cap
-    (:func:`request_limit`). A given KV budget (``--kv-budget``, like ``--max-total-tokens``) is the KV pool's; the
-    state pool is then taken as ``mamba_full_memory_ratio`` x it."""
-    per_req = mamba_cache_per_req(layers)
-    given = budget.kv_budget_source.startswith("--kv-budget")
-    rest = budget.kv_budget_bytes
-    if given:
-        rest = budget.kv_budget_bytes + math.floor(budget.kv_budget_bytes * MAMBA_FULL_MEMORY_RATIO)
-    slots, how = mamba_slots(engine.version, max(0, rest), per_req, radix_cache=prefix_caching,
-                             max_running_requests=max_num_seqs)
-    if given:
-        how = f"--kv-budget is the KV pool, the state pool taken as {MAMBA_FULL_MEMORY_RATIO:g} x it: {how}"
-    state = slots * per_req
-    per_request = mamba_slots_per_request(engine.version, prefix_caching)
-    kv = budget.kv_budget_bytes if given else rest - state
-    cap = (f"running requests capped at {slots:,} // {per_request} = {slots // per_request:,}"
-           + (" (radix cache on)" if per_request > 1 else ""))
-    note = (f"sglang splits the budget into a Mamba state pool of {plural(slots, 'request slot')} ({how}; "
-            f"{per_req / MiB:,.2f} MiB each, {state / GiB:.2f} GiB) and a KV pool of the full-attention layers "
-            f"({kv / GiB:.2f} GiB); {cap}")
-    source = budget.kv_budget_source + f" - the Mamba state pool ({slots:,} x {per_req:,} B)" if not given else \
-        budget.kv_budget_source
-    return (replace(engine, state_slots=slots, state_slots_per_request=per_request),
-            replace(budget, kv_budget_bytes=kv, kv_budget_source=source, state_pool_bytes=state, state_slots=slots,
-                    notes=budget.notes + (note,)))
 
 
 def pre_load_bytes(tp: int, pp: int, device: Device | None = None) -> int:

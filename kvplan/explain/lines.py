@@ -1,6 +1,6 @@
 """Every start-up log line kvplan reads, per engine and release: the patterns :mod:`kvplan.explain.logparse` applies.
 
-One :class:`Line` per line form: its pattern, the :class:`kvplan.explain.logparse.StartupLog` field each group
+One :class:`Line` per line form: its pattern, the :class:`kvplan.explain.startup_log.StartupLog` field each group
 fills and how the group is read (a printed size in GiB, a count, a word). The releases named beside each form
 are where it was read in the engine's released code (vLLM ``vllm/v1/worker/gpu_worker.py``,
 ``vllm/v1/core/kv_cache_utils.py``, ``vllm/worker/worker.py``; SGLang ``srt/model_executor/model_runner.py``,

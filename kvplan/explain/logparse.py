@@ -6,360 +6,26 @@ limits, block size, an explicit KV budget), the GPU's memory, the budget terms t
 (weights, activation peak, non-torch, CUDA graphs, available KV memory) and the capacity it reports
 (blocks, tokens, concurrency, a refusal). Every field is ``None`` when the log does not say. Sizes are GiB
 as printed (vLLM's and SGLang's "GB" are bytes / 2**30), rounded as printed - callers treat them as
-intervals of +-half a unit in the last place (:func:`printed_interval`). The line forms of each release
-are in :mod:`kvplan.explain.lines`.
+intervals of +-half a unit in the last place (:func:`kvplan.explain.printed.printed_interval`). The line forms of
+each release are in :mod:`kvplan.explain.lines`.
 
-Pure text processing: no I/O, no planning; ``kvplan explain`` (kvplan/explain/reconcile.py) plans the same
-deployment and reconciles the two.
+The log's fields are :class:`kvplan.explain.startup_log.StartupLog`'s; numbers as printed are read by
+:mod:`kvplan.explain.printed`, command lines and argument dicts by :mod:`kvplan.explain.args`. Pure text processing:
+no I/O, no planning; ``kvplan explain`` (kvplan/explain/reconcile.py) plans the same deployment and reconciles the
+two.
 """
 
 from __future__ import annotations
 
-import ast
 import re
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 from kvplan.explain import lines as L
-from kvplan.limits import MAX_SIZE_BYTES, MAX_TOKENS
+from kvplan.explain.args import _ARG_FIELDS, _args_dict, _command_flags, _server_args, _typed
+from kvplan.explain.printed import _int, _num, _values
+from kvplan.explain.startup_log import Refusal, StartupLog, Unreadable
 from kvplan.units import plural
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """vLLM refused to start: one request at ``max_model_len`` does not fit.
-
-    V0: ``max_model_len > kv_tokens`` (the pool in tokens). V1: ``needed_gib`` of KV cache against
-    ``available_gib``, and the longest length that would fit (``estimated_max_model_len``).
-    """
-
-    max_model_len: int
-    kv_tokens: int | None = None
-    needed_gib: float | None = None
-    available_gib: float | None = None
-    estimated_max_model_len: int | None = None
-
-
-@dataclass(frozen=True)
-class StartupLog:
-    """What one start-up log says (``None``: not in the log). GiB values are as printed (rounded)."""
-
-    engine: str | None = None  # vllm | sglang
-    version: str | None = None
-    mode: str | None = None  # V0 | V1 (vLLM)
-    model: str | None = None
-    platform: str | None = None  # cuda | rocm | cpu | xpu | ...
-    device_name: str | None = None
-    tp: int | None = None
-    pp: int | None = None
-    dtype: str | None = None
-    kv_cache_dtype: str | None = None
-    quantization: str | None = None
-    max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None  # SGLang: mem_fraction_static
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    block_size: int | None = None  # as the deployment set it (--block-size; SGLang --page-size)
-    engine_block_size: int | None = None  # as the engine chose it ("Setting attention block size to 544 tokens")
-    workers_tp: int | None = None  # the tensor-parallel ranks the worker names show (largest index + 1): a lower bound
-    workers_pp: int | None = None  # the pipeline stages they show (Worker_PP1_TP0)
-    mm_budget_tokens: int | None = None  # "Encoder cache will be initialized with a budget of N tokens, and
-    mm_items: int | None = None  # profiled with K <modality> items of the maximum feature size" (vLLM V1)
-    mm_modality: str | None = None
-    prefix_caching: bool | None = None  # enable_prefix_caching as the config line or the non-default args print it
-    flashinfer_sampler: bool | None = None  # vLLM's sampler said it uses FlashInfer (True) or falls back (False)
-    enforce_eager: bool | None = None
-    usage_context: str | None = None  # serve | llm
-    kv_cache_memory_bytes: int | None = None  # an explicit KV budget the deployment set (kv_cache_memory_bytes)
-    cpu_kv_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE (GiB), set or the 4 GiB default it logs
-    total_memory_gib: float | None = None  # the device's total (CPU backend 0.20+: the NUMA node's)
-    free_memory_gib: float | None = None  # free at start-up ("Free memory on device (free/total)")
-    requested_memory_gib: float | None = None  # total x gpu_memory_utilization
-    weights_gib: float | None = None  # SGLang: "Load weight end ... mem usage"
-    activation_gib: float | None = None
-    peak_torch_memory_gib: float | None = None  # V0 0.6.4: weights + activation
-    non_torch_gib: float | None = None
-    consumed_gib: float | None = None  # 0.27+: weights + non-torch in one figure
-    non_kv_gib: float | None = None  # "Total non KV cache memory" (the sum of the terms)
-    cudagraph_estimate_gib: float | None = None
-    cudagraph_applied: bool | None = None  # whether the estimate was subtracted (0.19+ messages)
-    cudagraph_actual_gib: float | None = None  # measured after capture (SGLang: "Capture cuda graph end ... mem usage")
-    available_kv_gib: float | None = None
-    kv_in_use_gib: float | None = None  # "Current kv cache memory in use is X" (0.10.2+, after the pool is allocated)
-    explicit_kv_gib: float | None = None  # "Explicitly set (X/...) GiB for KV cache", "reserved X GiB ... kv_cache_memory_bytes"
-    num_gpu_blocks: int | None = None
-    block_device: str | None = None  # the device word of "# GPU blocks" / "# cuda blocks" / "# CPU blocks"
-    kv_cache_tokens: int | None = None  # vLLM "GPU KV cache size"; SGLang max_total_num_tokens
-    device_kind: str | None = None  # the device word of "GPU / CPU / XPU KV cache size"
-    max_concurrency: float | None = None
-    concurrency_len: int | None = None  # the length of "Maximum concurrency for N tokens per request"
-    padding_layers: int | None = None
-    refusal: Refusal | None = None
-    sglang_k_gib: float | None = None
-    sglang_v_gib: float | None = None
-    sglang_kv_gib: float | None = None  # MLA: one "KV size"
-    sglang_kv_dtype: str | None = None
-    sglang_avail_before_load_gib: float | None = None  # "Load weight begin. avail mem": free before the weights
-    sglang_avail_after_load_gib: float | None = None  # "Load weight end ... avail mem"
-    sglang_comm_gib: float | None = None  # "Init torch distributed ends. mem usage": NCCL and all-reduce buffers
-    sglang_rest_gib: float | None = None
-    sglang_pool_end_gib: float | None = None  # "Memory pool end. avail mem"
-    sglang_available_gpu_mem_gib: float | None = None  # free after CUDA-graph capture (the scheduler's line)
-    sglang_chunked_prefill_size: int | None = None
-    sglang_max_prefill_tokens: int | None = None
-    sglang_full_tokens: int | None = None
-    sglang_swa_tokens: int | None = None
-    sglang_mamba_slots: int | None = None
-    max_running_requests: int | None = None  # SGLang
-    no_memory_line: int | None = None  # the line of "No available memory for the cache blocks" (SGLang: "Not enough memory")
-    stop_line: int | None = None  # the line of another start-up stop (kvplan.explain.lines.STOPS)
-    stop_reason: str | None = None
-    out_of_memory_line: int | None = None  # the first line of a CUDA / HIP out-of-memory error
-    not_started: str | None = None  # why the log shows the engine did not start (None: it did, or it does not say)
-    releases: tuple[str, str | None] | None = None  # the releases that print every line form of the log (first, last)
-    warnings: tuple[str, ...] = ()
-    matched: tuple[str, ...] = ()  # the field names found, in the order they were found
-    unreadable: tuple[str, ...] = ()  # "line N: cannot read the number ..." for numbers no engine prints
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field, JSON-ready (``refusal`` as a mapping)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Refusal):
-                value = {g.name: getattr(value, g.name) for g in fields(value)}
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
-        return out
-
-    @property
-    def has_capacity(self) -> bool:
-        """Whether the log states anything about the KV pool (memory, blocks, tokens, a refusal)."""
-        return self.prints_every_term or any(
-            x is not None for x in (self.available_kv_gib, self.num_gpu_blocks, self.kv_cache_tokens, self.refusal,
-                                    self.sglang_k_gib, self.sglang_kv_gib, self.max_concurrency, self.explicit_kv_gib,
-                                    self.not_started))
-
-    @property
-    def prints_every_term(self) -> bool:
-        """Whether the log prints the requested memory and every term vLLM subtracts from it (weights, activation
-        peak, non-torch): its KV budget is then implied even where the excerpt ends before the KV line."""
-        requested = self.requested_memory_gib is not None or (self.total_memory_gib is not None
-                                                              and self.gpu_memory_utilization is not None)
-        activation = self.activation_gib is not None or self.peak_torch_memory_gib is not None
-        return requested and activation and self.weights_gib is not None and self.non_torch_gib is not None
-
-    @property
-    def starts(self) -> bool | None:
-        """Whether the log shows the engine started: False with a reason (``not_started``), True when it
-        prints its pool, None when it says nothing about the pool."""
-        if self.not_started is not None:
-            return False
-        return True if self.has_capacity else None
-
-    @property
-    def kv_gib(self) -> float | None:
-        """The KV budget the log prints, per GPU (GiB): vLLM's available or explicit KV memory, SGLang's pool."""
-        if self.available_kv_gib is not None:
-            return self.available_kv_gib
-        if self.explicit_kv_gib is not None:
-            return self.explicit_kv_gib
-        if self.sglang_kv_gib is not None:
-            return self.sglang_kv_gib
-        if self.sglang_k_gib is not None and self.sglang_v_gib is not None:
-            return round(self.sglang_k_gib + self.sglang_v_gib, 2)
-        return None
-
-    @property
-    def is_cpu(self) -> bool:
-        """Whether the log is of vLLM's CPU backend."""
-        if self.platform is not None:  # the platform the log names wins (an NPU plugin's blocks are "CPU blocks")
-            return self.platform == "cpu"
-        return (self.device_kind == "CPU" or self.cpu_kv_space_gib is not None
-                or (self.block_device or "").lower() == "cpu")
-
-    @property
-    def prints_terms(self) -> bool:
-        """Whether the log prints a budget term beside its KV budget (weights, activation, non-torch, graphs)."""
-        return any(x is not None for x in (self.weights_gib, self.activation_gib, self.peak_torch_memory_gib,
-                                           self.non_torch_gib, self.consumed_gib, self.non_kv_gib))
-
-
-# ---------------------------------------------------------------------------------------------
-# numbers as printed
-
-
-class Unreadable(ValueError):
-    """A number in a line the parser matched that is not a number the engine prints (garbled or cut)."""
-
-
-_PRINTED_NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]*)?")
-MAX_LOGGED = MAX_TOKENS  # no count, length, size (GiB) or ratio a start-up log prints is larger
-_MAX_DIGITS = 15  # a double holds 15 significant digits: more were not printed by the engine
-
-
-def _checked(text: str, integer: bool, bound: int = MAX_LOGGED) -> str:
-    """``text`` without its thousands separators, or :class:`Unreadable`: misplaced commas (``409,6001``),
-    a fraction where a count belongs, more digits than a printed number has, past ``bound``."""
-    plain = text.replace(",", "")
-    digits = plain.lstrip("-").replace(".", "").lstrip("0")
-    if (not _PRINTED_NUMBER.fullmatch(text) or (integer and "." in text) or len(digits) > _MAX_DIGITS
-            or abs(float(plain)) > bound):
-        raise Unreadable(text)
-    return plain
-
-
-def _num(text: str) -> float:
-    return float(_checked(text, integer=False))
-
-
-def _int(text: str) -> int:
-    return int(_checked(text, integer=True))
-
-
-def decimals(text: str) -> int:
-    """Digits after the decimal point of a printed number (``"5.01"`` -> 2, ``"21.5"`` -> 1)."""
-    return len(text.split(".", 1)[1]) if "." in text else 0
-
-
-def printed_interval(value: float, digits: int = 2) -> tuple[float, float]:
-    """The values that print as ``value`` with ``digits`` decimals: ``value +- 0.5 x 10**-digits``."""
-    half = 0.5 * 10 ** -digits
-    return value - half, value + half
-
-
-_CONSTANT_KINDS = {"true": True, "false": False, "serve": "serve", "cpu": "cpu"}  # set by the line, read from no group
-
-
-def _read(kind: str, text: str | None) -> Any:
-    """One group of a :class:`kvplan.explain.lines.Line`, as its kind says."""
-    if text is None:
-        return None
-    if kind == "word":
-        return text
-    if kind == "bool":
-        return text == "True"
-    if kind == "int":
-        return _int(text)
-    if kind == "bytes":
-        return int(_checked(text, integer=True, bound=MAX_SIZE_BYTES)) / 2**30
-    value = _num(text)
-    return round(value / 1024, 4) if kind == "mib" else value
-
-
-def _values(rule: L.Line, m: "re.Match[str]") -> list[Any]:
-    out, group = [], 0
-    for kind in rule.kinds:
-        if kind in _CONSTANT_KINDS:
-            out.append(_CONSTANT_KINDS[kind])
-            continue
-        group += 1
-        out.append(_read(kind, m.group(group)))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# command lines and argument dicts
-
-# non-default args / vllm serve / sglang.launch_server flags -> fields
-_ARG_FIELDS = {"model": "model", "model_tag": "model", "model_path": "model", "tensor_parallel_size": "tp",
-               "pipeline_parallel_size": "pp", "tp_size": "tp", "pp_size": "pp", "tp": "tp", "pp": "pp",
-               "max_model_len": "max_model_len", "max_model": "max_model_len", "context_length": "max_model_len",
-               "gpu_memory_utilization": "gpu_memory_utilization", "mem_fraction_static": "gpu_memory_utilization",
-               "max_num_seqs": "max_num_seqs", "max_running_requests": "max_num_seqs",
-               "max_num_batched_tokens": "max_num_batched_tokens", "block_size": "block_size", "page_size": "block_size",
-               "dtype": "dtype", "kv_cache_dtype": "kv_cache_dtype", "quantization": "quantization",
-               "enforce_eager": "enforce_eager", "kv_cache_memory_bytes": "kv_cache_memory_bytes",
-               "kv_cache_memory": "kv_cache_memory_bytes", "chunked_prefill_size": "sglang_chunked_prefill_size",
-               "max_prefill_tokens": "sglang_max_prefill_tokens"}
-_FIELD_TYPES = {"tp": int, "pp": int, "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
-                "block_size": int, "gpu_memory_utilization": float, "kv_cache_memory_bytes": int,
-                "sglang_chunked_prefill_size": int, "sglang_max_prefill_tokens": int}
-_BOUNDS = {"kv_cache_memory_bytes": MAX_SIZE_BYTES}
-
-# vLLM's human-readable integers (``--max-model-len 32k``): k/m/g = 10^3/10^6/10^9, K/M/G = 2^10/2^20/2^30
-_HUMAN_INT = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kmgtKMGT])")
-_HUMAN_UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# a positional model on a command line: a path or id (a "/" or a digit in it), not a word ("vllm serve with ...")
-_MODEL_TOKEN = re.compile(r"[\"']?([A-Za-z0-9_.~-]*[/0-9][A-Za-z0-9_./~:-]*)[\"']?")
-
-
-def _typed(field: str, value: Any) -> Any:
-    kind = _FIELD_TYPES.get(field)
-    if field == "enforce_eager":
-        return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "")
-    if kind is None:
-        return None if value is None or str(value) in ("None", "auto", "") else str(value)
-    if value is None or isinstance(value, bool):
-        return None
-    text = str(value).replace(",", "")
-    short = _HUMAN_INT.fullmatch(text) if kind is int else None
-    try:
-        number = round(float(short.group(1)) * _HUMAN_UNITS[short.group(2)]) if short else kind(text)
-    except ValueError:
-        if any(ch.isdigit() for ch in text):
-            raise Unreadable(text[:40]) from None  # digits, but not a number (or 5,000 of them)
-        return None
-    if not abs(number) <= _BOUNDS.get(field, MAX_LOGGED):  # NaN too
-        raise Unreadable(text[:40])
-    return number
-
-
-def _args_dict(line: str) -> dict[str, Any]:
-    """The ``non-default args: {...}`` dict of a vLLM log line ({} when it is truncated or garbled)."""
-    match = L.NON_DEFAULT.search(line)
-    if not match:
-        return {}
-    try:
-        value = ast.literal_eval(match.group(1))
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _command_flags(line: str, start: int) -> dict[str, Any]:
-    """``--flag value`` pairs of a ``vllm serve`` / ``sglang.launch_server`` command line after ``start``
-    (``-tp 2`` too), and its positional model."""
-    rest = line[start:]
-    out: dict[str, Any] = {}
-    for flag, value in L.SERVE_FLAG.findall(rest):
-        value = value.strip("'\"")  # a shell-quoted value: --model-path 'Qwen/Qwen3.5-9B'
-        if value:
-            out[flag.replace("-", "_")] = value
-    for short, name in (("-tp", "tensor_parallel_size"), ("-pp", "pipeline_parallel_size")):
-        m = re.search(rf"(?:^|\s){short}[ =]([0-9]+)", rest)
-        if m:
-            out[name] = m.group(1)
-    if "--enforce-eager" in rest:
-        out["enforce_eager"] = True
-    tokens = rest.split()
-    skip = False
-    for token in tokens:
-        if skip:
-            skip = False
-            continue
-        if token.startswith("-"):
-            skip = "=" not in token and token not in ("--enforce-eager", "--trust-remote-code")
-            continue
-        m = _MODEL_TOKEN.fullmatch(token)
-        if m and "model_tag" not in out and "model" not in out:
-            out["model_tag"] = m.group(1)
-        break
-    return out
-
-
-def _server_args(line: str) -> dict[str, Any]:
-    """SGLang's ``server_args=ServerArgs(key=value, ...)`` as a dict of the keys kvplan reads."""
-    i = line.find("ServerArgs(")
-    if i < 0:
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in re.findall(r"\b(\w+)=('[^']*'|[^,()]+)", line[i:]):
-        if key in _ARG_FIELDS and key not in out:
-            out[key] = value.strip("'")
-    return out
-
 
 # ---------------------------------------------------------------------------------------------
 # collecting
@@ -455,6 +121,13 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
     rank = _rank(line)
     if rank or "Worker" in line:
         _note_worker(c, line)
+    _read_rules(c, line, lineno, rank)
+    _read_commands(c, line, lineno)
+    _read_stops(c, line, lineno)
+
+
+def _read_rules(c: _Collect, line: str, lineno: int, rank: int) -> None:
+    """The fields of every line form the line matches (``rank``: the worker whose line it is, 0 for rank 0 or none)."""
     for rule in _candidate_rules(line):
         m = rule.pattern.search(line)
         if not m:
@@ -481,6 +154,10 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
                     and c.values.get("block_device", "").lower() != "cpu":
                 break  # V0's "# CPU blocks" (swap space) after the device's own line
             c.set(field, value, keep_first=rule.policy == "first", rank=rank)
+
+
+def _read_commands(c: _Collect, line: str, lineno: int) -> None:
+    """The settings of a ``vllm serve`` or ``sglang.launch_server`` command line, an args dict or SGLang's ServerArgs."""
     if "vllm serve" in line:
         m = L.SERVE_LINE.search(line)
         _set_args(c, _command_flags(line, m.end()) if m else {}, line, lineno)
@@ -494,6 +171,10 @@ def _read_line(c: _Collect, line: str, lineno: int = 0) -> None:
         _set_args(c, flags, line, lineno)
     if "args" in line or "ServerArgs(" in line:
         _set_args(c, {**_args_dict(line), **_server_args(line)}, line, lineno)
+
+
+def _read_stops(c: _Collect, line: str, lineno: int) -> None:
+    """A refusal, why the engine stopped, which releases print the line's form, out-of-memory lines and warnings."""
     try:
         refusal = _refusal(line) if "KV cache" in line else None
     except Unreadable as exc:
@@ -695,4 +376,4 @@ def parse_log(text: str) -> StartupLog:
     return _finish(c)
 
 
-__all__ = ["StartupLog", "Refusal", "Unreadable", "parse_log", "printed_interval", "decimals"]
+__all__ = ["parse_log"]

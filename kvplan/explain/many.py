@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from kvplan.errors import KvplanError
-from kvplan.explain.reconcile import Explanation, explain
+from kvplan.explain.account import Explanation
+from kvplan.explain.reconcile import explain
 
 
 @dataclass(frozen=True)

@@ -373,6 +373,22 @@ def observed_prefix(view: PlanView, s: Any) -> tuple[int, str]:
     return tokens, f"endpoint: prefix hit rate {rate:.1%} of {basis}"
 
 
+def _shared_fit(view: PlanView, s: Any, blocks: int, context: int, cap: int) -> tuple[int, str, int | None]:
+    """The shared prefix the page or ``--prefix-tokens`` shows (:func:`observed_prefix`), where it comes from, and
+    the requests of ``context`` tokens that ``blocks`` fit with it stored once (``None``: no prefix, prefix caching
+    off, or no block shared)."""
+    from kvplan import memory
+
+    plan = view.plan
+    prefix, source = observed_prefix(view, s)
+    shared = None
+    if prefix and plan.prefix_caching:
+        sharing = memory.prefix_sharing(blocks, plan.demand, context, prefix, plan.spec.parameters_read(1), cap)
+        if sharing.shared_blocks:
+            shared = sharing.max_requests_shared
+    return prefix, source, shared
+
+
 def diagnose(view: PlanView, s: Any) -> Diagnosis:
     """The running peak against what the server's pool fits at --context (the server's ``num_gpu_blocks``
     when the page says, else the plan's), crediting a shared prefix (:func:`observed_prefix`) with
@@ -390,12 +406,7 @@ def diagnose(view: PlanView, s: Any) -> Diagnosis:
     cap = a.max_num_seqs
     context = a.context
     unshared = min(memory.max_requests(blocks, demand.blocks(context)), cap)
-    prefix, source = observed_prefix(view, s)
-    shared = None
-    if prefix and plan.prefix_caching:
-        sharing = memory.prefix_sharing(blocks, demand, context, prefix, plan.spec.parameters_read(1), cap)
-        if sharing.shared_blocks:
-            shared = sharing.max_requests_shared
+    prefix, source, shared = _shared_fit(view, s, blocks, context, cap)
     fits = shared if shared is not None else unshared
     at = f"{plural(context, 'token')}"
     share_text = ""

@@ -38,10 +38,10 @@ def _delta(a: Any, b: Any, name: str) -> float | None:
     return None if x is None or y is None else y - x
 
 
-def timing_run(obs: Any, series: str | None = None, source: str = "") -> RunMeasure:
-    """The run ``obs`` (a :class:`kvplan.observe.session.Observation`) measured, from the polls of one series
-    (``series``: its name; default the only one). Raises :class:`InputError` when the page lacks a counter
-    the fit needs or no interval had requests running."""
+def _series_rows(obs: Any, series: str | None) -> tuple[str, list[Any], list[dict[str, Any]]]:
+    """The series measured (``series``, default the only one), its polls that read it and its rows in them; raises
+    :class:`InputError` when the endpoint has several series and none is named, or the page lacks a counter the
+    fit needs."""
     names = [s.name for s in obs.series]
     if series is None:
         if len(names) != 1:
@@ -57,6 +57,14 @@ def timing_run(obs: Any, series: str | None = None, source: str = "") -> RunMeas
         shown = ", ".join(VLLM_NAMES.get(n, (n,))[0] for n in lacking)
         raise InputError(f"--fit-timing needs counters {series} does not report: {shown}",
                          "vLLM V1 (0.9 and later) reports them on /metrics")
+    return series, polls, rows
+
+
+def timing_run(obs: Any, series: str | None = None, source: str = "") -> RunMeasure:
+    """The run ``obs`` (a :class:`kvplan.observe.session.Observation`) measured, from the polls of one series
+    (``series``: its name; default the only one). Raises :class:`InputError` when the page lacks a counter
+    the fit needs or no interval had requests running."""
+    series, polls, rows = _series_rows(obs, series)
     summary = next(x.summary for x in obs.series if x.name == series)
     pool_tokens = (summary.num_gpu_blocks * summary.block_size if summary.num_gpu_blocks and summary.block_size
                    else summary.max_total_num_tokens or 0)

@@ -9,7 +9,7 @@ from kvplan.units import GiB, plural
 
 if TYPE_CHECKING:
     from kvplan.explain.many import LogResult
-    from kvplan.explain.reconcile import Capacity, Explanation
+    from kvplan.explain.account import Capacity, Explanation
 
 RULES = {"blocks": "num_blocks x block_size", "groups": "num_blocks // num_groups x block_size",
          "concurrency": "int(max_concurrency x max_model_len)"}
@@ -116,7 +116,7 @@ def _head(ex: "Explanation"):  # noqa: ANN202 - a rich Text
                     f"tp {p.options.tp}, pp {p.options.pp}, {p.model_dtype}, KV {p.kv_dtype}, max_model_len "
                     f"{p.max_model_len:,}{util}")
         return head
-    from kvplan.explain.reconcile import account
+    from kvplan.explain.account import account
 
     engine = account(ex.engine).label
     head.append(f"{log.model or 'a model the log does not name'}", style="bold")
@@ -140,13 +140,12 @@ def _notes(ex: "Explanation") -> list[str]:
     return list(ex.notes) + plan
 
 
-def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
-    """The terms table (GiB), the capacity table, the diagnosis, the verdict and the notes."""
-    from rich.console import Group
+def _terms_table(ex: "Explanation"):  # noqa: ANN202 - a rich renderable
+    """The budget per GPU, term by term (GiB): the log's, and kvplan's where it has its own terms."""
     from rich.table import Table
     from rich.text import Text
 
-    p, log = ex.plan, ex.log
+    p = ex.plan
     own_terms = p is not None and ex.gpu_known
     terms = Table(title="budget per GPU (GiB)", title_justify="left")
     cols = ("term", "logged", "kvplan", "kvplan - logged", "") if own_terms else ("term", "logged", "")
@@ -165,6 +164,19 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
                           Text("-" if diff is None else f"{diff / GiB:+,.2f}", style=style), note)
         else:
             terms.add_row(row.name, _fmt_gib(row.logged_bytes), note)
+    if not shown:  # nothing to tabulate: say why in one line instead of an empty table
+        why = ("the log prints none of them" + ("" if p is not None else
+                                                 ", and kvplan has no plan of its own to set beside them (the model: "
+                                                 "pass --model)"))
+        return Text(f"budget per GPU: no term to show: {why}", style="yellow")
+    return terms
+
+
+def _capacity_table(ex: "Explanation"):  # noqa: ANN202 - a rich Table
+    """What the log prints of its capacity beside what the logged terms and kvplan's own terms give."""
+    from rich.table import Table
+
+    p, log = ex.plan, ex.log
     lg, own = ex.from_logged, ex.from_kvplan
     cap = Table(title="capacity", title_justify="left")
     columns = [("log", None)] + ([("from the logged terms", lg)] if p is not None else []) + (
@@ -187,12 +199,21 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
                     *(_fmt(slots) if c is own else "-" for _, c in columns[1:]))
     if log.refusal is not None:
         line("longest max_model_len", log.refusal.estimated_max_model_len, "longest_startable_len")
+    return cap
+
+
+def _verdict(ex: "Explanation"):  # noqa: ANN202 - a rich Text
+    """The diagnosis, whether the logged terms reproduce the log's capacity lines, and what the comparison needs."""
+    from rich.text import Text
+
+    p, log = ex.plan, ex.log
     verdict = Text()
     if ex.diagnosis:
         verdict.append(ex.diagnosis + "\n", style="bold")
     if p is not None:
         rule = RULES.get(p.engine.kv_tokens_rule, p.engine.kv_tokens_rule)
-        from kvplan.explain.reconcile import IMPLIED, prints_capacity_lines
+        from kvplan.explain.compare import prints_capacity_lines
+        from kvplan.explain.facts import IMPLIED
 
         kv_row = ex.term("kv_budget")
         if ex.matches and kv_row is not None and kv_row.note.startswith(IMPLIED):
@@ -216,17 +237,20 @@ def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
             verdict.append("the log prints no KV budget, blocks or tokens to check the block rules against\n")
     for need in ex.needs if p is None else ():  # with a plan, the diagnosis says what the comparison still needs
         verdict.append(f"{need}\n", style="yellow")
+    return verdict
+
+
+def render_explanation(ex: "Explanation"):  # noqa: ANN201 - a rich renderable
+    """The terms table (GiB), the capacity table, the diagnosis, the verdict and the notes."""
+    from rich.console import Group
+    from rich.text import Text
+
     notes = Text()
-    for warning in log.warnings[:5]:  # whole: the console wraps it at word boundaries, never cuts it
+    for warning in ex.log.warnings[:5]:  # whole: the console wraps it at word boundaries, never cuts it
         notes.append(f"! log: {warning}\n", style="yellow")
     for note in _notes(ex):
         notes.append(f"· {note}\n", style="grey62")
-    if not shown:  # nothing to tabulate: say why in one line instead of an empty table
-        why = ("the log prints none of them" + ("" if p is not None else
-                                                 ", and kvplan has no plan of its own to set beside them (the model: "
-                                                 "pass --model)"))
-        terms = Text(f"budget per GPU: no term to show: {why}", style="yellow")
-    return Group(_head(ex), terms, cap, verdict, notes)
+    return Group(_head(ex), _terms_table(ex), _capacity_table(ex), _verdict(ex), notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +264,8 @@ def _row_values(r: "LogResult") -> dict[str, Any]:
     log, p = ex.log, ex.plan
     gpu = (p.gpu.name if p is not None and ex.gpu_known and p.gpu.name != "custom" else
            f"{log.total_memory_gib} GiB" if log.total_memory_gib else None)
-    from kvplan.explain.reconcile import account, biggest_term
+    from kvplan.explain.account import account
+    from kvplan.explain.compare import biggest_term
 
     engine = account(ex.engine).label + (f" {log.version}" if log.version else "")
     release = p.engine.version if p is not None else None

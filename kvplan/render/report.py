@@ -17,7 +17,8 @@ from kvplan.render.report_cells import cell as _fmt, label_shown as _shown, titl
 from kvplan.units import GiB, plural
 
 if TYPE_CHECKING:
-    from kvplan.checks.report import Report, Row
+    from kvplan.checks.report import Report
+    from kvplan.checks.rows import Row
 
 TERMINAL_ROWS = 40  # rows shown in the terminal before truncating (head + tail)
 DOCUMENT_ROWS = 2000  # rows in the Markdown / HTML table (CSV and JSON hold them all)
@@ -51,7 +52,7 @@ def constants(report: "Report") -> list[tuple[str, str]]:
     first = report.digest.head[0].to_dict()
     shown = set(columns(report))
     out = []
-    from kvplan.checks.report import LABEL_FIELDS
+    from kvplan.checks.rows import LABEL_FIELDS
 
     for key in LABEL_FIELDS:
         if key in shown or key in report.varying or (key == "max_model_len" and "context" in report.varying):
@@ -259,7 +260,7 @@ class CsvRows:
     """Rows streamed to CSV: every figure of every row (bytes as integers, per GPU)."""
 
     def __init__(self, fh: IO[str]) -> None:
-        from kvplan.checks.report import ROW_FIELDS
+        from kvplan.checks.rows import ROW_FIELDS
 
         self._fields = ROW_FIELDS
         self._writer = csv.writer(fh, lineterminator="\n")

@@ -45,6 +45,6 @@ def cell(key: str, value: Any) -> str:
 def label_shown(report: "Report", key: str) -> bool:
     """Whether tables show the label ``key``: the usual ones, and any other the file sets (every label is in
     the CSV / JSON rows)."""
-    from kvplan.checks.report import SHOWN_LABELS
+    from kvplan.checks.rows import SHOWN_LABELS
 
     return key in SHOWN_LABELS or key in report.given or key in ("name", "context", "batch", "max_model_len")

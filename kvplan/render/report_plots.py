@@ -13,7 +13,8 @@ from kvplan.render.report_cells import cell as _fmt, label_shown as _shown
 from kvplan.units import GiB
 
 if TYPE_CHECKING:
-    from kvplan.checks.report import Pool, Report
+    from kvplan.checks.report import Report
+    from kvplan.checks.rows import Pool
 
 MAX_SERIES = 12  # lines in the concurrency plot (in each model's panel when there are more)
 MAX_PANELS = 12  # models in the concurrency plot, one panel each, when one panel would not hold every line
@@ -47,7 +48,7 @@ def _series_label(pool: "Pool", keys: list[str]) -> str:
 
 
 def _pool_keys(report: "Report") -> list[str]:
-    from kvplan.checks.report import Pool
+    from kvplan.checks.rows import Pool
 
     return [k for k in report.varying if k in Pool.LABELS and k != "gpus" and _shown(report, k)]  # gpus = tp x pp
 

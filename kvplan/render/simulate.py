@@ -12,7 +12,7 @@ SCHEMA_VERSION = 1
 
 
 def simulate_to_dict(run: Any) -> dict[str, Any]:
-    """JSON-ready numbers of a :class:`kvplan.sim.workload.WorkloadRun` (times in s, fractions in [0, 1])."""
+    """JSON-ready numbers of a :class:`kvplan.sim.workload_run.WorkloadRun` (times in s, fractions in [0, 1])."""
     wl, plan, res = run.workload, run.plan, run.result
     pool, timing = res.config.pool, res.config.timing
     return {

@@ -1,5 +1,7 @@
 """The pieces of ``kvplan simulate`` (the public API is :mod:`kvplan.sim.simulate`).
 
+* :mod:`~kvplan.sim.workload`: workload files (their schema in :mod:`~kvplan.sim.workload_schema`, a run of one in
+  :mod:`~kvplan.sim.workload_run`);
 * :mod:`~kvplan.sim.model`: the inputs (requests, pool, timing) and outputs (per-policy results);
 * :mod:`~kvplan.sim.streams`: request streams that every policy replays, and the live requests;
 * :mod:`~kvplan.sim.blocks`: the block accounting over :mod:`kvplan.paged.allocator`;

@@ -194,6 +194,41 @@ def active_parameters(spec) -> int | None:  # noqa: ANN001 - kvplan.model.spec.M
     return spec.parameters_read(1)
 
 
+def _check_runs(plan) -> None:  # noqa: ANN001
+    """A plan with nothing to simulate is refused (the engine does not start, a request of max_model_len never
+    runs, fewer than 2 blocks), with the length that would."""
+    if plan.answer.refusal:  # nothing would run: the engine does not start
+        longest = plan.answer.longest_startable_len
+        raise InputError(f"{plan.engine.engine} refuses to start this deployment: {plan.answer.refusal}",
+                         f"use max_model_len {longest}" if longest else "see kvplan estimate for what would start")
+    if plan.answer.idle_reason:  # it starts, but a request of max_model_len never runs: nothing to simulate
+        longest = plan.deployment.longest_runnable_len()
+        raise InputError(f"no request of max_model_len {plan.max_model_len:,} runs: {plan.answer.idle_reason}",
+                         f"use max_model_len {longest}" if longest else "see kvplan estimate for what would run")
+    if plan.answer.num_blocks < 2:
+        raise InputError(f"the KV pool has {plural(plan.answer.num_blocks, 'block')}: nothing to simulate",
+                         "raise kv_budget, use a bigger GPU or lower the weights")
+
+
+def _token_bytes(plan) -> tuple[int, dict[int, int]]:  # noqa: ANN001
+    """KV bytes per token of the rank's full-attention layers, and per window size of its windowed layers (cross
+    layers hold a fixed amount per request: read with the state bytes)."""
+    from kvplan import memory
+    from kvplan.model.spec import LayerKind
+
+    kv_dtype = plan.layout.kv_dtype
+    full, windows = 0, {}
+    for layer in plan.rank_layers:
+        per_token = memory.layer_token_bytes(layer, kv_dtype)
+        if layer.kind is LayerKind.CROSS:
+            continue  # a fixed amount per request, read with the state bytes
+        if layer.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) and layer.window_tokens:
+            windows[layer.window_tokens] = windows.get(layer.window_tokens, 0) + per_token
+        else:
+            full += per_token
+    return full, windows
+
+
 def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_step_s: float | None = None,  # noqa: ANN001
                      prefill_efficiency: float = DEFAULT_PREFILL_EFFICIENCY,
                      fit: StepFit | None = None) -> tuple[SimConfig, tuple[str, ...]]:
@@ -213,7 +248,6 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
 
     from kvplan import memory
     from kvplan.paged.groups import allocator_groups
-    from kvplan.model.spec import LayerKind
 
     layout, notes = plan.layout, []
     bs, mnbt = layout.block_size, plan.max_num_batched_tokens
@@ -222,28 +256,10 @@ def config_from_plan(plan, *, prefill_s_per_token: float | None = None, decode_s
     groups = allocator_groups(replace(plan.demand, prefix_caching=False))
     prefix_state = tuple(g.state_blocks for g in allocator_groups(replace(plan.demand, prefix_caching=True))
                          if g.kind == "state")
-    if plan.answer.refusal:  # nothing would run: the engine does not start
-        longest = plan.answer.longest_startable_len
-        raise InputError(f"{plan.engine.engine} refuses to start this deployment: {plan.answer.refusal}",
-                         f"use max_model_len {longest}" if longest else "see kvplan estimate for what would start")
-    if plan.answer.idle_reason:  # it starts, but a request of max_model_len never runs: nothing to simulate
-        longest = plan.deployment.longest_runnable_len()
-        raise InputError(f"no request of max_model_len {plan.max_model_len:,} runs: {plan.answer.idle_reason}",
-                         f"use max_model_len {longest}" if longest else "see kvplan estimate for what would run")
-    if plan.answer.num_blocks < 2:
-        raise InputError(f"the KV pool has {plural(plan.answer.num_blocks, 'block')}: nothing to simulate",
-                         "raise kv_budget, use a bigger GPU or lower the weights")
+    _check_runs(plan)
     pool = Pool(plan.answer.num_blocks, bs, groups, plan.max_model_len, plan.answer.max_num_seqs, mnbt, prefix_state)
     kv_dtype, model_dtype = layout.kv_dtype, layout.model_dtype
-    full, windows = 0, {}
-    for layer in plan.rank_layers:
-        per_token = memory.layer_token_bytes(layer, kv_dtype)
-        if layer.kind is LayerKind.CROSS:
-            continue  # a fixed amount per request, read with the state bytes
-        if layer.kind in (LayerKind.SLIDING, LayerKind.CHUNKED) and layer.window_tokens:
-            windows[layer.window_tokens] = windows.get(layer.window_tokens, 0) + per_token
-        else:
-            full += per_token
+    full, windows = _token_bytes(plan)
     if fit is not None and prefill_s_per_token is None:
         prefill_s_per_token = fit.prefill_s_per_token
     missing = []  # every timing input the plan cannot give, named at once

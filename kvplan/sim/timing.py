@@ -163,6 +163,27 @@ def _solve(rows: list[list[float]], target: list[float]) -> list[float] | None:
     return [a[i][k] / a[i][i] / norms[i] for i in range(k)]
 
 
+def _candidates(rows: list[list[float]], allowed: list[int], num_runs: int
+                ) -> list[tuple[float, tuple[int, ...], list[float]]]:
+    """``(rms relative error, term indices, values)`` of every non-negative least-squares fit of the largest term
+    sets of ``allowed`` (at most ``num_runs`` terms, at least one that takes a step's time) the runs determine."""
+    target = [1.0] * num_runs
+    needs_step = {TERMS.index(t) for t in ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "step_s_per_held_token")}
+    found: list[tuple[float, tuple[int, ...], list[float]]] = []
+    for size in range(min(len(allowed), num_runs), 0, -1):
+        for subset in combinations(allowed, size):  # in TERMS order: the preferred term sets first
+            if not needs_step & set(subset):
+                continue  # a step must take time of its own
+            x = _solve([[row[j] for j in subset] for row in rows], target)
+            if x is None or any(v < 0 for v in x):
+                continue
+            err = sum((sum(row[j] * v for j, v in zip(subset, x)) - 1.0) ** 2 for row in rows)
+            found.append((math.sqrt(err / num_runs), subset, x))
+        if found:
+            break
+    return found
+
+
 def fit_runs(runs: Sequence[TimingRun]) -> tuple[StepFit, tuple[str, ...]]:
     """The step model that best explains every run's busy seconds (least squares of the relative error,
     so each run counts the same), and notes on what the runs could not determine.
@@ -183,20 +204,7 @@ def fit_runs(runs: Sequence[TimingRun]) -> tuple[StepFit, tuple[str, ...]]:
                if (name != "step_s_per_kv_token" or spread >= MIN_CONTEXT_SPREAD)
                and (name != "step_s_per_held_token" or held_spread >= MIN_CONTEXT_SPREAD)]
     rows = [[x / r.busy_s for x in r.regressors()] for r in runs]
-    target = [1.0] * len(runs)
-    needs_step = {TERMS.index(t) for t in ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "step_s_per_held_token")}
-    found: list[tuple[float, tuple[int, ...], list[float]]] = []
-    for size in range(min(len(allowed), len(runs)), 0, -1):
-        for subset in combinations(allowed, size):  # in TERMS order: the preferred term sets first
-            if not needs_step & set(subset):
-                continue  # a step must take time of its own
-            x = _solve([[row[j] for j in subset] for row in rows], target)
-            if x is None or any(v < 0 for v in x):
-                continue
-            err = sum((sum(row[j] * v for j, v in zip(subset, x)) - 1.0) ** 2 for row in rows)
-            found.append((math.sqrt(err / len(runs)), subset, x))
-        if found:
-            break
+    found = _candidates(rows, allowed, len(runs))
     if not found:
         raise InputError("the timing runs do not determine a step time (every fit needs a negative term)",
                          "observe the server at a few different loads and fit again")

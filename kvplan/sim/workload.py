@@ -19,6 +19,9 @@ or replaces the length fields with ``trace: requests.jsonl`` (one JSON object pe
 :mod:`kvplan.checks.fields`'s, the YAML reader and the error formatting :mod:`kvplan.io.yamldoc`'s (one loader
 for every kvplan file).
 
+The schema is :mod:`kvplan.sim.workload_schema`'s; a run of the workload (its requests under each policy, the
+capacity its figures are read against) :mod:`kvplan.sim.workload_run`'s.
+
 Only the ``simulate`` command imports this module (pydantic is not imported by ``import kvplan.cli.app``).
 """
 
@@ -29,110 +32,16 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping, Union
-
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from typing import Any, Iterator, Mapping
 
 from kvplan.errors import KvplanError, ScenarioError
 from kvplan.io.kinds import WORKLOAD
 from kvplan.io.yamldoc import (ScenarioFileError, Where, YamlDoc, display_path, expect_kind, option_locations, read_yaml,
                                validate_doc)
-from kvplan.checks.fields import OPTION_FIELDS, finish_values, number, option_values
+from kvplan.checks.fields import finish_values, option_values
 from kvplan.units import check_number, fmt_seconds, plural
 from kvplan.sim.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
-
-# estimate options that make no sense for a simulation (the policies decide prefix caching; the
-# workload decides the batch and the prefix)
-_NOT_HERE = ("batch", "prefix_tokens", "prefix_caching")
-WORKLOAD_OPTIONS = {k: v for k, v in OPTION_FIELDS.items() if k not in _NOT_HERE}
-_FORBID = ConfigDict(extra="forbid")
-MAX_TOKENS = 1_000_000_000  # a token count in a workload or trace (far past any model's context)
-MAX_COUNT = 10**12  # requests, users
-MAX_SECONDS = 1e15  # durations and rates: finite and bounded (the work bound decides what runs)
-
-Tokens = number("a token count", low=1, high=MAX_TOKENS, integer=True)
-TokensOrZero = number("a token count", low=0, high=MAX_TOKENS, integer=True)
-PositiveFloatTokens = number("tokens", low=0, low_open=True, high=MAX_TOKENS)
-FloatTokens = number("tokens", low=0, high=MAX_TOKENS)
-Seconds = number("seconds", low=0, low_open=True, high=MAX_SECONDS)
-SecondsOrZero = number("seconds", low=0, high=MAX_SECONDS)
-Rate = number("requests per second", low=0, low_open=True, high=MAX_SECONDS)
-Count = number("a count", low=1, high=MAX_COUNT, integer=True)
-Share = number("a share in (0, 1]", low=0, low_open=True, high=1)
-
-
-class Fixed(BaseModel):
-    model_config = _FORBID
-    dist: Literal["fixed"]
-    value: Tokens = Field(description="tokens")
-
-
-class Uniform(BaseModel):
-    model_config = _FORBID
-    dist: Literal["uniform"]
-    min: TokensOrZero = Field(description="tokens (inclusive)")
-    max: TokensOrZero = Field(description="tokens (inclusive)")
-
-
-class Normal(BaseModel):
-    model_config = _FORBID
-    dist: Literal["normal", "lognormal"]
-    mean: PositiveFloatTokens = Field(description="tokens")
-    std: FloatTokens = Field(description="tokens")
-    min: TokensOrZero = Field(0, description="clamp below (tokens)")
-    max: Tokens | None = Field(None, description="clamp above (tokens)")
-
-
-LengthModel = Union[TokensOrZero, Fixed, Uniform, Normal]
-
-
-class ArrivalsModel(BaseModel):
-    """Poisson arrivals at ``rate`` requests/s, or a closed loop of ``users`` with ``think_s`` mean think time."""
-
-    model_config = _FORBID
-    rate: Rate | None = Field(None, description="requests per second (Poisson)")
-    users: Count | None = Field(None, description="closed loop: concurrent users")
-    think_s: SecondsOrZero = Field(0.0, description="closed loop: mean think time between a reply and the next request (s)")
-
-
-class PrefixModel(BaseModel):
-    """A prompt prefix shared by a share of the traffic (e.g. a system prompt)."""
-
-    model_config = _FORBID
-    name: str | None = Field(None, description="label")
-    tokens: Tokens = Field(description="prefix length (tokens)")
-    share: Share = Field(description="fraction of requests that carry it")
-
-
-class TimingModel(BaseModel):
-    """Overrides of the step-time model."""
-
-    model_config = _FORBID
-    file: str | None = Field(None, description="a step time fitted on a running server (kvplan observe --fit-timing), "
-                                               "relative to this file")
-    prefill_s_per_token: SecondsOrZero | None = Field(None, description="seconds per prompt token computed")
-    decode_step_s: Seconds | None = Field(None, description="fixed seconds per decode step (replaces the roofline)")
-    prefill_efficiency: Share = Field(0.5, description="fraction of the fp16 peak a prefill reaches")
-
-
-WorkloadModel = create_model(
-    "Workload", __config__=_FORBID, __doc__="A workload file: `kvplan simulate workload.yaml`.",
-    name=(str | None, Field(None, description="label")),
-    description=(str | None, Field(None, description="free text")),
-    plan=(str | None, Field(None, description="take the deployment from a capacity check: file.yaml#check-name")),
-    seed=(int, Field(0, description="random seed (same seed, same result)")),
-    duration_s=(Seconds | None, Field(None, description="simulated seconds of traffic")),
-    num_requests=(Count | None, Field(None, description="requests to send (drained to the end without duration_s)")),
-    arrivals=(ArrivalsModel | None, Field(None, description="how requests arrive")),
-    prompt_tokens=(LengthModel | None, Field(None, description="prompt tokens after the prefix")),
-    output_tokens=(LengthModel | None, Field(None, description="output tokens")),
-    prefixes=(list[PrefixModel], Field(default_factory=list, description="shared prefixes")),
-    trace=(str | None, Field(None, description="JSONL trace of requests (relative to this file)")),
-    policies=(list[Literal[POLICIES]] | None, Field(None, min_length=1, description="policies to compare (default: all)")),  # type: ignore[valid-type]
-    timing=(TimingModel, Field(default_factory=TimingModel, description="step-time overrides")),
-    **{k: (t, Field(None, description=d)) for k, (t, d) in WORKLOAD_OPTIONS.items()},
-)
-
+from kvplan.sim.workload_schema import MAX_SECONDS, MAX_TOKENS, WORKLOAD_OPTIONS, Fixed, Uniform, WorkloadModel
 
 # ---------------------------------------------------------------------------------------------
 # lengths
@@ -535,99 +444,3 @@ def _arrivals(doc: YamlDoc, arrivals: Any, timed_trace: bool) -> tuple[float | N
     if "think_s" in arrivals.model_fields_set:
         raise doc.error(("arrivals", "think_s"), "think_s applies to a closed loop (users)")
     return arrivals.rate, None
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """What the deployment fits of this workload's requests (``at_tokens``: prompt + output, on average,
-    at most max_model_len): ``unshared`` without prefix caching; with it, ``shared`` when the most common
-    prefix (``prefix_name``, ``prefix_tokens``, carried by ``prefix_share`` of the requests) has full blocks
-    to store once (``shared_blocks``) - :func:`kvplan.memory.prefix_sharing`, the rule the verdict uses."""
-
-    at_tokens: int
-    unshared: int
-    shared: int | None = None
-    prefix_name: str | None = None
-    prefix_tokens: int = 0
-    prefix_share: float = 0.0
-    shared_blocks: int = 0
-
-    def describe(self, caching: bool) -> str:
-        text = f"fits {plural(self.unshared, 'request')} of {plural(self.at_tokens, 'token')} (this traffic's mean)"
-        if caching and self.shared is not None:
-            who = "" if self.prefix_share >= 1 else f", for the {self.prefix_share:.0%} of requests that carry it"
-            text += (f"; with prefix caching the {self.prefix_tokens:,}-token {self.prefix_name}'s "
-                     f"{plural(self.shared_blocks, 'block')} are stored once: {self.shared:,}{who}")
-        return text
-
-
-def capacity(workload: Workload, plan: Any) -> Capacity:
-    """The deployment's requests at the workload's mean length, without and with its shared prefix."""
-    from kvplan import memory
-
-    prompt, output = workload.mean_lengths()
-    at = max(1, min(plan.max_model_len, round(prompt + output)))
-    cap = plan.answer.max_num_seqs
-    unshared = min(memory.max_requests(plan.answer.num_blocks, plan.demand.blocks(at)), cap)
-    if not workload.prefixes:
-        return Capacity(at, unshared)
-    top = max(workload.prefixes, key=lambda p: p.share)
-    tokens = min(top.tokens, at)
-    sharing = memory.prefix_sharing(plan.answer.num_blocks, plan.demand, at, tokens, plan.spec.parameters_read(1), cap)
-    if not sharing.shared_blocks:
-        return Capacity(at, unshared, None, top.name, tokens, top.share)
-    return Capacity(at, unshared, sharing.max_requests_shared, top.name, tokens, top.share, sharing.shared_blocks)
-
-
-@dataclass(frozen=True)
-class WorkloadRun:
-    """A simulated workload: the plan it ran on, what the deployment fits of its requests, the per-policy
-    results."""
-
-    workload: Workload
-    plan: Any  # kvplan.planning.plan.Plan
-    result: Any  # kvplan.sim.simulate.SimResult
-    notes: tuple[str, ...] = ()
-    capacity: Capacity | None = None
-
-
-def run_workload(workload: Workload, token: str | None = None, record_series: bool = True, *, force: bool = False,
-                 progress: Any = None) -> WorkloadRun:
-    """Plan the deployment (as ``kvplan estimate`` would), then simulate every policy.
-
-    The run's work is counted first (:meth:`Workload.work`) and refused past
-    :data:`kvplan.sim.simulate.MAX_WORK` unless ``force``; ``progress(done, total)`` hears how far it got.
-    """
-    from kvplan.errors import KvplanError
-    from kvplan.planning.plan import estimate, options_from_values
-    from kvplan.sim.simulate import config_from_plan, simulate
-
-    timing = None
-    if workload.timing_file is not None:
-        from kvplan.sim.timing import read_timing
-
-        timing = read_timing(workload.timing_file)
-    try:
-        plan = estimate(options_from_values(dict(workload.values)), token=token)
-        config, notes = config_from_plan(plan, prefill_s_per_token=workload.prefill_s_per_token,
-                                         decode_step_s=workload.decode_step_s,
-                                         prefill_efficiency=workload.prefill_efficiency,
-                                         fit=timing.fit if timing is not None else None)
-        if timing is not None:
-            runs = f", {plural(len(timing.runs), 'observed run')}" if timing.runs else ""
-            notes = (*notes, f"step time from {display_path(workload.timing_file)}"
-                     f"{' (model ' + timing.model + runs + ')' if timing.model else runs}: {timing.fit.describe()}")
-        closed = workload.spread_closed_loop(config)
-        work = workload.work(config.pool, config.timing.min_step_s)
-        result = simulate(config, workload.source(), policies=workload.policies, duration_s=workload.duration_s,
-                          closed_loop=closed, seed=workload.seed, record_series=record_series,
-                          work=work, force=force, progress=progress)
-    except ScenarioError:
-        raise
-    except KvplanError as exc:  # in the file's words, at the key it names first (else the file)
-        from kvplan.checks.fields import first_key, in_file_words
-
-        key = first_key(exc.message)
-        raise ScenarioFileError(workload.where_of(key) if key else workload.where, in_file_words(exc.message),
-                                in_file_words(exc.hint)) from None
-    return WorkloadRun(workload, plan, result, notes + result.notes, capacity(workload, plan))

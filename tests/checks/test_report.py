@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from kvplan.cli.app import app
 from kvplan.planning.plan import estimate, options_from_values
-from kvplan.checks.report import LABEL_FIELDS, ROW_FIELDS, Pool, build_report, make_row
+from kvplan.checks.report import build_report
+from kvplan.checks.rows import LABEL_FIELDS, ROW_FIELDS, Pool, make_row
 from kvplan.checks.scenario import load_whatif
 
 runner = CliRunner()

@@ -24,7 +24,7 @@ import pytest
 
 from kvplan import memory
 from kvplan.checks.capacity import evaluate
-from kvplan.checks.report import Pool, make_row
+from kvplan.checks.rows import Pool, make_row
 from kvplan.model.sources import bundled_ids, load_bundled
 from kvplan.model.spec import build_spec
 from kvplan.paged.allocator import BlockAllocator

@@ -540,7 +540,7 @@ def test_non_torch_parts_sum_to_the_term_and_each_has_its_rule(llama3):
 
 def test_the_catalogue_carries_interconnect_and_sm_count():
     from kvplan.gpus import find_gpu
-    from kvplan.planning.plan import resolve_gpu
+    from kvplan.planning.gpu import resolve_gpu
 
     assert (find_gpu("h100").interconnect, find_gpu("h100").sm_count) == ("nvlink-switch", 132)
     assert find_gpu("h100-pcie").interconnect == "pcie" and find_gpu("a100").interconnect == "nvlink"

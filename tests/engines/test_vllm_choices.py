@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from kvplan.engines import Device, vllm
-from kvplan.explain.logparse import StartupLog
-from kvplan.explain.reconcile import block_size_from_concurrency
+from kvplan.explain.startup_log import StartupLog
+from kvplan.explain.facts import block_size_from_concurrency
 from kvplan.planning.plan import Options, plan_for_spec
 from kvplan.model.sources import load_bundled
 from kvplan.model.spec import build_spec
@@ -224,7 +224,7 @@ def test_worker_names_give_a_lower_bound_of_the_parallel_sizes(lines, tp, pp):
 
 
 def test_global_worker_ranks_over_a_stated_pipeline_are_tensor_parallel_ranks_times_it():
-    from kvplan.explain.reconcile import log_values
+    from kvplan.explain.facts import log_values
     from kvplan.explain.logparse import parse_log
 
     log = parse_log("INFO x pipeline_parallel_size=2, something\n(VllmWorker rank=7 pid=9) INFO x\n"

@@ -262,7 +262,7 @@ def test_a_wrong_gpu_is_said_to_look_wrong_and_the_right_one_never_is(monkeypatc
     # the GPU planned is --gpu's), explained on a GPU of another size: "the GPU looks wrong", naming the catalogue
     # card whose memory the log's printed terms imply, never blaming the gap on a budget term
     from kvplan.errors import KvplanError
-    from kvplan.explain.reconcile import UNPRINTED
+    from kvplan.explain.account import UNPRINTED
     from kvplan.units import GiB
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

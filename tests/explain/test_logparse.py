@@ -207,7 +207,7 @@ def test_the_cuda_graph_memory_the_log_prints_is_in_its_row():
     sub = parse_log("INFO [gpu_model_runner.py:1] Estimated CUDA graph memory: 0.36 GiB total\n"
                     "INFO [gpu_worker.py:1] CUDA graph memory profiling is enabled (default since v0.21.0).\n"
                     "INFO [gpu_worker.py:1] Available KV cache memory: 20.0 GiB\n")
-    from kvplan.explain.reconcile import _term_rows
+    from kvplan.explain.compare import _term_rows
 
     rows = {r.name: r for r in _term_rows(sub, None, False)}
     assert rows["cudagraph"].logged_bytes == round(0.36 * GiB) and "subtracted" in rows["cudagraph"].note

@@ -19,7 +19,9 @@ from typer.testing import CliRunner
 
 from kvplan.cli.app import app
 from kvplan.errors import KvplanError
-from kvplan.explain.reconcile import ExplainError, explain, log_values
+from kvplan.explain.account import ExplainError
+from kvplan.explain.facts import log_values
+from kvplan.explain.reconcile import explain
 from kvplan.explain.logparse import parse_log
 from kvplan.units import GiB
 
@@ -189,7 +191,7 @@ def test_a_calibrated_plan_reproduces_the_logs_blocks(report_id):
     # explain --calibrate, then a plan of the same deployment with that file: the log's block count, exactly
     # (the logs that print no budget term at all have nothing to calibrate: --calibrate says so)
     from kvplan.io.calibration import Calibration
-    from kvplan.explain.reconcile import calibration_entry
+    from kvplan.explain.calibrate import calibration_entry
     from kvplan.planning.plan import estimate, options_from_values
 
     ex = explain(LOG[report_id], overrides(report_id))

@@ -35,7 +35,7 @@ from kvplan.errors import InputError
 from kvplan.paged.allocator import BlockAllocator, GroupSpec
 from kvplan.paged.groups import allocator_groups, exact_layout, plan_allocator
 from kvplan.planning.plan import Options, Plan, plan_for_spec
-from kvplan.checks.report import Pool, make_row
+from kvplan.checks.rows import Pool, make_row
 from kvplan.sim.simulate import config_from_plan
 from kvplan.model.sources import bundled_ids, load_bundled
 from kvplan.model.spec import build_spec

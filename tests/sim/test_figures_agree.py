@@ -112,7 +112,8 @@ def test_the_deployment_credits_the_shared_prefix_with_prefix_caching_and_says_s
 
     import kvplan
     from kvplan.render.simulate import simulate_to_dict
-    from kvplan.sim.workload import load_workload, run_workload
+    from kvplan.sim.workload import load_workload
+    from kvplan.sim.workload_run import run_workload
 
     wl = load_workload(Path(__file__).resolve().parents[2] / "docs" / "examples" / "shared_prompt.yaml")
     wl = replace(wl, duration_s=5.0)

@@ -16,7 +16,8 @@ from kvplan.io.yamldoc import ScenarioFileError
 from kvplan.sim.simulate import (
     Pool, Request, RequestSource, Scheduler, SimConfig, Timing, config_from_plan, simulate, window_sum,
 )
-from kvplan.sim.workload import load_workload, run_workload
+from kvplan.sim.workload import load_workload
+from kvplan.sim.workload_run import run_workload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 runner = CliRunner()
@@ -540,12 +541,12 @@ def test_series_recorder_is_bounded_and_covers_the_run():
 @pytest.fixture
 def no_simulation(monkeypatch):
     """Fail the test if the simulation runs (the path must be refused first)."""
-    import kvplan.sim.workload
+    import kvplan.sim.workload_run
 
     def boom(*a, **k):
         raise AssertionError("the simulation ran before the plot path was checked")
 
-    monkeypatch.setattr(kvplan.sim.workload, "run_workload", boom)
+    monkeypatch.setattr(kvplan.sim.workload_run, "run_workload", boom)
 
 
 @pytest.mark.parametrize("name,needle", [("pool.txt", "unknown image format '.txt'"), (".", "it is a folder"),

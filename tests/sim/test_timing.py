@@ -21,7 +21,8 @@ from kvplan.paged.allocator import FULL
 from kvplan.sim.simulate import ClosedLoop, Pool, RequestSource, Scheduler, SimConfig, Timing, config_from_plan
 from kvplan.sim.streams import Arrivals
 from kvplan.sim.timing import StepFit, TimingRun, add_run, fit_runs, read_timing
-from kvplan.sim.workload import load_workload, run_workload
+from kvplan.sim.workload import load_workload
+from kvplan.sim.workload_run import run_workload
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "benchmarks" / "real_server_model"  # the tiny Llama the real-server benchmark serves

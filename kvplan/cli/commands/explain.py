@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
 
 def _named(path: str, fn):  # noqa: ANN001, ANN202 - the explanation
     """``fn()``, its bad-input errors naming the log file (``vllm.log: the log does not say enough ...``)."""
-    from kvplan.explain.reconcile import ExplainError
+    from kvplan.explain.account import ExplainError
 
     try:
         return fn()
@@ -195,7 +195,7 @@ def _calibrate(explained: list, path: str, *, strict: bool) -> dict:  # noqa: AN
     """Write each log's measured terms to the calibration file at ``path`` (one entry per deployment); what was
     written, and (``strict=False``) the logs skipped and why. ``strict``: a log that cannot calibrate is an error."""
     from kvplan.errors import InputError
-    from kvplan.explain.reconcile import calibration_entry
+    from kvplan.explain.calibrate import calibration_entry
     from kvplan.io.calibration import write_calibration
 
     entries, skipped = [], []

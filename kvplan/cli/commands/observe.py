@@ -140,6 +140,75 @@ def _fit_timing(obs: Any, path: str, planner: Any, endpoint: str) -> tuple[Any, 
         return None, exc
 
 
+def _write_files(obs: Any, csv: Optional[str], plot_file: Any, fit_timing: Optional[str], planner: Any,
+                 endpoint: str) -> tuple[dict[str, str], Any, Any]:
+    """The files the run writes (``--csv``, ``--plot``, ``--fit-timing``: kind -> path), the timing fitted and the
+    error fitting it raised (raised after the output)."""
+    files = {}
+    if csv:
+        from kvplan.render.observe import write_csv
+
+        write_csv(obs, csv)
+        files["csv"] = str(csv)
+    if plot_file and obs.read_polls:
+        from kvplan.render.observe import write_plot
+
+        files["plot"] = str(write_plot(obs, plot_file))
+    timing, timing_error = None, None
+    if fit_timing and obs.read_polls:
+        timing, timing_error = _fit_timing(obs, fit_timing, planner, endpoint)
+        if timing is not None:
+            files["timing"] = str(fit_timing)
+    return files, timing, timing_error
+
+
+def _print(obs: Any, planner: Any, comparisons: list[Any], outcomes: list[Any], files: dict[str, str], timing: Any,
+           json_out: bool, live: bool) -> None:
+    """The observation, the comparison with the plan, the gates and the timing: as JSON, or rendered."""
+    from kvplan.render import console, print_json
+    from kvplan.render.observe import observation_to_dict, render_observation
+    from rich.markup import escape
+
+    if json_out:
+        doc = observation_to_dict(obs, planner.view if planner else None, comparisons, outcomes, files)
+        if timing is not None:
+            from kvplan.render.observe import timing_to_dict
+
+            doc["timing"] = timing_to_dict(*timing)
+        print_json(doc)
+    else:
+        out = console()
+        out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes,
+                                     max_events=20 if live else 0,  # not live: each was on stderr already
+                                     pending=_pending(planner)))
+        if timing is not None:
+            from kvplan.render.observe import render_timing
+
+            out.print(render_timing(*timing))
+        for kind, path in files.items():
+            out.print(f"[grey62]{kind}: {escape(path)}[/]")
+
+
+def _check_read(obs: Any, planner: Any, endpoint: str) -> None:
+    """Fail when no poll read the metrics, or there is no plan to compare with (the reason named)."""
+    if not obs.read_polls:
+        last = obs.polls[-1].error if obs.polls else None
+        said = last is not None and any(last in e.message for e in obs.events)  # shown once, above
+        from kvplan.cli.errors import fail
+
+        why = ("every poll failed, as said above" if said else last) if last else "interrupted before the first poll"
+        raise fail(f"no metrics read from {endpoint} in {obs.num_polls} poll(s): {why}")
+    if planner is not None and planner.view is None:
+        from kvplan.cli.errors import fail
+
+        pending = planner.pending
+        served = any(planner.serves(s.labels) for s in obs.series)
+        why = ("the endpoint did not report kv_cache_memory_bytes either" if served else
+               "no series serves the planned model, so no endpoint kv_cache_memory_bytes was used (see the finding)")
+        raise fail(f"no plan to compare with: {pending.message if pending else 'the plan could not be made'}; {why} "
+                   "(pass --kv-budget, the server's KV cache size)")
+
+
 def register(app: typer.Typer) -> None:
     from kvplan.cli.errors import handle_errors
     from kvplan.cli.options import with_estimate_options
@@ -157,9 +226,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.observe.scrape import endpoint
         from kvplan.observe.session import Session, check_timing
         from kvplan.io.atomic import check_writable
-        from kvplan.render import console, plot_path, print_json
-        from kvplan.render.observe import observation_to_dict, render_observation
-        from rich.markup import escape
+        from kvplan.render import plot_path
 
         check_timing(interval, duration, timeout, ("--interval", "--duration", "--timeout"))
         where = endpoint(url, header or ())
@@ -183,55 +250,9 @@ def register(app: typer.Typer) -> None:
             planner = _endpoint_model(values, token, ctx)(obs.series)
         comparisons = _compare(planner, obs)
         outcomes = [evaluate(g, obs.summary, obs.failed_polls, obs.num_polls) for g in gates]
-        files = {}
-        if csv:
-            from kvplan.render.observe import write_csv
-
-            write_csv(obs, csv)
-            files["csv"] = str(csv)
-        if plot_file and obs.read_polls:
-            from kvplan.render.observe import write_plot
-
-            files["plot"] = str(write_plot(obs, plot_file))
-        timing, timing_error = None, None
-        if fit_timing and obs.read_polls:
-            timing, timing_error = _fit_timing(obs, fit_timing, planner, where.display)
-            if timing is not None:
-                files["timing"] = str(fit_timing)
-        if json_out:
-            doc = observation_to_dict(obs, planner.view if planner else None, comparisons, outcomes, files)
-            if timing is not None:
-                from kvplan.render.observe import timing_to_dict
-
-                doc["timing"] = timing_to_dict(*timing)
-            print_json(doc)
-        else:
-            out = console()
-            out.print(render_observation(obs, planner.view if planner else None, comparisons, outcomes,
-                                         max_events=20 if live else 0,  # not live: each was on stderr already
-                                         pending=_pending(planner)))
-            if timing is not None:
-                from kvplan.render.observe import render_timing
-
-                out.print(render_timing(*timing))
-            for kind, path in files.items():
-                out.print(f"[grey62]{kind}: {escape(path)}[/]")
-        if not obs.read_polls:
-            last = obs.polls[-1].error if obs.polls else None
-            said = last is not None and any(last in e.message for e in obs.events)  # shown once, above
-            from kvplan.cli.errors import fail
-
-            why = ("every poll failed, as said above" if said else last) if last else "interrupted before the first poll"
-            raise fail(f"no metrics read from {where.display} in {obs.num_polls} poll(s): {why}")
-        if planner is not None and planner.view is None:
-            from kvplan.cli.errors import fail
-
-            pending = planner.pending
-            served = any(planner.serves(s.labels) for s in obs.series)
-            why = ("the endpoint did not report kv_cache_memory_bytes either" if served else
-                   "no series serves the planned model, so no endpoint kv_cache_memory_bytes was used (see the finding)")
-            raise fail(f"no plan to compare with: {pending.message if pending else 'the plan could not be made'}; {why} "
-                       "(pass --kv-budget, the server's KV cache size)")
+        files, timing, timing_error = _write_files(obs, csv, plot_file, fit_timing, planner, where.display)
+        _print(obs, planner, comparisons, outcomes, files, timing, json_out, live)
+        _check_read(obs, planner, where.display)
         if timing_error is not None:
             raise timing_error
         raise typer.Exit(0 if all(o.passed for o in outcomes) else 1)

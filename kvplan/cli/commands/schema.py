@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         _ = json_out  # the schema is JSON either way
         model = None
         if kind == "workload":
-            from kvplan.sim.workload import WorkloadModel
+            from kvplan.sim.workload_schema import WorkloadModel
 
             model = WorkloadModel
         print_json(json_schema(kind, model))

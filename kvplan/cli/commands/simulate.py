@@ -41,7 +41,9 @@ def register(app: typer.Typer) -> None:
         from kvplan.render.progress import delayed_progress
         from kvplan.sim.simulate import POLICIES
         from kvplan.units import check_number
-        from kvplan.sim.workload import MAX_SECONDS, load_workload, run_workload
+        from kvplan.sim.workload import load_workload
+        from kvplan.sim.workload_run import run_workload
+        from kvplan.sim.workload_schema import MAX_SECONDS
 
         changes: dict = {}
         if policy:

@@ -1,0 +1,81 @@
+"""The budget's given terms: the user's (--activation-gib, ..., --enforce-eager) and a calibration entry's measured
+ones, and a given --kv-budget held to what the device has beside them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvplan import memory
+from kvplan.engines import Budget, EngineDefaults, Term
+from kvplan.errors import InputError
+from kvplan.model.spec import ModelSpec
+from kvplan.options import Options
+from kvplan.planning.gpu import GpuInfo
+from kvplan.units import DType, GiB
+
+
+def check_kv_budget(budget: Budget, gpu: GpuInfo, options: Options, engine: str, layout: memory.PoolLayout) -> None:
+    """A given ``--kv-budget`` must fit on the device beside every other term the engine holds there (weights,
+    activation, non-torch overhead, CUDA graphs): the engine allocates the cache it is told to and fails when the
+    device has less, so a plan of more KV than the device holds is refused (one line with the device's figures),
+    never answered "fits". The CPU backend's KV space must fit the host's total (the weights aside: the backend's
+    own sizing ignores them); sized from the KV space alone, it has no host total to hold it to; a
+    budget that holds no block besides the null block answers itself (nothing fits: the low end of a plan whose
+    terms fill the device is planned so, :func:`kvplan.checks.capacity.low_end`)."""
+    kv = options.kv_budget_bytes
+    if kv is None or gpu.memory_source.startswith("--kv-budget"):
+        return
+    if memory.num_blocks(kv, layout) <= memory.NULL_BLOCKS:
+        return
+    # the CPU backend's KV space is host memory beside the weights, sized from the host's total alone (vLLM's own
+    # default is a share of it, kvplan.engines.vllm.cpu_kv_budget): it must fit the host, the weights aside
+    held = [] if gpu.is_cpu else [t for t in budget.terms if t.bytes]
+    room = budget.total_bytes - sum(t.bytes for t in held)
+    if kv <= room:
+        return
+    taken = "".join(f" {'-' if i == 0 else '+'} {t.name} {t.bytes / GiB:,.2f}" for i, t in enumerate(held))
+    taken += " GiB" if held else ""
+    what = "host" if gpu.is_cpu else "GPU"
+    if options.gpu_memory_bytes:
+        total = f"--gpu-memory {budget.total_bytes / GiB:,.2f} GiB"
+    else:
+        total = f"the {gpu.name}'s {budget.total_bytes / GiB:,.2f} GiB" + ("" if gpu.is_cpu else " (runtime-reported)")
+    most = math.floor(room / GiB * 100) / 100
+    hint = (f"give at most --kv-budget {most:.2f}GiB, or a {what} with more memory" if most > 0 else
+            f"those terms alone fill the {what}: more tensor parallelism (--tp), or a {what} with more memory")
+    raise InputError(f"--kv-budget {kv / GiB:,.2f} GiB does not fit: {total}{taken} leaves "
+                     f"{room / GiB:,.2f} GiB for the KV cache, and {engine} would fail to allocate more", hint)
+
+
+def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: EngineDefaults, model_dtype: DType,
+                 weights: Term) -> tuple[tuple[Term, Term | None, Term | None, Term | None], str]:
+    """The terms the engine does not estimate: the user's (``--activation-gib``, ..., ``--enforce-eager``)
+    and, under them, a matching calibration entry's measured ones; and the calibration note."""
+    def given(name: str, value: int | None) -> Term | None:
+        return None if value is None else Term(name, value, "--" + name.replace("_", "-") + "-gib")
+
+    terms = {"weights": weights, "activation": given("activation", options.activation_bytes),
+             "overhead": given("overhead", options.overhead_bytes), "cudagraph": given("cudagraph", options.cudagraph_bytes)}
+    if terms["cudagraph"] is None and options.enforce_eager:
+        terms["cudagraph"] = Term("cudagraph", 0, "--enforce-eager: no CUDA graphs are captured")
+    note = ""
+    if options.calibration is not None:
+        cal = options.calibration
+        key = dict(model=spec.model_id, gpu=gpu.name, gpu_memory_bytes=gpu.memory_bytes, engine=engine.engine,
+                   release=engine.version, tp=options.tp, pp=options.pp, dtype=model_dtype.name,
+                   max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs)
+        entry = cal.match(**key)
+        if entry is None:
+            note = f"calibration {cal.path}: no entry for this deployment ({cal.mismatch(**key)}): kvplan's estimates used"
+        else:
+            used = []
+            for key, value in entry.terms:
+                name = key.removesuffix("_bytes")
+                user_given = options.weights_bytes is not None if name == "weights" else terms[name] is not None
+                if not user_given:
+                    terms[name] = Term(name, value, f"calibration {cal.path}: measured ({entry.source or 'a log'})")
+                    used.append(name)
+            note = (f"calibration {cal.path}: measured {', '.join(used) or 'no'} term(s) of {entry.source or 'a log'} used"
+                    + (f" ({entry.note})" if entry.note else ""))
+    return (terms["weights"], terms["activation"], terms["overhead"], terms["cudagraph"]), note
