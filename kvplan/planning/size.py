@@ -137,9 +137,10 @@ class Sized:
         return None if self.cost_per_hour is None or not held else self.cost_per_hour / (held / 1e6)
 
     @property
-    def serve_command(self) -> str:
-        """The engine's launch line for one replica (each replica runs it on its own tp x pp GPUs)."""
-        return self.plan.rules.serve_command(self.plan.launch)
+    def serve_command(self) -> str | None:
+        """The engine's launch line for one replica (each replica runs it on its own tp x pp GPUs), None when the
+        engine cannot run the planned KV dtype (a what-if, as :attr:`Plan.serve_command` says: no launch line)."""
+        return self.plan.serve_command
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "tp": self.tp, "pp": self.pp, "replicas": self.replicas, "gpus": self.gpus,
