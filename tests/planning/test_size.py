@@ -207,6 +207,9 @@ def test_a_bad_price_file_is_one_located_line(tmp_path, body, where, words):
     (["-n", "4", "--at", "median"], "invalid --at"),
     (["-n", "4", "--gpu", "cpu"], "size searches GPUs"),
     (["-n", "4", "--gpu", "H1000"], "H1000"),
+    # an option every shape refuses is named as the option's own error, not "no GPU holds one request"
+    (["-n", "4", "--kv-dtype", "int3"], "unknown --kv-dtype 'int3'"),
+    (["-n", "4", "--kv-dtype", "auto,fp8", "--gpu", "H100,L4"], "unknown --kv-dtype 'auto,fp8'"),
 ])
 def test_bad_input_is_one_line_exit_2(args, words):
     model = "meta-llama/Llama-3.1-405B" if "T4" in args else "meta-llama/Llama-3.1-8B"
