@@ -82,6 +82,13 @@ def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN2
             text.append(f"! {r.name}: ", style="bold yellow")
             text.append(at_risk_text(o) + "\n")
         parts.append(text)
+    what_ifs = [(r, what_if_note(r)) for r in report.results if what_if_note(r)]
+    if what_ifs:  # a check judged on a KV dtype the engine cannot run: its verdict is a what-if's
+        text = Text()
+        for r, note in what_ifs:
+            text.append(f"! {r.name}: ", style="bold yellow")
+            text.append(f"{note}: the verdict is a what-if's\n")
+        parts.append(text)
     n, failed = len(report.results), report.num_failed
     summary = Text(f"{n - failed} of {plural(n, 'check')} passed", style="bold green" if not failed else "bold red")
     parts.append(summary)
@@ -99,6 +106,7 @@ def report_to_dict(report: "CheckReport") -> dict[str, Any]:
             "line": r.where.line,
             "passed": r.passed,
             "judged": r.judged,
+            "what_if": what_if_note(r),  # the engine cannot run the planned KV dtype (None: it can)
             "requirements": [{
                 "requirement": o.requirement,
                 "required": o.required,
@@ -212,6 +220,14 @@ def github_annotation(file: str, line: int, col: int | None, title: str, message
     return f"::{level} {props},title={_escape_property(title)}::{_escape_data(message)}"
 
 
+def what_if_note(r: "CheckResult") -> str | None:
+    """The plan's note when the engine has no ``--kv-cache-dtype`` for the planned KV dtype (a what-if it cannot
+    run: no launch line), else None."""
+    if r.plan.launch.kv_cache_dtype is not None:
+        return None
+    return next((n for n in r.plan.notes if " is a what-if " in n), f"--kv-dtype {r.plan.kv_dtype} is a what-if")
+
+
 def at_risk_text(o: "Outcome") -> str:
     """A requirement that passes at kvplan's estimate but not at the low end of its range, in words."""
     return (f"{o.requirement} passes at kvplan's estimate ({format_value(o.actual, o.unit)}) but not at the low end "
@@ -226,6 +242,7 @@ def github_annotations(report: "CheckReport") -> list[str]:
     for r in report.results:
         if r.passed:
             risky = [at_risk_text(o) for o in r.outcomes if o.at_risk]
+            risky += [f"{note}: the verdict is a what-if's" for note in (what_if_note(r),) if note]
             if risky:
                 out.append(github_annotation(r.where.file, r.where.line, r.where.col,
                                              f"kvplan check at risk: {r.name}", "\n".join(risky), "warning"))
