@@ -75,24 +75,28 @@ def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN2
                 text.append("  no single change found (tried fewer requests, shorter context, fp8 KV, tp x2/x4/x8, "
                             "every larger catalogue GPU)\n", style="yellow")
         parts.append(text)
-    risky = [(r, o) for r in report.results for o in r.outcomes if o.at_risk]
-    if risky:
-        text = Text()
-        for r, o in risky:
-            text.append(f"! {r.name}: ", style="bold yellow")
-            text.append(at_risk_text(o) + "\n")
-        parts.append(text)
-    what_ifs = [(r, what_if_note(r)) for r in report.results if what_if_note(r)]
-    if what_ifs:  # a check judged on a KV dtype the engine cannot run: its verdict is a what-if's
-        text = Text()
-        for r, note in what_ifs:
-            text.append(f"! {r.name}: ", style="bold yellow")
-            text.append(f"{note}: the verdict is a what-if's\n")
-        parts.append(text)
+    parts += _warnings(report)
     n, failed = len(report.results), report.num_failed
     summary = Text(f"{n - failed} of {plural(n, 'check')} passed", style="bold green" if not failed else "bold red")
     parts.append(summary)
     return Group(*parts)
+
+
+def _warnings(report: "CheckReport") -> list[Any]:
+    """The lines under the table: a requirement that passes at the estimate but not at the low end, and a check
+    judged on a KV dtype the engine cannot run (its verdict is a what-if's)."""
+    from rich.text import Text
+
+    lines = [(r.name, at_risk_text(o)) for r in report.results for o in r.outcomes if o.at_risk]
+    lines += [(r.name, f"{note}: the verdict is a what-if's") for r in report.results for note in (what_if_note(r),)
+              if note]
+    if not lines:
+        return []
+    text = Text()
+    for name, line in lines:
+        text.append(f"! {name}: ", style="bold yellow")
+        text.append(line + "\n")
+    return [text]
 
 
 def report_to_dict(report: "CheckReport") -> dict[str, Any]:
