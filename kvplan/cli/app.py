@@ -22,7 +22,7 @@ import typer
 from kvplan import __version__
 from kvplan.cli.errors import handle_errors
 from kvplan.cli.options import (
-    BriefOpt, HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
+    BriefOpt, HubOpt, JsonOpt, ModelArg, OfflineOpt, OneKvDtypeOpt, RefreshOpt, RevisionOpt, TokenOpt, with_aliases,
     with_estimate_options,
 )
 
@@ -97,7 +97,7 @@ def models_show(
     hub: HubOpt = False,
     offline: OfflineOpt = False,
     refresh: RefreshOpt = False,
-    kv_dtype: KvDtypeOpt = None,
+    kv_dtype: OneKvDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """One resolved spec: where it came from and what each layer group caches."""

@@ -7,6 +7,7 @@ the table: :func:`with_estimate_options` gives it to every command that takes es
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import typing
@@ -120,6 +121,10 @@ def cli_parameter(opt: Opt) -> inspect.Parameter:
 # the table's options that commands also declare on their own (``kvplan models show``, ``kvplan check``)
 RevisionOpt, TokenOpt, HubOpt, OfflineOpt, RefreshOpt, KvDtypeOpt = (
     cli_annotation(BY_NAME[name]) for name in ("revision", "token", "hub", "offline", "refresh", "kv_dtype"))
+# --kv-dtype of a command that plans one dtype (``kvplan size``, ``kvplan models show``): estimate's help
+# without its list ("a list prints one row per dtype" is estimate's and check's sweep, not theirs)
+OneKvDtypeOpt = cli_annotation(dataclasses.replace(
+    BY_NAME["kv_dtype"], help=BY_NAME["kv_dtype"].help.split("; a list")[0] + " (one dtype)."))
 
 ESTIMATE_PARAMS = tuple(cli_parameter(opt) for opt in CLI_OPTIONS)
 F = TypeVar("F", bound=Callable[..., Any])

@@ -553,9 +553,10 @@ def _notes(r: ConfigReader, config: Mapping[str, Any], layers: list[LayerCache],
                      "and SGLang load them only for speculative decoding (as the draft; the model's own "
                      "load_weights skips them), so they are left out of the weights, the active parameters and the KV cache")
     if any(layer.kind is LayerKind.CHUNKED for layer in layers):
-        notes.append("chunked local attention: a request holds at most chunk + max_num_batched_tokens tokens in the "
-                     "chunked layers (vLLM 0.32 keeps its hybrid KV manager on for them by default; with "
-                     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0 they are allocated like full attention)")
+        notes.append("chunked local attention: in vLLM a request holds at most chunk + max_num_batched_tokens "
+                     "tokens in the chunked layers (0.32 keeps its hybrid KV manager on for them by default; with "
+                     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0 they are allocated like full attention); "
+                     "SGLang's pool holds every token of a request in them, as in full layers")
     if any(layer.is_state for layer in layers):
         ssm = {layer.ssm_dtype for layer in layers if layer.is_state}
         notes.append("state layers: conv state in the model dtype, SSM state in "

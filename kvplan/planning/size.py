@@ -62,6 +62,7 @@ class Layout:
     pp: int
     plan: Plan | None
     error: str = ""
+    exc: KvplanError | None = field(default=None, compare=False, repr=False)  # the refusal, to raise as it is
 
     @property
     def gpus(self) -> int:
@@ -137,9 +138,10 @@ class Sized:
         return None if self.cost_per_hour is None or not held else self.cost_per_hour / (held / 1e6)
 
     @property
-    def serve_command(self) -> str:
-        """The engine's launch line for one replica (each replica runs it on its own tp x pp GPUs)."""
-        return self.plan.rules.serve_command(self.plan.launch)
+    def serve_command(self) -> str | None:
+        """The engine's launch line for one replica (each replica runs it on its own tp x pp GPUs), None when the
+        engine cannot run the planned KV dtype (a what-if, as :attr:`Plan.serve_command` says: no launch line)."""
+        return self.plan.serve_command
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "tp": self.tp, "pp": self.pp, "replicas": self.replicas, "gpus": self.gpus,
@@ -231,7 +233,7 @@ class Replicas:
                 options = revise(self.base, gpu=self.gpu.name, gpu_memory_bytes=None, tp=tp, pp=pp)
                 self.plans[key] = Layout(tp, pp, plan_for_spec(self.spec, options, self.source, suggest=False))
             except KvplanError as exc:
-                self.plans[key] = Layout(tp, pp, None, exc.message)
+                self.plans[key] = Layout(tp, pp, None, exc.message, exc)
         return self.plans[key]
 
     def tps(self, allowed: Sequence[int] | None = None) -> list[int]:
@@ -420,6 +422,9 @@ def size(spec: "ModelSpec", base: Options, requirement: Requirement, gpus: Seque
         rows.append(_row(gpu, holding, empty, requirement, priced.get(gpu.name, (None, None))[1]))
     if tps and len(refused_tp) == len(tps):
         raise InputError(refused_tp[tps[0]], "pass a tp the engine can split the model by, or no --tp")
+    tried = [layout for replicas in layouts.values() for layout in replicas.plans.values()]
+    if not rows and tried and all(layout.plan is None for layout in tried):
+        raise tried[0].exc  # no shape of any GPU planned: the options themselves are refused (an unknown dtype)
     if not rows:
         what = f"{plural(requirement.context, 'token')}"
         reasons = {why.split(": ", 1)[-1] for _, why in unfit}

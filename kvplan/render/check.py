@@ -75,17 +75,28 @@ def render_check(report: "CheckReport", width: int | None = None):  # noqa: ANN2
                 text.append("  no single change found (tried fewer requests, shorter context, fp8 KV, tp x2/x4/x8, "
                             "every larger catalogue GPU)\n", style="yellow")
         parts.append(text)
-    risky = [(r, o) for r in report.results for o in r.outcomes if o.at_risk]
-    if risky:
-        text = Text()
-        for r, o in risky:
-            text.append(f"! {r.name}: ", style="bold yellow")
-            text.append(at_risk_text(o) + "\n")
-        parts.append(text)
+    parts += _warnings(report)
     n, failed = len(report.results), report.num_failed
     summary = Text(f"{n - failed} of {plural(n, 'check')} passed", style="bold green" if not failed else "bold red")
     parts.append(summary)
     return Group(*parts)
+
+
+def _warnings(report: "CheckReport") -> list[Any]:
+    """The lines under the table: a requirement that passes at the estimate but not at the low end, and a check
+    judged on a KV dtype the engine cannot run (its verdict is a what-if's)."""
+    from rich.text import Text
+
+    lines = [(r.name, at_risk_text(o)) for r in report.results for o in r.outcomes if o.at_risk]
+    lines += [(r.name, f"{note}: the verdict is a what-if's") for r in report.results for note in (what_if_note(r),)
+              if note]
+    if not lines:
+        return []
+    text = Text()
+    for name, line in lines:
+        text.append(f"! {name}: ", style="bold yellow")
+        text.append(line + "\n")
+    return [text]
 
 
 def report_to_dict(report: "CheckReport") -> dict[str, Any]:
@@ -99,6 +110,7 @@ def report_to_dict(report: "CheckReport") -> dict[str, Any]:
             "line": r.where.line,
             "passed": r.passed,
             "judged": r.judged,
+            "what_if": what_if_note(r),  # the engine cannot run the planned KV dtype (None: it can)
             "requirements": [{
                 "requirement": o.requirement,
                 "required": o.required,
@@ -212,6 +224,14 @@ def github_annotation(file: str, line: int, col: int | None, title: str, message
     return f"::{level} {props},title={_escape_property(title)}::{_escape_data(message)}"
 
 
+def what_if_note(r: "CheckResult") -> str | None:
+    """The plan's note when the engine has no ``--kv-cache-dtype`` for the planned KV dtype (a what-if it cannot
+    run: no launch line), else None."""
+    if r.plan.launch.kv_cache_dtype is not None:
+        return None
+    return next((n for n in r.plan.notes if " is a what-if " in n), f"--kv-dtype {r.plan.kv_dtype} is a what-if")
+
+
 def at_risk_text(o: "Outcome") -> str:
     """A requirement that passes at kvplan's estimate but not at the low end of its range, in words."""
     return (f"{o.requirement} passes at kvplan's estimate ({format_value(o.actual, o.unit)}) but not at the low end "
@@ -226,6 +246,7 @@ def github_annotations(report: "CheckReport") -> list[str]:
     for r in report.results:
         if r.passed:
             risky = [at_risk_text(o) for o in r.outcomes if o.at_risk]
+            risky += [f"{note}: the verdict is a what-if's" for note in (what_if_note(r),) if note]
             if risky:
                 out.append(github_annotation(r.where.file, r.where.line, r.where.col,
                                              f"kvplan check at risk: {r.name}", "\n".join(risky), "warning"))

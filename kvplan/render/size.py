@@ -62,7 +62,9 @@ def headline(sizing: "Sizing") -> list[str]:
                      f"{best.price.source}, "
                      f"{best.price.date})")
     each = "each replica" if best.replicas > 1 else "the replica"
-    lines.append(f"serve ({each} on its own {plural(best.tp * best.pp, 'GPU')}): {best.serve_command}")
+    plan = best.plan
+    serve = best.serve_command or f"none: {plan.engine.label} cannot run --kv-dtype {plan.kv_dtype} (a what-if)"
+    lines.append(f"serve ({each} on its own {plural(best.tp * best.pp, 'GPU')}): {serve}")
     return lines
 
 

@@ -9,6 +9,7 @@ import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from kvplan.checks.capacity import run_checks
@@ -346,3 +347,32 @@ def test_junit_times_are_the_real_elapsed_seconds(tmp_path):
     for element in ET.parse(junit).getroot().iter():
         if "time" in element.attrib:
             assert float(element.get("time")) > 0, element.tag
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp16", "fp8", "int8", "int4"])
+def test_a_check_on_a_kv_dtype_the_engine_cannot_run_says_its_verdict_is_a_what_ifs(tmp_path, engine, kv_dtype):
+    # estimate prints no launch line for a KV dtype the engine has no --kv-cache-dtype for (vLLM int8 / int4,
+    # SGLang fp16 / int8 / int4); a check judged on that plan says so in the text, the JSON and the annotation,
+    # and a dtype the engine runs says nothing of the kind
+    path = write(tmp_path, f"""\
+        - name: dtype
+          engine: {engine}
+          kv_dtype: {kv_dtype}
+          require: {{fits: true}}
+        """)
+    from kvplan import estimate as api_estimate
+
+    what_if = api_estimate("meta-llama/Llama-3.1-8B", gpu="H100", kv_budget="10GiB", context=8192, engine=engine,
+                           kv_dtype=kv_dtype).serve_command is None
+    text = " ".join(runner.invoke(app, ["check", str(path), "--offline"]).stdout.split())
+    data = json.loads(runner.invoke(app, ["check", str(path), "--offline", "--json"]).stdout)
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(tmp_path)}
+    notes = [line for line in runner.invoke(app, ["check", str(path), "--offline"], env=env).stdout.splitlines()
+             if line.startswith("::warning")]
+    assert ("the verdict is a what-if's" in text) == what_if, text
+    assert (data["checks"][0]["what_if"] is not None) == what_if
+    assert bool(notes) == what_if
+    if what_if:
+        assert f"--kv-dtype {data['checks'][0]['plan']['assumptions']['kv_dtype']}" in data["checks"][0]["what_if"]
+        assert "cannot run" in text and "cannot run" in notes[0]

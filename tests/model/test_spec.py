@@ -235,6 +235,18 @@ def test_parameter_count_from_config_matches_published(model_id, tolerance):
     assert abs(computed / published - 1) < tolerance, (computed, published)
 
 
+def test_notes_that_speak_of_one_engine_speak_of_both():
+    # A spec's notes are printed under either engine's plan: one that says what vLLM does with these layers
+    # (the chunked-attention bound) must say what SGLang does too, or an SGLang plan reads vLLM's rule as its own.
+    specs = [spec_of(load(p.name)) for p in sorted(FIXTURES.glob("*.json"))]
+    specs += [spec_from_config(load_bundled(m).config, model_id=m, where="bundled")
+              for m in ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "deepseek-ai/DeepSeek-R1",
+                        "Qwen/Qwen2.5-VL-7B-Instruct", "google/gemma-3-27b-it")]
+    one_sided = [n for s in specs for n in s.notes if ("vLLM" in n) != ("SGLang" in n)]
+    assert any("chunked" in n for s in specs for n in s.notes)  # the class is exercised
+    assert one_sided == []
+
+
 def test_qwen3_30b_a3b_is_30_5b():
     source = load_bundled("Qwen/Qwen3-30B-A3B")
     assert round(spec_from_config(source.config, model_id="q", where="b").parameters / 1e9, 1) == 30.5

@@ -207,6 +207,9 @@ def test_a_bad_price_file_is_one_located_line(tmp_path, body, where, words):
     (["-n", "4", "--at", "median"], "invalid --at"),
     (["-n", "4", "--gpu", "cpu"], "size searches GPUs"),
     (["-n", "4", "--gpu", "H1000"], "H1000"),
+    # an option every shape refuses is named as the option's own error, not "no GPU holds one request"
+    (["-n", "4", "--kv-dtype", "int3"], "unknown --kv-dtype 'int3'"),
+    (["-n", "4", "--kv-dtype", "auto,fp8", "--gpu", "H100,L4"], "unknown --kv-dtype 'auto,fp8'"),
 ])
 def test_bad_input_is_one_line_exit_2(args, words):
     model = "meta-llama/Llama-3.1-405B" if "T4" in args else "meta-llama/Llama-3.1-8B"
@@ -234,6 +237,32 @@ def test_json_and_csv_carry_the_rows_figures():
     assert f"{best['replicas']} x {best['gpu']} at tp {best['tp']}" in flat  # the answer first
     assert flat.index("smallest:") < flat.index("smallest deployment of each GPU")
     assert " ".join(best["serve_command"].split()) in flat
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "bf16", "fp16", "fp8", "fp8_e5m2", "int8", "int4"])
+def test_a_rows_launch_line_is_the_estimates_and_none_for_a_kv_dtype_the_engine_cannot_run(engine, kv_dtype):
+    # every row's serve command is the one `kvplan estimate` of the row prints: None (no launch line, "a what-if"
+    # said in its place) where the engine has no --kv-cache-dtype spelling for the dtype (vLLM int8 / int4,
+    # SGLang fp16 / int8 / int4), never a line that silently drops the planned dtype
+    model = "meta-llama/Llama-3.1-8B"
+    sizing = kvplan.size(model, concurrency=24, context=8192, gpus=["H100", "L40S"], engine=engine,
+                         kv_dtype=kv_dtype)
+    assert sizing.rows
+    for row in sizing.rows:
+        plan = kvplan.estimate(model, gpu=row.gpu, tp=row.tp, pp=row.pp, context=8192, engine=engine,
+                               kv_dtype=kv_dtype)
+        assert row.serve_command == plan.serve_command, (engine, kv_dtype, row.gpu)
+    args = ["size", model, "-n", "24", "--gpu", "H100,L40S", "--engine", engine, "--kv-dtype", kv_dtype]
+    flat = " ".join(runner.invoke(app, args).stdout.split())
+    best = sizing.rows[0]
+    if best.serve_command is None:
+        assert f"none: {best.plan.engine.label} cannot run --kv-dtype" in flat and "a what-if" in flat
+        assert "launch_server --model-path" not in flat and "vllm serve" not in flat
+    else:
+        assert " ".join(best.serve_command.split()) in flat
+    data = json.loads(runner.invoke(app, args + ["--json"]).stdout)
+    assert [d["serve_command"] for d in data["deployments"]] == [r.serve_command for r in sizing.rows]
 
 
 def test_the_search_reuses_one_plan_per_gpu_tp_pp():

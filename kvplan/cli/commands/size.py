@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvplan.cli.options import HubOpt, JsonOpt, KvDtypeOpt, ModelArg, OfflineOpt, RevisionOpt, TokenOpt
+from kvplan.cli.options import HubOpt, JsonOpt, ModelArg, OfflineOpt, OneKvDtypeOpt, RevisionOpt, TokenOpt
 
 EPILOG = ("Examples: kvplan size meta-llama/Llama-3.3-70B-Instruct --concurrency 200 --context 8k  ·  "
           "kvplan size Qwen/Qwen3-32B -n 64 -c 32k --gpu H100,H200,L40S --engine sglang  ·  "
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         prices: Annotated[Optional[str], typer.Option("--prices", help="YAML file of your prices per GPU-hour with "
                                                       "their source and date (docs/examples/prices.yaml): adds "
                                                       "cost per hour and ranks by it.", show_default=False)] = None,
-        kv_dtype: KvDtypeOpt = None,
+        kv_dtype: OneKvDtypeOpt = None,
         engine: Annotated[Optional[str], typer.Option("--engine", help="Serving engine: vllm or sglang "
                                                       "(default: vllm).", show_default=False)] = None,
         engine_version: Annotated[Optional[str], typer.Option("--engine-version", help="Engine release to model "
