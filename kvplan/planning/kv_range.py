@@ -87,9 +87,9 @@ def _calibrated(term: Term) -> bool:
 
 
 def _rocm_v0(engine: EngineDefaults, gpu: Any) -> bool:
-    """Whether this is vLLM's V0 engine on an AMD GPU (its non-torch memory holds hipBLASLt's, unmodelled)."""
-    return engine.engine == "vllm" and getattr(gpu, "vendor", "") == "amd" and \
-        family(engine.engine, engine.version).startswith("V0")
+    """Whether this is vLLM's V0 engine on an AMD GPU (its non-torch memory holds hipBLASLt's, unmodelled); only
+    vLLM's release families are named V0 (:data:`kvplan.engines.spread.FAMILIES`)."""
+    return getattr(gpu, "vendor", "") == "amd" and family(engine.engine, engine.version).startswith("V0")
 
 
 def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = None, gpu: Any = None
