@@ -532,8 +532,11 @@ def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int
     """The checkpoint's weights plus what vLLM's load adds (:func:`loaded_extra_bytes`), the LoRA slots and the MTP
     layers speculative decoding loads; notes go to ``notes``."""
     device_ = device or Device()
+    # 0.9.1 - 0.11 (the releases whose sampler depends on the installation): no FlashInfer is a plain wheel
+    # install, which has no triton_kernels either (vllm_weights' docstring), so Hopper's MXFP4 takes Marlin
+    triton_kernels = not (p.sampler in INSTALLED_SAMPLERS and features.flashinfer is False)
     extra, why = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
-                                    features.expert_parallel, max_num_batched_tokens, act_bytes)
+                                    features.expert_parallel, max_num_batched_tokens, act_bytes, triton_kernels)
     if extra:
         weights = Term("weights", weights.bytes + extra, f"{weights.source} + {why} (vLLM's load)")
     if features.lora:
