@@ -9,7 +9,8 @@ what the released code keeps on top of them, per release and GPU generation (rea
 
 - **MXFP4 experts** (gpt-oss): each backend pads the expert matrices and re-lays the scales and biases -
   Marlin (Ampere / Ada; compute capability < 9): intermediate to 128, hidden to 256, biases bf16;
-  Triton (Hopper, 9.x, where ``triton_kernels`` is installed): intermediate to 64, hidden as it is, biases fp32, the scales re-laid with rows padded
+  Triton (Hopper, 9.x, where ``triton_kernels`` is installed): intermediate to 64, hidden as it is, biases fp32,
+  the scales re-laid with rows padded
   to 256 while the originals stay referenced through 0.22 (both counted), the packed weight dimension padded
   by 2.2% in 0.17 - 0.20; TRT-LLM (Blackwell, 10.x): intermediate to 256 (128 from 0.27), hidden to 256, biases
   fp32. gpt-oss-120b on one H100 (0.10 - 0.14): 64.33 GiB against a 60.77 GiB checkpoint (logged 64.38).
@@ -17,8 +18,8 @@ what the released code keeps on top of them, per release and GPU generation (rea
   when ``not has_triton_kernels()``, and no wheel of those releases depends on or vendors ``triton_kernels``
   (only the project's Docker images install it; 0.11.0's wheel lists ``flashinfer-python`` as an extra too,
   and its Hopper warning says "Please `pip install vllm[flashinfer]`"). gpt-oss-120b on one H100 that way:
-  60.77 + 5.13 = 65.90 GiB (vllm issue 23278, 0.10.1.1 with the "leveraging the Marlin kernel" warning,
-  logged 65.97).
+  60.77 + 5.13 = 65.90 GiB (corpus vllm-23278-h100-gpt-oss-120b-refused, 0.10.1.1 with the "leveraging the
+  Marlin kernel" warning, logged 65.97).
 - **MLA** (DeepSeek V2 / V3 / R1, Kimi K2): ``q_a_proj``, ``kv_a_proj_with_mqa`` and the router are replicated
   on every rank, not split; and the MLA backend keeps the up-projections for the absorbed attention - from 0.8
   the bf16 ``W_UK_T`` / ``W_UV`` (``2 x kv_lora x heads/tp x (nope + v)`` bytes per layer); V0 0.7.x also the

@@ -302,7 +302,7 @@ def test_hopper_mxfp4_takes_marlin_without_triton_kernels():
     # Marlin, one layer of 128 experts (intermediate 2880 -> 2944, hidden 2880 -> 3072, bf16 biases):
     # 128 x (1.5 x 2944 x 3072 + 3 x 2944 x 3072 / 32 + (2 x 2944 + 3072) x 2) = 1,847,263,232 B
     # checkpoint: 128 x (3 x 2880 x 2880 x 17/32 + (2 x 2880 + 2880) x 2) = 1,694,269,440 B
-    # 36 layers x 152,993,792 B = 5,507,776,512 B (5.13 GiB; 65.90 GiB with the 60.77 GiB checkpoint, issue 23278
+    # 36 layers x 152,993,792 B = 5,507,776,512 B (5.13 GiB; 65.90 GiB with the 60.77 GiB checkpoint, vllm-23278
     # logged 65.97 with the Marlin warning)
     extra, why = loaded_extra_bytes(spec, 1, 1, (0, 11, 0), (9, 0), triton_kernels=False)
     assert extra == 5_507_776_512 and "marlin" in why
