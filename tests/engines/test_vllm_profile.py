@@ -323,3 +323,22 @@ def test_no_flashinfer_on_0_10_to_0_11_plans_the_plain_wheels_marlin_weights(ver
                                        flashinfer=flashinfer, offline=True))
     assert ("the marlin backend" in plan.budget.weights.source) is marlin
     assert ("the triton backend" in plan.budget.weights.source) is not marlin
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-oss-120b", "openai/gpt-oss-20b"])
+@pytest.mark.parametrize("version", ["0.10.1.1", "0.11.0"])
+def test_an_unknown_installation_has_its_low_end_at_or_below_the_plain_wheel(model, version):
+    # kvplan plans the Docker image (Triton layout, FlashInfer sampler); a plain wheel loads the Marlin layout and
+    # runs the native sampler: the low end must not promise more than the plain wheel's plan
+    spec = build_spec(load_bundled(model))
+    unknown = plan_for_spec(spec, Options(model=model, gpu="H100", engine_version=version, offline=True))
+    wheel = plan_for_spec(spec, Options(model=model, gpu="H100", engine_version=version, flashinfer=False,
+                                        offline=True))
+    marlin_gap = wheel.budget.weights.bytes - unknown.budget.weights.bytes
+    assert marlin_gap > 0 and wheel.budget.path_gap_bytes == 0
+    assert unknown.budget.path_gap_bytes >= marlin_gap
+    assert unknown.kv_range.kv_budget_low_bytes <= wheel.budget.kv_budget_bytes
+    assert any("Marlin on a plain wheel" in n for n in unknown.budget.notes)
+    # off Hopper the layout does not depend on the installation: no weights gap
+    a100 = plan_for_spec(spec, Options(model=model, gpu="A100-80GB", engine_version=version, offline=True))
+    assert not any("Marlin on a plain wheel" in n for n in a100.budget.notes)
