@@ -485,13 +485,15 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         return _cpu_budget(p, version, total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph,
                            kv_budget_override)
     notes: list[str] = []
+    wheel_gap = 0
     if not given(weights):  # the user's --weights-gib or a calibration file's measurement stands as given
-        weights = _loaded_weights(p, weights, spec, tp, pp, gpu_util, max_num_batched_tokens, act_bytes, device,
-                                  features, notes)
+        weights, wheel_gap = _loaded_weights(p, weights, spec, tp, pp, gpu_util, max_num_batched_tokens, act_bytes,
+                                             device, features, notes)
     images, forward, sampler, path_gap = None, 0, 0, 0
     if activation is None:
         activation, images, forward, sampler, path_gap = _activation_term(
             p, version, spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, device, features, max_model_len, notes)
+    path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
     if overhead is None:
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens)
         notes.extend(note)
@@ -528,12 +530,28 @@ def _cpu_budget(p: Profile, version: str, total_bytes: int, gpu_util: float, usa
 
 def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int, gpu_util: float,
                     max_num_batched_tokens: int, act_bytes: int, device: Device | None, features: Features,
-                    notes: list[str]) -> Term:
-    """The checkpoint's weights plus what vLLM's load adds (:func:`loaded_extra_bytes`), the LoRA slots and the MTP
-    layers speculative decoding loads; notes go to ``notes``."""
+                    notes: list[str]) -> tuple[Term, int]:
+    """``(weights, wheel_gap)``: the checkpoint's weights plus what vLLM's load adds (:func:`loaded_extra_bytes`),
+    the LoRA slots and the MTP layers speculative decoding loads; notes go to ``notes``. ``wheel_gap``: how many
+    more bytes a plain wheel install loads where the installation is not known (0.9.1 - 0.11 and
+    ``features.flashinfer`` None: Hopper's MXFP4 experts in Marlin's layout instead of Triton's), for the low end."""
     device_ = device or Device()
+    # 0.9.1 - 0.11 (the releases whose sampler depends on the installation): no FlashInfer is a plain wheel
+    # install, which has no triton_kernels either (vllm_weights' docstring), so Hopper's MXFP4 takes Marlin
+    installed = p.sampler in INSTALLED_SAMPLERS
+    triton_kernels = not (installed and features.flashinfer is False)
     extra, why = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
-                                    features.expert_parallel, max_num_batched_tokens, act_bytes)
+                                    features.expert_parallel, max_num_batched_tokens, act_bytes, triton_kernels)
+    wheel_gap = 0
+    if installed and features.flashinfer is None:
+        plain, _ = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
+                                      features.expert_parallel, max_num_batched_tokens, act_bytes, False)
+        wheel_gap = max(0, plain - extra)
+        if wheel_gap:
+            notes.append(f"vllm {p.version} lays gpt-oss' MXFP4 experts out for Triton where triton_kernels is "
+                         f"installed (the Docker images) and for Marlin on a plain wheel ({wheel_gap / GiB:.2f} GiB "
+                         "more weights): kvplan plans Triton; the low end of the range is Marlin (--no-flashinfer "
+                         "plans the plain wheel)")
     if extra:
         weights = Term("weights", weights.bytes + extra, f"{weights.source} + {why} (vLLM's load)")
     if features.lora:
@@ -544,7 +562,7 @@ def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int
         weights = Term("weights", weights.bytes + -(-mtp // (tp * pp)),
                        f"{weights.source} + MTP layers {mtp / GiB:.2f} GiB (loaded for speculative decoding; "
                        "embedding and LM head shared with the model's)")
-    return weights
+    return weights, wheel_gap
 
 
 def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int,

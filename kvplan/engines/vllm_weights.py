@@ -9,10 +9,17 @@ what the released code keeps on top of them, per release and GPU generation (rea
 
 - **MXFP4 experts** (gpt-oss): each backend pads the expert matrices and re-lays the scales and biases -
   Marlin (Ampere / Ada; compute capability < 9): intermediate to 128, hidden to 256, biases bf16;
-  Triton (Hopper, 9.x): intermediate to 64, hidden as it is, biases fp32, the scales re-laid with rows padded
+  Triton (Hopper, 9.x, where ``triton_kernels`` is installed): intermediate to 64, hidden as it is, biases fp32,
+  the scales re-laid with rows padded
   to 256 while the originals stay referenced through 0.22 (both counted), the packed weight dimension padded
   by 2.2% in 0.17 - 0.20; TRT-LLM (Blackwell, 10.x): intermediate to 256 (128 from 0.27), hidden to 256, biases
   fp32. gpt-oss-120b on one H100 (0.10 - 0.14): 64.33 GiB against a 60.77 GiB checkpoint (logged 64.38).
+  Hopper without ``triton_kernels`` takes Marlin: 0.10.1 - 0.11.x ``get_mxfp4_backend()`` returns ``MARLIN``
+  when ``not has_triton_kernels()``, and no wheel of those releases depends on or vendors ``triton_kernels``
+  (only the project's Docker images install it; 0.11.0's wheel lists ``flashinfer-python`` as an extra too,
+  and its Hopper warning says "Please `pip install vllm[flashinfer]`"). gpt-oss-120b on one H100 that way:
+  60.77 + 5.13 = 65.90 GiB (corpus vllm-23278-h100-gpt-oss-120b-refused, 0.10.1.1 with the "leveraging the
+  Marlin kernel" warning, logged 65.97).
 - **MLA** (DeepSeek V2 / V3 / R1, Kimi K2): ``q_a_proj``, ``kv_a_proj_with_mqa`` and the router are replicated
   on every rank, not split; and the MLA backend keeps the up-projections for the absorbed attention - from 0.8
   the bf16 ``W_UK_T`` / ``W_UV`` (``2 x kv_lora x heads/tp x (nope + v)`` bytes per layer); V0 0.7.x also the
@@ -34,12 +41,15 @@ def _round_up(n: int, multiple: int) -> int:
     return cdiv(n, multiple) * multiple
 
 
-def mxfp4_backend(capability: tuple[int, int] | None) -> str:
+def mxfp4_backend(capability: tuple[int, int] | None, triton_kernels: bool = True) -> str:
     """The MXFP4 MoE backend vLLM picks on a GPU of this compute capability: ``marlin`` (< 9), ``triton`` (9.x),
-    ``trtllm`` (10.x and later); ``triton`` when unknown (kvplan's default GPU is an H100)."""
+    ``trtllm`` (10.x and later); ``triton`` when unknown (kvplan's default GPU is an H100). ``triton_kernels``
+    False (a plain wheel install of 0.10.1 - 0.11, see the module docstring): Hopper takes ``marlin``."""
     if capability is None:
-        return "triton"
-    return "marlin" if capability[0] < 9 else "triton" if capability[0] == 9 else "trtllm"
+        capability = (9, 0)
+    if capability[0] == 9:
+        return "triton" if triton_kernels else "marlin"
+    return "marlin" if capability[0] < 9 else "trtllm"
 
 
 def _mxfp4_layer_bytes(backend: str, experts: int, inter: int, hidden: int, release: tuple[int, ...]) -> float:
@@ -91,14 +101,15 @@ def deepstack_buffer_bytes(spec: ModelSpec, max_num_batched_tokens: int, act_byt
 def loaded_extra_bytes(spec: ModelSpec, tp: int, pp: int, release: tuple[int, ...],
                        capability: tuple[int, int] | None, platform: str = "cuda",
                        expert_parallel: bool = False, max_num_batched_tokens: int = 0,
-                       act_bytes: int = 2) -> tuple[int, str]:
-    """Bytes per GPU vLLM's "Model loading took" holds above the checkpoint's split, and why ("" for none)."""
+                       act_bytes: int = 2, triton_kernels: bool = True) -> tuple[int, str]:
+    """Bytes per GPU vLLM's "Model loading took" holds above the checkpoint's split, and why ("" for none).
+    ``triton_kernels``: whether the installation has the ``triton_kernels`` package (:func:`mxfp4_backend`)."""
     deepstack = deepstack_buffer_bytes(spec, max_num_batched_tokens, act_bytes)
     if deepstack:
         return deepstack, f"Qwen3-VL's deepstack buffers {deepstack / GiB:.2f} GiB"
     layers = cdiv(spec.routed_expert_layers or spec.num_layers_decoder, pp)
     if spec.quant_method == "mxfp4" and spec.num_experts and spec.moe_intermediate_size and platform == "cuda":
-        backend = mxfp4_backend(capability)
+        backend = mxfp4_backend(capability, triton_kernels)
         experts = cdiv(spec.num_experts, tp) if expert_parallel else spec.num_experts
         inter = spec.moe_intermediate_size if expert_parallel else cdiv(spec.moe_intermediate_size, tp)
         extra = (_mxfp4_layer_bytes(backend, experts, inter, spec.hidden_size, release)

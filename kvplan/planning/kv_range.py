@@ -5,8 +5,8 @@ the calibration logs that print that term): the weights (by how they were counte
 family), non-torch memory (by tp and board), CUDA graphs (by release family) and what no log line prints (the
 rest). The low end pays every term's downside (their sum): a KV budget that much lower. A term the user gives
 (``--activation-gib``) has no spread; a term a calibration file measured keeps the logs' printed precision. Where
-the engine's code path depends on its installation (vLLM 0.8 - 0.11's sampler) the low end pays the costlier path
-too; on a unified-memory device (GB10) the non-torch term takes the widest spread of its neighbours, and on a
+the engine's code path depends on its installation (vLLM 0.8 - 0.11's sampler; 0.10.1 - 0.11's MXFP4 layout on
+Hopper) the low end pays the costlier path too; on a unified-memory device (GB10) the non-torch term takes the widest spread of its neighbours, and on a
 GeForce card under a release that charges other processes' memory the low end allows for a desktop; a note says why. An engine whose logs print no terms (SGLang) keeps the whole budget's spread per class. The range
 re-answers the same deployment (:class:`~kvplan.planning.answer.Deployment`, the same rules) with the blocks of
 the budget less the downsides, and plus the upsides. A KV budget the user gives (``--kv-budget``) has no spread.
@@ -140,8 +140,9 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         if host is not None:
             out.append(host)
     if budget.path_gap_bytes:
-        out.append(TermSpread("sampler path", budget.path_gap_bytes, 0, 0,
-                              "the engine's costlier code path where its installation lacks FlashInfer"))
+        out.append(TermSpread("installation path", budget.path_gap_bytes, 0, 0,
+                              "the engine's costlier code path where its installation lacks FlashInfer (vLLM 0.8 - "
+                              "0.11's native sampler; a plain wheel's Marlin MXFP4 layout on Hopper)"))
     if kind == "display" and engine.charges_other_processes and not given(budget.overhead):
         out.append(TermSpread("desktop", DESKTOP_ALLOWANCE_BYTES, 0, 0, "an allowance for a desktop on the card"))
         notes.append(DESKTOP_NOTE.format(release=engine.label, gpu=getattr(gpu, "name", "GPU"),
@@ -180,7 +181,7 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
             source += (f"; the weights, counted from parameters and a dtype, may load {ROUGH_WEIGHTS_FRACTION:.0%} "
                        f"more ({rough / GiB:.2f} GiB)")
         if budget.path_gap_bytes:
-            terms += (TermSpread("sampler path", budget.path_gap_bytes, 0, 0, "the engine's costlier code path"),)
+            terms += (TermSpread("installation path", budget.path_gap_bytes, 0, 0, "the engine's costlier code path"),)
             source += f"; the low end pays the engine's costlier code path ({budget.path_gap_bytes / GiB:.2f} GiB)"
     low_kv = kv - sum(t.over_bytes for t in terms)
     high_kv = kv + sum(t.under_bytes for t in terms)

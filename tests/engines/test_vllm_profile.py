@@ -285,3 +285,60 @@ def test_qwen36_35b_on_a_gb10_at_65536_batched_tokens(qwen36_35b):
         assert b.activation_images_bytes == 805_306_368 + 268_435_456
         assert b.activation.bytes == 7_449_083_904 and "4 dummy images" in b.activation.source
         assert b.weights.bytes == 18 * 2**30  # no deepstack buffers
+
+
+# --- gpt-oss' MXFP4 experts on Hopper: Triton where triton_kernels is installed, Marlin on a plain wheel -------------
+
+
+def test_hopper_mxfp4_takes_marlin_without_triton_kernels():
+    from kvplan.engines.vllm_weights import loaded_extra_bytes, mxfp4_backend
+
+    assert mxfp4_backend((9, 0)) == "triton" and mxfp4_backend((9, 0), triton_kernels=False) == "marlin"
+    assert mxfp4_backend(None, triton_kernels=False) == "marlin"  # the default GPU is an H100
+    # triton_kernels does not decide off Hopper: Ampere / Ada always Marlin, Blackwell TRT-LLM
+    assert mxfp4_backend((8, 0), triton_kernels=True) == "marlin"
+    assert mxfp4_backend((10, 0), triton_kernels=False) == "trtllm"
+    spec = build_spec(load_bundled("openai/gpt-oss-120b"))
+    # Marlin, one layer of 128 experts (intermediate 2880 -> 2944, hidden 2880 -> 3072, bf16 biases):
+    # 128 x (1.5 x 2944 x 3072 + 3 x 2944 x 3072 / 32 + (2 x 2944 + 3072) x 2) = 1,847,263,232 B
+    # checkpoint: 128 x (3 x 2880 x 2880 x 17/32 + (2 x 2880 + 2880) x 2) = 1,694,269,440 B
+    # 36 layers x 152,993,792 B = 5,507,776,512 B (5.13 GiB; 65.90 GiB with the 60.77 GiB checkpoint, vllm-23278
+    # logged 65.97 with the Marlin warning)
+    extra, why = loaded_extra_bytes(spec, 1, 1, (0, 11, 0), (9, 0), triton_kernels=False)
+    assert extra == 5_507_776_512 and "marlin" in why
+    triton, _ = loaded_extra_bytes(spec, 1, 1, (0, 11, 0), (9, 0))
+    assert triton < extra
+
+
+@pytest.mark.parametrize("version, flashinfer, marlin", [
+    ("0.11.0", False, True),   # a plain wheel: neither FlashInfer nor triton_kernels
+    ("0.10.1.1", False, True),
+    ("0.11.0", None, False),   # unknown installation: the Docker image's Triton backend
+    ("0.11.0", True, False),
+    ("0.12.0", False, False),  # the sampler no longer depends on the installation: --no-flashinfer says nothing
+])
+def test_no_flashinfer_on_0_10_to_0_11_plans_the_plain_wheels_marlin_weights(version, flashinfer, marlin):
+    spec = build_spec(load_bundled("openai/gpt-oss-120b"))
+    plan = plan_for_spec(spec, Options(model="openai/gpt-oss-120b", gpu="H100", engine_version=version,
+                                       flashinfer=flashinfer, offline=True))
+    assert ("the marlin backend" in plan.budget.weights.source) is marlin
+    assert ("the triton backend" in plan.budget.weights.source) is not marlin
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-oss-120b", "openai/gpt-oss-20b"])
+@pytest.mark.parametrize("version", ["0.10.1.1", "0.11.0"])
+def test_an_unknown_installation_has_its_low_end_at_or_below_the_plain_wheel(model, version):
+    # kvplan plans the Docker image (Triton layout, FlashInfer sampler); a plain wheel loads the Marlin layout and
+    # runs the native sampler: the low end must not promise more than the plain wheel's plan
+    spec = build_spec(load_bundled(model))
+    unknown = plan_for_spec(spec, Options(model=model, gpu="H100", engine_version=version, offline=True))
+    wheel = plan_for_spec(spec, Options(model=model, gpu="H100", engine_version=version, flashinfer=False,
+                                        offline=True))
+    marlin_gap = wheel.budget.weights.bytes - unknown.budget.weights.bytes
+    assert marlin_gap > 0 and wheel.budget.path_gap_bytes == 0
+    assert unknown.budget.path_gap_bytes >= marlin_gap
+    assert unknown.kv_range.kv_budget_low_bytes <= wheel.budget.kv_budget_bytes
+    assert any("Marlin on a plain wheel" in n for n in unknown.budget.notes)
+    # off Hopper the layout does not depend on the installation: no weights gap
+    a100 = plan_for_spec(spec, Options(model=model, gpu="A100-80GB", engine_version=version, offline=True))
+    assert not any("Marlin on a plain wheel" in n for n in a100.budget.notes)
