@@ -235,6 +235,9 @@ def gpu_doubt(ex: Explanation) -> str | None:
     from kvplan.gpus import load_gpus
 
     log, plan = ex.log, ex.plan
+    sglang = _free_memory_doubt(ex)
+    if sglang is not None:
+        return sglang
     rest, req = ex.term(UNPRINTED), ex.term("requested")
     if (plan is None or log.total_memory_gib is not None or log.is_cpu or plan.gpu.is_cpu or rest is None
             or req is None or not req.logged_bytes or rest.logged_bytes is None or rest.kvplan_bytes is None
@@ -318,3 +321,26 @@ def diagnosis(ex: Explanation) -> str:
             line += (f"; {_gib(share)} comes from {_term_words(ex, row)} (the other terms take back "
                      f"{_gib(share - gap)})")
     return line
+
+
+def _free_memory_doubt(ex: Explanation) -> str | None:
+    """SGLang prints no total, but its free memory before loading: more than the planned GPU's whole total means the
+    GPU is not the log's. The clause naming the smallest catalogue card that holds that free memory; else ``None``."""
+    from kvplan.gpus import load_gpus
+
+    log, plan = ex.log, ex.plan
+    free = getattr(log, "sglang_avail_before_load_gib", None)
+    if plan is None or not free or plan.gpu.is_cpu or not plan.budget.total_bytes:
+        return None
+    free_bytes = round(free * GiB)
+    if free_bytes <= plan.budget.total_bytes + GPU_DOUBT_BYTES:
+        return None
+    vendor = "amd" if log.platform == "rocm" else ("nvidia" if log.platform == "cuda" else plan.gpu.vendor)
+    cards = [g for g in load_gpus() if g.memory_bytes and not g.is_cpu and g.vendor == vendor
+             and g.memory_bytes >= free_bytes]
+    near = min(cards, key=lambda g: g.memory_bytes, default=None)
+    said = (f"the log's free memory before loading ({free:.2f} GiB per GPU) exceeds {plan.gpu.name}'s whole "
+            f"{plan.budget.total_bytes / GiB:.2f} GiB")
+    guess = (f"; the smallest card that holds it is {near.name} ({near.memory_bytes / GiB:.2f} GiB): pass --gpu "
+             f"{near.name}" if near is not None else " (pass --gpu-memory)")
+    return f"the GPU looks wrong: {said}{guess}"

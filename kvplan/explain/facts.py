@@ -79,8 +79,14 @@ def _gpu_values(log: StartupLog, overrides: dict[str, Any]) -> tuple[dict[str, A
                                                                 f"GiB / util {log.gpu_memory_utilization:g})")
                 notes.append(f"--gpu {out['gpu']} ({named.memory_bytes / GiB:.2f} GiB) contradicts the log's {what} "
                              f"{total} GiB" + (f" (what {seen} reports)" if seen else "")
-                             + ": kvplan plans the log's total")
+                             + ": kvplan plans the log's total" + (f" on the {seen}" if seen else ""))
                 out["gpu_memory"] = f"{total}GiB"
+                # the named card cannot hold the log's total (a plan refuses a --gpu-memory past its card's): plan the
+                # card the total matches, or the total alone
+                if seen:
+                    out["gpu"] = seen
+                else:
+                    del out["gpu"]
         if how == "printed" and "gpu_memory" not in out:
             out["gpu_memory"] = f"{total}GiB"
         return out, notes, True

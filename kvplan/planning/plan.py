@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from kvplan import memory
 from kvplan.engines import Budget, Engine, EngineDefaults, Launch, kv_cache_dtype_spelling
-from kvplan.engines.registry import engine as engine_rules
+from kvplan.engines.registry import engine as engine_rules, setting_name
 from kvplan.errors import InputError
 from kvplan.model.spec import LayerCache, ModelSpec, Overrides
 from kvplan.options import (DEFAULT_CONTEXT, Options, check_context, default_context, option_values_of,
@@ -202,7 +202,8 @@ def _fixed_length(spec: ModelSpec, pool: _Pool, deployment: Deployment, context_
                                                  pool.gpu.memory_bytes)) from None
     if default_context(options) and options.context > fixed:  # the default context follows what auto chose
         pool = replace(pool, options=replace(pool.options, context=fixed))
-        context_note = context_note or _default_context_note(fixed, "the longest --max-model-len auto starts with")
+        context_note = context_note or _default_context_note(pool.engine, fixed,
+                                                             "the longest --max-model-len auto starts with")
     check_context(pool.options.context, fixed, auto=True)
     return pool, deployment, fixed, auto_note, context_note
 
@@ -294,9 +295,11 @@ def planned_weights_dtype(spec: ModelSpec, weights_dtype: DType | None, model_dt
     return spec.weights_format or model_dtype.name
 
 
-def _default_context_note(tokens: int, why: str) -> str:
-    return (f"context {plural(tokens, 'token')}: {why}, below kvplan's default {DEFAULT_CONTEXT:,} (vLLM's own default "
-            "max_model_len is the model's maximum); --context sets another")
+def _default_context_note(engine: EngineDefaults, tokens: int, why: str) -> str:
+    """The note of a default context lowered to ``tokens``, in the engine's words (vLLM's max_model_len, SGLang's
+    context_length: each engine's own default is the model's maximum)."""
+    return (f"context {plural(tokens, 'token')}: {why}, below kvplan's default {DEFAULT_CONTEXT:,} ({engine.engine}'s "
+            f"own default {setting_name(engine.engine, 'max_model_len')} is the model's maximum); --context sets another")
 
 
 def _default_context(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tuple[_Pool, Deployment, str | None]:
@@ -307,7 +310,7 @@ def _default_context(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tu
         return pool, deployment, None
     options = replace(options, context=limit.tokens)
     pool = _pool(spec, options)
-    return pool, _deployment(spec, pool), _default_context_note(limit.tokens, f"the model's maximum, {limit.rule}")
+    return pool, _deployment(spec, pool), _default_context_note(pool.engine, limit.tokens, f"the model's maximum, {limit.rule}")
 
 
 def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], Plan]":

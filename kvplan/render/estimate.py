@@ -170,7 +170,9 @@ def _memory_panel(plan: "Plan") -> Panel:
     b, shown = plan.budget, memory_figures(plan)
     t = _terms_table()
     t.add_row(*_total_row(plan, shown["total"]))
-    t.add_row(f"usable (x {b.gpu_util:g})", f"{shown['usable']} GiB", Text(f"{b.requested_rounding}(total x gpu_util)"))
+    util = setting_name(plan.engine.engine, "gpu_util")  # SGLang's mem_fraction_static; kvplan's own name for vLLM's
+    util = "gpu_util" if util == "gpu_memory_utilization" else util
+    t.add_row(f"usable (x {b.gpu_util:g})", f"{shown['usable']} GiB", Text(f"{b.requested_rounding}(total x {util})"))
     for term in b.terms:
         t.add_row(f"− {term.name}", f"{shown[term.name]} GiB", Text(term.source))  # Text: sources hold "[rows, vocab]"
     if b.state_slots:
@@ -250,6 +252,10 @@ def answer_lines(plan: "Plan", brief: bool = False) -> list[Text]:
     if brief:  # the engine's own lines, then the answer in whole requests (the integer) and the verdict
         if a.refusal:
             lines.append(Text.assemble((f"{plan.engine.label} will refuse to start: ", "bold red"), a.refusal))
+        elif plan.launch.kv_cache_dtype is None:  # no --kv-cache-dtype for it: the engine logs nothing of this pool
+            lines.append(Text(f"a what-if: {plan.engine.label} cannot run --kv-dtype {plan.kv_dtype}, so it logs no "
+                              "such lines; kvplan's figures for that pool:", style="yellow"))
+            lines += [Text(line) for line in plan.rules.log_lines(plan.launch)]
         else:
             lines += [Text(line) for line in plan.rules.log_lines(plan.launch)]
         lines += [at, _verdict(plan)]
@@ -345,7 +351,8 @@ def _verdict(plan: "Plan") -> Text:
     line = Text(f"{a.batch:,} x {plural(a.context, 'token')}: ")
     if a.fits:
         line.append("fits", style="bold green")
-        spare = plural(a.fits_margin_blocks * lay.block_size, "token")
+        # a block id spans a page in every group: with several groups its slots are not one request's tokens
+        spare = plural(a.fits_margin_blocks * lay.block_size, "token slot" if len(lay.groups) > 1 else "token")
         if lay.block_size > 1:
             spare = f"{plural(a.fits_margin_blocks, 'block')} = {spare}"
         line.append(f" ({spare} spare" + (", the shared prefix stored once" if a.shared_prefix_tokens else "")

@@ -289,3 +289,29 @@ def test_a_wrong_gpu_is_said_to_look_wrong_and_the_right_one_never_is(monkeypatc
     ex = explain(ENTRIES["dennislee-4xa100-80-gpt-oss-120b-tp4"].log, {"gpu": "RTX-4090"})
     assert ("exceed RTX-4090-24GB's requested 18.81 GiB; they imply about 79.5 GiB total, what H100-SXM-80GB "
             "reports (79.20 GiB): pass --gpu H100-SXM-80GB") in ex.diagnosis
+
+
+def test_an_sglang_log_on_a_gpu_smaller_than_its_free_memory_looks_wrong(monkeypatch):
+    # SGLang prints no total but its free memory before loading: on a --gpu whose whole memory is less than that,
+    # the gap was blamed on "free memory before loading x mem_fraction_static"; it is the GPU that is wrong
+    from kvplan.errors import KvplanError
+    from kvplan.gpus import find_gpu
+    from kvplan.units import GiB
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    small = find_gpu("T4")
+    checked = 0
+    for eid, entry in ENTRIES.items():
+        if not eid.startswith("sglang") or eid in NOT_LOGS or eid in CUT_BEFORE_THE_POOL:
+            continue
+        flags = dict(REPRODUCIBLE.get(eid) or {})
+        try:
+            ex = explain(entry.log, {**flags, "gpu": "T4"})
+        except KvplanError:
+            continue
+        free = ex.log.sglang_avail_before_load_gib
+        if ex.plan is None or not free or free * GiB <= small.memory_bytes + 2 * GiB:
+            continue
+        assert ex.diagnosis.startswith("the GPU looks wrong: the log's free memory before loading"), (eid, ex.diagnosis)
+        checked += 1
+    assert checked >= 1

@@ -97,6 +97,19 @@ def test_gpu_is_a_check_of_the_log():
     assert bad.exit_code == 2 and "unknown GPU 'H900'" in bad.stderr
 
 
+@pytest.mark.parametrize("gpu", ["A100-40GB", "L4", "T4", "RTX-4090", "H200", "B200"])
+def test_a_gpu_that_contradicts_the_logs_total_is_said_not_refused(gpu):
+    # a card smaller than the log's total was kept beside the total as --gpu-memory, which a plan refuses ("more than
+    # the A100-SXM-40GB has"): a contradicting --gpu, smaller or larger, is said and the log's total planned on the
+    # card that reports it
+    text = V1_019 + SNAPSHOT + "INFO [gpu_worker.py:1] Available KV cache memory: 54.8 GiB\n"
+    ex = explain(text, {"gpu": gpu})
+    assert ex.plan.budget.total_bytes == round(79.19 * GiB)
+    (note,) = [n for n in ex.notes if "contradicts" in n]
+    assert note.startswith(f"--gpu {gpu} (") and note.endswith("on the H100-SXM-80GB")
+    assert ex.plan.gpu.name == "H100-SXM-80GB"
+
+
 # --------------------------------------------------------------------------------- SGLang's forms, each release
 
 

@@ -254,3 +254,60 @@ def test_emoji_codes_in_a_path_or_a_name_print_as_typed(tmp_path):
     text = _text(render_plan(named), width=120)  # this console reads emoji codes: the title is read before it
     assert "memory per GPU (1x :smile: H100)" in text
     assert "\N{SMILING FACE WITH OPEN MOUTH AND SMILING EYES}" not in text
+
+
+# ---------------------------------------------------------------------------------------------
+# words that belong to one engine or one kind of pool
+
+
+@pytest.mark.parametrize("model", ["google/gemma-3-27b-it", "openai/gpt-oss-120b", "meta-llama/Llama-3.1-8B"])
+def test_the_spare_figure_is_token_slots_where_a_block_spans_several_groups(model):
+    # gemma-3 at 128k on an H200 said "KV cache: 519,579 tokens" and "fits (43,648 blocks = 698,368 tokens spare)":
+    # with several groups a block id's slots are not one request's tokens, so the verdict calls them slots
+    import kvplan
+    from kvplan.render.estimate import _verdict
+
+    p = kvplan.estimate(model, gpu="H200", context=32768)
+    assert p.answer.fits
+    text = _verdict(p).plain
+    several = len(p.layout.groups) > 1
+    assert ("token slots spare" in text) == several and ("tokens spare" in text) == (not several), text
+
+
+@pytest.mark.parametrize("engine, name", [("vllm", "gpu_util"), ("sglang", "mem_fraction_static")])
+def test_the_usable_row_names_the_engines_fraction(engine, name):
+    import kvplan
+    from kvplan.render.estimate import _memory_panel
+
+    console = Console(width=120, record=True, color_system=None)
+    console.print(_memory_panel(kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", engine=engine)))
+    usable = next(line for line in console.export_text().splitlines() if "usable (x" in line)
+    assert f"(total x {name})" in usable, usable
+
+
+@pytest.mark.parametrize("engine, setting", [("vllm", "max_model_len"), ("sglang", "context_length")])
+def test_the_default_context_note_names_the_engines_setting(engine, setting):
+    import kvplan
+
+    p = kvplan.estimate("microsoft/Phi-3-mini-4k-instruct", gpu="H100", engine=engine)
+    (note,) = [n for n in p.notes if "below kvplan's default" in n]
+    assert f"{engine}'s own default {setting} is the model's maximum" in note, note
+
+
+@pytest.mark.parametrize("engine, kv_dtype", [("vllm", "int4"), ("vllm", "int8"), ("sglang", "int8"), ("sglang", "int4"),
+                                              ("sglang", "fp16")])
+def test_brief_says_a_kv_dtype_the_engine_cannot_run_is_a_what_if(engine, kv_dtype):
+    # --brief printed "GPU KV cache size ..." as the engine's own lines for a dtype it has no --kv-cache-dtype for
+    import kvplan
+
+    p = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", engine=engine, kv_dtype=kv_dtype)
+    assert p.launch.kv_cache_dtype is None
+    first = render_brief(p)
+    console = Console(width=200, record=True, color_system=None)
+    console.print(first)
+    text = console.export_text()
+    assert text.startswith(f"a what-if: {p.engine.label} cannot run --kv-dtype {p.kv_dtype}"), text
+    runnable = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", engine=engine, kv_dtype="fp8")
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render_brief(runnable))
+    assert "what-if" not in console.export_text()
