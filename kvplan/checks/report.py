@@ -460,6 +460,11 @@ def _notes(pools: list[Pool]) -> tuple[str, ...]:
         notes.append(f"prefix_tokens: requests, max context and fits count the shared prefix once where prefix caching "
                      f"is on ({credited} of {len(shared)} configurations with a prefix; the others store a copy per "
                      "request)")
+    what_if = [p for p in pools if p.plan.launch.kv_cache_dtype is None]
+    if what_if:  # the engine has no --kv-cache-dtype for the planned KV dtype: no launch line, a what-if's figures
+        kinds = sorted({f"{p.plan.engine.engine} --kv-dtype {p.plan.kv_dtype}" for p in what_if})
+        notes.append(f"{len(what_if)} of {len(pools)} configurations plan a KV dtype their engine cannot run "
+                     f"({', '.join(kinds)}): their figures are a what-if, with no launch line")
     no_kv = [p for p in pools if p.plan.budget.kv_budget_bytes <= 0]
     if no_kv:
         p = no_kv[0].plan

@@ -483,3 +483,18 @@ def test_a_big_reports_plot_shows_every_model_and_names_what_it_leaves_out(tmp_p
     panels, note = concurrency_panels(report)
     assert [m for m, _ in panels] == ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-8B"]
     assert "24 of 32 configurations plotted" in note and "Llama-3.1-8B (4 of 16)" in note and "Qwen3-8B (4 of 16)" in note
+
+
+@pytest.mark.parametrize("engine, dtypes, cannot", [("vllm", "[auto, fp8, int4]", 1), ("sglang", "[auto, fp8, int8, int4]", 2)])
+def test_rows_whose_kv_dtype_the_engine_cannot_run_are_said_to_be_a_what_if(tmp_path, engine, dtypes, cannot):
+    # check and size said so; a report's rows of int8 / int4 carried the engine's figures with no word
+    path = write(tmp_path, f"""\
+        defaults: {{model: meta-llama/Llama-3.1-8B, gpu: H100, engine: {engine}}}
+        sweep: {{kv_dtype: {dtypes}}}
+        """)
+    report = build_report(load_whatif(path), offline=True)
+    (note,) = [n for n in report.notes if "cannot run" in n]
+    assert note.startswith(f"{cannot} of {len(report.rows)} configurations plan a KV dtype their engine cannot run")
+    runnable = write(tmp_path, f"defaults: {{model: meta-llama/Llama-3.1-8B, gpu: H100, engine: {engine}}}\n"
+                               "sweep: {kv_dtype: [auto, fp8]}\n", name="runnable.yaml")
+    assert not any("cannot run" in n for n in build_report(load_whatif(runnable), offline=True).notes)
