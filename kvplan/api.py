@@ -86,10 +86,7 @@ def check_estimate(model: Any, token: Any, options: Mapping[str, Any]) -> None:
     refuse_unknown("estimate", options, estimate_options() - {"model"})
     require("estimate", "model", model, PATH, "a model id or a path (str or os.PathLike)")
     require("estimate", "token", token, (str, type(None)), "a string or None")
-    for key, value in options.items():
-        if value is not None:
-            types, expected = option_type(key)
-            require("estimate", key, value, types, expected)
+    _check_options("estimate", options)
 
 
 def check_size(model: Any, concurrency: Any, context: Any, gpus: Any, tp: Any, at: Any, prices: Any, token: Any,
@@ -107,10 +104,7 @@ def check_size(model: Any, concurrency: Any, context: Any, gpus: Any, tp: Any, a
     if prices is not None:
         require("size", "prices", prices, PATH, "a price file path (str or os.PathLike)")
     require("size", "token", token, (str, type(None)), "a string or None")
-    for key, value in options.items():
-        if value is not None:
-            types, expected = option_type(key)
-            require("size", key, value, types, expected)
+    _check_options("size", options)
 
 
 def option_type(key: str) -> tuple[tuple[type, ...], str]:
@@ -168,3 +162,11 @@ def document(function: str, name: str, source: Any) -> Any:
         return value
 
     return plain(source, name, 0)
+
+
+def _check_options(function: str, options: Mapping[str, Any]) -> None:
+    """Each of ``kvplan.<function>()``'s option keywords has its option's type (``None`` = the option's default)."""
+    for key, value in options.items():
+        if value is not None:
+            types, expected = option_type(key)
+            require(function, key, value, types, expected)

@@ -87,11 +87,7 @@ def render_size(sizing: "Sizing", width: int | None = None) -> Any:
         cols += [Col("cost/h", justify="right"), Col("per Mtok-h", justify="right", drop=1)]
     currency = sizing.prices.currency if sizing.prices else ""
     for row in sizing.rows:
-        cells = [row.gpu, _deployment(row), str(row.gpus),
-                 f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_judged:,}",
-                 f"{row.headroom:+,}", row.binds]
-        if priced:
-            cells += [_money(row.cost_per_hour, ""), _money(row.cost_per_million_tokens_hour, "", 4)]
+        cells = _cells(row, priced)
         for col, cell in zip(cols, cells):
             col.cells.append(cell)
     title = f"smallest deployment of each GPU ({'by cost per hour' if sizing.ranked_by == 'cost' else 'by GPUs'})"
@@ -121,11 +117,7 @@ def size_table(sizing: "Sizing") -> tuple[list[str], list[list[str]]]:
     header[4] = f"requests {_end(sizing)}"
     rows = []
     for row in sizing.rows:
-        cells = [row.gpu, _deployment(row), str(row.gpus),
-                 f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_judged:,}",
-                 f"{row.headroom:+,}", row.binds]
-        if priced:
-            cells += [_money(row.cost_per_hour, ""), _money(row.cost_per_million_tokens_hour, "", 4)]
+        cells = _cells(row, priced)
         rows.append(cells + [row.why_not_smaller])
     return header, rows
 
@@ -138,3 +130,13 @@ def size_csv(sizing: "Sizing") -> str:
     for row in sizing.rows:
         writer.writerow({k: ("" if v is None else v) for k, v in row.to_dict().items()})
     return out.getvalue()
+
+
+def _cells(row: "Sized", priced: bool) -> list[str]:
+    """One deployment's cells, as the terminal table and a report's table show them (cost columns when priced)."""
+    cells = [row.gpu, _deployment(row), str(row.gpus),
+             f"{row.requests_per_replica_low:,} ({row.requests_per_replica:,})", f"{row.requests_judged:,}",
+             f"{row.headroom:+,}", row.binds]
+    if priced:
+        cells += [_money(row.cost_per_hour, ""), _money(row.cost_per_million_tokens_hour, "", 4)]
+    return cells
