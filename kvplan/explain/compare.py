@@ -232,7 +232,6 @@ def gpu_doubt(ex: Explanation) -> str | None:
     (terms and KV budget) exceeds that GPU's requested memory, or leaves far more unexplained than the unprinted
     terms take. Then one clause saying the GPU looks wrong, naming the catalogue GPU whose memory the log implies
     (its printed terms plus kvplan's estimate of the unprinted ones, over the utilisation); else ``None``."""
-    from kvplan.gpus import load_gpus
 
     log, plan = ex.log, ex.plan
     sglang = _free_memory_doubt(ex)
@@ -249,9 +248,7 @@ def gpu_doubt(ex: Explanation) -> str | None:
     printed = req.logged_bytes - rest.logged_bytes  # the log's printed terms and KV budget, per GPU
     util = req.logged_bytes / plan.budget.total_bytes
     implied = round((printed + max(0, rest.kvplan_bytes)) / util)
-    vendor = "amd" if log.platform == "rocm" else ("nvidia" if log.platform == "cuda" else plan.gpu.vendor)
-    cards = [g for g in load_gpus() if g.memory_bytes and not g.is_cpu and g.vendor == vendor]
-    near = min(cards, key=lambda g: abs(g.memory_bytes - implied), default=None)
+    near = min(_log_vendor_cards(ex), key=lambda g: abs(g.memory_bytes - implied), default=None)
     said = (f"the log's printed terms and KV budget ({printed / GiB:.2f} GiB per GPU) "
             + (f"exceed {plan.gpu.name}'s requested {req.logged_bytes / GiB:.2f} GiB" if rest.logged_bytes < 0 else
                f"leave {rest.logged_bytes / GiB:.2f} GiB of {plan.gpu.name}'s requested {req.logged_bytes / GiB:.2f} GiB "
@@ -326,7 +323,6 @@ def diagnosis(ex: Explanation) -> str:
 def _free_memory_doubt(ex: Explanation) -> str | None:
     """SGLang prints no total, but its free memory before loading: more than the planned GPU's whole total means the
     GPU is not the log's. The clause naming the smallest catalogue card that holds that free memory; else ``None``."""
-    from kvplan.gpus import load_gpus
 
     log, plan = ex.log, ex.plan
     free = getattr(log, "sglang_avail_before_load_gib", None)
@@ -335,12 +331,20 @@ def _free_memory_doubt(ex: Explanation) -> str | None:
     free_bytes = round(free * GiB)
     if free_bytes <= plan.budget.total_bytes + GPU_DOUBT_BYTES:
         return None
-    vendor = "amd" if log.platform == "rocm" else ("nvidia" if log.platform == "cuda" else plan.gpu.vendor)
-    cards = [g for g in load_gpus() if g.memory_bytes and not g.is_cpu and g.vendor == vendor
-             and g.memory_bytes >= free_bytes]
-    near = min(cards, key=lambda g: g.memory_bytes, default=None)
+    near = min((g for g in _log_vendor_cards(ex) if g.memory_bytes >= free_bytes), key=lambda g: g.memory_bytes,
+               default=None)
     said = (f"the log's free memory before loading ({free:.2f} GiB per GPU) exceeds {plan.gpu.name}'s whole "
             f"{plan.budget.total_bytes / GiB:.2f} GiB")
     guess = (f"; the smallest card that holds it is {near.name} ({near.memory_bytes / GiB:.2f} GiB): pass --gpu "
              f"{near.name}" if near is not None else " (pass --gpu-memory)")
     return f"the GPU looks wrong: {said}{guess}"
+
+
+def _log_vendor_cards(ex: Explanation) -> list:
+    """The catalogue's GPUs (with a memory size, not the CPU target) of the log's vendor: its platform's, else the
+    planned GPU's."""
+    from kvplan.gpus import load_gpus
+
+    log = ex.log
+    vendor = "amd" if log.platform == "rocm" else ("nvidia" if log.platform == "cuda" else ex.plan.gpu.vendor)
+    return [g for g in load_gpus() if g.memory_bytes and not g.is_cpu and g.vendor == vendor]
