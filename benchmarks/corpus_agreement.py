@@ -214,6 +214,30 @@ def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = 
     return out
 
 
+def sglang_logged_terms(meta: dict[str, Any], plan: Any) -> dict[str, str]:
+    """SGLang's budget terms as its log prints them, as kvplan option values: the weights ("Load weight end ...
+    mem usage", else "Load weight begin" - "Load weight end" avail mem; per GPU x tp x pp) and the memory in use
+    before loading (kvplan's total - the free memory at "Load weight begin", else "Load weight end"'s avail mem +
+    mem usage) x mem_fraction_static, the part of the pool's arithmetic it charges. SGLang's "GB" are GiB
+    (``get_available_gpu_memory`` divides by 1 << 30). 0.3 - 0.4.6 at tp >= 2 read "Load weight begin" after the late
+    NCCL communicator (:func:`kvplan.engines.sglang.late_comm_bytes`), so the logged term holds it x the fraction;
+    its rest x (1 - fraction) is left to the rest."""
+    r = meta.get("reported") or {}
+    before, after, usage = (_num(r.get(k)) for k in ("avail_mem_before_load_gb", "avail_mem_after_load_gb",
+                                                     "weights_mem_usage_gb"))
+    if usage is None and before is not None and after is not None:
+        usage = before - after
+    if before is None and after is not None and usage is not None:
+        before = after + usage
+    out: dict[str, str] = {}
+    if usage is not None:
+        out["weights_gib"] = f"{usage * plan.options.tp * plan.options.pp}GiB"
+    if before is not None:
+        in_use = max(0.0, plan.budget.total_bytes / GiB - before)
+        out["overhead_gib"] = f"{in_use * plan.budget.gpu_util}GiB"
+    return out
+
+
 def measure(plan: Any, compare: str) -> float:
     """The plan's figure comparable to the logged one."""
     return _figure(plan.answer, plan.budget.kv_budget_bytes, plan.layout.block_size, compare)
@@ -313,8 +337,8 @@ def run(entry: corpus.Entry) -> Row | str:
     predicted = measure(plan, compare)
     err = (predicted - value) / value * 100
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
-    terms = logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled) if basis == "inputs" \
-        else {}
+    terms = {} if basis != "inputs" else sglang_logged_terms(meta, plan) if meta["engine"] == "sglang" else \
+        logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled)
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib
     estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
     if terms:
@@ -328,7 +352,8 @@ def run(entry: corpus.Entry) -> Row | str:
             if moved:
                 name, delta = max(moved.items(), key=lambda kv: abs(kv[1]))
                 biggest = f"{name} {delta:+.2f} GiB"
-            charged = {"weights", "activation", "overhead"} | ({"cudagraph"} if plan.engine.cudagraph_profiled else set())
+            charged = ({"weights", "overhead"} if meta["engine"] == "sglang" else {"weights", "activation", "overhead"}) \
+                | ({"cudagraph"} if plan.engine.cudagraph_profiled else set())  # SGLang's activation is in 1 - frac
             if terms_err > -100:
                 left = with_terms.budget.kv_budget_bytes * (terms_err / 100) / (1 + terms_err / 100) / GiB
                 rest = left if charged <= printed else None

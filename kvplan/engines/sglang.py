@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from kvplan import memory
 from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Launch, ModelLength, Term,
-                            launch_flags, length_refusal, lora_stack_bytes, release_tuple, scaled_length)
+                            given, launch_flags, length_refusal, lora_stack_bytes, release_tuple, scaled_length)
 from kvplan.engines.sglang_mamba import (  # noqa: F401 - the Engine interface's rules and the state pool's, re-exported
     MAMBA_CONV_DTYPE, MAMBA_FIXED_SLOTS, MAMBA_FULL_MEMORY_RATIO, MAMBA_SLOTS_PER_RUNNING_REQUEST, MAMBA_SSM_DTYPE,
     mamba_cache_per_req, mamba_radix_cache, mamba_slots, mamba_slots_per_request, split_state_pool)
@@ -55,9 +55,16 @@ COMM_BYTES_WIDE = {"nvlink-switch": round(1.20 * GiB), "infinity-fabric": round(
 SMI_EXTRA_MIB = 480  # nvidia-smi's total less the runtime's, when the catalogue has no nvidia-smi figure
 # What "Load weight end ... mem usage" shows above the checkpoint's bytes per GPU (loader buffers, rotary caches,
 # padded vocabularies): +0.20 / +0.21 / +0.28 GiB at tp 2 - 4 (calibration part of benchmarks/corpus:
-# sglang-projecta-4x4090, sglang-exp001-2x4090, sglang-llmsinclouds-4xl4). Charged in full: it is in use before
-# the pool is sized.
+# sglang-projecta-4x4090, sglang-exp001-2x4090, sglang-llmsinclouds-4xl4). Part of the weights term (what that line
+# prints), charged in full: it is in use before the pool is sized.
 LOAD_EXTRA_BYTES = round(0.20 * GiB)
+# 0.3 - 0.4.6 at tp >= 2 (Release.min_on_nccl): the second NCCL communicator, torch.distributed's default group's,
+# which the free memory's all-reduce MIN creates after this rank read its free memory. It is a communicator over
+# the same ranks as PyNccl's, so it holds what COMM_BYTES / COMM_BYTES_WIDE charge for that one; on PCIe boards
+# none (sglang-llmsinclouds-4xl4, 0.4.3, tp 4: the pool implies 21.63 GiB free at the first reading, as printed
+# at "Load weight begin" after the communicator, to the print's 0.03 GiB; such boards often run NCCL's SHM
+# transport, its buffers in host memory).
+LATE_COMM_BOARDS = ("nvlink", "nvlink-switch", "infinity-fabric")
 
 # (GiB upper bound of the GPU's memory, chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4)
 _TIERS = {
@@ -174,6 +181,7 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
                           PAGE_SIZE, chunked_prefill_size(r.version, gpu_memory_bytes, tp, device),
                           MAX_RUNNING_REQUESTS_CEILING, mode="sglang", usage_context=usage_context,
                           cudagraph_profiled=False, refusal="pool", kv_tokens_rule="blocks",
+                          charges_other_processes=True,
                           release_range=RANGES[r.version])
 
 
@@ -214,6 +222,17 @@ def pre_load_bytes(tp: int, pp: int, device: Device | None = None) -> int:
     return CONTEXT_BYTES + comm
 
 
+def late_comm_bytes(version: str, tp: int, pp: int, device: Device | None = None) -> int:
+    """The NCCL communicator a release of :attr:`Release.min_on_nccl` creates after its first reading (bytes per
+    GPU, charged in full): the default group's, over ``tp x pp`` ranks, as large as the first communicator
+    (:func:`pre_load_bytes` less the CUDA context) on NVLink / NVSwitch / Infinity Fabric boards (unknown:
+    ``nvlink``); 0 on PCIe, at tp 1 and in 0.4.7+."""
+    interconnect = (device.interconnect if device else None) or "nvlink"
+    if tp < 2 or not release(version).min_on_nccl or interconnect not in LATE_COMM_BOARDS:
+        return 0
+    return pre_load_bytes(tp, pp, device) - CONTEXT_BYTES
+
+
 def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
@@ -221,8 +240,10 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
            features: Features | None = None, max_model_len: int | None = None) -> Budget:
     """SGLang's pool budget per GPU: ``(total - used_before_load) x mem_fraction_static - weights``.
 
-    ``overhead`` is the memory in use before loading times the fraction (the fraction applies to the free
-    memory then); LoRA adapters' buffers, allocated between loading and the pool, come out of it in full. No
+    ``weights`` is what loading uses (the weights' bytes + :data:`LOAD_EXTRA_BYTES`, "Load weight end ... mem
+    usage"); ``overhead`` is the memory in use before loading times the fraction (the fraction applies to the free
+    memory then; other processes' memory too: SGLang charges it, ``charges_other_processes``), plus 0.3 - 0.4.6's
+    late NCCL communicator in full (:func:`late_comm_bytes`); LoRA adapters' buffers, allocated between loading and the pool, come out of it in full. No
     activation or CUDA-graph term: both live in ``1 - mem_fraction_static``. ``--kv-budget`` (like
     ``--max-total-tokens`` x cell size) replaces the result.
     """
@@ -236,12 +257,16 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         activation = Term("activation", 0, "none: SGLang keeps activations in 1 - mem_fraction_static")
     if cudagraph is None:
         cudagraph = Term("cudagraph", 0, "none: SGLang captures CUDA graphs in 1 - mem_fraction_static")
+    if not given(weights):  # what "Load weight end ... mem usage" prints: the weights and what loading holds more
+        weights = Term("weights", weights.bytes + LOAD_EXTRA_BYTES, f"{weights.source} + {LOAD_EXTRA_BYTES / GiB:.2f} "
+                       "GiB SGLang's loading holds above the weights' bytes")
     if overhead is None:
-        before = pre_load_bytes(tp, pp, device)
-        charged = math.floor(before * gpu_util) + LOAD_EXTRA_BYTES
+        before, late = pre_load_bytes(tp, pp, device), late_comm_bytes(version, tp, pp, device)
+        charged = math.floor(before * gpu_util) + late
         source = (f"estimate: {before / GiB:.2f} GiB in use before loading (CUDA context"
-                  + (", NCCL" if tp * pp > 1 else "") + f") x mem_fraction_static {gpu_util:g} + "
-                  f"{LOAD_EXTRA_BYTES / GiB:.2f} GiB loaded above the checkpoint's bytes")
+                  + (", NCCL" if tp * pp > 1 else "") + f") x mem_fraction_static {gpu_util:g}"
+                  + (f" + {late / GiB:.2f} GiB the NCCL communicator the free memory's all-reduce creates after "
+                     "the first reading" if late else ""))
         if features.lora:
             # SGLang sizes its adapter buffers for --max-loras-per-batch slots of --max-lora-rank
             stacks = lora_stack_bytes(spec, tp, pp, features.max_loras, features.max_lora_rank, act_bytes)

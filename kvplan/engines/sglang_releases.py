@@ -25,7 +25,10 @@ class Release:
     ``--max-running-requests``, radix cache off, 0.5.2 - 0.5.3; ``ratio``: ``mamba_full_memory_ratio`` of the
     budget, 0.5.4+); ``mamba2_radix_off``: Mamba2 models run without the radix cache (0.5.4 - 0.5.9);
     ``ssm_from_config``: the SSM state dtype is the config's ``mamba_ssm_dtype`` when it names one (0.5.10+; before,
-    ``--mamba-ssm-dtype``'s float32).
+    ``--mamba-ssm-dtype``'s float32). ``min_on_nccl``: at tp >= 2 the minimum over ranks of the free memory is
+    all-reduced on the default (NCCL) process group, whose communicator NCCL creates by that first collective, after
+    this rank read its free memory (``get_available_gpu_memory(distributed=True)``: a CUDA tensor, 0.3 - 0.4.6; 0.4.7+
+    reduce on the gloo ``cpu_group``): the pool pays that communicator in full (:func:`~kvplan.engines.sglang.late_comm_bytes`).
     """
 
     version: str
@@ -39,16 +42,17 @@ class Release:
     mamba: str = "ratio"
     mamba2_radix_off: bool = False
     ssm_from_config: bool = True
+    min_on_nccl: bool = False
 
 
 _OLD_MAMBA = dict(mamba="fixed", ssm_from_config=False)  # 0.5.2 - 0.5.3's state pool (older releases serve no hybrid)
 RELEASES: dict[str, Release] = {r.version: r for r in (
     Release("0.3", (0, 3, 0), "tp ladder 0.88 - 0.79 (0.82 at tp 8)", "ladder-0.3", "small-25000",
-            page_rounding=False, clamp_plus_one=True, **_OLD_MAMBA),
+            page_rounding=False, clamp_plus_one=True, min_on_nccl=True, **_OLD_MAMBA),
     Release("0.4", (0, 4, 0), "tp ladder 0.88 / 0.87 / 0.85 / 0.81 / 0.79", "ladder", "small-tp",
-            page_rounding=False, clamp_plus_one=True, **_OLD_MAMBA),
+            page_rounding=False, clamp_plus_one=True, min_on_nccl=True, **_OLD_MAMBA),
     Release("0.4.6", (0, 4, 6), "above 80 GiB: (gpu - 13 GiB) / gpu; page size", "ladder-13g", "small-tp",
-            clamp_plus_one=True, **_OLD_MAMBA),
+            clamp_plus_one=True, min_on_nccl=True, **_OLD_MAMBA),
     Release("0.4.7", (0, 4, 7), "ladder by tp x pp; a reserve above 96 GiB", "ladder-big", "small-tp",
             **_OLD_MAMBA),
     Release("0.4.8", (0, 4, 8), "a reserve by GPU size: round((gpu - reserved) / gpu, 3); sliding-window pools "

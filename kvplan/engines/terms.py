@@ -114,7 +114,8 @@ class EngineDefaults:
     swa_ratio: float = 0.0  # > 0: sliding layers in a pool of their own with this ratio of the full pool's tokens
     # (SGLang's hybrid SWA pool, --swa-full-tokens-ratio); the plan's layout is then memory.split_swa_layout
     charges_other_processes: bool = False  # the profiler charges memory other processes hold on the GPU as this
-    # engine's non-torch memory (vLLM V0 0.6.4 and V1 0.8.0 - 0.9.0: a desktop on the card shrinks the KV budget)
+    # engine's non-torch memory (vLLM V0 0.6.4 and V1 0.8.0 - 0.9.0; SGLang, which sizes the pool from the free
+    # memory before loading: a desktop on the card shrinks the KV budget)
 
     @property
     def label(self) -> str:

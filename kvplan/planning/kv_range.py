@@ -143,11 +143,25 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         out.append(TermSpread("installation path", budget.path_gap_bytes, 0, 0,
                               "the engine's costlier code path where its installation lacks FlashInfer (vLLM 0.8 - "
                               "0.11's native sampler; a plain wheel's Marlin MXFP4 layout on Hopper)"))
-    if kind == "display" and engine.charges_other_processes and not given(budget.overhead):
-        out.append(TermSpread("desktop", DESKTOP_ALLOWANCE_BYTES, 0, 0, "an allowance for a desktop on the card"))
-        notes.append(DESKTOP_NOTE.format(release=engine.label, gpu=getattr(gpu, "name", "GPU"),
-                                         allowance=DESKTOP_ALLOWANCE_BYTES / GiB))
+    desk = desktop(budget, engine, gpu, sum(t.over_bytes for t in out if t.term == "overhead"))
+    if desk is not None:
+        out.append(desk[0])
+        notes.append(desk[1])
     return tuple(out), tuple(notes)
+
+
+def desktop(budget: Budget, engine: EngineDefaults, gpu: Any, paid: int) -> tuple[TermSpread, str] | None:
+    """The desktop allowance and its note, for a GeForce card under a release that charges other processes' memory
+    (None elsewhere, or where the user gave the non-torch term): what the non-torch spread (``paid``, bytes) does
+    not already allow of :data:`DESKTOP_ALLOWANCE_BYTES`, since that spread pays what the calibration logs'
+    desktops held."""
+    if getattr(gpu, "memory_kind", "dedicated") != "display" or not engine.charges_other_processes or \
+            given(budget.overhead):
+        return None
+    term = TermSpread("desktop", max(0, DESKTOP_ALLOWANCE_BYTES - paid), 0, 0, "an allowance for a desktop on the "
+                      f"card ({DESKTOP_ALLOWANCE_BYTES / GiB:.2f} GiB with the non-torch spread)")
+    return term, DESKTOP_NOTE.format(release=engine.label, gpu=getattr(gpu, "name", "GPU"),
+                                     allowance=DESKTOP_ALLOWANCE_BYTES / GiB)
 
 
 def _source(terms: tuple[TermSpread, ...]) -> str:
@@ -183,6 +197,10 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
         if budget.path_gap_bytes:
             terms += (TermSpread("installation path", budget.path_gap_bytes, 0, 0, "the engine's costlier code path"),)
             source += f"; the low end pays the engine's costlier code path ({budget.path_gap_bytes / GiB:.2f} GiB)"
+        desk = desktop(budget, engine, gpu, 0)
+        if desk is not None:
+            terms, notes = terms + (desk[0],), (desk[1],)
+            source += f"; a desktop on the card ({desk[0].over_bytes / GiB:.2f} GiB)"
     low_kv = kv - sum(t.over_bytes for t in terms)
     high_kv = kv + sum(t.under_bytes for t in terms)
     low, high = deployment_at(deployment, low_kv), deployment_at(deployment, high_kv)
