@@ -196,3 +196,55 @@ def test_the_report_s_memory_plot_stacks_the_state_pool_where_there_is_one():
     assert width == pytest.approx(budget.total_bytes / 2**30, rel=1e-6)
     names, _, _ = legend("meta-llama/Llama-3.1-8B")
     assert not any(n.startswith("state pool") for n in names)
+
+
+# --- the budget's terms, as SGLang's code and its log lines have them ----------------------------------------------
+
+
+def _dense(version, tp=1, gpu="H100", **kw):
+    import kvplan
+
+    return kvplan.estimate("Qwen/Qwen3-8B", gpu=gpu, tp=tp, gpus=tp, context=8192, engine="sglang",
+                           engine_version=version, **kw)
+
+
+def test_the_weights_term_is_what_loading_holds_and_a_given_one_stands():
+    """The weights term is "Load weight end ... mem usage": the weights' bytes and what SGLang's loading holds above
+    them (LOAD_EXTRA_BYTES); a --weights-gib (a log's mem usage) is taken as it is."""
+    vllm_weights = _dense("0.5.10").budget.weights.bytes
+    import kvplan
+
+    bare = kvplan.estimate("Qwen/Qwen3-8B", gpu="H100", context=8192, engine="vllm").budget.weights.bytes
+    assert vllm_weights == bare + sglang.LOAD_EXTRA_BYTES
+    given = _dense("0.5.10", weights_gib="15.5GiB").budget.weights
+    assert given.bytes == round(15.5 * GiB) and given.source.startswith("--weights-gib")
+
+
+def test_releases_that_reduce_the_free_memory_on_nccl_pay_their_late_communicator_in_full():
+    """0.3 - 0.4.6 all-reduce the free memory's minimum on the default NCCL group, whose communicator NCCL creates
+    after the first reading: at tp >= 2 on NVLink / NVSwitch boards the pool pays it in full (not x the fraction);
+    0.4.7+ reduce on gloo, tp 1 has no collective, PCIe boards keep NCCL's buffers in host memory."""
+    from kvplan.engines import Device
+
+    switch, pcie = Device(interconnect="nvlink-switch"), Device(interconnect="pcie")
+    comm8 = sglang.pre_load_bytes(8, 1, switch) - sglang.CONTEXT_BYTES
+    assert comm8 > 0 and sglang.late_comm_bytes("0.4", 8, 1, switch) == comm8
+    assert sglang.late_comm_bytes("0.4.6", 2, 1, switch) == sglang.COMM_BYTES["nvlink-switch"]
+    assert [sglang.late_comm_bytes(v, 8, 1, switch) for v in ("0.4.7", "0.4.8", "0.5.10")] == [0, 0, 0]
+    assert sglang.late_comm_bytes("0.4", 1, 1, switch) == 0 == sglang.late_comm_bytes("0.4", 4, 1, pcie)
+    old, new = _dense("0.4.3", tp=8).budget, _dense("0.4.7", tp=8).budget
+    before = sglang.pre_load_bytes(8, 1, switch)
+    assert old.overhead.bytes == int(before * old.gpu_util) + comm8, old.overhead.source
+    assert new.overhead.bytes == int(before * new.gpu_util)
+    assert "after the first reading" in old.overhead.source and "after" not in new.overhead.source
+
+
+def test_sglang_charges_other_processes_memory():
+    """SGLang sizes the pool from the free memory before loading: what a desktop holds is charged (x the
+    fraction), so a GeForce card's range allows for one."""
+    assert sglang.defaults("0.4.3", 24 * GiB, False).charges_other_processes
+    assert sglang.defaults("0.5.10", 80 * GiB, False).charges_other_processes
+    p = _dense("0.4.3", gpu="RTX-3090")
+    assert any(t.term == "desktop" for t in p.kv_range.terms)
+    assert any("other processes hold on the GPU" in n for n in p.notes)
+    assert not any(t.term == "desktop" for t in _dense("0.4.3").kv_range.terms)

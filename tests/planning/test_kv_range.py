@@ -326,3 +326,24 @@ def test_a_desktop_card_under_a_release_that_charges_other_processes_says_so():
     # a datacenter card under the same release: no desktop
     h100 = kvplan.estimate("Qwen/Qwen3-8B", gpu="H100", context=8192, engine_version="0.8.5")
     assert not any(t.term == "desktop" for t in h100.kv_range.terms)
+
+
+def test_sglang_s_low_end_pays_its_terms_and_an_unseen_tp_takes_the_widest_spread(monkeypatch):
+    """Once SGLang's calibration logs print its terms (the weights' "mem usage", the free memory before loading),
+    its range is built from them like vLLM's, not from one spread of the whole budget: a tp the corpus has not seen
+    (8, on NVSwitch) takes the widest overhead spread there is, never a narrow one; the dominant term is named."""
+    def row(term, cls, logs, over, unit="GiB"):
+        return {"engine": "sglang", "term": term, "class": cls, "unit": unit, "logs": logs, "over": over,
+                "under": 0.0, "median": 0.0}
+
+    _table(monkeypatch, [row("weights", "checkpoint", 4, 0.005, "fraction"), row("overhead", "tp 1", 1, 0.40),
+                         row("overhead", "tp 2, pcie", 1, 0.03), row("overhead", "tp 4 - 8, pcie", 2, 0.0),
+                         row("rest", "0.3 - 0.4.7", 2, 0.003)])
+    p = kvplan.estimate("Qwen/Qwen3-8B", gpu="H100", tp=8, gpus=8, context=8192, engine="sglang",
+                        engine_version="0.4.3")
+    terms = {t.term: t for t in p.kv_range.terms}
+    assert set(terms) == {"weights", "overhead", "rest"}, terms
+    assert terms["overhead"].over_bytes == round(0.40 * spread.GiB) and "no logs" in terms["overhead"].basis
+    assert terms["weights"].over_bytes == round(0.005 * p.budget.weights.bytes)
+    assert p.kv_range.kv_budget_low_bytes == p.budget.kv_budget_bytes - sum(t.over_bytes for t in terms.values())
+    assert p.kv_range.dominant == "overhead" and "overhead dominates" in p.kv_range.source
