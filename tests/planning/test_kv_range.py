@@ -102,7 +102,8 @@ def test_one_log_does_not_set_an_activation_classs_spread():
 def test_v0_on_rocm_pays_the_widest_unexplained_memory():
     """vLLM V0 on an AMD GPU: hipBLASLt's memory is not modelled and no calibration log prints V0's non-torch memory
     there, so the low end's non-torch spread is the widest of every unexplained-memory class, never its board's."""
-    widest = max(float(r["over"]) for r in spread._terms() if r["term"] in spread.UNEXPLAINED_TERMS)
+    widest = max(float(r["over"]) for r in spread._terms()
+                 if r["engine"] == "vllm" and r["term"] in spread.UNEXPLAINED_TERMS)
     v0 = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, engine_version="0.6.5")
     overhead = next(t for t in v0.kv_range.terms if t.term == "overhead")
     assert overhead.over_bytes == round(widest * spread.GiB) > 0 and "ROCm" in overhead.basis
@@ -277,7 +278,7 @@ def test_unified_memory_says_kvplan_cannot_know_and_widens_the_low_end():
     assert "unified" in overhead.basis
     # no calibration log of a unified-memory device prints its non-torch memory: the widest of its neighbours
     # (the tp-1 class of the dedicated boards, and tp 2 on unified memory)
-    near = [r for r in spread._terms() if r["term"] == "overhead"
+    near = [r for r in spread._terms() if r["engine"] == "vllm" and r["term"] == "overhead"
             and r["class"] in spread._neighbours("overhead", "vllm", "tp 1, unified")]
     assert near and overhead.over_bytes >= max(round(float(r["over"]) * spread.GiB) for r in near)
     assert "tp 1, unified" not in {r["class"] for r in spread._terms()} and "no logs" in overhead.basis
