@@ -248,3 +248,26 @@ def test_sglang_charges_other_processes_memory():
     assert any(t.term == "desktop" for t in p.kv_range.terms)
     assert any("other processes hold on the GPU" in n for n in p.notes)
     assert not any(t.term == "desktop" for t in _dense("0.4.3").kv_range.terms)
+
+
+def test_with_the_log_s_terms_put_in_kvplan_gives_sglang_s_pool():
+    """SGLang's pool is ``free_before x frac - mem_usage`` and nothing else: on every corpus start planned from its
+    inputs whose log prints both the free memory before loading and the weights' mem usage (calibration and
+    validation; a check, nothing is fitted), kvplan with those two terms put in is within 0.5% of the logged pool, and
+    only the weights and the memory in use before loading count (no activation, no CUDA graphs: they live in
+    1 - mem_fraction_static)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("corpus_agreement_sglang", root / "benchmarks" / "corpus_agreement.py")
+    ca = importlib.util.module_from_spec(spec)
+    sys.modules["corpus_agreement_sglang"] = ca
+    spec.loader.exec_module(ca)
+    done, _ = ca.rows()
+    both = [r for r in done if r.engine == "sglang" and r.basis == "inputs" and set(r.deltas) == {"weights", "overhead"}]
+    assert len(both) >= 5, [r.id for r in both]
+    for r in both:
+        assert abs(r.terms_err_pct) < 0.5 and r.rest_gib is not None and abs(r.rest_gib) < 0.1, (r.id, r.terms_err_pct)
