@@ -6,8 +6,12 @@ family), non-torch memory (by tp and board), CUDA graphs (by release family) and
 rest). The low end pays every term's downside (their sum): a KV budget that much lower. A term the user gives
 (``--activation-gib``) has no spread; a term a calibration file measured keeps the logs' printed precision. Where
 the engine's code path depends on its installation (vLLM 0.8 - 0.11's sampler; 0.10.1 - 0.11's MXFP4 layout on
-Hopper) the low end pays the costlier path too; on a unified-memory device (GB10) the non-torch term takes the widest spread of its neighbours, and on a
-GeForce card under a release that charges other processes' memory the low end allows for a desktop; a note says why. An engine whose logs print no terms (SGLang) keeps the whole budget's spread per class. The range
+Hopper) the low end pays the costlier path too; on a unified-memory device (GB10) the non-torch term takes the
+widest spread of its neighbours, and on a GeForce card under a release that charges other processes' memory the
+low end allows for a desktop (topping up the non-torch spread); a note says why. An engine whose calibration logs
+print no terms keeps the whole budget's spread per class (SGLang's print two, "Load weight end ... mem usage" and
+the free memory before loading: once ``kv_spread.yaml`` has them, SGLang's range is built from its weights and
+its memory in use before loading like vLLM's). The range
 re-answers the same deployment (:class:`~kvplan.planning.answer.Deployment`, the same rules) with the blocks of
 the budget less the downsides, and plus the upsides. A KV budget the user gives (``--kv-budget``) has no spread.
 """
