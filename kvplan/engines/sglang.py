@@ -5,7 +5,11 @@ SGLang does not profile activations. Every release (read in the sglang wheels 0.
 (``total_gpu_memory``, misleadingly named: the free memory before the weights load, the minimum over ranks) and
 again after loading, and keeps ``rest = free_after_load - free_before_load x (1 - mem_fraction_static)`` for the
 pool: ``pool = (total - used_before_load) x frac - weights``. Activations and CUDA graphs live in ``1 -
-mem_fraction_static``. ``max_total_num_tokens = pool // cell_size`` (rounded down to the page size from 0.4.6),
+mem_fraction_static`` (every release captures its graphs after the pool: no term of the pool). Its two terms are what
+its log prints: the weights ("Load weight end ... mem usage": the weights' bytes and what loading holds more) and the
+memory in use before loading (the total less "Load weight begin"'s avail mem) x the fraction; 0.3 - 0.4.6 at tp >= 2
+also pay in full the NCCL communicator their free memory's all-reduce creates after the first reading
+(:func:`late_comm_bytes`). ``max_total_num_tokens = pool // cell_size`` (rounded down to the page size from 0.4.6),
 ``cell_size`` the KV bytes of one token over this GPU's layers (MLA: ``(kv_lora_rank + qk_rope_head_dim) x layers x
 bytes``); sliding-window models split the pool between full and windowed layers where the release gives them a
 hybrid SWA pool (:func:`hybrid_swa`), else hold every token in every layer; Mamba / linear-attention hybrids
