@@ -254,7 +254,7 @@ class PreLoadRow:
     tp: int
     pp: int
     gpu: str
-    release: str
+    release: str  # kvplan's modelled release ("?" after it: the log names none, the newest assumed)
     board: str
     dist_gib: float | None  # the largest "Init torch distributed ends. mem usage" (None: not printed)
     logged_gib: float
@@ -275,11 +275,12 @@ def pre_load_rows() -> list[PreLoadRow]:
     for entry in corpus.entries("sglang"):
         meta, frees = entry.meta, [float(x) for x in _LOAD_BEGIN.findall(entry.log)]
         name = planned_gpu(meta)[0] or meta.get("gpu")  # a skipped start's curated block may name no GPU
-        version = corpus.planned_as(meta).get("engine_version")
-        if not frees or not name or not version:
+        version = corpus.planned_as(meta).get("engine_version")  # unknown: the newest (the rule differs only before
+        if not frees or not name:  # 0.4.7, in the late communicator)
             continue
-        try:
-            gpu, key = find_gpu(str(name)), sglang.resolve_version(str(version))[0]
+        try:  # a logged name with its size in brackets ("NVIDIA H20 (96 GB)") is the catalogue's name without them
+            gpu = find_gpu(re.sub(r"\s*\(.*\)$", "", str(name)))
+            key = sglang.resolve_version(str(version) if version else None)[0]
         except KvplanError:
             continue
         tp, pp = int(meta.get("tp") or 1), int(meta.get("pp") or 1)
@@ -290,7 +291,8 @@ def pre_load_rows() -> list[PreLoadRow]:
         frac = frac or sglang.mem_fraction_static(key, gpu.memory_bytes, tp, pp, device)
         dists = [float(x) for x in _DIST_END.findall(entry.log)]
         planned = not (meta.get("kvplan") or {}).get("skip") and resolve_model(meta) is not None
-        out.append(PreLoadRow(entry.id, entry.split, tp, pp, gpu.name, key, board(gpu.interconnect, gpu.memory_kind),
+        out.append(PreLoadRow(entry.id, entry.split, tp, pp, gpu.name, key if version else f"{key}?",
+                              board(gpu.interconnect, gpu.memory_kind),
                               max(dists) if dists else None, gpu.memory_bytes / GiB - min(frees),
                               sglang.pre_load_bytes(tp, pp, device) / GiB, frac, planned))
     return out
@@ -576,7 +578,7 @@ def term_table(done: list[Row]) -> list[dict[str, Any]]:
             groups.setdefault((r.engine, term, cls), []).append((r.id, over, under))
     planned = {r.id for r in done}
     for p in pre_load_rows() if planned else ():  # SGLang's printed pre-load memory on starts kvplan cannot plan
-        if p.split == "calibration" and p.id not in planned:
+        if p.split == "calibration" and p.id not in planned and not p.release.endswith("?"):
             for (term, cls), (over, under) in _pre_load_sample(p).items():
                 groups.setdefault(("sglang", term, cls), []).append((p.id, over, under))
     out = []
