@@ -264,8 +264,9 @@ class PreLoadRow:
 
 
 def pre_load_rows() -> list[PreLoadRow]:
-    """Every SGLang corpus start that prints "Load weight begin" on a catalogue GPU with a known release, planned or
-    not (a model not bundled does not matter: the term depends on the GPU, tp, pp and release alone)."""
+    """Every SGLang corpus start that prints "Load weight begin" (else "Load weight end"'s avail mem and mem usage,
+    whose sum is the same free memory) on a catalogue GPU, planned or not (a model not bundled does not matter: the
+    term depends on the GPU, tp, pp and release alone)."""
     from kvplan.engines import Device, sglang
     from kvplan.engines.spread import board
     from kvplan.gpus import find_gpu
@@ -274,6 +275,10 @@ def pre_load_rows() -> list[PreLoadRow]:
     out = []
     for entry in corpus.entries("sglang"):
         meta, frees = entry.meta, [float(x) for x in _LOAD_BEGIN.findall(entry.log)]
+        r = meta.get("reported") or {}
+        after, usage = _num(r.get("avail_mem_after_load_gb")), _num(r.get("weights_mem_usage_gb"))
+        if not frees and after is not None and usage is not None:  # "Load weight end"'s avail mem + mem usage
+            frees = [after + usage]
         name = planned_gpu(meta)[0] or meta.get("gpu")  # a skipped start's curated block may name no GPU
         version = corpus.planned_as(meta).get("engine_version")  # unknown: the newest (the rule differs only before
         if not frees or not name:  # 0.4.7, in the late communicator)
@@ -287,7 +292,7 @@ def pre_load_rows() -> list[PreLoadRow]:
         device = Device("rocm" if gpu.vendor == "amd" else "cuda", gpu.sm_count, gpu.interconnect,
                         gpu.compute_capability, gpu.smi_memory_mib * MiB if gpu.smi_memory_mib else None)
         flags = meta.get("flags") or {}
-        frac = _num(flags.get("mem_fraction_static")) or _num((meta.get("reported") or {}).get("mem_fraction_static"))
+        frac = _num(flags.get("mem_fraction_static")) or _num(r.get("mem_fraction_static"))
         frac = frac or sglang.mem_fraction_static(key, gpu.memory_bytes, tp, pp, device)
         dists = [float(x) for x in _DIST_END.findall(entry.log)]
         planned = not (meta.get("kvplan") or {}).get("skip") and resolve_model(meta) is not None

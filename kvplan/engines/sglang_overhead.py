@@ -6,7 +6,7 @@ Read in the sglang wheels 0.4.3.post4, 0.4.6.post5, 0.4.10, 0.5.2, 0.5.3 and 0.5
 ``dp_attention.initialize_dp_attention``, ``device_communicators/custom_all_reduce.py``,
 ``entrypoints/engine._set_envs_and_config``). The reading ("Load weight begin. avail mem") comes after:
 
-- the CUDA context (``set_device`` and the first ``mem_get_info``): :data:`CONTEXT_BYTES`;
+- the CUDA / HIP context (``set_device`` and the first ``mem_get_info``): :data:`CONTEXT_BYTES_BY_PLATFORM`;
 - one PyNccl communicator per model-parallel group of more than one rank: the tensor-parallel group's (``tp``
   ranks) and, at ``pp >= 2``, the pipeline group's (``pp`` ranks). The world group has no PyNccl
   (``init_world_group``: ``use_pynccl=False``); the MoE groups are the TP group or groups of one rank at
@@ -39,10 +39,12 @@ from kvplan.engines.sglang_releases import release
 from kvplan.engines.vllm_overhead import CUSTOM_ALLREDUCE_BYTES, nccl_communicator_bytes
 from kvplan.units import GiB
 
-# The CUDA context, in use when SGLang takes its first reading (the total less "Load weight begin"'s avail mem, less
-# "Init torch distributed ends. mem usage"): 0.40 GiB on an RTX 4090 (sglang-exp001-2x4090), 0.53 on an H100 SXM
-# (sglang-k8sgrok2-8xh100), 0.23 on an L4 (sglang-llmsinclouds-4xl4), calibration part; kvplan keeps 0.45.
+# The CUDA / HIP context, in use when SGLang takes its first reading (the total less the free memory before loading,
+# less "Init torch distributed ends. mem usage"), calibration part: 0.40 GiB on an RTX 4090 (sglang-exp001-2x4090),
+# 0.53 on an H100 SXM (sglang-k8sgrok2-8xh100), 0.23 on an L4 (sglang-llmsinclouds-4xl4): kvplan keeps 0.45 on CUDA;
+# ROCm 0.80 (sglang-pr18263-mi355x, tp 1: "Load weight end" avail mem 230.20 + mem usage 56.98 GB of 287.98 GiB).
 CONTEXT_BYTES = round(0.45 * GiB)
+CONTEXT_BYTES_BY_PLATFORM = {"cuda": CONTEXT_BYTES, "rocm": round(0.80 * GiB)}
 # One NCCL communicator as SGLang's "Init torch distributed ends. mem usage" prints it (less the custom all-reduce),
 # calibration part. PyNccl's warm-up all-reduce connects each rank to its ring neighbours and tree parent / children
 # only (no send / recv connection before loading), so above 2 ranks the buffers do not grow with the ranks: one figure
@@ -50,13 +52,13 @@ CONTEXT_BYTES = round(0.45 * GiB)
 # - NVLink-class boards: 1.23 GiB at tp 8 on H100 SXMs (sglang-k8sgrok2-8xh100, 0.5.2rc2: 1.25 - 0.02); NVLink without
 #   NVSwitch the same (NVLS is off on both); Infinity Fabric from the whole pre-load memory of one tp-8 MI355X log
 #   (sglang-rocmcompat-mi355x-kimi-k25-tp8, 0.5.8.post1, ROCm, no dist line: 4.45 GiB in use on the fullest rank,
-#   - 0.45 context - 0.02 -> 3.98; RCCL on xGMI runs many more channels);
+#   - 0.80 HIP context - 0.02 -> 3.63; RCCL on xGMI runs many more channels);
 # - at 2 ranks on those boards no SGLang log prints it: vLLM's calibrated communicator (the same NCCL code,
 #   :func:`~kvplan.engines.vllm_overhead.nccl_communicator_bytes`, its NVLS buffers left out), 0.41 GiB;
 # - PCIe at any tp: 0.17 GiB at tp 2 on RTX 4090s (sglang-exp001, 0.19 - 0.02) and 0.13 at tp 4 on L4s
 #   (sglang-llmsinclouds, custom all-reduce off); the median, 0.15 (vLLM's tp-2 figure is 0.05).
 NCCL_WIDE_BYTES = {"nvlink-switch": round(1.23 * GiB), "nvlink": round(1.23 * GiB),
-                   "infinity-fabric": round(3.98 * GiB)}
+                   "infinity-fabric": round(3.63 * GiB)}
 NCCL_PCIE_BYTES = round(0.15 * GiB)
 CUSTOM_ALLREDUCE_WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES (0.3 - 0.5.x)
 # Boards whose late communicator (0.3 - 0.4.6) holds device memory: on PCIe boards none
@@ -71,7 +73,7 @@ DEFAULT_INTERCONNECT = "nvlink"  # a GPU given by its memory alone
 class PreLoad:
     """What is in use per GPU when SGLang takes its first reading (bytes), as named parts."""
 
-    context: int  # the CUDA context
+    context: int  # the CUDA / HIP context
     communicators: int  # the PyNccl communicators' NCCL channel buffers (TP group, PP group)
     custom_allreduce: int  # SGLang's custom all-reduce IPC buffers on the TP group
     interconnect: str
@@ -83,7 +85,7 @@ class PreLoad:
 
     def parts(self) -> tuple[tuple[str, int], ...]:
         """The non-zero parts as ``(name, bytes)``, in the order SGLang makes them."""
-        named = (("CUDA context", self.context),
+        named = (("GPU context", self.context),
                  (f"NCCL ({' + '.join(f'{n} ranks' for n in self.groups)} over {self.interconnect})", self.communicators),
                  ("custom all-reduce", self.custom_allreduce))
         return tuple((name, size) for name, size in named if size)
@@ -120,7 +122,8 @@ def pre_load(tp: int, pp: int = 1, device: Device | None = None) -> PreLoad:
     groups = tuple(n for n in (tp, pp) if n >= 2)
     comms = sum(communicator_bytes(n, interconnect) for n in groups)
     custom = CUSTOM_ALLREDUCE_BYTES if custom_allreduce_on(tp, interconnect) else 0
-    return PreLoad(CONTEXT_BYTES, comms, custom, interconnect, groups)
+    context = CONTEXT_BYTES_BY_PLATFORM.get(device.platform if device else "cuda", CONTEXT_BYTES)
+    return PreLoad(context, comms, custom, interconnect, groups)
 
 
 def pre_load_bytes(tp: int, pp: int = 1, device: Device | None = None) -> int:
