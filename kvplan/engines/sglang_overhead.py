@@ -13,9 +13,9 @@ Read in the sglang wheels 0.4.3.post4, 0.4.6.post5, 0.4.10, 0.5.2, 0.5.3 and 0.5
   ``ep_size`` 1; the attention-TP group of ``initialize_dp_attention`` has PyNccl only with
   ``SYNC_TOKEN_IDS_ACROSS_TP`` (off; from 0.5.8 also with NSA prefill context parallelism); torch.distributed's
   own NCCL groups are created lazily (``init_process_group`` gets no ``device_id``). PyNccl's warm-up all-reduce
-  makes NCCL allocate its ring / tree channel buffers: :func:`communicator_bytes`, the size rule of
-  SGLang's own dist-init line above 2 ranks (:data:`NCCL_WIDE_BYTES`, :data:`NCCL_PCIE_BYTES`), vLLM's calibrated
-  size of the same NCCL code at 2 (:func:`kvplan.engines.vllm_overhead.nccl_communicator_bytes`). No NVLS
+  makes NCCL allocate its ring / tree channel buffers (:func:`communicator_bytes`): above 2 ranks and on PCIe the size
+  SGLang's own dist-init line prints (:data:`NCCL_WIDE_BYTES`, :data:`NCCL_PCIE_BYTES`), at 2 NVLink ranks vLLM's
+  calibrated size of the same NCCL code (:func:`kvplan.engines.vllm_overhead.nccl_communicator_bytes`). No NVLS
   buffers: every release sets ``NCCL_NVLS_ENABLE=0`` unless ``--enable-nccl-nvls`` (0.5.2+ also leaves it to
   ``--enable-symm-mem``, 0.5.8+ to the environment), and ``NCCL_CUMEM_ENABLE=0`` unless ``--enable-symm-mem`` (cudaMalloc'd
   buffers, no cuMem granularity);
