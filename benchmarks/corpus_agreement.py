@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -236,6 +237,81 @@ def sglang_logged_terms(meta: dict[str, Any], plan: Any) -> dict[str, str]:
         in_use = max(0.0, plan.budget.total_bytes / GiB - before)
         out["overhead_gib"] = f"{in_use * plan.budget.gpu_util}GiB"
     return out
+
+
+_LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
+_DIST_END = re.compile(r"Init torch distributed ends\..*?mem usage=([0-9.]+) GB")
+
+
+@dataclass(frozen=True)
+class PreLoadRow:
+    """One SGLang start whose log prints the free memory before loading on a GPU of known total: the memory in use
+    then as logged (the total less the smallest "Load weight begin" avail mem: SGLang sizes from the minimum over
+    ranks) and as kvplan plans it (:func:`kvplan.engines.sglang_overhead.pre_load`), GiB per GPU."""
+
+    id: str
+    split: str
+    tp: int
+    pp: int
+    gpu: str
+    release: str  # kvplan's modelled release ("?" after it: the log names none, the newest assumed)
+    board: str
+    dist_gib: float | None  # the largest "Init torch distributed ends. mem usage" (None: not printed)
+    logged_gib: float
+    kvplan_gib: float
+    fraction: float  # mem_fraction_static (logged, stated or the release's default): the term is in use x fraction
+    planned: bool  # whether the start is planned from its inputs (its gap is then in the row's own deltas)
+
+
+def pre_load_rows() -> list[PreLoadRow]:
+    """Every SGLang corpus start that prints "Load weight begin" (else "Load weight end"'s avail mem and mem usage,
+    whose sum is the same free memory) on a catalogue GPU, planned or not (a model not bundled does not matter: the
+    term depends on the GPU, tp, pp and release alone)."""
+    from kvplan.engines import Device, sglang
+    from kvplan.engines.spread import board
+    from kvplan.gpus import find_gpu
+    from kvplan.units import MiB
+
+    out = []
+    for entry in corpus.entries("sglang"):
+        meta, frees = entry.meta, [float(x) for x in _LOAD_BEGIN.findall(entry.log)]
+        r = meta.get("reported") or {}
+        after, usage = _num(r.get("avail_mem_after_load_gb")), _num(r.get("weights_mem_usage_gb"))
+        if not frees and after is not None and usage is not None:  # "Load weight end"'s avail mem + mem usage
+            frees = [after + usage]
+        name = planned_gpu(meta)[0] or meta.get("gpu")  # a skipped start's curated block may name no GPU
+        version = corpus.planned_as(meta).get("engine_version")  # unknown: the newest (the rule differs only before
+        if not frees or not name:  # 0.4.7, in the late communicator)
+            continue
+        try:  # a logged name with its size in brackets ("NVIDIA H20 (96 GB)") is the catalogue's name without them
+            gpu = find_gpu(re.sub(r"\s*\(.*\)$", "", str(name)))
+            key = sglang.resolve_version(str(version) if version else None)[0]
+        except KvplanError:
+            continue
+        tp, pp = int(meta.get("tp") or 1), int(meta.get("pp") or 1)
+        device = Device("rocm" if gpu.vendor == "amd" else "cuda", gpu.sm_count, gpu.interconnect,
+                        gpu.compute_capability, gpu.smi_memory_mib * MiB if gpu.smi_memory_mib else None)
+        flags = meta.get("flags") or {}
+        frac = _num(flags.get("mem_fraction_static")) or _num(r.get("mem_fraction_static"))
+        frac = frac or sglang.mem_fraction_static(key, gpu.memory_bytes, tp, pp, device)
+        dists = [float(x) for x in _DIST_END.findall(entry.log)]
+        planned = not (meta.get("kvplan") or {}).get("skip") and resolve_model(meta) is not None
+        out.append(PreLoadRow(entry.id, entry.split, tp, pp, gpu.name, key if version else f"{key}?",
+                              board(gpu.interconnect, gpu.memory_kind),
+                              max(dists) if dists else None, gpu.memory_bytes / GiB - min(frees),
+                              sglang.pre_load_bytes(tp, pp, device) / GiB, frac, planned))
+    return out
+
+
+def pre_load_markdown(rows: list[PreLoadRow]) -> str:
+    """The pre-load table: each start's logged memory in use before loading beside kvplan's."""
+    lines = ["| log | split | tp | GPU | release | dist init (logged) | in use before loading: logged | kvplan | "
+             "kvplan - logged |", "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        dist = "-" if r.dist_gib is None else f"{r.dist_gib:.2f}"
+        lines.append(f"| {r.id} | {r.split} | {r.tp} | {r.gpu} | {r.release} | {dist} | {r.logged_gib:.2f} | "
+                     f"{r.kvplan_gib:.2f} | {r.kvplan_gib - r.logged_gib:+.2f} |")
+    return "\n".join(lines)
 
 
 def measure(plan: Any, compare: str) -> float:
@@ -481,6 +557,17 @@ def _term_samples(r: Row) -> dict[tuple[str, str], tuple[float, float]]:
     return out
 
 
+def _pre_load_sample(p: PreLoadRow) -> dict[tuple[str, str], tuple[float, float]]:
+    """The overhead term's sample of a start kvplan does not plan whose log prints the free memory before loading:
+    kvplan's term - the log's is (kvplan's memory in use - the logged) x mem_fraction_static, GiB per GPU."""
+    from kvplan.engines.spread import term_class
+
+    delta = (p.kvplan_gib - p.logged_gib) * p.fraction
+    cls = term_class("overhead", engine="sglang", version=p.release, tp=p.tp, board_name=p.board, family_name="",
+                     rough=False)
+    return {("overhead", cls): (max(0.0, -delta), max(0.0, delta))}
+
+
 def term_table(done: list[Row]) -> list[dict[str, Any]]:
     """Each budget term's spread per class (:mod:`kvplan.engines.spread`) from the calibration part's rows planned
     from inputs whose logs print that term: the :data:`~kvplan.engines.spread.TERM_QUANTILE` quantiles of how far
@@ -494,6 +581,11 @@ def term_table(done: list[Row]) -> list[dict[str, Any]]:
             continue
         for (term, cls), (over, under) in _term_samples(r).items():
             groups.setdefault((r.engine, term, cls), []).append((r.id, over, under))
+    planned = {r.id for r in done}
+    for p in pre_load_rows() if planned else ():  # SGLang's printed pre-load memory on starts kvplan cannot plan
+        if p.split == "calibration" and p.id not in planned and not p.release.endswith("?"):
+            for (term, cls), (over, under) in _pre_load_sample(p).items():
+                groups.setdefault(("sglang", term, cls), []).append((p.id, over, under))
     out = []
     for (engine, term, cls), xs in sorted(groups.items()):
         kept, aside = _set_aside_outlier(term, xs)
@@ -666,7 +758,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-spread", action="store_true", help="write kvplan/data/kv_spread.yaml from the "
                         "calibration part")
     parser.add_argument("--write-docs", action="store_true", help="rewrite docs/engines.md's agreement section")
+    parser.add_argument("--pre-load", action="store_true", help="print SGLang's memory in use before loading, logged "
+                        "and kvplan's, for every start that prints it")
     args = parser.parse_args(argv)
+    if args.pre_load:
+        sys.stdout.write(pre_load_markdown(pre_load_rows()) + "\n")
+        return 0
     done, skipped = rows(args.split)
     out = sys.stdout
     if args.write_spread:

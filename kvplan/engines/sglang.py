@@ -36,6 +36,8 @@ from kvplan.engines import (USAGE_CONTEXTS, Budget, Device, EngineDefaults, Feat
 from kvplan.engines.sglang_mamba import (  # noqa: F401 - the Engine interface's rules and the state pool's, re-exported
     MAMBA_CONV_DTYPE, MAMBA_FIXED_SLOTS, MAMBA_FULL_MEMORY_RATIO, MAMBA_SLOTS_PER_RUNNING_REQUEST, MAMBA_SSM_DTYPE,
     mamba_cache_per_req, mamba_radix_cache, mamba_slots, mamba_slots_per_request, split_state_pool)
+from kvplan.engines.sglang_overhead import (  # noqa: F401 - the memory in use before loading, re-exported
+    CONTEXT_BYTES, LATE_COMM_BOARDS, late_comm_bytes, pre_load, pre_load_bytes)
 from kvplan.engines.sglang_releases import (  # noqa: F401 - the Engine interface's releases, re-exported
     DEFAULT_VERSION, ENGINE, FIRSTS, NEWEST_CHECKED, RANGES, RELEASES, VERSIONS, Release, release, resolve_version)
 from kvplan.errors import InputError
@@ -47,28 +49,12 @@ LONG_LEN_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # ModelConfig._deriv
 PAGE_SIZE = 1  # --page-size default: one token per page
 MAX_RUNNING_REQUESTS_CEILING = 4096
 SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio: windowed layers' tokens per full layers' token
-# Memory in use when SGLang takes its first reading (after its distributed init): the CUDA context (the
-# first mem_get_info creates it) plus NCCL / custom all-reduce ("Init torch distributed ends. mem usage=":
-# 0.00 - 0.19 GiB at tp 1 - 4 on PCIe / L4 logs, 1.25 GiB at tp 8 on H100s; SGLang keeps NVLS off unless
-# --enable-nccl-nvls). "Load weight begin. avail mem" on 24 GB / 80 GB cards puts the whole at 0.35 - 0.8
-# GiB at tp 1 - 4 (calibration part of benchmarks/corpus).
-CONTEXT_BYTES = round(0.45 * GiB)
-COMM_BYTES = {"pcie": round(0.10 * GiB), "nvlink": round(0.30 * GiB), "nvlink-switch": round(0.30 * GiB),
-              "infinity-fabric": round(0.50 * GiB)}
-COMM_BYTES_WIDE = {"nvlink-switch": round(1.20 * GiB), "infinity-fabric": round(1.50 * GiB)}  # tp >= 4
 SMI_EXTRA_MIB = 480  # nvidia-smi's total less the runtime's, when the catalogue has no nvidia-smi figure
 # What "Load weight end ... mem usage" shows above the checkpoint's bytes per GPU (loader buffers, rotary caches,
 # padded vocabularies): +0.20 / +0.21 / +0.28 GiB at tp 2 - 4 (calibration part of benchmarks/corpus:
 # sglang-projecta-4x4090, sglang-exp001-2x4090, sglang-llmsinclouds-4xl4). Part of the weights term (what that line
 # prints), charged in full: it is in use before the pool is sized.
 LOAD_EXTRA_BYTES = round(0.20 * GiB)
-# 0.3 - 0.4.6 at tp >= 2 (Release.min_on_nccl): the second NCCL communicator, torch.distributed's default group's,
-# which the free memory's all-reduce MIN creates after this rank read its free memory. It is a communicator over
-# the same ranks as PyNccl's, so it holds what COMM_BYTES / COMM_BYTES_WIDE charge for that one; on PCIe boards
-# none (sglang-llmsinclouds-4xl4, 0.4.3, tp 4: the pool implies 21.63 GiB free at the first reading, as printed
-# at "Load weight begin" after the communicator, to the print's 0.03 GiB; such boards often run NCCL's SHM
-# transport, its buffers in host memory).
-LATE_COMM_BOARDS = ("nvlink", "nvlink-switch", "infinity-fabric")
 
 # (GiB upper bound of the GPU's memory, chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4)
 _TIERS = {
@@ -214,29 +200,6 @@ def max_running_requests(total_num_tokens: int, context_len: int, version: str =
     return max(1, min(total_num_tokens // 2, clamp))
 
 
-def pre_load_bytes(tp: int, pp: int, device: Device | None = None) -> int:
-    """Estimated memory in use when SGLang takes its first reading: the CUDA context plus NCCL and custom
-    all-reduce at tp x pp >= 2, by interconnect (unknown: ``nvlink``)."""
-    world = tp * pp
-    if world < 2:
-        return CONTEXT_BYTES
-    interconnect = (device.interconnect if device else None) or "nvlink"
-    comm = COMM_BYTES_WIDE.get(interconnect, COMM_BYTES.get(interconnect, COMM_BYTES["nvlink"])) if world >= 4 else \
-        COMM_BYTES.get(interconnect, COMM_BYTES["nvlink"])
-    return CONTEXT_BYTES + comm
-
-
-def late_comm_bytes(version: str, tp: int, pp: int, device: Device | None = None) -> int:
-    """The NCCL communicator a release of :attr:`Release.min_on_nccl` creates after its first reading (bytes per
-    GPU, charged in full): the default group's, over ``tp x pp`` ranks, as large as the first communicator
-    (:func:`pre_load_bytes` less the CUDA context) on NVLink / NVSwitch / Infinity Fabric boards (unknown:
-    ``nvlink``); 0 on PCIe, at tp 1 and in 0.4.7+."""
-    interconnect = (device.interconnect if device else None) or "nvlink"
-    if tp < 2 or not release(version).min_on_nccl or interconnect not in LATE_COMM_BOARDS:
-        return 0
-    return pre_load_bytes(tp, pp, device) - CONTEXT_BYTES
-
-
 def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | None, overhead: Term | None,
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
@@ -265,10 +228,11 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         weights = Term("weights", weights.bytes + LOAD_EXTRA_BYTES, f"{weights.source} + {LOAD_EXTRA_BYTES / GiB:.2f} "
                        "GiB SGLang's loading holds above the weights' bytes")
     if overhead is None:
-        before, late = pre_load_bytes(tp, pp, device), late_comm_bytes(version, tp, pp, device)
+        first, late = pre_load(tp, pp, device), late_comm_bytes(version, tp, pp, device)
+        before = first.bytes
         charged = math.floor(before * gpu_util) + late
-        source = (f"estimate: {before / GiB:.2f} GiB in use before loading (CUDA context"
-                  + (", NCCL" if tp * pp > 1 else "") + f") x mem_fraction_static {gpu_util:g}"
+        parts = " + ".join(f"{name} {size / GiB:.2f}" for name, size in first.parts())
+        source = (f"estimate: {before / GiB:.2f} GiB in use before loading ({parts}) x mem_fraction_static {gpu_util:g}"
                   + (f" + {late / GiB:.2f} GiB the NCCL communicator the free memory's all-reduce creates after "
                      "the first reading" if late else ""))
         if features.lora:

@@ -212,7 +212,8 @@ def has_term_data(engine: str) -> bool:
 def term_spread(term: str, engine: str, cls: str, estimate_bytes: int) -> TermSpread | None:
     """The spread of ``term`` in class ``cls`` for an estimate of ``estimate_bytes`` (None: the corpus has no
     log of this engine that prints the term). A class with fewer than :data:`MIN_TERM_LOGS` logs (or none) takes
-    the widest of itself and its neighbours, and its basis says so."""
+    the widest of itself and its neighbours, or of every class of the term where the neighbours hold fewer than
+    :data:`MIN_TERM_LOGS` logs together or none of them that many alone; its basis says so."""
     rows = {r["class"]: r for r in _terms() if r.get("engine") == engine and r.get("term") == term}
     if not rows:
         return None
@@ -223,7 +224,9 @@ def term_spread(term: str, engine: str, cls: str, estimate_bytes: int) -> TermSp
             f" (one set aside as an outlier: {aside['log']})" if aside else "")
     else:
         near = [rows[c] for c in _neighbours(term, engine, cls) if c in rows]
-        thin = sum(int(r["logs"]) for r in near) < MIN_TERM_LOGS  # too few neighbours: every class of the term
+        # too few neighbours, or none measured on MIN_TERM_LOGS logs of its own (each then holds little more than the
+        # logs that sized its constant, whose gaps are small by construction): every class of the term
+        thin = sum(int(r["logs"]) for r in near) < MIN_TERM_LOGS or all(int(r["logs"]) < MIN_TERM_LOGS for r in near)
         chosen = ([own] if own else []) + ([r for c, r in rows.items() if c != cls] if thin else near)
         seen = f"{own['logs']} {'log' if own['logs'] == 1 else 'logs'}" if own else "no logs"
         widest = max(chosen, key=lambda r: float(r["over"]))
