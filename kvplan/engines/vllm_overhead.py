@@ -253,11 +253,11 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                      f"{(nt.communicators - nt.pipeline) / GiB:.2f} GiB" + (" (NVLS buffers included)" if
                                                                         nt.interconnect == "nvlink-switch" and tp > 2
                                                                         else ""))
-    if nt.pipeline:
-        parts.append(f"the pp group's NCCL communicator (pp {pp}) {nt.pipeline / GiB:.2f} GiB")
         notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
                      f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
                      "log's non-torch memory")
+    if nt.pipeline:
+        parts.append(f"the pp group's NCCL communicator (pp {pp}) {nt.pipeline / GiB:.2f} GiB")
     if p.mode == "V0" and device is not None and device.platform == "rocm":
         notes.append("vLLM V0 on ROCm charges more non-torch memory than kvplan models (hipBLASLt: 1.7 GiB more at tp 1 "
                      "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
