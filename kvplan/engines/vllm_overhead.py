@@ -28,6 +28,14 @@ CUDA_CONTEXT_BYTES = round(0.15 * GiB)
 # logs (0.20 - 0.25 GiB at tp 2 with two communicators).
 NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 * GiB),
                       "infinity-fabric": round(0.41 * GiB), "pcie": round(0.05 * GiB)}
+# NCCL sizes NVLS by release (transport/nvls.cc, ncclNvlsSetup: nChannels x 2 x (buffSize + memSize) x heads, one
+# cuMemCreate rounded up to the multicast granularity): 2.19 - 2.20 (torch <= 2.4, vLLM <= 0.6.3) take buffSize =
+# the Simple buffer, 4 MiB, + memSize 2 MiB; 2.21 (torch 2.5 - 2.6: vLLM 0.6.4 - 0.8.x) a 128 KiB chunk x 8 steps =
+# 1 MiB + 2 MiB; 2.22+ 1 MiB and no memSize, connected at first use (NCCL_RUNTIME_CONNECT). At 16 NVLS channels and 8
+# ranks that is 1.5 GiB, 0.75 GiB (1 GiB rounded) and 0.25 GiB per communicator. kvplan keeps the 288 MiB per rank
+# of vllm#9699 for every release: the one V0 NVSwitch log above 2 GPUs that prints non-torch memory
+# (vllm-f20903468563, 8 x H200, 0.7.3: 7.16 GiB) charges more than the 2.21 reading leaves room for, so what it
+# holds beyond the channels is not known, and a smaller NVLS figure would promise KV that log did not get.
 NVLS_BYTES_PER_RANK = 288 * MiB
 # Each peer beyond the first adds buffers to a communicator over NVLink-class links (NVLink, NVSwitch, Infinity
 # Fabric): NCCL connects P2P channels per peer (send/recv and the gather vLLM's logits use), each with its own

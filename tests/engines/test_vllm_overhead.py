@@ -73,6 +73,9 @@ def test_v0_totals_against_the_logs_that_print_them():
         ("0.7.1", 8, 1, Device("cuda", 108, "nvlink", "8.0"), 2.10, 0.05),  # vllm-f3706561278 (calibration)
         ("0.7.2", 4, 1, Device("cuda", 108, "nvlink", "8.0"), 1.39, 0.20),  # vllm-f12053131581, 4 x A100
         ("0.7.2", 8, 2, Device("cuda", 78, None, "9.0"), 2.53, 0.10),  # vllm-13074, 2 x 8 H20-3e (board unknown)
+        # vllm-f54553382182, 8 x L40S at 0.6.6 ("custom allreduce is disabled ... more than two PCIe-only GPUs"; not
+        # planned: InternVL3-78B is not bundled)
+        ("0.6.5", 8, 1, Device("cuda", 142, "pcie", "8.9"), 0.36, 0.10),
     ]
     for version, tp, pp, device, logged, tolerance in cases:
         planned = non_torch(profile(version), tp, device, pp).bytes / gib
