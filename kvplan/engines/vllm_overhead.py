@@ -28,6 +28,14 @@ CUDA_CONTEXT_BYTES = round(0.15 * GiB)
 # logs (0.20 - 0.25 GiB at tp 2 with two communicators).
 NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 * GiB),
                       "infinity-fabric": round(0.41 * GiB), "pcie": round(0.05 * GiB)}
+# NCCL sizes NVLS by release (transport/nvls.cc, ncclNvlsSetup: nChannels x 2 x (buffSize + memSize) x heads, one
+# cuMemCreate rounded up to the multicast granularity): 2.19 - 2.20 (torch <= 2.4, vLLM <= 0.6.3) take buffSize =
+# the Simple buffer, 4 MiB, + memSize 2 MiB; 2.21 (torch 2.5 - 2.6: vLLM 0.6.4 - 0.8.x) a 128 KiB chunk x 8 steps =
+# 1 MiB + 2 MiB; 2.22+ 1 MiB and no memSize, connected at first use (NCCL_RUNTIME_CONNECT). At 16 NVLS channels and 8
+# ranks that is 1.5 GiB, 0.75 GiB (1 GiB rounded) and 0.25 GiB per communicator. kvplan keeps the 288 MiB per rank
+# of vllm#9699 for every release: the one V0 NVSwitch log above 2 GPUs that prints non-torch memory
+# (vllm-f20903468563, 8 x H200, 0.7.3: 7.16 GiB) charges more than the 2.21 reading leaves room for, so what it
+# holds beyond the channels is not known, and a smaller NVLS figure would promise KV that log did not get.
 NVLS_BYTES_PER_RANK = 288 * MiB
 # Each peer beyond the first adds buffers to a communicator over NVLink-class links (NVLink, NVSwitch, Infinity
 # Fabric): NCCL connects P2P channels per peer (send/recv and the gather vLLM's logits use), each with its own
@@ -43,6 +51,23 @@ NVLINK_PEERS_PER_NODE = 8
 NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * GiB),
                    "infinity-fabric": round(0.08 * GiB), "pcie": 0}
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
+# V0 (0.6.0 - 0.7.x; read in 0.6.6, 0.7.2 and 0.7.3: worker.py init_device, distributed/parallel_state.py,
+# device_communicators/custom_all_reduce.py, config.py ParallelConfig). The baseline is taken in init_device before
+# init_worker_distributed_environment, so everything below is made after it and charged as non-torch memory:
+# - the tp group's PyNccl communicator (made eagerly, ensure_model_parallel_initialized) and its torch.distributed
+#   NCCL communicator (made lazily by the profile run's first collective: the logits gather / all_gather): the
+#   two communicators of nccl_communicator_bytes, with their NVLS buffers on NVSwitch boards above 2 GPUs;
+# - the pp group's PyNccl communicator at pp > 1 (use_custom_allreduce=False; its send/recv goes through PyNccl),
+#   ranks i, i + tp, ...: on one node (tp x pp <= NVLINK_PEERS_PER_NODE) a communicator of pp ranks over the board,
+#   across nodes two ring peers reached over the network, for which kvplan takes the board's 2-rank channel figure
+#   (no log isolates a network communicator; NVLS does not span nodes);
+# - custom all-reduce (CustomAllreduce.__init__): two cudaMalloc'd IPC buffers (meta_size() + 8 MiB and 8 MiB,
+#   max_size 8192 x 1024), the 8 MiB rank_data a torch tensor made before the weights (charged nowhere). On only
+#   where the group is on one node, its size is one of _SUPPORTED_WORLD_SIZES (2, 4, 6, 8), it is 2 GPUs or fully
+#   NVLink-connected, P2P works, and the platform is CUDA (ParallelConfig turns it off on ROCm: "not supported on
+#   AMD GPUs"). P2P is the installation's (GeForce drivers and some containers report none; the corpus has A100
+#   logs without it): kvplan charges the buffers where the board allows them (18 MiB, the safe side).
+V0_CUSTOM_ALLREDUCE_SIZES = (2, 4, 6, 8)
 # FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, dp 1, compute
 # capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion). One workspace per process
 # (vllm/distributed/device_communicators/flashinfer_all_reduce.py; the quant-fusion workspace aliases it), made
@@ -94,11 +119,12 @@ class NonTorch:
     fusion: int  # the all-reduce + RMSNorm fusion workspace (0.17+, NVSwitch boards; fusion_workspace_bytes)
     interconnect: str
     counted: int  # how many tensor-parallel NCCL communicators the release counts
+    pipeline: int = 0  # V0's pp-group PyNccl communicator at pp > 1 (v0_pipeline_bytes)
 
     @property
     def communicators(self) -> int:
-        """The NCCL communicators' buffers and custom all-reduce, bytes per GPU."""
-        return self.channels + self.nvls + self.custom_allreduce
+        """The NCCL communicators' buffers (tp and pp groups) and custom all-reduce, bytes per GPU."""
+        return self.channels + self.nvls + self.custom_allreduce + self.pipeline
 
     @property
     def bytes(self) -> int:
@@ -108,6 +134,7 @@ class NonTorch:
         """The non-zero parts as ``(name, bytes)``, in the order the profile meets them."""
         named = (("tp-1 increase", self.base), ("CUDA context", self.context), ("NCCL channels", self.channels),
                  ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
+                 ("pp NCCL communicator", self.pipeline),
                  ("all-reduce fusion workspace", self.fusion))
         return tuple((name, size) for name, size in named if size)
 
@@ -122,6 +149,26 @@ def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
     local = min(tp, NVLINK_PEERS_PER_NODE)
     nvls = NVLS_BYTES_PER_RANK * local if interconnect == "nvlink-switch" and tp > 2 else 0
     return channels, nvls
+
+
+def v0_custom_allreduce_bytes(tp: int, device: Device) -> int:
+    """V0's custom all-reduce IPC buffers per GPU (bytes; :data:`V0_CUSTOM_ALLREDUCE_SIZES`): 0 on ROCm, at a tp
+    it does not support or across nodes, and on more than 2 PCIe GPUs; else :data:`CUSTOM_ALLREDUCE_BYTES`."""
+    interconnect = device.interconnect or "nvlink"
+    if device.platform == "rocm" or tp not in V0_CUSTOM_ALLREDUCE_SIZES or tp > NVLINK_PEERS_PER_NODE:
+        return 0
+    return 0 if interconnect == "pcie" and tp > 2 else CUSTOM_ALLREDUCE_BYTES
+
+
+def v0_pipeline_bytes(tp: int, pp: int, interconnect: str) -> int:
+    """V0's pp-group PyNccl communicator per GPU (bytes; 0 at pp 1): a communicator of ``pp`` ranks over the board
+    where the whole deployment is one node (:func:`nccl_communicator_bytes`, NVLS included), else the board's
+    2-rank channel buffers (two ring peers on other nodes)."""
+    if pp < 2:
+        return 0
+    if tp * pp <= NVLINK_PEERS_PER_NODE:
+        return sum(nccl_communicator_bytes(pp, interconnect))
+    return nccl_communicator_bytes(2, interconnect)[0]
 
 
 def fusion_backend(p: Profile, tp: int, pp: int, device: Device) -> str | None:
@@ -189,10 +236,13 @@ def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, sp
         counted = 1 if p.measure in ("post-nccl", "consumed") else 2
         one_channels, one_nvls = nccl_communicator_bytes(tp, interconnect)
         channels, nvls = counted * one_channels, counted * one_nvls
-        if counted == 2 and not (interconnect == "pcie" and tp > 2):  # custom all-reduce: off on > 2 PCIe GPUs
+        if p.mode == "V0":
+            custom = v0_custom_allreduce_bytes(tp, device)
+        elif counted == 2 and not (interconnect == "pcie" and tp > 2):  # custom all-reduce: off on > 2 PCIe GPUs
             custom = CUSTOM_ALLREDUCE_BYTES
+    pipeline = v0_pipeline_bytes(tp, pp, interconnect) if p.mode == "V0" else 0
     fusion = fusion_workspace_bytes(p, spec, tp, pp, max_num_batched_tokens, device) if spec else 0
-    return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted)
+    return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted, pipeline)
 
 
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
@@ -208,11 +258,14 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
     notes = []
     if tp >= 2:
         parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
-                     f"{nt.communicators / GiB:.2f} GiB" + (" (NVLS buffers included)" if nt.interconnect ==
-                                                            "nvlink-switch" and tp > 2 else ""))
+                     f"{(nt.communicators - nt.pipeline) / GiB:.2f} GiB" + (" (NVLS buffers included)" if
+                                                                        nt.interconnect == "nvlink-switch" and tp > 2
+                                                                        else ""))
         notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
                      f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
                      "log's non-torch memory")
+    if nt.pipeline:
+        parts.append(f"the pp group's NCCL communicator (pp {pp}) {nt.pipeline / GiB:.2f} GiB")
     if p.mode == "V0" and device is not None and device.platform == "rocm":
         notes.append("vLLM V0 on ROCm charges more non-torch memory than kvplan models (hipBLASLt: 1.7 GiB more at tp 1 "
                      "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "

@@ -1,0 +1,84 @@
+"""vLLM V0's non-torch memory at tp >= 2 (kvplan.engines.vllm_overhead): the communicators made after the
+profiler's baseline, by board, against the mechanism read in 0.6.6 / 0.7.2 / 0.7.3."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvplan.engines import Device
+from kvplan.engines.vllm_overhead import (
+    CUSTOM_ALLREDUCE_BYTES,
+    NCCL_CHANNEL_BYTES,
+    NCCL_PEER_BYTES,
+    NVLS_BYTES_PER_RANK,
+    non_torch,
+    v0_custom_allreduce_bytes,
+    v0_pipeline_bytes,
+)
+from kvplan.engines.vllm_releases import NON_TORCH_BYTES, profile
+
+V0_RELEASES = ("0.6", "0.6.4", "0.6.5", "0.7.1", "0.7.2")
+
+
+@pytest.mark.parametrize("version", V0_RELEASES)
+def test_v0_custom_allreduce_follows_custom_all_reduce_py(version):
+    p = profile(version)
+    cuda = {board: Device("cuda", 108, board, "8.0") for board in ("nvlink-switch", "nvlink", "pcie")}
+    for tp in (2, 4, 6, 8):
+        assert non_torch(p, tp, cuda["nvlink"]).custom_allreduce == CUSTOM_ALLREDUCE_BYTES
+        assert non_torch(p, tp, cuda["nvlink-switch"]).custom_allreduce == CUSTOM_ALLREDUCE_BYTES
+        # more than two PCIe-only GPUs: off
+        assert non_torch(p, tp, cuda["pcie"]).custom_allreduce == (CUSTOM_ALLREDUCE_BYTES if tp == 2 else 0)
+    for tp in (3, 5, 16):  # not in _SUPPORTED_WORLD_SIZES, or the group spans nodes
+        assert non_torch(p, tp, cuda["nvlink"]).custom_allreduce == 0
+    rocm = Device("rocm", 304, "infinity-fabric")
+    assert non_torch(p, 8, rocm).custom_allreduce == 0  # ParallelConfig: "not supported on AMD GPUs"
+    assert v0_custom_allreduce_bytes(2, Device("cuda", 128, None)) == CUSTOM_ALLREDUCE_BYTES  # unknown = nvlink
+
+
+def test_v1_keeps_its_custom_allreduce_rule():
+    # V1 0.8 - 0.10 is not changed by the V0 rule: 3 GPUs over NVLink still charge the buffers there
+    assert non_torch(profile("0.9.1"), 3, Device("cuda", 132, "nvlink", "9.0")).custom_allreduce == CUSTOM_ALLREDUCE_BYTES
+    assert non_torch(profile("0.9.1"), 2, Device("cuda", 132, "nvlink", "9.0"), pp=2).pipeline == 0
+
+
+def test_v0_pipeline_communicator():
+    p = profile("0.7.2")
+    nvlink = Device("cuda", 108, "nvlink", "8.0")
+    assert non_torch(p, 8, nvlink).pipeline == 0
+    # 2 x 8 GPUs (tp 8 in a node, pp 2 across): two ring peers on other nodes, the board's 2-rank channel figure
+    across = non_torch(p, 8, nvlink, pp=2)
+    assert across.pipeline == NCCL_CHANNEL_BYTES["nvlink"]
+    assert across.bytes == non_torch(p, 8, nvlink).bytes + across.pipeline
+    assert dict(across.parts())["pp NCCL communicator"] == across.pipeline
+    # tp 2 x pp 4 on one NVSwitch node: a communicator of 4 ranks, its NVLS buffers included
+    switch = Device("cuda", 132, "nvlink-switch", "9.0")
+    one_node = non_torch(p, 2, switch, pp=4)
+    assert one_node.pipeline == NCCL_CHANNEL_BYTES["nvlink-switch"] + 2 * NCCL_PEER_BYTES["nvlink-switch"] \
+        + 4 * NVLS_BYTES_PER_RANK
+    # pp alone (tp 1): the pp group's communicator is charged, no tp communicator
+    solo = non_torch(p, 1, Device("cuda", 58, "pcie", "8.9"), pp=2)
+    assert (solo.channels, solo.pipeline) == (0, NCCL_CHANNEL_BYTES["pcie"])
+    assert v0_pipeline_bytes(4, 1, "nvlink") == 0
+
+
+def test_v0_totals_against_the_logs_that_print_them():
+    """The V0 starts of the corpus that print non-torch memory at tp >= 2 (GiB per GPU; the rotary table aside):
+    each stays within the tp-1 allowance's excess over the logged tp-1 median (0.30 - 0.10 GiB) plus NVLS and
+    the per-peer fit's stated uncertainty of +-0.05 GiB a peer."""
+    gib = 1 << 30
+    cases = [  # (release, tp, pp, device, logged, tolerance)
+        ("0.7.2", 2, 1, Device("cuda", 128, "pcie", "8.9"), 0.25, 0.20),  # vllm-13061, 2 x RTX 4090 (calibration)
+        ("0.7.1", 2, 1, Device("cuda", 142, "pcie", "8.9"), 0.30, 0.20),  # vllm-15815, 2 x L40S
+        ("0.7.1", 8, 1, Device("cuda", 108, "nvlink", "8.0"), 2.10, 0.05),  # vllm-f3706561278 (calibration)
+        ("0.7.2", 4, 1, Device("cuda", 108, "nvlink", "8.0"), 1.39, 0.20),  # vllm-f12053131581, 4 x A100
+        ("0.7.2", 8, 2, Device("cuda", 78, None, "9.0"), 2.53, 0.10),  # vllm-13074, 2 x 8 H20-3e (board unknown)
+        # vllm-f54553382182, 8 x L40S at 0.6.6 ("custom allreduce is disabled ... more than two PCIe-only GPUs"; not
+        # planned: InternVL3-78B is not bundled)
+        ("0.6.5", 8, 1, Device("cuda", 142, "pcie", "8.9"), 0.36, 0.10),
+    ]
+    for version, tp, pp, device, logged, tolerance in cases:
+        planned = non_torch(profile(version), tp, device, pp).bytes / gib
+        assert abs(planned - logged) <= tolerance, (version, tp, pp, device.interconnect, planned, logged)
+        assert planned >= logged - 0.05  # never far on the side that promises more KV
+    assert NON_TORCH_BYTES / gib == pytest.approx(0.30)
