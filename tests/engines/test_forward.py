@@ -1,0 +1,96 @@
+"""The profile run's forward formulas (kvplan/engines/forward.py) and where vLLM charges the fused-MoE workspaces it
+keeps (issue 27): hand-derived numbers from the released code."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvplan.engines import Device, Term, forward_bytes, forward_parts, vllm
+from kvplan.engines.vllm import PROFILES, cudagraph_bytes, profile
+from kvplan.model.sources import load_bundled
+from kvplan.model.spec import build_spec
+from kvplan.units import GiB
+
+H100 = 85_045_477_376
+H100_DEVICE = Device("cuda", sm_count=132)
+
+
+@pytest.fixture(scope="module")
+def qwen3_235b():
+    return build_spec(load_bundled("Qwen/Qwen3-235B-A22B"))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_20b():
+    return build_spec(load_bundled("openai/gpt-oss-20b"))
+
+
+@pytest.fixture(scope="module")
+def llama31():
+    return build_spec(load_bundled("meta-llama/Llama-3.1-8B-Instruct"))
+
+
+def test_the_modular_kernels_workspaces_are_kept_and_the_older_ones_are_not(qwen3_235b):
+    # Qwen3-235B-A22B at tp 4: hidden 4,096, 8 of 128 experts, 1,536 / 4 = 384 intermediate; 8,192 tokens, bf16
+    around = 8192 * ((3 * 4096 + 128) * 2 + 12 * 8)  # residual, input, output, router logits; top-k weights + ids
+    attention = 8192 * (2 * 4096 + 2048 + 2 * 128 + 2048) * 2  # residual, input, q, k, v, output (64 / 4 heads x 128)
+    # v014 (0.14+, the workspace manager's buffer): [M, k, max(I, H)] + [M, k, max(2I, H)], kept after the layer
+    assert forward_parts(qwen3_235b, 4, 8192, 2, "v014", 0) == (max(around, attention), 8192 * 8 * (4096 + 4096) * 2)
+    assert forward_parts(qwen3_235b, 4, 8192, 2, "v014", 0)[1] == 1 * GiB
+    # v08 (0.8 - 0.13: torch.empty caches freed with the layer): max(2I, H) + I, nothing kept
+    assert forward_parts(qwen3_235b, 4, 8192, 2, "v08", 0) == (8192 * 8 * (4096 + 384) * 2 + around, 0)
+    for rule in ("v06", "v08", "v014"):
+        assert forward_bytes(qwen3_235b, 4, 8192, 2, rule, 0) == sum(forward_parts(qwen3_235b, 4, 8192, 2, rule, 0))
+
+
+def test_a_dense_model_keeps_nothing(llama31):
+    assert forward_parts(llama31, 1, 8192, 2, "v014", 0)[1] == 0
+    assert forward_parts(llama31, 1, 8192, 2, "v014", 0) == forward_parts(llama31, 1, 8192, 2, "v08", 0)
+
+
+def _budget(spec, version: str):
+    return vllm.budget(H100, 0.9, Term("weights", 20 * GiB, "test"), None, None, None, None, spec=spec, tp=1,
+                       max_num_batched_tokens=8192, max_num_seqs=1024, act_bytes=2, is_cpu=False, version=version,
+                       device=H100_DEVICE)
+
+
+def test_kept_workspaces_stay_allocated_through_the_sampler_run(gpt_oss_20b):
+    # gpt-oss-20b: hidden 2,880, 4 of 32 experts of 2,880; at 8,192 tokens the v014 workspaces are
+    # 8,192 x 4 x (2,880 + 5,760) x 2 B = 0.53 GiB, kept while the 1,024-row sampler (7.67 GiB on 0.14's native
+    # path) runs: the peak is their sum, not the larger of the forward and the sampler
+    kept = 8192 * 4 * (2880 + 5760) * 2
+    transient, kept_part = forward_parts(gpt_oss_20b, 1, 8192, 2, "v014", 0)
+    assert kept_part == kept
+    forward, sampler = vllm.activation_parts(gpt_oss_20b, 1, 8192, 1024, 2, "0.14", H100_DEVICE)
+    assert forward == transient + kept and sampler > forward
+    assert _budget(gpt_oss_20b, "0.14").activation.bytes == kept + sampler
+    assert "kept fused-MoE workspaces 0.53 GiB" in _budget(gpt_oss_20b, "0.14").activation.source
+    # 0.13's caches are freed with the layer: the sampler's peak alone
+    assert _budget(gpt_oss_20b, "0.13").activation.bytes == vllm.activation_parts(
+        gpt_oss_20b, 1, 8192, 1024, 2, "0.13", H100_DEVICE)[1]
+
+
+def test_from_0_27_the_kept_workspaces_are_consumed_memory_not_activation(gpt_oss_20b):
+    # 0.27 measures total_consumed (the drop in free memory: buffers still allocated after the profile run) and
+    # prints the activation as the transient peak above what is allocated: the workspaces move to the overhead
+    kept = forward_parts(gpt_oss_20b, 1, 8192, 2, "v014", 0)[1]
+    b26, b27 = _budget(gpt_oss_20b, "0.26"), _budget(gpt_oss_20b, "0.27")
+    assert b26.activation.bytes - b27.activation.bytes == kept
+    assert b27.overhead.bytes - b26.overhead.bytes == kept
+    assert "fused-MoE workspaces 0.53 GiB" in b27.overhead.source and b27.kv_budget_bytes == b26.kv_budget_bytes
+
+
+def test_the_graph_pool_reuses_the_kept_workspaces(qwen3_235b):
+    # the CUDA-graph estimate's shared pool is the forward's transient memory at the largest capture size: the
+    # kept buffer was allocated by the profile run's larger batch and the captures reuse it
+    transient = forward_parts(qwen3_235b, 4, 512, 2, "v014", 0)[0]
+    shared_v014, _, _ = cudagraph_bytes(qwen3_235b, 4, 1, 256, 8192, 2, "0.20")
+    shared_v08, _, _ = cudagraph_bytes(qwen3_235b, 4, 1, 256, 8192, 2, "0.13")
+    assert shared_v014 - transient == shared_v08 - forward_bytes(qwen3_235b, 4, 512, 2, "v08", 16 * 1024)
+
+
+def test_the_printed_activation_holds_the_graph_estimate_from_0_27():
+    assert profile("0.26").printed_activation == "torch-peak"
+    assert all(p.printed_activation == ("transient+graphs" if p.first >= (0, 27, 0) else "torch-peak")
+               for p in PROFILES.values())
+    assert all(p.measure == "consumed" for p in PROFILES.values() if p.printed_activation == "transient+graphs")
