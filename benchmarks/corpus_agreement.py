@@ -195,14 +195,20 @@ def _stated_lengths(meta: dict[str, Any]) -> set[str]:
     return {"max_model_len"} if stated else set()
 
 
-def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = True) -> dict[str, str]:
+def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = True,
+                 activation_holds_graphs: bool = False) -> dict[str, str]:
     """The budget terms the log prints, as kvplan option values (per GPU; weights over all GPUs); the CUDA-graph
-    memory only where the release subtracts it (before, graphs come out of the 1 - util slack)."""
+    memory only where the release subtracts it (before, graphs come out of the 1 - util slack).
+    ``activation_holds_graphs``: the release's printed peak activation includes the CUDA-graph estimate it
+    subtracts (vLLM 0.27+, ``Profile.printed_activation``): the graphs the log prints (captured later, the
+    estimate's closest printed figure) are taken out of the activation, so they are not subtracted twice."""
     r = meta.get("reported") or {}
     out: dict[str, str] = {}
     if _num(r.get("weights_gib")) is not None:
         out["weights_gib"] = f"{_num(r['weights_gib']) * tp_pp}GiB"
     activation = _num(r.get("activation_gib")) if r.get("activation_gib") is not None else _num(r.get("activation_peak_gib"))
+    if activation is not None and activation_holds_graphs and _num(r.get("cudagraph_gib")) is not None:
+        activation -= _num(r["cudagraph_gib"])
     if activation is not None:
         out["activation_gib"] = f"{max(0.0, activation)}GiB"
     elif _num(r.get("peak_torch_memory_gib")) is not None and _num(r.get("weights_gib")) is not None:
@@ -236,6 +242,15 @@ def sglang_logged_terms(meta: dict[str, Any], plan: Any) -> dict[str, str]:
         in_use = max(0.0, plan.budget.total_bytes / GiB - before)
         out["overhead_gib"] = f"{in_use * plan.budget.gpu_util}GiB"
     return out
+
+
+def _activation_holds_graphs(engine: str, version: str) -> bool:
+    """Whether the release's printed peak activation includes its CUDA-graph estimate (vLLM 0.27+)."""
+    if engine != "vllm":
+        return False
+    from kvplan.engines.vllm import profile
+
+    return profile(version).printed_activation == "transient+graphs"
 
 
 def measure(plan: Any, compare: str) -> float:
@@ -338,7 +353,8 @@ def run(entry: corpus.Entry) -> Row | str:
     err = (predicted - value) / value * 100
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
     terms = {} if basis != "inputs" else sglang_logged_terms(meta, plan) if meta["engine"] == "sglang" else \
-        logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled)
+        logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled,
+                     _activation_holds_graphs(meta["engine"], plan.engine.version))
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib
     estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
     if terms:
