@@ -94,3 +94,39 @@ def test_the_printed_activation_holds_the_graph_estimate_from_0_27():
     assert all(p.printed_activation == ("transient+graphs" if p.first >= (0, 27, 0) else "torch-peak")
                for p in PROFILES.values())
     assert all(p.measure == "consumed" for p in PROFILES.values() if p.printed_activation == "transient+graphs")
+
+
+@pytest.fixture(scope="module")
+def deepseek_r1():
+    return build_spec(load_bundled("deepseek-ai/DeepSeek-R1"))
+
+
+def test_fp8_experts_hold_their_inputs_fp8_copies_per_release(deepseek_r1, qwen3_235b):
+    from kvplan.engines.forward import moe_quantized_input_bytes
+
+    # DeepSeek-R1 at tp 8: hidden 7,168 (56 scales of 128), 8 experts of 2,048 / 8 = 256 (2 scales); 32,000 tokens
+    first, second = 32_000 * (7168 + 4 * 56), 32_000 * 8 * (256 + 4 * 2)
+    assert moe_quantized_input_bytes(deepseek_r1, 8, 32_000, "v06", 32_768) == max(first, second)  # V0: one at a time
+    assert moe_quantized_input_bytes(deepseek_r1, 8, 32_000, "v08", 32_768) == first + second  # kept through GEMM 2
+    # chunks of 16,384 (0.12 - 0.13) hold one chunk's copies; 0.14+'s prepare quantizes the whole batch's input
+    assert moe_quantized_input_bytes(deepseek_r1, 8, 32_000, "v08", 16_384) == (16_384 * (7168 + 224)
+                                                                              + 16_384 * 8 * (256 + 8))
+    assert moe_quantized_input_bytes(deepseek_r1, 8, 32_000, "v014", 16_384) == first + 16_384 * 8 * (256 + 8)
+    # they are transient: the forward grows by them with fp8 weights, the kept workspaces do not
+    plain, fp8 = (forward_parts(qwen3_235b, 4, 8192, 2, "v014", 0, fp8=f) for f in (False, True))
+    around = 8192 * ((3 * 4096 + 128) * 2 + 12 * 8)  # above the attention stage's 205,520,896 with the copies
+    assert fp8[1] == plain[1] and fp8[0] == around + 8192 * (4096 + 128) + 8192 * 8 * (384 + 12) > plain[0]
+    assert forward_bytes(deepseek_r1, 8, 32_000, 2, "v06", 32_768, fp8=True) - forward_bytes(
+        deepseek_r1, 8, 32_000, 2, "v06", 32_768) == max(first, second)
+
+
+def test_the_budget_takes_fp8_weights_from_the_checkpoint_or_the_options(deepseek_r1):
+    from kvplan.planning.pool import features_of
+    from kvplan.planning.plan import options_from_values
+    from kvplan.units import parse_dtype
+
+    options = options_from_values({"model": "deepseek-ai/DeepSeek-R1", "offline": True})
+    assert features_of(options, deepseek_r1, None).fp8_weights  # quant_method fp8: the checkpoint runs in fp8
+    assert not features_of(options, deepseek_r1, parse_dtype("int4", "--weights-dtype", weights=True)).fp8_weights
+    assert features_of(options, None, parse_dtype("fp8", "--weights-dtype", weights=True)).fp8_weights
+    assert not features_of(options).fp8_weights
