@@ -51,6 +51,7 @@ class StartupLog:
     mm_modality: str | None = None
     prefix_caching: bool | None = None  # enable_prefix_caching as the config line or the non-default args print it
     flashinfer_sampler: bool | None = None  # vLLM's sampler said it uses FlashInfer (True) or falls back (False)
+    wheel_install: bool | None = None  # vLLM runs from a site-packages directory: a pip / uv install of the wheel
     enforce_eager: bool | None = None
     usage_context: str | None = None  # serve | llm
     kv_cache_memory_bytes: int | None = None  # an explicit KV budget the deployment set (kv_cache_memory_bytes)
