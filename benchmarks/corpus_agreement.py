@@ -196,27 +196,34 @@ def _stated_lengths(meta: dict[str, Any]) -> set[str]:
 
 
 def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = True,
-                 activation_holds_graphs: bool = False) -> dict[str, str]:
+                 graphs_in_activation: float | None = None) -> dict[str, str]:
     """The budget terms the log prints, as kvplan option values (per GPU; weights over all GPUs); the CUDA-graph
     memory only where the release subtracts it (before, graphs come out of the 1 - util slack).
-    ``activation_holds_graphs``: the release's printed peak activation includes the CUDA-graph estimate it
-    subtracts (vLLM 0.27+, ``Profile.printed_activation``): the graphs the log prints (captured later, the
-    estimate's closest printed figure) are taken out of the activation, so they are not subtracted twice."""
+
+    ``graphs_in_activation`` (GiB; None: the release prints them apart): the release's printed peak activation
+    holds the CUDA-graph estimate it subtracts (vLLM 0.27+, ``Profile.printed_activation``) and the "CUDAGraph
+    memory" it prints is the graphs captured later, not the estimate: the graphs are not subtracted twice. Where
+    the log prints vLLM's "(estimated)" figure (``cudagraph_estimate_gib``) it comes out of the activation and is the
+    graphs' term; else the log prints only the sum, and the estimate given (kvplan's own) comes out of the
+    activation, so the sum's gap falls on the activation and the graphs count as not printed."""
     r = meta.get("reported") or {}
     out: dict[str, str] = {}
     if _num(r.get("weights_gib")) is not None:
         out["weights_gib"] = f"{_num(r['weights_gib']) * tp_pp}GiB"
     activation = _num(r.get("activation_gib")) if r.get("activation_gib") is not None else _num(r.get("activation_peak_gib"))
-    if activation is not None and activation_holds_graphs and _num(r.get("cudagraph_gib")) is not None:
-        activation -= _num(r["cudagraph_gib"])
+    graphs = _num(r.get("cudagraph_gib"))
+    if graphs_in_activation is not None:
+        graphs = _num(r.get("cudagraph_estimate_gib"))
+        taken = graphs if graphs is not None else graphs_in_activation
+        activation = None if activation is None else activation - taken
     if activation is not None:
         out["activation_gib"] = f"{max(0.0, activation)}GiB"
     elif _num(r.get("peak_torch_memory_gib")) is not None and _num(r.get("weights_gib")) is not None:
         out["activation_gib"] = f"{max(0.0, _num(r['peak_torch_memory_gib']) - _num(r['weights_gib']))}GiB"
     if _num(r.get("non_torch_gib")) is not None:
         out["overhead_gib"] = f"{max(0.0, _num(r['non_torch_gib']))}GiB"
-    if _num(r.get("cudagraph_gib")) is not None and meta["engine"] == "vllm" and cudagraph_subtracted:
-        out["cudagraph_gib"] = f"{max(0.0, _num(r['cudagraph_gib']))}GiB"
+    if graphs is not None and meta["engine"] == "vllm" and cudagraph_subtracted:
+        out["cudagraph_gib"] = f"{max(0.0, graphs)}GiB"
     return out
 
 
@@ -352,9 +359,10 @@ def run(entry: corpus.Entry) -> Row | str:
     predicted = measure(plan, compare)
     err = (predicted - value) / value * 100
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
+    in_activation = plan.budget.cudagraph.bytes / GiB if _activation_holds_graphs(meta["engine"], plan.engine.version) \
+        else None
     terms = {} if basis != "inputs" else sglang_logged_terms(meta, plan) if meta["engine"] == "sglang" else \
-        logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled,
-                     _activation_holds_graphs(meta["engine"], plan.engine.version))
+        logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled, in_activation)
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib
     estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
     if terms:
