@@ -303,6 +303,8 @@ def _cudagraph(log: StartupLog) -> tuple[int | None, str]:
                                                                          "subtracted", captured)))
         return 0, ", ".join(filter(None, (f"estimate {log.cudagraph_estimate_gib} GiB logged, not subtracted in this "
                                           "release", captured)))
+    if log.activation_holds_graphs:  # 0.27+: the estimate is subtracted inside the printed activation
+        return 0, ", ".join(filter(None, ("the estimate is in the printed peak activation (0.27+)", captured)))
     if actual is not None:  # no estimate line: nothing was subtracted (every release that subtracts logs it)
         return 0, f"{captured}: not subtracted in this release"
     return None, ""

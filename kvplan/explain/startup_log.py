@@ -164,6 +164,13 @@ class StartupLog:
                 or (self.block_device or "").lower() == "cpu")
 
     @property
+    def activation_holds_graphs(self) -> bool:
+        """Whether the printed peak activation includes the CUDA-graph estimate the budget subtracts: vLLM 0.27+
+        (the form that prints "consumed memory (weights + non-torch)"), whose ``peak_activation_memory`` is the
+        transient torch peak plus that estimate, and whose "CUDAGraph memory" is the graphs captured later."""
+        return self.consumed_gib is not None and self.activation_gib is not None
+
+    @property
     def prints_terms(self) -> bool:
         """Whether the log prints a budget term beside its KV budget (weights, activation, non-torch, graphs)."""
         return any(x is not None for x in (self.weights_gib, self.activation_gib, self.peak_torch_memory_gib,

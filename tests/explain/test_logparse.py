@@ -105,6 +105,22 @@ def test_a_wheel_install_plans_the_native_sampler_of_0_8_to_0_11():
     assert abs(ex.plan.answer.num_blocks - 6297) / 6297 < 0.02
 
 
+def test_from_0_27_the_printed_activation_is_compared_with_kvplans_activation_and_graphs():
+    # 0.27+ print peak_activation_memory = the transient torch peak + the CUDA-graph estimate they subtract; the
+    # "CUDAGraph memory" beside it is the graphs captured after the KV cache (vllm-f57923772900, 4 x RTX PRO 6000)
+    log = parse_log(corpus_log("vllm", "vllm-f57923772900-rtxpro6000-qwen3-235b-fp8-tp4"))
+    assert log.activation_holds_graphs and (log.activation_gib, log.cudagraph_actual_gib) == (0.76, 0.32)
+    ex = explain(corpus_log("vllm", "vllm-f57923772900-rtxpro6000-qwen3-235b-fp8-tp4"),
+                 {"model": "Qwen/Qwen3-235B-A22B", "weights_dtype": "fp8", "gpu": "RTX-PRO-6000-Blackwell-96GB",
+                  "engine_version": "0.27.0"})
+    rows = {row.name: row for row in ex.terms}
+    b = ex.plan.budget
+    assert b.cudagraph.bytes > 0 and rows["activation"].kvplan_bytes == b.activation.bytes + b.cudagraph.bytes
+    assert rows["cudagraph"].logged_bytes == rows["cudagraph"].kvplan_bytes == 0
+    assert "in the printed peak activation" in rows["cudagraph"].note
+    assert not parse_log(ACTUAL_USAGE).activation_holds_graphs  # 0.10.2's line prints its terms apart
+
+
 def test_v0_and_sglang_memory_lines():
     v0 = parse_log(corpus_log("vllm", "vllm-12330-a100-40-llama3-8b"))  # V0 0.6.5: "the current vLLM instance can use"
     assert (v0.total_memory_gib, v0.gpu_memory_utilization, v0.requested_memory_gib) == (39.5, 0.9, 35.55)
