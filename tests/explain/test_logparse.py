@@ -98,6 +98,13 @@ def test_a_wheel_install_plans_the_native_sampler_of_0_8_to_0_11():
     assert not image.wheel_install and "flashinfer" not in log_values(image)[0]
     newer = parse_log(head.format("0.19.0") + WHEEL_PATH + "INFO [gpu_worker.py:298] Available KV cache memory: 2.31 GiB\n")
     assert "flashinfer" not in log_values(newer)[0]
+    # a shell prompt with an activated environment before the command: the same (Vast.ai's /venv/main, a .venv)
+    for prompt in ("(main) root@C.26183956:/workspace$ vllm serve Qwen/Qwen3-30B-A3B\n",
+                   "(workspace) (main) root@C.1:/workspace$ vllm --version\n",
+                   "(vllm) zp@server105:~/work/vllm$ python3 -m vllm.entrypoints.openai.api_server\n"):
+        assert parse_log(prompt + head.format("0.10.2")).wheel_install, prompt
+    for other in ("root@735f5acae43a:/vllm-workspace# vllm serve x\n", "(main) it is $ vllm serve x\n"):
+        assert not parse_log(other + head.format("0.10.2")).wheel_install, other
     # the corpus' Qwen3-VL-30B-A3B start on 4 x RTX 3090 (vLLM 0.11.0 from a .venv): within 2% of its KV that way
     ex = explain(corpus_log("vllm", "vllm-file42514581982-4x3090-qwen3-vl-30b-a3b-tp4"),
                  {"model": "Qwen/Qwen3-VL-30B-A3B-Instruct", "gpu": "RTX-3090-24GB"})
