@@ -34,6 +34,7 @@ from kvplan.engines.forward import (
     moe_forward_bytes as moe_forward_bytes,
     moe_workspace_elements as moe_workspace_elements,
     padded_vocab as padded_vocab,
+    routes_experts as routes_experts,
     sampler_bytes as sampler_bytes,
     sampler_peak_bytes as sampler_peak_bytes,
 )

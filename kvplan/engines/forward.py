@@ -13,6 +13,14 @@ def _per_rank(n: int, tp: int) -> int:
     return math.ceil(n / tp) if n else 0
 
 
+def routes_experts(spec: ModelSpec) -> bool:
+    """Whether the model has routed-expert (MoE) layers: experts, top-k and their intermediate size, on at least
+    one decoder layer (NVIDIA-Nemotron-Nano-9B-v2's config carries MoE fields, but its layer pattern has no MoE
+    layer: dense)."""
+    return bool(spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size
+                and spec.routed_expert_layers)
+
+
 def forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
     """Peak live activation bytes per batched token of one decoder layer's forward pass, per GPU.
 
@@ -25,7 +33,7 @@ def forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
     Llama-3-8B (4096 hidden, 14336 intermediate, bf16): (3 x 4096 + 3 x 14336) x 2 = 110,592 B.
     """
     h = spec.hidden_size
-    if spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size:
+    if routes_experts(spec):
         mlp = 3 * h + spec.num_experts_per_token * (3 * _per_rank(spec.moe_intermediate_size, tp) + h)
     else:
         mlp = 3 * h + 3 * _per_rank(spec.intermediate_size, tp)
@@ -89,7 +97,7 @@ def moe_workspace_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, r
     model): ``min(tokens, chunk)`` tokens (``chunk`` 0: no chunking) x ``top_k`` routed pairs x
     :func:`moe_workspace_elements` x ``act_bytes``. The intermediate size shrinks with tp (not at all under expert
     parallelism), and at most to the hidden-sized floors."""
-    if not (spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size):
+    if not routes_experts(spec):
         return 0
     k, h = spec.num_experts_per_token, spec.hidden_size
     inter = spec.moe_intermediate_size if expert_parallel else _per_rank(spec.moe_intermediate_size, tp)
@@ -102,7 +110,7 @@ def moe_around_bytes(spec: ModelSpec, tokens: int, act_bytes: int) -> int:
     model): the residual, the normed input and the layer's output (``3 x hidden``), the router logits (``experts``,
     model dtype), the top-k weights and ids (12 B per pair: fp32 + int32 + int32) and a shared expert's output
     (``hidden``). Tokens are not split by tp: every rank routes the whole batch."""
-    if not (spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size):
+    if not routes_experts(spec):
         return 0
     k, h = spec.num_experts_per_token, spec.hidden_size
     shared = h if spec.shared_expert_size else 0
@@ -134,7 +142,7 @@ def moe_quantized_input_bytes(spec: ModelSpec, tp: int, tokens: int, rule: str, 
     DeepSeek-R1 at tp 8 (hidden 7,168, 8 experts of 2,048 / 8 = 256), 32,000 tokens, V0: 32,000 x (7,168 + 224) B
     = 0.22 GiB (the second input, 32,000 x 8 x (256 + 8) B, is smaller).
     """
-    if not (spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size):
+    if not routes_experts(spec):
         return 0
     k, h = spec.num_experts_per_token, spec.hidden_size
     inter = spec.moe_intermediate_size if expert_parallel else _per_rank(spec.moe_intermediate_size, tp)

@@ -15,7 +15,7 @@ import math
 from dataclasses import replace
 
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Term,
-                            forward_bytes, given, lora_stack_bytes, padded_vocab, release_tuple,
+                            forward_bytes, given, lora_stack_bytes, padded_vocab, release_tuple, routes_experts,
                             sampler_bytes, sampler_peak_bytes)
 from kvplan.engines.vllm_profile import ImageProfile, image_profile
 from kvplan.engines.vllm_weights import loaded_extra_bytes
@@ -373,7 +373,7 @@ def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes
     what = (f"{plural(rows, 'row')} x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
             f"{path} path, {plural(rows, 'row')}: model-dtype logits + 3 fp32 [rows, vocab] tensors"
             + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
-    moe = " (fused-MoE workspaces)" if spec.num_experts and spec.moe_intermediate_size and not kept else ""
+    moe = " (fused-MoE workspaces)" if routes_experts(spec) and not kept else ""
     text = (f"forward {plural(mnbt, 'token')}{moe} = {(forward - kept) / GiB:.2f} GiB, "
             f"sampler {what} = {sampler / GiB:.2f} GiB")
     text = f"max({text})"

@@ -130,3 +130,15 @@ def test_the_budget_takes_fp8_weights_from_the_checkpoint_or_the_options(deepsee
     assert not features_of(options, deepseek_r1, parse_dtype("int4", "--weights-dtype", weights=True)).fp8_weights
     assert features_of(options, None, parse_dtype("fp8", "--weights-dtype", weights=True)).fp8_weights
     assert not features_of(options).fp8_weights
+
+
+def test_moe_fields_without_moe_layers_are_a_dense_model():
+    from kvplan.engines import routes_experts
+
+    # NVIDIA-Nemotron-Nano-9B-v2's config carries n_routed_experts 8 and a moe_intermediate_size, but its hybrid
+    # pattern has no MoE layer: no fused-MoE workspaces (0.27+ would charge them as consumed memory otherwise)
+    nano = build_spec(load_bundled("nvidia/NVIDIA-Nemotron-Nano-9B-v2"))
+    assert nano.num_experts and not nano.routed_expert_layers and not routes_experts(nano)
+    assert forward_parts(nano, 1, 8192, 2, "v014", 0)[1] == 0
+    assert forward_parts(nano, 1, 8192, 2, "v014", 0) == forward_parts(nano, 1, 8192, 2, "v08", 0)
+    assert routes_experts(build_spec(load_bundled("Qwen/Qwen3-235B-A22B")))
