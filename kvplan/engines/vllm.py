@@ -448,6 +448,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                            kv_budget_override)
     notes: list[str] = []
     wheel_gap = 0
+    given_activation = activation is not None and not activation.source.startswith("calibration")
     if not given(weights):  # the user's --weights-gib or a calibration file's measurement stands as given
         weights, wheel_gap = _loaded_weights(p, weights, spec, tp, pp, gpu_util, max_num_batched_tokens, act_bytes,
                                              device, features, notes)
@@ -460,6 +461,9 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
                                        features.expert_parallel)
         notes.extend(note)
+    if cudagraph is None and given_activation and p.printed_activation == "transient+graphs":
+        cudagraph = Term("cudagraph", 0, "in the given activation: from 0.27 vLLM prints its peak activation with the "
+                                         "CUDA-graph estimate in it (pass --cudagraph-gib for a figure without it)")
     if cudagraph is None:
         cudagraph = _cudagraph_term(p, version, spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes, device)
     if kv_budget_override is not None:

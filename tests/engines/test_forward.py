@@ -142,3 +142,16 @@ def test_moe_fields_without_moe_layers_are_a_dense_model():
     assert forward_parts(nano, 1, 8192, 2, "v014", 0)[1] == 0
     assert forward_parts(nano, 1, 8192, 2, "v014", 0) == forward_parts(nano, 1, 8192, 2, "v08", 0)
     assert routes_experts(build_spec(load_bundled("Qwen/Qwen3-235B-A22B")))
+
+
+def test_an_activation_given_from_a_0_27_log_holds_the_graphs(llama31):
+    # 0.27+ print the peak activation with the CUDA-graph estimate in it: a given activation is that figure, so
+    # the graphs are not subtracted a second time (0.26 prints them apart and still subtracts kvplan's estimate)
+    def run(version: str, cudagraph=None):
+        return vllm.budget(H100, 0.9, Term("weights", 16 * GiB, "test"), Term("activation", 3 * GiB, "--activation-gib"),
+                           None, cudagraph, None, spec=llama31, tp=1, max_num_batched_tokens=8192, max_num_seqs=1024,
+                           act_bytes=2, is_cpu=False, version=version, device=H100_DEVICE)
+    b27, b26 = run("0.27"), run("0.26")
+    assert b27.cudagraph.bytes == 0 and "in the given activation" in b27.cudagraph.source
+    assert b26.cudagraph.bytes > 0
+    assert run("0.27", Term("cudagraph", GiB, "--cudagraph-gib")).cudagraph.bytes == GiB
