@@ -196,22 +196,35 @@ def _stated_lengths(meta: dict[str, Any]) -> set[str]:
     return {"max_model_len"} if stated else set()
 
 
-def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = True) -> dict[str, str]:
+def logged_terms(meta: dict[str, Any], tp_pp: int, cudagraph_subtracted: bool = True,
+                 graphs_in_activation: float | None = None) -> dict[str, str]:
     """The budget terms the log prints, as kvplan option values (per GPU; weights over all GPUs); the CUDA-graph
-    memory only where the release subtracts it (before, graphs come out of the 1 - util slack)."""
+    memory only where the release subtracts it (before, graphs come out of the 1 - util slack).
+
+    ``graphs_in_activation`` (GiB; None: the release prints them apart): the release's printed peak activation
+    holds the CUDA-graph estimate it subtracts (vLLM 0.27+, ``Profile.printed_activation``) and the "CUDAGraph
+    memory" it prints is the graphs captured later, not the estimate: the graphs are not subtracted twice. Where
+    the log prints vLLM's "(estimated)" figure (``cudagraph_estimate_gib``) it comes out of the activation and is the
+    graphs' term; else the log prints only the sum, and the estimate given (kvplan's own) comes out of the
+    activation, so the sum's gap falls on the activation and the graphs count as not printed."""
     r = meta.get("reported") or {}
     out: dict[str, str] = {}
     if _num(r.get("weights_gib")) is not None:
         out["weights_gib"] = f"{_num(r['weights_gib']) * tp_pp}GiB"
     activation = _num(r.get("activation_gib")) if r.get("activation_gib") is not None else _num(r.get("activation_peak_gib"))
+    graphs = _num(r.get("cudagraph_gib"))
+    if graphs_in_activation is not None:
+        graphs = _num(r.get("cudagraph_estimate_gib"))
+        taken = graphs if graphs is not None else graphs_in_activation
+        activation = None if activation is None else activation - taken
     if activation is not None:
         out["activation_gib"] = f"{max(0.0, activation)}GiB"
     elif _num(r.get("peak_torch_memory_gib")) is not None and _num(r.get("weights_gib")) is not None:
         out["activation_gib"] = f"{max(0.0, _num(r['peak_torch_memory_gib']) - _num(r['weights_gib']))}GiB"
     if _num(r.get("non_torch_gib")) is not None:
         out["overhead_gib"] = f"{max(0.0, _num(r['non_torch_gib']))}GiB"
-    if _num(r.get("cudagraph_gib")) is not None and meta["engine"] == "vllm" and cudagraph_subtracted:
-        out["cudagraph_gib"] = f"{max(0.0, _num(r['cudagraph_gib']))}GiB"
+    if graphs is not None and meta["engine"] == "vllm" and cudagraph_subtracted:
+        out["cudagraph_gib"] = f"{max(0.0, graphs)}GiB"
     return out
 
 
@@ -314,6 +327,15 @@ def pre_load_markdown(rows: list[PreLoadRow]) -> str:
     return "\n".join(lines)
 
 
+def _activation_holds_graphs(engine: str, version: str) -> bool:
+    """Whether the release's printed peak activation includes its CUDA-graph estimate (vLLM 0.27+)."""
+    if engine != "vllm":
+        return False
+    from kvplan.engines.vllm import profile
+
+    return profile(version).printed_activation == "transient+graphs"
+
+
 def measure(plan: Any, compare: str) -> float:
     """The plan's figure comparable to the logged one."""
     return _figure(plan.answer, plan.budget.kv_budget_bytes, plan.layout.block_size, compare)
@@ -413,13 +435,18 @@ def run(entry: corpus.Entry) -> Row | str:
     predicted = measure(plan, compare)
     err = (predicted - value) / value * 100
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
+    in_activation = plan.budget.cudagraph.bytes / GiB if _activation_holds_graphs(meta["engine"], plan.engine.version) \
+        else None
     terms = {} if basis != "inputs" else sglang_logged_terms(meta, plan) if meta["engine"] == "sglang" else \
-        logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled)
+        logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled, in_activation)
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib
     estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
     if terms:
         try:
-            with_terms = estimate(options_for(meta, model, {**extra, **terms}))
+            # kvplan's own graph estimate stands where the log prints only activation + graphs (not a printed term)
+            kept_graphs = {"cudagraph_gib": f"{in_activation}GiB"} if in_activation is not None \
+                and "cudagraph_gib" not in terms and "activation_gib" in terms else {}
+            with_terms = estimate(options_for(meta, model, {**extra, **kept_graphs, **terms}))
             terms_err = (measure(with_terms, compare) - value) / value * 100
             printed = {TERM_OF_OPTION[k] for k in terms}
             deltas = {t.name: (t.bytes - w.bytes) / GiB for t, w in zip(plan.budget.terms, with_terms.budget.terms)

@@ -24,14 +24,17 @@ from kvplan.engines.releases import (
 )
 from kvplan.engines.forward import (
     DEFAULT_SM_COUNT as DEFAULT_SM_COUNT,
+    KEPT_MOE_RULES as KEPT_MOE_RULES,
     MOE_RULES as MOE_RULES,
     dense_forward_bytes_per_token as dense_forward_bytes_per_token,
     forward_bytes as forward_bytes,
+    forward_parts as forward_parts,
     forward_bytes_per_token as forward_bytes_per_token,
     lora_stack_bytes as lora_stack_bytes,
     moe_forward_bytes as moe_forward_bytes,
     moe_workspace_elements as moe_workspace_elements,
     padded_vocab as padded_vocab,
+    routes_experts as routes_experts,
     sampler_bytes as sampler_bytes,
     sampler_peak_bytes as sampler_peak_bytes,
 )

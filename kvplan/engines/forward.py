@@ -13,6 +13,14 @@ def _per_rank(n: int, tp: int) -> int:
     return math.ceil(n / tp) if n else 0
 
 
+def routes_experts(spec: ModelSpec) -> bool:
+    """Whether the model has routed-expert (MoE) layers: experts, top-k and their intermediate size, on at least
+    one decoder layer (NVIDIA-Nemotron-Nano-9B-v2's config carries MoE fields, but its layer pattern has no MoE
+    layer: dense)."""
+    return bool(spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size
+                and spec.routed_expert_layers)
+
+
 def forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
     """Peak live activation bytes per batched token of one decoder layer's forward pass, per GPU.
 
@@ -25,7 +33,7 @@ def forward_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int) -> int:
     Llama-3-8B (4096 hidden, 14336 intermediate, bf16): (3 x 4096 + 3 x 14336) x 2 = 110,592 B.
     """
     h = spec.hidden_size
-    if spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size:
+    if routes_experts(spec):
         mlp = 3 * h + spec.num_experts_per_token * (3 * _per_rank(spec.moe_intermediate_size, tp) + h)
     else:
         mlp = 3 * h + 3 * _per_rank(spec.intermediate_size, tp)
@@ -76,34 +84,109 @@ def moe_workspace_elements(rule: str, moe_intermediate: int, hidden: int) -> int
     raise ValueError(f"unknown MoE workspace rule {rule!r}")
 
 
-def moe_forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, rule: str, chunk: int,
-                      expert_parallel: bool = False) -> int:
-    """Peak bytes of one MoE layer's forward over ``tokens`` batched tokens, per GPU (0 for a dense model).
+# The rules whose fused-MoE workspaces outlive the layer: from 0.14 the modular kernel takes them from the
+# workspace manager (v1/worker/workspace.py ``WorkspaceManager.get_simultaneous``), one buffer per micro-batch that
+# grows to the largest request and is never freed, so after the first MoE layer of the profile run it stays
+# allocated through every later layer, the dummy sampler run and the profiler's closing reading.
+KEPT_MOE_RULES = ("v014",)
 
-    The fused-MoE workspaces of ``min(tokens, chunk)`` tokens (``chunk`` 0: no chunking) x ``top_k`` routed
-    pairs (:func:`moe_workspace_elements`), plus what stays alive around the experts call for every token:
-    the residual, the normed input and the layer's output (``3 x hidden``), the router logits (``experts``, model
-    dtype), the top-k weights and ids (12 B per pair: fp32 + int32 + int32) and a shared expert's output
-    (``hidden``). Tokens are not split by tp: every rank routes the whole batch, only the intermediate size
-    shrinks with tp (not at all under expert parallelism), and at most to the hidden-sized floors.
-    """
-    if not (spec.num_experts and spec.num_experts_per_token and spec.moe_intermediate_size):
+
+def moe_workspace_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, rule: str, chunk: int,
+                        expert_parallel: bool = False) -> int:
+    """Bytes of the fused-MoE workspaces of one MoE layer over ``tokens`` batched tokens, per GPU (0 for a dense
+    model): ``min(tokens, chunk)`` tokens (``chunk`` 0: no chunking) x ``top_k`` routed pairs x
+    :func:`moe_workspace_elements` x ``act_bytes``. The intermediate size shrinks with tp (not at all under expert
+    parallelism), and at most to the hidden-sized floors."""
+    if not routes_experts(spec):
         return 0
     k, h = spec.num_experts_per_token, spec.hidden_size
     inter = spec.moe_intermediate_size if expert_parallel else _per_rank(spec.moe_intermediate_size, tp)
     m = min(tokens, chunk) if chunk else tokens
-    workspace = m * k * moe_workspace_elements(rule, inter, h) * act_bytes
+    return m * k * moe_workspace_elements(rule, inter, h) * act_bytes
+
+
+def moe_around_bytes(spec: ModelSpec, tokens: int, act_bytes: int) -> int:
+    """Bytes alive around one MoE layer's experts call for every one of ``tokens`` tokens, per GPU (0 for a dense
+    model): the residual, the normed input and the layer's output (``3 x hidden``), the router logits (``experts``,
+    model dtype), the top-k weights and ids (12 B per pair: fp32 + int32 + int32) and a shared expert's output
+    (``hidden``). Tokens are not split by tp: every rank routes the whole batch."""
+    if not routes_experts(spec):
+        return 0
+    k, h = spec.num_experts_per_token, spec.hidden_size
     shared = h if spec.shared_expert_size else 0
-    around = tokens * ((3 * h + spec.num_experts + shared) * act_bytes + 12 * k)
-    return workspace + around
+    return tokens * ((3 * h + spec.num_experts + shared) * act_bytes + 12 * k)
+
+
+FP8_GROUP = 128  # elements per fp32 scale of a per-token-group fp8 quantization (block-quantized checkpoints)
+
+
+def _fp8_copy_bytes(rows: int, width: int) -> int:
+    """An fp8 copy of a ``[rows, width]`` activation and its fp32 scale per 128-element group, bytes."""
+    return rows * (width + 4 * -(-width // FP8_GROUP))
+
+
+def moe_quantized_input_bytes(spec: ModelSpec, tp: int, tokens: int, rule: str, chunk: int,
+                              expert_parallel: bool = False) -> int:
+    """Bytes of the fp8 copies a fused-MoE layer with fp8 weights (w8a8) makes of its two GEMMs' inputs, per GPU
+    (0 for a dense model): the layer input ``[M, hidden]`` and the activation output ``[M x top_k, I]``, each 1 B
+    an element plus an fp32 scale per 128 (``per_token_group_quant_fp8``; a per-tensor scale is smaller), with
+    ``M = min(tokens, chunk)`` (``chunk`` 0: no chunking). Per release (fused_moe.py / modular_kernel.py):
+
+    - v06 (V0 0.6 - 0.7): ``invoke_fused_moe_kernel`` quantizes its own input and frees it with the call: the
+      larger of the two;
+    - v08 (0.8 - 0.13): ``fused_experts_impl`` keeps the chunk's quantized input (``qcurr_hidden_states``) through
+      the second GEMM's (``qintermediate_cache2``): both;
+    - v014 (0.14+): the prepare step quantizes the whole batch's input (``a1q``), alive through the experts, which
+      quantize their activation output: both, the input over every token.
+
+    DeepSeek-R1 at tp 8 (hidden 7,168, 8 experts of 2,048 / 8 = 256), 32,000 tokens, V0: 32,000 x (7,168 + 224) B
+    = 0.22 GiB (the second input, 32,000 x 8 x (256 + 8) B, is smaller).
+    """
+    if not routes_experts(spec):
+        return 0
+    k, h = spec.num_experts_per_token, spec.hidden_size
+    inter = spec.moe_intermediate_size if expert_parallel else _per_rank(spec.moe_intermediate_size, tp)
+    m = min(tokens, chunk) if chunk else tokens
+    first = _fp8_copy_bytes(tokens if rule == "v014" else m, h)
+    second = _fp8_copy_bytes(m * k, inter)
+    return max(first, second) if rule == "v06" else first + second
+
+
+def moe_forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, rule: str, chunk: int,
+                      expert_parallel: bool = False) -> int:
+    """Peak bytes of one MoE layer's forward over ``tokens`` batched tokens, per GPU (0 for a dense model): its
+    workspaces (:func:`moe_workspace_bytes`) plus what stays alive around the experts call
+    (:func:`moe_around_bytes`)."""
+    return (moe_workspace_bytes(spec, tp, tokens, act_bytes, rule, chunk, expert_parallel)
+            + moe_around_bytes(spec, tokens, act_bytes))
+
+
+def forward_parts(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, moe_rule: str = "v06", moe_chunk: int = 0,
+                  expert_parallel: bool = False, fp8: bool = False) -> tuple[int, int]:
+    """``(transient, kept)`` bytes of the profiled forward over ``tokens`` tokens, per GPU.
+
+    ``kept``: the fused-MoE workspaces where the release keeps them after the layer (:data:`KEPT_MOE_RULES`),
+    else 0. ``transient``: the forward's peak besides them - the larger of a dense layer (or a MoE model's
+    attention stage, :func:`dense_forward_bytes_per_token`) and a MoE layer (with its workspaces where they are
+    not kept, only what is alive around the experts call where they are: every layer after the first MoE one runs
+    with the kept buffer allocated); ``fp8``: the weights run in fp8, and the MoE layer holds its inputs' fp8 copies
+    too (:func:`moe_quantized_input_bytes`). Qwen3-235B-A22B at tp 4 (hidden 4,096, 8 of 128 experts of 1,536 / 4 = 384),
+    8,192 tokens, bf16, v014: kept 8,192 x 8 x (4,096 + 4,096) x 2 B = 1.0 GiB, transient max(0.19, 0.19) GiB."""
+    dense = tokens * dense_forward_bytes_per_token(spec, tp, act_bytes)
+    workspace = moe_workspace_bytes(spec, tp, tokens, act_bytes, moe_rule, moe_chunk, expert_parallel)
+    around = moe_around_bytes(spec, tokens, act_bytes)
+    if fp8 and around:
+        around += moe_quantized_input_bytes(spec, tp, tokens, moe_rule, moe_chunk, expert_parallel)
+    if moe_rule in KEPT_MOE_RULES:
+        return max(dense, around), workspace
+    return max(dense, workspace + around if around else 0), 0
 
 
 def forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, moe_rule: str = "v06", moe_chunk: int = 0,
-                  expert_parallel: bool = False) -> int:
-    """Peak bytes of the profiled forward over ``tokens`` tokens, per GPU: the larger of a dense layer (or a MoE
-    model's attention stage, :func:`dense_forward_bytes_per_token`) and a MoE layer (:func:`moe_forward_bytes`)."""
-    return max(tokens * dense_forward_bytes_per_token(spec, tp, act_bytes),
-               moe_forward_bytes(spec, tp, tokens, act_bytes, moe_rule, moe_chunk, expert_parallel))
+                  expert_parallel: bool = False, fp8: bool = False) -> int:
+    """Peak bytes of the profiled forward over ``tokens`` tokens, per GPU: :func:`forward_parts`' transient and
+    kept bytes together."""
+    return sum(forward_parts(spec, tp, tokens, act_bytes, moe_rule, moe_chunk, expert_parallel, fp8))
 
 
 def lora_stack_bytes(spec: ModelSpec, tp: int, pp: int, max_loras: int, max_lora_rank: int, act_bytes: int) -> int:

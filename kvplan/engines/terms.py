@@ -158,6 +158,8 @@ class Features:
     per step. ``expert_parallel``: experts split over the GPUs instead of their intermediate size
     (vLLM ``--enable-expert-parallel``). ``flashinfer``: whether FlashInfer is installed, which decides the
     sampler path of vLLM 0.8 - 0.11's profile run (None: not known; kvplan plans the Docker images' FlashInfer).
+    ``fp8_weights``: the weights run in fp8 (an fp8 checkpoint or online fp8), so the fused-MoE kernels quantize
+    their inputs to fp8 too (:func:`~kvplan.engines.forward.moe_quantized_input_bytes`).
     """
 
     max_loras: int = 0
@@ -166,6 +168,7 @@ class Features:
     speculative_tokens: int = 0
     expert_parallel: bool = False
     flashinfer: bool | None = None  # FlashInfer installed (vLLM 0.8 - 0.11's sampler path); None: not known
+    fp8_weights: bool = False  # the weights run in fp8 (w8a8 kernels: the MoE experts quantize their inputs)
 
     @property
     def lora(self) -> bool:

@@ -15,7 +15,7 @@ import math
 from dataclasses import replace
 
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Term,
-                            forward_bytes, given, lora_stack_bytes, padded_vocab, release_tuple,
+                            forward_bytes, given, lora_stack_bytes, padded_vocab, release_tuple, routes_experts,
                             sampler_bytes, sampler_peak_bytes)
 from kvplan.engines.vllm_profile import ImageProfile, image_profile
 from kvplan.engines.vllm_weights import loaded_extra_bytes
@@ -60,10 +60,12 @@ from kvplan.engines.vllm_overhead import (
     NVLS_BYTES_PER_RANK as NVLS_BYTES_PER_RANK,
     NonTorch as NonTorch,
     capture_sizes as capture_sizes,
+    consumed_workspace_bytes as consumed_workspace_bytes,
     cudagraph_bytes as cudagraph_bytes,
     fusion_backend as fusion_backend,
     fusion_buffer_bytes as fusion_buffer_bytes,
     fusion_workspace_bytes as fusion_workspace_bytes,
+    kept_workspace_bytes as kept_workspace_bytes,
     nccl_communicator_bytes as nccl_communicator_bytes,
     non_torch as non_torch,
     overhead_term as overhead_term,
@@ -344,7 +346,7 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     """``(forward, sampler)`` peak bytes of vLLM's profile run, per GPU; the activation term is their max.
 
     forward: :func:`~kvplan.engines.forward_bytes` over ``max_num_batched_tokens`` tokens with the release's
-    fused-MoE workspaces (``Profile.moe``, ``Profile.moe_chunk``).
+    fused-MoE workspaces (``Profile.moe``, ``Profile.moe_chunk``) and, with fp8 weights, their inputs' fp8 copies.
     sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` logit rows (:func:`sampler_path`): on the
     torch-sort paths fp32 rows over the padded vocab x copies (10: V0's top-k/top-p dummy run, 0.8 - 0.9.0 and
     0.12 - 0.16, ROCm before 0.17); else :func:`sampler_peak_bytes`. With speculative decoding the dummy
@@ -353,7 +355,8 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     """
     p = profile(version)
     features = features or Features()
-    forward = forward_bytes(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, features.expert_parallel)
+    forward = forward_bytes(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, features.expert_parallel,
+                            features.fp8_weights)
     rows = min(max_num_seqs, max_num_batched_tokens)
     path, copies = sampler_path(version, device, features.flashinfer)
     if copies:
@@ -366,16 +369,21 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
 
 
 def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes: int, forward: int, sampler: int,
-                       path: str, copies: int, images: ImageProfile | None) -> str:
+                       path: str, copies: int, images: ImageProfile | None, kept: int = 0, charged: int = 0) -> str:
     what = (f"{plural(rows, 'row')} x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
             f"{path} path, {plural(rows, 'row')}: model-dtype logits + 3 fp32 [rows, vocab] tensors"
             + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
-    moe = " (fused-MoE workspaces)" if spec.num_experts and spec.moe_intermediate_size else ""
-    text = (f"forward {plural(mnbt, 'token')}{moe} = {forward / GiB:.2f} GiB, "
+    moe = " (fused-MoE workspaces)" if routes_experts(spec) and not kept else ""
+    text = (f"forward {plural(mnbt, 'token')}{moe} = {(forward - kept) / GiB:.2f} GiB, "
             f"sampler {what} = {sampler / GiB:.2f} GiB")
+    text = f"max({text})"
+    if charged:
+        text = f"kept fused-MoE workspaces {charged / GiB:.2f} GiB + {text}"
+    elif kept:
+        text += f" (the kept fused-MoE workspaces, {kept / GiB:.2f} GiB, are in the overhead)"
     if images is None:
-        return f"estimate: max({text})"
-    return f"estimate: max(max({text}) + images {images.resident_bytes / GiB:.2f} GiB, encoder); {images.describe()}"
+        return f"estimate: {text}"
+    return f"estimate: max({text} + images {images.resident_bytes / GiB:.2f} GiB, encoder); {images.describe()}"
 
 
 def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
@@ -440,6 +448,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                            kv_budget_override)
     notes: list[str] = []
     wheel_gap = 0
+    given_activation = activation is not None and not activation.source.startswith("calibration")
     if not given(weights):  # the user's --weights-gib or a calibration file's measurement stands as given
         weights, wheel_gap = _loaded_weights(p, weights, spec, tp, pp, gpu_util, max_num_batched_tokens, act_bytes,
                                              device, features, notes)
@@ -449,8 +458,12 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
             p, version, spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, device, features, max_model_len, notes)
     path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
     if overhead is None:
-        overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens)
+        overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
+                                       features.expert_parallel)
         notes.extend(note)
+    if cudagraph is None and given_activation and p.printed_activation == "transient+graphs":
+        cudagraph = Term("cudagraph", 0, "in the given activation: from 0.27 vLLM prints its peak activation with the "
+                                         "CUDA-graph estimate in it (pass --cudagraph-gib for a figure without it)")
     if cudagraph is None:
         cudagraph = _cudagraph_term(p, version, spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes, device)
     if kv_budget_override is not None:
@@ -528,15 +541,21 @@ def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num
                                         device, features)
     images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version, max_model_len)
     resident = images.resident_bytes if images else 0
-    peak = max(forward, sampler) + resident
+    # kept fused-MoE workspaces (0.14+) stay allocated through the sampler run; 0.27+ charge them as consumed memory
+    kept = kept_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, features.expert_parallel)
+    charged = kept - consumed_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, features.expert_parallel)
+
+    def peak(sampler_peak: int) -> int:
+        return charged + max(forward - kept, sampler_peak) + resident
+
     rows = min(max_num_seqs, max_num_batched_tokens)
-    activation = Term("activation", max(peak, images.encoder_peak_bytes if images else 0),
+    activation = Term("activation", max(peak(sampler), images.encoder_peak_bytes if images else 0),
                       _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
-                                         *sampler_path(version, device, features.flashinfer), images))
+                                         *sampler_path(version, device, features.flashinfer), images, kept, charged))
     path_gap = 0
     if p.sampler in INSTALLED_SAMPLERS and features.flashinfer is None and sampler_path(version, device)[0] != "native":
         native = sampler_bytes(rows, spec.vocab_size, PROFILES["0.12"].sampler_copies)
-        path_gap = max(0, max(forward, native) + resident - activation.bytes)
+        path_gap = max(0, peak(native) - activation.bytes)
         notes.append(f"vllm {p.version}'s sampler takes FlashInfer where it is installed (the Docker images) and "
                      f"the native path otherwise ({path_gap / GiB:.2f} GiB more activation): kvplan plans FlashInfer; "
                      "the low end of the range is the native path (--no-flashinfer plans it)")

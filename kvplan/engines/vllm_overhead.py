@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from kvplan.engines import (
     Device,
     Term,
-    forward_bytes,
+    forward_parts,
 )
 from kvplan.engines.vllm_profile import rope_cache_bytes
 from kvplan.engines.vllm_releases import DEFAULT_VERSION, Profile, profile
@@ -245,13 +245,34 @@ def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, sp
     return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted, pipeline)
 
 
+def kept_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, max_num_batched_tokens: int, act_bytes: int,
+                         expert_parallel: bool = False) -> int:
+    """The fused-MoE workspaces release ``p`` keeps allocated after the profile run, per GPU (0 where it frees
+    them, and for a dense model): :func:`~kvplan.engines.forward_parts`' kept bytes over the profiled batch."""
+    return forward_parts(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, expert_parallel)[1]
+
+
+def consumed_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, max_num_batched_tokens: int, act_bytes: int,
+                             expert_parallel: bool = False) -> int:
+    """The kept fused-MoE workspaces (:func:`kept_workspace_bytes`) where the release charges them as consumed
+    memory, not activation (0.27+, ``measure`` "consumed": ``total_consumed`` is the drop in free memory, which
+    holds every buffer still allocated after the profile run, and the activation printed is only the transient
+    ``torch_peak - torch_allocated`` on top; utils/mem_utils.py ``memory_profiling``), else 0."""
+    if p.measure != "consumed":
+        return 0
+    return kept_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, expert_parallel)
+
+
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
-                  pp: int = 1, max_num_batched_tokens: int = 0) -> tuple[Term, list[str]]:
-    """The overhead term (non-torch memory at this tp and interconnect + the rotary cache) and, at
-    tp >= 2, a note that says the multi-GPU part is an estimate."""
+                  pp: int = 1, max_num_batched_tokens: int = 0, expert_parallel: bool = False
+                  ) -> tuple[Term, list[str]]:
+    """The overhead term (non-torch memory at this tp and interconnect + the rotary cache + the fused-MoE
+    workspaces a 0.27+ release counts as consumed memory) and, at tp >= 2, a note that says the multi-GPU part is
+    an estimate."""
     rope = rope_cache_bytes(spec, act_bytes)
     nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
-    total = nt.bytes + rope  # the term: every figure below that speaks of it says this one number
+    kept = consumed_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, expert_parallel)
+    total = nt.bytes + rope + kept  # the term: every figure below that speaks of it says this one number
     parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
     if nt.context:
         parts.append(f"CUDA context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
@@ -277,6 +298,9 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                      "buffers rounded to their granularity) is read in the code, not in a corpus log; --enforce-eager "
                      "builds no compile passes and no workspace")
     parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
+    if kept:
+        parts.append(f"fused-MoE workspaces {kept / GiB:.2f} GiB (kept after the profile run: consumed memory "
+                     f"in {p.version})")
     return Term("overhead", total, "estimate: " + " + ".join(parts)), notes
 
 
@@ -302,6 +326,8 @@ def cudagraph_bytes(spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_nu
     piecewise = capture_sizes(largest)
     full = capture_sizes(min(max_num_seqs, largest))
     layers = -(-spec.num_layers // pp)
-    shared = forward_bytes(spec, tp, largest, act_bytes, p.moe, p.moe_chunk)
+    # the graphs' pool holds the forward's transient memory; kept fused-MoE workspaces (0.14+) are the workspace
+    # manager's buffer, allocated by the profile run at its larger batch, which the captures reuse
+    shared = forward_parts(spec, tp, largest, act_bytes, p.moe, p.moe_chunk)[0]
     extra = (max(0, len(piecewise) - 1) + max(0, len(full) - 1)) * layers * CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE
     return shared + extra, len(piecewise), len(full)

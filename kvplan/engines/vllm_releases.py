@@ -41,6 +41,10 @@ class Profile:
     of the model dtype (``VLLM_CUDA_MEM_ALIGN_KV_CACHE``). ``v0_chunk_tokens``: V0's ``max_num_batched_tokens``
     when it chunks prefills. ``lora_in_budget``: the LoRA weight slots are counted (V1: with the weights;
     V0 0.6.5 - 0.7.x create them after the weights are measured and charge them nowhere).
+    ``printed_activation``: what the profiler's "peak activation" figure holds: ``torch-peak`` (the torch peak's
+    increase during the profile run) or ``transient+graphs`` (0.27+: ``transient_peak_headroom``, the torch peak
+    above what is still allocated after the run, plus the CUDA-graph estimate it subtracts, gpu_worker.py
+    ``peak_activation_memory``; the "CUDAGraph memory" it prints beside it is the graphs captured later).
     ``change``: what this release changed.
     """
 
@@ -66,6 +70,7 @@ class Profile:
     mla_align: bool = False
     v0_chunk_tokens: int = 2048
     lora_in_budget: bool = True
+    printed_activation: str = "torch-peak"
 
 
 # What the memory profiler charges besides the weights and the torch allocator's peak, by release (read in
@@ -113,6 +118,7 @@ _V1_14 = dict(_V1_12, mm_profile="embeds", rounding="ceil", moe="v014")
 _V1_17 = dict(_V1_14, sampler="triton", sampler_copies=0)
 _V1_20 = dict(_V1_17, moe_chunk=0, cudagraph="subtracted", gpu_util=0.92)
 _V1_21 = dict(_V1_20, kv_tokens_rule="concurrency", sampler="flashinfer")
+_V1_27 = dict(_V1_21, concurrent_batches=2, measure="consumed", printed_activation="transient+graphs")
 PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.6", (0, 6, 0), "V0 engine: the drop in free memory since start-up is charged", _V0),
     _p("0.6.4", (0, 6, 4), "V0 charges all non-torch memory (the CUDA context included); chunked prefill 2048",
@@ -155,17 +161,16 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
     # scheduling on one pipeline stage).
     _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches", _V1_21, concurrent_batches=2),
-    _p("0.27", (0, 27, 0), "the profiler charges the whole drop in free memory (total_consumed)", _V1_21,
-       concurrent_batches=2, measure="consumed"),
-    _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)", _V1_21, concurrent_batches=2,
-       measure="consumed", batch_rule="v1-160"),
+    # 0.27: buffers still allocated after the profile run (the kept fused-MoE workspaces) are consumed memory; the
+    # printed peak activation is the transient peak above them plus the CUDA-graph estimate
+    _p("0.27", (0, 27, 0), "the profiler charges the whole drop in free memory (total_consumed)", _V1_27),
+    _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)", _V1_27, batch_rule="v1-160"),
     _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
-       _V1_21, concurrent_batches=2, measure="consumed", batch_rule="v1-160", refusal="null_block"),
+       _V1_27, batch_rule="v1-160", refusal="null_block"),
     # 0.30: _get_and_verify_max_len no longer scales max_position_embeddings by a YaRN factor (yarn,
     # deepseek_yarn, deepseek_llama_scaling join su/longrope/llama3; vllm#56446, read in 0.29.0 and 0.30.0)
     _p("0.30", (0, 30, 0), "the model's maximum length ignores YaRN's factor (max_position_embeddings as it is)",
-       _V1_21, concurrent_batches=2, measure="consumed", batch_rule="v1-160", refusal="null_block",
-       max_len_rule="yarn-unscaled"),
+       _V1_27, batch_rule="v1-160", refusal="null_block", max_len_rule="yarn-unscaled"),
 )}
 VERSIONS = tuple(PROFILES)
 DEFAULT_VERSION = VERSIONS[-1]

@@ -66,16 +66,22 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
                             ", ".join(filter(None, (how, f"x {b.gpu_util:g}" if b else
                                                     f"x {log.gpu_memory_utilization:g}" if log.gpu_memory_utilization
                                                     else "")))))
+    folded = log.activation_holds_graphs and b is not None  # 0.27+: kvplan's graphs shown in its activation row
     for name in acc.terms:
         term = getattr(b, name) if b is not None else None
+        mine = term and term.bytes
+        if folded and name in ("activation", "cudagraph"):
+            mine = b.activation.bytes + b.cudagraph.bytes if name == "activation" else 0
         note = {"weights": (("Load weight end: mem usage" if log.weights_gib is not None else
                              "avail mem before - after loading the weights") if sglang else
                             "vLLM's figure includes the rotary cache, which kvplan counts in overhead"),
                 "overhead": ("consumed (weights + non-torch) - weights" if log.consumed_gib is not None
                              and log.non_torch_gib is None and log.weights_gib is not None
                              else "non-torch memory (+ kvplan's rotary cache)"),
+                "activation": ("the transient torch peak + the CUDA-graph estimate (kvplan's: both)" if folded
+                               else ""),
                 "cudagraph": _cudagraph(log)[1]}.get(name, "")
-        rows.append(TermRow(name, logged[name], own(term and term.bytes), note))
+        rows.append(TermRow(name, logged[name], own(mine), note))
     kv = logged_kv_bytes(log)
     implied = implied_kv_bytes(log, plan)
     if requested is not None and kv is not None:

@@ -8,6 +8,7 @@ import math
 import re
 from typing import Any
 
+from kvplan.engines import release_tuple
 from kvplan.errors import KvplanError
 from kvplan.explain.account import ExplainError, account
 from kvplan.explain.printed import printed_interval
@@ -20,6 +21,9 @@ _VALUE_FIELDS = {"tp": "tp", "pp": "pp", "max_num_seqs": "max_num_seqs", "max_nu
                  "block_size": "block_size", "usage_context": "usage_context", "enforce_eager": "enforce_eager"}
 # A log's total memory and a named GPU's differ by more than this: the two are not the same card.
 GPU_MISMATCH_BYTES = round(0.5 * GiB)
+# from 0.12 the profiled sampler no longer depends on whether FlashInfer is installed (and the 0.13+ wheels depend on
+# flashinfer-python; 0.8 - 0.9 do not list it, 0.10 - 0.11 as an extra only: their METADATA)
+WHEEL_FLASHINFER_FROM = (0, 12, 0)
 
 
 def _dtype(text: str | None) -> str | None:
@@ -199,6 +203,11 @@ def _memory_values(log: StartupLog, values: dict[str, Any], notes: list[str]) ->
         values["prefix_caching"] = log.prefix_caching
     if log.flashinfer_sampler is not None:
         values["flashinfer"] = log.flashinfer_sampler
+    elif log.wheel_install and release_tuple(values.get("engine_version") or "0.11", "vllm") < WHEEL_FLASHINFER_FROM:
+        values["flashinfer"] = False
+        notes.append("vLLM runs from a site-packages directory (a virtualenv or conda env: a pip / uv install of the "
+                     "wheel), and the 0.8 - 0.11 wheels install no FlashInfer (0.10 - 0.11 list it as an extra): "
+                     "kvplan plans the native sampler path (pass --flashinfer if it was installed)")
     if log.max_model_len:
         values["max_model_len"] = values["context"] = log.max_model_len
     if log.gpu_memory_utilization is not None:  # SGLang's mem_fraction_static is its utilisation
@@ -294,6 +303,8 @@ def _cudagraph(log: StartupLog) -> tuple[int | None, str]:
                                                                          "subtracted", captured)))
         return 0, ", ".join(filter(None, (f"estimate {log.cudagraph_estimate_gib} GiB logged, not subtracted in this "
                                           "release", captured)))
+    if log.activation_holds_graphs:  # 0.27+: the estimate is subtracted inside the printed activation
+        return 0, ", ".join(filter(None, ("the estimate is in the printed peak activation (0.27+)", captured)))
     if actual is not None:  # no estimate line: nothing was subtracted (every release that subtracts logs it)
         return 0, f"{captured}: not subtracted in this release"
     return None, ""

@@ -124,6 +124,13 @@ LINES: tuple[Line, ...] = (
     _l(r"(?:FlashInfer is not available|FlashInfer is available, but it is not enabled|is disabled because "
        r"FlashInfer>=v0\.2\.3 is not|FlashInfer version >= 0\.2\.3 required)", "flashinfer_sampler", "false",
        engine=VLLM),
+    # where vLLM runs from (a path in a warning or a traceback): a virtualenv's or conda env's site-packages is a pip /
+    # uv install of the wheel (the Docker images install into /usr/local/lib/python3.x/dist-packages)
+    _l(r"/site-packages/vllm/", "wheel_install", "true", engine=VLLM),
+    # a shell prompt with an activated Python environment ("(vllm) user@host:~/dir$ vllm serve", Vast.ai's /venv/main
+    # "(main) root@C.123:/workspace$"): vLLM runs from that virtualenv or conda env, a pip / uv install
+    _l(r"^\([\w.-]+\)(?: \([\w.-]+\))? [^\s@]+@[^\s:]+:\S*[$#] *(?:vllm|python[0-9.]* -m vllm)\b", "wheel_install",
+       "true", engine=VLLM),
     # --- the GPU's memory ----------------------------------------------------------------------------------
     _l(r"total_gpu_memory[ =(]+\s*" + GIB, "total_memory_gib", "gib", engine=VLLM),  # V0 0.6.4 - 0.10
     _l(r"Free memory on device(?: [\w:]+)? \(" + NUMBER + r"\s*/\s*" + NUMBER + r"\s*GiB\)",

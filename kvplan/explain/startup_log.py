@@ -51,6 +51,7 @@ class StartupLog:
     mm_modality: str | None = None
     prefix_caching: bool | None = None  # enable_prefix_caching as the config line or the non-default args print it
     flashinfer_sampler: bool | None = None  # vLLM's sampler said it uses FlashInfer (True) or falls back (False)
+    wheel_install: bool | None = None  # vLLM runs from a site-packages directory: a pip / uv install of the wheel
     enforce_eager: bool | None = None
     usage_context: str | None = None  # serve | llm
     kv_cache_memory_bytes: int | None = None  # an explicit KV budget the deployment set (kv_cache_memory_bytes)
@@ -161,6 +162,13 @@ class StartupLog:
             return self.platform == "cpu"
         return (self.device_kind == "CPU" or self.cpu_kv_space_gib is not None
                 or (self.block_device or "").lower() == "cpu")
+
+    @property
+    def activation_holds_graphs(self) -> bool:
+        """Whether the printed peak activation includes the CUDA-graph estimate the budget subtracts: vLLM 0.27+
+        (the form that prints "consumed memory (weights + non-torch)"), whose ``peak_activation_memory`` is the
+        transient torch peak plus that estimate, and whose "CUDAGraph memory" is the graphs captured later."""
+        return self.consumed_gib is not None and self.activation_gib is not None
 
     @property
     def prints_terms(self) -> bool:

@@ -40,12 +40,15 @@ class _Pool:
     ssm_note: str = ""  # why the state layers' SSM dtype is not the config's (the engine's rule), "" when it is
 
 
-def features_of(options: Options) -> Features:
-    """The serving features the options turn on (LoRA slots, speculative decoding, expert parallelism)."""
+def features_of(options: Options, spec: ModelSpec | None = None, weights_dtype: DType | None = None) -> Features:
+    """The serving features the options turn on (LoRA slots, speculative decoding, expert parallelism) and whether
+    the weights run in fp8 (an fp8 checkpoint, ``--weights-dtype fp8`` or ``--quantization fp8``)."""
     loras = options.max_loras or (1 if options.enable_lora or options.max_lora_rank else 0)
+    fp8 = (weights_dtype is not None and weights_dtype.name.startswith("fp8")) or (
+        spec is not None and spec.quant_method == "fp8" and weights_dtype is None)
     return Features(max_loras=loras, max_lora_rank=options.max_lora_rank or 16, speculative=options.speculative,
                     speculative_tokens=options.num_speculative_tokens or (1 if options.speculative else 0),
-                    expert_parallel=options.expert_parallel, flashinfer=options.flashinfer)
+                    expert_parallel=options.expert_parallel, flashinfer=options.flashinfer, fp8_weights=fp8)
 
 
 def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo, spec: ModelSpec) -> EngineDefaults:
@@ -205,8 +208,8 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                              kv_dtype=options.kv_dtype, user_block_size=options.block_size)
     if options.swa_full_tokens_ratio is not None or options.disable_hybrid_swa_memory:
         engine = _hybrid_swa_options(engine, options)
-    features = features_of(options)
     model_dtype, kv_dtype, weights_dtype, quantized_how = _dtypes(spec, options, rules, engine, gpu)
+    features = features_of(options, spec, weights_dtype)
     _check_tp(spec, options, rules)
     layers, ssm_note = _with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, engine, spec,
                                        options, gpu)

@@ -75,6 +75,59 @@ def test_the_info_free_memory_line_gives_the_total_and_all_four_measured_terms()
     assert abs(log.available_kv_gib * GiB - 10_299_473_510) < 1  # "in use is N bytes" when no other KV line
 
 
+WHEEL_PATH = ("WARNING 10-06 15:57:52 [fused_moe.py:798] Using default MoE config. Config file not found at "
+              "['/home/u/vllm/.venv/lib/python3.12/site-packages/vllm/model_executor/layers/fused_moe/configs/x.json']\n")
+
+
+def test_a_wheel_install_plans_the_native_sampler_of_0_8_to_0_11():
+    from kvplan.explain.facts import log_values
+
+    # a site-packages path is a pip / uv install of the wheel: 0.9.1 - 0.11's wheels install no FlashInfer
+    head = "INFO 10-06 15:57:00 [api_server.py:1] vLLM API server version {}\n"
+    wheel = parse_log(head.format("0.11.0") + WHEEL_PATH + "INFO [gpu_worker.py:298] Available KV cache memory: 2.31 GiB\n")
+    assert wheel.wheel_install
+    values, notes = log_values(wheel)
+    assert values["flashinfer"] is False and any("site-packages" in n for n in notes)
+    # the sampler's own line wins; a Docker image's dist-packages path says nothing; 0.12+ do not depend on it
+    said = parse_log(head.format("0.11.0") + WHEEL_PATH + "INFO [topk_topp_sampler.py:49] Using FlashInfer for top-p & "
+                     "top-k sampling.\nINFO [gpu_worker.py:298] Available KV cache memory: 2.31 GiB\n")
+    assert log_values(said)[0]["flashinfer"] is True
+    image = parse_log(head.format("0.11.0") + WHEEL_PATH.replace("/home/u/vllm/.venv/lib/python3.12/site-packages",
+                                                                  "/usr/local/lib/python3.12/dist-packages")
+                      + "INFO [gpu_worker.py:298] Available KV cache memory: 2.31 GiB\n")
+    assert not image.wheel_install and "flashinfer" not in log_values(image)[0]
+    newer = parse_log(head.format("0.19.0") + WHEEL_PATH + "INFO [gpu_worker.py:298] Available KV cache memory: 2.31 GiB\n")
+    assert "flashinfer" not in log_values(newer)[0]
+    # a shell prompt with an activated environment before the command: the same (Vast.ai's /venv/main, a .venv)
+    for prompt in ("(main) root@C.26183956:/workspace$ vllm serve Qwen/Qwen3-30B-A3B\n",
+                   "(workspace) (main) root@C.1:/workspace$ vllm --version\n",
+                   "(vllm) zp@server105:~/work/vllm$ python3 -m vllm.entrypoints.openai.api_server\n"):
+        assert parse_log(prompt + head.format("0.10.2")).wheel_install, prompt
+    for other in ("root@735f5acae43a:/vllm-workspace# vllm serve x\n", "(main) it is $ vllm serve x\n"):
+        assert not parse_log(other + head.format("0.10.2")).wheel_install, other
+    # the corpus' Qwen3-VL-30B-A3B start on 4 x RTX 3090 (vLLM 0.11.0 from a .venv): within 2% of its KV that way
+    ex = explain(corpus_log("vllm", "vllm-file42514581982-4x3090-qwen3-vl-30b-a3b-tp4"),
+                 {"model": "Qwen/Qwen3-VL-30B-A3B-Instruct", "gpu": "RTX-3090-24GB"})
+    assert ex.plan.options.flashinfer is False
+    assert abs(ex.plan.answer.num_blocks - 6297) / 6297 < 0.02
+
+
+def test_from_0_27_the_printed_activation_is_compared_with_kvplans_activation_and_graphs():
+    # 0.27+ print peak_activation_memory = the transient torch peak + the CUDA-graph estimate they subtract; the
+    # "CUDAGraph memory" beside it is the graphs captured after the KV cache (vllm-f57923772900, 4 x RTX PRO 6000)
+    log = parse_log(corpus_log("vllm", "vllm-f57923772900-rtxpro6000-qwen3-235b-fp8-tp4"))
+    assert log.activation_holds_graphs and (log.activation_gib, log.cudagraph_actual_gib) == (0.76, 0.32)
+    ex = explain(corpus_log("vllm", "vllm-f57923772900-rtxpro6000-qwen3-235b-fp8-tp4"),
+                 {"model": "Qwen/Qwen3-235B-A22B", "weights_dtype": "fp8", "gpu": "RTX-PRO-6000-Blackwell-96GB",
+                  "engine_version": "0.27.0"})
+    rows = {row.name: row for row in ex.terms}
+    b = ex.plan.budget
+    assert b.cudagraph.bytes > 0 and rows["activation"].kvplan_bytes == b.activation.bytes + b.cudagraph.bytes
+    assert rows["cudagraph"].logged_bytes == rows["cudagraph"].kvplan_bytes == 0
+    assert "in the printed peak activation" in rows["cudagraph"].note
+    assert not parse_log(ACTUAL_USAGE).activation_holds_graphs  # 0.10.2's line prints its terms apart
+
+
 def test_v0_and_sglang_memory_lines():
     v0 = parse_log(corpus_log("vllm", "vllm-12330-a100-40-llama3-8b"))  # V0 0.6.5: "the current vLLM instance can use"
     assert (v0.total_memory_gib, v0.gpu_memory_utilization, v0.requested_memory_gib) == (39.5, 0.9, 35.55)

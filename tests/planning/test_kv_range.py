@@ -7,6 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -69,6 +70,23 @@ def _agreement():
     sys.modules["corpus_agreement"] = ca
     module.loader.exec_module(ca)
     return ca
+
+
+def test_the_printed_terms_of_a_0_27_log_subtract_its_graphs_once():
+    """vLLM 0.27+ print the peak activation with the CUDA-graph estimate in it and, beside it, the graphs captured
+    after the KV cache: the terms the spread is measured on take the estimate out of the activation once (the
+    log's own "(estimated)" figure where it prints one, else kvplan's, which then counts as not printed)."""
+    ca = _agreement()
+    meta = {"engine": "vllm", "reported": {"weights_gib": 55.19, "activation_gib": 0.76, "non_torch_gib": 1.70,
+                                            "cudagraph_gib": 0.32}}
+    assert ca._activation_holds_graphs("vllm", "0.27") and not ca._activation_holds_graphs("vllm", "0.26")
+    apart = ca.logged_terms(meta, 4)  # 0.20 - 0.26: the terms as printed
+    assert apart["activation_gib"] == "0.76GiB" and apart["cudagraph_gib"] == "0.32GiB"
+    folded = ca.logged_terms(meta, 4, True, 0.44)  # kvplan's estimate 0.44 GiB: out of the activation
+    assert float(folded["activation_gib"].removesuffix("GiB")) == pytest.approx(0.32) and "cudagraph_gib" not in folded
+    printed = {**meta, "reported": {**meta["reported"], "cudagraph_estimate_gib": 0.5}}
+    both = ca.logged_terms(printed, 4, True, 0.44)  # the log's own estimate wins and is a printed term
+    assert float(both["activation_gib"].removesuffix("GiB")) == pytest.approx(0.26) and both["cudagraph_gib"] == "0.5GiB"
 
 
 def test_one_log_does_not_set_an_activation_classs_spread():
