@@ -17,7 +17,7 @@ the projections: its typer type in cli_options.py and its YAML type in scenario.
 
 This module imports neither typer nor pydantic: plan.py and the Python API use it without them.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any, Callable
 from kvplan.errors import InputError
 from kvplan.limits import (MAX_BARE_GIB, MAX_COUNT, MAX_DEVICE_BYTES, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
                            MAX_SIZE_BYTES, MAX_TOKENS)
+from kvplan.frozen import frozen
 
 ENGINE_NAMES = ("vllm", "sglang")  # the --engine choices; kvplan.engines.registry maps each to its module
 USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for the LLM class
@@ -141,7 +142,7 @@ def _is_calibration(value: Any) -> bool:
     return isinstance(value, Calibration)
 
 
-@dataclass(frozen=True)
+@frozen
 class Kind:
     """One kind of option value.
 
@@ -192,7 +193,7 @@ KINDS: dict[str, Kind] = {
 # the table
 
 
-@dataclass(frozen=True)
+@frozen
 class Opt:
     """One estimate option.
 

@@ -5,7 +5,6 @@ per release, tp and board (bytes per GPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvplan.engines import (
     Device,
@@ -16,6 +15,7 @@ from kvplan.engines.vllm_profile import rope_cache_bytes
 from kvplan.engines.vllm_releases import DEFAULT_VERSION, Profile, profile
 from kvplan.model.spec import ModelSpec
 from kvplan.units import GiB, MiB, plural
+from kvplan.frozen import frozen
 
 # The CUDA context, which the "absolute" releases charge: 0.6.4 logs 0.15 - 0.47 GiB of non-torch memory in all
 # at tp 1 (calibration part: vllm-10517, three GTX 1080 runs), so with the tp-1 increase above kvplan adds 0.15.
@@ -82,7 +82,7 @@ CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE = 300 * 1024  # per extra captured size and d
 MAX_CUDAGRAPH_CAPTURE_SIZE = 512
 
 
-@dataclass(frozen=True)
+@frozen
 class NonTorch:
     """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), as named parts."""
 

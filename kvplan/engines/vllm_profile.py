@@ -47,11 +47,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 from kvplan.model.modelspec import ModelSpec, VisionEncoder
 from kvplan.units import plural
+from kvplan.frozen import frozen
 
 ITEMS_FLOORED_FROM = (0, 10, 0)  # the first release whose encoder budget floors the items (MultiModalBudget)
 MM_LIMIT_PER_PROMPT = 999  # vLLM's default --limit-mm-per-prompt for a modality it is not told about
@@ -60,7 +60,7 @@ QWEN3_VL_FORMATTED_TOKENS = 12.5  # qwen3_vl.py 0.11 - 0.12 get_max_video_tokens
 SCATTERED_RULES = ("scattered", "scattered-item")
 
 
-@dataclass(frozen=True)
+@frozen
 class ImageProfile:
     """vLLM's dummy multimodal batch in the profile run, per GPU (bytes).
 
@@ -92,7 +92,7 @@ class ImageProfile:
                 f"kept through the text profile, encoder peak {self.encoder_peak_bytes / 2**30:.2f} GiB")
 
 
-@dataclass(frozen=True)
+@frozen
 class _Item:
     """One dummy item: ``tokens`` as the encoder budget counts them, ``embeds`` output tokens, ``patches`` encoder
     patches, ``pixels`` elements on the GPU, ``frames`` frames (1 for an image)."""
