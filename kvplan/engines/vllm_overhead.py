@@ -11,7 +11,6 @@ from kvplan.engines import (
     Term,
     forward_bytes,
 )
-from kvplan.engines.vllm_profile import rope_cache_bytes
 from kvplan.engines.vllm_releases import DEFAULT_VERSION, Profile, profile
 from kvplan.model.spec import ModelSpec
 from kvplan.units import GiB, MiB, plural
@@ -110,6 +109,21 @@ class NonTorch:
                  ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
                  ("all-reduce fusion workspace", self.fusion))
         return tuple((name, size) for name, size in named if size)
+
+
+def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
+    """The rotary cos/sin tables vLLM allocates while loading (kvplan: in "overhead"), replicated on every rank:
+    ``get_rope`` builds each distinct cos/sin table once while the model loads (``RotaryEmbedding.__init__``:
+    ``cache.to(dtype)``, a non-persistent buffer), so vLLM's "Model loading took" includes them; kvplan keeps the
+    weights term at the checkpoint's bytes and counts the tables in overhead.
+
+    ``sum(positions x rotary_dim) x dtype bytes`` over the spec's distinct tables (:mod:`kvplan.model.rope_vision`):
+    Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are 14.9888 GiB against a 14.9577 GiB
+    checkpoint; Llama-3-8B at 8,192 positions: 2 MiB, 14.9595 GiB); Gemma-3-27B a local table of 131,072 rows
+    and a global one of 131,072 x 8 (linear scaling) = 288 MiB. MLA models rotate only ``qk_rope_head_dim``
+    and are not counted (a few MiB).
+    """
+    return sum(t.positions * t.rotary_dim for t in spec.rotary_caches) * act_bytes
 
 
 def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
