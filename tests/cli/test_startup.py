@@ -70,8 +70,9 @@ def _modules_of_the_entry_point(*args: str, env: dict[str, str] | None = None) -
     return set(r.stdout.split()) - set(base.stdout.split())
 
 
-# what `kvplan estimate` on a bundled model never uses: other stages, other commands, writers, the Hub, the
-# command-line framework (a plain line is read without typer), and the standard library's writers
+# what `kvplan estimate` on a bundled text model never uses: other stages, other commands, writers, the Hub, the
+# command-line framework (a plain line is read without typer), the multimodal profile, and the standard library's
+# writers
 NOT_USED_BY_ESTIMATE = {
     "torch", "matplotlib", "numpy", "huggingface_hub", "httpx", "requests", "yaml", "pydantic", "prometheus_client",
     "packaging", "typer", "click", "kvplan.sim", "kvplan.explain", "kvplan.observe", "kvplan.paged",
@@ -80,7 +81,7 @@ NOT_USED_BY_ESTIMATE = {
     "kvplan.render.report", "kvplan.render.report_cells", "kvplan.render.report_plots", "kvplan.render.check",
     "kvplan.render.compare", "kvplan.render.simulate", "kvplan.render.validate", "kvplan.render.explain",
     "kvplan.render.observe", "kvplan.render.fit", "kvplan.render.catalogue", "kvplan.render.progress",
-    "kvplan.planning.auto_length", "secrets", "tempfile", "subprocess", "shutil", "csv", "html", "xml",
+    "kvplan.planning.auto_length", "kvplan.engines.vllm_profile", "secrets", "tempfile", "subprocess", "shutil", "csv", "html", "xml",
     "http", "urllib.request", "email", "socket", "ssl", "asyncio", "concurrent", "multiprocessing", "difflib",
 }
 
@@ -92,8 +93,8 @@ def _used(modules: set[str], forbidden: set[str]) -> set[str]:
 def test_estimate_imports_only_what_it_uses():
     json_run = _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--json")
     assert "kvplan.planning.plan" in json_run  # the run did plan (a failed run would import little)
-    assert _used(json_run, NOT_USED_BY_ESTIMATE | {"rich", "kvplan.render.estimate", "kvplan.planning.suggest"}) \
-        == set()
+    assert _used(json_run, NOT_USED_BY_ESTIMATE | {"rich", "kvplan.render.estimate", "kvplan.render.styled",
+                                                   "kvplan.planning.suggest"}) == set()
     plain = {"FORCE_COLOR": "", "TTY_COMPATIBLE": "0"}  # rich would write no colour: the table is drawn without it
     table = _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100", env=plain)
     assert "kvplan.render.styled" in table and "kvplan.render.estimate" in table
