@@ -404,7 +404,7 @@ def _column_widths(grid: Grid, width: int) -> list[int]:
 
 def _grid_lines(grid: Grid, width: int) -> list[str]:
     """A grid's rows, each cell laid out in its column and the row as tall as its tallest cell."""
-    if not grid.columns:
+    if not grid.columns or not grid.rows:
         raise Unsupported("an empty grid")
     widths = _column_widths(grid, width)
     last = len(grid.columns) - 1
