@@ -69,6 +69,33 @@ its own ``exec``: ``Options`` ~4 ms, ``Launch`` ~2.5, ``ModelSpec``, ``Answer``,
 each), kvplan's ~750 KB of bytecode unmarshalled ~5 ms; planning itself is ~5 ms and ``to_dict`` + ``json.dumps``
 ~0.4 ms. Built but unused on this path: ``VisionEncoder``, ``TextConfig``, ``PrefixSharing``, ``LayerGroup``,
 ``Spread``, ``ImageProfile``, ``_Item`` (~5 ms together).
+
+Third pass (2026-12-02, the shared 2-core machine at load 4.8-6.8 from other work; before = 108e321, after = this
+branch, run in turns, 30 pairs per line, both sides in their venvs as above):
+
+    paired ratio kvplan/kvfit     before (3 runs)    after (3 runs)
+    estimate --json               0.81 - 0.85        0.71 - 0.76
+    estimate table                1.11 - 1.18        0.72 - 0.75
+
+- The table is drawn without rich where rich would print no colour (``kvplan.render.styled``: output that is not a
+  terminal, no ``FORCE_COLOR`` / ``TTY_COMPATIBLE``, UTF-8, 40 columns or more; the benchmark's runs, as kvfit's,
+  write to a pipe): the renderer builds small text / panel / grid objects that are rich renderables through
+  ``__rich__`` and that ``styled.draw`` lays out by rich's rules (word wrap and folding, the grid's column widths,
+  the panel's title). Building and drawing the panels ~0.6 ms, against rich's import (~25-70 ms with this load)
+  and its print (~8 ms warm). Byte-identical to before on 233 command lines (every bundled model, tp, fp8,
+  SGLang, lists of values, errors, --brief) at 45, 60, 80, 200 columns, in colour (``FORCE_COLOR`` with 16, 256
+  and 24-bit colour, ``NO_COLOR``) and under a pty; tests/render/test_styled.py holds it to rich's own output.
+  In a colour terminal rich still prints it (its ~35 ms remain there).
+- ``@frozen`` (kvplan/frozen.py) for every frozen dataclass (``Options`` too, which make_dataclass built): the
+  ``__repr__``, ``__eq__`` and ``__hash__`` that dataclasses compiled per class (129 ``exec`` calls) are
+  closures over the fields that return the same values; ~8% of a ``--json`` run.
+- The bundled index lists ``model_specs`` with ``os.scandir`` (pathlib's glob was ~3%), and the multimodal
+  profile (``vllm_profile``: ``ImageProfile``, ``_Item``) is imported only for a model with a vision encoder.
+
+Left: building the remaining dataclasses (their ``__init__`` and the frozen ``__setattr__`` / ``__delattr__``,
+~20 ms at this load, about half of it ``__init__``); five classes built but not used on a text model's path
+(``LayerGroup``, ``VisionEncoder``, ``TextConfig``, ``PrefixSharing``, ``Spread``, ~0.3 ms each now) stay with
+the types they belong to (a field or return type of ``ModelSpec``, ``ModelType``, ``Plan`` and ``spread``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ inside (the docs promise :class:`~kvplan.errors.KvplanError` subclasses for all 
 Only types are checked here; values (``context="lots"``, an unknown GPU) are checked by the same parsers
 the CLI and the YAML files use. Imports nothing heavy (``import kvplan`` stays cheap).
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.options
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io, kvplan.options
 """
 
 from __future__ import annotations

@@ -10,18 +10,19 @@ Names are forgiving: ``find_gpu("h100")``, ``find_gpu("H100-80GB")``, ``find_gpu
 For anything not in the catalogue, :func:`custom_gpu` builds an entry from a memory size. An engine log prints
 the device's total, not its name: :func:`gpus_by_memory` finds the cards that report that total.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kvplan.errors import ConfigError, GpuNotFoundError, InputError
+from kvplan.frozen import frozen
 
 DATA_FILE = Path(__file__).parent / "data" / "gpus.yaml"
 
@@ -43,7 +44,7 @@ _CAPABILITY = re.compile(r"^(\d+)\.(\d+)$")
 BF16_MIN_CAPABILITY = (8, 0)
 
 
-@dataclass(frozen=True)
+@frozen
 class Gpu:
     """One accelerator (or the ``cpu`` target) as kvplan plans for it.
 

@@ -17,18 +17,19 @@ the projections: its typer type in cli_options.py and its YAML type in scenario.
 
 This module imports neither typer nor pydantic: plan.py and the Python API use it without them.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import field, fields
 from typing import Any, Callable
 
 from kvplan.errors import InputError
 from kvplan.limits import (MAX_BARE_GIB, MAX_COUNT, MAX_DEVICE_BYTES, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
                            MAX_SIZE_BYTES, MAX_TOKENS)
+from kvplan.frozen import frozen
 
 ENGINE_NAMES = ("vllm", "sglang")  # the --engine choices; kvplan.engines.registry maps each to its module
 USAGE_CONTEXTS = ("serve", "llm")  # vLLM's defaults for `vllm serve` and for the LLM class
@@ -141,7 +142,7 @@ def _is_calibration(value: Any) -> bool:
     return isinstance(value, Calibration)
 
 
-@dataclass(frozen=True)
+@frozen
 class Kind:
     """One kind of option value.
 
@@ -192,7 +193,7 @@ KINDS: dict[str, Kind] = {
 # the table
 
 
-@dataclass(frozen=True)
+@frozen
 class Opt:
     """One estimate option.
 
@@ -523,12 +524,14 @@ def _options_class() -> type:
              ("split_given", "str", field(default="")),  # --gpus N with --tp or --pp ("tp", "pp"): the other took the rest
              ("context_from_default", "bool", field(default=False))]  # neither --context nor --max-model-len given:
     # the context is DEFAULT_CONTEXT, or the model's maximum where that is shorter (kvplan.planning.plan)
-    return make_dataclass("Options", required + optional + extra, frozen=True, namespace={
+    specs = required + optional + extra  # what make_dataclass takes: (name, type) or (name, type, field)
+    return frozen(type("Options", (), {
         "__module__": __name__, "__post_init__": _validate,
         "__doc__": "Every estimate option, in base units (tokens, bytes); ``None`` means \"the default\".\n\n"
                    "One field per :data:`kvplan.options.OPTIONS` entry (plus ``auto_max_model_len``). The CLI, the "
                    "Python API and the YAML scenario files all build one of these.",
-    })
+        "__annotations__": {spec[0]: spec[1] for spec in specs}, **{spec[0]: spec[2] for spec in specs if len(spec) > 2},
+    }))  # make_dataclass's class, made by @frozen
 
 
 Options = _options_class()

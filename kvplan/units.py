@@ -3,16 +3,16 @@
 Bytes are ``int`` everywhere inside kvplan. GiB (2**30) and GB (10**9) exist only at the edges:
 parsing what a user typed and rendering what a user reads, always labelled.
 
-May import: kvplan.errors
+May import: kvplan.errors, kvplan.frozen
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 from kvplan.errors import InputError
+from kvplan.frozen import frozen
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -211,7 +211,7 @@ def fmt_tokens(n: int) -> str:
 # dtypes
 
 
-@dataclass(frozen=True)
+@frozen
 class DType:
     """A storage dtype for weights or the KV cache.
 

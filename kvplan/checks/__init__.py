@@ -6,6 +6,6 @@
 - :mod:`kvplan.checks.report`: ``kvplan report`` (a sweep expanded into rows; a row and its pool:
   :mod:`kvplan.checks.rows`).
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model,
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model,
 kvplan.memory, kvplan.engines, kvplan.planning
 """

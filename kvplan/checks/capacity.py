@@ -21,7 +21,7 @@ With ``prefix_tokens`` and prefix caching on, requests, context, headroom and fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 from kvplan import memory
@@ -35,9 +35,10 @@ from kvplan.planning.suggest import (
 from kvplan.io.yamldoc import Where
 from kvplan.model.spec import ModelSpec, Overrides
 from kvplan.units import plural
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Outcome:
     """One requirement of one check: what was required, what the plan gives, and the verdict.
 
@@ -62,7 +63,7 @@ class Outcome:
         return self.passed and self.low_end_passed is False
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckResult:
     """The plan of one check and its outcomes."""
 
@@ -79,7 +80,7 @@ class CheckResult:
         return all(o.passed for o in self.outcomes)
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckReport:
     """Every check of a capacity file, in file order."""
 

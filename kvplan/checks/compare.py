@@ -10,19 +10,19 @@ hide the others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
 from kvplan.errors import InputError, KvplanError
 from kvplan.options import OPTIONS
 from kvplan.planning.plan import Plan, estimate, options_from_values
+from kvplan.frozen import frozen
 
 COMPARED = tuple(o.name for o in OPTIONS if o.compare)  # the options a list of values compares (the table's)
 MAX_ROWS = 64
 
 
-@dataclass(frozen=True)
+@frozen
 class Row:
     """One combination: the listed options' values as typed, and its plan or why there is none."""
 
@@ -31,7 +31,7 @@ class Row:
     error: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Comparison:
     """The rows of a comparison, in the order of the values given (the first axis outermost)."""
 

@@ -23,7 +23,7 @@ pool and its columns: :mod:`kvplan.checks.rows`.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import field
 from itertools import product
 from typing import Any, Callable, Iterator, Mapping
 
@@ -36,6 +36,7 @@ from kvplan.checks.scenario import WhatIfFile, model_error
 from kvplan.io.yamldoc import ScenarioFileError, Where
 from kvplan.model.spec import ModelSpec, Overrides
 from kvplan.units import plural
+from kvplan.frozen import frozen
 
 SCHEMA_VERSION = 1
 MAX_ROWS = 1_000_000
@@ -100,7 +101,7 @@ class RowDigest:
         return list(self.head[:head_n]) + [None] + last
 
 
-@dataclass(frozen=True)
+@frozen
 class Report:
     """A what-if report: rows in sweep order (pool options outermost, then max_model_len, context, batch).
 

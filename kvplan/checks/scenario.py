@@ -11,7 +11,7 @@ Only the ``check``, ``report`` and ``schema`` commands import this module (pydan
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -27,6 +27,7 @@ from kvplan.checks.fields import (
     TokensOrZero, expect_type, finish_values, option_fields,
     option_values, set_fields,
 )
+from kvplan.frozen import frozen
 
 
 def model_error(where: Where, prefix: str, name: str, exc: KvplanError) -> ScenarioFileError:
@@ -162,7 +163,7 @@ def json_schema(kind: str, model: type[BaseModel] | None = None) -> dict[str, An
 # the frozen results
 
 
-@dataclass(frozen=True)
+@frozen
 class Requirement:
     """What a check requires; ``None`` = not required."""
 
@@ -178,7 +179,7 @@ class Requirement:
                 if getattr(self, k) is not None]
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckScenario:
     """One capacity check: merged option values (``options_from_values`` keys) and its requirement.
 
@@ -200,7 +201,7 @@ class CheckScenario:
         return self.locations.get(key, self.where)
 
 
-@dataclass(frozen=True)
+@frozen
 class CapacityFile:
     """A validated capacity file."""
 
@@ -302,7 +303,7 @@ def _check_scenario(doc: YamlDoc, i: int, check: Any, defaults: dict[str, Any],
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class Axis:
     """One sweep group: option names that vary together and their values (one tuple per step)."""
 
@@ -311,7 +312,7 @@ class Axis:
     where: Where
 
 
-@dataclass(frozen=True)
+@frozen
 class ExplicitRow:
     """An explicit ``scenarios`` row: its label and merged values."""
 
@@ -320,7 +321,7 @@ class ExplicitRow:
     where: Where
 
 
-@dataclass(frozen=True)
+@frozen
 class SizeQuestion:
     """A ``size:`` entry: :func:`kvplan.planning.size.size_model`'s arguments (defaults filled in) and where it
     is."""
@@ -333,7 +334,7 @@ class SizeQuestion:
     where: Where
 
 
-@dataclass(frozen=True)
+@frozen
 class WhatIfFile:
     """A validated what-if file. ``outputs`` are resolved against the file's folder."""
 

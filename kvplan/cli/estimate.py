@@ -37,12 +37,10 @@ def estimate_command(model: str, json_out: bool = False, brief: bool = False, *,
 
         print_json(plan.to_dict())
         return
-    from kvplan.render import console
-    from kvplan.render.estimate import render_brief, render_plan
+    from kvplan.render.estimate import render_brief, render_plan, source_line
+    from kvplan.render.styled import show
 
-    out = console()
     if brief:
-        out.print(render_brief(plan))
+        show(render_brief(plan))
         return
-    out.print(f"[grey62]source: {plan.source}[/]")
-    out.print(render_plan(plan))
+    show(source_line(plan.source), render_plan(plan))

@@ -11,7 +11,7 @@ package asks which engine it is: it asks the engine. Any PEP 440 version string 
 ``0.15.2rc1.dev93+g11a4c9d30``) maps to the modelled release whose range covers it
 (:func:`resolve_release`). The derivations and their sources are in docs/engines.md.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory
 """
 
 from __future__ import annotations

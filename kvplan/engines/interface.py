@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from kvplan.engines.launch import Launch
@@ -11,9 +10,10 @@ from kvplan.engines.terms import Budget, Device, EngineDefaults, Features, Term
 from kvplan.memory import UNBOUNDED_TOKENS, Demand, PoolLayout
 from kvplan.model.spec import LayerCache, ModelSpec
 from kvplan.units import scaled
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class ModelLength:
     """The longest max_model_len an engine accepts for a model without its override (tokens; None: the config
     names no maximum), and how it follows from the config (``rule``: ``131,072 = original_max_position_embeddings

@@ -4,10 +4,10 @@ and the flags they become.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvplan.engines.terms import EngineDefaults
 from kvplan.errors import InputError
+from kvplan.frozen import frozen
 
 # vLLM's / SGLang's --quantization: methods that quantize a 16-bit checkpoint while it loads (what the
 # linear layers' weights become per element; embeddings and the LM head stay in the model dtype), and
@@ -32,7 +32,7 @@ def quantization_weights(method: str) -> tuple[str | None, str]:
                      "mxfp4, ... (or --weights-dtype fp8|int8|int4)")
 
 
-@dataclass(frozen=True)
+@frozen
 class Launch:
     """What an engine's start-up log and command line need from a plan (tokens, requests, bytes).
 

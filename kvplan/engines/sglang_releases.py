@@ -4,14 +4,14 @@ version resolved to one of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvplan.engines import release_ranges, release_tuple, resolve_release
+from kvplan.frozen import frozen
 
 ENGINE = "sglang"
 
 
-@dataclass(frozen=True)
+@frozen
 class Release:
     """What the SGLang releases from ``first`` up to the next one do when they size the pool.
 

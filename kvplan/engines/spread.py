@@ -31,13 +31,13 @@ The data lives in ``kvplan/data/kv_spread.yaml``; this module only reads it (onc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from kvplan.engines import release_tuple
 from kvplan.units import GiB
+from kvplan.frozen import frozen
 
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "kv_spread.yaml"
 MIN_LOGS = 8
@@ -96,7 +96,7 @@ def tp_bucket(tp: int) -> str:
     return "tp 1" if tp == 1 else "tp 2" if tp == 2 else "tp 4 - 8" if tp <= 8 else "tp 16+"
 
 
-@dataclass(frozen=True)
+@frozen
 class Spread:
     """How far the engine's KV budget per GPU may fall below (``over_bytes``) or rise above (``under_bytes``)
     kvplan's, and the class and number of logs it was measured on."""
@@ -192,7 +192,7 @@ def _neighbours(term: str, engine: str, cls: str) -> list[str]:
     return [c for c in WEIGHTS_CLASSES if c != cls]
 
 
-@dataclass(frozen=True)
+@frozen
 class TermSpread:
     """How far one budget term may rise above (``over_bytes``: the engine gives less KV) or fall below
     (``under_bytes``) kvplan's estimate, per GPU, and the class and logs it was measured on."""

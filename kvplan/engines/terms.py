@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Term:
     """One budget term in bytes and where it came from (``computed: ...`` or ``--weights-gib``)."""
 
@@ -25,7 +25,7 @@ def given(term: Term) -> bool:
     return term.source.startswith(GIVEN_SOURCES)
 
 
-@dataclass(frozen=True)
+@frozen
 class Budget:
     """Per-GPU memory budget (bytes).
 
@@ -68,7 +68,7 @@ class Budget:
         return (self.weights, self.activation, self.overhead, self.cudagraph)
 
 
-@dataclass(frozen=True)
+@frozen
 class EngineDefaults:
     """Engine settings that change capacity: utilisation, block size, batching limits.
 
@@ -123,7 +123,7 @@ class EngineDefaults:
         return f"{self.engine} {self.requested_version or self.release_range or self.version}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Device:
     """What an engine's budget needs to know about the GPU beyond its memory.
 
@@ -148,7 +148,7 @@ class Device:
             return None
 
 
-@dataclass(frozen=True)
+@frozen
 class Features:
     """Serving features that change the budget, as the engine's flags set them.
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, EngineDefaults, Features, Term,
                             forward_bytes, given, lora_stack_bytes, padded_vocab, release_tuple, routes_experts,
                             sampler_bytes, sampler_peak_bytes)
-from kvplan.engines.vllm_profile import ImageProfile, image_profile
 from kvplan.engines.vllm_weights import loaded_extra_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
     DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
@@ -83,6 +83,8 @@ from kvplan.engines.vllm_cpu import (
 
 BLOCK_SIZES: tuple[int, ...] | None = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices
 
+if TYPE_CHECKING:
+    from kvplan.engines.vllm_profile import ImageProfile
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's _DEFAULT_MAX_NUM_BATCHED_TOKENS
 BIG_GPU_BYTES = 70 * GiB  # get_batch_defaults: device memory >= 70 GiB and not an A100
@@ -388,7 +390,12 @@ def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes
 
 def image_profile_for(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int,
                       version: str = DEFAULT_VERSION, max_model_len: int | None = None) -> ImageProfile | None:
-    """The dummy image batch of ``version``'s profile run (:func:`kvplan.engines.vllm_profile.image_profile`)."""
+    """The dummy image batch of ``version``'s profile run (:func:`kvplan.engines.vllm_profile.image_profile`); None
+    for a model without a vision encoder (the multimodal profile's module is imported only for one with it)."""
+    if spec.vision is None:
+        return None
+    from kvplan.engines.vllm_profile import image_profile
+
     return image_profile(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, profile(version).mm_profile,
                          max_model_len, release_tuple(version, ENGINE))
 

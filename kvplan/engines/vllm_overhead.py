@@ -5,17 +5,16 @@ per release, tp and board (bytes per GPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvplan.engines import (
     Device,
     Term,
     forward_parts,
 )
-from kvplan.engines.vllm_profile import rope_cache_bytes
 from kvplan.engines.vllm_releases import DEFAULT_VERSION, Profile, profile
 from kvplan.model.spec import ModelSpec
 from kvplan.units import GiB, MiB, plural
+from kvplan.frozen import frozen
 
 # The CUDA context, which the "absolute" releases charge: 0.6.4 logs 0.15 - 0.47 GiB of non-torch memory in all
 # at tp 1 (calibration part: vllm-10517, three GTX 1080 runs), so with the tp-1 increase above kvplan adds 0.15.
@@ -107,7 +106,7 @@ CUDAGRAPH_BYTES_PER_LAYER_PER_SIZE = 300 * 1024  # per extra captured size and d
 MAX_CUDAGRAPH_CAPTURE_SIZE = 512
 
 
-@dataclass(frozen=True)
+@frozen
 class NonTorch:
     """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), as named parts."""
 
@@ -137,6 +136,21 @@ class NonTorch:
                  ("pp NCCL communicator", self.pipeline),
                  ("all-reduce fusion workspace", self.fusion))
         return tuple((name, size) for name, size in named if size)
+
+
+def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
+    """The rotary cos/sin tables vLLM allocates while loading (kvplan: in "overhead"), replicated on every rank:
+    ``get_rope`` builds each distinct cos/sin table once while the model loads (``RotaryEmbedding.__init__``:
+    ``cache.to(dtype)``, a non-persistent buffer), so vLLM's "Model loading took" includes them; kvplan keeps the
+    weights term at the checkpoint's bytes and counts the tables in overhead.
+
+    ``sum(positions x rotary_dim) x dtype bytes`` over the spec's distinct tables (:mod:`kvplan.model.rope_vision`):
+    Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are 14.9888 GiB against a 14.9577 GiB
+    checkpoint; Llama-3-8B at 8,192 positions: 2 MiB, 14.9595 GiB); Gemma-3-27B a local table of 131,072 rows
+    and a global one of 131,072 x 8 (linear scaling) = 288 MiB. MLA models rotate only ``qk_rope_head_dim``
+    and are not counted (a few MiB).
+    """
+    return sum(t.positions * t.rotary_dim for t in spec.rotary_caches) * act_bytes
 
 
 def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:

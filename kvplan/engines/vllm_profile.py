@@ -1,9 +1,7 @@
-"""What vLLM allocates around the decoder's profiled forward and sampler: rotary tables and the dummy multimodal batch.
+"""What vLLM allocates around the decoder's profiled forward and sampler for a multimodal model: the dummy
+multimodal batch (the rotary tables it allocates while loading: ``vllm_overhead.rope_cache_bytes``). Imported
+only for a model with a vision encoder (:func:`kvplan.engines.vllm.image_profile_for`).
 
-- **Rotary tables** (:func:`rope_cache_bytes`): ``get_rope`` builds each distinct cos/sin table once while the
-  model loads (``RotaryEmbedding.__init__``: ``cache.to(dtype)``, a non-persistent buffer), so vLLM's
-  "Model loading took" includes them; kvplan keeps the weights term at the checkpoint's bytes and counts the
-  tables in overhead. Rows per table: :mod:`kvplan.model.rope_vision`.
 - **The multimodal profile** (:func:`image_profile`, V1 engine): before the text forward, ``profile_run``
   builds ``_get_mm_dummy_batch(modality, max_items_per_batch)`` - that many items of the largest size (the
   modality with the most tokens per item: an image, or a Qwen-VL video), moved to the GPU in the model dtype
@@ -47,11 +45,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 from kvplan.model.modelspec import ModelSpec, VisionEncoder
 from kvplan.units import plural
+from kvplan.frozen import frozen
 
 ITEMS_FLOORED_FROM = (0, 10, 0)  # the first release whose encoder budget floors the items (MultiModalBudget)
 MM_LIMIT_PER_PROMPT = 999  # vLLM's default --limit-mm-per-prompt for a modality it is not told about
@@ -60,7 +58,7 @@ QWEN3_VL_FORMATTED_TOKENS = 12.5  # qwen3_vl.py 0.11 - 0.12 get_max_video_tokens
 SCATTERED_RULES = ("scattered", "scattered-item")
 
 
-@dataclass(frozen=True)
+@frozen
 class ImageProfile:
     """vLLM's dummy multimodal batch in the profile run, per GPU (bytes).
 
@@ -92,7 +90,7 @@ class ImageProfile:
                 f"kept through the text profile, encoder peak {self.encoder_peak_bytes / 2**30:.2f} GiB")
 
 
-@dataclass(frozen=True)
+@frozen
 class _Item:
     """One dummy item: ``tokens`` as the encoder budget counts them, ``embeds`` output tokens, ``patches`` encoder
     patches, ``pixels`` elements on the GPU, ``frames`` frames (1 for an image)."""
@@ -211,17 +209,6 @@ def _video_item(vision: VisionEncoder, rule: str, max_model_len: int, max_num_ba
                  groups * vision.pixels_per_image, frames)
 
 
-def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
-    """The rotary cos/sin tables vLLM allocates while loading (kvplan: in "overhead"), replicated on every rank.
-
-    ``sum(positions x rotary_dim) x dtype bytes`` over the spec's distinct tables (:mod:`kvplan.model.rope_vision`):
-    Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are 14.9888 GiB against a 14.9577 GiB
-    checkpoint; Llama-3-8B at 8,192 positions: 2 MiB, 14.9595 GiB); Gemma-3-27B a local table of 131,072 rows
-    and a global one of 131,072 x 8 (linear scaling) = 288 MiB. MLA models rotate only ``qk_rope_head_dim``
-    and are not counted (a few MiB).
-    """
-    return sum(t.positions * t.rotary_dim for t in spec.rotary_caches) * act_bytes
-
 
 QWEN_VL_ATTENTION_SHARDS = {"ceil-placeholder": 11, "placeholder": 11, "scattered": 18, "scattered-item": 8,
                             "embeds": 8}
@@ -294,4 +281,4 @@ def image_profile(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num
     return ImageProfile(items, item.tokens, budget, pixels, cached, encoder, rule, item.modality, item.frames)
 
 
-__all__ = ["ImageProfile", "image_profile", "rope_cache_bytes", "MM_LIMIT_PER_PROMPT"]
+__all__ = ["ImageProfile", "image_profile", "MM_LIMIT_PER_PROMPT"]

@@ -4,7 +4,6 @@ modelled release a version string resolves to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvplan.engines import (
     release_ranges,
@@ -12,11 +11,12 @@ from kvplan.engines import (
     resolve_release,
 )
 from kvplan.units import GiB
+from kvplan.frozen import frozen
 
 ENGINE = "vllm"
 
 
-@dataclass(frozen=True)
+@frozen
 class Profile:
     """What the vLLM releases from ``first`` up to the next profile's ``first`` do when they size the KV cache.
 

@@ -6,6 +6,6 @@ deployment and its own account (:mod:`kvplan.explain.facts`), its reconciliation
 :mod:`kvplan.explain.account`), the calibration entry it can write (:mod:`kvplan.explain.calibrate`), and many
 logs at once (:mod:`kvplan.explain.many`).
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model,
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model,
 kvplan.memory, kvplan.engines, kvplan.planning
 """

@@ -4,11 +4,11 @@ rows, capacities and the Explanation the steps fill in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kvplan.errors import InputError
 from kvplan.explain.startup_log import StartupLog
+from kvplan.frozen import frozen
 
 TERMS = ("weights", "activation", "overhead", "cudagraph")
 UNPRINTED = "not printed"  # the row of what no line of the log prints: requested - printed terms - KV budget
@@ -18,7 +18,7 @@ _TERM_WORDS = {"weights": "the weights", "activation": "the activation peak", "o
                "total": "the GPU's total memory"}
 
 
-@dataclass(frozen=True)
+@frozen
 class LogAccount:
     """How one engine's start-up log accounts for its KV budget: the terms its lines print and the words for them.
 
@@ -59,7 +59,7 @@ class ExplainError(InputError):
     """The log does not say enough to explain it (the message lists what was found and what is missing)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class TermRow:
     """One budget term per GPU: what the log printed (bytes; ``None`` when not printed), kvplan's estimate
     (``None`` when kvplan has no plan, or no GPU to plan its terms on)."""
@@ -75,7 +75,7 @@ class TermRow:
         return None if self.logged_bytes is None or self.kvplan_bytes is None else self.kvplan_bytes - self.logged_bytes
 
 
-@dataclass(frozen=True)
+@frozen
 class Capacity:
     """What the engine prints for one block count: tokens, concurrency, whether it starts, the longest length."""
 
@@ -86,7 +86,7 @@ class Capacity:
     longest_startable_len: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Explanation:
     """The reconciliation of one start-up log with kvplan's plan of the same deployment.
 

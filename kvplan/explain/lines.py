@@ -16,7 +16,7 @@ or the smallest.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from kvplan.frozen import frozen
 from typing import Any
 
 NUMBER = r"(-?[0-9][0-9,]*(?:\.[0-9]*)?)"  # one way to match each printed number: no backtracking on a long digit run
@@ -57,7 +57,7 @@ def needle(pattern: str) -> str | None:
     return best if len(best) >= 3 else None
 
 
-@dataclass(frozen=True)
+@frozen
 class Line:
     """One line form: ``pattern``'s groups fill ``fields`` (``None``: a group not kept), read as ``kinds``.
 

@@ -6,15 +6,15 @@ The caller reads the files (the CLI: :func:`kvplan.io.files.read_bytes`); this m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 from kvplan.errors import KvplanError
 from kvplan.explain.account import Explanation
 from kvplan.explain.reconcile import explain
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class LogResult:
     """One log of many: its name, its explanation, or the one-line error that it is not a log kvplan reads."""
 

@@ -4,11 +4,12 @@ log does not say; sizes GiB as printed), and its refusal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
+from kvplan.frozen import frozen
 from typing import Any
 
 
-@dataclass(frozen=True)
+@frozen
 class Refusal:
     """vLLM refused to start: one request at ``max_model_len`` does not fit.
 
@@ -23,7 +24,7 @@ class Refusal:
     estimated_max_model_len: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class StartupLog:
     """What one start-up log says (``None``: not in the log). GiB values are as printed (rounded)."""
 

@@ -7,5 +7,5 @@
   option table reads and ``kvplan explain --calibrate`` writes;
 - :mod:`kvplan.io.prices`: the price file ``kvplan size --prices`` reads (GPU -> price per GPU-hour).
 
-May import: kvplan.errors, kvplan.units, kvplan.limits
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits
 """

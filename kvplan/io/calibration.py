@@ -26,10 +26,11 @@ calibrations:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 from kvplan.errors import ConfigError
+from kvplan.frozen import frozen
 
 TERM_KEYS = ("weights_bytes", "activation_bytes", "overhead_bytes", "cudagraph_bytes")
 KEY_FIELDS = ("model", "gpu", "gpu_memory_bytes", "engine", "release", "tp", "pp", "dtype", "max_num_batched_tokens",
@@ -37,7 +38,7 @@ KEY_FIELDS = ("model", "gpu", "gpu_memory_bytes", "engine", "release", "tp", "pp
 HEADER = "# kvplan calibration: per-GPU budget terms measured from engine start-up logs (kvplan explain --calibrate)\n"
 
 
-@dataclass(frozen=True)
+@frozen
 class Entry:
     """One measured deployment: the key it matches on, the measured per-GPU terms (bytes), where from."""
 
@@ -66,7 +67,7 @@ class Entry:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class Calibration:
     """A loaded calibration file (``path`` for the notes)."""
 

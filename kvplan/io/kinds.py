@@ -19,16 +19,16 @@ a timing file's ``kvplan_timing``), so a file of one kind is never taken for ano
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvplan.errors import InputError
+from kvplan.frozen import frozen
 
 SNIFF_BYTES = 1 << 20  # how much of an existing file is read to tell its kind
 
 
-@dataclass(frozen=True)
+@frozen
 class YamlKind:
     """One of kvplan's YAML file kinds: its name, the command that reads it, and the top-level keys only it has."""
 

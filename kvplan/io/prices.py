@@ -16,17 +16,17 @@ catalogue; each entry keeps where it is for that error.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvplan.io.yamldoc import ScenarioFileError, Where, read_yaml
+from kvplan.frozen import frozen
 
 TOP_KEYS = ("currency", "source", "date", "prices")
 ENTRY_KEYS = ("per_gpu_hour", "source", "date")
 
 
-@dataclass(frozen=True)
+@frozen
 class Price:
     """One GPU's price: ``per_gpu_hour`` in ``currency`` per GPU per hour, where it came from and when."""
 
@@ -37,7 +37,7 @@ class Price:
     where: Where
 
 
-@dataclass(frozen=True)
+@frozen
 class Prices:
     """A price file: its entries in file order."""
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import difflib
 import reprlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
 from kvplan.errors import ScenarioError
+from kvplan.frozen import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
     from pydantic import BaseModel
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # ---------------------------------------------------------------------------------------------
 # located errors
 
-@dataclass(frozen=True)
+@frozen
 class Where:
     """A place in a YAML file (1-based line and column)."""
 

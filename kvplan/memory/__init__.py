@@ -16,7 +16,7 @@ Vocabulary (vLLM v1's, see DESIGN.md section 4a):
 - a request at length L needs, per group, ``ceil(L / block_size)`` blocks (full attention) or fewer
   (sliding window, chunked attention, fixed state).
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.model
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.model
 """
 
 from kvplan.memory.capacity import (

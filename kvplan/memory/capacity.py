@@ -6,13 +6,14 @@ Pure functions over exact integers of bytes; :mod:`kvplan.memory` re-exports the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvplan.errors import InputError
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
 from kvplan.units import DType, cdiv
 
 from kvplan.memory.layout import KVGroup, PoolLayout, layer_state_bytes, layer_token_bytes
+from kvplan.frozen import frozen
 
 def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, inflight_tokens: int,
                              prefix_caching: bool = False) -> int:
@@ -45,7 +46,7 @@ def group_blocks_per_request(group: KVGroup, tokens: int, block_size: int, infli
     return 0
 
 
-@dataclass(frozen=True)
+@frozen
 class Demand:
     """What one request holds in each group of ``layout`` under one engine's rules (built once per plan).
 
@@ -232,7 +233,7 @@ def max_context(blocks: int, demand: Demand, batch: int, limit_tokens: int = UNB
     return lo
 
 
-@dataclass(frozen=True)
+@frozen
 class PrefixSharing:
     """What sharing a ``prefix_tokens``-token prefix across requests buys.
 
@@ -288,7 +289,7 @@ def prefix_sharing(blocks: int, demand: Demand, tokens: int, prefix_tokens: int,
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class Fragmentation:
     """Contiguous (reserve ``max_model_len`` per request) vs paged (blocks as used) at length ``tokens``.
 
@@ -350,7 +351,7 @@ def weight_bytes(parameters: int, dtype: DType) -> int:
     return dtype.nbytes(parameters)
 
 
-@dataclass(frozen=True)
+@frozen
 class Roofline:
     """Decode-step lower bound from HBM bandwidth: each step reads the weights and every live KV once.
 

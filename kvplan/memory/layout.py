@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from kvplan.errors import InputError
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
 from kvplan.units import DType, cdiv, parse_dtype, plural
+from kvplan.frozen import frozen
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -173,7 +174,7 @@ _BF16 = parse_dtype("bf16")
 # KV-cache groups and the block pool (vLLM v1)
 
 
-@dataclass(frozen=True)
+@frozen
 class KVGroup:
     """One KV-cache group: up to ``group_size`` layers of one kind that share block ids.
 
@@ -189,7 +190,7 @@ class KVGroup:
     page_bytes: int = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class PoolLayout:
     """How one GPU's KV pool is laid out.
 

@@ -12,5 +12,5 @@ The only place Hugging Face key names live.
 - :mod:`kvplan.model.params`, :mod:`~kvplan.model.quant`, :mod:`~kvplan.model.checkpoint`: parameter
   counts, quantization configs and the checkpoint's bytes.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io
 """

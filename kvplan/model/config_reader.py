@@ -9,11 +9,11 @@ raises :class:`~kvplan.errors.ConfigError` naming the file, the field and the va
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvplan.errors import ConfigError
 from kvplan.limits import CONFIG_MAXIMA, MAX_CONFIG_INT
+from kvplan.frozen import frozen
 
 KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "n_kv_heads")
 
@@ -161,7 +161,7 @@ def unmodelled_layer_type(r: ConfigReader, key: str, value: str, known: list[str
 _OVERRIDABLE = {"num_layers": "layers", "kv_heads": "kv-heads", "head_dim": "head-dim"}
 
 
-@dataclass(frozen=True)
+@frozen
 class Overrides:
     """``--layers/--kv-heads/--head-dim``: replace what the config says (or supply what it lacks)."""
 

@@ -13,7 +13,8 @@ where a composite model keeps its language model. The file is generated from tra
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
+from kvplan.frozen import frozen
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
@@ -34,7 +35,7 @@ REFUSALS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class TextConfig:
     """Where a composite (multimodal) config keeps its language model."""
 
@@ -44,7 +45,7 @@ class TextConfig:
     flat: bool = False  # without the key, the language model's fields sit at the top level (pre-v5 saves)
 
 
-@dataclass(frozen=True)
+@frozen
 class ModelType:
     """One model_type's entry (see the module docstring)."""
 

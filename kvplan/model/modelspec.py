@@ -9,11 +9,12 @@ in :mod:`kvplan.memory`, never here.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import Enum
 from typing import Mapping
 
 from kvplan.model.source import WeightFacts
+from kvplan.frozen import frozen
 
 
 class LayerKind(str, Enum):
@@ -36,7 +37,7 @@ TOKEN_KINDS = frozenset({LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED, L
 STATE_KINDS = frozenset({LayerKind.MAMBA, LayerKind.LINEAR})
 
 
-@dataclass(frozen=True)
+@frozen
 class LayerCache:
     """The cache one decoder layer keeps for one request (whole model, before tp/pp slicing).
 
@@ -89,7 +90,7 @@ class LayerCache:
         return f"{self.kind.value}{win} {self.kv_heads}x{self.head_dim}"
 
 
-@dataclass(frozen=True)
+@frozen
 class LayerGroup:
     """Identical layers counted together (``num_layers`` layers caching the same thing)."""
 
@@ -97,7 +98,7 @@ class LayerGroup:
     num_layers: int
 
 
-@dataclass(frozen=True)
+@frozen
 class RotaryCache:
     """One rotary-embedding cos/sin table a serving engine builds while loading the model, shared by the layers
     that use the same rope parameters: ``positions`` rows of ``rotary_dim`` values (the cos and sin halves).
@@ -112,7 +113,7 @@ class RotaryCache:
     rule: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class RopeScaling:
     """One set of the config's rope parameters (one per layer type when ``rope_parameters`` is nested), as far
     as an engine's maximum length needs it: engines derive the longest max_model_len they accept from
@@ -131,7 +132,7 @@ class RopeScaling:
     config_original: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class VisionEncoder:
     """The image encoder of a multimodal checkpoint, as far as an engine's profile run needs it (element counts).
 
@@ -178,7 +179,7 @@ class VisionEncoder:
         return self.channels * self.temporal_patch * self.patch_size * self.patch_size
 
 
-@dataclass(frozen=True)
+@frozen
 class ModelSpec:
     """Everything the memory math needs about a model, normalised from its config.
 

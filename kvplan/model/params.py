@@ -10,11 +10,11 @@ engines do not load them without speculative decoding, so they are not in :attr:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvplan.model.config_reader import ConfigReader
 from kvplan.model.source import WeightFacts
 from kvplan.model.modelspec import LayerCache, LayerKind, ModelSpec
+from kvplan.frozen import frozen
 
 
 _UNGATED_MLP_TYPES = {"gpt2", "opt", "falcon", "RefinedWeb", "RefinedWebModel", "phi", "gpt_neox", "gptj", "bloom",
@@ -29,7 +29,7 @@ _LEARNED_POSITIONS = {"gpt2", "opt", "gpt_bigcode", "gpt_neo", "codegen"}
 _QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
 
 
-@dataclass(frozen=True)
+@frozen
 class Tensors:
     """``count`` tensors of ``rows x cols`` parameters each, under one module name.
 
@@ -148,7 +148,7 @@ def _state(h: int, layer: LayerCache, at: str) -> list[Tensors]:
             Tensors(f"{at}.conv1d", "norm", conv * kernel + 2 * v_heads + v_dim)]
 
 
-@dataclass(frozen=True)
+@frozen
 class _Mlp:
     """What a config says about its MLPs (sizes in parameters' dimensions)."""
 

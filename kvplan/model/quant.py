@@ -26,7 +26,6 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvplan.model.config_reader import ConfigReader, short_repr
@@ -34,9 +33,10 @@ from kvplan.errors import ConfigError
 from kvplan.model.source import SAFETENSORS_DTYPE_BITS
 from kvplan.model.params import Tensors
 from kvplan.units import cdiv
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Storage:
     """How one quantized linear weight of ``rows x cols`` (out x in features) is stored.
 
@@ -93,7 +93,7 @@ _SELECTORS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class Rule:
     """Tensors matching ``targets`` (selector names of :data:`_SELECTORS`, ``Linear``, or module patterns)
     are stored as ``storage``."""
@@ -109,7 +109,7 @@ class Rule:
         return False
 
 
-@dataclass(frozen=True)
+@frozen
 class Quantization:
     """A config's ``quantization_config``: its method, storage rules (first match wins; none: a method kvplan
     does not model), the modules it leaves unquantized, and what it says about the KV cache.

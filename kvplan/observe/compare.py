@@ -17,13 +17,13 @@ adopted. A plan whose engine refuses to start (no pool) is said so in one line, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from kvplan.errors import KvplanError
 from kvplan.observe.metrics import FAMILIES
 from kvplan.observe.session import SeriesResult
 from kvplan.units import plural
+from kvplan.frozen import frozen
 
 
 def _bool(text: str) -> bool | None:
@@ -109,7 +109,7 @@ def served_bundled_model(labels: Iterable[Iterable[tuple[str, str]]]) -> tuple[s
     return (hits[0], f"model_name={name}") if len(hits) == 1 else None
 
 
-@dataclass(frozen=True)
+@frozen
 class PlanView:
     """The plan and where its options came from: ``from_endpoint`` maps an option to ``label=text``;
     ``given``: the options the user gave (None: those in ``values`` that are not None)."""
@@ -224,7 +224,7 @@ class Planner:
         return True
 
 
-@dataclass(frozen=True)
+@frozen
 class Comparison:
     """One series against the plan: blocks (SGLang: tokens) and concurrency, with findings."""
 
@@ -338,7 +338,7 @@ FULL_POOL = 0.99  # a usage peak at or above this: the pool ran full
 MIN_HIT_RATE = 0.01  # prefix hits below this share of prompt tokens are not a shared prefix
 
 
-@dataclass(frozen=True)
+@frozen
 class Diagnosis:
     """Why the running peak is what it is: ``cause`` is ``agreement`` (within what the plan fits),
     ``sharing`` (prefix-cache hits let more requests share the pool's blocks than the plan fits without

@@ -14,16 +14,16 @@ in its prompt tokens, so that work is in the busy seconds but not in the prefill
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kvplan.errors import InputError
 from kvplan.sim.timing import TimingRun
+from kvplan.frozen import frozen
 
 _NEEDED = ("steps", "generation_tokens", "first_tokens", "prompt_tokens")
 
 
-@dataclass(frozen=True)
+@frozen
 class RunMeasure:
     """The run and what to say about it (``notes``)."""
 

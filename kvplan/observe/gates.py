@@ -13,11 +13,11 @@ from __future__ import annotations
 import difflib
 import operator
 import re
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvplan.errors import InputError
 from kvplan.observe.track import Summary
+from kvplan.frozen import frozen
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt,
@@ -42,7 +42,7 @@ def _measure(name: str) -> Callable[[Summary], Any]:
     return lambda s: getattr(s, name)
 
 
-@dataclass(frozen=True)
+@frozen
 class Gate:
     """One parsed ``--require`` expression; ``name``: the summary key it reads."""
 

@@ -29,11 +29,12 @@ labels (``vllm:cache_config_info`` carries only ``engine``, SGLang's tokenizer c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Mapping
 
 from kvplan.errors import InputError, KvplanError
 from kvplan.units import check_number
+from kvplan.frozen import frozen
 
 FIELDS = ("usage", "running", "waiting", "preemptions", "prefix_queries", "prefix_hits", "prefix_hit_rate",
           "prompt_tokens", "generation_tokens", "max_total_tokens")
@@ -97,7 +98,7 @@ def _vllm_generation(labels: Labels, seen: set[str]) -> str:
     return "vLLM"
 
 
-@dataclass(frozen=True)
+@frozen
 class Family:
     """One engine's metric vocabulary, keyed by kvplan's engine name (``--engine``): the names per field,
     the info metric holding its cache config (if any), how it sizes its pool (``blocks`` from the cache
@@ -129,7 +130,7 @@ class PageError(KvplanError):
     """A page that is not a Prometheus text page, or holds no vLLM / SGLang metric."""
 
 
-@dataclass(frozen=True)
+@frozen
 class SeriesReading:
     """One series on one page: its labels, engine, the values read and the metric name of each.
 
@@ -182,7 +183,7 @@ class SeriesReading:
         return tuple(out)
 
 
-@dataclass(frozen=True)
+@frozen
 class Page:
     """Every series one page holds, in the page's order; ``other_families``: metric families not read."""
 

@@ -14,9 +14,10 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from kvplan.errors import InputError, KvplanError
+from kvplan.frozen import frozen
 
 MAX_BODY_BYTES = 64 * 2**20  # a metrics page is KiBs to a few MiB; refuse anything past this
 USER_AGENT = "kvplan-observe"
@@ -26,7 +27,7 @@ class ScrapeError(KvplanError):
     """One poll could not read the page (the run goes on)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Endpoint:
     """Where to poll: the full URL, what to show of it, and the request headers (secret)."""
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Callable, Mapping
 
 from kvplan.observe.metrics import COUNTERS, PageError, SeriesReading, parse_page
 from kvplan.observe.scrape import Endpoint, ScrapeError, fetch
 from kvplan.observe.track import Summary, Tracker, finished_requests
 from kvplan.units import check_number, plural
+from kvplan.frozen import frozen
 
 # (lowest, highest) seconds; the lowest of --duration is exclusive (any positive time)
 INTERVAL_S = (0.05, 86_400.0)  # at most 20 polls a second, at least one a day
@@ -48,7 +49,7 @@ def check_timing(interval_s: float, duration_s: float | None, timeout_s: float,
     check_number(timeout_s, names[2], low=TIMEOUT_S[0], high=TIMEOUT_S[1])
 
 
-@dataclass(frozen=True)
+@frozen
 class Event:
     """Something worth one line: a fault, a recovery, a missing metric, a counter reset, a new series."""
 
@@ -57,7 +58,7 @@ class Event:
     message: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Poll:
     """One poll: when (unix ``t``, seconds since the start), its error, the endpoint-wide row, and a row
     per series name (see :meth:`kvplan.observe.track.Tracker.add`)."""
@@ -70,7 +71,7 @@ class Poll:
     series: Mapping[str, Mapping[str, Any]]
 
 
-@dataclass(frozen=True)
+@frozen
 class Outage:
     """Polls in a row that did not read the endpoint: from ``start_s`` (the first failed poll) to
     ``end_s`` (the poll that read it again; None: it never did), ``failed_polls`` of them, the last error."""
@@ -84,7 +85,7 @@ class Outage:
 MAX_OUTAGES = 100  # outages kept (the earliest and the last ones); the count goes on
 
 
-@dataclass(frozen=True)
+@frozen
 class SeriesResult:
     """One series over the run: who it is, which metric names it used, what it lacks, its summary."""
 
@@ -99,7 +100,7 @@ class SeriesResult:
     rejected_values: Mapping[str, int] = field(default_factory=dict)  # metric name -> polls its value was left out
 
 
-@dataclass(frozen=True)
+@frozen
 class Observation:
     """Everything one run measured. ``stopped``: ``duration``, ``interrupted`` or ``running``.
     ``num_polls`` / ``failed_polls`` count every poll; ``polls`` holds every ``sample_stride``-th of them in

@@ -22,13 +22,14 @@ Times are seconds; usage and hit rates are fractions 0..1; requests and tokens a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Mapping
 
 from kvplan.observe.metrics import COUNTERS, GAUGES
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Summary:
     """One series (or the whole endpoint) over the run; ``None``: the server did not report it."""
 

@@ -4,6 +4,6 @@ validator (``validate``) and its torch.distributed runner (``distributed``). Imp
 ``validate`` and ``simulate`` commands; this file imports nothing so that ``import
 kvplan.paged.allocator`` stays torch-free.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
 kvplan.engines, kvplan.planning
 """

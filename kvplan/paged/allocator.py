@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 from kvplan.units import cdiv
+from kvplan.frozen import frozen
 
 ROOT_HASH = -1
 """The parent hash of a request's first block (Python's ``hash`` never returns -1)."""
@@ -47,7 +47,7 @@ def block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 _BUILTIN_HASH = block_hash  # bound at import: a monkeypatched ``block_hash`` is called, not inlined
 
 
-@dataclass(frozen=True)
+@frozen
 class GroupSpec:
     """One layer group of the pool: ``full`` attention, ``sliding`` window attention of
     ``window_tokens`` tokens, or ``state`` (a fixed ``state_blocks`` blocks per request, e.g. Mamba)."""

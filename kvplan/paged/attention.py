@@ -14,7 +14,7 @@ MLA-shaped caches (one latent per token is the key, its first ``value_dim`` elem
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from kvplan.frozen import frozen
 from typing import Sequence
 
 import torch
@@ -100,7 +100,7 @@ def contiguous_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     return torch.einsum("ht,thd->hd", torch.softmax(scores, dim=-1), v32)
 
 
-@dataclass(frozen=True)
+@frozen
 class AttentionCheck:
     """Paged vs contiguous decode for one request: the largest absolute difference and the tolerance used."""
 

@@ -10,11 +10,11 @@ A user error on one rank travels as data, so no rank waits forever for a peer th
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from kvplan.errors import InputError, KvplanError
+from kvplan.frozen import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.paged.validate import Progress, ValidationResult
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 INIT_TIMEOUT = timedelta(seconds=120)
 
 
-@dataclass(frozen=True)
+@frozen
 class World:
     """This process's place under torchrun: global ``rank`` of ``size``, ``local_rank`` on its node."""
 
@@ -45,7 +45,7 @@ def world_from_env(environ: dict[str, str] | None = None) -> World | None:
     return World(rank, size, local)
 
 
-@dataclass(frozen=True)
+@frozen
 class RankError:
     """A user-facing error raised on one rank, carried to the others."""
 
@@ -97,7 +97,7 @@ def validate_distributed(plan: "Plan", world: World, device: str | None = None, 
     return gathered
 
 
-@dataclass(frozen=True)
+@frozen
 class Totals:
     """All ranks together: estimated and measured pool bytes (device accounting), requests checked."""
 

@@ -26,6 +26,7 @@ import torch
 from kvplan import memory
 from kvplan.model.spec import LayerCache, LayerKind
 from kvplan.units import DType, cdiv, parse_dtype
+from kvplan.frozen import frozen
 
 INT4_SCALE_GROUP = 32  # elements of head_dim per float16 scale (kvplan.units.INT4)
 
@@ -38,7 +39,7 @@ def torch_dtype(dtype: DType) -> torch.dtype:
     return getattr(torch, name, torch.uint8)
 
 
-@dataclass(frozen=True)
+@frozen
 class Part:
     """One tensor of a layer's cache: its name, shape and dtype (e.g. ``kv`` ``[2, nb, bs, h, d]`` bf16)."""
 

@@ -13,7 +13,7 @@ This module imports torch only inside functions, so ``import kvplan.paged.valida
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from kvplan import memory
@@ -24,6 +24,7 @@ from kvplan.paged.groups import exact_layout, plan_allocator
 from kvplan.model.spec import LayerKind
 from kvplan.planning.suggest import NOTHING_FITS
 from kvplan.units import GiB, fmt_bytes, round_up, plural
+from kvplan.frozen import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.planning.plan import Plan
@@ -64,7 +65,7 @@ def resolve_device(name: str | None, local_rank: int = 0) -> str:
 # results
 
 
-@dataclass(frozen=True)
+@frozen
 class PoolMeasure:
     """The pool's bytes: the estimate and what the device says (``None``: not measured on this device).
 
@@ -92,7 +93,7 @@ class PoolMeasure:
         return 100.0 * self.difference_bytes / self.estimate_bytes if self.estimate_bytes else 0.0
 
 
-@dataclass(frozen=True)
+@frozen
 class FillResult:
     """Filling the pool with requests at ``context_tokens`` (chunked prefill of ``chunk_tokens``).
 
@@ -113,7 +114,7 @@ class FillResult:
     exact: bool
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbeResult:
     """CUDA only: block ids that really fit in the device's free memory, allocated in chunks until OOM."""
 
@@ -124,7 +125,7 @@ class ProbeResult:
     planned_blocks: int
 
 
-@dataclass(frozen=True)
+@frozen
 class ValidationResult:
     """One device's validation of one plan (``rank`` of ``world_size`` under torchrun)."""
 

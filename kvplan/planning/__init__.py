@@ -11,6 +11,6 @@
 - :mod:`kvplan.planning.serialize`: a plan as the JSON every output shares;
 - :mod:`kvplan.planning.size`: the smallest deployments (GPU x tp x pp x replicas) that hold N requests.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model,
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model,
 kvplan.memory, kvplan.engines
 """

@@ -19,12 +19,13 @@ the deployment serves, so with a following max_model_len it is bounded by the mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 from kvplan import memory
 from kvplan.model.spec import ModelSpec
 from kvplan.units import plural
+from kvplan.frozen import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.engines import Engine, EngineDefaults, ModelLength
@@ -39,7 +40,7 @@ def null_block_words(engine: str) -> str:
     short blocks are shown."""
     return f"{plural(memory.NULL_BLOCKS, 'null block')} kept by {engine}"
 
-@dataclass(frozen=True)
+@frozen
 class Answer:
     """The headline answer for one GPU's pool (tokens, blocks, requests)."""
 
@@ -75,7 +76,7 @@ class Answer:
         return "max_num_seqs" if self.max_num_seqs < self.pool_requests else "pool"
 
 
-@dataclass(frozen=True)
+@frozen
 class Deployment:
     """One GPU's pool of ``blocks`` under the engine's rules: the one place that decides whether it starts,
     how many requests run at once and the longest context at a batch (all lengths in tokens).

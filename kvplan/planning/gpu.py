@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kvplan.engines import Device
 from kvplan.errors import InputError
 from kvplan.options import Options
 from kvplan.units import GiB, MiB
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuInfo:
     """The GPU planned for: name, memory the runtime reports (bytes), HBM bandwidth (bytes/s)."""
 

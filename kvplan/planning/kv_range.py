@@ -18,7 +18,7 @@ the budget less the downsides, and plus the upsides. A KV budget the user gives 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from kvplan import memory
@@ -29,6 +29,7 @@ from kvplan.engines.spread import (
 )
 from kvplan.planning.answer import Answer, Deployment
 from kvplan.units import GiB
+from kvplan.frozen import frozen
 
 # A desktop session (the compositor and a browser) on a GeForce card holds memory kvplan cannot see; releases whose
 # profiler charges other processes' memory (EngineDefaults.charges_other_processes) give that much less KV. Not
@@ -43,7 +44,7 @@ UNIFIED_NOTE = ("{gpu} shares its memory with the host: what vLLM finds free the
                 "takes the widest non-torch spread of its neighbours and the gap unified-memory logs showed")
 
 
-@dataclass(frozen=True)
+@frozen
 class KvRange:
     """The answer at the low and high end of the KV budget's spread (bytes per GPU), where the spread came from,
     and each term's part of it (``terms``: the low end pays the sum of their ``over_bytes``)."""

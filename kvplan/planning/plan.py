@@ -8,7 +8,7 @@ and its answer (here and :mod:`kvplan.planning.answer`), the notes (:mod:`kvplan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Callable
 
 from kvplan import memory
@@ -25,9 +25,10 @@ from kvplan.planning.notes import _notes
 from kvplan.planning.pool import _paged_layers, _Pool, _pool
 from kvplan.planning.weights import served_weights
 from kvplan.units import DType, GiB, plural
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Plan:
     """Everything kvplan computed for one scenario, in bytes and tokens. Renderers only format this."""
 

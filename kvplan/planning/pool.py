@@ -5,7 +5,7 @@ GPU's layers as the engine caches them, the pool layout and demand, the budget a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvplan import memory
 from kvplan.engines import Budget, Engine, EngineDefaults, Features, Term, quantization_weights
@@ -19,9 +19,10 @@ from kvplan.planning.gpu import GpuInfo, resolve_gpu
 from kvplan.planning.weights import check_quantization
 from kvplan.planning.weights import weights_bytes as _weights
 from kvplan.units import DType, parse_dtype, plural
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class _Pool:
     """The per-GPU pool of one scenario: everything that does not depend on context, batch or max_model_len
     (except the V0 batch default). ``options`` has ``prefix_caching`` resolved to the engine's default."""

@@ -20,7 +20,7 @@ it and why a smaller deployment of that GPU fails.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from kvplan.errors import InputError, KvplanError
@@ -28,6 +28,7 @@ from kvplan.options import Options
 from kvplan.planning.plan import Plan, plan_for_spec
 from kvplan.planning.suggest import revise
 from kvplan.units import GiB, plural
+from kvplan.frozen import frozen
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvplan.gpus import Gpu
@@ -43,7 +44,7 @@ WHY_CLAUSES = 3  # the nearest smaller deployments said in a row's why_not_small
 BINDS = ("weights", "KV per GPU", "max_num_seqs", "model length")
 
 
-@dataclass(frozen=True)
+@frozen
 class Requirement:
     """What must be held: ``concurrency`` requests of ``context`` tokens at once (``prefix_tokens`` of each
     shared), judged at ``at`` (:data:`LOW` or :data:`ESTIMATE`)."""
@@ -54,7 +55,7 @@ class Requirement:
     at: str = LOW
 
 
-@dataclass(frozen=True)
+@frozen
 class Layout:
     """One replica's shape on one GPU and what it holds (``plan`` None: the engine refuses the shape, ``error``)."""
 
@@ -82,7 +83,7 @@ def judged_answer(plan: Plan, at: str) -> Any:
     return plan.answer
 
 
-@dataclass(frozen=True)
+@frozen
 class Sized:
     """One deployment: ``replicas`` replicas of ``tp`` x ``pp`` GPUs of ``gpu``, each planned as ``plan`` (serving
     ``plan.options.batch`` requests, its share of the requirement)."""
@@ -163,7 +164,7 @@ def _money(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
-@dataclass(frozen=True)
+@frozen
 class Sizing:
     """The search's answer: the best deployment of each GPU that holds the requirement (``rows``, best first)
     and the GPUs that hold not even one request (``unfit``: GPU -> why)."""

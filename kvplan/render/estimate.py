@@ -1,18 +1,17 @@
-"""Rich rendering of a :class:`~kvplan.planning.plan.Plan` (``kvplan estimate``), readable at 80 columns."""
+"""The terminal rendering of a :class:`~kvplan.planning.plan.Plan` (``kvplan estimate``), readable at 80 columns.
+
+Built of :mod:`kvplan.render.styled`'s text, panels and grids: rich renderables that
+:func:`kvplan.render.styled.show` draws without importing rich where rich would print no colour."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich.console import Group
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
-
 from kvplan.engines.registry import flag as engine_flag, setting_name
 from kvplan.planning.answer import null_block_words
 from kvplan.planning.weights import served_weights
 from kvplan.planning.serialize import formula_lines
+from kvplan.render.styled import Grid, Group, Panel, Text
 from kvplan.units import GB, GiB, fmt_bytes, fmt_gib, parse_dtype, plural, rounded_parts
 
 if TYPE_CHECKING:
@@ -20,9 +19,18 @@ if TYPE_CHECKING:
 
 
 def _panel(body: object, title: str) -> Panel:
-    """A panel titled at its left. The title is markup without emoji codes (a string title would be read with
-    them: rich would load its ~3,600 emoji names to look for ``:name:`` in titles that never hold one)."""
-    return Panel(body, title=Text.from_markup(title, emoji=False), title_align="left")
+    """A panel titled at its left. The title is markup read without emoji codes (:class:`styled.Panel
+    <kvplan.render.styled.Panel>`: rich would load its ~3,600 emoji names to look for ``:name:`` in titles that
+    never hold one)."""
+    return Panel(body, title)
+
+
+def source_line(source: str) -> "Text | str":
+    """The line above the panels, ``source: ...`` in grey62: console markup, as it was always printed (a source
+    holding ``[`` or ``\\`` is read as markup by rich; any other is that text, drawn without rich)."""
+    if "[" in source or "\\" in source:
+        return f"[grey62]source: {source}[/]"
+    return Text.assemble((f"source: {source}", "grey62"))
 
 
 def _gib(n: int) -> str:
@@ -184,9 +192,9 @@ def _memory_panel(plan: "Plan") -> Panel:
     return _panel(Group(t, memory_bar(plan)), f"memory per GPU ({plan.options.gpu_count}x {plan.gpu.name})")
 
 
-def _terms_table() -> Table:
+def _terms_table() -> Grid:
     """Three columns: what, GiB, where it came from (wrapped at word boundaries, never cut)."""
-    t = Table.grid(padding=(0, 2))
+    t = Grid(padding=2)
     t.add_column(no_wrap=True)
     t.add_column(justify="right", no_wrap=True)
     t.add_column(style="grey62", overflow="fold", ratio=1)

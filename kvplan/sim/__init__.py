@@ -12,6 +12,6 @@
 
 Library code: never prints, never exits.
 
-May import: kvplan.errors, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
+May import: kvplan.errors, kvplan.frozen, kvplan.units, kvplan.limits, kvplan.io, kvplan.gpus, kvplan.options, kvplan.model, kvplan.memory,
 kvplan.engines, kvplan.planning, kvplan.checks, kvplan.paged
 """

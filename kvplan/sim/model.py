@@ -6,12 +6,13 @@ so each check is written as what must hold).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from kvplan.errors import InputError
 from kvplan.paged.allocator import GroupSpec
 from kvplan.sim.timing import StepFit
 from kvplan.units import check_number, plural
+from kvplan.frozen import frozen
 
 POLICIES = ("contiguous", "paged", "prefix_caching")
 POLICY_LABELS = {"contiguous": "contiguous", "paged": "paged", "prefix_caching": "paged + prefix cache"}
@@ -24,7 +25,7 @@ def _finite(name: str, value: float | None, *, low: float = 0.0, low_open: bool 
         check_number(value, name, low=low, low_open=low_open)
 
 
-@dataclass(frozen=True)
+@frozen
 class Request:
     """One request: ``prompt_tokens`` (prefix included), ``output_tokens``; ``prefix_id`` >= 0 names
     a shared prefix whose first ``prefix_tokens`` prompt tokens are the same token ids in every request
@@ -45,7 +46,7 @@ class Request:
         _finite("arrival_s", self.arrival_s)
 
 
-@dataclass(frozen=True)
+@frozen
 class Pool:
     """The block pool and the scheduler limits (tokens, blocks)."""
 
@@ -63,7 +64,7 @@ class Pool:
                 raise InputError(f"invalid {name} {getattr(self, name)}: must be positive")
 
 
-@dataclass(frozen=True)
+@frozen
 class Timing:
     """How long a step takes (one GPU of the deployment; all GPUs work in parallel).
 
@@ -127,13 +128,13 @@ class Timing:
         return max(self.weights_bytes, self.full_token_bytes) / self.bandwidth_bytes_per_s
 
 
-@dataclass(frozen=True)
+@frozen
 class SimConfig:
     pool: Pool
     timing: Timing
 
 
-@dataclass(frozen=True)
+@frozen
 class ClosedLoop:
     """``users`` users, each sending its next request a think time (exponential, mean ``think_s``) after
     the previous one finishes; the first requests start spread uniformly over ``[0, spread_s]``
@@ -172,7 +173,7 @@ def window_sum(first: int, k: int, window: int) -> int:
 # outputs
 
 
-@dataclass(frozen=True)
+@frozen
 class Series:
     """Samples at the end of steps or spans: time (s), used fraction of the pool, running requests."""
 
@@ -194,7 +195,7 @@ class Series:
                       tuple(self.running[i] for i in idx))
 
 
-@dataclass(frozen=True)
+@frozen
 class PolicyResult:
     """What one policy achieved. Times in seconds; ``*_rate`` and fractions in [0, 1]."""
 
@@ -243,7 +244,7 @@ class PolicyResult:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class SimResult:
     """All policies of one run, with the inputs that decided them."""
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from kvplan.errors import InputError
 from kvplan.sim.model import (
@@ -56,6 +55,7 @@ from kvplan.sim.scheduler import Scheduler
 from kvplan.sim.streams import RequestSource
 from kvplan.sim.timing import StepFit
 from kvplan.units import cdiv, check_number, plural
+from kvplan.frozen import frozen
 
 __all__ = [
     "DEFAULT_PREFILL_EFFICIENCY", "MAX_POOL_BLOCKS", "MAX_WORK", "POLICIES", "POLICY_LABELS", "ClosedLoop", "PolicyResult", "Pool",
@@ -81,7 +81,7 @@ def _count(x: float) -> str:
     return f"{x:,.0f}" if x < 1e9 else f"{x:.2g}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Work:
     """What a run will take, counted before it starts: ``requests`` per policy (an upper estimate),
     ``steps_per_request`` (engine steps a request is part of: prefill chunks + output tokens), and

@@ -41,13 +41,14 @@ Library code: never prints, never exits; errors name the file, line and column.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from itertools import combinations
 from pathlib import Path
 from typing import Any, Sequence
 
 from kvplan.errors import InputError
 from kvplan.units import check_number, plural
+from kvplan.frozen import frozen
 
 FORMAT_VERSION = 1
 TERMS = ("step_base_s", "step_s_per_seq", "step_s_per_kv_token", "prefill_s_per_token", "step_s_per_held_token")
@@ -58,7 +59,7 @@ HEADER = ("# kvplan timing: the engine's step time measured on a running server 
           "# kvplan simulate reads its fit (timing: {file: THIS} in a workload, or --timing THIS)\n")
 
 
-@dataclass(frozen=True)
+@frozen
 class StepFit:
     """Seconds per step, per decoding sequence, per KV token read, per prompt token computed (see the
     module). ``fitted``: the terms the runs determined (the others are 0); ``rms_relative_error``: of the
@@ -93,7 +94,7 @@ class StepFit:
                 f"per prompt token computed + {self.step_s_per_held_token * 1e9:.1f} ns per KV token held")
 
 
-@dataclass(frozen=True)
+@frozen
 class TimingRun:
     """One observed run's totals over the polls when requests were running: ``busy_s`` seconds,
     ``steps`` engine steps, ``decode_tokens`` tokens sampled by decode steps (not a prefill's first
@@ -127,7 +128,7 @@ class TimingRun:
                 float(self.prefill_tokens), self.steps * self.held_tokens)
 
 
-@dataclass(frozen=True)
+@frozen
 class TimingFile:
     """A timing file's content: what was measured (``model``), the fit, the runs it came from."""
 

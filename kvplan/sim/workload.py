@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -42,12 +42,13 @@ from kvplan.checks.fields import finish_values, option_values
 from kvplan.units import check_number, fmt_seconds, plural
 from kvplan.sim.simulate import POLICIES, ClosedLoop, Request, RequestSource, Work, estimate_work
 from kvplan.sim.workload_schema import MAX_SECONDS, MAX_TOKENS, WORKLOAD_OPTIONS, Fixed, Uniform, WorkloadModel
+from kvplan.frozen import frozen
 
 # ---------------------------------------------------------------------------------------------
 # lengths
 
 
-@dataclass(frozen=True)
+@frozen
 class LengthDist:
     """A token-length distribution: ``fixed``, ``uniform`` (inclusive), ``normal`` or ``lognormal``
     (with the given mean and std of the result), rounded and clamped to ``[low, high]``."""
@@ -110,14 +111,14 @@ def _length(value: Any, doc: YamlDoc, loc: tuple[Any, ...]) -> LengthDist | None
 # the validated workload
 
 
-@dataclass(frozen=True)
+@frozen
 class Prefix:
     name: str
     tokens: int
     share: float
 
 
-@dataclass(frozen=True)
+@frozen
 class Workload:
     """A validated workload file. ``values``: estimate options (``options_from_values`` keys)."""
 

@@ -4,16 +4,16 @@ its figures are read against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kvplan.errors import ScenarioError
 from kvplan.io.yamldoc import ScenarioFileError, display_path
 from kvplan.sim.workload import Workload
 from kvplan.units import plural
+from kvplan.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Capacity:
     """What the deployment fits of this workload's requests (``at_tokens``: prompt + output, on average,
     at most max_model_len): ``unshared`` without prefix caching; with it, ``shared`` when the most common
@@ -55,7 +55,7 @@ def capacity(workload: Workload, plan: Any) -> Capacity:
     return Capacity(at, unshared, sharing.max_requests_shared, top.name, tokens, top.share, sharing.shared_blocks)
 
 
-@dataclass(frozen=True)
+@frozen
 class WorkloadRun:
     """A simulated workload: the plan it ran on, what the deployment fits of its requests, the per-policy
     results."""

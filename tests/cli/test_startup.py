@@ -3,7 +3,8 @@ measures wall time in paired runs).
 
 - the command line builds only the command it runs (``kvplan.cli.app.build_app``): ``estimate`` imports no other
   command's module, and a bundled model's ``--json`` imports neither PyYAML nor rich (the shipped YAML files are
-  answered from ``kvplan/data/bundled_index.json``, kept current here);
+  answered from ``kvplan/data/bundled_index.json``, kept current here); its table imports no rich either where
+  rich would print it without colour (kvplan.render.styled draws it), and rich's table and panel in colour;
 - a first ``--hub`` query asks the Hub three times (config.json's HEAD and GET, the model info's safetensors
   counts), whatever the number of shards; a second one asks nothing.
 """
@@ -49,26 +50,29 @@ def test_estimate_builds_only_its_command_and_a_bundled_json_reads_no_yaml():
     assert "kvplan.checks.compare" not in modules  # only a list of values compares
     assert "kvplan.planning.size" not in modules and "kvplan.io.prices" not in modules  # size's search is its own
     table = _modules_after("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100")
-    assert "rich" in table and "yaml" not in table
+    assert "kvplan.render.estimate" in table and "rich" not in table and "yaml" not in table  # drawn without rich
     assert "kvplan.cli.commands.check" in _modules_after("check", "--help")
 
 
-def _modules_of_the_entry_point(*args: str) -> set[str]:
+def _modules_of_the_entry_point(*args: str, env: dict[str, str] | None = None) -> set[str]:
     """What ``kvplan ARGS`` (the console entry point, as ``python -m kvplan`` runs it) imports beyond what the
-    interpreter imports for ``pass`` (a site hook of the machine's own is not the command's)."""
+    interpreter imports for ``pass`` (a site hook of the machine's own is not the command's); ``env``: variables
+    set for the command."""
     code = ("import sys, io, contextlib\nfrom kvplan.cli.entry import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    try:\n        main({list(args)!r})\n    except SystemExit:\n        pass\n"
             "print('\\n'.join(sorted(sys.modules)))")
     base = subprocess.run([sys.executable, "-c", "import sys; print('\\n'.join(sys.modules))"], capture_output=True,
                           text=True, cwd=ROOT, timeout=120)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, **(env or {})})
     assert r.returncode == 0 and base.returncode == 0, r.stderr + base.stderr
     return set(r.stdout.split()) - set(base.stdout.split())
 
 
-# what `kvplan estimate` on a bundled model never uses: other stages, other commands, writers, the Hub, the
-# command-line framework (a plain line is read without typer), and the standard library's writers
+# what `kvplan estimate` on a bundled text model never uses: other stages, other commands, writers, the Hub, the
+# command-line framework (a plain line is read without typer), the multimodal profile, and the standard library's
+# writers
 NOT_USED_BY_ESTIMATE = {
     "torch", "matplotlib", "numpy", "huggingface_hub", "httpx", "requests", "yaml", "pydantic", "prometheus_client",
     "packaging", "typer", "click", "kvplan.sim", "kvplan.explain", "kvplan.observe", "kvplan.paged",
@@ -77,7 +81,7 @@ NOT_USED_BY_ESTIMATE = {
     "kvplan.render.report", "kvplan.render.report_cells", "kvplan.render.report_plots", "kvplan.render.check",
     "kvplan.render.compare", "kvplan.render.simulate", "kvplan.render.validate", "kvplan.render.explain",
     "kvplan.render.observe", "kvplan.render.fit", "kvplan.render.catalogue", "kvplan.render.progress",
-    "kvplan.planning.auto_length", "secrets", "tempfile", "subprocess", "shutil", "csv", "html", "xml",
+    "kvplan.planning.auto_length", "kvplan.engines.vllm_profile", "secrets", "tempfile", "subprocess", "shutil", "csv", "html", "xml",
     "http", "urllib.request", "email", "socket", "ssl", "asyncio", "concurrent", "multiprocessing", "difflib",
 }
 
@@ -89,12 +93,18 @@ def _used(modules: set[str], forbidden: set[str]) -> set[str]:
 def test_estimate_imports_only_what_it_uses():
     json_run = _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--json")
     assert "kvplan.planning.plan" in json_run  # the run did plan (a failed run would import little)
-    assert _used(json_run, NOT_USED_BY_ESTIMATE | {"rich", "kvplan.render.estimate", "kvplan.planning.suggest"}) \
-        == set()
-    table = _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100")
-    assert "rich.table" in table and "kvplan.render.estimate" in table
-    # the table reads no emoji codes (rich's ~3,600 names) and suggests nothing when the plan fits
-    assert _used(table, NOT_USED_BY_ESTIMATE | {"rich._emoji_codes", "kvplan.planning.suggest"}) == set()
+    assert _used(json_run, NOT_USED_BY_ESTIMATE | {"rich", "kvplan.render.estimate", "kvplan.render.styled",
+                                                   "kvplan.planning.suggest"}) == set()
+    plain = {"FORCE_COLOR": "", "TTY_COMPATIBLE": "0"}  # rich would write no colour: the table is drawn without it
+    table = _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100", env=plain)
+    assert "kvplan.render.styled" in table and "kvplan.render.estimate" in table
+    # nothing of rich, and the plan fits: nothing suggested
+    assert _used(table, NOT_USED_BY_ESTIMATE | {"rich", "kvplan.planning.suggest"}) == set()
+    # in colour rich prints it: its table and panel, no emoji codes (rich's ~3,600 names)
+    colour = _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu", "H100",
+                                         env={"FORCE_COLOR": "1", "TTY_COMPATIBLE": ""})
+    assert "rich.table" in colour and "rich.panel" in colour
+    assert _used(colour, NOT_USED_BY_ESTIMATE | {"rich._emoji_codes", "kvplan.planning.suggest"}) == set()
     # a line the plain path does not read goes to typer: the same command, typer's reading of it
     assert "typer" in _modules_of_the_entry_point("estimate", "meta-llama/Llama-3.1-8B", "--gpu=H100", "--help")
 

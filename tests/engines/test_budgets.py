@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvplan.engines import Device, Term, forward_bytes_per_token, padded_vocab, sampler_bytes
-from kvplan.engines import sglang, vllm, vllm_profile
+from kvplan.engines import sglang, vllm, vllm_overhead
 from kvplan.errors import InputError
 from kvplan.planning.plan import Options, plan_for_spec
 from kvplan.model.sources import load_bundled
@@ -124,8 +124,8 @@ def test_triton_and_flashinfer_sampler_peaks_are_derived(llama31):
 
 def test_rope_cache_counted_in_overhead(llama31, llama3):
     # Llama-3.1: 131,072 positions x 128 head_dim x 2 B = 33,554,432 (32 MiB); Llama-3: 8,192 x 128 x 2 = 2 MiB
-    assert vllm_profile.rope_cache_bytes(llama31, 2) == 33_554_432
-    assert vllm_profile.rope_cache_bytes(llama3, 2) == 2 * MiB
+    assert vllm_overhead.rope_cache_bytes(llama31, 2) == 33_554_432
+    assert vllm_overhead.rope_cache_bytes(llama3, 2) == 2 * MiB
     b = vllm.budget(H100, 0.9, Term("weights", 1000, "checkpoint"), None, None, None, None, spec=llama3, tp=1,
                     max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
     assert b.weights.bytes == 1000  # the checkpoint, untouched

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from kvplan.engines import Device, Term, vllm
-from kvplan.engines.vllm_profile import image_profile, rope_cache_bytes
+from kvplan.engines.vllm_overhead import rope_cache_bytes
+from kvplan.engines.vllm_profile import image_profile
 from kvplan.engines.vllm_weights import deepstack_buffer_bytes
 from kvplan.memory import num_blocks
 from kvplan.planning.plan import Options, plan_for_spec

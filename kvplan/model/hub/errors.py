@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kvplan.errors import HubError, KvplanError, ModelNotFoundError
 from kvplan.model.hub.request import CONFIG_FILE, HubRequest, transport_errors
+from kvplan.frozen import frozen
 
 
 class Unavailable(HubError):
     """The Hub could not answer (network, 5xx): the message gains 'and not in the cache' when raised."""
 
 
-@dataclass(frozen=True)
+@frozen
 class _HubErrorRule:
     """One row of :data:`HUB_ERRORS`: which failure, the kvplan error it becomes, and whether the cache
     may stand in for the Hub. ``message``/``hint`` are formatted with :func:`_error_fields`."""

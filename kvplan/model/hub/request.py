@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
+from kvplan.frozen import frozen
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 
-@dataclass(frozen=True)
+@frozen
 class HubRequest:
     """One fetch: what was asked and the settings in force (for messages)."""
 
