@@ -32,11 +32,10 @@ creates after this rank's reading (:func:`late_comm_bytes`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvplan.engines import Device
 from kvplan.engines.sglang_releases import release
 from kvplan.engines.vllm_overhead import CUSTOM_ALLREDUCE_BYTES, nccl_communicator_bytes
+from kvplan.frozen import frozen
 from kvplan.units import GiB
 
 # The CUDA / HIP context, in use when SGLang takes its first reading (the total less the free memory before loading,
@@ -69,7 +68,7 @@ LATE_COMM_BOARDS = ("nvlink", "nvlink-switch", "infinity-fabric")
 DEFAULT_INTERCONNECT = "nvlink"  # a GPU given by its memory alone
 
 
-@dataclass(frozen=True)
+@frozen
 class PreLoad:
     """What is in use per GPU when SGLang takes its first reading (bytes), as named parts."""
 
