@@ -50,6 +50,20 @@ NVLS_BYTES_PER_RANK = 288 * MiB
 NVLINK_PEERS_PER_NODE = 8
 NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * GiB),
                    "infinity-fabric": round(0.08 * GiB), "pcie": 0}
+# RCCL over xGMI (Infinity Fabric) above 2 ranks: one communicator's buffers per GPU, in place of the NVLink rule
+# above (whose per-peer fit is NVIDIA's). RCCL keeps NCCL's buffer sizes (4 MiB Simple per channel and peer, plus LL /
+# LL128) but on a fully connected xGMI node it builds many more channels than NCCL on NVLink (one ring per link
+# direction, and more per link on gfx942 / gfx950), so the same code holds about three times the memory. No vLLM log
+# isolates it; the calibration figure is SGLang's (the same PyNccl / RCCL code): sglang-rocmcompat-mi355x-kimi-k25-tp8,
+# 0.5.8.post1, 4.45 GiB in use on the fullest rank before loading, less the 0.80 GiB HIP context and 0.02 -> 3.63 GiB
+# for one communicator at tp 8 (kvplan.engines.sglang_overhead takes it from here). Like SGLang's rule it does not grow
+# with the ranks above 2 (ring / tree neighbours only) and is taken for tp 4 - 16 alike; at tp 2 the NVLink-class
+# figure stands (the rocm-blog tp-2 MI300X starts, V1, are within 0.6% with it). vLLM V0 (0.6 - 0.7) at tp > 2 on
+# ROCm holds two such communicators (PyNccl's and torch.distributed's; no custom all-reduce there), which is most of
+# what V0 MI300X tp-8 logs charge above the NVLink rule (validation, not fitted: Llama-2-7B at tp 8 charges 3.34 GiB
+# above it, this rule adds 5.48, so on MI300X (gfx942) it plans about 1 GiB per communicator more than that log held:
+# the safe side; the MI355X (gfx950) figure may hold more channels than MI300X's RCCL builds).
+RCCL_XGMI_WIDE_BYTES = round(3.63 * GiB)
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
 # V0 (0.6.0 - 0.7.x; read in 0.6.6, 0.7.2 and 0.7.3: worker.py init_device, distributed/parallel_state.py,
 # device_communicators/custom_all_reduce.py, config.py ParallelConfig). The baseline is taken in init_device before
@@ -141,8 +155,11 @@ class NonTorch:
 
 def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
     """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``, ``(channels, nvls)``:
-    channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
+    channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node; RCCL over
+    Infinity Fabric above 2 ranks :data:`RCCL_XGMI_WIDE_BYTES`), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
     off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank)."""
+    if interconnect == "infinity-fabric" and tp > 2:
+        return RCCL_XGMI_WIDE_BYTES, 0  # RCCL over xGMI: many more channels, not growing with the ranks
     channels = (NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
                 + max(0, min(tp, NVLINK_PEERS_PER_NODE) - 2) * NCCL_PEER_BYTES.get(interconnect, NCCL_PEER_BYTES["nvlink"]))
     # NVLS spans one NVLink domain: its buffers scale with the ranks of one node (nvlsTotalSize = per-rank x heads)
