@@ -177,6 +177,36 @@ def v0_custom_allreduce_bytes(tp: int, device: Device) -> int:
     return 0 if interconnect == "pcie" and tp > 2 else CUSTOM_ALLREDUCE_BYTES
 
 
+# V0 0.6.0 - 0.6.3 ("free-delta": vllm/worker/worker.py determine_num_available_blocks charges init free memory - the
+# free memory after profile_run, with no empty_cache between) charge the torch caching allocator's *reserved* memory at
+# the profile's end, not its allocated peak. At tp >= 2 each decoder layer all-reduces its o_proj and down_proj outputs
+# in place (GroupCoordinator.all_reduce -> torch.ops.vllm.inplace_all_reduce -> torch.distributed.all_reduce: PyNccl is
+# on only inside graph capture, and custom all-reduce takes only inputs under its 8 MiB max_size; on ROCm it is off).
+# ProcessGroupNCCL records each input on its NCCL stream (recordStream; torch 2.4's TORCH_NCCL_AVOID_RECORD_STREAMS is
+# off), so when the layer drops that hidden-sized tensor the allocator keeps its block until an event on the NCCL
+# stream - recorded at the free, behind the all-reduce just queued - completes. The CPU is ahead of the GPU by at
+# least that all-reduce when the MLP allocates its gate/up and down outputs, so the block is not reused and one more
+# hidden-sized block is reserved at the MLP's peak (tokens x hidden x dtype bytes: 4 GiB for Llama-3.1-405B at
+# 131,072 profiled tokens; validation: vllm-f43425326930-mi300x-llama31-405b-tp8 charges 4.27 GiB above kvplan's
+# other terms). More blocks stay reserved if the CPU runs several layers ahead: the point estimate is one, the
+# activation's spread pays the rest. From 0.6.4 the profile charges the allocated peak (memory_stats), not this.
+V0_DEFERRED_FREE_MEASURES = ("free-delta",)
+V0_CUSTOM_ALLREDUCE_MAX_BYTES = 8 * MiB  # CustomAllreduce max_size: larger inputs go to torch.distributed
+
+
+def deferred_allreduce_bytes(p: Profile, spec: ModelSpec, tp: int, tokens: int, act_bytes: int,
+                             device: Device | None = None) -> int:
+    """The hidden-sized block the caching allocator keeps reserved at the profile's MLP peak behind an NCCL
+    all-reduce, per GPU (bytes; see :data:`V0_DEFERRED_FREE_MEASURES`): ``tokens x hidden x act_bytes`` for a
+    release whose profile charges reserved memory, at tp >= 2, where the all-reduce goes through torch.distributed
+    (ROCm; CUDA without custom all-reduce or above its max size); else 0."""
+    if p.measure not in V0_DEFERRED_FREE_MEASURES or tp < 2:
+        return 0
+    size = tokens * spec.hidden_size * act_bytes
+    custom = v0_custom_allreduce_bytes(tp, device or Device()) > 0 and size < V0_CUSTOM_ALLREDUCE_MAX_BYTES
+    return 0 if custom else size
+
+
 def v0_pipeline_bytes(tp: int, pp: int, interconnect: str) -> int:
     """V0's pp-group PyNccl communicator per GPU (bytes; 0 at pp 1): a communicator of ``pp`` ranks over the board
     where the whole deployment is one node (:func:`nccl_communicator_bytes`, NVLS included), else the board's

@@ -106,3 +106,28 @@ def test_rccl_over_infinity_fabric_above_two_ranks():
     # validation) is not over-promised: the rule adds at least that much
     nvlink_rule = 2 * sum(nccl_communicator_bytes(8, "nvlink"))
     assert v0.channels - nvlink_rule >= 3.34 * (1 << 30)
+
+
+def test_v0_free_delta_reserves_one_hidden_block_behind_the_nccl_all_reduce():
+    """0.6.0 - 0.6.3 charge the allocator's reserved memory: at tp >= 2 the hidden-sized block a layer all-reduced
+    through torch.distributed stays reserved at the MLP's peak (tokens x hidden x 2 B); not at tp 1, not from 0.6.4
+    (the allocated peak), not where custom all-reduce takes the tensor (CUDA, under 8 MiB)."""
+    import kvplan
+    from kvplan.engines.vllm_overhead import V0_CUSTOM_ALLREDUCE_MAX_BYTES, deferred_allreduce_bytes
+
+    spec = kvplan.estimate("meta-llama/Llama-3.1-405B", gpu="MI300X", tp=8, context=4096,
+                           engine_version="0.6.3").spec
+    mi300x, nvlink = Device("rocm", 304, "infinity-fabric"), Device("cuda", 108, "nvlink", "8.0")
+    p = profile("0.6")
+    assert deferred_allreduce_bytes(p, spec, 8, 131072, 2, mi300x) == 131072 * 16384 * 2 == 4 << 30
+    assert deferred_allreduce_bytes(p, spec, 1, 131072, 2, mi300x) == 0
+    assert deferred_allreduce_bytes(profile("0.6.5"), spec, 8, 131072, 2, mi300x) == 0
+    assert deferred_allreduce_bytes(profile("0.11"), spec, 8, 131072, 2, mi300x) == 0
+    small = V0_CUSTOM_ALLREDUCE_MAX_BYTES // (spec.hidden_size * 2) - 1  # under custom all-reduce's max size
+    assert deferred_allreduce_bytes(p, spec, 8, small, 2, nvlink) == 0  # custom all-reduce takes it on CUDA
+    assert deferred_allreduce_bytes(p, spec, 8, small, 2, mi300x) == small * spec.hidden_size * 2  # ROCm: NCCL
+    # it is in the plan's activation term, and said so
+    plan = kvplan.estimate("meta-llama/Llama-3.1-405B", gpu="MI300X", tp=8, context=131072, engine_version="0.6.3")
+    v065 = kvplan.estimate("meta-llama/Llama-3.1-405B", gpu="MI300X", tp=8, context=131072, engine_version="0.6.5")
+    assert "behind an NCCL all-reduce" in plan.budget.activation.source
+    assert "behind an NCCL all-reduce" not in v065.budget.activation.source
