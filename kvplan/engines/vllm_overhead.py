@@ -183,8 +183,9 @@ def v0_custom_allreduce_bytes(tp: int, device: Device) -> int:
 # in place (GroupCoordinator.all_reduce -> torch.ops.vllm.inplace_all_reduce -> torch.distributed.all_reduce: PyNccl is
 # on only inside graph capture, and custom all-reduce takes only inputs under its 8 MiB max_size; on ROCm it is off).
 # ProcessGroupNCCL records each input on its NCCL stream (recordStream; torch 2.4's TORCH_NCCL_AVOID_RECORD_STREAMS is
-# off), so when the layer drops that hidden-sized tensor the allocator keeps its block until an event on the NCCL
-# stream - recorded at the free, behind the all-reduce just queued - completes. The CPU is ahead of the GPU by at
+# off; pytorch#76861: recordStream keeps a collective's input from being repurposed until the collective finishes from
+# the host's view), so when the layer drops that hidden-sized tensor the allocator keeps its block until an event on
+# the NCCL stream - recorded at the free, behind the all-reduce just queued - completes. The CPU is ahead of the GPU by at
 # least that all-reduce when the MLP allocates its gate/up and down outputs, so the block is not reused and one more
 # hidden-sized block is reserved at the MLP's peak (tokens x hidden x dtype bytes: 4 GiB for Llama-3.1-405B at
 # 131,072 profiled tokens; validation: vllm-f43425326930-mi300x-llama31-405b-tp8 charges 4.27 GiB above kvplan's
