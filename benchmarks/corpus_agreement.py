@@ -82,6 +82,7 @@ class Row:
     low_width_pct: float | None = None  # (estimate - low end) / estimate, %
     dominant: str = ""  # the term whose spread dominates the low end
     unified_gib: float | None = None  # on a unified-memory device: kvplan - logged KV with the printed terms put in
+    platform: str = "cuda"  # the planned GPU's platform (cuda, rocm): the spread's coverage (covered_table)
 
 
 def _num(x: Any) -> float | None:
@@ -479,7 +480,7 @@ def run(entry: corpus.Entry) -> Row | str:
                rough_weights(plan.budget.weights.source), deltas, estimated, rest, model_family(plan.spec),
                board(plan.gpu.interconnect, plan.gpu.memory_kind), low_holds, low_width,
                plan.kv_range.dominant if plan.kv_range else "",
-               unified if plan.gpu.memory_kind == "unified" and basis == "inputs" else None)
+               unified if plan.gpu.memory_kind == "unified" and basis == "inputs" else None, plan.gpu.device.platform)
 
 
 def rows(split: str | None = None) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -627,6 +628,16 @@ def term_table(done: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
+def covered_table(done: list[Row]) -> list[dict[str, str]]:
+    """The platform x release family pairs (per engine) that a calibration log printing budget terms covers:
+    :func:`kvplan.engines.spread.covered` reads them; a pair not listed is unseen (its range takes the widest spreads)."""
+    from kvplan.engines.spread import family as release_family
+
+    pairs = {(r.engine, r.platform, release_family(r.engine, r.release)) for r in done
+             if r.split == "calibration" and r.basis == "inputs" and _term_samples(r)}
+    return [{"engine": e, "platform": p, "family": f} for e, p, f in sorted(pairs)]
+
+
 def _set_aside_outlier(term: str, xs: list[tuple[str, float, float]]) -> tuple[list[tuple[str, float, float]],
                                                                     tuple[str, float, float] | None]:
     """``xs`` less its one outlier (and that log), else ``xs`` and None: for a term of
@@ -656,8 +667,9 @@ def write_spread(done: list[Row], path: Path) -> None:
             "# engine gave less KV; the 95th percentile, TERM_QUANTILE), fell below it (under) and the median (logged - kvplan), as a\n"
             "# fraction of the estimate (unit fraction) or GiB per GPU; from: the logs that print the term.\n"
             "# classes: the whole KV budget's shortfall (over_gib) and excess (under_gib) per class, for engines whose\n"
-            "# logs print no terms. Read by kvplan.engines.spread.\n")
-    doc = {"terms": term_table(done), "classes": spread_table(done)}
+            "# logs print no terms. covered: the platform x release family pairs a calibration log printing terms\n"
+            "# covers (any other is unseen: its range takes the widest spreads). Read by kvplan.engines.spread.\n")
+    doc = {"terms": term_table(done), "classes": spread_table(done), "covered": covered_table(done)}
     path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=110))
     subprocess.run([sys.executable, str(Path(__file__).with_name("gen_bundled_index.py"))], check=True)  # it ships
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from kvplan.engines import Device
 from kvplan.engines.sglang_releases import release
-from kvplan.engines.vllm_overhead import CUSTOM_ALLREDUCE_BYTES, nccl_communicator_bytes
+from kvplan.engines.vllm_overhead import CUSTOM_ALLREDUCE_BYTES, RCCL_XGMI_WIDE_BYTES, nccl_communicator_bytes
 from kvplan.frozen import frozen
 from kvplan.units import GiB
 
@@ -57,7 +57,7 @@ CONTEXT_BYTES_BY_PLATFORM = {"cuda": CONTEXT_BYTES, "rocm": round(0.80 * GiB)}
 # - PCIe at any tp: 0.17 GiB at tp 2 on RTX 4090s (sglang-exp001, 0.19 - 0.02) and 0.13 at tp 4 on L4s
 #   (sglang-llmsinclouds, custom all-reduce off); the median, 0.15 (vLLM's tp-2 figure is 0.05).
 NCCL_WIDE_BYTES = {"nvlink-switch": round(1.23 * GiB), "nvlink": round(1.23 * GiB),
-                   "infinity-fabric": round(3.63 * GiB)}
+                   "infinity-fabric": RCCL_XGMI_WIDE_BYTES}  # 3.63 GiB (the figure lives with vLLM's NCCL rule)
 NCCL_PCIE_BYTES = round(0.15 * GiB)
 CUSTOM_ALLREDUCE_WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES (0.3 - 0.5.x)
 # Boards whose late communicator (0.3 - 0.4.6) holds device memory: on PCIe boards none

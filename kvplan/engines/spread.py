@@ -24,7 +24,10 @@ spread nor reaches every class that borrows from it. vLLM V0 on ROCm, whose non-
 does not model and no calibration log prints, pays the widest unexplained memory of every class
 (:func:`widest_unexplained`). An engine whose logs print no terms (SGLang) keeps the
 whole budget's spread per class (engine, release family, tp; :func:`spread`), falling back to its release family,
-then to the engine.
+then to the engine. A platform x release family no calibration log that prints terms covers (``covered`` in the file,
+:func:`covered`; vLLM V0 on ROCm) is unseen: its activation, non-torch memory and rest take the widest of their class's
+neighbours (non-torch memory at least the widest unexplained memory of every class; :func:`unseen_spread`), and the
+range says so.
 
 The data lives in ``kvplan/data/kv_spread.yaml``; this module only reads it (once, lazily).
 """
@@ -258,6 +261,60 @@ def widest_unexplained(engine: str, why: str) -> TermSpread | None:
                       f"{widest['term']}, {widest['class']}, {widest['logs']} logs")
 
 
+# The platform x release family pairs that no calibration log printing terms covers, for a spread file written
+# before it recorded its coverage (kv_spread.yaml ``covered``): vLLM V0 on ROCm (every V0 log with terms is CUDA's).
+UNSEEN_BEFORE_RECORDED = (("vllm", "rocm", "V0 0.6 - 0.7"),)
+# The terms whose spread an unseen platform x release family widens: the engine's own memory on that platform
+# (the activation's kernels, non-torch memory, what no line prints). The weights a checkpoint holds are the same bytes
+# on every platform.
+UNSEEN_TERMS = ("activation", "overhead", "rest")
+
+
+def covered(engine: str, platform: str, family_name: str) -> bool:
+    """Whether a calibration log that prints budget terms covers ``platform`` (``cuda``, ``rocm``) x release family
+    ``family_name`` of ``engine`` (kv_spread.yaml's ``covered``; a file without it:
+    :data:`UNSEEN_BEFORE_RECORDED`)."""
+    rows = _doc().get("covered")
+    if rows is None:
+        return (engine, platform, family_name) not in UNSEEN_BEFORE_RECORDED
+    return any(r.get("engine") == engine and r.get("platform") == platform and r.get("family") == family_name
+               for r in rows)
+
+
+def mode_covered(engine: str, platform: str, family_name: str) -> bool:
+    """Whether any release family of the same engine mode as ``family_name`` (vLLM's ``V0`` / ``V1``; SGLang's
+    families are one mode) is :func:`covered` on ``platform``: an uncovered family beside covered ones borrows from
+    them; a platform whose whole mode is unseen (vLLM V0 on ROCm) does not."""
+    mode = family_name.split()[0] if engine == "vllm" else ""
+    return any(covered(engine, platform, name) for _, name in FAMILIES.get(engine, ())
+               if not mode or name.split()[0] == mode)
+
+
+def unseen_spread(term: str, engine: str, cls: str, estimate_bytes: int, why: str, mode_seen: bool = False
+                  ) -> TermSpread | None:
+    """The spread of ``term`` for a platform x release family no calibration log covers (:func:`covered`), never a
+    narrow one: the widest of its own class and its neighbours (:func:`term_spread`'s neighbours), or of every
+    class of the term where those hold fewer than :data:`MIN_TERM_LOGS` logs; for non-torch memory, where the
+    platform's whole engine mode is unseen (not ``mode_seen``: :func:`mode_covered`), at least the widest unexplained
+    memory of every class (:func:`widest_unexplained`). Its basis says the class is unseen and ``why``."""
+    rows = {r["class"]: r for r in _terms() if r.get("engine") == engine and r.get("term") == term}
+    near = [rows[c] for c in [cls, *_neighbours(term, engine, cls)] if c in rows]
+    chosen = near if sum(int(r["logs"]) for r in near) >= MIN_TERM_LOGS else list(rows.values())
+    candidates = []
+    if chosen:
+        widest = max(chosen, key=lambda r: float(r["over"]))
+        scale = estimate_bytes if TERM_UNITS[term] == "fraction" else GiB
+        candidates.append(TermSpread(term, round(float(widest["over"]) * scale),
+                                     round(max(float(r["under"]) for r in chosen) * scale),
+                                     sum(int(r["logs"]) for r in chosen),
+                                     f"{why}: unseen, so the widest of {'its neighbours' if chosen is near else 'every class'}"
+                                     f": {widest['class']}, {widest['logs']} logs"))
+    if term == "overhead" and not mode_seen:
+        wide = widest_unexplained(engine, f"{why}: unseen")
+        candidates += [wide] if wide is not None else []
+    return max(candidates, key=lambda t: t.over_bytes, default=None)
+
+
 def rough_weights(source: str) -> bool:
     """Whether a weights term's source says it was counted from parameters x a dtype, not a checkpoint's size."""
     return "parameters x" in source and "checkpoint" not in source
@@ -284,5 +341,5 @@ def spread(engine: str, version: str, tp: int) -> Spread | None:
 
 
 __all__ = ["BOARDS", "FAMILIES", "MODEL_FAMILIES", "ROUGH_WEIGHTS_FRACTION", "Spread", "TERM_UNITS", "TermSpread",
-           "board", "family", "has_term_data", "widest_unexplained", "model_family", "rough_weights", "spread", "term_class", "term_spread",
-           "tp_bucket"]
+           "UNSEEN_TERMS", "board", "covered", "family", "has_term_data", "mode_covered", "model_family", "rough_weights", "spread",
+           "term_class", "term_spread", "tp_bucket", "unseen_spread", "widest_unexplained"]

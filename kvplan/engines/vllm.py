@@ -58,6 +58,7 @@ from kvplan.engines.vllm_overhead import (
     NCCL_PEER_BYTES as NCCL_PEER_BYTES,
     NVLINK_PEERS_PER_NODE as NVLINK_PEERS_PER_NODE,
     NVLS_BYTES_PER_RANK as NVLS_BYTES_PER_RANK,
+    deferred_allreduce_bytes as deferred_allreduce_bytes,
     NonTorch as NonTorch,
     capture_sizes as capture_sizes,
     consumed_workspace_bytes as consumed_workspace_bytes,
@@ -552,13 +553,18 @@ def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num
     kept = kept_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, features.expert_parallel)
     charged = kept - consumed_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, features.expert_parallel)
 
+    deferred = deferred_allreduce_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, device)
+
     def peak(sampler_peak: int) -> int:
-        return charged + max(forward - kept, sampler_peak) + resident
+        return charged + max(forward - kept + deferred, sampler_peak) + resident
 
     rows = min(max_num_seqs, max_num_batched_tokens)
-    activation = Term("activation", max(peak(sampler), images.encoder_peak_bytes if images else 0),
-                      _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
-                                         *sampler_path(version, device, features.flashinfer), images, kept, charged))
+    source = _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
+                                *sampler_path(version, device, features.flashinfer), images, kept, charged)
+    if deferred:
+        source += (f" + a hidden-sized block {deferred / GiB:.2f} GiB the allocator keeps reserved behind an NCCL "
+                   f"all-reduce ({p.version} charges reserved memory)")
+    activation = Term("activation", max(peak(sampler), images.encoder_peak_bytes if images else 0), source)
     path_gap = 0
     if p.sampler in INSTALLED_SAMPLERS and features.flashinfer is None and sampler_path(version, device)[0] != "native":
         native = sampler_bytes(rows, spec.vocab_size, PROFILES["0.12"].sampler_copies)

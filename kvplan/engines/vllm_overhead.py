@@ -49,6 +49,20 @@ NVLS_BYTES_PER_RANK = 288 * MiB
 NVLINK_PEERS_PER_NODE = 8
 NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * GiB),
                    "infinity-fabric": round(0.08 * GiB), "pcie": 0}
+# RCCL over xGMI (Infinity Fabric) above 2 ranks: one communicator's buffers per GPU, in place of the NVLink rule
+# above (whose per-peer fit is NVIDIA's). RCCL keeps NCCL's buffer sizes (4 MiB Simple per channel and peer, plus LL /
+# LL128) but on a fully connected xGMI node it builds many more channels than NCCL on NVLink (one ring per link
+# direction, and more per link on gfx942 / gfx950), so the same code holds about three times the memory. No vLLM log
+# isolates it; the calibration figure is SGLang's (the same PyNccl / RCCL code): sglang-rocmcompat-mi355x-kimi-k25-tp8,
+# 0.5.8.post1, 4.45 GiB in use on the fullest rank before loading, less the 0.80 GiB HIP context and 0.02 -> 3.63 GiB
+# for one communicator at tp 8 (kvplan.engines.sglang_overhead takes it from here). Like SGLang's rule it does not grow
+# with the ranks above 2 (ring / tree neighbours only) and is taken for tp 4 - 16 alike; at tp 2 the NVLink-class
+# figure stands (the rocm-blog tp-2 MI300X starts, V1, are within 0.6% with it). vLLM V0 (0.6 - 0.7) at tp > 2 on
+# ROCm holds two such communicators (PyNccl's and torch.distributed's; no custom all-reduce there), which is most of
+# what V0 MI300X tp-8 logs charge above the NVLink rule (validation, not fitted: Llama-2-7B at tp 8 charges 3.34 GiB
+# above it, this rule adds 5.48, so on MI300X (gfx942) it plans about 1 GiB per communicator more than that log held:
+# the safe side; the MI355X (gfx950) figure may hold more channels than MI300X's RCCL builds).
+RCCL_XGMI_WIDE_BYTES = round(3.63 * GiB)
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
 # V0 (0.6.0 - 0.7.x; read in 0.6.6, 0.7.2 and 0.7.3: worker.py init_device, distributed/parallel_state.py,
 # device_communicators/custom_all_reduce.py, config.py ParallelConfig). The baseline is taken in init_device before
@@ -155,8 +169,11 @@ def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
 
 def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
     """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``, ``(channels, nvls)``:
-    channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
+    channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node; RCCL over
+    Infinity Fabric above 2 ranks :data:`RCCL_XGMI_WIDE_BYTES`), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
     off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank)."""
+    if interconnect == "infinity-fabric" and tp > 2:
+        return RCCL_XGMI_WIDE_BYTES, 0  # RCCL over xGMI: many more channels, not growing with the ranks
     channels = (NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
                 + max(0, min(tp, NVLINK_PEERS_PER_NODE) - 2) * NCCL_PEER_BYTES.get(interconnect, NCCL_PEER_BYTES["nvlink"]))
     # NVLS spans one NVLink domain: its buffers scale with the ranks of one node (nvlsTotalSize = per-rank x heads)
@@ -172,6 +189,37 @@ def v0_custom_allreduce_bytes(tp: int, device: Device) -> int:
     if device.platform == "rocm" or tp not in V0_CUSTOM_ALLREDUCE_SIZES or tp > NVLINK_PEERS_PER_NODE:
         return 0
     return 0 if interconnect == "pcie" and tp > 2 else CUSTOM_ALLREDUCE_BYTES
+
+
+# V0 0.6.0 - 0.6.3 ("free-delta": vllm/worker/worker.py determine_num_available_blocks charges init free memory - the
+# free memory after profile_run, with no empty_cache between) charge the torch caching allocator's *reserved* memory at
+# the profile's end, not its allocated peak. At tp >= 2 each decoder layer all-reduces its o_proj and down_proj outputs
+# in place (GroupCoordinator.all_reduce -> torch.ops.vllm.inplace_all_reduce -> torch.distributed.all_reduce: PyNccl is
+# on only inside graph capture, and custom all-reduce takes only inputs under its 8 MiB max_size; on ROCm it is off).
+# ProcessGroupNCCL records each input on its NCCL stream (recordStream; torch 2.4's TORCH_NCCL_AVOID_RECORD_STREAMS is
+# off; pytorch#76861: recordStream keeps a collective's input from being repurposed until the collective finishes from
+# the host's view), so when the layer drops that hidden-sized tensor the allocator keeps its block until an event on
+# the NCCL stream - recorded at the free, behind the all-reduce just queued - completes. The CPU is ahead of the GPU by at
+# least that all-reduce when the MLP allocates its gate/up and down outputs, so the block is not reused and one more
+# hidden-sized block is reserved at the MLP's peak (tokens x hidden x dtype bytes: 4 GiB for Llama-3.1-405B at
+# 131,072 profiled tokens; validation: vllm-f43425326930-mi300x-llama31-405b-tp8 charges 4.27 GiB above kvplan's
+# other terms). More blocks stay reserved if the CPU runs several layers ahead: the point estimate is one, the
+# activation's spread pays the rest. From 0.6.4 the profile charges the allocated peak (memory_stats), not this.
+V0_DEFERRED_FREE_MEASURES = ("free-delta",)
+V0_CUSTOM_ALLREDUCE_MAX_BYTES = 8 * MiB  # CustomAllreduce max_size: larger inputs go to torch.distributed
+
+
+def deferred_allreduce_bytes(p: Profile, spec: ModelSpec, tp: int, tokens: int, act_bytes: int,
+                             device: Device | None = None) -> int:
+    """The hidden-sized block the caching allocator keeps reserved at the profile's MLP peak behind an NCCL
+    all-reduce, per GPU (bytes; see :data:`V0_DEFERRED_FREE_MEASURES`): ``tokens x hidden x act_bytes`` for a
+    release whose profile charges reserved memory, at tp >= 2, where the all-reduce goes through torch.distributed
+    (ROCm; CUDA without custom all-reduce or above its max size); else 0."""
+    if p.measure not in V0_DEFERRED_FREE_MEASURES or tp < 2:
+        return 0
+    size = tokens * spec.hidden_size * act_bytes
+    custom = v0_custom_allreduce_bytes(tp, device or Device()) > 0 and size < V0_CUSTOM_ALLREDUCE_MAX_BYTES
+    return 0 if custom else size
 
 
 def v0_pipeline_bytes(tp: int, pp: int, interconnect: str) -> int:

@@ -7,7 +7,9 @@ rest). The low end pays every term's downside (their sum): a KV budget that much
 (``--activation-gib``) has no spread; a term a calibration file measured keeps the logs' printed precision. Where
 the engine's code path depends on its installation (vLLM 0.8 - 0.11's sampler; 0.10.1 - 0.11's MXFP4 layout on
 Hopper) the low end pays the costlier path too; on a unified-memory device (GB10) the non-torch term takes the
-widest spread of its neighbours, and on a GeForce card under a release that charges other processes' memory the
+widest spread of its neighbours; where no calibration log covers the platform x release family (vLLM V0 on ROCm)
+the activation, non-torch and rest terms take the widest spread of their neighbours and the widest unexplained memory,
+and a note says the class is unseen; and on a GeForce card under a release that charges other processes' memory the
 low end allows for a desktop (topping up the non-torch spread); a note says why. An engine whose calibration logs
 print no terms keeps the whole budget's spread per class (SGLang's print two, "Load weight end ... mem usage" and
 the free memory before loading: once ``kv_spread.yaml`` has them, SGLang's range is built from its weights and
@@ -24,8 +26,8 @@ from typing import Any
 from kvplan import memory
 from kvplan.engines import Budget, EngineDefaults, Term, given
 from kvplan.engines.spread import (
-    PRINTED_PRECISION_BYTES, ROUGH_WEIGHTS_FRACTION, TermSpread, board, family, has_term_data, model_family,
-    rough_weights, spread, term_class, term_spread, widest_unexplained,
+    PRINTED_PRECISION_BYTES, ROUGH_WEIGHTS_FRACTION, UNSEEN_TERMS, TermSpread, board, covered, family, has_term_data,
+    mode_covered, model_family, rough_weights, spread, term_class, term_spread, unseen_spread,
 )
 from kvplan.planning.answer import Answer, Deployment
 from kvplan.units import GiB
@@ -91,10 +93,23 @@ def _calibrated(term: Term) -> bool:
     return term.source.startswith("calibration")
 
 
-def _rocm_v0(engine: EngineDefaults, gpu: Any) -> bool:
-    """Whether this is vLLM's V0 engine on an AMD GPU (its non-torch memory holds hipBLASLt's, unmodelled); only
-    vLLM's release families are named V0 (:data:`kvplan.engines.spread.FAMILIES`)."""
-    return getattr(gpu, "vendor", "") == "amd" and family(engine.engine, engine.version).startswith("V0")
+UNSEEN_NOTE = ("no calibration log covers {release} on {platform}: kvplan's terms there are read in the code, not "
+               "checked on a log that prints them, so the range takes each uncertain term's ({terms}) widest spread "
+               "of its neighbours{widest}, never a narrow one")
+PLATFORM_NAMES = {"rocm": "ROCm", "cuda": "CUDA"}
+WIDEST_UNEXPLAINED = (" (non-torch memory: at least the widest unexplained memory of every class, since no family of "
+                      "this engine mode is covered there)")
+
+
+def unseen_platform(engine: EngineDefaults, gpu: Any) -> tuple[str, bool] | None:
+    """The plan's platform (``ROCm``, ``CUDA``) where no calibration log that prints terms covers it for this release
+    family (:func:`kvplan.engines.spread.covered`: vLLM V0 on ROCm today) and whether another family of its engine
+    mode is covered there (:func:`~kvplan.engines.spread.mode_covered`), else None."""
+    platform = gpu.device.platform if gpu is not None and hasattr(gpu, "device") else "cuda"
+    name = family(engine.engine, engine.version)
+    if covered(engine.engine, platform, name):
+        return None
+    return PLATFORM_NAMES.get(platform, platform), mode_covered(engine.engine, platform, name)
 
 
 def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = None, gpu: Any = None
@@ -107,6 +122,10 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         notes.append(UNIFIED_NOTE.format(gpu=getattr(gpu, "name", "this GPU")))
     fam = model_family(spec) if spec is not None else "dense"
     rough = rough_weights(budget.weights.source)
+    unseen = unseen_platform(engine, gpu)
+    if unseen:
+        notes.append(UNSEEN_NOTE.format(release=engine.label, platform=unseen[0], terms=", ".join(UNSEEN_TERMS),
+                                        widest="" if unseen[1] else WIDEST_UNEXPLAINED))
     out: list[TermSpread] = []
     terms = (budget.weights, budget.activation, budget.overhead, budget.cudagraph)
     for t in terms:
@@ -120,9 +139,8 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         cls = term_class(t.name, engine=engine.engine, version=engine.version, tp=tp, board_name=brd,
                          family_name=fam, rough=rough)
         s = term_spread(t.name, engine.engine, cls, t.bytes)
-        if t.name == "overhead" and _rocm_v0(engine, gpu):
-            s = widest_unexplained(engine.engine, "vLLM V0 on ROCm: hipBLASLt's memory is not modelled and no "
-                                   "calibration log prints V0's non-torch memory there") or s
+        if unseen and t.name in UNSEEN_TERMS:
+            s = unseen_spread(t.name, engine.engine, cls, t.bytes, f"{cls} on {unseen[0]}", unseen[1]) or s
         if s is None:
             continue
         if t.name == "weights" and rough and s.over_bytes < ROUGH_WEIGHTS_FRACTION * t.bytes:
@@ -137,7 +155,9 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
     else:
         cls = term_class("rest", engine=engine.engine, version=engine.version, tp=tp, board_name=brd,
                          family_name=fam, rough=rough)
-        rest = term_spread("rest", engine.engine, cls, 0)
+        rest = (unseen_spread("rest", engine.engine, cls, 0, f"{cls} on {unseen[0]}", unseen[1]) if unseen
+                else None) or \
+            term_spread("rest", engine.engine, cls, 0)
         if rest is not None:
             out.append(rest)
     if kind == "unified":

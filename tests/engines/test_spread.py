@@ -30,3 +30,49 @@ def test_one_well_measured_neighbour_still_sets_the_spread(monkeypatch):
     monkeypatch.setattr(spread, "_doc", lambda: {"terms": rows, "classes": []})
     s = spread.term_spread("overhead", "sglang", "tp 4 - 8, nvlink", 0)
     assert s.over_bytes == round(0.2 * spread.GiB) and "its neighbours" in s.basis
+
+
+def _vllm(term, cls, logs, over, under=0.0):
+    unit = spread.TERM_UNITS[term]
+    return {"engine": "vllm", "term": term, "class": cls, "unit": unit, "logs": logs, "over": over, "under": under,
+            "median": 0.0}
+
+
+COVERED = [{"engine": "vllm", "platform": "cuda", "family": "V0 0.6 - 0.7"},
+           {"engine": "vllm", "platform": "cuda", "family": "V1 0.11 - 0.19"},
+           {"engine": "vllm", "platform": "rocm", "family": "V1 0.11 - 0.19"}]
+
+
+def test_coverage_is_read_from_the_file_and_a_file_without_it_leaves_rocm_v0_unseen(monkeypatch):
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": [], "classes": []})
+    assert not spread.covered("vllm", "rocm", "V0 0.6 - 0.7")
+    assert spread.covered("vllm", "rocm", "V1 0.11 - 0.19") and spread.covered("vllm", "cuda", "V0 0.6 - 0.7")
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": [], "classes": [], "covered": COVERED})
+    assert spread.covered("vllm", "rocm", "V1 0.11 - 0.19") and spread.covered("vllm", "cuda", "V0 0.6 - 0.7")
+    assert not spread.covered("vllm", "rocm", "V0 0.6 - 0.7") and not spread.covered("vllm", "rocm", "V1 0.20+")
+    assert not spread.covered("sglang", "cuda", "0.5.3+")  # the file lists no SGLang family here
+    # a family beside a covered one of the same engine mode borrows; a mode never seen on the platform does not
+    assert spread.mode_covered("vllm", "rocm", "V1 0.20+") and not spread.mode_covered("vllm", "rocm", "V0 0.6 - 0.7")
+
+
+def test_an_unseen_platform_takes_the_widest_of_its_neighbours_never_its_own_narrow_class(monkeypatch):
+    """vLLM V0 on ROCm: its own activation class ("dense, V0", from CUDA logs) is narrow; unseen, it takes the widest
+    of its neighbours. Non-torch memory takes at least the widest unexplained memory of every class where the
+    platform's whole engine mode is unseen, and only its neighbours where another family of the mode is covered."""
+    rows = [_vllm("activation", "dense, V0", 12, 0.01), _vllm("activation", "moe, V0", 3, 0.30),
+            _vllm("activation", "vision, V1", 5, 0.90),  # not a neighbour of "dense, V0"
+            _vllm("overhead", "tp 4 - 8, nvlink-switch", 6, 0.5), _vllm("overhead", "tp 4 - 8, infinity-fabric", 1, 0.02),
+            _vllm("rest", "V0 0.6 - 0.7", 13, 0.58), _vllm("unified memory", "unified", 3, 6.4)]
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": rows, "classes": [], "covered": COVERED})
+    narrow = spread.term_spread("activation", "vllm", "dense, V0", 10 * spread.GiB)
+    unseen = spread.unseen_spread("activation", "vllm", "dense, V0", 10 * spread.GiB, "dense, V0 on ROCm")
+    assert narrow.over_bytes == round(0.1 * spread.GiB)
+    assert unseen.over_bytes == round(3.0 * spread.GiB) and "unseen" in unseen.basis and "moe, V0" in unseen.basis
+    cls = "tp 4 - 8, infinity-fabric"
+    v0 = spread.unseen_spread("overhead", "vllm", cls, 0, f"{cls} on ROCm", mode_seen=False)
+    v1 = spread.unseen_spread("overhead", "vllm", cls, 0, f"{cls} on ROCm", mode_seen=True)
+    assert v0.over_bytes == round(6.4 * spread.GiB) and "widest unexplained" in v0.basis
+    assert v1.over_bytes == round(0.5 * spread.GiB) and "neighbours" in v1.basis
+    # never narrower than the class's own term_spread
+    assert v1.over_bytes >= spread.term_spread("overhead", "vllm", cls, 0).over_bytes
+    assert spread.unseen_spread("cudagraph", "vllm", "V0 0.6 - 0.7", 0, "x") is None  # no log prints it here

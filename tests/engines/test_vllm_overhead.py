@@ -82,3 +82,52 @@ def test_v0_totals_against_the_logs_that_print_them():
         assert abs(planned - logged) <= tolerance, (version, tp, pp, device.interconnect, planned, logged)
         assert planned >= logged - 0.05  # never far on the side that promises more KV
     assert NON_TORCH_BYTES / gib == pytest.approx(0.30)
+
+
+def test_rccl_over_infinity_fabric_above_two_ranks():
+    """RCCL's communicator over xGMI above 2 ranks is the calibrated RCCL figure (one, not growing with the ranks),
+    shared with SGLang's pre-load rule; at 2 ranks the NVLink-class rule stands, so V1's tp-2 MI300X starts keep
+    their plan; V0 at tp 8 on ROCm holds two such communicators and no custom all-reduce."""
+    from kvplan.engines import sglang_overhead
+    from kvplan.engines.vllm_overhead import RCCL_XGMI_WIDE_BYTES, nccl_communicator_bytes
+
+    for tp in (4, 8, 16):
+        assert nccl_communicator_bytes(tp, "infinity-fabric") == (RCCL_XGMI_WIDE_BYTES, 0)
+    assert nccl_communicator_bytes(2, "infinity-fabric") == nccl_communicator_bytes(2, "nvlink")
+    assert sglang_overhead.communicator_bytes(8, "infinity-fabric") == RCCL_XGMI_WIDE_BYTES
+    # NVIDIA boards keep their rule: NVLink at tp 8 is far below the xGMI figure
+    assert sum(nccl_communicator_bytes(8, "nvlink")) < RCCL_XGMI_WIDE_BYTES / 3
+    mi300x = Device("rocm", 304, "infinity-fabric")
+    v0 = non_torch(profile("0.6"), 8, mi300x)
+    assert (v0.counted, v0.channels, v0.nvls, v0.custom_allreduce) == (2, 2 * RCCL_XGMI_WIDE_BYTES, 0, 0)
+    # V1 0.11+ counts torch.distributed's communicator alone (post-NCCL snapshot), and custom all-reduce not at all
+    assert non_torch(profile("0.11"), 8, mi300x).channels == RCCL_XGMI_WIDE_BYTES
+    # the one vLLM V0 MI300X tp-8 log that isolates it (Llama-2-7B, hipBLASLt off: 3.34 GiB above the NVLink rule,
+    # validation) is not over-promised: the rule adds at least that much
+    nvlink_rule = 2 * sum(nccl_communicator_bytes(8, "nvlink"))
+    assert v0.channels - nvlink_rule >= 3.34 * (1 << 30)
+
+
+def test_v0_free_delta_reserves_one_hidden_block_behind_the_nccl_all_reduce():
+    """0.6.0 - 0.6.3 charge the allocator's reserved memory: at tp >= 2 the hidden-sized block a layer all-reduced
+    through torch.distributed stays reserved at the MLP's peak (tokens x hidden x 2 B); not at tp 1, not from 0.6.4
+    (the allocated peak), not where custom all-reduce takes the tensor (CUDA, under 8 MiB)."""
+    import kvplan
+    from kvplan.engines.vllm_overhead import V0_CUSTOM_ALLREDUCE_MAX_BYTES, deferred_allreduce_bytes
+
+    spec = kvplan.estimate("meta-llama/Llama-3.1-405B", gpu="MI300X", tp=8, context=4096,
+                           engine_version="0.6.3").spec
+    mi300x, nvlink = Device("rocm", 304, "infinity-fabric"), Device("cuda", 108, "nvlink", "8.0")
+    p = profile("0.6")
+    assert deferred_allreduce_bytes(p, spec, 8, 131072, 2, mi300x) == 131072 * 16384 * 2 == 4 << 30
+    assert deferred_allreduce_bytes(p, spec, 1, 131072, 2, mi300x) == 0
+    assert deferred_allreduce_bytes(profile("0.6.5"), spec, 8, 131072, 2, mi300x) == 0
+    assert deferred_allreduce_bytes(profile("0.11"), spec, 8, 131072, 2, mi300x) == 0
+    small = V0_CUSTOM_ALLREDUCE_MAX_BYTES // (spec.hidden_size * 2) - 1  # under custom all-reduce's max size
+    assert deferred_allreduce_bytes(p, spec, 8, small, 2, nvlink) == 0  # custom all-reduce takes it on CUDA
+    assert deferred_allreduce_bytes(p, spec, 8, small, 2, mi300x) == small * spec.hidden_size * 2  # ROCm: NCCL
+    # it is in the plan's activation term, and said so
+    plan = kvplan.estimate("meta-llama/Llama-3.1-405B", gpu="MI300X", tp=8, context=131072, engine_version="0.6.3")
+    v065 = kvplan.estimate("meta-llama/Llama-3.1-405B", gpu="MI300X", tp=8, context=131072, engine_version="0.6.5")
+    assert "behind an NCCL all-reduce" in plan.budget.activation.source
+    assert "behind an NCCL all-reduce" not in v065.budget.activation.source

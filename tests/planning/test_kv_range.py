@@ -366,3 +366,37 @@ def test_sglang_s_low_end_pays_its_terms_and_an_unseen_tp_takes_the_widest_sprea
     assert terms["weights"].over_bytes == round(0.005 * p.budget.weights.bytes)
     assert p.kv_range.kv_budget_low_bytes == p.budget.kv_budget_bytes - sum(t.over_bytes for t in terms.values())
     assert p.kv_range.dominant == "overhead" and "overhead dominates" in p.kv_range.source
+
+
+def test_an_unseen_platform_and_release_family_says_so_and_never_narrows():
+    """vLLM V0 on ROCm has no calibration log: the range notes the class is unseen, every uncertain term's basis says
+    so, and no term is narrower than the class's own spread; CUDA V0 and ROCm V1 0.11 (covered) say nothing of it."""
+    from kvplan.engines.spread import UNSEEN_TERMS
+
+    v0 = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, engine_version="0.6.5")
+    assert any("no calibration log covers" in n and "ROCm" in n for n in v0.kv_range.notes)
+    unseen = [t for t in v0.kv_range.terms if t.term in UNSEEN_TERMS]
+    assert {t.term for t in unseen} >= {"activation", "overhead"}
+    assert all("unseen" in t.basis for t in unseen)
+    cuda = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", context=8192, engine_version="0.6.5")
+    assert not any("no calibration log covers" in n for n in cuda.kv_range.notes)
+    for t in cuda.kv_range.terms:
+        if t.term in UNSEEN_TERMS:
+            mine = next(u for u in unseen if u.term == t.term)
+            assert "unseen" not in t.basis and mine.over_bytes >= t.over_bytes, (t, mine)
+    v1 = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, engine_version="0.11.0")
+    assert not any("no calibration log covers" in n for n in v1.kv_range.notes)
+
+
+def test_the_spread_writer_records_which_platform_and_family_the_calibration_covers():
+    """benchmarks/corpus_agreement.py --write-spread lists the platform x release family pairs its calibration logs
+    with terms cover (kv_spread.yaml ``covered``): ROCm V1 is there, ROCm V0 is not (its logs are all validation)."""
+    module = importlib.util.spec_from_file_location("corpus_agreement_cov", ROOT / "benchmarks" / "corpus_agreement.py")
+    ca = importlib.util.module_from_spec(module)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.modules["corpus_agreement_cov"] = ca
+    module.loader.exec_module(ca)
+    done, _ = ca.rows("calibration")
+    pairs = {(c["engine"], c["platform"], c["family"]) for c in ca.covered_table(done)}
+    assert ("vllm", "cuda", "V0 0.6 - 0.7") in pairs and ("vllm", "rocm", "V1 0.11 - 0.19") in pairs
+    assert not any(p[:2] == ("vllm", "rocm") and p[2].startswith("V0") for p in pairs)
