@@ -39,8 +39,10 @@ DESKTOP_NOTE = ("{release} charges memory other processes hold on the GPU as its
                 "{allowance:.2f} GiB (check nvidia-smi's use before the engine starts)")
 UNIFIED_NOTE = ("{gpu} shares its memory with the host: what vLLM finds free there moves with the host's use "
                 "(cudaMemGetInfo counts system memory; 0.17+ reads psutil's available memory), and the non-torch "
-                "memory it measures takes in what the host allocates meanwhile; kvplan cannot know it, so the low end "
-                "takes the widest non-torch spread of its neighbours and the gap unified-memory logs showed")
+                "memory it measures takes in what the host allocates meanwhile; kvplan cannot know it, so {what}")
+UNIFIED_ALLOWED = ("the estimate allows {gib:.2f} GiB for it (the median gap of {logs} unified-memory start-up logs) "
+                   "and the low end their widest, with the widest non-torch spread of its neighbours")
+UNIFIED_UNMEASURED = "the low end takes the widest non-torch spread of its neighbours"
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,10 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
     kind = getattr(gpu, "memory_kind", "dedicated")
     brd = board(getattr(gpu, "interconnect", None), kind)
     if kind == "unified":
-        notes.append(UNIFIED_NOTE.format(gpu=getattr(gpu, "name", "this GPU")))
+        host = term_spread("unified memory", engine.engine, "unified", 0)
+        what = UNIFIED_ALLOWED.format(gib=budget.host_bytes / GiB, logs=host.logs) if host and budget.host_bytes \
+            else UNIFIED_UNMEASURED
+        notes.append(UNIFIED_NOTE.format(gpu=getattr(gpu, "name", "this GPU"), what=what))
     fam = model_family(spec) if spec is not None else "dense"
     rough = rough_weights(budget.weights.source)
     out: list[TermSpread] = []
@@ -140,7 +145,7 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         if rest is not None:
             out.append(rest)
     if kind == "unified":
-        host = term_spread("unified memory", engine.engine, "unified", 0)
+        host = host_spread(engine.engine, budget.host_bytes)
         if host is not None:
             out.append(host)
     if budget.path_gap_bytes:
@@ -152,6 +157,18 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         out.append(desk[0])
         notes.append(desk[1])
     return tuple(out), tuple(notes)
+
+
+def host_spread(engine: str, host_bytes: int) -> TermSpread | None:
+    """The spread of the host's use on a unified-memory device, around the ``host_bytes`` the point estimate already
+    allows (:func:`kvplan.planning.budget.with_host_use`: the logs' median; 0 where it allows none): the low end
+    pays the logs' ``over`` beyond it, the high end their ``under`` plus it (bytes per GPU)."""
+    host = term_spread("unified memory", engine, "unified", 0)
+    if host is None:
+        return None
+    allowed = f"; the estimate allows {host_bytes / GiB:.2f} GiB (the median)" if host_bytes else ""
+    return replace(host, over_bytes=max(0, host.over_bytes - host_bytes), under_bytes=max(0, host.under_bytes + host_bytes),
+                   basis=f"the host's use, which kvplan cannot know: {host.basis}{allowed}")
 
 
 def desktop(budget: Budget, engine: EngineDefaults, gpu: Any, paid: int) -> tuple[TermSpread, str] | None:
@@ -224,4 +241,4 @@ def deployment_at(deployment: Deployment, kv_budget_bytes: int) -> Deployment:
     return deployment if blocks == deployment.blocks else replace(deployment, blocks=blocks)
 
 
-__all__ = ["KvRange", "deployment_at", "kv_range", "term_spreads"]
+__all__ = ["KvRange", "deployment_at", "host_spread", "kv_range", "term_spreads"]

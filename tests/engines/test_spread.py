@@ -30,3 +30,15 @@ def test_one_well_measured_neighbour_still_sets_the_spread(monkeypatch):
     monkeypatch.setattr(spread, "_doc", lambda: {"terms": rows, "classes": []})
     s = spread.term_spread("overhead", "sglang", "tp 4 - 8, nvlink", 0)
     assert s.over_bytes == round(0.2 * spread.GiB) and "its neighbours" in s.basis
+
+
+def test_a_class_median_comes_with_its_spread_and_a_borrowed_spread_brings_none(monkeypatch):
+    """``median_bytes`` is the class's own median gap (in the term's unit, scaled like the spread), read from the
+    same rows; a class with no row of its own borrows its neighbours' spread but not a median."""
+    rows = [{**_row("tp 1", 3, 0.40), "median": 0.25}, _row("tp 2, pcie", spread.MIN_TERM_LOGS, 0.1)]
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": rows, "classes": []})
+    assert spread.term_spread("overhead", "sglang", "tp 1", 0).median_bytes == round(0.25 * spread.GiB)
+    assert spread.term_spread("overhead", "sglang", "tp 2, nvlink", 0).median_bytes == 0
+    frac = [{**_row("dense, V1", 5, 0.1), "term": "activation", "unit": "fraction", "median": -0.02}]
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": frac, "classes": []})
+    assert spread.term_spread("activation", "sglang", "dense, V1", 1000).median_bytes == -20

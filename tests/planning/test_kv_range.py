@@ -300,12 +300,34 @@ def test_unified_memory_says_kvplan_cannot_know_and_widens_the_low_end():
             and r["class"] in spread._neighbours("overhead", "vllm", "tp 1, unified")]
     assert near and overhead.over_bytes >= max(round(float(r["over"]) * spread.GiB) for r in near)
     assert "tp 1, unified" not in {r["class"] for r in spread._terms()} and "no logs" in overhead.basis
-    # and the low end pays what unified-memory logs lost beyond their printed terms
+    # the estimate allows the logs' median for the host's use, and the low end pays the rest of what they lost
     host = next(t for t in gb10.kv_range.terms if t.term == "unified memory")
-    row = next(r for r in spread._terms() if r["term"] == "unified memory")
-    assert host.over_bytes == round(float(row["over"]) * spread.GiB) > 0
+    row = next(r for r in spread._terms() if r["engine"] == "vllm" and r["term"] == "unified memory")
+    assert gb10.budget.host_bytes == round(float(row["median"]) * spread.GiB) > 0
+    assert host.over_bytes == max(0, round(float(row["over"]) * spread.GiB) - gb10.budget.host_bytes) > 0
+    assert any("the estimate allows" in n and "median" in n for n in gb10.notes)
     dedicated = kvplan.estimate("Qwen/Qwen3-8B", gpu="RTX-5090", context=8192)
     assert not any("shares its memory" in n for n in dedicated.notes)
+
+
+def test_unified_memory_estimate_takes_the_host_use_median_and_keeps_the_low_end():
+    """Item 3 of #27: the host's use on unified memory is unknown, so the point estimate takes its calibration
+    median (kv_spread.yaml, through spread.term_spread), not 0; the low end stays where the logs' widest gap puts
+    it, and the high end moves up by the same allowance. The budget adds up with it; a given KV budget, a
+    calibration and a dedicated GPU take none."""
+    gb10 = kvplan.estimate("Qwen/Qwen3-8B", gpu="GB10", context=8192)
+    b, rng = gb10.budget, gb10.kv_range
+    row = next(r for r in spread._terms() if r["engine"] == "vllm" and r["term"] == "unified memory")
+    median, over = round(float(row["median"]) * spread.GiB), round(float(row["over"]) * spread.GiB)
+    assert b.host_bytes == median and b.kv_budget_bytes == b.usable_bytes - sum(t.bytes for t in b.terms) - median
+    others = sum(t.over_bytes for t in rng.terms if t.term != "unified memory")
+    assert rng.kv_budget_low_bytes == b.kv_budget_bytes + median - over - others  # the low end without an allowance
+    assert gb10.to_dict()["budget"]["host_bytes"] == median
+    assert kvplan.estimate("Qwen/Qwen3-8B", gpu="GB10", context=8192, kv_budget="40GiB").budget.host_bytes == 0
+    assert kvplan.estimate("Qwen/Qwen3-8B", gpu="RTX-5090", context=8192).budget.host_bytes == 0
+    sglang = kvplan.estimate("Qwen/Qwen3-8B", gpu="GB10", context=8192, engine="sglang")
+    assert sglang.budget.host_bytes == 0  # no SGLang calibration log on unified memory measures the host's use
+    assert not any("the estimate allows" in n for n in sglang.notes)
 
 
 def test_no_well_measured_term_is_estimated_below_the_logs_median():
