@@ -388,3 +388,28 @@ def test_sglang_s_low_end_pays_its_terms_and_an_unseen_tp_takes_the_widest_sprea
     assert terms["weights"].over_bytes == round(0.005 * p.budget.weights.bytes)
     assert p.kv_range.kv_budget_low_bytes == p.budget.kv_budget_bytes - sum(t.over_bytes for t in terms.values())
     assert p.kv_range.dominant == "overhead" and "overhead dominates" in p.kv_range.source
+
+
+def test_a_shared_device_says_what_the_others_may_hold_before_the_engine_starts():
+    """Item 4 of #27: on unified memory (the host) and on a GeForce card (a desktop) kvplan cannot know what else
+    holds memory. A vLLM V1 release that budgets from total x util gives the same KV, but its start-up check refuses
+    to start when less than that is free (v1/worker/gpu_worker.py init_device); V0 from 0.6.5 allocates the cache
+    anyway and runs out of memory; the releases that charge other processes' memory give less KV (the desktop note).
+    The note gives the room: total - usable, per GPU."""
+    from kvplan.units import GiB
+
+    def notes(gpu, version=None, **kw):
+        p = kvplan.estimate("Qwen/Qwen3-8B", gpu=gpu, context=8192, **({"engine_version": version} if version else {}),
+                            **kw)
+        room = f"{(p.budget.total_bytes - p.budget.usable_bytes) / GiB:.2f} GiB"
+        return [n for n in p.notes if "refuses to start" in n or "runs out of memory" in n], room
+
+    for gpu, who in (("GB10", "the host"), ("RTX-4090", "a desktop")):
+        start, room = notes(gpu)
+        assert len(start) == 1 and "refuses to start" in start[0] and who in start[0] and room in start[0], start
+    v0, room = notes("RTX-4090", "0.6.6")
+    assert len(v0) == 1 and "runs out of memory" in v0[0] and room in v0[0]
+    assert notes("RTX-4090", "0.8.5")[0] == []  # charges the desktop as non-torch memory: the desktop note instead
+    assert notes("H100")[0] == []
+    start, room = notes("GB10", gpu_util=0.6)
+    assert "48.68 GiB" in room and room in start[0]
