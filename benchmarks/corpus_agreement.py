@@ -82,6 +82,7 @@ class Row:
     low_width_pct: float | None = None  # (estimate - low end) / estimate, %
     dominant: str = ""  # the term whose spread dominates the low end
     unified_gib: float | None = None  # on a unified-memory device: kvplan - logged KV with the printed terms put in
+    # and no allowance for the host's use (Budget.host_bytes added back): what the host's use took
     platform: str = "cuda"  # the planned GPU's platform (cuda, rocm): the spread's coverage (covered_table)
 
 
@@ -440,7 +441,7 @@ def run(entry: corpus.Entry) -> Row | str:
         else None
     terms = {} if basis != "inputs" else sglang_logged_terms(meta, plan) if meta["engine"] == "sglang" else \
         logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled, in_activation)
-    terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib
+    terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib + plan.budget.host_bytes / GiB
     estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
     if terms:
         try:
@@ -461,7 +462,7 @@ def run(entry: corpus.Entry) -> Row | str:
             if terms_err > -100:
                 left = with_terms.budget.kv_budget_bytes * (terms_err / 100) / (1 + terms_err / 100) / GiB
                 rest = left if charged <= printed else None
-                unified = left
+                unified = left + with_terms.budget.host_bytes / GiB  # all the host took, not what the estimate left
         except KvplanError:
             pass
     rng = _range(plan, compare)

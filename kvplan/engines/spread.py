@@ -14,7 +14,9 @@ promised more KV) and fell below it (``under``), per class of that term (:data:`
 - ``cudagraph``: by release family, GiB (where the release subtracts it);
 - ``rest``: what no line prints (the gap left when every term the release charges is put in), by release family;
 - ``unified memory``: on a unified-memory device (GB10), all the gap its printed terms leave (what the host's use
-  took from the free memory vLLM measures), GiB.
+  took from the free memory vLLM measures), GiB. kvplan cannot know the host's use, so the point estimate takes
+  the class's median (``median_bytes``; :func:`kvplan.planning.budget.with_host_use`) and the range is measured
+  around it.
 
 The range's low end (:mod:`kvplan.planning.kv_range`) pays every estimated term's ``over`` (a term the user or a
 calibration gives pays none); a class with fewer than :data:`MIN_TERM_LOGS` logs takes the widest of itself and
@@ -205,6 +207,7 @@ class TermSpread:
     under_bytes: int
     logs: int
     basis: str  # the class measured, e.g. "tp 2, nvlink-switch"; a fallback says so
+    median_bytes: int = 0  # the class's own median gap (logged - kvplan's estimate; 0 where the class has no row)
 
 
 def has_term_data(engine: str) -> bool:
@@ -216,7 +219,9 @@ def term_spread(term: str, engine: str, cls: str, estimate_bytes: int) -> TermSp
     """The spread of ``term`` in class ``cls`` for an estimate of ``estimate_bytes`` (None: the corpus has no
     log of this engine that prints the term). A class with fewer than :data:`MIN_TERM_LOGS` logs (or none) takes
     the widest of itself and its neighbours, or of every class of the term where the neighbours hold fewer than
-    :data:`MIN_TERM_LOGS` logs together or none of them that many alone; its basis says so."""
+    :data:`MIN_TERM_LOGS` logs together or none of them that many alone; its basis says so. ``median_bytes`` is the
+    class's own median gap (logged - kvplan), in the term's unit scaled like the spread: a term whose point estimate
+    is a constant takes it (:func:`kvplan.planning.budget.with_host_use`)."""
     rows = {r["class"]: r for r in _terms() if r.get("engine") == engine and r.get("term") == term}
     if not rows:
         return None
@@ -238,7 +243,9 @@ def term_spread(term: str, engine: str, cls: str, estimate_bytes: int) -> TermSp
     scale = estimate_bytes if TERM_UNITS[term] == "fraction" else GiB
     over = max(float(r["over"]) for r in chosen)
     under = max(float(r["under"]) for r in chosen)
-    return TermSpread(term, round(over * scale), round(under * scale), sum(int(r["logs"]) for r in chosen), basis)
+    median = round(float(own.get("median") or 0.0) * scale) if own is not None else 0
+    return TermSpread(term, round(over * scale), round(under * scale), sum(int(r["logs"]) for r in chosen), basis,
+                      median)
 
 
 # The GiB terms that hold memory no formula of kvplan's explains: where a platform charges memory kvplan knows it

@@ -31,7 +31,8 @@ class Budget:
 
     ``usable = ceil(total x gpu_util)`` (vLLM >= 0.19; ``floor`` of the float product before, which
     gives the same block count); ``kv_budget = usable - weights - activation - overhead - cudagraph``,
-    or the explicit ``--kv-budget`` when given (then the other terms are informational).
+    or the explicit ``--kv-budget`` when given (then the other terms are informational); on a unified-memory
+    device less ``host_bytes`` too (the host's use, which no term of the engine's holds).
     ``activation_forward_bytes`` / ``activation_sampler_bytes`` are the decoder's two candidates (both 0
     when the term was given by the user or the engine has none); a multimodal model's dummy image batch adds
     ``activation_images_bytes`` (pixels and cached encoder outputs, alive through both) and its own candidate
@@ -59,6 +60,9 @@ class Budget:
     state_pool_bytes: int = 0  # a pool of per-request state slots the engine carves out of the budget before the
     # KV pool (SGLang's Mamba pool: ``state_slots x`` one request's state); ``kv_budget_bytes`` is what is left
     state_slots: int = 0  # that pool's request slots (SGLang's max_mamba_cache_size); 0: no such pool
+    host_bytes: int = 0  # on a unified-memory device: what the host's use takes from the free memory the engine
+    # measures, which kvplan cannot know (the corpus median, kvplan.planning.budget.with_host_use); kv_budget_bytes is
+    # net of it
     mm_profile: tuple[int, str, int] | None = None  # the dummy multimodal batch: (items, modality, encoder budget
     # tokens), as vLLM logs it ("Encoder cache will be initialized with a budget of N tokens, and profiled with K
     # image items"); None: no multimodal profile

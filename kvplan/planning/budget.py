@@ -1,13 +1,17 @@
 """The budget's given terms: the user's (--activation-gib, ..., --enforce-eager) and a calibration entry's measured
-ones, and a given --kv-budget held to what the device has beside them.
+ones, a given --kv-budget held to what the device has beside them, and on a unified-memory device the host's use,
+which kvplan cannot know (its corpus median).
 """
 
 from __future__ import annotations
 
 import math
 
+from dataclasses import replace
+
 from kvplan import memory
 from kvplan.engines import Budget, EngineDefaults, Term
+from kvplan.engines.spread import term_spread
 from kvplan.errors import InputError
 from kvplan.model.spec import ModelSpec
 from kvplan.options import Options
@@ -79,3 +83,21 @@ def _given_terms(spec: ModelSpec, options: Options, gpu: GpuInfo, engine: Engine
             note = (f"calibration {cal.path}: measured {', '.join(used) or 'no'} term(s) of {entry.source or 'a log'} used"
                     + (f" ({entry.note})" if entry.note else ""))
     return (terms["weights"], terms["activation"], terms["overhead"], terms["cudagraph"]), note
+
+
+def with_host_use(budget: Budget, engine: EngineDefaults, gpu: GpuInfo) -> Budget:
+    """``budget`` less the host's use on a unified-memory device (``gpu.memory_kind`` ``unified``: GB10 / DGX
+    Spark; ``host_bytes``, which the range's note states, :data:`kvplan.planning.kv_range.UNIFIED_NOTE`), else
+    ``budget`` itself. What the host takes from the memory the engine finds free is unknown to kvplan, so the point
+    estimate takes the calibration logs' median of the ``unified memory`` term (:func:`kvplan.engines.spread.term_spread`, from kv_spread.yaml; bytes per GPU), not 0:
+    an estimate that allowed nothing for it would promise the host's use as KV. Not where the KV budget is given,
+    nor where a calibration entry measured a term (it was fitted to a log that already lost the host's use), nor
+    for an engine whose calibration logs have no such term."""
+    if gpu.memory_kind != "unified" or budget.kv_budget_source.startswith("--kv-budget") or \
+            any(t.source.startswith("calibration") for t in budget.terms):
+        return budget
+    host = term_spread("unified memory", engine.engine, "unified", 0)
+    if host is None or not host.median_bytes:
+        return budget
+    return replace(budget, host_bytes=host.median_bytes, kv_budget_bytes=budget.kv_budget_bytes - host.median_bytes,
+                   kv_budget_source=budget.kv_budget_source + " - host's use")

@@ -40,10 +40,18 @@ DESKTOP_ALLOWANCE_BYTES = round(0.5 * GiB)
 DESKTOP_NOTE = ("{release} charges memory other processes hold on the GPU as its own non-torch memory: a desktop on "
                 "this {gpu} gives less KV by what it holds, which kvplan cannot know; the low end allows "
                 "{allowance:.2f} GiB (check nvidia-smi's use before the engine starts)")
+V0_ROOM_NOTE = ("{release} budgets its cache from total x gpu_memory_utilization ({usable:.2f} GiB) whatever else holds "
+                "memory there, so the KV is the same, but the cache's allocation runs out of memory when what {who} "
+                "holds exceeds {room:.2f} GiB, which kvplan cannot know")
+STARTUP_NOTE = ("{release} refuses to start when less than total x gpu_memory_utilization ({usable:.2f} GiB) is free "
+                "as it starts (\"Free memory on device ... is less than desired GPU memory utilization\"): what {who} "
+                "holds then must stay under {room:.2f} GiB, which kvplan cannot know")
 UNIFIED_NOTE = ("{gpu} shares its memory with the host: what vLLM finds free there moves with the host's use "
                 "(cudaMemGetInfo counts system memory; 0.17+ reads psutil's available memory), and the non-torch "
-                "memory it measures takes in what the host allocates meanwhile; kvplan cannot know it, so the low end "
-                "takes the widest non-torch spread of its neighbours and the gap unified-memory logs showed")
+                "memory it measures takes in what the host allocates meanwhile; kvplan cannot know it, so {what}")
+UNIFIED_ALLOWED = ("the estimate allows {gib:.2f} GiB for it (the median gap of {logs} unified-memory start-up logs) "
+                   "and the low end their widest, with the widest non-torch spread of its neighbours")
+UNIFIED_UNMEASURED = "the low end takes the widest non-torch spread of its neighbours"
 
 
 @frozen
@@ -119,7 +127,10 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
     kind = getattr(gpu, "memory_kind", "dedicated")
     brd = board(getattr(gpu, "interconnect", None), kind)
     if kind == "unified":
-        notes.append(UNIFIED_NOTE.format(gpu=getattr(gpu, "name", "this GPU")))
+        host = term_spread("unified memory", engine.engine, "unified", 0)
+        what = UNIFIED_ALLOWED.format(gib=budget.host_bytes / GiB, logs=host.logs) if host and budget.host_bytes \
+            else UNIFIED_UNMEASURED
+        notes.append(UNIFIED_NOTE.format(gpu=getattr(gpu, "name", "this GPU"), what=what))
     fam = model_family(spec) if spec is not None else "dense"
     rough = rough_weights(budget.weights.source)
     unseen = unseen_platform(engine, gpu)
@@ -161,7 +172,7 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         if rest is not None:
             out.append(rest)
     if kind == "unified":
-        host = term_spread("unified memory", engine.engine, "unified", 0)
+        host = host_spread(engine.engine, budget.host_bytes)
         if host is not None:
             out.append(host)
     if budget.path_gap_bytes:
@@ -173,6 +184,18 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         out.append(desk[0])
         notes.append(desk[1])
     return tuple(out), tuple(notes)
+
+
+def host_spread(engine: str, host_bytes: int) -> TermSpread | None:
+    """The spread of the host's use on a unified-memory device, around the ``host_bytes`` the point estimate already
+    allows (:func:`kvplan.planning.budget.with_host_use`: the logs' median; 0 where it allows none): the low end
+    pays the logs' ``over`` beyond it, the high end their ``under`` plus it (bytes per GPU)."""
+    host = term_spread("unified memory", engine, "unified", 0)
+    if host is None:
+        return None
+    allowed = f"; the estimate allows {host_bytes / GiB:.2f} GiB (the median)" if host_bytes else ""
+    return replace(host, over_bytes=max(0, host.over_bytes - host_bytes), under_bytes=max(0, host.under_bytes + host_bytes),
+                   basis=f"the host's use, which kvplan cannot know: {host.basis}{allowed}")
 
 
 def desktop(budget: Budget, engine: EngineDefaults, gpu: Any, paid: int) -> tuple[TermSpread, str] | None:
@@ -187,6 +210,22 @@ def desktop(budget: Budget, engine: EngineDefaults, gpu: Any, paid: int) -> tupl
                       f"card ({DESKTOP_ALLOWANCE_BYTES / GiB:.2f} GiB with the non-torch spread)")
     return term, DESKTOP_NOTE.format(release=engine.label, gpu=getattr(gpu, "name", "GPU"),
                                      allowance=DESKTOP_ALLOWANCE_BYTES / GiB)
+
+
+def startup_note(budget: Budget, engine: EngineDefaults, gpu: Any) -> str | None:
+    """The note for a device whose free memory other users share (unified memory: the host; a GeForce card: a
+    desktop) under a vLLM V1 release that checks it at start-up (0.9.1+: v1/worker/gpu_worker.py ``init_device``
+    raises when ``init_snapshot.free_memory < total x gpu_memory_utilization``; on GB10 the snapshot's free memory
+    is the host's available memory), where a release that budgets from ``total x util`` gives the same KV whatever
+    the others hold, but does not start when they hold more than ``total - usable``. None elsewhere (the releases
+    that charge other processes' memory give less KV instead: :func:`desktop`). V0 from 0.6.5 makes no such check
+    and allocates the cache it budgeted, which fails instead."""
+    kind = getattr(gpu, "memory_kind", "dedicated")
+    if kind not in ("unified", "display") or engine.mode not in ("V0", "V1") or engine.charges_other_processes:
+        return None
+    who = "the host" if kind == "unified" else "a desktop or any other process on the card"
+    return (STARTUP_NOTE if engine.mode == "V1" else V0_ROOM_NOTE).format(release=engine.label, usable=budget.usable_bytes / GiB, who=who,
+                               room=(budget.total_bytes - budget.usable_bytes) / GiB)
 
 
 def _source(terms: tuple[TermSpread, ...]) -> str:
@@ -226,6 +265,8 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
         if desk is not None:
             terms, notes = terms + (desk[0],), (desk[1],)
             source += f"; a desktop on the card ({desk[0].over_bytes / GiB:.2f} GiB)"
+    start = startup_note(budget, engine, gpu)
+    notes += (start,) if start else ()
     low_kv = kv - sum(t.over_bytes for t in terms)
     high_kv = kv + sum(t.under_bytes for t in terms)
     low, high = deployment_at(deployment, low_kv), deployment_at(deployment, high_kv)
@@ -245,4 +286,4 @@ def deployment_at(deployment: Deployment, kv_budget_bytes: int) -> Deployment:
     return deployment if blocks == deployment.blocks else replace(deployment, blocks=blocks)
 
 
-__all__ = ["KvRange", "deployment_at", "kv_range", "term_spreads"]
+__all__ = ["KvRange", "deployment_at", "host_spread", "kv_range", "startup_note", "term_spreads"]

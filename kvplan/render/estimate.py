@@ -42,6 +42,7 @@ LEGEND_WIDTH = 74  # the memory panel's width at 80 columns, less its borders
 UNUSED = "unused"  # the legend's name for total - usable (the share gpu_util leaves out)
 KV_BUDGET = "KV budget"
 STATE_POOL = "state pool"  # an engine's own pool of per-request state slots (SGLang's Mamba pool), before the KV budget
+HOST_USE = "host's use"  # on a unified-memory device: what the host takes of the free memory (Budget.host_bytes)
 
 
 def memory_figures(plan: "Plan") -> dict[str, str]:
@@ -56,15 +57,16 @@ def memory_figures(plan: "Plan") -> dict[str, str]:
 
     total, usable = centi(b.total_bytes), centi(b.usable_bytes)
     shown = {"total": total, "usable": usable, UNUSED: total - usable}
-    terms = [t.bytes for t in b.terms] + ([b.state_pool_bytes] if b.state_slots else [])
+    extra = ([(STATE_POOL, b.state_pool_bytes)] if b.state_slots else []) + \
+        ([(HOST_USE, b.host_bytes)] if b.host_bytes else [])
+    terms = [t.bytes for t in b.terms] + [x for _, x in extra]
     if b.kv_budget_bytes >= 0 and min(terms, default=0) >= 0 and b.usable_bytes == sum(terms) + b.kv_budget_bytes:
         scaled = rounded_parts(b.usable_bytes * 100, [x * 100 for x in terms + [b.kv_budget_bytes]], GiB)
         assert sum(scaled) == usable
     else:  # an explicit or negative KV budget: each figure on its own
         scaled = [centi(x) for x in terms + [b.kv_budget_bytes]]
     shown.update({t.name: c for t, c in zip(b.terms, scaled)})
-    if b.state_slots:
-        shown[STATE_POOL] = scaled[-2]
+    shown.update({name: c for (name, _), c in zip(extra, scaled[len(b.terms):-1])})
     shown[KV_BUDGET] = scaled[-1]
     return {name: f"{c / 100:,.2f}" for name, c in shown.items()}
 
@@ -76,6 +78,8 @@ def bar_parts(plan: "Plan") -> list[tuple[str, int, str]]:
     parts = [(t.name, t.bytes, TERM_STYLES.get(t.name, "red")) for t in b.terms if t.bytes > 0]
     if b.state_pool_bytes > 0:
         parts.append((STATE_POOL, b.state_pool_bytes, "cyan"))
+    if b.host_bytes > 0:
+        parts.append((HOST_USE, b.host_bytes, "blue"))
     parts.append((KV_BUDGET, max(0, b.kv_budget_bytes), "green"))
     parts.append((UNUSED, max(0, b.total_bytes - b.usable_bytes), "grey42"))
     return parts
@@ -186,6 +190,10 @@ def _memory_panel(plan: "Plan") -> Panel:
     if b.state_slots:
         t.add_row(f"− {STATE_POOL}", f"{shown[STATE_POOL]} GiB",
                   Text(f"{b.state_slots:,} request slots of the state layers (Mamba pool), before the KV pool"))
+    if b.host_bytes:
+        t.add_row(f"− {HOST_USE}", f"{shown[HOST_USE]} GiB",
+                  Text("unified memory: what the host takes of the memory the engine finds free, which kvplan cannot "
+                       "know (the median of real start-up logs on unified memory; see the note)"))
     style = "bold green" if b.kv_budget_bytes > 0 else "bold red"
     t.add_row(Text(f"= {KV_BUDGET}", style=style), Text(f"{shown[KV_BUDGET]} GiB", style=style),
               Text(b.kv_budget_source))

@@ -76,3 +76,15 @@ def test_an_unseen_platform_takes_the_widest_of_its_neighbours_never_its_own_nar
     # never narrower than the class's own term_spread
     assert v1.over_bytes >= spread.term_spread("overhead", "vllm", cls, 0).over_bytes
     assert spread.unseen_spread("cudagraph", "vllm", "V0 0.6 - 0.7", 0, "x") is None  # no log prints it here
+
+
+def test_a_class_median_comes_with_its_spread_and_a_borrowed_spread_brings_none(monkeypatch):
+    """``median_bytes`` is the class's own median gap (in the term's unit, scaled like the spread), read from the
+    same rows; a class with no row of its own borrows its neighbours' spread but not a median."""
+    rows = [{**_row("tp 1", 3, 0.40), "median": 0.25}, _row("tp 2, pcie", spread.MIN_TERM_LOGS, 0.1)]
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": rows, "classes": []})
+    assert spread.term_spread("overhead", "sglang", "tp 1", 0).median_bytes == round(0.25 * spread.GiB)
+    assert spread.term_spread("overhead", "sglang", "tp 2, nvlink", 0).median_bytes == 0
+    frac = [{**_row("dense, V1", 5, 0.1), "term": "activation", "unit": "fraction", "median": -0.02}]
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": frac, "classes": []})
+    assert spread.term_spread("activation", "sglang", "dense, V1", 1000).median_bytes == -20

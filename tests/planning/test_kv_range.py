@@ -300,12 +300,34 @@ def test_unified_memory_says_kvplan_cannot_know_and_widens_the_low_end():
             and r["class"] in spread._neighbours("overhead", "vllm", "tp 1, unified")]
     assert near and overhead.over_bytes >= max(round(float(r["over"]) * spread.GiB) for r in near)
     assert "tp 1, unified" not in {r["class"] for r in spread._terms()} and "no logs" in overhead.basis
-    # and the low end pays what unified-memory logs lost beyond their printed terms
+    # the estimate allows the logs' median for the host's use, and the low end pays the rest of what they lost
     host = next(t for t in gb10.kv_range.terms if t.term == "unified memory")
-    row = next(r for r in spread._terms() if r["term"] == "unified memory")
-    assert host.over_bytes == round(float(row["over"]) * spread.GiB) > 0
+    row = next(r for r in spread._terms() if r["engine"] == "vllm" and r["term"] == "unified memory")
+    assert gb10.budget.host_bytes == round(float(row["median"]) * spread.GiB) > 0
+    assert host.over_bytes == max(0, round(float(row["over"]) * spread.GiB) - gb10.budget.host_bytes) > 0
+    assert any("the estimate allows" in n and "median" in n for n in gb10.notes)
     dedicated = kvplan.estimate("Qwen/Qwen3-8B", gpu="RTX-5090", context=8192)
     assert not any("shares its memory" in n for n in dedicated.notes)
+
+
+def test_unified_memory_estimate_takes_the_host_use_median_and_keeps_the_low_end():
+    """Item 3 of #27: the host's use on unified memory is unknown, so the point estimate takes its calibration
+    median (kv_spread.yaml, through spread.term_spread), not 0; the low end stays where the logs' widest gap puts
+    it, and the high end moves up by the same allowance. The budget adds up with it; a given KV budget, a
+    calibration and a dedicated GPU take none."""
+    gb10 = kvplan.estimate("Qwen/Qwen3-8B", gpu="GB10", context=8192)
+    b, rng = gb10.budget, gb10.kv_range
+    row = next(r for r in spread._terms() if r["engine"] == "vllm" and r["term"] == "unified memory")
+    median, over = round(float(row["median"]) * spread.GiB), round(float(row["over"]) * spread.GiB)
+    assert b.host_bytes == median and b.kv_budget_bytes == b.usable_bytes - sum(t.bytes for t in b.terms) - median
+    others = sum(t.over_bytes for t in rng.terms if t.term != "unified memory")
+    assert rng.kv_budget_low_bytes == b.kv_budget_bytes + median - over - others  # the low end without an allowance
+    assert gb10.to_dict()["budget"]["host_bytes"] == median
+    assert kvplan.estimate("Qwen/Qwen3-8B", gpu="GB10", context=8192, kv_budget="40GiB").budget.host_bytes == 0
+    assert kvplan.estimate("Qwen/Qwen3-8B", gpu="RTX-5090", context=8192).budget.host_bytes == 0
+    sglang = kvplan.estimate("Qwen/Qwen3-8B", gpu="GB10", context=8192, engine="sglang")
+    assert sglang.budget.host_bytes == 0  # no SGLang calibration log on unified memory measures the host's use
+    assert not any("the estimate allows" in n for n in sglang.notes)
 
 
 def test_no_well_measured_term_is_estimated_below_the_logs_median():
@@ -400,3 +422,28 @@ def test_the_spread_writer_records_which_platform_and_family_the_calibration_cov
     pairs = {(c["engine"], c["platform"], c["family"]) for c in ca.covered_table(done)}
     assert ("vllm", "cuda", "V0 0.6 - 0.7") in pairs and ("vllm", "rocm", "V1 0.11 - 0.19") in pairs
     assert not any(p[:2] == ("vllm", "rocm") and p[2].startswith("V0") for p in pairs)
+
+
+def test_a_shared_device_says_what_the_others_may_hold_before_the_engine_starts():
+    """Item 4 of #27: on unified memory (the host) and on a GeForce card (a desktop) kvplan cannot know what else
+    holds memory. A vLLM V1 release that budgets from total x util gives the same KV, but its start-up check refuses
+    to start when less than that is free (v1/worker/gpu_worker.py init_device); V0 from 0.6.5 allocates the cache
+    anyway and runs out of memory; the releases that charge other processes' memory give less KV (the desktop note).
+    The note gives the room: total - usable, per GPU."""
+    from kvplan.units import GiB
+
+    def notes(gpu, version=None, **kw):
+        p = kvplan.estimate("Qwen/Qwen3-8B", gpu=gpu, context=8192, **({"engine_version": version} if version else {}),
+                            **kw)
+        room = f"{(p.budget.total_bytes - p.budget.usable_bytes) / GiB:.2f} GiB"
+        return [n for n in p.notes if "refuses to start" in n or "runs out of memory" in n], room
+
+    for gpu, who in (("GB10", "the host"), ("RTX-4090", "a desktop")):
+        start, room = notes(gpu)
+        assert len(start) == 1 and "refuses to start" in start[0] and who in start[0] and room in start[0], start
+    v0, room = notes("RTX-4090", "0.6.6")
+    assert len(v0) == 1 and "runs out of memory" in v0[0] and room in v0[0]
+    assert notes("RTX-4090", "0.8.5")[0] == []  # charges the desktop as non-torch memory: the desktop note instead
+    assert notes("H100")[0] == []
+    start, room = notes("GB10", gpu_util=0.6)
+    assert "48.68 GiB" in room and room in start[0]
