@@ -160,17 +160,9 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         if t.name == "overhead" and kind == "unified":
             s = replace(s, basis=s.basis + "; unified memory: see the note")
         out.append(s)
-    if all(_calibrated(t) for t in terms[:3]):
-        out.append(TermSpread("rest", PRINTED_PRECISION_BYTES, PRINTED_PRECISION_BYTES, 1,
-                              "fitted by the calibration to the log's blocks"))
-    else:
-        cls = term_class("rest", engine=engine.engine, version=engine.version, tp=tp, board_name=brd,
-                         family_name=fam, rough=rough)
-        rest = (unseen_spread("rest", engine.engine, cls, 0, f"{cls} on {unseen[0]}", unseen[1]) if unseen
-                else None) or \
-            term_spread("rest", engine.engine, cls, 0)
-        if rest is not None:
-            out.append(rest)
+    rest = _rest_spread(terms, engine, tp, brd, fam, rough, unseen)
+    if rest is not None:
+        out.append(rest)
     if kind == "unified":
         host = host_spread(engine.engine, budget.host_bytes)
         if host is not None:
@@ -184,6 +176,19 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         out.append(desk[0])
         notes.append(desk[1])
     return tuple(out), tuple(notes)
+
+
+def _rest_spread(terms: tuple[Any, ...], engine: EngineDefaults, tp: int, brd: str, fam: str, rough: bool,
+                 unseen: Any) -> TermSpread | None:
+    """The spread of what no log line prints (the rest): the calibration's precision where it measured the printed
+    terms, else the release family's class (an unseen platform's widest, see :func:`unseen_spread`)."""
+    if all(_calibrated(t) for t in terms[:3]):
+        return TermSpread("rest", PRINTED_PRECISION_BYTES, PRINTED_PRECISION_BYTES, 1,
+                          "fitted by the calibration to the log's blocks")
+    cls = term_class("rest", engine=engine.engine, version=engine.version, tp=tp, board_name=brd,
+                     family_name=fam, rough=rough)
+    seen = unseen_spread("rest", engine.engine, cls, 0, f"{cls} on {unseen[0]}", unseen[1]) if unseen else None
+    return seen or term_spread("rest", engine.engine, cls, 0)
 
 
 def host_spread(engine: str, host_bytes: int) -> TermSpread | None:
