@@ -22,6 +22,17 @@ from kvplan.units import DType, parse_dtype, plural
 
 
 @dataclass(frozen=True)
+class StagePool:
+    """One pipeline stage's share of a plan, per GPU: the weights it loads, its KV budget and its blocks (the engine
+    gives every stage the fewest blocks of any)."""
+
+    stage: memory.PipelineStage
+    weights_bytes: int
+    kv_budget_bytes: int
+    blocks: int
+
+
+@dataclass(frozen=True)
 class _Pool:
     """The per-GPU pool of one scenario: everything that does not depend on context, batch or max_model_len
     (except the V0 batch default). ``options`` has ``prefix_caching`` resolved to the engine's default."""
@@ -39,6 +50,7 @@ class _Pool:
     blocks: int
     ssm_note: str = ""  # why the state layers' SSM dtype is not the config's (the engine's rule), "" when it is
     stage: memory.PipelineStage | None = None  # the pipeline stage whose pool this is (the one with the fewest blocks)
+    stages: tuple[StagePool, ...] = ()  # every pipeline stage's weights, budget and blocks (none at pp 1)
 
 
 def features_of(options: Options) -> Features:
@@ -255,7 +267,9 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     note = (f"pipeline stages ({', '.join(str(c) for c in memory.pp_layer_counts(spec.num_layers_decoder, options.pp, engine.pp_partition))} "
             f"layers): blocks per stage {', '.join(f'{p.blocks:,}' for p in pools)}; the engine takes the smallest, "
             f"{deciding.stage.describe() if deciding.stage else 'stage 1'}'s")
-    return replace(deciding, budget=replace(deciding.budget, notes=deciding.budget.notes + (note,)))
+    summary = tuple(StagePool(p.stage, p.budget.weights.bytes, p.budget.kv_budget_bytes, p.blocks)
+                    for p in pools if p.stage is not None)
+    return replace(deciding, budget=replace(deciding.budget, notes=deciding.budget.notes + (note,)), stages=summary)
 
 
 def _stage_pool(setup: _Setup, stage: memory.PipelineStage | None, weights: Term | None = None) -> _Pool:

@@ -93,13 +93,37 @@ def test_explicit_kv_budget_sets_the_pool():
     assert p.answer.max_concurrency == 1.0  # what vLLM would log: 512 / 512
 
 
-def test_tp_splits_the_weights_and_pp_takes_the_largest_stage():
+def test_tp_splits_the_weights_and_each_pp_stage_holds_its_own():
+    assert math.ceil(plan(model="meta-llama/Llama-3.1-70B", tp=2).budget.weights.bytes) == \
+        math.ceil(141_107_412_992 / 2)
     p = plan(model="meta-llama/Llama-3.1-70B", tp=2, pp=3)
     assert p.options.gpu_count == 6
-    assert p.budget.weights.bytes == math.ceil(p.spec.weights.total_bytes / 6)
-    # 80 layers over 3 stages: [27, 27, 26]; 8 heads / tp 2 = 4: 2 x 27 x 4 x 128 x 2
+    # 80 layers over 3 stages: [27, 27, 26]; the embedding (128,256 x 8,192 x 2 B) on the first, the LM head on
+    # the last, the rest of the checkpoint's 141,107,412,992 B by the stages' layers, each split over tp 2
     assert memory.pp_layer_counts(80, 3) == [27, 27, 26]
+    table = 128_256 * 8_192 * 2
+    rest = 141_107_412_992 - 2 * table
+    expected = [round(rest * 27 / 80) + table, round(rest * 27 / 80), round(rest * 26 / 80) + table]
+    assert [s.weights_bytes for s in p.stages] == pytest.approx([math.ceil(b / 2) for b in expected], abs=1)
+    # 8 heads / tp 2 = 4: 2 x 27 x 4 x 128 x 2 per token on the first two stages, 2 x 26 x 4 x 128 x 2 on the last;
+    # the first stage has the embedding and as many layers as the second: the fewest blocks, so it decides
     assert p.kv_bytes_per_token_gpu == 2 * 27 * 4 * 128 * 2
+    assert p.stages[0].blocks == min(s.blocks for s in p.stages) == p.answer.num_blocks
+    assert p.budget.weights.bytes == p.stages[0].weights_bytes
+    assert p.stages[0].blocks < p.stages[1].blocks  # the same layers, an embedding less
+    for s in p.stages:
+        layers = 26 if s.stage.last else 27
+        assert s.blocks == s.kv_budget_bytes // (layers * 4 * 128 * 2 * 2 * p.layout.block_size)
+
+
+def test_the_last_stage_runs_the_sampler_and_may_decide():
+    # Llama-3.1-8B at pp 2: 16 layers each; the last stage holds the LM head (as large as the embedding) and runs
+    # the dummy sampler, the first does not: the last stage has the smaller budget and the fewest blocks
+    p = plan(model="meta-llama/Llama-3.1-8B-Instruct", pp=2)
+    first, last = p.stages
+    assert first.weights_bytes == pytest.approx(last.weights_bytes, abs=1)
+    assert last.kv_budget_bytes < first.kv_budget_bytes and p.answer.num_blocks == last.blocks
+    assert "pipeline stages (16, 16 layers)" in " ".join(p.budget.notes)
 
 
 def test_quantized_weights_use_the_parameter_count():
