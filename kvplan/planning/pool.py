@@ -264,9 +264,9 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
                        key=lambda t: t.bytes)
     pools = [_stage_pool(setup, s, heaviest) for s in stages]
     deciding = min(pools, key=lambda p: p.blocks)
-    note = (f"pipeline stages ({', '.join(str(c) for c in memory.pp_layer_counts(spec.num_layers_decoder, options.pp, engine.pp_partition))} "
-            f"layers): blocks per stage {', '.join(f'{p.blocks:,}' for p in pools)}; the engine takes the smallest, "
-            f"{deciding.stage.describe() if deciding.stage else 'stage 1'}'s")
+    counts = ", ".join(str(s.num_layers) for s in stages)
+    note = (f"layers per pipeline stage: {counts}; blocks per stage: {', '.join(f'{p.blocks:,}' for p in pools)}; the "
+            f"engine takes the smallest, {deciding.stage.describe() if deciding.stage else 'stage 1'}'s")
     summary = tuple(StagePool(p.stage, p.budget.weights.bytes, p.budget.kv_budget_bytes, p.blocks)
                     for p in pools if p.stage is not None)
     return replace(deciding, budget=replace(deciding.budget, notes=deciding.budget.notes + (note,)), stages=summary)

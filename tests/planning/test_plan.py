@@ -123,7 +123,7 @@ def test_the_last_stage_runs_the_sampler_and_may_decide():
     first, last = p.stages
     assert first.weights_bytes == pytest.approx(last.weights_bytes, abs=1)
     assert last.kv_budget_bytes < first.kv_budget_bytes and p.answer.num_blocks == last.blocks
-    assert "pipeline stages (16, 16 layers)" in " ".join(p.budget.notes)
+    assert "layers per pipeline stage: 16, 16; blocks per stage" in " ".join(p.budget.notes)
 
 
 def test_quantized_weights_use_the_parameter_count():
