@@ -27,9 +27,16 @@ class StagePool:
     gives every stage the fewest blocks of any)."""
 
     stage: memory.PipelineStage
-    weights_bytes: int
-    kv_budget_bytes: int
+    budget: Budget
     blocks: int
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.budget.weights.bytes
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        return self.budget.kv_budget_bytes
 
 
 @dataclass(frozen=True)
@@ -267,8 +274,7 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     counts = ", ".join(str(s.num_layers) for s in stages)
     note = (f"layers per pipeline stage: {counts}; blocks per stage: {', '.join(f'{p.blocks:,}' for p in pools)}; the "
             f"engine takes the smallest, {deciding.stage.describe() if deciding.stage else 'stage 1'}'s")
-    summary = tuple(StagePool(p.stage, p.budget.weights.bytes, p.budget.kv_budget_bytes, p.blocks)
-                    for p in pools if p.stage is not None)
+    summary = tuple(StagePool(p.stage, p.budget, p.blocks) for p in pools if p.stage is not None)
     return replace(deciding, budget=replace(deciding.budget, notes=deciding.budget.notes + (note,)), stages=summary)
 
 
