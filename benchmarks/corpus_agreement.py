@@ -278,6 +278,11 @@ def _range(plan: Any, compare: str, stage: int = 0) -> tuple[float, float] | Non
             _figure(rng.high, rng.kv_budget_high_bytes + shift, bs, compare))
 
 
+def logged_stage_budget(plan: Any, stage: int) -> Any:
+    """The budget of the stage whose terms the log prints (the plan's own without pipeline stages)."""
+    return plan.stages[stage].budget if plan.stages else plan.budget
+
+
 def stage_weights_total(plan: Any, logged_gib: float, stage: int) -> float:
     """The weights over all GPUs (GiB) that give the logged ``stage`` the logged weights per GPU: each stage loads
     its own share (:func:`kvplan.memory.stage_weight_bytes`), so a pipeline's total is not per GPU x tp x pp."""
@@ -369,13 +374,14 @@ def run(entry: corpus.Entry) -> Row | str:
     if "weights_gib" in terms and plan.stages and meta["engine"] == "vllm":
         terms["weights_gib"] = f"{stage_weights_total(plan, _num(meta['reported']['weights_gib']), stage)}GiB"
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib
-    estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
+    estimated = {t.name: t.bytes / GiB for t in logged_stage_budget(plan, stage).terms if not given(t)}
     if terms:
         try:
             with_terms = estimate(options_for(meta, model, {**extra, **terms}))
             terms_err = (measure(with_terms, compare, stage) - value) / value * 100
             printed = {TERM_OF_OPTION[k] for k in terms}
-            deltas = {t.name: (t.bytes - w.bytes) / GiB for t, w in zip(plan.budget.terms, with_terms.budget.terms)
+            deltas = {t.name: (t.bytes - w.bytes) / GiB for t, w in zip(logged_stage_budget(plan, stage).terms,
+                                                                       logged_stage_budget(with_terms, stage).terms)
                       if t.name in printed and t.name in estimated}
             moved = {k: v for k, v in deltas.items() if v}
             if moved:
