@@ -401,3 +401,14 @@ def test_a_gpu_memory_past_what_the_named_gpu_has_is_refused():
             assert p.gpu.memory_bytes == ok, g.name
         with pytest.raises(InputError, match=f"is more than the {g.name} has"):
             estimate(Options(model="Qwen/Qwen3-0.6B", gpu=g.name, gpu_memory_bytes=max(counts) + MiB))
+
+
+def test_the_mtp_draft_lives_on_the_last_stage():
+    # vLLM builds the drafter on the last pipeline rank only: its weights and its KV layer are the last stage's
+    plain = kvplan.estimate("deepseek-ai/DeepSeek-V3", gpu="H200", tp=8, pp=2)
+    mtp = kvplan.estimate("deepseek-ai/DeepSeek-V3", gpu="H200", tp=8, pp=2, speculative="mtp")
+    assert mtp.stages[0].weights_bytes == plain.stages[0].weights_bytes
+    assert mtp.stages[1].weights_bytes > plain.stages[1].weights_bytes
+    assert mtp.stages[1].blocks < plain.stages[1].blocks
+    # 61 layers at pp 2 (vLLM 0.8+): [31, 30]; the last stage caches its 30 layers + the draft layer
+    assert mtp.answer.num_blocks == mtp.stages[1].blocks and len(mtp.rank_layers) == 30 + 1
