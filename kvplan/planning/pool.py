@@ -275,12 +275,14 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     note = (f"layers per pipeline stage: {counts}; blocks per stage: {', '.join(f'{p.blocks:,}' for p in pools)}; the "
             f"engine takes the smallest, {deciding.stage.describe() if deciding.stage else 'stage 1'}'s")
     summary = tuple(StagePool(p.stage, p.budget, p.blocks) for p in pools if p.stage is not None)
-    notes = (note,)
+    notes, engine = (note,), deciding.engine
     if engine.mode == "V0":  # vllm/core/scheduler.py: num_gpu_blocks //= pipeline_parallel_size per virtual engine
-        notes += (f"vLLM V0 splits the pool among its {options.pp} virtual engines (one scheduler per stage, each "
-                  f"with {plural(deciding.blocks // options.pp, 'block')}): one request holds at most that many; "
-                  "kvplan's requests and lengths count the whole pool",)
-    return replace(deciding, budget=replace(deciding.budget, notes=deciding.budget.notes + notes), stages=summary)
+        engine = replace(engine, pool_shards=options.pp)
+        notes += (f"vLLM V0 splits the pool among its {options.pp} virtual engines (one scheduler each, with "
+                  f"{plural(deciding.blocks // options.pp, 'block')} and its own max_num_seqs): one request holds at "
+                  "most that many blocks",)
+    return replace(deciding, engine=engine, budget=replace(deciding.budget, notes=deciding.budget.notes + notes),
+                   stages=summary)
 
 
 def _stage_pool(setup: _Setup, stage: memory.PipelineStage | None, weights: Term | None = None) -> _Pool:
