@@ -412,3 +412,19 @@ def test_the_mtp_draft_lives_on_the_last_stage():
     assert mtp.stages[1].blocks < plain.stages[1].blocks
     # 61 layers at pp 2 (vLLM 0.8+): [31, 30]; the last stage caches its 30 layers + the draft layer
     assert mtp.answer.num_blocks == mtp.stages[1].blocks and len(mtp.rank_layers) == 30 + 1
+
+
+def test_vllm_v0_splits_the_pool_among_its_virtual_engines():
+    # V0 at pp 2 runs one scheduler per virtual engine, each on num_gpu_blocks // 2 blocks (vllm/core/scheduler.py)
+    v0 = kvplan.estimate("meta-llama/Llama-3.1-8B-Instruct", gpu="L4", pp=2, engine_version="0.7.2", context=8192)
+    blocks = v0.answer.num_blocks
+    assert v0.engine.pool_shards == 2
+    # 8,192 tokens = 512 blocks of 16; each half keeps one null block out: 2 x ((blocks // 2 - 1) // 512)
+    assert v0.answer.pool_requests == 2 * ((blocks // 2 - 1) // 512)
+    # one request is at most one half: 16 tokens x (blocks // 2 - 1)
+    assert v0.answer.max_context_at_batch == 16 * (blocks // 2 - 1)
+    assert "2 virtual engines" in " ".join(v0.budget.notes)
+    v1 = kvplan.estimate("meta-llama/Llama-3.1-8B-Instruct", gpu="L4", pp=2, engine_version="0.8", context=8192)
+    # V1 has one pool: a request may take all of it, up to the model's 131,072 positions
+    assert v1.engine.pool_shards == 1
+    assert v1.answer.max_context_at_batch == min(131_072, 16 * (v1.answer.num_blocks - 1)) > 16 * v1.answer.num_blocks // 2
