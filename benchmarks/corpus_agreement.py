@@ -28,7 +28,7 @@ import re
 import statistics
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -338,9 +338,19 @@ def _activation_holds_graphs(engine: str, version: str) -> bool:
     return profile(version).printed_activation == "transient+graphs"
 
 
-def measure(plan: Any, compare: str) -> float:
-    """The plan's figure comparable to the logged one."""
-    return _figure(plan.answer, plan.budget.kv_budget_bytes, plan.layout.block_size, compare)
+def measure(plan: Any, compare: str, stage: int = 0) -> float:
+    """The plan's figure comparable to the logged one. With pipeline stages the logged "Available KV cache memory"
+    is one rank's: the ``stage`` the corpus names (``kvplan: stage``; default 0, the driver's), not the engine's
+    minimum over stages that the plan's own budget is."""
+    return _figure(plan.answer, plan.budget.kv_budget_bytes + stage_offset(plan, compare, stage), plan.layout.block_size,
+                   compare)
+
+
+def stage_offset(plan: Any, compare: str, stage: int) -> int:
+    """How much more KV budget the logged stage has than the plan's deciding one (0 unless ``kv_gib`` at pp >= 2)."""
+    if compare != "kv_gib" or not plan.stages:
+        return 0
+    return plan.stages[stage].kv_budget_bytes - plan.budget.kv_budget_bytes
 
 
 def _figure(a: Any, kv_budget_bytes: int, block_size: int, compare: str) -> float:
@@ -357,13 +367,34 @@ def _figure(a: Any, kv_budget_bytes: int, block_size: int, compare: str) -> floa
     return float(a.max_concurrency)
 
 
-def _range(plan: Any, compare: str) -> tuple[float, float] | None:
-    """The plan's range for the compared figure (``Plan.kv_range``), None when it has none."""
+def _range(plan: Any, compare: str, stage: int = 0) -> tuple[float, float] | None:
+    """The plan's range for the compared figure (``Plan.kv_range``; a logged stage's budget shifted as
+    :func:`stage_offset`), None when it has none."""
     rng = plan.kv_range
     if rng is None or rng.kv_budget_low_bytes == rng.kv_budget_high_bytes:
         return None
-    bs = plan.layout.block_size
-    return (_figure(rng.low, rng.kv_budget_low_bytes, bs, compare), _figure(rng.high, rng.kv_budget_high_bytes, bs, compare))
+    bs, shift = plan.layout.block_size, stage_offset(plan, compare, stage)
+    return (_figure(rng.low, rng.kv_budget_low_bytes + shift, bs, compare),
+            _figure(rng.high, rng.kv_budget_high_bytes + shift, bs, compare))
+
+
+def logged_stage_budget(plan: Any, stage: int) -> Any:
+    """The budget of the stage whose terms the log prints (the plan's own without pipeline stages)."""
+    return plan.stages[stage].budget if plan.stages else plan.budget
+
+
+def stage_weights_total(plan: Any, logged_gib: float, stage: int) -> float:
+    """The weights over all GPUs (GiB) that give the logged ``stage`` the logged weights per GPU: each stage loads
+    its own share (:func:`kvplan.memory.stage_weight_bytes`), so a pipeline's total is not per GPU x tp x pp."""
+    from kvplan import memory
+    from kvplan.units import parse_dtype
+
+    o = plan.options
+    if not plan.stages:
+        return logged_gib * o.tp * o.pp
+    total = plan.weights_total_bytes
+    held = memory.stage_weight_bytes(plan.spec, plan.stages[stage].stage, total, parse_dtype(plan.model_dtype).nbytes(1))
+    return logged_gib * o.tp * total / held
 
 
 def logged_budget_bytes(meta: dict[str, Any]) -> int | None:
@@ -434,24 +465,28 @@ def run(entry: corpus.Entry) -> Row | str:
             plan = estimate(options_for(meta, model, extra))
     except KvplanError as exc:
         return f"kvplan refuses: {exc.message}"
-    predicted = measure(plan, compare)
+    stage = int(block.get("stage") or 0)
+    predicted = measure(plan, compare, stage)
     err = (predicted - value) / value * 100
     gib = plan.budget.kv_budget_bytes * (err / 100) / (1 + err / 100) / GiB if err > -100 else 0.0
     in_activation = plan.budget.cudagraph.bytes / GiB if _activation_holds_graphs(meta["engine"], plan.engine.version) \
         else None
     terms = {} if basis != "inputs" else sglang_logged_terms(meta, plan) if meta["engine"] == "sglang" else \
         logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled, in_activation)
+    if "weights_gib" in terms and plan.stages and meta["engine"] == "vllm":
+        terms["weights_gib"] = f"{stage_weights_total(plan, _num(meta['reported']['weights_gib']), stage)}GiB"
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib + plan.budget.host_bytes / GiB
-    estimated = {t.name: t.bytes / GiB for t in plan.budget.terms if not given(t)}
+    estimated = {t.name: t.bytes / GiB for t in logged_stage_budget(plan, stage).terms if not given(t)}
     if terms:
         try:
             # kvplan's own graph estimate stands where the log prints only activation + graphs (not a printed term)
             kept_graphs = {"cudagraph_gib": f"{in_activation}GiB"} if in_activation is not None \
                 and "cudagraph_gib" not in terms and "activation_gib" in terms else {}
             with_terms = estimate(options_for(meta, model, {**extra, **kept_graphs, **terms}))
-            terms_err = (measure(with_terms, compare) - value) / value * 100
+            terms_err = (measure(with_terms, compare, stage) - value) / value * 100
             printed = {TERM_OF_OPTION[k] for k in terms}
-            deltas = {t.name: (t.bytes - w.bytes) / GiB for t, w in zip(plan.budget.terms, with_terms.budget.terms)
+            deltas = {t.name: (t.bytes - w.bytes) / GiB for t, w in zip(logged_stage_budget(plan, stage).terms,
+                                                                       logged_stage_budget(with_terms, stage).terms)
                       if t.name in printed and t.name in estimated}
             moved = {k: v for k, v in deltas.items() if v}
             if moved:
@@ -465,7 +500,7 @@ def run(entry: corpus.Entry) -> Row | str:
                 unified = left + with_terms.budget.host_bytes / GiB  # all the host took, not what the estimate left
         except KvplanError:
             pass
-    rng = _range(plan, compare)
+    rng = _range(plan, compare, stage)
     in_range = width = low_holds = low_width = None
     if rng is not None:
         lo, hi = min(rng), max(rng)

@@ -258,8 +258,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("tp", "count", "Tensor-parallel size: splits KV heads (replicated when tp > heads) and weights; a list "
         "(1,2,4) prints one row per size (default 1; with --gpus N alone, N; with --gpus and --pp, the rest).",
         default=1, flags=("--tp", "--tensor-parallel-size"), compare=True, cli_default=None),
-    Opt("pp", "count", "Pipeline-parallel size: splits layers (the largest stage decides) (default 1; with --gpus "
-        "and --tp, the rest).", default=1, flags=("--pp", "--pipeline-parallel-size"), cli_default=None),
+    Opt("pp", "count", "Pipeline-parallel size: splits layers; each stage has its own weights and KV layers, and "
+        "the stage with the fewest blocks decides (default 1; with --gpus and --tp, the rest).", default=1, flags=("--pp", "--pipeline-parallel-size"), cli_default=None),
     Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k (default: the "
         "--max-model-len given, else 8192 or the model's maximum where that is shorter); a list (8k,32k) prints one "
         "row per context.", default=DEFAULT_CONTEXT,

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from kvplan.engines.launch import Launch
 from kvplan.engines.terms import Budget, Device, EngineDefaults, Features, Term
-from kvplan.memory import UNBOUNDED_TOKENS, Demand, PoolLayout
+from kvplan.memory import UNBOUNDED_TOKENS, Demand, PipelineStage, PoolLayout
 from kvplan.model.spec import LayerCache, ModelSpec
 from kvplan.units import scaled
 from kvplan.frozen import frozen
@@ -80,8 +80,9 @@ class Engine(Protocol):
                overhead: Term | None, cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec,
                tp: int, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
                version: str, pp: int = 1, device: Device | None = None, features: Features | None = None,
-               max_model_len: int | None = None) -> Budget:
-        """The per-GPU budget; a term given by the caller replaces the engine's estimate."""
+               max_model_len: int | None = None, stage: PipelineStage | None = None) -> Budget:
+        """The per-GPU budget of one pipeline ``stage`` (None: one stage); a term given by the caller replaces the
+        engine's estimate."""
 
     def draft_layers(self, engine: EngineDefaults, spec: ModelSpec, features: Features | None) -> int:
         """How many draft (multi-token-prediction) decoder layers the engine gives a KV cache in the same pool."""

@@ -172,7 +172,7 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
                           MAX_RUNNING_REQUESTS_CEILING, mode="sglang", usage_context=usage_context,
                           cudagraph_profiled=False, refusal="pool", kv_tokens_rule="blocks",
                           charges_other_processes=True,
-                          release_range=RANGES[r.version])
+                          release_range=RANGES[r.version], pp_partition=r.pp_partition, pp_free_min=True)
 
 
 def cell_size_bytes(layers: tuple[LayerCache, ...] | ModelSpec, kv_dtype: DType) -> int:
@@ -204,8 +204,11 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
            version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None,
-           features: Features | None = None, max_model_len: int | None = None) -> Budget:
+           features: Features | None = None, max_model_len: int | None = None, stage: memory.PipelineStage | None = None) -> Budget:
     """SGLang's pool budget per GPU: ``(total - used_before_load) x mem_fraction_static - weights``.
+
+    ``stage`` (a pipeline stage) changes nothing here: every rank sizes its pool from the smallest free memory over
+    all ranks (``pp_free_min``), so the planner passes the heaviest stage's weights.
 
     ``weights`` is what loading uses (the weights' bytes + :data:`LOAD_EXTRA_BYTES`, "Load weight end ... mem
     usage"); ``overhead`` is the memory in use before loading times the fraction (the fraction applies to the free

@@ -29,6 +29,8 @@ class Release:
     all-reduced on the default (NCCL) process group, whose communicator NCCL creates by that first collective, after
     this rank read its free memory (``get_available_gpu_memory(distributed=True)``: a CUDA tensor, 0.3 - 0.4.6; 0.4.7+
     reduce on the gloo ``cpu_group``): the pool pays that communicator in full (:func:`~kvplan.engines.sglang.late_comm_bytes`).
+    ``pp_partition``: where ``get_pp_indices`` puts the remainder layers (``last``: all on the last stage, before 0.5.6;
+    ``last-each``: one each to the last stages, 0.5.6+; :data:`kvplan.memory.stages.PARTITIONS`).
     """
 
     version: str
@@ -43,9 +45,10 @@ class Release:
     mamba2_radix_off: bool = False
     ssm_from_config: bool = True
     min_on_nccl: bool = False
+    pp_partition: str = "last-each"
 
 
-_OLD_MAMBA = dict(mamba="fixed", ssm_from_config=False)  # 0.5.2 - 0.5.3's state pool (older releases serve no hybrid)
+_OLD_MAMBA = dict(mamba="fixed", ssm_from_config=False, pp_partition="last")  # 0.5.2 - 0.5.3's state pool (older releases serve no hybrid)
 RELEASES: dict[str, Release] = {r.version: r for r in (
     Release("0.3", (0, 3, 0), "tp ladder 0.88 - 0.79 (0.82 at tp 8)", "ladder-0.3", "small-25000",
             page_rounding=False, clamp_plus_one=True, min_on_nccl=True, **_OLD_MAMBA),
@@ -61,9 +64,12 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     Release("0.5.3", (0, 5, 3), "the reserve estimates activations and CUDA graphs (_handle_gpu_memory_settings)",
             "estimate", "0.5.3", **_OLD_MAMBA),
     Release("0.5.4", (0, 5, 4), "hybrids' state pool: mamba_full_memory_ratio 0.9 of the KV pool "
-            "(handle_max_mamba_cache)", "estimate", "0.5.3", mamba2_radix_off=True, ssm_from_config=False),
+            "(handle_max_mamba_cache)", "estimate", "0.5.3", mamba2_radix_off=True, ssm_from_config=False,
+            pp_partition="last"),
     Release("0.5.5", (0, 5, 5), "cuda_graph_max_bs 24 on 20 - 35 GiB GPUs", "estimate", "0.5.5",
-            mamba2_radix_off=True, ssm_from_config=False),
+            mamba2_radix_off=True, ssm_from_config=False, pp_partition="last"),
+    Release("0.5.6", (0, 5, 6), "pipeline stages: the remainder layers one each to the last stages (get_pp_indices; "
+            "before, all on the last)", "estimate", "0.5.5", mamba2_radix_off=True, ssm_from_config=False),
     Release("0.5.10", (0, 5, 10), "a piecewise CUDA-graph reserve", "estimate", "0.5.5", graph_reserve=True),
     Release("0.5.14", (0, 5, 14), "no speculative-decoding reserve (the draft is inside the pool)", "estimate",
             "0.5.5", graph_reserve=True),

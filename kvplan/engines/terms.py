@@ -120,6 +120,11 @@ class EngineDefaults:
     charges_other_processes: bool = False  # the profiler charges memory other processes hold on the GPU as this
     # engine's non-torch memory (vLLM V0 0.6.4 and V1 0.8.0 - 0.9.0; SGLang, which sizes the pool from the free
     # memory before loading: a desktop on the card shrinks the KV budget)
+    pp_partition: str = "before-last"  # how get_pp_indices places the remainder layers (kvplan.memory.stages.PARTITIONS)
+    pp_free_min: bool = False  # every pipeline stage's pool is sized from the smallest free memory over all ranks
+    # (SGLang's get_available_gpu_memory(distributed=True) over the world group), not from its own
+    pool_shards: int = 1  # the pool is split into this many parts, each with its own scheduler (vLLM V0 at pp >= 2:
+    # one virtual engine per stage, num_gpu_blocks // pp blocks each, vllm/core/scheduler.py)
 
     @property
     def label(self) -> str:

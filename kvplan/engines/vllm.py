@@ -25,6 +25,7 @@ from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's r
     request_limit, split_state_pool,
     idle_reason, longest_start, serve_command, serving_release, ssm_dtype, start_blocks, starts)
 from kvplan.errors import InputError
+from kvplan.memory.stages import PipelineStage
 from kvplan.model.spec import LayerKind, ModelSpec
 from kvplan.units import GiB, plural
 from kvplan.engines.vllm_releases import (
@@ -129,10 +130,11 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
     ``vllm serve``, ``llm`` = the ``LLM`` class); see :func:`batch_defaults`. CPU: 4096 tokens.
     """
     p = profile(version)
+    partition = pp_partition(p.first)
     if is_cpu:  # async scheduling is off on the CPU backend: one batch in flight
         return EngineDefaults(ENGINE, p.version, p.gpu_util, CPU_BLOCK_SIZE, CPU_MAX_NUM_BATCHED_TOKENS, 256, p.mode,
                               usage_context, False, p.refusal, p.kv_tokens_rule, release_range=RANGES[p.version],
-                              max_len_rule=p.max_len_rule)
+                              max_len_rule=p.max_len_rule, pp_partition=partition)
     fallback = v0_fallback(p, device, spec)
     notes: tuple[str, ...] = ()
     if fallback:
@@ -147,7 +149,18 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
                           p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, notes=notes,
                           release_range=RANGES[p.version], concurrent_batches=p.concurrent_batches,
                           max_len_rule=p.max_len_rule, mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0,
-                          long_prefill_chunked=chunked, charges_other_processes=p.measure == "absolute")
+                          long_prefill_chunked=chunked, charges_other_processes=p.measure == "absolute",
+                          pp_partition=partition)
+
+
+PP_BEFORE_LAST_FROM = (0, 8, 0)  # vLLM PR #13839 (read in the 0.7.3 and 0.8.0 wheels' distributed/utils.py)
+
+
+def pp_partition(release: tuple[int, ...]) -> str:
+    """How ``get_pp_indices`` places the remainder layers (:data:`kvplan.memory.stages.PARTITIONS`): 0.6 - 0.7.x give
+    them all to the last stage; 0.8+ one each to the stages before the last. The installed release decides, also
+    where 0.8 - 0.10 fall back to the V0 engine."""
+    return "before-last" if release >= PP_BEFORE_LAST_FROM else "last"
 
 
 V0_FALLBACK_RULES = "0.7.2"  # the newest V0 rules: what 0.8 - 0.10 run when they fall back to the V0 engine
@@ -437,8 +450,13 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
            cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec, tp: int,
            max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int, is_cpu: bool,
            version: str = DEFAULT_VERSION, pp: int = 1, device: Device | None = None,
-           features: Features | None = None, max_model_len: int | None = None) -> Budget:
+           features: Features | None = None, max_model_len: int | None = None,
+           stage: PipelineStage | None = None) -> Budget:
     """The per-GPU budget with every term; any term given by the caller replaces the model's.
+
+    ``stage``: the pipeline stage this GPU serves (None: one stage, or the largest even share of the layers). Each
+    stage's workers profile their own memory: only the last stage runs the dummy sampler and loads the MTP draft
+    layers (``gpu_model_runner``: ``if get_pp_group().is_last_rank``); the loaded extras count its own layers.
 
     ``device``: platform, SM count, interconnect, compute capability (:class:`~kvplan.engines.Device`; the
     sampler path and the non-torch memory at tp >= 2 depend on them). ``features``: LoRA slots and speculative
@@ -459,11 +477,12 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     given_activation = activation is not None and not activation.source.startswith("calibration")
     if not given(weights):  # the user's --weights-gib or a calibration file's measurement stands as given
         weights, wheel_gap = _loaded_weights(p, weights, spec, tp, pp, gpu_util, max_num_batched_tokens, act_bytes,
-                                             device, features, notes)
+                                             device, features, notes, stage)
     images, forward, sampler, path_gap = None, 0, 0, 0
     if activation is None:
         activation, images, forward, sampler, path_gap = _activation_term(
-            p, version, spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, device, features, max_model_len, notes)
+            p, version, spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, device, features, max_model_len, notes,
+            sampled=stage is None or stage.last)
     path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
     if overhead is None:
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
@@ -505,7 +524,7 @@ def _cpu_budget(p: Profile, version: str, total_bytes: int, gpu_util: float, usa
 
 def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int, gpu_util: float,
                     max_num_batched_tokens: int, act_bytes: int, device: Device | None, features: Features,
-                    notes: list[str]) -> tuple[Term, int]:
+                    notes: list[str], stage: PipelineStage | None = None) -> tuple[Term, int]:
     """``(weights, wheel_gap)``: the checkpoint's weights plus what vLLM's load adds (:func:`loaded_extra_bytes`),
     the LoRA slots and the MTP layers speculative decoding loads; notes go to ``notes``. ``wheel_gap``: how many
     more bytes a plain wheel install loads where the installation is not known (0.9.1 - 0.11 and
@@ -516,11 +535,11 @@ def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int
     installed = p.sampler in INSTALLED_SAMPLERS
     triton_kernels = not (installed and features.flashinfer is False)
     extra, why = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
-                                    features.expert_parallel, max_num_batched_tokens, act_bytes, triton_kernels)
+                                    features.expert_parallel, max_num_batched_tokens, act_bytes, triton_kernels, stage)
     wheel_gap = 0
     if installed and features.flashinfer is None:
         plain, _ = loaded_extra_bytes(spec, tp, pp, p.first, device_.capability, device_.platform,
-                                      features.expert_parallel, max_num_batched_tokens, act_bytes, False)
+                                      features.expert_parallel, max_num_batched_tokens, act_bytes, False, stage)
         wheel_gap = max(0, plain - extra)
         if wheel_gap:
             notes.append(f"vllm {p.version} lays gpt-oss' MXFP4 experts out for Triton where triton_kernels is "
@@ -532,9 +551,10 @@ def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int
     if features.lora:
         weights, note = lora_weights_term(p, weights, spec, tp, pp, act_bytes, features)
         notes.extend(note)
-    if spec.parameters and draft_layers(EngineDefaults(ENGINE, p.version, gpu_util, 16, 0, 0), spec, features):
+    if spec.parameters and draft_layers(EngineDefaults(ENGINE, p.version, gpu_util, 16, 0, 0), spec, features) \
+            and (stage is None or stage.last):  # the drafter is built on the last stage only
         mtp = mtp_weight_bytes(spec, features, weights.bytes * tp * pp / spec.parameters)
-        weights = Term("weights", weights.bytes + -(-mtp // (tp * pp)),
+        weights = Term("weights", weights.bytes + -(-mtp // (tp * (pp if stage is None else 1))),
                        f"{weights.source} + MTP layers {mtp / GiB:.2f} GiB (loaded for speculative decoding; "
                        "embedding and LM head shared with the model's)")
     return weights, wheel_gap
@@ -542,11 +562,13 @@ def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int
 
 def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int,
                      act_bytes: int, device: Device | None, features: Features, max_model_len: int | None,
-                     notes: list[str]) -> tuple[Term, ImageProfile | None, int, int, int]:
+                     notes: list[str], sampled: bool = True) -> tuple[Term, ImageProfile | None, int, int, int]:
     """``(activation, images, forward, sampler, path_gap)``: the profile run's peak (the dummy forward, the sampler,
-    the multimodal encoder) and, where the installation picks the sampler, how much more the native path takes."""
+    the multimodal encoder) and, where the installation picks the sampler, how much more the native path takes.
+    ``sampled`` False: a pipeline stage before the last, which runs no dummy sampler."""
     forward, sampler = activation_parts(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version,
                                         device, features)
+    sampler = sampler if sampled else 0
     images = image_profile_for(spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, version, max_model_len)
     resident = images.resident_bytes if images else 0
     # kept fused-MoE workspaces (0.14+) stay allocated through the sampler run; 0.27+ charge them as consumed memory
@@ -566,7 +588,8 @@ def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num
                    f"all-reduce ({p.version} charges reserved memory)")
     activation = Term("activation", max(peak(sampler), images.encoder_peak_bytes if images else 0), source)
     path_gap = 0
-    if p.sampler in INSTALLED_SAMPLERS and features.flashinfer is None and sampler_path(version, device)[0] != "native":
+    if sampled and p.sampler in INSTALLED_SAMPLERS and features.flashinfer is None \
+            and sampler_path(version, device)[0] != "native":
         native = sampler_bytes(rows, spec.vocab_size, PROFILES["0.12"].sampler_copies)
         path_gap = max(0, peak(native) - activation.bytes)
         notes.append(f"vllm {p.version}'s sampler takes FlashInfer where it is installed (the Docker images) and "

@@ -31,6 +31,7 @@ what the released code keeps on top of them, per release and GPU generation (rea
 
 from __future__ import annotations
 
+from kvplan.memory.stages import PipelineStage
 from kvplan.model.modelspec import ModelSpec
 from kvplan.units import GiB, cdiv
 
@@ -98,16 +99,28 @@ def deepstack_buffer_bytes(spec: ModelSpec, max_num_batched_tokens: int, act_byt
     return levels * max_num_batched_tokens * spec.hidden_size * act_bytes
 
 
+def _stage_layers(spec: ModelSpec, pp: int, stage: PipelineStage | None, experts: bool) -> int:
+    """Decoder layers (``experts``: those with routed experts) one GPU holds: the stage's own, else the largest
+    even share over ``pp`` stages."""
+    if stage is None:
+        return cdiv((spec.routed_expert_layers if experts else 0) or spec.num_layers_decoder, pp)
+    if experts and spec.expert_layer_ids:
+        return sum(1 for i in spec.expert_layer_ids if stage.start <= i < stage.end)
+    return stage.num_layers
+
+
 def loaded_extra_bytes(spec: ModelSpec, tp: int, pp: int, release: tuple[int, ...],
                        capability: tuple[int, int] | None, platform: str = "cuda",
                        expert_parallel: bool = False, max_num_batched_tokens: int = 0,
-                       act_bytes: int = 2, triton_kernels: bool = True) -> tuple[int, str]:
+                       act_bytes: int = 2, triton_kernels: bool = True,
+                       stage: PipelineStage | None = None) -> tuple[int, str]:
     """Bytes per GPU vLLM's "Model loading took" holds above the checkpoint's split, and why ("" for none).
-    ``triton_kernels``: whether the installation has the ``triton_kernels`` package (:func:`mxfp4_backend`)."""
+    ``triton_kernels``: whether the installation has the ``triton_kernels`` package (:func:`mxfp4_backend`).
+    ``stage``: the pipeline stage whose layers this GPU holds (None: the largest even share over ``pp``)."""
     deepstack = deepstack_buffer_bytes(spec, max_num_batched_tokens, act_bytes)
     if deepstack:
         return deepstack, f"Qwen3-VL's deepstack buffers {deepstack / GiB:.2f} GiB"
-    layers = cdiv(spec.routed_expert_layers or spec.num_layers_decoder, pp)
+    layers = _stage_layers(spec, pp, stage, experts=True)
     if spec.quant_method == "mxfp4" and spec.num_experts and spec.moe_intermediate_size and platform == "cuda":
         backend = mxfp4_backend(capability, triton_kernels)
         experts = cdiv(spec.num_experts, tp) if expert_parallel else spec.num_experts
@@ -116,7 +129,7 @@ def loaded_extra_bytes(spec: ModelSpec, tp: int, pp: int, release: tuple[int, ..
                  - _mxfp4_checkpoint_layer_bytes(experts, inter, spec.hidden_size)) * layers
         return max(0, round(extra)), f"MXFP4 experts as the {backend} backend lays them out {extra / GiB:.2f} GiB"
     if len(spec.mla_dims) == 5 and all(spec.mla_dims[1:]):
-        extra = _mla_extra_layer_bytes(spec, tp, release) * cdiv(spec.num_layers_decoder, pp)
+        extra = _mla_extra_layer_bytes(spec, tp, release) * _stage_layers(spec, pp, stage, experts=False)
         return max(0, round(extra)), f"MLA projections replicated and up-projections kept {extra / GiB:.2f} GiB"
     return 0, ""
 

@@ -47,7 +47,9 @@ def _unprinted(log: StartupLog, terms: list[TermRow], requested: int, kv: int, b
 def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ...]:
     """The budget per GPU, term by term: the log's (as printed; derived where noted) and kvplan's."""
     logged = _logged_terms(log)
-    b = plan.budget if plan is not None else None
+    # with pipeline stages the log's terms are rank 0's, the first stage's (the plan's own budget is the stage with
+    # the fewest blocks)
+    b = (plan.stages[0].budget if plan.stages else plan.budget) if plan is not None else None
     own = (lambda value: value) if gpu_known and b is not None else (lambda value: None)  # noqa: E731
     acc = account(log.engine)
     sglang = acc.measures_free_memory

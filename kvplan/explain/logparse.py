@@ -239,7 +239,7 @@ def _finish(c: _Collect) -> StartupLog:
         v["workers_tp"], v["workers_pp"] = names.get("tp", 0) + 1, names.get("pp", 0) + 1
     elif "rank" in names:  # global ranks: tp x pp workers
         v["workers_tp"] = names["rank"] + 1
-    if c.kv_by_rank:  # vLLM sizes every rank's pool to the smallest; with pp, rank 0 holds the largest stage
+    if c.kv_by_rank:  # vLLM sizes every rank's pool to the smallest; with pp, rank 0's is the first stage's
         ranked = [kv for rank, kv in c.kv_by_rank if rank == 0]
         if (v.get("pp") or 1) > 1:
             v["available_kv_gib"] = ranked[0] if ranked else max(kv for _, kv in c.kv_by_rank)

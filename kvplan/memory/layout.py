@@ -14,6 +14,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from kvplan.errors import InputError
+from kvplan.memory.stages import PipelineStage, pipeline_stages, stage_caches
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
 from kvplan.units import DType, cdiv, parse_dtype, plural
 from kvplan.frozen import frozen
@@ -84,29 +85,10 @@ def state_bytes_per_request(layers: tuple[LayerCache, ...] | ModelSpec, model_dt
 # tensor / pipeline parallel slices
 
 
-def pp_layer_counts(num_layers: int, pp: int) -> list[int]:
-    """Layers per pipeline stage as vLLM's ``get_pp_indices`` splits them.
-
-    ``num_layers // pp`` each; the remainder goes one each to the stages before the last
-    (the last stage also holds the LM head). 61 layers over 4 stages -> ``[15, 15, 16, 15]``.
-    """
-    if pp < 1:
-        raise InputError(f"invalid --pp {pp}: must be at least 1")
-    if pp > num_layers:
-        raise InputError(f"--pp {pp} exceeds the model's {plural(num_layers, 'layer')}")
-    counts = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
-        counts[-i] += 1
-    return counts
-
-
-def pp_stages(layers: tuple[LayerCache, ...], pp: int) -> list[tuple[LayerCache, ...]]:
-    """The layers of each pipeline stage, in order."""
-    out, start = [], 0
-    for count in pp_layer_counts(len(layers), pp):
-        out.append(layers[start : start + count])
-        start += count
-    return out
+def pp_stages(layers: tuple[LayerCache, ...], pp: int, partition: str = "before-last") -> list[tuple[LayerCache, ...]]:
+    """The layers of each pipeline stage, in order (one cache entry per layer; ``partition``:
+    :data:`kvplan.memory.stages.PARTITIONS`)."""
+    return [layers[s.start:s.end] for s in pipeline_stages(len(layers), pp, partition)]
 
 
 def tp_kv_heads(kv_heads: int, tp: int) -> int:
@@ -146,9 +128,8 @@ def kv_heads_replicated(spec: ModelSpec, tp: int) -> bool:
     return any(layer.caches_tokens and layer.tp_shardable and layer.kv_heads < tp for layer in spec.layers)
 
 
-def rank_layers(spec: ModelSpec, tp: int = 1, pp: int = 1) -> tuple[LayerCache, ...]:
-    """The layers one GPU caches: the pipeline stage with the most KV bytes, sliced for one tp rank."""
-    stages = pp_stages(spec.layers, pp)
+def stage_rank_layers(spec: ModelSpec, tp: int, stage: PipelineStage) -> tuple[LayerCache, ...]:
+    """The layers one GPU of ``stage`` caches: the stage's layers sliced for one tp rank."""
     shards: dict[LayerCache, LayerCache] = {}  # a model repeats a few kinds of layer: each sliced once
 
     def shard(layer: LayerCache) -> LayerCache:
@@ -157,7 +138,13 @@ def rank_layers(spec: ModelSpec, tp: int = 1, pp: int = 1) -> tuple[LayerCache, 
             hit = shards[layer] = shard_layer(layer, tp)
         return hit
 
-    sharded = [tuple(shard(layer) for layer in stage) for stage in stages]
+    return tuple(shard(layer) for layer in stage_caches(spec, stage))
+
+
+def rank_layers(spec: ModelSpec, tp: int = 1, pp: int = 1, partition: str = "before-last") -> tuple[LayerCache, ...]:
+    """The layers one GPU caches: the pipeline stage with the most KV bytes, sliced for one tp rank (a plan sizes
+    every stage: :func:`stage_rank_layers`)."""
+    sharded = [stage_rank_layers(spec, tp, s) for s in pipeline_stages(spec.num_layers_decoder, pp, partition)]
 
     def stage_size(stage: tuple[LayerCache, ...]) -> tuple[int, int]:
         counts = Counter(stage)

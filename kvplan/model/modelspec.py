@@ -222,6 +222,10 @@ class ModelSpec:
     weights_format: str = ""  # the format its quantized weights are stored in ("fp8_e4m3", "mxfp4", "int4", ...), "" when
     # not quantized (kvplan.model.checkpoint.weights_format)
     mla_dims: tuple[int, ...] = ()  # MLA: (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+    layer_parameters: tuple[int, ...] = ()  # each decoder layer's parameters (attention or mixer, MLP or experts,
+    # norms) from the config's inventory, in order; () when not counted (a pipeline stage's weights: kvplan.memory.stages)
+    expert_layer_ids: tuple[int, ...] = ()  # the decoder layers with routed experts (len = routed_expert_layers)
+    tied_embeddings: bool = False  # the LM head is the token embedding (tie_word_embeddings)
 
     @property
     def expert_parameters(self) -> int:

@@ -235,12 +235,32 @@ def shared_expert_size(spec: ModelSpec, r: ConfigReader) -> int:
 def routed_expert_layers(spec: ModelSpec, r: ConfigReader) -> int:
     """Decoder layers with routed experts (0 for a dense model): the layers whose unpicked experts a token
     does not read (:meth:`kvplan.model.modelspec.ModelSpec.parameters_read`)."""
+    return len(expert_layer_ids(spec, r))
+
+
+def expert_layer_ids(spec: ModelSpec, r: ConfigReader) -> tuple[int, ...]:
+    """The decoder layers with routed experts, in order (() for a dense model): DeepSeek's first
+    ``first_k_dense_replace`` layers are dense, Nemotron-H's ``E`` blocks are MoE, and so on (:func:`_moe_layer`)."""
     if not spec.num_experts or not spec.num_experts_per_token or not spec.moe_intermediate_size:
-        return 0
+        return ()
+    n = spec.num_layers_decoder
     pattern = r.raw("hybrid_override_pattern")
-    if isinstance(pattern, str) and len(pattern) == spec.num_layers_decoder:
-        return pattern.count("E")
-    return sum(1 for i in range(spec.num_layers_decoder) if _moe_layer(r, i, spec.num_layers_decoder, spec.model_type))
+    if isinstance(pattern, str) and len(pattern) == n:
+        return tuple(i for i, c in enumerate(pattern) if c == "E")
+    return tuple(i for i in range(n) if _moe_layer(r, i, n, spec.model_type))
+
+
+def layer_parameters(tensors: tuple[Tensors, ...], num_layers: int) -> tuple[int, ...]:
+    """Each decoder layer's parameters in the inventory (its ``model.layers.<i>.`` tensors, the MTP layers
+    left out): what a pipeline stage of those layers loads besides the embedding and the LM head."""
+    out = [0] * num_layers
+    for t in tensors:
+        if t.mtp or not t.module.startswith("model.layers."):
+            continue
+        index = t.module.split(".", 3)[2]
+        if index.isdigit() and int(index) < num_layers:
+            out[int(index)] += t.parameters
+    return tuple(out) if any(out) else ()
 
 
 def inventory(spec: ModelSpec, r: ConfigReader) -> tuple[Tensors, ...]:

@@ -23,8 +23,8 @@ from kvplan.errors import ConfigError
 from kvplan.limits import MAX_LAYERS, MAX_PARAMETERS
 from kvplan.model.source import ModelSource, WeightFacts
 from kvplan.model.modelspec import STATE_KINDS, TOKEN_KINDS, LayerCache, LayerGroup, LayerKind, ModelSpec
-from kvplan.model.params import (TIED_BY_DEFAULT, inventory, mla_dims, mtp_layers, parameter_count, quant_method,
-                                 routed_expert_layers, shared_expert_size)
+from kvplan.model.params import (TIED_BY_DEFAULT, expert_layer_ids, inventory, layer_parameters, mla_dims, mtp_layers,
+                                 parameter_count, quant_method, shared_expert_size)
 from kvplan.units import plural
 
 __all__ = ["STATE_KINDS", "TOKEN_KINDS", "LayerCache", "LayerGroup", "LayerKind", "ModelSpec", "Overrides",
@@ -454,13 +454,15 @@ def spec_from_config(
     parameters = _bounded_parameters(r, parameter_count(loaded, tensors), spec)
     return replace(spec, weights=loaded, parameters=parameters, notes=spec.notes + weight_notes,
                    embedding_parameters=spec.vocab_size * hidden * (1 if tied else 2),
-                   routed_expert_layers=routed_expert_layers(spec, r), provenance=MappingProxyType(dict(r.provenance)),
+                   routed_expert_layers=len(expert_layer_ids(spec, r)), provenance=MappingProxyType(dict(r.provenance)),
                    rotary_caches=rope_vision.rotary_caches(r, layers, spec.max_position_embeddings),
                    rope_scaling=rope_vision.rope_scaling(r),
                    vision=rope_vision.vision_encoder(config, where),
                    mtp_layers=mtp_layers(r), mtp_parameters=sum(t.parameters for t in tensors if t.mtp),
                    shared_expert_size=shared_expert_size(spec, r), quant_method=quant_method(r), mla_dims=mla_dims(r),
-                   weights_format=checkpoint.weights_format(config, where, spec.dtype))
+                   weights_format=checkpoint.weights_format(config, where, spec.dtype),
+                   layer_parameters=layer_parameters(tensors, spec.num_layers_decoder),
+                   expert_layer_ids=expert_layer_ids(spec, r), tied_embeddings=tied)
 
 
 def _bounded_parameters(r: ConfigReader, parameters: int | None, spec: ModelSpec) -> int | None:

@@ -1,8 +1,8 @@
 """Several GPUs: ``torchrun --nproc-per-node N -m kvplan validate MODEL --tp N`` validates one rank per device.
 
 Each rank allocates its own slice (tp: its share of the KV heads, the plan's ``rank_layers``; pp: its own
-stage's layers via ``memory.pp_stages`` + ``shard_layer``) with the plan's block count (vLLM gives every
-worker the smallest count, the largest stage's), runs :func:`~kvplan.paged.validate.validate_plan`, and
+stage's layers via ``memory.stage_rank_layers``) with the plan's block count (vLLM gives every worker the
+smallest count over the stages, which the plan computes stage by stage), runs :func:`~kvplan.paged.validate.validate_plan`, and
 every rank receives every result with ``all_gather_object``; rank 0 renders them. NCCL on CUDA, gloo on CPU.
 A user error on one rank travels as data, so no rank waits forever for a peer that gave up.
 """

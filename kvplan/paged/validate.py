@@ -173,13 +173,15 @@ class ValidationResult:
 def rank_layout(plan: "Plan", rank: int) -> tuple[memory.PoolLayout, int, tuple[Any, ...]]:
     """The pool layout of global ``rank`` (tp innermost, as vLLM orders ranks), its pipeline stage and layers.
 
-    A tp rank holds ``shard_layer`` of its stage's layers; the plan's own layout is the largest stage's.
+    A tp rank holds ``shard_layer`` of its stage's layers (the stages as the plan's engine splits them); the plan's
+    own layout is the stage's with the fewest blocks.
     """
     tp, pp = plan.options.tp, plan.options.pp
     stage = rank // tp
     if pp == 1:
         return plan.layout, 0, plan.rank_layers
-    layers = tuple(memory.shard_layer(layer, tp) for layer in memory.pp_stages(plan.spec.layers, pp)[stage])
+    layers = memory.stage_rank_layers(plan.spec, tp, memory.pipeline_stages(plan.spec.num_layers_decoder, pp,
+                                                                            plan.engine.pp_partition)[stage])
     base = plan.layout.base_block_size or plan.layout.block_size
     layout = memory.pool_layout(layers, base, plan.layout.kv_dtype, plan.layout.model_dtype)
     return layout, stage, layers

@@ -132,9 +132,25 @@ class Deployment:
         return why or None
 
     def request_limit(self, max_model_len: int) -> int:
-        """Requests the engine's scheduler runs at once at most (``max_num_seqs`` / ``max_running_requests``)."""
+        """Requests the engine's schedulers run at once at most (``max_num_seqs`` / ``max_running_requests``; each of
+        vLLM V0's virtual engines has its own scheduler: :attr:`shards`)."""
         slots = self.blocks * self.demand.layout.block_size
-        return self.rules.request_limit(self.engine, self.max_num_seqs, slots, max_model_len)
+        return self.shards * self.rules.request_limit(self.engine, self.max_num_seqs, slots, max_model_len)
+
+    @property
+    def shards(self) -> int:
+        """The parts the pool is split into, each with its own scheduler and requests (vLLM V0 at pp >= 2: one per
+        virtual engine, ``num_gpu_blocks // pp`` blocks each; ``EngineDefaults.pool_shards``); 1 elsewhere."""
+        return max(1, self.engine.pool_shards)
+
+    @property
+    def shard_blocks(self) -> int:
+        """Blocks one shard holds (all of them with one shard)."""
+        return self.blocks // self.shards
+
+    def _per_shard(self, batch: int) -> int:
+        """Requests of ``batch`` the fullest shard holds (the engine sends each to the least busy one)."""
+        return -(-batch // self.shards)
 
     # the answer ----------------------------------------------------------------------------------
     def batch_blocks(self, batch: int, context: int) -> int:
@@ -150,9 +166,9 @@ class Deployment:
         """Requests of ``context`` tokens the pool's blocks hold at once (the null block reserved; the shared
         prefix stored once)."""
         if not self.prefix_tokens:
-            return memory.max_requests(self.blocks, self.blocks_per_request(context))
-        return self._get(("pool", context), lambda: memory.max_sharing_requests(self.blocks, self.demand, context,
-                                                                                  self.prefix_tokens))
+            return self.shards * memory.max_requests(self.shard_blocks, self.blocks_per_request(context))
+        return self._get(("pool", context), lambda: self.shards * memory.max_sharing_requests(
+            self.shard_blocks, self.demand, context, self.prefix_tokens))
 
     def request_cap(self, max_model_len: int) -> int:
         """The most requests running at once whatever the pool: 0 when the engine refuses, else its limit."""
@@ -164,9 +180,10 @@ class Deployment:
 
     def margin_blocks(self, batch: int, context: int) -> int:
         """Free usable blocks after ``batch`` requests of ``context`` tokens (negative: short by)."""
+        held = self._per_shard(batch)  # the fullest shard's
         if not self.prefix_tokens:
-            return max(0, self.blocks - memory.NULL_BLOCKS) - batch * self.blocks_per_request(context)
-        return max(0, self.blocks - memory.NULL_BLOCKS) - self.batch_blocks(batch, context)
+            return max(0, self.shard_blocks - memory.NULL_BLOCKS) - held * self.blocks_per_request(context)
+        return max(0, self.shard_blocks - memory.NULL_BLOCKS) - self.batch_blocks(held, context)
 
     def fits(self, batch: int, context: int, max_model_len: int | None = None) -> bool:
         """``batch`` requests of ``context`` tokens run at once: the engine starts, the scheduler takes
@@ -183,11 +200,13 @@ class Deployment:
             if batch > self.request_cap(max_model_len):
                 return 0
             return self._get(("ctx", batch, max_model_len), lambda: memory.max_context(
-                self.blocks, self.demand, batch, limit_tokens=max_model_len, prefix_tokens=self.prefix_tokens))
+                self.shard_blocks, self.demand, self._per_shard(batch), limit_tokens=max_model_len,
+                prefix_tokens=self.prefix_tokens))
         if self.refusal(1):
             return 0  # it refuses whatever the length (the model, an empty pool)
         longest = self._get(("ctx", batch, None), lambda: memory.max_context(
-            self.blocks, self.demand, batch, limit_tokens=self.model_limit, prefix_tokens=self.prefix_tokens))
+            self.shard_blocks, self.demand, self._per_shard(batch), limit_tokens=self.model_limit,
+            prefix_tokens=self.prefix_tokens))
         if longest < 1 or batch <= self.request_limit(longest):
             return longest
         # the scheduler's limit shrinks as the length grows (SGLang derives it from the pool): the longest
@@ -250,7 +269,7 @@ class Deployment:
             idle_reason=self.idle_reason(mml),
             shared_prefix_tokens=self.prefix_tokens,
             shared_blocks=self.shared_blocks(context),
-            unshared_requests=min(memory.max_requests(self.blocks, self.blocks_per_request(context)),
+            unshared_requests=min(self.shards * memory.max_requests(self.shard_blocks, self.blocks_per_request(context)),
                                   self.request_cap(mml)),
         )
 

@@ -22,7 +22,7 @@ from kvplan.planning.answer import Answer, Deployment, credited_prefix
 from kvplan.planning.gpu import GpuInfo
 from kvplan.planning.kv_range import KvRange, kv_range
 from kvplan.planning.notes import _notes
-from kvplan.planning.pool import _paged_layers, _Pool, _pool
+from kvplan.planning.pool import StagePool, _paged_layers, _Pool, _pool
 from kvplan.planning.weights import served_weights
 from kvplan.units import DType, GiB, plural
 from kvplan.frozen import frozen
@@ -56,6 +56,8 @@ class Plan:
     roofline: memory.Roofline | None
     notes: tuple[str, ...] = field(default_factory=tuple)
     kv_range: KvRange | None = None  # the answer at the ends of the KV budget's spread (kvplan.planning.kv_range)
+    stages: tuple[StagePool, ...] = ()  # each pipeline stage's weights, KV budget and blocks per GPU (none at pp 1);
+    # ``budget``, ``rank_layers`` and ``demand`` are those of the stage with the fewest blocks
 
     def __repr__(self) -> str:
         a = self.answer
@@ -284,6 +286,7 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
         roofline=roofline,
         notes=_notes(pool, spec, auto_note, replicated) + ((context_note,) if context_note else ()) + rng.notes,
         kv_range=rng,
+        stages=pool.stages,
     )
 
 

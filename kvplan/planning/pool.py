@@ -23,6 +23,24 @@ from kvplan.frozen import frozen
 
 
 @frozen
+class StagePool:
+    """One pipeline stage's share of a plan, per GPU: the weights it loads, its KV budget and its blocks (the engine
+    gives every stage the fewest blocks of any)."""
+
+    stage: memory.PipelineStage
+    budget: Budget
+    blocks: int
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.budget.weights.bytes
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        return self.budget.kv_budget_bytes
+
+
+@frozen
 class _Pool:
     """The per-GPU pool of one scenario: everything that does not depend on context, batch or max_model_len
     (except the V0 batch default). ``options`` has ``prefix_caching`` resolved to the engine's default."""
@@ -39,6 +57,8 @@ class _Pool:
     budget: Budget
     blocks: int
     ssm_note: str = ""  # why the state layers' SSM dtype is not the config's (the engine's rule), "" when it is
+    stage: memory.PipelineStage | None = None  # the pipeline stage whose pool this is (the one with the fewest blocks)
+    stages: tuple[StagePool, ...] = ()  # every pipeline stage's weights, budget and blocks (none at pp 1)
 
 
 def features_of(options: Options, spec: ModelSpec | None = None, weights_dtype: DType | None = None) -> Features:
@@ -189,19 +209,47 @@ def _check_tp(spec: ModelSpec, options: Options, rules: Engine) -> None:
 
 
 def _weights_term(spec: ModelSpec, options: Options, weights_dtype: DType | None, model_dtype: DType,
-                  quantized_how: str) -> tuple[int, Term]:
-    """The weights in all (bytes) and their term per GPU (split over tp x pp)."""
+                  quantized_how: str, stage: memory.PipelineStage | None = None) -> tuple[int, Term]:
+    """The weights in all (bytes) and their term per GPU: the ``stage``'s weights (its own layers, the embedding on
+    the first stage, the LM head on the last: :func:`kvplan.memory.stage_weight_bytes`) split over tp; without
+    pipeline stages the whole model split over tp."""
     weights_total, weights_source = _weights(spec, options, weights_dtype, model_dtype)
     if quantized_how and options.weights_bytes is None:
         weights_source = f"{quantized_how}: {weights_source}"
-    n_gpus = options.tp * options.pp
-    weights_term = Term("weights", math.ceil(weights_total / n_gpus),
-                        weights_source + (f", split over {plural(n_gpus, 'GPU')}" if n_gpus > 1 else ""))
-    return weights_total, weights_term
+    if stage is None or stage.count == 1:
+        n_gpus = options.tp * options.pp
+        return weights_total, Term("weights", math.ceil(weights_total / n_gpus),
+                                   weights_source + (f", split over {plural(n_gpus, 'GPU')}" if n_gpus > 1 else ""))
+    held = memory.stage_weight_bytes(spec, stage, weights_total, model_dtype.nbytes(1))
+    where = (f", {stage.describe()}: {held / max(1, weights_total):.1%} of them (its layers"
+             + (", the embedding" if stage.first else "") + (", the LM head" if stage.last else "") + ")"
+             + (f", split over tp {options.tp}" if options.tp > 1 else ""))
+    return weights_total, Term("weights", math.ceil(held / options.tp), weights_source + where)
+
+
+@frozen
+class _Setup:
+    """What every pipeline stage of one scenario shares: the GPU, the engine's rules and defaults, the dtypes."""
+
+    spec: ModelSpec
+    options: Options
+    gpu: GpuInfo
+    rules: Engine
+    engine: EngineDefaults
+    features: Features
+    model_dtype: DType
+    kv_dtype: DType
+    weights_dtype: DType | None
+    quantized_how: str
 
 
 def _pool(spec: ModelSpec, options: Options) -> _Pool:
-    """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks."""
+    """GPU, engine, dtypes, this GPU's layers, the pool layout and demand, the budget and the blocks.
+
+    With pipeline stages every stage is sized as its own workers size it (its weights, its layers' KV bytes per
+    token, the sampler on the last stage) and the pool is the stage with the fewest blocks (the engine's minimum
+    over workers; ties: the earliest stage). SGLang sizes every stage from the smallest free memory over all ranks:
+    the heaviest stage's weights."""
     gpu = resolve_gpu(options)
     rules = engine_rules(options.engine)
     engine = rules.for_model(_engine_defaults(rules, options, gpu, spec), spec, gpu.is_cpu,
@@ -212,26 +260,58 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     model_dtype, kv_dtype, weights_dtype, quantized_how = _dtypes(spec, options, rules, engine, gpu)
     features = features_of(options, spec, weights_dtype)
     _check_tp(spec, options, rules)
-    layers, ssm_note = _with_ssm_dtype(memory.rank_layers(spec, options.tp, options.pp), rules, engine, spec,
-                                       options, gpu)
-    layers = _with_images(layers, spec, options)
-    layers = _with_engine_layers(layers, rules.draft_layers(engine, spec, features), engine, model_dtype)
-    layout = _layout(layers, engine, kv_dtype, model_dtype)
     prefix_caching = rules.default_prefix_caching(engine) if options.prefix_caching is None else options.prefix_caching
     if engine.prefix_caching is not None:  # the engine forces it for this model
         prefix_caching = engine.prefix_caching
     if prefix_caching != options.prefix_caching:
         options = replace(options, prefix_caching=prefix_caching)
-    demand = memory.Demand(layout, rules.inflight_tokens(engine, options.pp, gpu.is_cpu), prefix_caching)
+    setup = _Setup(spec, options, gpu, rules, engine, features, model_dtype, kv_dtype, weights_dtype,
+                   quantized_how)
+    if options.pp == 1:
+        return _stage_pool(setup, None)
+    stages = memory.pipeline_stages(spec.num_layers_decoder, options.pp, engine.pp_partition)
+    heaviest = None
+    if engine.pp_free_min:
+        heaviest = max((_weights_term(spec, options, weights_dtype, model_dtype, quantized_how, s)[1] for s in stages),
+                       key=lambda t: t.bytes)
+    pools = [_stage_pool(setup, s, heaviest) for s in stages]
+    deciding = min(pools, key=lambda p: p.blocks)
+    counts = ", ".join(str(s.num_layers) for s in stages)
+    note = (f"layers per pipeline stage: {counts}; blocks per stage: {', '.join(f'{p.blocks:,}' for p in pools)}; the "
+            f"engine takes the smallest, {deciding.stage.describe() if deciding.stage else 'stage 1'}'s")
+    summary = tuple(StagePool(p.stage, p.budget, p.blocks) for p in pools if p.stage is not None)
+    notes, engine = (note,), deciding.engine
+    if engine.mode == "V0":  # vllm/core/scheduler.py: num_gpu_blocks //= pipeline_parallel_size per virtual engine
+        engine = replace(engine, pool_shards=options.pp)
+        notes += (f"vLLM V0 splits the pool among its {options.pp} virtual engines (one scheduler each, with "
+                  f"{plural(deciding.blocks // options.pp, 'block')} and its own max_num_seqs): one request holds at "
+                  "most that many blocks",)
+    return replace(deciding, engine=engine, budget=replace(deciding.budget, notes=deciding.budget.notes + notes),
+                   stages=summary)
 
-    weights_total, weights_term = _weights_term(spec, options, weights_dtype, model_dtype, quantized_how)
-    terms, calibration_note = _given_terms(spec, options, gpu, engine, model_dtype, weights_term)
+
+def _stage_pool(setup: _Setup, stage: memory.PipelineStage | None, weights: Term | None = None) -> _Pool:
+    """One pipeline stage's pool (``stage`` None: the whole model on each GPU): its layers, layout, demand, budget and
+    blocks; ``weights``: the weights term to charge instead of the stage's own (SGLang's heaviest stage)."""
+    spec, options, gpu, rules, engine = setup.spec, setup.options, setup.gpu, setup.rules, setup.engine
+    model_dtype, kv_dtype = setup.model_dtype, setup.kv_dtype
+    own = memory.stage_rank_layers(spec, options.tp, stage) if stage is not None else \
+        memory.rank_layers(spec, options.tp, options.pp, engine.pp_partition)
+    layers, ssm_note = _with_ssm_dtype(own, rules, engine, spec, options, gpu)
+    layers = _with_images(layers, spec, options)
+    draft = rules.draft_layers(engine, spec, setup.features) if stage is None or stage.last else 0
+    layers = _with_engine_layers(layers, draft, engine, model_dtype)
+    layout = _layout(layers, engine, kv_dtype, model_dtype)
+    demand = memory.Demand(layout, rules.inflight_tokens(engine, options.pp, gpu.is_cpu), options.prefix_caching)
+    weights_total, weights_term = _weights_term(spec, options, setup.weights_dtype, model_dtype, setup.quantized_how,
+                                                stage)
+    terms, calibration_note = _given_terms(spec, options, gpu, engine, model_dtype, weights or weights_term)
     budget: Budget = rules.budget(
         gpu.memory_bytes, engine.gpu_util, *terms, options.kv_budget_bytes,
         spec=spec, tp=options.tp, max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, act_bytes=model_dtype.nbytes(1), is_cpu=gpu.is_cpu,
-        version=engine.version, pp=options.pp, device=gpu.device, features=features,
-        max_model_len=options.max_model_len or options.context,
+        version=engine.version, pp=options.pp, device=gpu.device, features=setup.features,
+        max_model_len=options.max_model_len or options.context, stage=stage,
     )
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))
@@ -239,9 +319,9 @@ def _pool(spec: ModelSpec, options: Options) -> _Pool:
     check_kv_budget(budget, gpu, options, rules.ENGINE, layout)
     if engine.state_pool:  # the state pool's request slots come out of the budget first
         engine, budget = rules.split_state_pool(engine, budget, layers, max_num_seqs=options.max_num_seqs,
-                                                prefix_caching=prefix_caching)
-    return _Pool(options, gpu, engine, model_dtype, kv_dtype, weights_dtype, layers, demand, weights_total, budget,
-                 memory.num_blocks(budget.kv_budget_bytes, layout), ssm_note)
+                                                prefix_caching=options.prefix_caching)
+    return _Pool(options, gpu, engine, model_dtype, kv_dtype, setup.weights_dtype, layers, demand, weights_total,
+                 budget, memory.num_blocks(budget.kv_budget_bytes, layout), ssm_note, stage)
 
 
 _SAFETENSORS_16 = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}

@@ -274,7 +274,8 @@ def test_versions_outside_every_range_are_refused_with_the_ranges():
     # SGLang's releases by the rule each changed (read in the sglang wheels 0.3.6 - 0.5.23)
     assert [sglang.resolve_version(v)[0] for v in ("0.3.6", "0.4.3.post2", "0.4.6.post1", "0.4.7", "0.4.10",
                                                    "0.5.2", "0.5.3", "0.5.6", "0.5.12", "0.5.16", "0.5.23")] == [
-        "0.3", "0.4", "0.4.6", "0.4.7", "0.4.8", "0.4.8", "0.5.3", "0.5.5", "0.5.10", "0.5.14", "0.5.20"]
+        "0.3", "0.4", "0.4.6", "0.4.7", "0.4.8", "0.4.8", "0.5.3", "0.5.6", "0.5.10", "0.5.14", "0.5.20"]
+    assert sglang.resolve_version("0.5.5")[0] == "0.5.5" and sglang.resolve_version("0.5.9")[0] == "0.5.6"
     # a modelled release's own name selects it; 0.5 as a version is 0.5.0, which 0.4.8's rules cover
     assert sglang.resolve_version("0.5.10")[0] == "0.5.10" and sglang.resolve_version("0.5")[0] == "0.4.8"
     assert all(vllm.resolve_version(key)[0] == key for key in vllm.PROFILES)

@@ -93,13 +93,37 @@ def test_explicit_kv_budget_sets_the_pool():
     assert p.answer.max_concurrency == 1.0  # what vLLM would log: 512 / 512
 
 
-def test_tp_splits_the_weights_and_pp_takes_the_largest_stage():
+def test_tp_splits_the_weights_and_each_pp_stage_holds_its_own():
+    assert math.ceil(plan(model="meta-llama/Llama-3.1-70B", tp=2).budget.weights.bytes) == \
+        math.ceil(141_107_412_992 / 2)
     p = plan(model="meta-llama/Llama-3.1-70B", tp=2, pp=3)
     assert p.options.gpu_count == 6
-    assert p.budget.weights.bytes == math.ceil(p.spec.weights.total_bytes / 6)
-    # 80 layers over 3 stages: [27, 27, 26]; 8 heads / tp 2 = 4: 2 x 27 x 4 x 128 x 2
+    # 80 layers over 3 stages: [27, 27, 26]; the embedding (128,256 x 8,192 x 2 B) on the first, the LM head on
+    # the last, the rest of the checkpoint's 141,107,412,992 B by the stages' layers, each split over tp 2
     assert memory.pp_layer_counts(80, 3) == [27, 27, 26]
+    table = 128_256 * 8_192 * 2
+    rest = 141_107_412_992 - 2 * table
+    expected = [round(rest * 27 / 80) + table, round(rest * 27 / 80), round(rest * 26 / 80) + table]
+    assert [s.weights_bytes for s in p.stages] == pytest.approx([math.ceil(b / 2) for b in expected], abs=1)
+    # 8 heads / tp 2 = 4: 2 x 27 x 4 x 128 x 2 per token on the first two stages, 2 x 26 x 4 x 128 x 2 on the last;
+    # the first stage has the embedding and as many layers as the second: the fewest blocks, so it decides
     assert p.kv_bytes_per_token_gpu == 2 * 27 * 4 * 128 * 2
+    assert p.stages[0].blocks == min(s.blocks for s in p.stages) == p.answer.num_blocks
+    assert p.budget.weights.bytes == p.stages[0].weights_bytes
+    assert p.stages[0].blocks < p.stages[1].blocks  # the same layers, an embedding less
+    for s in p.stages:
+        layers = 26 if s.stage.last else 27
+        assert s.blocks == s.kv_budget_bytes // (layers * 4 * 128 * 2 * 2 * p.layout.block_size)
+
+
+def test_the_last_stage_runs_the_sampler_and_may_decide():
+    # Llama-3.1-8B at pp 2: 16 layers each; the last stage holds the LM head (as large as the embedding) and runs
+    # the dummy sampler, the first does not: the last stage has the smaller budget and the fewest blocks
+    p = plan(model="meta-llama/Llama-3.1-8B-Instruct", pp=2)
+    first, last = p.stages
+    assert first.weights_bytes == pytest.approx(last.weights_bytes, abs=1)
+    assert last.kv_budget_bytes < first.kv_budget_bytes and p.answer.num_blocks == last.blocks
+    assert "layers per pipeline stage: 16, 16; blocks per stage" in " ".join(p.budget.notes)
 
 
 def test_quantized_weights_use_the_parameter_count():
@@ -377,3 +401,30 @@ def test_a_gpu_memory_past_what_the_named_gpu_has_is_refused():
             assert p.gpu.memory_bytes == ok, g.name
         with pytest.raises(InputError, match=f"is more than the {g.name} has"):
             estimate(Options(model="Qwen/Qwen3-0.6B", gpu=g.name, gpu_memory_bytes=max(counts) + MiB))
+
+
+def test_the_mtp_draft_lives_on_the_last_stage():
+    # vLLM builds the drafter on the last pipeline rank only: its weights and its KV layer are the last stage's
+    plain = kvplan.estimate("deepseek-ai/DeepSeek-V3", gpu="H200", tp=8, pp=2)
+    mtp = kvplan.estimate("deepseek-ai/DeepSeek-V3", gpu="H200", tp=8, pp=2, speculative="mtp")
+    assert mtp.stages[0].weights_bytes == plain.stages[0].weights_bytes
+    assert mtp.stages[1].weights_bytes > plain.stages[1].weights_bytes
+    assert mtp.stages[1].blocks < plain.stages[1].blocks
+    # 61 layers at pp 2 (vLLM 0.8+): [31, 30]; the last stage caches its 30 layers + the draft layer
+    assert mtp.answer.num_blocks == mtp.stages[1].blocks and len(mtp.rank_layers) == 30 + 1
+
+
+def test_vllm_v0_splits_the_pool_among_its_virtual_engines():
+    # V0 at pp 2 runs one scheduler per virtual engine, each on num_gpu_blocks // 2 blocks (vllm/core/scheduler.py)
+    v0 = kvplan.estimate("meta-llama/Llama-3.1-8B-Instruct", gpu="L4", pp=2, engine_version="0.7.2", context=8192)
+    blocks = v0.answer.num_blocks
+    assert v0.engine.pool_shards == 2
+    # 8,192 tokens = 512 blocks of 16; each half keeps one null block out: 2 x ((blocks // 2 - 1) // 512)
+    assert v0.answer.pool_requests == 2 * ((blocks // 2 - 1) // 512)
+    # one request is at most one half: 16 tokens x (blocks // 2 - 1)
+    assert v0.answer.max_context_at_batch == 16 * (blocks // 2 - 1)
+    assert "2 virtual engines" in " ".join(v0.budget.notes)
+    v1 = kvplan.estimate("meta-llama/Llama-3.1-8B-Instruct", gpu="L4", pp=2, engine_version="0.8", context=8192)
+    # V1 has one pool: a request may take all of it, up to the model's 131,072 positions
+    assert v1.engine.pool_shards == 1
+    assert v1.answer.max_context_at_batch == min(131_072, 16 * (v1.answer.num_blocks - 1)) > 16 * v1.answer.num_blocks // 2
