@@ -22,7 +22,8 @@ from kvplan.engines.vllm_weights import loaded_extra_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
     DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
     default_prefix_caching, inflight_tokens, kv_cache_dtypes, kv_tokens, log_lines, model_max_len, refusal, release_of, report,
-    request_limit, split_state_pool,
+    request_limit, split_state_pool, mla_block_size, state_prefix_caching, MLA_BLOCK_RULES,
+    STATE_PREFIX_FORCED_OFF_BEFORE, HYBRID_PREFIX_DEFAULT_FROM,
     idle_reason, longest_start, serve_command, serving_release, ssm_dtype, start_blocks, starts)
 from kvplan.errors import InputError
 from kvplan.memory.stages import PipelineStage
@@ -195,78 +196,6 @@ CPU_MLA_BLOCK_SIZE = 16
 MLA_ALIGN_BYTES = 256  # V0 0.7.2 - 0.7.3 (VLLM_CUDA_MEM_ALIGN_KV_CACHE): each MLA entry padded to 256 bytes
 _CACHE_CONFIG_IGNORED = ("FalconForCausalLM", "RWForCausalLM")  # Attention(...) built without cache_config
 SCHEDULER_DEFAULT_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
-
-
-# The block size vLLM's CUDA platform sets for an MLA model (module docstring of mla_block_size), by the first
-# release of each rule (vllm/platforms/cuda.py check_and_update_config, 0.8 - 0.17; the attention backend's
-# preferred block size, Platform.update_block_size_for_backend, 0.18+).
-MLA_BLOCK_RULES = (((0, 8, 0), "flashmla"), ((0, 10, 1), "flashmla-cutlass"), ((0, 12, 0), "flashmla-cutlass-multiple"),
-                   ((0, 18, 0), "backend-preferred"))
-
-# Prefix caching for models with Mamba / linear-attention state layers (hybrids, and attention-free models), V1:
-# 0.10.0 - 0.11.0 turn it off whatever was asked (MambaModelConfig.verify_and_update_config: "not yet supported");
-# 0.11.1 - 0.25 leave it off by default (EngineArgs: default_prefix_caching = not is_hybrid, later
-# ModelConfig.is_prefix_caching_supported: "still experimental"), a user may turn it on; 0.26+ default it on
-# for hybrids ("Generative hybrid models support prefix caching"), still off for attention-free models.
-STATE_PREFIX_FORCED_OFF_BEFORE = (0, 11, 1)
-HYBRID_PREFIX_DEFAULT_FROM = (0, 26, 0)
-
-
-def state_prefix_caching(engine: EngineDefaults, spec: ModelSpec) -> tuple[bool | None, bool | None, str]:
-    """``(forced, default, why)`` of prefix caching for a model with state layers on vLLM V1 (module constants
-    above); ``(None, None, "")`` for other models, V0 and releases without a rule of their own."""
-    if engine.mode == "V0" or not any(layer.is_state for layer in spec.layers):
-        return None, None, ""
-    release = release_of(engine)
-    hybrid = any(layer.caches_tokens for layer in spec.layers)
-    if release < STATE_PREFIX_FORCED_OFF_BEFORE:
-        return False, None, f"{engine.label} turns prefix caching off for models with Mamba / linear-attention layers"
-    if release < HYBRID_PREFIX_DEFAULT_FROM or not hybrid:
-        return None, False, (f"{engine.label} leaves prefix caching off by default for "
-                             f"{'hybrid' if hybrid else 'attention-free'} models (--enable-prefix-caching turns it on)")
-    return None, None, ""
-
-
-def mla_block_size(release: tuple[int, int, int], device: Device | None, kv_dtype: str | None,
-                   user_block_size: int | None) -> tuple[int | None, str]:
-    """``(block size in tokens, why)`` vLLM sets for an MLA model on this GPU, ``(None, "")`` where it keeps the
-    default (16) or the user's ``--block-size``. ``release``: the one asked for (``(0, 10, 1)``,
-    :func:`~kvplan.engines.vllm_rules.release_of`), not only the modelled rules' key, since rules change inside a
-    modelled range.
-
-    - 0.8 - 0.10.0: on Hopper (compute capability 9.x) the FlashMLA backend, whose kernel reads 64-token pages:
-      ``cache_config.block_size = 64`` whatever was asked ("Forcing kv cache block size to 64 for FlashMLA backend").
-    - 0.10.1 - 0.11: as 0.8, and on Blackwell (10.x) CUTLASS MLA: 128 whatever was asked.
-    - 0.12 - 0.17: as 0.10.1, but a user's multiple of 128 stays on Blackwell.
-    - 0.18+: the backend's preferred size, and a user's block size stays. Hopper runs FlashAttention MLA (any
-      multiple of 16: the default 16 stays) unless the KV cache is fp8, which only FlashMLA (64) takes; Blackwell
-      runs FlashInfer MLA (32 or 64: 32), for DeepSeek's ``qk_nope_head_dim`` 128.
-    Other GPUs (Ampere, Ada, 12.x GeForce/RTX PRO) run Triton MLA at 16; ROCm is not modelled here (16).
-    kvplan assumes FlashMLA is compiled in (the project's wheels for sm90) and no ``VLLM_ATTENTION_BACKEND``.
-    """
-    capability = device.capability if device is not None and device.platform == "cuda" else None
-    if capability is None:
-        return None, ""
-    rule = next((r for first, r in reversed(MLA_BLOCK_RULES) if release >= first), None)
-    major = capability[0]
-    fp8 = bool(kv_dtype) and str(kv_dtype).startswith("fp8")
-    if rule is None:
-        return None, ""
-    if rule == "backend-preferred":
-        if user_block_size:
-            return None, ""
-        if major == 9 and fp8:
-            return 64, "FlashMLA (fp8 KV cache on Hopper)"
-        if major == 10:
-            return 32, "FlashInfer MLA (Blackwell)"
-        return None, ""
-    if major == 9:
-        return 64, "FlashMLA (Hopper)"
-    if major == 10 and rule != "flashmla":
-        if rule == "flashmla-cutlass-multiple" and user_block_size and user_block_size % 128 == 0:
-            return None, ""
-        return 128, "CUTLASS MLA (Blackwell)"
-    return None, ""
 
 
 def for_model(engine: EngineDefaults, spec: ModelSpec, is_cpu: bool, max_model_len: int | None, *,
