@@ -77,7 +77,8 @@ MAX_CHANNELS_FROM = ((2, 26, 0), 64)
 MAX_CHANNELS_BEFORE = 32
 
 # NVLS (transport/nvls.cc): per channel and head, 2 x (buffSize + memSize). buffSize is the Simple buffer in
-# 2.19 - 2.20, nvlsStepSize (128 KiB) x NCCL_STEPS from 2.21; memSize NVLS_MEM_ALIGN_SIZE (2 MiB) until 2.22, none after.
+# 2.19 - 2.20, nvlsStepSize (128 KiB) x NCCL_STEPS from 2.21; memSize NVLS_MEM_ALIGN_SIZE (2 MiB) until 2.22, none
+# after.
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS' default on Hopper (NVLS_NCHANNELS_SM90 from 2.22)
 NVLS_STEP_BYTES = 128 * 1024
 NVLS_MEM_ALIGN_BYTES = 2 * MiB
@@ -174,9 +175,9 @@ def nvswitch_channels(capability: str, nvlinks: int, nccl: tuple[int, int, int])
     """NCCL's ring / tree channels on an NVSwitch board whose GPUs have ``nvlinks`` NVLinks each (None for an
     architecture not read): the ring search (:func:`_ring_search`, at most MAXCHANNELS / 2), ncclTopoDupChannels,
     and ncclTopoPostset's doubling (at most :func:`max_channels`)."""
-    arch = int(capability.replace(".", "")[:2]) if capability else 0
-    arch = 90 if arch >= 90 else arch
-    if arch not in SPEEDS_INTRA:
+    major, _, minor = (capability or "0.0").partition(".")
+    arch = int(major) * 10 + int(minor or 0)
+    if arch not in SPEEDS_INTRA:  # 8.0 (A100) and 9.0 (Hopper); Blackwell's sm100 speeds are not modelled
         return None
     limit = max_channels(nccl)
     n, speed = _ring_search(SPEEDS_INTRA[arch], nvlinks * NVLINK_GBPS[arch], limit // 2)

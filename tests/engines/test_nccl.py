@@ -33,6 +33,7 @@ def test_connections_along_one_node_s_chain():
     ("8.0", 12, (2, 21, 5), 24),  # HGX A100: 6 x 40 of 240 fills it, 12, 24 ("Channel 23/24", nccl-tests#100)
     ("9.0", 8, (2, 18, 1), 16),  # H800: 4 x 40 GB/s, doubled (4 is not above 4), 16 (nccl#892's log)
     ("7.5", 0, (2, 26, 2), None),  # an architecture whose speeds were not read
+    ("10.0", 18, (2, 27, 3), None),  # Blackwell: its own speeds, not modelled
 ])
 def test_nvswitch_channels_as_nccl_logs_print_them(capability, nvlinks, release, channels):
     assert nccl.nvswitch_channels(capability, nvlinks, release) == channels
