@@ -30,8 +30,8 @@ rules quoted below are the same in all three unless a release is named):
   :func:`nvls_bytes_per_rank`.
 
 What these rules do not give is the rest of a communicator's footprint: the SGLang logs charge more than the
-buffers (:data:`CALIBRATION`; the kernels NCCL loads, their local memory and NCCL's device-side structures are not
-in the source as sizes). kvplan's engine rules keep their calibrated figures; this module is the mechanism they
+buffers (:data:`CALIBRATION`, :data:`VALIDATION`; the kernels NCCL loads at init, their local memory and NCCL's
+device-side structures are not in the source as sizes), and by different amounts at the same NCCL release. kvplan's engine rules keep their calibrated figures; this module is the mechanism they
 are checked against (tests/engines/test_nccl.py).
 
 May import: kvplan.units
@@ -57,15 +57,15 @@ TORCH_NCCL = {(2, 1): (2, 18, 1), (2, 2): (2, 19, 3), (2, 3): (2, 20, 5), (2, 4)
               (2, 11): (2, 28, 9)}
 # Each engine's torch pin from the first release that pins it (wheels' METADATA: vLLM ``torch==``; SGLang's ``srt``
 # extra, 0.5+ its base requirements). Read in vLLM 0.5.5, 0.6.0 - 0.6.4, 0.6.6, 0.7.1 - 0.7.3, 0.8.0, 0.8.5, 0.9.0,
-# 0.9.2, 0.10.0 - 0.10.2, 0.11.0 - 0.11.2, 0.12.0 - 0.20.0 (each minor's .0), and SGLang 0.4.0 - 0.4.10, 0.5.1 - 0.5.14;
-# each boundary lies between two adjacent releases read except SGLang's torch 2.11 (first read at 0.5.14, 0.5.10 still
-# 2.9.1). SGLang 0.4.0 - 0.4.3 pin no torch (they take vLLM's: 0.4.3 ``vllm<=0.7.2,>=0.6.4.post1``, torch 2.5);
-# 0.4.4 - 0.4.5 pin 2.5.1.
+# 0.9.2, 0.10.0 - 0.10.2, 0.11.0 - 0.11.2, 0.12.0 - 0.20.0 (each minor's .0, and 0.19.1), and SGLang 0.4.0 - 0.4.10,
+# 0.5.0rc2, 0.5.1 - 0.5.14; each boundary lies between two adjacent releases read. SGLang 0.4.0 - 0.4.3 pin no torch
+# (they take vLLM's: 0.4.3 ``vllm<=0.7.2,>=0.6.4.post1``, torch 2.5); 0.4.4 - 0.4.5 pin 2.5.1. Releases after the last
+# read (vLLM 0.20, SGLang 0.5.14) are assumed to keep its torch.
 ENGINE_TORCH = {
     "vllm": (((0, 5, 5), (2, 4)), ((0, 6, 4), (2, 5)), ((0, 8, 0), (2, 6)), ((0, 9, 0), (2, 7)),
              ((0, 10, 2), (2, 8)), ((0, 11, 1), (2, 9)), ((0, 17, 0), (2, 10)), ((0, 20, 0), (2, 11))),
-    "sglang": (((0, 4, 4), (2, 5)), ((0, 4, 6), (2, 6)), ((0, 4, 7), (2, 7)), ((0, 5, 1), (2, 8)), ((0, 5, 6), (2, 9)),
-               ((0, 5, 14), (2, 11))),
+    "sglang": (((0, 4, 4), (2, 5)), ((0, 4, 6), (2, 6)), ((0, 4, 7), (2, 7)), ((0, 5, 0), (2, 8)), ((0, 5, 6), (2, 9)),
+               ((0, 5, 11), (2, 11))),
 }
 
 # Ring search speeds (GB/s) and one NVLink's bandwidth by architecture (graph/search.cc *SpeedArrayIntra,
@@ -85,7 +85,9 @@ NVLS_MEM_ALIGN_BYTES = 2 * MiB
 
 # Logs that isolate one NCCL communicator (GiB per GPU, NCCL's part only: SGLang's "Init torch distributed ends. mem
 # usage" less its 18 MiB custom all-reduce), with the NCCL their engine runs: (log, NCCL, GPUs, board, GiB min-max).
-CALIBRATION = (("sglang-k8sgrok2-8xh100-grok2-fp8-tp8", (2, 26, 2), 8, "H100", 1.25 - 0.02, 1.25 - 0.02),)
+# Both run torch 2.8.0, hence NCCL 2.27.3 (k8sgrok2: the lmsysorg/sglang:v0.5.2rc2-cu126 image, sglang 0.5.2rc2 pins
+# torch==2.8.0; pr11716: 0.5.3-era main, 0.5.3 pins torch==2.8.0): what differs between them is not NCCL's release.
+CALIBRATION = (("sglang-k8sgrok2-8xh100-grok2-fp8-tp8", (2, 27, 3), 8, "H100", 1.25 - 0.02, 1.25 - 0.02),)
 VALIDATION = (("sglang-pr11716-8xh200-llama33-70b-tp8-piecewise", (2, 27, 3), 8, "H200", 1.77 - 0.02, 2.01 - 0.02),)
 
 

@@ -63,6 +63,7 @@ def test_connected_at_init_unless_cumem_and_2_22():
     ("vllm", (0, 11, 1), (2, 27, 5)), ("vllm", (0, 17, 0), (2, 27, 5)), ("vllm", (0, 20, 0), (2, 28, 9)),
     ("vllm", (0, 5, 0), None),
     ("sglang", (0, 4, 8), (2, 26, 2)), ("sglang", (0, 5, 3), (2, 27, 3)), ("sglang", (0, 5, 8), (2, 27, 5)),
+    ("sglang", (0, 5, 10), (2, 27, 5)), ("sglang", (0, 5, 11), (2, 28, 9)),
     ("sglang", (0, 4, 3), None),  # no torch pin of its own (vLLM's)
 ])
 def test_engine_release_to_nccl(engine, release, expected):
@@ -70,7 +71,7 @@ def test_engine_release_to_nccl(engine, release, expected):
 
 
 def test_validation_log_s_rank_spread_is_the_chain_s():
-    """sglang-pr11716 (8 x H200, 0.5.3 -> NCCL 2.27.3) prints 1.77 - 2.01 GB over its ranks: the middle ranks'
+    """sglang-pr11716 (8 x H200, 0.5.3-era -> torch 2.8 -> NCCL 2.27.3) prints 1.77 - 2.01 GB over its ranks: the middle ranks'
     2 + 2 connections less the last rank's 2 + 1 x 24 channels, write mode: 24 x (24 - 14) MiB = 0.234 GiB."""
     (_, release, ranks, _, low, high), = nccl.VALIDATION
     channels = nccl.nvswitch_channels("9.0", 18, release)
@@ -90,3 +91,10 @@ def test_buffers_stay_below_every_logged_communicator_and_kvplan_s_rules():
         assert nccl_communicator_bytes(tp, "nvlink-switch")[0] / GiB >= top, tp
         if tp > 2:
             assert sglang_overhead.communicator_bytes(tp, "nvlink-switch") / GiB >= top
+
+
+def test_the_two_sglang_nvswitch_logs_run_the_same_nccl():
+    """sglang-k8sgrok2 (0.5.2rc2) and sglang-pr11716 (0.5.3-era) both pin torch 2.8.0: the same NCCL, so the 0.5 GiB
+    between their communicators is not NCCL's release."""
+    assert nccl.engine_nccl("sglang", (0, 5, 2)) == nccl.engine_nccl("sglang", (0, 5, 3)) == (2, 27, 3)
+    assert {row[1] for row in nccl.CALIBRATION + nccl.VALIDATION} == {(2, 27, 3)}
