@@ -30,7 +30,9 @@ NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 *
 # NCCL sizes NVLS by release (transport/nvls.cc, ncclNvlsSetup: nChannels x 2 x (buffSize + memSize) x heads, one
 # cuMemCreate rounded up to the multicast granularity): 2.19 - 2.20 (torch <= 2.4, vLLM <= 0.6.3) take buffSize =
 # the Simple buffer, 4 MiB, + memSize 2 MiB; 2.21 (torch 2.5 - 2.6: vLLM 0.6.4 - 0.8.x) a 128 KiB chunk x 8 steps =
-# 1 MiB + 2 MiB; 2.22+ 1 MiB and no memSize, connected at first use (NCCL_RUNTIME_CONNECT). At 16 NVLS channels and 8
+# 1 MiB + 2 MiB; 2.22+ 1 MiB and no memSize (kvplan.engines.nccl.nvls_bytes_per_rank). 2.22+ would connect it at first
+# use only with cuMem on (runtimeConn = cuMemSupport && NCCL_RUNTIME_CONNECT); vLLM sets NCCL_CUMEM_ENABLE=0, so every
+# release sets NVLS up with the communicator (kvplan.engines.nccl.connected_at_init). At 16 NVLS channels and 8
 # ranks that is 1.5 GiB, 0.75 GiB (1 GiB rounded) and 0.25 GiB per communicator. kvplan keeps the 288 MiB per rank
 # of vllm#9699 for every release: the one V0 NVSwitch log above 2 GPUs that prints non-torch memory
 # (vllm-f20903468563, 8 x H200, 0.7.3: 7.16 GiB) charges more than the 2.21 reading leaves room for, so what it
@@ -38,7 +40,8 @@ NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 *
 NVLS_BYTES_PER_RANK = 288 * MiB
 # Each peer beyond the first adds buffers to a communicator over NVLink-class links (NVLink, NVSwitch, Infinity
 # Fabric): NCCL connects P2P channels per peer (send/recv and the gather vLLM's logits use), each with its own
-# Simple/LL/LL128 buffers, so the bytes grow with tp - 1. The size per peer is a fit, not read in NCCL: on the
+# Simple/LL/LL128 buffers, so the bytes grow with tp - 1. The size per peer is a fit, not read in NCCL (its ring + tree
+# buffers alone stop growing at 3 ranks of one node, kvplan.engines.nccl.connections; what grows is not known): on the
 # calibration part it takes the one tp-8 NVLink log that prints non-torch memory (vllm-f3706561278, 8 x A100 40GB,
 # V0 0.7.1: 2.10 GiB with two communicators -> 0.89 GiB each, 0.41 at tp 2 + 6 x 0.08) with the tp-2 value above;
 # uncertain to about +-0.05 GiB per peer (the validation part's tp-4 A100 log charges 1.39 GiB, this rule 1.50).
