@@ -2,14 +2,32 @@
 
 Hub emulator fixtures: ``hub`` starts a local Hugging Face Hub emulator (tests/hub_emulator.py) and points
 huggingface_hub at it with a private HF_HOME under the test's tmp_path; everything is restored afterwards.
+
+Bytecode: with ``PYTHONDONTWRITEBYTECODE`` set (CI and the dev machine set it) no ``.pyc`` is ever written, so every
+interpreter the suite starts (each xdist worker, each of the ~80 spawned commands, each forked import) compiled
+kvplan again, and each worker rewrote every test module's asserts again. The suite writes bytecode as Python does
+by default (``__pycache__/`` folders beside the sources, which git ignores), for its own interpreters and the ones
+they spawn. Not a ``PYTHONPYCACHEPREFIX``: a prefix hides the ``.pyc`` files installed beside site-packages, so the
+first interpreter to import torch under it compiles torch again (a clean run measured slower with one).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+def _write_bytecode() -> None:
+    """Let this interpreter and every process it starts cache bytecode (see the module docstring)."""
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+_write_bytecode()
 
 try:  # run as a package (python -m pytest from the repo root) or with tests/ on sys.path
     from tests.hub_emulator import HubEmulator, point_huggingface_hub_at
