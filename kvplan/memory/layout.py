@@ -157,7 +157,9 @@ def rank_layers(spec: ModelSpec, tp: int = 1, pp: int = 1) -> tuple[LayerCache, 
             hit = shards[layer] = shard_layer(layer, tp)
         return hit
 
-    sharded = [tuple(shard(layer) for layer in stage) for stage in stages]
+    sharded = stages if tp == 1 else [tuple(shard(layer) for layer in stage) for stage in stages]  # tp 1: as they are
+    if len(sharded) == 1:  # pp 1: the one stage (sweeps ask thousands of times; no sizes to compare)
+        return sharded[0]
 
     def stage_size(stage: tuple[LayerCache, ...]) -> tuple[int, int]:
         counts = Counter(stage)
