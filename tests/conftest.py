@@ -32,7 +32,7 @@ _write_bytecode()
 
 def _build_each_app_once() -> None:
     """typer's ``CliRunner.invoke(app, ...)`` turns the Typer app into its click command on every call (~20 ms of
-    CPU for kvplan's full app: every command's parameters from its signature), ~2,000 times a suite. The command is
+    CPU for kvplan's full app: every command's parameters from its signature), ~1,000 times a suite. The command is
     a pure function of the app, and no test changes an app after building it, so each app's command is built once
     (an app is held here, so its ``id`` names no other)."""
     import typer.testing
