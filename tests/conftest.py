@@ -30,6 +30,18 @@ def _write_bytecode() -> None:
 _write_bytecode()
 
 
+def _one_torch_thread() -> None:
+    """torch's CPU ops in one thread (``OMP_NUM_THREADS=1``, unless set), here and in every process started from
+    here: the suite runs one worker per core (``-n 2`` on two), and each worker's ops in as many threads as cores
+    made them spin against each other (tests/paged: 19 - 23 s of CPU with a thread per core, 12 - 15 s with one).
+    The tests' tensors are small; a count of threads changes no figure they check. Read when torch is imported,
+    which no plugin does before this file."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+_one_torch_thread()
+
+
 def _build_each_app_once() -> None:
     """typer's ``CliRunner.invoke(app, ...)`` turns the Typer app into its click command on every call (~20 ms of
     CPU for kvplan's full app: every command's parameters from its signature), ~1,000 times a suite. The command is
