@@ -6,8 +6,9 @@ call, not typer's test runner) in this interpreter, as a fresh process would see
 ``subprocess.run`` would: the exit code, stdout and stderr, and for an uncaught exception exit 1 with the
 traceback on stderr, as Python prints it. A spawn costs ~0.5 s of CPU (importing kvplan, typer and rich) and adds
 nothing to most tests; ``kvplan_process(ARGS)`` spawns ``python -m kvplan ARGS`` for the few that check the process
-itself. ``assert_one_line`` checks the promise for bad input: exit 2, one line on stderr (``kvplan: error:
-...``), never a traceback.
+itself. ``script(PATH, ARGS)`` runs a script of the repository (benchmarks/) the same way, in this interpreter.
+``assert_one_line`` checks the promise for bad input: exit 2, one line on stderr (``kvplan: error: ...``), never a
+traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import runpy
 import subprocess
 import sys
 import traceback
@@ -80,6 +82,28 @@ def kvplan(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedPro
             traceback.print_exc()
             code = 1
     return subprocess.CompletedProcess(["kvplan", *args], code, out.text(), err.text())
+
+
+def script(path: str | Path, *args: str, cwd: str | Path = ROOT) -> subprocess.CompletedProcess:
+    """``python PATH ARGS`` (a benchmark or docs script) run as ``__main__`` in this interpreter: what it returns is
+    what ``subprocess.run`` would (its exit code, stdout and stderr; an uncaught exception is exit 1 with the
+    traceback). The script's changes to ``sys.argv`` and ``sys.path`` are undone."""
+    out, err = _Stream(), _Stream()
+    argv, path_, code = sys.argv[:], sys.path[:], 0
+    sys.argv = [str(path), *map(str, args)]
+    with _environment({}, cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.argv, sys.path[:] = argv, path_
+    return subprocess.CompletedProcess([sys.executable, str(path), *args], code, out.text(), err.text())
 
 
 def assert_one_line(r: subprocess.CompletedProcess, *needles: str) -> str:

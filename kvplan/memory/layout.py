@@ -138,13 +138,16 @@ def stage_rank_layers(spec: ModelSpec, tp: int, stage: PipelineStage) -> tuple[L
             hit = shards[layer] = shard_layer(layer, tp)
         return hit
 
-    return tuple(shard(layer) for layer in stage_caches(spec, stage))
+    caches = stage_caches(spec, stage)
+    return caches if tp == 1 else tuple(shard(layer) for layer in caches)  # tp 1: the layers are their own shards
 
 
 def rank_layers(spec: ModelSpec, tp: int = 1, pp: int = 1, partition: str = "before-last") -> tuple[LayerCache, ...]:
     """The layers one GPU caches: the pipeline stage with the most KV bytes, sliced for one tp rank (a plan sizes
     every stage: :func:`stage_rank_layers`)."""
     sharded = [stage_rank_layers(spec, tp, s) for s in pipeline_stages(spec.num_layers_decoder, pp, partition)]
+    if len(sharded) == 1:  # pp 1: the one stage (sweeps ask thousands of times; no sizes to compare)
+        return sharded[0]
 
     def stage_size(stage: tuple[LayerCache, ...]) -> tuple[int, int]:
         counts = Counter(stage)

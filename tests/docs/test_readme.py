@@ -25,7 +25,8 @@ def test_the_hub_config_checks_skip_on_a_plain_clone_and_fail_in_ci_without_thei
     import sys
 
     def run(ci: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "KVPLAN_HUB_CONFIGS": str(tmp_path / "missing"), "CI": ci}
+        # without the installed plugins (hypothesis', xdist, ...: half of such a run's start-up), which the file needs not
+        env = {**os.environ, "KVPLAN_HUB_CONFIGS": str(tmp_path / "missing"), "CI": ci, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                                str(REPO / "tests" / "model" / "test_hub_configs.py")], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=300)

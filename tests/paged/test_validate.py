@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from entry_point import script
 from kvplan.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,9 +190,8 @@ def test_pipeline_stage_layouts():
 
 def test_benchmark_script_runs_on_cpu(tmp_path):
     out = tmp_path / "gpu_validate.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_validate.py"), str(out), "--device", "cpu",
-                           "--gpu", "cpu", "--gpu-memory", "8GiB", "--kv-budget", "0.25GiB", "--context", "512",
-                           "--attention-tokens", "512"], capture_output=True, text=True, cwd=ROOT)
+    proc = script(ROOT / "benchmarks" / "gpu_validate.py", str(out), "--device", "cpu", "--gpu", "cpu", "--gpu-memory",
+                  "8GiB", "--kv-budget", "0.25GiB", "--context", "512", "--attention-tokens", "512")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
     assert doc["ok"] is True and len(doc["scenarios"]) == 4 and len(doc["attention"]) == 6

@@ -25,6 +25,7 @@ Plans are cheap (the layout is memoised), so the whole sweep runs in a few secon
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 from functools import lru_cache
 
@@ -37,6 +38,7 @@ from kvplan.paged.groups import allocator_groups, exact_layout, plan_allocator
 from kvplan.planning.plan import Options, Plan, plan_for_spec
 from kvplan.checks.rows import Pool, make_row
 from kvplan.sim.simulate import config_from_plan
+from kvplan.model.modelspec import ModelSpec
 from kvplan.model.sources import bundled_ids, load_bundled
 from kvplan.model.spec import build_spec
 
@@ -52,6 +54,25 @@ def spec_of(model_id: str):  # noqa: ANN201
     return build_spec(load_bundled(model_id))
 
 
+_PLANS: OrderedDict[tuple[int, Options, bool], tuple[ModelSpec, Plan]] = OrderedDict()
+
+
+def plan_of(spec: ModelSpec, options: Options, suggest: bool = True) -> Plan:
+    """:func:`plan_for_spec`, memoised by the spec (the object: :func:`spec_of` gives one a model) and the options:
+    the checks below re-plan the same options again and again (a third of their 20,000 plans), and a plan is a
+    pure function of them (frozen). The last 2,048 are kept (the repeats fall within one model's checks)."""
+    key = (id(spec), options, suggest)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is spec:
+        _PLANS.move_to_end(key)
+        return hit[1]
+    p = plan_for_spec(spec, options, suggest=suggest)
+    _PLANS[key] = (spec, p)
+    if len(_PLANS) > 2048:
+        _PLANS.popitem(last=False)
+    return p
+
+
 def replan(p: Plan, suggest: bool = False, **changes: object) -> Plan:
     """The same deployment at another context / batch: a max_model_len the user fixed stays, one that follows
     the context follows it (the pool is the same but for V0, whose batching defaults follow max_model_len).
@@ -59,7 +80,7 @@ def replan(p: Plan, suggest: bool = False, **changes: object) -> Plan:
     Without suggestions unless asked (``suggest`` re-plans every single change that would make a plan that does
     not fit fit: ``answer.fix``, and nothing else of the plan): the checks below read the fix of one re-plan only,
     so the others plan as kvplan.planning.suggest's own re-plans do (``suggest=False``)."""
-    return plan_for_spec(p.spec, replace(p.options, **changes), suggest=suggest)
+    return plan_of(p.spec, replace(p.options, **changes), suggest=suggest)
 
 
 def check_answer_agrees(p: Plan) -> None:
@@ -176,8 +197,8 @@ def test_every_section_agrees(model_id):
         longest_at_batch_1, follows = set(), False
         for context in CONTEXTS:
             for caching in (True, False):
-                p = plan_for_spec(spec, Options(model=model_id, gpu=gpu, engine=engine, engine_version=version,
-                                                context=context, prefix_caching=caching))
+                p = plan_of(spec, Options(model=model_id, gpu=gpu, engine=engine, engine_version=version,
+                                          context=context, prefix_caching=caching))
                 follows = follows or p.engine.pool_follows_length
                 check_answer_agrees(p)
                 check_report_row(p)
@@ -199,7 +220,7 @@ def check_auto(spec, model_id: str, gpu: str, engine: str, version: str | None) 
     options = Options(model=model_id, gpu=gpu, engine=engine, engine_version=version, context=1,
                       auto_max_model_len=True)
     try:
-        p = plan_for_spec(spec, options)
+        p = plan_of(spec, options)
     except InputError as err:  # nothing starts at all (no blocks, a dropped architecture)
         assert "the engine starts with no max_model_len" in str(err), (model_id, engine, version, err)
         return
@@ -212,7 +233,7 @@ def check_auto(spec, model_id: str, gpu: str, engine: str, version: str | None) 
     # refused, or runs no request that long, or passes the model's maximum
     if not d.model_length.tokens or p.max_model_len < d.model_length.tokens:
         try:
-            longer = plan_for_spec(spec, replace(options, auto_max_model_len=False, max_model_len=p.max_model_len + 1))
+            longer = plan_of(spec, replace(options, auto_max_model_len=False, max_model_len=p.max_model_len + 1))
         except InputError:
             return
         assert not (longer.answer.engine_starts and longer.deployment.fits(1, p.max_model_len + 1, p.max_model_len + 1)), \
@@ -222,7 +243,7 @@ def check_auto(spec, model_id: str, gpu: str, engine: str, version: str | None) 
 def check_limits(spec, model_id: str, gpu: str, engine: str, version: str | None) -> None:
     """The two limits besides the pool: the scheduler's max_num_seqs and the model's maximum length."""
     base = Options(model=model_id, gpu=gpu, engine=engine, engine_version=version, context=1024)
-    seqs = plan_for_spec(spec, replace(base, max_num_seqs=4))
+    seqs = plan_of(spec, replace(base, max_num_seqs=4))
     check_answer_agrees(seqs)
     assert seqs.answer.max_requests <= 4 and seqs.answer.max_num_seqs == 4
     for batch in (1, 4, 5):
