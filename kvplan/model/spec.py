@@ -516,6 +516,12 @@ def _sizes(r: ConfigReader, hidden: int) -> dict[str, Any]:
         or 4 * hidden
     num_experts = r.int("num_experts", ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts"),
                         required=False, minimum=0) or 0
+    top_k = r.int("num_experts_per_token", ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k"),
+                  required=False, minimum=0) or 0
+    if num_experts and top_k > num_experts:  # every engine's router refuses it (topk over fewer experts)
+        raise ConfigError(f"{r.where}: field {r.provenance['num_experts_per_token']} = {top_k} is invalid: "
+                          f"a token cannot be routed to more experts than the "
+                          f"{r.provenance['num_experts']} = {num_experts} there are")
     return {
         "intermediate_size": intermediate,
         "vocab_size": r.int("vocab_size", ("vocab_size", "padded_vocab_size"), required=False) or 0,
@@ -523,9 +529,7 @@ def _sizes(r: ConfigReader, hidden: int) -> dict[str, Any]:
                                                                      "max_sequence_length", "seq_length", "n_ctx"),
                                          required=False),
         "num_experts": num_experts,
-        "num_experts_per_token": r.int("num_experts_per_token", ("num_experts_per_tok", "moe_topk",
-                                                                 "num_experts_per_token", "top_k"),
-                                       required=False, minimum=0) or 0,
+        "num_experts_per_token": top_k,
         "moe_intermediate_size": first_int(r, "moe_intermediate_size", ("moe_intermediate_size",
                                                                         "expert_intermediate_size"), minimum=0)
         or (intermediate if num_experts else 0),

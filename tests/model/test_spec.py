@@ -321,3 +321,17 @@ def test_more_heads_than_hidden_units_is_a_config_error_not_a_zero_head_dim():
     with pytest.raises(ConfigError, match="num_attention_heads 513 gives a head_dim of 0"):
         spec_from_config(config, model_id="t/m", where="config.json")
     assert spec_from_config({**config, "head_dim": 64}, model_id="t/m", where="config.json").layers[0].head_dim == 64
+
+
+@pytest.mark.parametrize("top_k, refused", [(8, False), (9, True), (1024, True)])
+def test_a_router_cannot_pick_more_experts_than_there_are(top_k, refused):
+    """vLLM's and SGLang's top-k router over 8 experts takes k <= 8; a config asking more is refused, naming the file
+    and both fields, rather than sizing the fused-MoE workspaces for 1,024 experts per token."""
+    config = {**load("mistral_v01.json"), "num_local_experts": 8, "num_experts_per_tok": top_k}
+    if not refused:
+        assert spec_from_config(config, model_id="t/m", where="config.json").num_experts_per_token == top_k
+        return
+    with pytest.raises(ConfigError) as err:
+        spec_from_config(config, model_id="t/m", where="config.json")
+    line = err.value.one_line()
+    assert line.startswith("config.json: field num_experts_per_tok = ") and "num_local_experts = 8" in line
