@@ -19,6 +19,16 @@ from kvplan.frozen import frozen
 # The CUDA context, which the "absolute" releases charge: 0.6.4 logs 0.15 - 0.47 GiB of non-torch memory in all
 # at tp 1 (calibration part: vllm-10517, three GTX 1080 runs), so with the tp-1 increase above kvplan adds 0.15.
 CUDA_CONTEXT_BYTES = round(0.15 * GiB)
+# The HIP context, which the "absolute" releases charge on ROCm in place of the CUDA one (V0 0.6.4 and the
+# 0.6.4.post2 - 0.6.5 dev builds whose "Memory profiling results: duration=..." line charges every byte torch did not
+# allocate, worker.py determine_num_available_blocks: ``mem_get_info`` total - free - torch's allocated bytes after
+# ``empty_cache``; V1 0.8.0 - 0.9.0). No calibration vLLM log on ROCm prints it; the figure is the HIP runtime's,
+# measured where SGLang reads the free memory before loading (sglang-pr18263-mi355x, tp 1: 287.98 GiB total - 230.20
+# avail - 56.98 weights = 0.80 GiB; kvplan.engines.sglang_overhead takes it from here). The validation part's MI300X
+# SGLang start holds 0.65 there and its W7900 vLLM 0.6.4 start 0.44 in all (hipBLAS, no hipBLASLt on gfx1100): 0.80 is
+# the safe side.
+HIP_CONTEXT_BYTES = round(0.80 * GiB)
+CONTEXT_BYTES_BY_PLATFORM = {"cuda": CUDA_CONTEXT_BYTES, "rocm": HIP_CONTEXT_BYTES}
 # One NCCL communicator's buffers per GPU, by interconnect: channel buffers (NCCL's own sizes: 4 MiB per
 # channel and peer for the Simple protocol, plus LL/LL128) and, on NVSwitch boards with more than 2 GPUs,
 # NVLink SHARP (NVLS) multicast buffers, ``nvlsPerRankSize`` 288 MiB per rank in the communicator
@@ -128,7 +138,7 @@ class NonTorch:
     """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), as named parts."""
 
     base: int  # cuBLAS / attention workspaces created during profiling (NON_TORCH_BYTES)
-    context: int  # the CUDA context (releases that charge all non-torch memory)
+    context: int  # the CUDA / HIP context (releases that charge all non-torch memory)
     channels: int  # the counted NCCL communicators' channel buffers (NCCL_CHANNEL_BYTES each)
     nvls: int  # their NVLink SHARP buffers (NVSwitch boards above 2 GPUs: NVLS_BYTES_PER_RANK x tp each)
     custom_allreduce: int  # vLLM's custom all-reduce IPC buffers (releases that count them)
@@ -148,7 +158,7 @@ class NonTorch:
 
     def parts(self) -> tuple[tuple[str, int], ...]:
         """The non-zero parts as ``(name, bytes)``, in the order the profile meets them."""
-        named = (("tp-1 increase", self.base), ("CUDA context", self.context), ("NCCL channels", self.channels),
+        named = (("tp-1 increase", self.base), ("CUDA / HIP context", self.context), ("NCCL channels", self.channels),
                  ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
                  ("pp NCCL communicator", self.pipeline),
                  ("all-reduce fusion workspace", self.fusion))
@@ -287,7 +297,7 @@ def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_nu
 def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
               max_num_batched_tokens: int = 0) -> NonTorch:
     """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`), part by part: the tp-1
-    increase, the CUDA context where all non-torch memory counts, the NCCL communicators it counts (two before
+    increase, the CUDA / HIP context where all non-torch memory counts (:data:`CONTEXT_BYTES_BY_PLATFORM`), the NCCL communicators it counts (two before
     0.11 - PyNccl's and torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created
     lazily during the profile: v1/worker/gpu_worker.py init_device takes the snapshot after
     init_worker_distributed_environment, which makes PyNccl, custom all-reduce and symmetric memory), their NVLS
@@ -295,7 +305,7 @@ def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, sp
     ``nvlink``."""
     device = device or Device()
     interconnect = device.interconnect or "nvlink"
-    context = CUDA_CONTEXT_BYTES if p.measure == "absolute" else 0
+    context = CONTEXT_BYTES_BY_PLATFORM.get(device.platform, CUDA_CONTEXT_BYTES) if p.measure == "absolute" else 0
     counted = channels = nvls = custom = 0
     if tp >= 2:
         counted = 1 if p.measure in ("post-nccl", "consumed") else 2
@@ -340,7 +350,8 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
     total = nt.bytes + rope + kept  # the term: every figure below that speaks of it says this one number
     parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
     if nt.context:
-        parts.append(f"CUDA context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
+        runtime = "HIP" if device is not None and device.platform == "rocm" else "CUDA"
+        parts.append(f"{runtime} context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
     notes = []
     if tp >= 2:
         parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
