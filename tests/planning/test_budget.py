@@ -16,7 +16,7 @@ from kvplan.engines import spread
 from kvplan.planning.budget import with_unmodelled_non_torch
 from kvplan.units import GiB
 
-LLAMA2 = dict(model="meta-llama/Llama-2-7b-hf", context=4096, engine_version="0.6.3")
+LLAMA2 = {"model": "meta-llama/Llama-2-7b-hf", "context": 4096, "engine_version": "0.6.3"}
 SPREAD_FILE = spread._doc  # the bundled file's reader, before any test replaces it
 
 
