@@ -76,6 +76,13 @@ NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * Gi
 # above it, this rule adds 5.48, so on MI300X (gfx942) it plans about 1 GiB per communicator more than that log held:
 # the safe side; the MI355X (gfx950) figure may hold more channels than MI300X's RCCL builds).
 RCCL_XGMI_WIDE_BYTES = round(3.63 * GiB)
+# vLLM on ROCm: what kvplan.engines.spread.UNMODELLED_NON_TORCH_PLATFORMS says, for the plan's notes.
+ROCM_NON_TORCH_NOTE = ("vLLM on ROCm charges non-torch memory kvplan's formula leaves out: hipBLASLt (PyTorch's BLAS on "
+                       "MI200 / MI300 / MI355; TORCH_BLAS_PREFER_HIPBLASLT=0 turns it off) loads the GEMM kernels the "
+                       "profile run meets outside torch's allocator, a size that is the installation's (1.7 GiB more at "
+                       "tp 1 in a V0 log with it on than off); the estimate allows the calibration logs' median where "
+                       "logs of this class measured it, else nothing, so kvplan may promise more KV than the engine "
+                       "gives: pass --overhead-gib with your log's non-torch memory")
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
 # V0 (0.6.0 - 0.7.x; read in 0.6.6, 0.7.2 and 0.7.3: worker.py init_device, distributed/parallel_state.py,
 # device_communicators/custom_all_reduce.py, config.py ParallelConfig). The baseline is taken in init_device before
@@ -363,10 +370,8 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                      "log's non-torch memory")
     if nt.pipeline:
         parts.append(f"the pp group's NCCL communicator (pp {pp}) {nt.pipeline / GiB:.2f} GiB")
-    if p.mode == "V0" and device is not None and device.platform == "rocm":
-        notes.append("vLLM V0 on ROCm charges more non-torch memory than kvplan models (hipBLASLt: 1.7 GiB more at tp 1 "
-                     "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
-                     "promise more KV than the engine gives; pass --overhead-gib with your log's non-torch memory")
+    if device is not None and device.platform == "rocm":
+        notes.append(ROCM_NON_TORCH_NOTE)
     if nt.fusion:
         backend = fusion_backend(p, tp, pp, device or Device())
         parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (FlashInfer {backend})")

@@ -156,3 +156,16 @@ def test_releases_measuring_an_increase_charge_no_context_on_either_platform(ver
     p = profile(version)
     assert non_torch(p, 1, Device("rocm", 304, "infinity-fabric")).context == 0
     assert non_torch(p, 1, Device("cuda", 132, "nvlink-switch", "9.0")).context == 0
+
+
+def test_every_vllm_plan_on_rocm_says_hipblaslts_memory_is_left_out():
+    # hipBLASLt's loaded kernels are charged by V0's and V1's profilers alike; a given non-torch term says nothing
+    import kvplan
+    from kvplan.engines.vllm_overhead import ROCM_NON_TORCH_NOTE
+
+    for version in ("0.6.3", "0.6.5", "0.11.0"):
+        plan = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, engine_version=version)
+        assert ROCM_NON_TORCH_NOTE in plan.notes, version
+    assert ROCM_NON_TORCH_NOTE not in kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", context=8192).notes
+    given = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, overhead_gib="2GiB")
+    assert ROCM_NON_TORCH_NOTE not in given.notes
