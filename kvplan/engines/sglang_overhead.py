@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from kvplan.engines import Device
 from kvplan.engines.sglang_releases import release
-from kvplan.engines.vllm_overhead import CUSTOM_ALLREDUCE_BYTES, RCCL_XGMI_WIDE_BYTES, nccl_communicator_bytes
+from kvplan.engines.vllm_overhead import (CUSTOM_ALLREDUCE_BYTES, HIP_CONTEXT_BYTES, RCCL_XGMI_WIDE_BYTES,
+                                          nccl_communicator_bytes)
 from kvplan.frozen import frozen
 from kvplan.units import GiB
 
@@ -43,7 +44,7 @@ from kvplan.units import GiB
 # 0.53 on an H100 SXM (sglang-k8sgrok2-8xh100), 0.23 on an L4 (sglang-llmsinclouds-4xl4): kvplan keeps 0.45 on CUDA;
 # ROCm 0.80 (sglang-pr18263-mi355x, tp 1: "Load weight end" avail mem 230.20 + mem usage 56.98 GB of 287.98 GiB).
 CONTEXT_BYTES = round(0.45 * GiB)
-CONTEXT_BYTES_BY_PLATFORM = {"cuda": CONTEXT_BYTES, "rocm": round(0.80 * GiB)}
+CONTEXT_BYTES_BY_PLATFORM = {"cuda": CONTEXT_BYTES, "rocm": HIP_CONTEXT_BYTES}
 # One NCCL communicator as SGLang's "Init torch distributed ends. mem usage" prints it (less the custom all-reduce),
 # calibration part. PyNccl's warm-up all-reduce connects each rank to its ring neighbours and tree parent / children
 # only (no send / recv connection before loading), so above 2 ranks the buffers do not grow with the ranks: one figure

@@ -322,6 +322,33 @@ def unseen_spread(term: str, engine: str, cls: str, estimate_bytes: int, why: st
     return max(candidates, key=lambda t: t.over_bytes, default=None)
 
 
+# The platforms whose non-torch memory kvplan's formula knowingly leaves out, its constants being NVIDIA's: ROCm, where
+# PyTorch prefers hipBLASLt on gfx90a / gfx942 (MI200 / MI300), gfx950 from ROCm 6.5 and RDNA3 / RDNA4 from ROCm 6.3
+# (aten/src/ATen/Context.cpp: other archs fall back to hipBLAS), and hipBLASLt loads the code objects of the GEMM
+# kernels the profile run meets into device memory outside torch's allocator: memory the profile charges as
+# non-torch (or, 0.6.0 - 0.6.3, in its free-memory drop) whose size is the installation's (its library, the shapes
+# met), in no vLLM, PyTorch or hipBLASLt code kvplan can read. Where calibration logs of such a class print it, the
+# point estimate takes their median (:func:`unmodelled_non_torch`); the range is measured around it.
+# SGLang's overhead term is its memory in use before loading, when no GEMM has run: vLLM's alone.
+UNMODELLED_NON_TORCH_PLATFORMS = (("vllm", "rocm"),)
+
+
+def unmodelled_non_torch(engine: str, platform: str, cls: str) -> TermSpread | None:
+    """The non-torch memory the point estimate adds for ``engine`` on ``platform`` in overhead class ``cls`` (bytes
+    per GPU in ``median_bytes``): the class's own calibration median gap (logged - kvplan's formula) where the pair
+    is one of :data:`UNMODELLED_NON_TORCH_PLATFORMS` and that median is positive, else None (no calibration log of
+    the class prints non-torch memory: nothing is added, and the range pays the unseen class's widest spread)."""
+    if (engine, platform) not in UNMODELLED_NON_TORCH_PLATFORMS:
+        return None
+    own = next((r for r in _terms() if r.get("engine") == engine and r.get("term") == "overhead"
+                and r.get("class") == cls), None)
+    median = round(float(own.get("median") or 0.0) * GiB) if own is not None else 0
+    if median <= 0:
+        return None
+    return TermSpread("overhead", round(float(own["over"]) * GiB), round(float(own["under"]) * GiB), int(own["logs"]),
+                      f"{cls}, {own['logs']} {'log' if int(own['logs']) == 1 else 'logs'}", median)
+
+
 def rough_weights(source: str) -> bool:
     """Whether a weights term's source says it was counted from parameters x a dtype, not a checkpoint's size."""
     return "parameters x" in source and "checkpoint" not in source
@@ -348,5 +375,6 @@ def spread(engine: str, version: str, tp: int) -> Spread | None:
 
 
 __all__ = ["BOARDS", "FAMILIES", "MODEL_FAMILIES", "ROUGH_WEIGHTS_FRACTION", "Spread", "TERM_UNITS", "TermSpread",
-           "UNSEEN_TERMS", "board", "covered", "family", "has_term_data", "mode_covered", "model_family", "rough_weights", "spread",
-           "term_class", "term_spread", "tp_bucket", "unseen_spread", "widest_unexplained"]
+           "UNMODELLED_NON_TORCH_PLATFORMS", "UNSEEN_TERMS", "board", "covered", "family", "has_term_data",
+           "mode_covered", "model_family", "rough_weights", "spread", "term_class", "term_spread", "tp_bucket",
+           "unmodelled_non_torch", "unseen_spread", "widest_unexplained"]

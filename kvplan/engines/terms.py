@@ -63,6 +63,9 @@ class Budget:
     host_bytes: int = 0  # on a unified-memory device: what the host's use takes from the free memory the engine
     # measures, which kvplan cannot know (the corpus median, kvplan.planning.budget.with_host_use); kv_budget_bytes is
     # net of it
+    unmodelled_bytes: int = 0  # non-torch memory on a platform whose share of it kvplan's formula leaves out (ROCm:
+    # hipBLASLt's loaded kernels), the calibration median the overhead term includes
+    # (kvplan.planning.budget.with_unmodelled_non_torch); 0 where no calibration log of the class measured it
     mm_profile: tuple[int, str, int] | None = None  # the dummy multimodal batch: (items, modality, encoder budget
     # tokens), as vLLM logs it ("Encoder cache will be initialized with a budget of N tokens, and profiled with K
     # image items"); None: no multimodal profile

@@ -19,6 +19,16 @@ from kvplan.frozen import frozen
 # The CUDA context, which the "absolute" releases charge: 0.6.4 logs 0.15 - 0.47 GiB of non-torch memory in all
 # at tp 1 (calibration part: vllm-10517, three GTX 1080 runs), so with the tp-1 increase above kvplan adds 0.15.
 CUDA_CONTEXT_BYTES = round(0.15 * GiB)
+# The HIP context, which the "absolute" releases charge on ROCm in place of the CUDA one (V0 0.6.4 and the
+# 0.6.4.post2 - 0.6.5 dev builds whose "Memory profiling results: duration=..." line charges every byte torch did not
+# allocate, worker.py determine_num_available_blocks: ``mem_get_info`` total - free - torch's allocated bytes after
+# ``empty_cache``; V1 0.8.0 - 0.9.0). No calibration vLLM log on ROCm prints it; the figure is the HIP runtime's,
+# measured where SGLang reads the free memory before loading (sglang-pr18263-mi355x, tp 1: 287.98 GiB total - 230.20
+# avail - 56.98 weights = 0.80 GiB; kvplan.engines.sglang_overhead takes it from here). The validation part's MI300X
+# SGLang start holds 0.65 there and its W7900 vLLM 0.6.4 start 0.44 in all (hipBLAS, no hipBLASLt on gfx1100): 0.80 is
+# the safe side.
+HIP_CONTEXT_BYTES = round(0.80 * GiB)
+CONTEXT_BYTES_BY_PLATFORM = {"cuda": CUDA_CONTEXT_BYTES, "rocm": HIP_CONTEXT_BYTES}
 # One NCCL communicator's buffers per GPU, by interconnect: channel buffers (NCCL's own sizes: 4 MiB per
 # channel and peer for the Simple protocol, plus LL/LL128) and, on NVSwitch boards with more than 2 GPUs,
 # NVLink SHARP (NVLS) multicast buffers, ``nvlsPerRankSize`` 288 MiB per rank in the communicator
@@ -66,6 +76,13 @@ NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * Gi
 # above it, this rule adds 5.48, so on MI300X (gfx942) it plans about 1 GiB per communicator more than that log held:
 # the safe side; the MI355X (gfx950) figure may hold more channels than MI300X's RCCL builds).
 RCCL_XGMI_WIDE_BYTES = round(3.63 * GiB)
+# vLLM on ROCm: what kvplan.engines.spread.UNMODELLED_NON_TORCH_PLATFORMS says, for the plan's notes.
+ROCM_NON_TORCH_NOTE = ("vLLM on ROCm charges non-torch memory kvplan's formula leaves out: hipBLASLt (PyTorch's BLAS on "
+                       "MI200 / MI300 / MI355; TORCH_BLAS_PREFER_HIPBLASLT=0 turns it off) loads the GEMM kernels the "
+                       "profile run meets outside torch's allocator, a size that is the installation's (1.7 GiB more at "
+                       "tp 1 in a V0 log with it on than off); the estimate allows the calibration logs' median where "
+                       "logs of this class measured it, else nothing, so kvplan may promise more KV than the engine "
+                       "gives: pass --overhead-gib with your log's non-torch memory")
 CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, cudaMalloc'd (non-torch)
 # V0 (0.6.0 - 0.7.x; read in 0.6.6, 0.7.2 and 0.7.3: worker.py init_device, distributed/parallel_state.py,
 # device_communicators/custom_all_reduce.py, config.py ParallelConfig). The baseline is taken in init_device before
@@ -128,7 +145,7 @@ class NonTorch:
     """The memory vLLM's profiler charges outside the torch peak, per GPU (bytes), as named parts."""
 
     base: int  # cuBLAS / attention workspaces created during profiling (NON_TORCH_BYTES)
-    context: int  # the CUDA context (releases that charge all non-torch memory)
+    context: int  # the CUDA / HIP context (releases that charge all non-torch memory)
     channels: int  # the counted NCCL communicators' channel buffers (NCCL_CHANNEL_BYTES each)
     nvls: int  # their NVLink SHARP buffers (NVSwitch boards above 2 GPUs: NVLS_BYTES_PER_RANK x tp each)
     custom_allreduce: int  # vLLM's custom all-reduce IPC buffers (releases that count them)
@@ -148,7 +165,7 @@ class NonTorch:
 
     def parts(self) -> tuple[tuple[str, int], ...]:
         """The non-zero parts as ``(name, bytes)``, in the order the profile meets them."""
-        named = (("tp-1 increase", self.base), ("CUDA context", self.context), ("NCCL channels", self.channels),
+        named = (("tp-1 increase", self.base), ("CUDA / HIP context", self.context), ("NCCL channels", self.channels),
                  ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
                  ("pp NCCL communicator", self.pipeline),
                  ("all-reduce fusion workspace", self.fusion))
@@ -287,7 +304,7 @@ def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_nu
 def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
               max_num_batched_tokens: int = 0) -> NonTorch:
     """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`), part by part: the tp-1
-    increase, the CUDA context where all non-torch memory counts, the NCCL communicators it counts (two before
+    increase, the CUDA / HIP context where all non-torch memory counts (:data:`CONTEXT_BYTES_BY_PLATFORM`), the NCCL communicators it counts (two before
     0.11 - PyNccl's and torch.distributed's - plus custom all-reduce; from 0.11 only torch.distributed's, created
     lazily during the profile: v1/worker/gpu_worker.py init_device takes the snapshot after
     init_worker_distributed_environment, which makes PyNccl, custom all-reduce and symmetric memory), their NVLS
@@ -295,7 +312,7 @@ def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, sp
     ``nvlink``."""
     device = device or Device()
     interconnect = device.interconnect or "nvlink"
-    context = CUDA_CONTEXT_BYTES if p.measure == "absolute" else 0
+    context = CONTEXT_BYTES_BY_PLATFORM.get(device.platform, CUDA_CONTEXT_BYTES) if p.measure == "absolute" else 0
     counted = channels = nvls = custom = 0
     if tp >= 2:
         counted = 1 if p.measure in ("post-nccl", "consumed") else 2
@@ -340,7 +357,8 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
     total = nt.bytes + rope + kept  # the term: every figure below that speaks of it says this one number
     parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
     if nt.context:
-        parts.append(f"CUDA context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
+        runtime = "HIP" if device is not None and device.platform == "rocm" else "CUDA"
+        parts.append(f"{runtime} context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
     notes = []
     if tp >= 2:
         parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
@@ -352,10 +370,8 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
                      "log's non-torch memory")
     if nt.pipeline:
         parts.append(f"the pp group's NCCL communicator (pp {pp}) {nt.pipeline / GiB:.2f} GiB")
-    if p.mode == "V0" and device is not None and device.platform == "rocm":
-        notes.append("vLLM V0 on ROCm charges more non-torch memory than kvplan models (hipBLASLt: 1.7 GiB more at tp 1 "
-                     "in a log with it on than off, 2 - 6 GiB in others; no calibration log fixes it): kvplan may "
-                     "promise more KV than the engine gives; pass --overhead-gib with your log's non-torch memory")
+    if device is not None and device.platform == "rocm":
+        notes.append(ROCM_NON_TORCH_NOTE)
     if nt.fusion:
         backend = fusion_backend(p, tp, pp, device or Device())
         parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (FlashInfer {backend})")

@@ -1,6 +1,7 @@
 """The budget's given terms: the user's (--activation-gib, ..., --enforce-eager) and a calibration entry's measured
-ones, a given --kv-budget held to what the device has beside them, and on a unified-memory device the host's use,
-which kvplan cannot know (its corpus median).
+ones, a given --kv-budget held to what the device has beside them, on a unified-memory device the host's use,
+which kvplan cannot know (its corpus median), and on ROCm the non-torch memory kvplan's formula leaves out (its
+corpus median, where calibration logs measured it).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import math
 from dataclasses import replace
 
 from kvplan import memory
-from kvplan.engines import Budget, EngineDefaults, Term
-from kvplan.engines.spread import term_spread
+from kvplan.engines import Budget, EngineDefaults, Term, given
+from kvplan.engines.spread import board, term_class, term_spread, unmodelled_non_torch
 from kvplan.errors import InputError
 from kvplan.model.spec import ModelSpec
 from kvplan.options import Options
@@ -101,3 +102,26 @@ def with_host_use(budget: Budget, engine: EngineDefaults, gpu: GpuInfo) -> Budge
         return budget
     return replace(budget, host_bytes=host.median_bytes, kv_budget_bytes=budget.kv_budget_bytes - host.median_bytes,
                    kv_budget_source=budget.kv_budget_source + " - host's use")
+
+
+def with_unmodelled_non_torch(budget: Budget, engine: EngineDefaults, gpu: GpuInfo, tp: int) -> Budget:
+    """``budget`` with the non-torch memory kvplan's formula leaves out on the GPU's platform added to the overhead
+    term (ROCm: hipBLASLt's loaded kernels, :data:`kvplan.engines.spread.UNMODELLED_NON_TORCH_PLATFORMS`), else
+    ``budget`` itself. kvplan cannot know it (the installation's), so the point estimate takes the calibration logs'
+    median gap of the deployment's non-torch class (:func:`kvplan.engines.spread.unmodelled_non_torch`; bytes per
+    GPU, recorded in ``unmodelled_bytes``), not NVIDIA's 0: nothing where no calibration log of the class prints
+    non-torch memory, where the user or a calibration entry gave the term, or where the KV budget is given."""
+    overhead = budget.overhead
+    if budget.kv_budget_source.startswith("--kv-budget") or given(overhead) or \
+            any(t.source.startswith("calibration") for t in budget.terms):
+        return budget
+    cls = term_class("overhead", engine=engine.engine, version=engine.version, tp=tp,
+                     board_name=board(gpu.interconnect, gpu.memory_kind), family_name="", rough=False)
+    extra = unmodelled_non_torch(engine.engine, gpu.device.platform, cls)
+    if extra is None:
+        return budget
+    added = extra.median_bytes
+    term = Term("overhead", overhead.bytes + added, f"{overhead.source} + {gpu.device.platform.upper()}'s non-torch "
+                f"memory kvplan's formula leaves out {added / GiB:.2f} GiB (the median gap of {extra.basis})")
+    return replace(budget, overhead=term, unmodelled_bytes=added, kv_budget_bytes=budget.kv_budget_bytes - added)
+

@@ -159,6 +159,8 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
                         basis=s.basis + f"; at least {ROUGH_WEIGHTS_FRACTION:.0%} (counted from parameters x a dtype)")
         if t.name == "overhead" and kind == "unified":
             s = replace(s, basis=s.basis + "; unified memory: see the note")
+        if t.name == "overhead" and budget.unmodelled_bytes:
+            s = around_allowance(s, budget.unmodelled_bytes)
         out.append(s)
     rest = _rest_spread(terms, engine, tp, brd, fam, rough, unseen)
     if rest is not None:
@@ -201,6 +203,14 @@ def host_spread(engine: str, host_bytes: int) -> TermSpread | None:
     allowed = f"; the estimate allows {host_bytes / GiB:.2f} GiB (the median)" if host_bytes else ""
     return replace(host, over_bytes=max(0, host.over_bytes - host_bytes), under_bytes=max(0, host.under_bytes + host_bytes),
                    basis=f"the host's use, which kvplan cannot know: {host.basis}{allowed}")
+
+
+def around_allowance(s: TermSpread, allowed: int) -> TermSpread:
+    """The non-torch spread ``s`` (measured against kvplan's formula) around a point estimate that already allows
+    ``allowed`` bytes more (:func:`kvplan.planning.budget.with_unmodelled_non_torch`: the class's median): the low
+    end pays ``over`` beyond it, the high end ``under`` plus it, so the range's ends stay where the logs put them."""
+    return replace(s, over_bytes=max(0, s.over_bytes - allowed), under_bytes=s.under_bytes + allowed,
+                   basis=f"{s.basis}; the estimate allows {allowed / GiB:.2f} GiB (the median)")
 
 
 def desktop(budget: Budget, engine: EngineDefaults, gpu: Any, paid: int) -> tuple[TermSpread, str] | None:
@@ -291,4 +301,4 @@ def deployment_at(deployment: Deployment, kv_budget_bytes: int) -> Deployment:
     return deployment if blocks == deployment.blocks else replace(deployment, blocks=blocks)
 
 
-__all__ = ["KvRange", "deployment_at", "host_spread", "kv_range", "startup_note", "term_spreads"]
+__all__ = ["KvRange", "around_allowance", "deployment_at", "host_spread", "kv_range", "startup_note", "term_spreads"]

@@ -172,6 +172,7 @@ def _budget(plan: Plan) -> dict[str, Any]:
         "weights_total_bytes": plan.weights_total_bytes,
         **{f"{t.name}_bytes": t.bytes for t in b.terms},
         "host_bytes": b.host_bytes,  # unified memory: the host's use the estimate allows (0 elsewhere)
+        "unmodelled_bytes": b.unmodelled_bytes,  # ROCm: non-torch memory the overhead includes, the logs' median
         "state_pool_bytes": b.state_pool_bytes,
         "state_slots": b.state_slots,
         "kv_budget_bytes": b.kv_budget_bytes,

@@ -131,3 +131,41 @@ def test_v0_free_delta_reserves_one_hidden_block_behind_the_nccl_all_reduce():
     v065 = kvplan.estimate("meta-llama/Llama-3.1-405B", gpu="MI300X", tp=8, context=131072, engine_version="0.6.5")
     assert "behind an NCCL all-reduce" in plan.budget.activation.source
     assert "behind an NCCL all-reduce" not in v065.budget.activation.source
+
+
+@pytest.mark.parametrize("version", ("0.6.4", "0.8.5"))
+def test_absolute_releases_charge_the_hip_context_on_rocm(version):
+    # 0.6.4 and V1 0.8.0 - 0.9.0 charge every byte torch did not allocate: on ROCm that is the HIP context, the
+    # runtime's figure SGLang's reading measures (one constant for both engines), not the CUDA one
+    from kvplan.engines import sglang_overhead
+    from kvplan.engines.vllm_overhead import CONTEXT_BYTES_BY_PLATFORM, CUDA_CONTEXT_BYTES, HIP_CONTEXT_BYTES
+
+    p = profile(version)
+    mi300x = Device("rocm", 304, "infinity-fabric")
+    h100 = Device("cuda", 132, "nvlink-switch", "9.0")
+    assert non_torch(p, 1, mi300x).context == HIP_CONTEXT_BYTES == CONTEXT_BYTES_BY_PLATFORM["rocm"]
+    assert non_torch(p, 1, h100).context == CUDA_CONTEXT_BYTES < HIP_CONTEXT_BYTES
+    assert non_torch(p, 1, mi300x).bytes - non_torch(p, 1, h100).bytes == HIP_CONTEXT_BYTES - CUDA_CONTEXT_BYTES
+    assert sglang_overhead.CONTEXT_BYTES_BY_PLATFORM["rocm"] == HIP_CONTEXT_BYTES
+    assert dict(non_torch(p, 1, mi300x).parts())["CUDA / HIP context"] == HIP_CONTEXT_BYTES
+
+
+@pytest.mark.parametrize("version", ("0.6", "0.6.5", "0.7.2", "0.9.1", "0.11"))
+def test_releases_measuring_an_increase_charge_no_context_on_either_platform(version):
+    # the context exists before the profiler's first reading (free-delta, increase, post-nccl)
+    p = profile(version)
+    assert non_torch(p, 1, Device("rocm", 304, "infinity-fabric")).context == 0
+    assert non_torch(p, 1, Device("cuda", 132, "nvlink-switch", "9.0")).context == 0
+
+
+def test_every_vllm_plan_on_rocm_says_hipblaslts_memory_is_left_out():
+    # hipBLASLt's loaded kernels are charged by V0's and V1's profilers alike; a given non-torch term says nothing
+    import kvplan
+    from kvplan.engines.vllm_overhead import ROCM_NON_TORCH_NOTE
+
+    for version in ("0.6.3", "0.6.5", "0.11.0"):
+        plan = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, engine_version=version)
+        assert ROCM_NON_TORCH_NOTE in plan.notes, version
+    assert ROCM_NON_TORCH_NOTE not in kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", context=8192).notes
+    given = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="MI300X", context=8192, overhead_gib="2GiB")
+    assert ROCM_NON_TORCH_NOTE not in given.notes
