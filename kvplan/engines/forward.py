@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from kvplan.model.spec import ModelSpec
+from kvplan.model.spec import LayerKind, ModelSpec
 
 
 def _per_rank(n: int, tp: int) -> int:
@@ -169,7 +169,7 @@ MLA_PREFILL_RULES = ("", "v07")
 
 def mla_prefill_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int, rule: str = "v07") -> int:
     """Peak live bytes per batched token of one MLA layer's prefill attention on V0 0.7.1 - 0.7.3, per GPU (0 for a
-    model without MLA dimensions or under another ``rule``).
+    model without MLA-latent layers or dimensions, MiniCPM3's expanded K / V among them, or under another ``rule``).
 
     With ``N = heads / tp`` (ceil), ``P`` / ``R`` / ``V`` the nope / rope / v head dims, ``L`` = kv_lora_rank, ``Q``
     = q_lora_rank and ``H`` = hidden, in elements of the activation dtype: the layer input (normed in place, held by
@@ -181,7 +181,8 @@ def mla_prefill_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int, rule: 
     ``H``). DeepSeek-R1 at tp 8 (128 / 8 = 16 heads, 128 / 64 / 128, 512, 1,536, hidden 7,168), bf16:
     (14,336 + 3,072 + 576 + 512 + 3,072 + 64 + 4,096 + 6,144 + 2,048 + max(3,072, 14,336)) x 2 = 96,512 B.
     """
-    if rule != "v07" or len(spec.mla_dims) != 5 or not all(spec.mla_dims[1:]):
+    mla = any(layer.kind is LayerKind.MLA for layer in spec.layers)  # not MiniCPM3's expanded K / V
+    if rule != "v07" or not mla or len(spec.mla_dims) != 5 or not all(spec.mla_dims[1:]):
         return 0
     q_lora, kv_lora, nope, rope, v_dim = spec.mla_dims
     h, n = spec.hidden_size, _per_rank(spec.num_attention_heads or 1, tp)

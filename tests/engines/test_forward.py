@@ -173,6 +173,7 @@ def test_v0_0_7_mla_prefill_up_projects_the_whole_batch(deepseek_v3, llama31):
     from dataclasses import replace
 
     from kvplan.engines import mla_prefill_bytes_per_token
+    from kvplan.model.spec import spec_from_config
 
     tp8 = 2 * 7168 + 2 * 1536 + (512 + 64) + 512 + 16 * 192 + 64 + 16 * 256 + 2 * 16 * 192 + 16 * 128 + 2 * 7168
     assert mla_prefill_bytes_per_token(deepseek_v3, 8, 2) == tp8 * 2 == 96_512
@@ -182,6 +183,13 @@ def test_v0_0_7_mla_prefill_up_projects_the_whole_batch(deepseek_v3, llama31):
     # other releases (and models without MLA dimensions) keep the generic attention stage
     assert mla_prefill_bytes_per_token(deepseek_v3, 8, 2, "") == 0
     assert mla_prefill_bytes_per_token(llama31, 1, 2) == 0
+    # MiniCPM3 has MLA dimensions but vLLM runs it as plain attention over expanded K / V (no MLA backend)
+    minicpm3 = spec_from_config({"model_type": "minicpm3", "num_hidden_layers": 4, "hidden_size": 512,
+                                 "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 256,
+                                 "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 128,
+                                 "q_lora_rank": 256, "vocab_size": 1024, "intermediate_size": 128},
+                                model_id="tiny", where="config.json")
+    assert minicpm3.mla_dims and mla_prefill_bytes_per_token(minicpm3, 1, 2) == 0
     # the MoE layer stays the forward's peak at 32,000 tokens: 32,000 x (8 x (512 + 256 + 7,168) x 2 +
     # (4 x 7,168 + 256) x 2 + 12 x 8) = 5,917,696,000 B against the MLA stage's 32,000 x 96,512 = 3,088,384,000 B
     moe = 32_000 * (8 * (512 + 256 + 7168) * 2 + (4 * 7168 + 256) * 2 + 12 * 8)
