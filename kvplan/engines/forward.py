@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from kvplan.model.spec import ModelSpec
+from kvplan.model.spec import LayerKind, ModelSpec
 
 
 def _per_rank(n: int, tp: int) -> int:
@@ -161,8 +161,38 @@ def moe_forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, rul
             + moe_around_bytes(spec, tokens, act_bytes))
 
 
+# How vLLM's MLA backend runs the profile run's prefill, per release (attention/backends/mla/utils.py and
+# triton_mla.py): "v07" (V0 0.7.1 - 0.7.3, ``MLACommonImpl._forward_prefill_flash``) up-projects the whole batch's
+# latent and pads v to the q/k head dim for flash-attn; "" (other releases): the generic attention stage.
+MLA_PREFILL_RULES = ("", "v07")
+
+
+def mla_prefill_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int, rule: str = "v07") -> int:
+    """Peak live bytes per batched token of one MLA layer's prefill attention on V0 0.7.1 - 0.7.3, per GPU (0 for a
+    model without MLA-latent layers or dimensions, MiniCPM3's expanded K / V among them, or under another ``rule``).
+
+    With ``N = heads / tp`` (ceil), ``P`` / ``R`` / ``V`` the nope / rope / v head dims, ``L`` = kv_lora_rank, ``Q``
+    = q_lora_rank and ``H`` = hidden, in elements of the activation dtype: the layer input (normed in place, held by
+    the model's loop) and the residual ``2H``; ``DeepseekV2MLAAttention.forward``'s ``ckq`` and its norm ``2Q``, the
+    ``kv_a_proj_with_mqa`` output ``L + R`` and ``kv_c_normed`` ``L``; the backend's ``q`` ``N(P + R)`` and rotated
+    ``k_pe`` ``R``; ``_forward_prefill_flash``'s ``kv_b_proj`` output ``N(P + V)``, ``k`` and the zero-padded ``v``
+    ``2N(P + R)`` and the attention output sliced to v ``NV``; then the larger of the flash output ``N(P + R)``
+    (alive while it is sliced) and ``o_proj``'s output with its out-of-place all-reduce copy (``2H`` at tp > 1, else
+    ``H``). DeepSeek-R1 at tp 8 (128 / 8 = 16 heads, 128 / 64 / 128, 512, 1,536, hidden 7,168), bf16:
+    (14,336 + 3,072 + 576 + 512 + 3,072 + 64 + 4,096 + 6,144 + 2,048 + max(3,072, 14,336)) x 2 = 96,512 B.
+    """
+    mla = any(layer.kind is LayerKind.MLA for layer in spec.layers)  # not MiniCPM3's expanded K / V
+    if rule != "v07" or not mla or len(spec.mla_dims) != 5 or not all(spec.mla_dims[1:]):
+        return 0
+    q_lora, kv_lora, nope, rope, v_dim = spec.mla_dims
+    h, n = spec.hidden_size, _per_rank(spec.num_attention_heads or 1, tp)
+    base = (2 * h + 2 * q_lora + (kv_lora + rope) + kv_lora + n * (nope + rope) + rope
+            + n * (nope + v_dim) + 2 * n * (nope + rope) + n * v_dim)
+    return (base + max(n * (nope + rope), (2 if tp > 1 else 1) * h)) * act_bytes
+
+
 def forward_parts(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, moe_rule: str = "v06", moe_chunk: int = 0,
-                  expert_parallel: bool = False, fp8: bool = False) -> tuple[int, int]:
+                  expert_parallel: bool = False, fp8: bool = False, mla_rule: str = "") -> tuple[int, int]:
     """``(transient, kept)`` bytes of the profiled forward over ``tokens`` tokens, per GPU.
 
     ``kept``: the fused-MoE workspaces where the release keeps them after the layer (:data:`KEPT_MOE_RULES`),
@@ -170,9 +200,11 @@ def forward_parts(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, moe_rul
     attention stage, :func:`dense_forward_bytes_per_token`) and a MoE layer (with its workspaces where they are
     not kept, only what is alive around the experts call where they are: every layer after the first MoE one runs
     with the kept buffer allocated); ``fp8``: the weights run in fp8, and the MoE layer holds its inputs' fp8 copies
-    too (:func:`moe_quantized_input_bytes`). Qwen3-235B-A22B at tp 4 (hidden 4,096, 8 of 128 experts of 1,536 / 4 = 384),
+    too (:func:`moe_quantized_input_bytes`); ``mla_rule`` (:data:`MLA_PREFILL_RULES`): the release's MLA prefill
+    attention stage, taken where larger (:func:`mla_prefill_bytes_per_token`). Qwen3-235B-A22B at tp 4 (hidden 4,096, 8 of 128 experts of 1,536 / 4 = 384),
     8,192 tokens, bf16, v014: kept 8,192 x 8 x (4,096 + 4,096) x 2 B = 1.0 GiB, transient max(0.19, 0.19) GiB."""
-    dense = tokens * dense_forward_bytes_per_token(spec, tp, act_bytes)
+    dense = tokens * max(dense_forward_bytes_per_token(spec, tp, act_bytes),
+                         mla_prefill_bytes_per_token(spec, tp, act_bytes, mla_rule))
     workspace = moe_workspace_bytes(spec, tp, tokens, act_bytes, moe_rule, moe_chunk, expert_parallel)
     around = moe_around_bytes(spec, tokens, act_bytes)
     if fp8 and around:
@@ -183,10 +215,10 @@ def forward_parts(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, moe_rul
 
 
 def forward_bytes(spec: ModelSpec, tp: int, tokens: int, act_bytes: int, moe_rule: str = "v06", moe_chunk: int = 0,
-                  expert_parallel: bool = False, fp8: bool = False) -> int:
+                  expert_parallel: bool = False, fp8: bool = False, mla_rule: str = "") -> int:
     """Peak bytes of the profiled forward over ``tokens`` tokens, per GPU: :func:`forward_parts`' transient and
     kept bytes together."""
-    return sum(forward_parts(spec, tp, tokens, act_bytes, moe_rule, moe_chunk, expert_parallel, fp8))
+    return sum(forward_parts(spec, tp, tokens, act_bytes, moe_rule, moe_chunk, expert_parallel, fp8, mla_rule))
 
 
 def lora_stack_bytes(spec: ModelSpec, tp: int, pp: int, max_loras: int, max_lora_rank: int, act_bytes: int) -> int:

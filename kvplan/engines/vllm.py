@@ -291,7 +291,8 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     """``(forward, sampler)`` peak bytes of vLLM's profile run, per GPU; the activation term is their max.
 
     forward: :func:`~kvplan.engines.forward_bytes` over ``max_num_batched_tokens`` tokens with the release's
-    fused-MoE workspaces (``Profile.moe``, ``Profile.moe_chunk``) and, with fp8 weights, their inputs' fp8 copies.
+    fused-MoE workspaces (``Profile.moe``, ``Profile.moe_chunk``) and, with fp8 weights, their inputs' fp8 copies;
+    an MLA model's prefill attention stage by the release's rule (``Profile.mla_prefill``).
     sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` logit rows (:func:`sampler_path`): on the
     torch-sort paths fp32 rows over the padded vocab x copies (10: V0's top-k/top-p dummy run, 0.8 - 0.9.0 and
     0.12 - 0.16, ROCm before 0.17); else :func:`sampler_peak_bytes`. With speculative decoding the dummy
@@ -301,7 +302,7 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     p = profile(version)
     features = features or Features()
     forward = forward_bytes(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, features.expert_parallel,
-                            features.fp8_weights)
+                            features.fp8_weights, p.mla_prefill)
     rows = min(max_num_seqs, max_num_batched_tokens)
     path, copies = sampler_path(version, device, features.flashinfer)
     if copies:

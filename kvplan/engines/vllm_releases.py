@@ -39,7 +39,9 @@ class Profile:
     ``moe`` / ``moe_chunk``: the fused-MoE workspace shapes (:data:`kvplan.engines.MOE_RULES`) and
     ``VLLM_FUSED_MOE_CHUNK_SIZE`` (0: no chunking). ``mla_align``: V0 pads each MLA cache entry to 256 bytes
     of the model dtype (``VLLM_CUDA_MEM_ALIGN_KV_CACHE``). ``v0_chunk_tokens``: V0's ``max_num_batched_tokens``
-    when it chunks prefills. ``lora_in_budget``: the LoRA weight slots are counted (V1: with the weights;
+    when it chunks prefills. ``mla_prefill``: how the MLA backend runs the profile run's prefill
+    (:data:`kvplan.engines.MLA_PREFILL_RULES`: ``v07``, V0 0.7.1 - 0.7.3's up-projected, v-padded flash-attn
+    prefill; "" the generic attention stage). ``lora_in_budget``: the LoRA weight slots are counted (V1: with the weights;
     V0 0.6.5 - 0.7.x create them after the weights are measured and charge them nowhere).
     ``printed_activation``: what the profiler's "peak activation" figure holds: ``torch-peak`` (the torch peak's
     increase during the profile run) or ``transient+graphs`` (0.27+: ``transient_peak_headroom``, the torch peak
@@ -70,6 +72,7 @@ class Profile:
     mla_align: bool = False
     v0_chunk_tokens: int = 2048
     lora_in_budget: bool = True
+    mla_prefill: str = ""
     printed_activation: str = "torch-peak"
 
 
@@ -128,9 +131,10 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.6.5", (0, 6, 5), "V0 memory profiling (PR #10511): the non-torch increase since a pre-NCCL snapshot; "
        "LoRA slots charged nowhere", _V0_65),
     _p("0.7.1", (0, 7, 1), "V0 MLA for DeepSeek V2 / V3 (0.7.1): the load absorbs W_UK / W_UV into the query and "
-       "output projections (vllm_weights); the profile is 0.6.5's", _V0_65),
+       "output projections (vllm_weights); its prefill up-projects the whole batch's latent (mla/utils.py)",
+       _V0_65, mla_prefill="v07"),
     _p("0.7.2", (0, 7, 2), "V0 pads MLA cache entries to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)", _V0_65,
-       mla_align=True),
+       mla_align=True, mla_prefill="v07"),
     _p("0.8", (0, 8, 0), "V1 engine by default: absolute torch peak + all non-torch memory; the sampler takes "
        "FlashInfer < 0.2.3 (the Docker images) or the native path; batch defaults >= 70 GiB include the A100", _V1_8),
     # 0.9: get_batch_defaults excludes the A100 from the >= 70 GiB tier (read in 0.9.0.1)

@@ -155,3 +155,49 @@ def test_an_activation_given_from_a_0_27_log_holds_the_graphs(llama31):
     assert b27.cudagraph.bytes == 0 and "in the given activation" in b27.cudagraph.source
     assert b26.cudagraph.bytes > 0
     assert run("0.27", Term("cudagraph", GiB, "--cudagraph-gib")).cudagraph.bytes == GiB
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3():
+    return build_spec(load_bundled("deepseek-ai/DeepSeek-V3"))
+
+
+def test_v0_0_7_mla_prefill_up_projects_the_whole_batch(deepseek_v3, llama31):
+    """DeepSeek-V3 on V0 0.7.1 - 0.7.3 (attention/backends/mla/utils.py ``_forward_prefill_flash``), bf16, elements
+    per token at tp 8 (128 / 8 = 16 heads; nope 128, rope 64, v 128, kv_lora 512, q_lora 1,536, hidden 7,168):
+    layer input + residual 2 x 7,168; ``ckq`` and its norm 2 x 1,536; ``kv_a_proj_with_mqa`` 512 + 64;
+    ``kv_c_normed`` 512; ``q`` 16 x 192; rotated ``k_pe`` 64; ``kv_b_proj`` output 16 x 256; ``k`` and the padded
+    ``v`` 2 x 16 x 192; the output sliced to v 16 x 128; then ``o_proj``'s output and its all-reduce copy
+    2 x 7,168 (above the flash output's 16 x 192): 48,256 elements = 96,512 B. At tp 1 (128 heads, no all-reduce
+    copy) the flash output 128 x 192 = 24,576 outweighs ``o_proj``'s 7,168: 166,016 elements = 332,032 B."""
+    from dataclasses import replace
+
+    from kvplan.engines import mla_prefill_bytes_per_token
+    from kvplan.model.spec import spec_from_config
+
+    tp8 = 2 * 7168 + 2 * 1536 + (512 + 64) + 512 + 16 * 192 + 64 + 16 * 256 + 2 * 16 * 192 + 16 * 128 + 2 * 7168
+    assert mla_prefill_bytes_per_token(deepseek_v3, 8, 2) == tp8 * 2 == 96_512
+    tp1 = (2 * 7168 + 2 * 1536 + 576 + 512 + 128 * 192 + 64 + 128 * 256 + 2 * 128 * 192 + 128 * 128
+           + max(128 * 192, 7168))
+    assert mla_prefill_bytes_per_token(deepseek_v3, 1, 2) == tp1 * 2 == 332_032
+    # other releases (and models without MLA dimensions) keep the generic attention stage
+    assert mla_prefill_bytes_per_token(deepseek_v3, 8, 2, "") == 0
+    assert mla_prefill_bytes_per_token(llama31, 1, 2) == 0
+    # MiniCPM3 has MLA dimensions but vLLM runs it as plain attention over expanded K / V (no MLA backend)
+    minicpm3 = spec_from_config({"model_type": "minicpm3", "num_hidden_layers": 4, "hidden_size": 512,
+                                 "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 256,
+                                 "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 128,
+                                 "q_lora_rank": 256, "vocab_size": 1024, "intermediate_size": 128},
+                                model_id="tiny", where="config.json")
+    assert minicpm3.mla_dims and mla_prefill_bytes_per_token(minicpm3, 1, 2) == 0
+    # the MoE layer stays the forward's peak at 32,000 tokens: 32,000 x (8 x (512 + 256 + 7,168) x 2 +
+    # (4 x 7,168 + 256) x 2 + 12 x 8) = 5,917,696,000 B against the MLA stage's 32,000 x 96,512 = 3,088,384,000 B
+    moe = 32_000 * (8 * (512 + 256 + 7168) * 2 + (4 * 7168 + 256) * 2 + 12 * 8)
+    assert forward_parts(deepseek_v3, 8, 32_000, 2, "v06", 32_768, mla_rule="v07") == (moe, 0)
+    # with the routed experts taken away the stage decides: 0.7.3 charges it; 0.7.0 (no MLA backend) keeps the
+    # generic stage over the 576-wide latent, (2 x 7,168 + 2 x 128 x 576 / 8 + 2 x 576) x 2 = 67,840 B a token
+    dense = replace(deepseek_v3, num_experts=0)
+    assert vllm.activation_parts(dense, 8, 32_000, 1024, 2, "0.7.3")[0] == 32_000 * 96_512
+    assert vllm.activation_parts(dense, 8, 32_000, 1024, 2, "0.7.0")[0] == 32_000 * 67_840 < 32_000 * 96_512
+    assert {v: profile(v).mla_prefill for v in ("0.7.0", "0.7.1", "0.7.3", "0.8.4")} == {
+        "0.7.0": "", "0.7.1": "v07", "0.7.3": "v07", "0.8.4": ""}
