@@ -48,7 +48,7 @@ def _free_port() -> int:
 # rendezvouses on a store of its own, hosted by rank 0 on a port of its own, as env:// does outside torchrun.
 _MARK = "@@ kvplan command line"
 _RANK = """
-import json, os, sys
+import json, os, sys, time
 from kvplan.cli.entry import main
 rank, code = os.environ["RANK"], 0
 for n, (args, port) in enumerate(zip(json.loads(sys.argv[1]), json.loads(sys.argv[2]))):
@@ -60,9 +60,12 @@ for n, (args, port) in enumerate(zip(json.loads(sys.argv[1]), json.loads(sys.arg
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     sys.stdout.flush()
-    print(f"MARK {n}: rank {rank} exit {code}", file=sys.stderr, flush=True)
+    sys.stderr.flush()
+    os.write(2, f"MARK {n}: rank {rank} exit {code}\\n".encode())  # one write: the ranks' lines never interleave
     if rank == "0":
         print(f"MARK {n}", flush=True)
+if code and rank == "0":  # torchrun stops the other ranks when one fails: let them say their exit codes first
+    time.sleep(1)
 sys.exit(code)
 """.replace("MARK", _MARK)
 
