@@ -33,8 +33,7 @@ TINY = str(REPO / "benchmarks" / "real_server_model")
 @pytest.fixture(autouse=True)
 def _no_waiting_between_polls(monkeypatch):
     """Every ``kvplan observe`` here keeps simulated time between its polls (tests/metrics_pages.py): the polls
-    its flags ask for, without sleeping through the interval (real time: tests/observe/test_real_server.py and
-    the subprocess run below)."""
+    its flags ask for, without sleeping through the interval (real time: tests/observe/test_real_server.py)."""
     simulate_observe_time(monkeypatch)
 SERVED = "tiny-llama"
 # the real server's cache config: 72 MiB = 288 blocks of 128 tokens (2,048 B a token)
