@@ -60,6 +60,29 @@ def _build_each_app_once() -> None:
         return hit[1]
 
     typer.testing._get_command = command
+    _build_each_entry_point_app_once(build, built)
+
+
+def _build_each_entry_point_app_once(build: object, built: dict) -> None:
+    """The entry point (``kvplan.cli.app.main``: tests/entry_point.py's ``kvplan(...)``, the typer side of
+    tests/cli/test_app.py) builds the app of the command it runs and turns it into a click command, 2 - 5 ms a
+    call, ~1,000 calls a suite. Each app is a pure function of the command's name (``build_app(only)``), so it
+    is built once a name, and its click command once (with the apps above). What a command runs is looked up
+    when it runs (``kvplan.cli.estimate.estimate_command``, which tests/cli/test_app.py replaces), not built in."""
+    import functools
+
+    import typer.main
+
+    from kvplan.cli import app as cli_app
+
+    def command(app: object) -> object:
+        hit = built.get(id(app))
+        if hit is None:
+            hit = built[id(app)] = (app, build(app))
+        return hit[1]
+
+    cli_app.build_app = functools.lru_cache(maxsize=None)(cli_app.build_app)
+    typer.main.get_command = command
 
 
 _build_each_app_once()
