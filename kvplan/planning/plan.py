@@ -176,14 +176,15 @@ class Plan:
 # ---------------------------------------------------------------------------------------------
 
 
-def estimate(options: Options, token: str | None = None) -> Plan:
-    """Resolve the model, then :func:`plan_for_spec`. ``token`` is a Hub token (never stored or printed)."""
+def estimate(options: Options, token: str | None = None, *, suggest: bool = True) -> Plan:
+    """Resolve the model, then :func:`plan_for_spec` (``suggest``: as there). ``token`` is a Hub token (never stored
+    or printed)."""
     from kvplan.model.sources import load_spec
 
     spec, source = load_spec(options.model, revision=options.revision, token=token, force_hub=options.hub,
                              offline=options.offline, refresh=options.refresh,
                              overrides=Overrides(options.layers, options.kv_heads, options.head_dim))
-    return plan_for_spec(spec, options, source.describe())
+    return plan_for_spec(spec, options, source.describe(), suggest=suggest)
 
 
 def _fixed_length(spec: ModelSpec, pool: _Pool, deployment: Deployment, context_note: str | None, source: str | None,
