@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from typing import Literal
 
-from kvplan.units import cdiv
+from kvplan.units import cdiv, plural
 from kvplan.frozen import frozen
 
 ROOT_HASH = -1
@@ -215,7 +215,7 @@ class BlockAllocator:
         an ``OrderedDict`` popped a block at a time was most of a simulation. A block a hit took from the
         queue's middle left its entry there, stale: a take skips it."""
         if n > self.num_free_blocks:
-            raise KeyError(f"{n} blocks asked of {self.num_free_blocks} free")  # callers check the room first
+            raise KeyError(f"{plural(n, 'block')} asked of {plural(self.num_free_blocks, 'free block')}")  # callers check
         queue, h, stale, out = self._queue, self._head, self._stale, []
         while len(out) < n:
             chunk = queue[h:h + n - len(out)]
