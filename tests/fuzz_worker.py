@@ -336,8 +336,15 @@ def _build_each_command_once() -> None:
 
     build, command = functools.lru_cache(maxsize=None)(app.build_app), typer.main.get_command
     commands: dict[int, Any] = {}
+
+    def command_once(typer_app: Any) -> Any:
+        hit = commands.get(id(typer_app))
+        if hit is None:
+            hit = commands[id(typer_app)] = (typer_app, command(typer_app))  # the app held: its id names no other
+        return hit[1]
+
     app.build_app = build
-    typer.main.get_command = lambda typer_app: commands.setdefault(id(typer_app), (typer_app, command(typer_app)))[1]
+    typer.main.get_command = command_once
 
 
 def main() -> None:
