@@ -60,13 +60,9 @@ for n, (args, port) in enumerate(zip(json.loads(sys.argv[1]), json.loads(sys.arg
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     sys.stdout.flush()
-    # one write a line: print writes the text and its newline apart, which unbuffered (PYTHONUNBUFFERED) let the
-    # other rank's line land between them ("rank 1 exit 0@@ ... rank 0 exit 0")
-    sys.stderr.write(f"MARK {n}: rank {rank} exit {code}\\n")
-    sys.stderr.flush()
+    print(f"MARK {n}: rank {rank} exit {code}", file=sys.stderr, flush=True)
     if rank == "0":
-        sys.stdout.write(f"MARK {n}\\n")
-        sys.stdout.flush()
+        print(f"MARK {n}", flush=True)
 sys.exit(code)
 """.replace("MARK", _MARK)
 
