@@ -3,7 +3,8 @@ pipeline stages where they can be smaller) for one model of each kind.
 
 Target: at most 1 s per search (the spec resolved once, each (gpu, tp, pp) replica planned once and reused for
 its replica count; :func:`kvplan.planning.size.request_bound` skips the stage counts that cannot beat the best).
-Run: ``python3 benchmarks/size_speed.py [--repeat 3]``. Measured, not asserted in a test (machine-dependent).
+Run: ``python3 benchmarks/size_speed.py [--repeat 3] [--cases N]`` (the first N models; all by default).
+Measured, not asserted in a test (machine-dependent).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ TARGET_S = 1.0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cases", type=int, default=len(CASES), help="search for the first N models only")
     args = parser.parse_args()
 
     from kvplan.model.sources import load_spec
@@ -37,7 +39,7 @@ def main() -> None:
     from kvplan.planning.size import Requirement, size
 
     worst = 0.0
-    for model, engine, n, context in CASES:
+    for model, engine, n, context in CASES[:max(1, args.cases)]:
         spec, source = load_spec(model)  # resolved once, as kvplan size does
         base = options_from_values({"model": model, "engine": engine})
         times = []

@@ -143,25 +143,44 @@ def document(function: str, name: str, source: Any) -> Any:
         return source
     count = 0
 
-    def plain(value: Any, where: str, depth: int) -> Any:
+    def plain(value: Any, where: tuple[Any, ...], depth: int) -> Any:
+        """``where`` is the path to ``value`` as ``(parent's where, key)`` pairs, written out (:func:`_where`) only
+        for an error: a million-value document made a million strings of its paths."""
         nonlocal count
         count += 1
         if count > MAX_YAML_VALUES:
             raise InputError(f"kvplan.{function}(): {name} holds more than {MAX_YAML_VALUES:,} values")
         if depth > MAX_YAML_DEPTH:
-            raise InputError(f"kvplan.{function}(): {where} is nested more than {MAX_YAML_DEPTH} levels deep")
+            raise InputError(f"kvplan.{function}(): {_where(where)} is nested more than {MAX_YAML_DEPTH} levels deep")
         if isinstance(value, Mapping):
             out = {}
             for key, item in value.items():
-                require(function, f"a key of {where}", key, (str,), "a string")
-                out[key] = plain(item, f"{where}[{key!r}]", depth + 1)
+                if not _plain_scalar(key, str):
+                    require(function, f"a key of {_where(where)}", key, (str,), "a string")
+                out[key] = plain(item, (where, repr(key)), depth + 1)
             return out
         if isinstance(value, (list, tuple)):
-            return [plain(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
-        require(function, where, value, YAML_SCALARS, "a string, number, bool, None, list or mapping")
+            return [plain(item, (where, i), depth + 1) for i, item in enumerate(value)]
+        if not _plain_scalar(value, YAML_SCALARS):
+            require(function, _where(where), value, YAML_SCALARS, "a string, number, bool, None, list or mapping")
         return value
 
-    return plain(source, name, 0)
+    return plain(source, (None, name), 0)
+
+
+def _plain_scalar(value: Any, types: type | tuple[type, ...]) -> bool:
+    """What :func:`require` accepts of ``types`` (ones that list ``bool`` or no number) without a word: one of them,
+    and no NUL character in a string."""
+    return isinstance(value, types) and not (isinstance(value, str) and "\x00" in value)
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    """``(((None, 'doc'), "'sweep'"), 0)`` -> ``doc['sweep'][0]``: the argument's name, then each key or index."""
+    parts = []
+    while path[0] is not None:
+        path, key = path
+        parts.append(f"[{key}]")
+    return path[1] + "".join(reversed(parts))
 
 
 def _check_options(function: str, options: Mapping[str, Any]) -> None:

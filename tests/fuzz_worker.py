@@ -17,6 +17,8 @@ outside observe's documented bounds must be refused (exit 2) before any poll.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import io
 import json
 import os
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
@@ -178,10 +181,18 @@ def fuzz_config(examples: int) -> None:
     check()
 
 
+@functools.lru_cache(maxsize=None)
+def _example_doc(text: str) -> Any:
+    """An example file's YAML, parsed once (each input mutates a deep copy)."""
+    import yaml
+
+    return yaml.safe_load(text)
+
+
 def _mutated_yaml(data: st.DataObject, text: str) -> str:
     import yaml
 
-    doc = yaml.safe_load(text)
+    doc = copy.deepcopy(_example_doc(text))
     for _ in range(data.draw(st.integers(1, 3))):
         target = doc
         path = []
@@ -315,8 +326,30 @@ def fuzz_options(examples: int) -> None:
     check()
 
 
+def _build_each_command_once() -> None:
+    """``kvplan.cli.app.main`` builds its command's app and turns it into a click command on every call (~6 ms,
+    once a process for a user), each a pure function of the command's name: built once per name here, as
+    tests/conftest.py does for ``CliRunner``."""
+    import typer.main
+
+    from kvplan.cli import app
+
+    build, command = functools.lru_cache(maxsize=None)(app.build_app), typer.main.get_command
+    commands: dict[int, Any] = {}
+
+    def command_once(typer_app: Any) -> Any:
+        hit = commands.get(id(typer_app))
+        if hit is None:
+            hit = commands[id(typer_app)] = (typer_app, command(typer_app))  # the app held: its id names no other
+        return hit[1]
+
+    app.build_app = build
+    typer.main.get_command = command_once
+
+
 def main() -> None:
     signal.signal(signal.SIGALRM, _alarm)
+    _build_each_command_once()
     mode, examples = sys.argv[1], int(sys.argv[2])
     {"config": fuzz_config, "yaml": fuzz_yaml, "options": fuzz_options}[mode](examples)
     print("ok", json.dumps(CODES, sort_keys=True))

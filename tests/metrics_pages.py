@@ -1,5 +1,5 @@
-"""Prometheus text pages in the formats vLLM (V1 and V0) and SGLang document for ``/metrics``, and a
-loopback HTTP server that replays them.
+"""Prometheus text pages in the formats vLLM (V1 and V0) and SGLang document for ``/metrics``, a loopback
+HTTP server that replays them, and simulated time for the observe runs that poll it.
 
 The pages are written here from the engines' documented metric definitions (names, types, HELP lines,
 labels: vLLM V1 ``model_name`` + ``engine``, V0 ``model_name``, SGLang ``model_name`` and, in newer
@@ -210,3 +210,43 @@ class ReplayServer:
     def __exit__(self, *exc: Any) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class SimulatedTime:
+    """A monotonic clock that only ``sleep`` advances (wall time: a fixed epoch plus it): observe's loop, run
+    with it, polls at exactly 0, interval, 2 x interval, ... of the clock and never waits between polls (a
+    fetch still takes its real time: a server's delay and a poll's timeout are real)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return 1.7e9 + self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def simulate_observe_time(monkeypatch: Any) -> None:
+    """Make every ``kvplan observe`` run in this test (the CLI builds its Session and calls run with their
+    defaults) keep :class:`SimulatedTime`, a new one per Session: the polls a ``--duration`` / ``--interval``
+    pair asks for, without sleeping through them."""
+    from kvplan.observe import session
+
+    clocks: list[SimulatedTime] = []
+    init = session.Session.__init__
+
+    def timed_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if "clock" not in kwargs:  # a test's own clock is kept
+            clocks.append(SimulatedTime())
+            kwargs.update(clock=clocks[-1], wall=clocks[-1].wall)
+        init(self, *args, **kwargs)
+
+    def sleep(seconds: float) -> None:
+        clocks[-1].sleep(seconds) if clocks else time.sleep(seconds)
+
+    monkeypatch.setattr(session.Session, "__init__", timed_init)
+    monkeypatch.setitem(session.run.__kwdefaults__, "sleep", sleep)

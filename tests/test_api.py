@@ -98,8 +98,12 @@ def _call(function: str, argument: str, value):
     return getattr(kvplan, function)(kwargs.pop(first), **kwargs)
 
 
+# each argument's strategy built once (a strategy made inside ``flatmap`` is new, and validated again, each example)
+WRONG_ARGUMENT = {key: st.tuples(st.just(key), _wrong(types)) for key, types in ARGUMENTS.items()}
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(sorted(ARGUMENTS)).flatmap(lambda key: st.tuples(st.just(key), _wrong(ARGUMENTS[key]))))
+@given(st.sampled_from(sorted(ARGUMENTS)).flatmap(WRONG_ARGUMENT.__getitem__))
 def test_a_wrong_typed_argument_is_an_input_error_naming_it(case):
     (function, argument), value = case
     with pytest.raises(InputError, match=rf"^kvplan\.{function}\(\): {argument} must be .*, got {type(value).__name__}"):
@@ -110,9 +114,12 @@ OPTION_NAMES = sorted(o.name for o in BY_NAME.values() if o.name not in ("model"
 FIELD_NAMES = sorted(f.name for f in fields(Options) if f.name not in BY_NAME and f.name != "model")
 
 
+WRONG_OPTION = {name: st.tuples(st.just(name), _wrong(api.option_type(name)[0]).filter(lambda v: v is not None))
+                for name in OPTION_NAMES + FIELD_NAMES}  # built once, as WRONG_ARGUMENT
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(OPTION_NAMES + FIELD_NAMES).flatmap(
-    lambda name: st.tuples(st.just(name), _wrong(api.option_type(name)[0]).filter(lambda v: v is not None))))
+@given(st.sampled_from(OPTION_NAMES + FIELD_NAMES).flatmap(WRONG_OPTION.__getitem__))
 def test_a_wrong_typed_option_is_an_input_error_naming_it(case):
     """Every option, by its name (``context="8k"``) or its Options field (``gpu_count=2``): ``None`` is the
     default; any other value of a type the option does not take is refused before planning."""

@@ -34,17 +34,26 @@ from kvplan.explain.startup_log import StartupLog
 from kvplan.units import plural
 
 
+def _estimate(values: dict[str, Any], token: str | None) -> Any:
+    """kvplan's plan of ``values``, without the single changes that would make it fit (``answer.fix``: an
+    explanation shows none, and finding them re-planned on up to every larger GPU, most of explain's time); where
+    ``--max-model-len auto`` starts with no length, the error keeps its hint (those changes, re-planned)."""
+    from kvplan.planning.plan import estimate, options_from_values
+
+    options = options_from_values(values)
+    return estimate(options, token=token, suggest=options.auto_max_model_len)
+
+
 def _plan(values: dict[str, Any], token: str | None, asked: bool) -> tuple[Any, str | None, str | None]:
     """kvplan's plan of the deployment, or ``None`` and why not (the model cannot be loaded, an option the log
     gives is not one kvplan plans). ``asked``: the user named the model (``--model``): then a plan that fails is
     an error, as ``kvplan estimate`` would give it. The third value: the bundled spec planned in place of a log's
     model that kvplan cannot load but whose name is that spec's."""
-    from kvplan.planning.plan import estimate, options_from_values
 
     if "model" not in values:
         return None, "the log does not name the model: pass --model (a local folder, a bundled id or a Hub id)", None
     try:
-        return estimate(options_from_values(values), token=token), None, None
+        return _estimate(values, token), None, None
     except KvplanError as exc:
         if asked:
             raise
@@ -53,7 +62,7 @@ def _plan(values: dict[str, Any], token: str | None, asked: bool) -> tuple[Any, 
     same = _bundled_by_name(values["model"])
     if same is not None:
         try:
-            return estimate(options_from_values({**values, "model": same}), token=token), None, same
+            return _estimate({**values, "model": same}, token), None, same
         except KvplanError:
             pass
     return None, why, None
@@ -67,13 +76,12 @@ def _at_model_length(plan: Any, values: dict[str, Any], given: dict[str, Any],
                      token: str | None) -> tuple[Any, dict[str, Any]]:
     """``plan`` at the model's maximum length when neither the log nor the user sets max_model_len (the engine's
     default), else as it is."""
-    from kvplan.planning.plan import estimate, options_from_values
 
     longest = plan.answer.model_max_len
     if "max_model_len" in values or "max_model_len" in given or not longest or longest == plan.max_model_len:
         return plan, values
     values = {**values, "max_model_len": longest, "context": longest}
-    return estimate(options_from_values(values), token=token), values
+    return _estimate(values, token), values
 
 
 def _release_and_length(log: StartupLog, plan: Any, values: dict[str, Any], given: dict[str, Any],
@@ -83,7 +91,6 @@ def _release_and_length(log: StartupLog, plan: Any, values: dict[str, Any], give
     newest of them); at the model's maximum length when the log does not print max_model_len. The values it was
     planned with, and notes saying which and why."""
     from kvplan.engines.registry import engine as engine_rules
-    from kvplan.planning.plan import estimate, options_from_values
 
     notes: list[str] = []
     candidates = release_candidates(log) if "engine_version" not in given else ()
@@ -95,7 +102,7 @@ def _release_and_length(log: StartupLog, plan: Any, values: dict[str, Any], give
         for version in candidates:
             first = rules.RANGES[version].split()[0]
             try:
-                trial = estimate(options_from_values({**values, "engine_version": first}), token=token)
+                trial = _estimate({**values, "engine_version": first}, token)
                 trial, trial_values = _at_model_length(trial, {**values, "engine_version": first}, given, token)
             except KvplanError:
                 continue
@@ -166,13 +173,12 @@ def _other_prefix_caching(log: StartupLog, plan: Any, values: dict[str, Any], to
     model has state layers (whose blocks per request depend on it) and that plan reproduces the log's capacity
     lines where the default's does not; else ``None``. A start-up log prints the setting only in its argument
     lines, which excerpts often leave out."""
-    from kvplan.planning.plan import estimate, options_from_values
 
     if not any(layer.is_state for layer in plan.spec.layers):
         return None
     trial_values = {**values, "prefix_caching": not plan.prefix_caching}
     try:
-        trial = estimate(options_from_values(trial_values), token=token)
+        trial = _estimate(trial_values, token)
     except KvplanError:
         return None
     found = _from_logged(log, trial)

@@ -5,9 +5,9 @@ Semantics follow vLLM v1 (``block_pool.py``, ``single_type_kv_cache_manager.py``
 * one pool of ``num_blocks`` blocks of ``block_size`` tokens, shared by every layer group; with
   ``reserve_null_block`` block 0 is withheld as the placeholder for released positions (vLLM's null
   block), otherwise the placeholder is ``-1``;
-* the free queue is ordered (an ``OrderedDict``, so a hit can take a block from its middle): freed
-  blocks join the tail, allocation pops the head, and a popped block that still holds a cached prefix
-  hash loses it then (LRU eviction among free cached blocks);
+* the free queue is ordered: freed blocks join the tail, allocation pops the head, and a popped block
+  that still holds a cached prefix hash loses it then (LRU eviction among free cached blocks); a hit can
+  take a block from the queue's middle (its entry is then stale: see :meth:`BlockAllocator._take`);
 * a request's blocks are freed tail first, so its tail blocks are evicted before its prefix;
 * prefix caching hashes every FULL block chained to its parent's hash, ``hash_fn(parent_hash, tokens)``;
   a hit needs the same hash, the same parent hash and the same token ids (a collision guard), and at
@@ -26,11 +26,12 @@ request's hashing. Bulk paths (``allocate``, ``append_tokens`` with a count) do 
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Literal
 
-from kvplan.units import cdiv
+from kvplan.units import cdiv, plural
 from kvplan.frozen import frozen
 
 ROOT_HASH = -1
@@ -45,6 +46,11 @@ def block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 
 
 _BUILTIN_HASH = block_hash  # bound at import: a monkeypatched ``block_hash`` is called, not inlined
+
+
+def _drain(calls: Iterator[object]) -> None:
+    """Run a lazy ``map`` of calls for their effect, in C (a zero-length deque keeps none of the results)."""
+    deque(calls, maxlen=0)
 
 
 @frozen
@@ -110,7 +116,12 @@ class BlockAllocator:
         self._num_state_blocks = sum(s.state_blocks for s in self.groups)
         self.caching = enable_prefix_caching and self._num_state_blocks == 0 and bool(self._attn)
         self._hash_fn = hash_fn or block_hash
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(reserve_null_block, num_blocks))
+        # the free queue: ``_queue[_head:]``, head first, less its stale entries (``_stale[b]``: how many of
+        # block b's entries, its oldest, are no longer free; a free block's newest entry is its place)
+        self._queue: list[int] = list(range(reserve_null_block, num_blocks))
+        self._head = 0
+        self._stale = [0] * num_blocks
+        self._num_stale = 0
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks  # set only while a block is in a cache
         self._parent = [ROOT_HASH] * num_blocks
@@ -125,11 +136,11 @@ class BlockAllocator:
     # ---- stats -------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._queue) - self._head - self._num_stale
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_usable_blocks - len(self._free)
+        return self.num_usable_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:
@@ -176,7 +187,17 @@ class BlockAllocator:
 
     def free_block_ids(self) -> list[int]:
         """The free blocks in eviction order (head first: the next blocks ``allocate`` takes)."""
-        return list(self._free)
+        queue = self._queue[self._head:]
+        if not self._num_stale:
+            return queue
+        skip = {b: n for b, n in enumerate(self._stale) if n}
+        out = []
+        for b in queue:
+            if skip.get(b):
+                skip[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     def ref_count(self, block_id: int) -> int:
         return self._ref[block_id]
@@ -187,25 +208,59 @@ class BlockAllocator:
 
     # ---- pool primitives ---------------------------------------------------------------------
     def _take(self, n: int) -> list[int]:
-        """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
-        pop, ref, hashes, out = self._free.popitem, self._ref, self._hash, []
-        for _ in range(n):
-            bid = pop(last=False)[0]
-            if hashes[bid] is not None:
+        """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes.
+
+        The queue is a list read from ``_head`` (compacted once half of it is read), so a take is a slice and
+        a release an ``extend``: a contiguous policy takes ``max_model_len / block_size`` blocks a request, and
+        an ``OrderedDict`` popped a block at a time was most of a simulation. A block a hit took from the
+        queue's middle left its entry there, stale: a take skips it."""
+        if n > self.num_free_blocks:
+            raise KeyError(f"{plural(n, 'block')} asked of {plural(self.num_free_blocks, 'free block')}")  # callers check
+        queue, h, stale, out = self._queue, self._head, self._stale, []
+        while len(out) < n:
+            chunk = queue[h:h + n - len(out)]
+            h += len(chunk)
+            if self._num_stale and any(map(stale.__getitem__, chunk)):
+                kept = []
+                for b in chunk:
+                    if stale[b]:
+                        stale[b] -= 1
+                        self._num_stale -= 1
+                    else:
+                        kept.append(b)
+                chunk = kept
+            out += chunk
+        if h > 4096 and 2 * h > len(queue):
+            del queue[:h]
+            h = 0
+        self._head = h
+        if self.num_cached_blocks:
+            hashes = self._hash
+            for bid in [b for b in out if hashes[b] is not None]:
                 del self._caches[self._group[bid]][hashes[bid]]
                 hashes[bid] = self._tokens[bid] = None
                 self.num_cached_blocks -= 1
-            ref[bid] = 1
-            out.append(bid)
+        _drain(map(self._ref.__setitem__, out, repeat(1)))
         return out
 
+    def _unqueue(self, bid: int) -> None:
+        """Take a free block (a prefix hit) off the queue: its entry goes stale."""
+        self._stale[bid] += 1
+        self._num_stale += 1
+
     def _release(self, blocks: Sequence[int]) -> None:
-        """Drop one reference of each (real) block in order; blocks reaching 0 join the free tail."""
-        ref, free = self._ref, self._free
+        """Drop one reference of each (real) block in order; blocks reaching 0 join the free tail.
+
+        Where each block is held once and listed once (no sharing: the common case), all join the tail at C speed."""
+        ref, queue = self._ref, self._queue
+        if len(blocks) > 8 and list(map(ref.__getitem__, blocks)).count(1) == len(blocks) == len(set(blocks)):
+            _drain(map(ref.__setitem__, blocks, repeat(0)))
+            queue.extend(blocks)
+            return
         for bid in blocks:
             ref[bid] -= 1
             if not ref[bid]:
-                free[bid] = None
+                queue.append(bid)
 
     def _chain(self, parent: int, blocks: list[tuple[int, ...]]) -> list[int]:
         """The chained hashes of consecutive full blocks after a block hashed ``parent``."""
@@ -307,12 +362,12 @@ class BlockAllocator:
         num_new = (cdiv(n, bs) - hit_blocks) * len(self._attn) + self._num_state_blocks
         ref, null = self._ref, self.null_block
         touched = [b for found in hits.values() for b in found if b != null]
-        if num_new + len(touched) > len(self._free) and \
-                num_new + sum(1 for b in touched if not ref[b]) > len(self._free):
+        free = self.num_free_blocks
+        if num_new + len(touched) > free and num_new + sum(1 for b in touched if not ref[b]) > free:
             return None  # hit blocks that sit in the free queue are taken from it too
         for b in touched:  # take hit blocks off the free queue before popping new ones
             if not ref[b]:
-                del self._free[b]
+                self._unqueue(b)
             ref[b] += 1
         fresh = self._take(num_new)
         tables, num_null, pos = [], [], 0
@@ -355,7 +410,7 @@ class BlockAllocator:
             if stop > start:
                 drops.append((g, start, stop))
                 reclaim += sum(1 for b in table[start:stop] if self._ref[b] == 1)
-        if grow * len(self._attn) > len(self._free) + reclaim:
+        if grow * len(self._attn) > self.num_free_blocks + reclaim:
             return False
         for g, start, stop in drops:
             table = r.tables[g]

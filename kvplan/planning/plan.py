@@ -176,14 +176,15 @@ class Plan:
 # ---------------------------------------------------------------------------------------------
 
 
-def estimate(options: Options, token: str | None = None) -> Plan:
-    """Resolve the model, then :func:`plan_for_spec`. ``token`` is a Hub token (never stored or printed)."""
+def estimate(options: Options, token: str | None = None, *, suggest: bool = True) -> Plan:
+    """Resolve the model, then :func:`plan_for_spec` (``suggest``: as there). ``token`` is a Hub token (never stored
+    or printed)."""
     from kvplan.model.sources import load_spec
 
     spec, source = load_spec(options.model, revision=options.revision, token=token, force_hub=options.hub,
                              offline=options.offline, refresh=options.refresh,
                              overrides=Overrides(options.layers, options.kv_heads, options.head_dim))
-    return plan_for_spec(spec, options, source.describe())
+    return plan_for_spec(spec, options, source.describe(), suggest=suggest)
 
 
 def _fixed_length(spec: ModelSpec, pool: _Pool, deployment: Deployment, context_note: str | None, source: str | None,
@@ -243,15 +244,9 @@ def plan_for_spec(spec: ModelSpec, options: Options, source: str | None = None, 
     (:func:`kvplan.planning.suggest.fix`; so is the hint of a ``--max-model-len auto`` that starts with no length);
     callers that re-plan many variants themselves pass ``suggest=False``.
     """
-    pool = _pool(spec, options)
-    deployment = _deployment(spec, pool)
-    pool, deployment, context_note = _default_context(spec, pool, deployment)
-    pool, deployment, fixed, auto_note, context_note = _fixed_length(spec, pool, deployment, context_note, source,
-                                                                     suggest)
+    pool, deployment, fixed, auto_note, context_note, answer = _answer_for_spec(spec, options, source, suggest)
     options, demand = pool.options, pool.demand
     max_model_len = fixed or options.context
-    deployment.rules.check_batching(pool.engine, max_model_len)
-    answer = deployment.answer(options.context, options.batch, fixed)
     if suggest and not answer.fits:
         from kvplan.planning.suggest import fix, refuses_the_model
 
@@ -317,9 +312,32 @@ def _default_context(spec: ModelSpec, pool: _Pool, deployment: Deployment) -> tu
     return pool, _deployment(spec, pool), _default_context_note(pool.engine, limit.tokens, f"the model's maximum, {limit.rule}")
 
 
-def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], Plan]":
-    """Options -> their plan for ``spec`` without suggestions: how :mod:`kvplan.planning.suggest` re-plans a change."""
-    return lambda options: plan_for_spec(spec, options, source, suggest=False)
+def _answer_for_spec(spec: ModelSpec, options: Options, source: str | None, suggest: bool
+                     ) -> tuple[_Pool, Deployment, int | None, str | None, str | None, Answer]:
+    """The pool, the deployment over it, the fixed max_model_len (``None``: the context), the auto and default
+    context notes, and the answer: the part of :func:`plan_for_spec` before its suggestions and other sections."""
+    pool = _pool(spec, options)
+    deployment = _deployment(spec, pool)
+    pool, deployment, context_note = _default_context(spec, pool, deployment)
+    pool, deployment, fixed, auto_note, context_note = _fixed_length(spec, pool, deployment, context_note, source,
+                                                                     suggest)
+    deployment.rules.check_batching(pool.engine, fixed or pool.options.context)
+    answer = deployment.answer(pool.options.context, pool.options.batch, fixed)
+    return pool, deployment, fixed, auto_note, context_note, answer
+
+
+@frozen
+class _Answered:
+    """A re-planned change as :mod:`kvplan.planning.suggest` reads it for a plan's suggestions: its answer."""
+
+    answer: Answer
+
+
+def _planner(spec: ModelSpec, source: str | None) -> "Callable[[Options], _Answered]":
+    """Options -> their answer for ``spec`` without suggestions: how :mod:`kvplan.planning.suggest` re-plans a
+    change for a plan's ``answer.fix`` and auto hint, which read whether it fits or starts (``answer.fits``,
+    ``answer.engine_starts``), not the plan's other sections (its range, paging, roofline: ~40% of a plan)."""
+    return lambda options: _Answered(_answer_for_spec(spec, options, source, False)[-1])
 
 
 def _deployment(spec: ModelSpec, pool: _Pool) -> Deployment:

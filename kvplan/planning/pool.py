@@ -106,7 +106,8 @@ def _with_ssm_dtype(layers: tuple[LayerCache, ...], rules: Engine, engine: Engin
             dtype, reason = rules.ssm_dtype(engine, requested, layer.ssm_dtype, layer.state_kind, spec.architecture,
                                             is_cpu=gpu.is_cpu)
             why = why or reason
-            layer = replace(layer, ssm_dtype=dtype)
+            if dtype != layer.ssm_dtype:  # the same layer otherwise (replace builds and checks a new one)
+                layer = replace(layer, ssm_dtype=dtype)
         out.append(layer)
     return tuple(out), why
 

@@ -22,12 +22,19 @@ from typer.testing import CliRunner
 from kvplan.cli.app import app
 
 try:
-    from tests.metrics_pages import ReplayServer, Reply, vllm_v1_page
+    from tests.metrics_pages import ReplayServer, Reply, simulate_observe_time, vllm_v1_page
 except ImportError:  # pragma: no cover - depends on how pytest was started
-    from metrics_pages import ReplayServer, Reply, vllm_v1_page  # type: ignore[no-redef]
+    from metrics_pages import ReplayServer, Reply, simulate_observe_time, vllm_v1_page  # type: ignore[no-redef]
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "benchmarks" / "real_server_model")
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting_between_polls(monkeypatch):
+    """Every ``kvplan observe`` here keeps simulated time between its polls (tests/metrics_pages.py): the polls
+    its flags ask for, without sleeping through the interval (real time: tests/observe/test_real_server.py)."""
+    simulate_observe_time(monkeypatch)
 SERVED = "tiny-llama"
 # the real server's cache config: 72 MiB = 288 blocks of 128 tokens (2,048 B a token)
 CPU_CONFIG = {"num_gpu_blocks": 288, "block_size": 128, "kv_cache_memory_bytes": 75497472,

@@ -27,12 +27,20 @@ from kvplan.observe.track import Tracker
 from kvplan.render.observe import csv_text, observation_to_dict, render_observation
 
 try:
-    from tests.metrics_pages import MODEL, ReplayServer, Reply, sglang_page, vllm_v0_page, vllm_v1_page
+    from tests.metrics_pages import MODEL, ReplayServer, Reply, sglang_page, vllm_v0_page, simulate_observe_time, vllm_v1_page
 except ImportError:  # pragma: no cover - depends on how pytest was started
-    from metrics_pages import MODEL, ReplayServer, Reply, sglang_page, vllm_v0_page, vllm_v1_page  # type: ignore[no-redef]
+    from metrics_pages import MODEL, ReplayServer, Reply, sglang_page, vllm_v0_page, simulate_observe_time, vllm_v1_page  # type: ignore[no-redef]
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting_between_polls(monkeypatch):
+    """Every ``kvplan observe`` here keeps simulated time between its polls (tests/metrics_pages.py): the polls
+    its flags ask for, without sleeping through the interval (real time: tests/observe/test_real_server.py and
+    the subprocess run below)."""
+    simulate_observe_time(monkeypatch)
 
 
 def observe(*args: str):

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("script,args,needle", [
     ("sweep_speed.py", ["--repeat", "1"], "100,000 scenarios, 400 pools: load + sweep best"),
     ("simulate_speed.py", ["--duration", "5"], "prefix_caching"),
-    ("size_speed.py", ["--repeat", "1"], "size search: worst median"),
+    # one model's search runs the script's whole path (a search of each kind of model: tests/planning/test_size.py)
+    ("size_speed.py", ["--repeat", "1", "--cases", "1"], "size search: worst median"),
 ])
 def test_a_speed_benchmark_runs_to_its_summary(script, args, needle):
     proc = run_script(ROOT / "benchmarks" / script, *args)  # in this interpreter: a spawn adds only start-up

@@ -54,9 +54,10 @@ def _flat(text: str) -> str:
     return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
 
 
+@lru_cache(maxsize=None)
 def _plans(model_id: str):  # noqa: ANN202
-    for values in SCENARIOS:
-        yield plan_for_spec(spec_of(model_id), Options(model=model_id, **values))
+    """The model's plan for each scenario, planned once (a plan is frozen; two tests read every model's)."""
+    return tuple(plan_for_spec(spec_of(model_id), Options(model=model_id, **values)) for values in SCENARIOS)
 
 
 def test_the_answer_is_in_the_first_lines_and_brief_is_five():
@@ -249,7 +250,7 @@ def test_emoji_codes_in_a_path_or_a_name_print_as_typed(tmp_path):
     out = kvplan("estimate", str(folder), "--gpu", "H100").stdout
     assert ":thumbs_up:/config.json" in "".join(out.split()), out[:300]  # the source line, however it wraps
     assert "\N{THUMBS UP SIGN}" not in out
-    plan = next(_plans(LLAMA))
+    plan = _plans(LLAMA)[0]
     named = replace(plan, gpu=replace(plan.gpu, name=":smile: H100"))
     text = _text(render_plan(named), width=120)  # this console reads emoji codes: the title is read before it
     assert "memory per GPU (1x :smile: H100)" in text
