@@ -231,7 +231,7 @@ def test_every_figure_of_check_report_and_simulate_is_grouped(tmp_path):
     (tmp_path / "w.yaml").write_text("defaults: {model: meta-llama/Llama-3.1-8B, gpu: H100}\n"
                                      "sweep: {batch: [1500, 3000], context: [2k, 100k]}\noutputs: [out/r.csv]\n")
     (tmp_path / "s.yaml").write_text("model: meta-llama/Llama-3.1-8B\ngpu: H100\narrivals: {rate: 5}\n"
-                                     "duration_s: 3600\nprompt_tokens: 1500\noutput_tokens: 10\nmax_num_seqs: 2048\n")
+                                     "duration_s: 1200\nprompt_tokens: 1500\noutput_tokens: 10\nmax_num_seqs: 2048\n")
     for args in (["check", str(tmp_path / "c.yaml")], ["report", str(tmp_path / "w.yaml")],
                  ["simulate", str(tmp_path / "s.yaml")]):
         r = runner.invoke(app, [*args, "--offline"], env={"COLUMNS": "200"})
