@@ -195,20 +195,20 @@ def _rest_spread(terms: tuple[Any, ...], engine: EngineDefaults, tp: int, brd: s
 
 def host_spread(engine: str, host_bytes: int) -> TermSpread | None:
     """The spread of the host's use on a unified-memory device, around the ``host_bytes`` the point estimate already
-    allows (:func:`kvplan.planning.budget.with_host_use`: the logs' median; 0 where it allows none): the low end
-    pays the logs' ``over`` beyond it, the high end their ``under`` plus it (bytes per GPU)."""
+    allows (:func:`kvplan.planning.budget.with_host_use`: the logs' median; 0 where it allows none; bytes per GPU,
+    :func:`around_allowance`)."""
     host = term_spread("unified memory", engine, "unified", 0)
     if host is None:
         return None
-    allowed = f"; the estimate allows {host_bytes / GiB:.2f} GiB (the median)" if host_bytes else ""
-    return replace(host, over_bytes=max(0, host.over_bytes - host_bytes), under_bytes=max(0, host.under_bytes + host_bytes),
-                   basis=f"the host's use, which kvplan cannot know: {host.basis}{allowed}")
+    host = replace(host, basis=f"the host's use, which kvplan cannot know: {host.basis}")
+    return around_allowance(host, host_bytes) if host_bytes else host
 
 
 def around_allowance(s: TermSpread, allowed: int) -> TermSpread:
-    """The non-torch spread ``s`` (measured against kvplan's formula) around a point estimate that already allows
-    ``allowed`` bytes more (:func:`kvplan.planning.budget.with_unmodelled_non_torch`: the class's median): the low
-    end pays ``over`` beyond it, the high end ``under`` plus it, so the range's ends stay where the logs put them."""
+    """The spread ``s`` of a term kvplan cannot know (measured against its formula) around a point estimate that
+    already allows ``allowed`` bytes more, the logs' median (the host's use, :func:`kvplan.planning.budget.with_host_use`;
+    ROCm's non-torch memory, :func:`kvplan.planning.budget.with_unmodelled_non_torch`): the low end pays ``over``
+    beyond it, the high end ``under`` plus it, so the range's ends stay where the logs put them."""
     return replace(s, over_bytes=max(0, s.over_bytes - allowed), under_bytes=s.under_bytes + allowed,
                    basis=f"{s.basis}; the estimate allows {allowed / GiB:.2f} GiB (the median)")
 
