@@ -41,56 +41,14 @@ def _one_torch_thread() -> None:
 
 _one_torch_thread()
 
-
-def _build_each_app_once() -> None:
-    """typer's ``CliRunner.invoke(app, ...)`` turns the Typer app into its click command on every call (~20 ms of
-    CPU for kvplan's full app: every command's parameters from its signature), ~1,000 times a suite. The command is
-    a pure function of the app, and no test changes an app after building it, so each app's command is built once
-    (an app is held here, so its ``id`` names no other)."""
-    import typer.testing
-
-    if not callable(getattr(typer.testing, "_get_command", None)):  # pragma: no cover - another typer: build each time
-        return
-    build, built = typer.testing._get_command, {}
-
-    def command(app: object) -> object:
-        hit = built.get(id(app))
-        if hit is None:
-            hit = built[id(app)] = (app, build(app))
-        return hit[1]
-
-    typer.testing._get_command = command
-    _build_each_entry_point_app_once(build, built)
-
-
-def _build_each_entry_point_app_once(build: object, built: dict) -> None:
-    """The entry point (``kvplan.cli.app.main``: tests/entry_point.py's ``kvplan(...)``, the typer side of
-    tests/cli/test_app.py) builds the app of the command it runs and turns it into a click command, 2 - 5 ms a
-    call, ~1,000 calls a suite. Each app is a pure function of the command's name (``build_app(only)``), so it
-    is built once a name, and its click command once (with the apps above). What a command runs is looked up
-    when it runs (``kvplan.cli.estimate.estimate_command``, which tests/cli/test_app.py replaces), not built in."""
-    import functools
-
-    import typer.main
-
-    from kvplan.cli import app as cli_app
-
-    def command(app: object) -> object:
-        hit = built.get(id(app))
-        if hit is None:
-            hit = built[id(app)] = (app, build(app))
-        return hit[1]
-
-    cli_app.build_app = functools.lru_cache(maxsize=None)(cli_app.build_app)
-    typer.main.get_command = command
-
-
-_build_each_app_once()
-
 try:  # run as a package (python -m pytest from the repo root) or with tests/ on sys.path
+    from tests.entry_point import build_each_app_once
     from tests.hub_emulator import HubEmulator, point_huggingface_hub_at
 except ImportError:  # pragma: no cover - depends on how pytest was started
+    from entry_point import build_each_app_once  # type: ignore[no-redef]
     from hub_emulator import HubEmulator, point_huggingface_hub_at  # type: ignore[no-redef]
+
+build_each_app_once()
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ traceback on stderr, as Python prints it. A spawn costs ~0.5 s of CPU (importing
 nothing to most tests; ``kvplan_process(ARGS)`` spawns ``python -m kvplan ARGS`` for the few that check the process
 itself. ``script(PATH, ARGS)`` runs a script of the repository (benchmarks/) the same way, in this interpreter.
 ``assert_one_line`` checks the promise for bad input: exit 2, one line on stderr (``kvplan: error: ...``), never a
-traceback.
+traceback. ``build_each_app_once`` caches the apps and click commands a suite's ~2,000 command runs rebuild
+(tests/conftest.py and tests/fuzz_worker.py call it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,38 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_each_app_once() -> None:
+    """Build each Typer app's click command once, and each of the entry point's apps once.
+
+    typer's ``CliRunner.invoke(app, ...)`` turns the Typer app into its click command on every call (~20 ms of
+    CPU for kvplan's full app: every command's parameters from its signature), and the entry point
+    (``kvplan.cli.app.main``: ``kvplan(...)`` here, the typer side of tests/cli/test_app.py, the fuzzer's inputs)
+    builds the app of the command it runs and turns that into a click command (2 - 5 ms a call): ~1,000 calls of
+    each a suite. A command is a pure function of its app, and an app of its command's name (``build_app(only)``);
+    no test changes an app after building it, so each is built once (an app is held here, so its ``id`` names no
+    other). What a command runs is looked up when it runs (``kvplan.cli.estimate.estimate_command``, which
+    tests/cli/test_app.py replaces), not built in."""
+    import functools
+
+    import typer.main
+    import typer.testing
+
+    from kvplan.cli import app as cli_app
+
+    if not callable(getattr(typer.testing, "_get_command", None)):  # pragma: no cover - another typer: build each time
+        return
+    build, built = typer.testing._get_command, {}
+
+    def command(app: object) -> object:
+        hit = built.get(id(app))
+        if hit is None:
+            hit = built[id(app)] = (app, build(app))
+        return hit[1]
+
+    typer.testing._get_command = typer.main.get_command = command
+    cli_app.build_app = functools.lru_cache(maxsize=None)(cli_app.build_app)
 
 
 def kvplan_process(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 10.0
 sys.path.insert(0, str(ROOT))
 
+from entry_point import build_each_app_once  # noqa: E402  (tests/, this script's folder)
+
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "configs" / "mistral_v01.json").read_text())
 EXAMPLES = {name: (ROOT / "docs" / "examples" / name).read_text() for name in ("capacity.yaml", "whatif.yaml", "no_sharing.yaml")}
 # the what-if example without its HTML / Markdown outputs (their plots would make each example slow)
@@ -326,30 +328,9 @@ def fuzz_options(examples: int) -> None:
     check()
 
 
-def _build_each_command_once() -> None:
-    """``kvplan.cli.app.main`` builds its command's app and turns it into a click command on every call (~6 ms,
-    once a process for a user), each a pure function of the command's name: built once per name here, as
-    tests/conftest.py does for ``CliRunner``."""
-    import typer.main
-
-    from kvplan.cli import app
-
-    build, command = functools.lru_cache(maxsize=None)(app.build_app), typer.main.get_command
-    commands: dict[int, Any] = {}
-
-    def command_once(typer_app: Any) -> Any:
-        hit = commands.get(id(typer_app))
-        if hit is None:
-            hit = commands[id(typer_app)] = (typer_app, command(typer_app))  # the app held: its id names no other
-        return hit[1]
-
-    app.build_app = build
-    typer.main.get_command = command_once
-
-
 def main() -> None:
     signal.signal(signal.SIGALRM, _alarm)
-    _build_each_command_once()
+    build_each_app_once()  # as tests/conftest.py does for the suite
     mode, examples = sys.argv[1], int(sys.argv[2])
     {"config": fuzz_config, "yaml": fuzz_yaml, "options": fuzz_options}[mode](examples)
     print("ok", json.dumps(CODES, sort_keys=True))
