@@ -4,10 +4,8 @@
 
 - the :class:`Options` dataclass (one field per option, in base units: tokens, bytes) and
   :func:`options_from_values`, which parses what a user typed (``8k``, ``24GiB``);
-- the CLI options of ``kvplan estimate`` / ``kvplan validate`` (:mod:`kvplan.cli.options`: flags, help,
-  panel, default);
-- the YAML scenario fields of capacity, what-if and workload files (:mod:`kvplan.checks.scenario`: key, type,
-  description).
+- the CLI options of ``kvplan estimate`` / ``kvplan validate`` (:mod:`kvplan.cli.options`: flags, help, panel, default);
+- the YAML fields of capacity, what-if and workload files (:mod:`kvplan.checks.scenario`: key, type, description).
 
 **Adding an option is a one-place change**: append an :class:`Opt` to :data:`OPTIONS` (name, kind, help,
 panel, default; ``field`` when the Options field has another name, ``flags`` for extra spellings such
@@ -369,20 +367,28 @@ AXIS_ORDER = tuple(o.name for o in YAML_OPTIONS if o.name not in ROW_AXES) + ROW
 # Options
 
 
+# (field, type, value) that passed the field's own check, which reads the value alone: plans re-make Options by the
+# ten thousand (``dataclasses.replace`` of one field). Bounded: cleared at 8,192.
+_VALID: set[tuple[str, type, Any]] = set()
+
+
 def _validate(self: Any) -> None:
     """Each option's own check (from its kind), then the checks across options."""
     for opt in BY_FIELD.values():
-        kind, value = KINDS[opt.kind], getattr(self, opt.field_name)
+        value = getattr(self, opt.field_name)
         if value is None and opt.default is None:
             continue
-        if isinstance(value, str) and not value.strip() and opt.name != "model":  # the model names its own error
-            raise InputError(f"invalid {opt.flag} {value!r}: must not be empty", "leave the option out for its default")
-        if kind.check is not None and not kind.check(value):
-            raise InputError(f"invalid {opt.flag} {value!r}: {kind.rule}")
-        if kind.choices and value not in kind.choices:
-            raise InputError(f"invalid {opt.flag} {value!r}", "use one of: " + ", ".join(kind.choices))
-        if opt.limit is not None:
-            _check_high(opt, value, opt.limit)
+        seen = (opt.field_name, type(value), value)
+        try:
+            if seen in _VALID:
+                continue
+        except TypeError:  # an unhashable value (the Python API) is checked, never remembered
+            _check_field(opt, value)
+            continue
+        _check_field(opt, value)
+        if len(_VALID) > 8192:
+            _VALID.clear()
+        _VALID.add(seen)
     if self.tp * self.pp != self.gpu_count:
         if self.gpu_count == 1 and (self.tp > 1 or self.pp > 1):
             object.__setattr__(self, "gpu_count", self.tp * self.pp)
@@ -400,6 +406,19 @@ def _validate(self: Any) -> None:
                          "name the method: --speculative " + "|".join(SPECULATIVE_METHODS))
     if self.prefix_tokens > self.context:
         raise InputError(f"--prefix-tokens {self.prefix_tokens} exceeds --context {self.context}")
+
+
+def _check_field(opt: Opt, value: Any) -> None:
+    """One option's own check, from its kind: raises :class:`InputError` naming the flag and the value."""
+    kind = KINDS[opt.kind]
+    if isinstance(value, str) and not value.strip() and opt.name != "model":  # the model names its own error
+        raise InputError(f"invalid {opt.flag} {value!r}: must not be empty", "leave the option out for its default")
+    if kind.check is not None and not kind.check(value):
+        raise InputError(f"invalid {opt.flag} {value!r}: {kind.rule}")
+    if kind.choices and value not in kind.choices:
+        raise InputError(f"invalid {opt.flag} {value!r}", "use one of: " + ", ".join(kind.choices))
+    if opt.limit is not None:
+        _check_high(opt, value, opt.limit)
 
 
 def _typed(value: Any) -> str:

@@ -171,3 +171,20 @@ def test_gpus_and_tp_on_the_command_line_are_honoured():
     assert r.exit_code == 0, r.output
     a = json.loads(r.stdout)["assumptions"]
     assert (a["gpu_count"], a["tp"], a["pp"]) == (2, 1, 2)
+
+
+def test_a_value_checked_once_is_still_refused_in_another_type_or_field():
+    """Options remembers values that passed their check (planning re-makes Options by the thousand): a
+    remembered value never lets a wrong one through, not under another field, not as another type."""
+    from dataclasses import replace
+
+    ok = Options(model="m", batch=4, gpu_util=1.0)
+    assert replace(ok, batch=8).batch == 8
+    with pytest.raises(InputError, match="--batch"):
+        replace(ok, batch=0)
+    with pytest.raises(InputError, match="--gpu-util"):
+        replace(ok, gpu_util=4.0)  # 4 passed as a batch, never as a fraction
+    with pytest.raises(InputError, match="--batch"):
+        replace(ok, batch=True)  # True == 1 but not a count
+    with pytest.raises(InputError, match="--batch"):
+        replace(ok, batch=1.5)

@@ -181,8 +181,9 @@ def mla_prefill_bytes_per_token(spec: ModelSpec, tp: int, act_bytes: int, rule: 
     ``H``). DeepSeek-R1 at tp 8 (128 / 8 = 16 heads, 128 / 64 / 128, 512, 1,536, hidden 7,168), bf16:
     (14,336 + 3,072 + 576 + 512 + 3,072 + 64 + 4,096 + 6,144 + 2,048 + max(3,072, 14,336)) x 2 = 96,512 B.
     """
-    mla = any(layer.kind is LayerKind.MLA for layer in spec.layers)  # not MiniCPM3's expanded K / V
-    if rule != "v07" or not mla or len(spec.mla_dims) != 5 or not all(spec.mla_dims[1:]):
+    if rule != "v07" or len(spec.mla_dims) != 5 or not all(spec.mla_dims[1:]):
+        return 0
+    if not any(layer.kind is LayerKind.MLA for layer in spec.layers):  # not MiniCPM3's expanded K / V
         return 0
     q_lora, kv_lora, nope, rope, v_dim = spec.mla_dims
     h, n = spec.hidden_size, _per_rank(spec.num_attention_heads or 1, tp)
