@@ -205,6 +205,15 @@ def test_every_test_file_sits_under_the_package_it_speaks_for() -> None:
     assert listed <= {p.as_posix() for p in _test_files()}, f"listed files that no longer exist: {listed - {p.as_posix() for p in _test_files()}}"
 
 
+def test_the_files_run_first_exist() -> None:
+    """conftest's LONG_FIRST names test files by path: a file moved or renamed would silently run in its place."""
+    from conftest import LONG_FIRST
+
+    root = TESTS.parent
+    assert [path for path in LONG_FIRST if not (root / path).is_file()] == []
+    assert len(set(LONG_FIRST)) == len(LONG_FIRST)
+
+
 def test_test_modules_have_unique_names_and_helpers_sit_at_the_top() -> None:
     """pytest imports test modules by their basename (rootdir-relative 'prepend' import mode, no __init__.py):
     two test_x.py in two folders would clash. Helpers sit at tests/'s top, where every test file finds them."""
