@@ -718,7 +718,12 @@ def test_summary_view_renders_the_numbers():
 def test_ctrl_c_ends_cleanly_with_the_summary():
     with ReplayServer([vllm_v1_page(V1_RUN[1])]) as srv:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen([sys.executable, "-m", "kvplan", "observe", srv.url, "--interval", "0.05", "--json"],
+        # `python -m kvplan observe ...` with Ctrl-C raising KeyboardInterrupt, as at a terminal: a shell without job
+        # control starts background commands with SIGINT ignored, and Python keeps an ignored SIGINT ignored
+        argv = ["kvplan", "observe", srv.url, "--interval", "0.05", "--json"]
+        code = ("import runpy, signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                f"sys.argv = {argv!r}\nrunpy.run_module('kvplan', run_name='__main__', alter_sys=True)\n")
+        proc = subprocess.Popen([sys.executable, "-c", code],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
         deadline = time.monotonic() + 60
         # a 3rd request means the 2nd poll is done (at 2, the 2nd poll may still be reading when Ctrl-C comes)
