@@ -142,30 +142,48 @@ def document(function: str, name: str, source: Any) -> Any:
     if not isinstance(source, Mapping):
         return source
     count = 0
+    done: dict[int, tuple[Any, int, int]] = {}  # id of a list / mapping met before -> (its plain copy, values, height)
 
-    def plain(value: Any, where: tuple[Any, ...], depth: int) -> Any:
-        """``where`` is the path to ``value`` as ``(parent's where, key)`` pairs, written out (:func:`_where`) only
-        for an error: a million-value document made a million strings of its paths."""
+    def plain(value: Any, where: tuple[Any, ...], depth: int) -> tuple[Any, int]:
+        """``value`` as plain data, and how many levels it nests below itself. ``where`` is the path to ``value``
+        as ``(parent's where, key)`` pairs, written out (:func:`_where`) only for an error: a million-value document
+        made a million strings of its paths. A list or mapping met again (shared, as YAML's aliases share) counts
+        its values again without another walk, unless it would nest past the bound here (the walk then says where)."""
         nonlocal count
+        seen = done.get(id(value)) if isinstance(value, (Mapping, list, tuple)) else None
+        if seen is not None and depth + seen[2] <= MAX_YAML_DEPTH:
+            count += seen[1]
+            if count > MAX_YAML_VALUES:
+                raise InputError(f"kvplan.{function}(): {name} holds more than {MAX_YAML_VALUES:,} values")
+            return seen[0], seen[2]
+        start = count
         count += 1
         if count > MAX_YAML_VALUES:
             raise InputError(f"kvplan.{function}(): {name} holds more than {MAX_YAML_VALUES:,} values")
         if depth > MAX_YAML_DEPTH:
             raise InputError(f"kvplan.{function}(): {_where(where)} is nested more than {MAX_YAML_DEPTH} levels deep")
+        height = 0
         if isinstance(value, Mapping):
-            out = {}
+            out: Any = {}
             for key, item in value.items():
                 if not _plain_scalar(key, str):
                     require(function, f"a key of {_where(where)}", key, (str,), "a string")
-                out[key] = plain(item, (where, repr(key)), depth + 1)
-            return out
-        if isinstance(value, (list, tuple)):
-            return [plain(item, (where, i), depth + 1) for i, item in enumerate(value)]
-        if not _plain_scalar(value, YAML_SCALARS):
-            require(function, _where(where), value, YAML_SCALARS, "a string, number, bool, None, list or mapping")
-        return value
+                out[key], below = plain(item, (where, repr(key)), depth + 1)
+                height = max(height, below + 1)
+        elif isinstance(value, (list, tuple)):
+            out = []
+            for i, item in enumerate(value):
+                copy, below = plain(item, (where, i), depth + 1)
+                out.append(copy)
+                height = max(height, below + 1)
+        else:
+            if not _plain_scalar(value, YAML_SCALARS):
+                require(function, _where(where), value, YAML_SCALARS, "a string, number, bool, None, list or mapping")
+            return value, 0
+        done[id(value)] = out, count - start, height
+        return out, height
 
-    return plain(source, (None, name), 0)
+    return plain(source, (None, name), 0)[0]
 
 
 def _plain_scalar(value: Any, types: type | tuple[type, ...]) -> bool:

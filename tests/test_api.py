@@ -1,5 +1,7 @@
 """The Python API: estimate, sweep and check return the same frozen objects the CLI renders."""
 
+import copy
+
 import pytest
 
 import kvplan
@@ -175,6 +177,34 @@ def test_a_mapping_nested_past_the_yaml_bound_is_refused():
         shared = [shared, shared]
     with pytest.raises(InputError, match="holds more than 1,000,000 values"):
         kvplan.sweep({"sweep": {"context": shared}})
+
+
+def test_a_shared_list_counts_at_every_use_and_nests_where_it_is_used():
+    """Values a document shares (as YAML's aliases share them) count once per use, walked once; a shared part
+    that nests past the bound only where it is used again is refused there, by its path."""
+    from kvplan.api import document
+    from kvplan.io.yamldoc import MAX_YAML_DEPTH, MAX_YAML_VALUES
+
+    shared: list = [1]
+    for _ in range(19):  # 2^19 ones, 2^20 - 1 lists: 1,572,863 values once expanded
+        shared = [shared, shared]
+    with pytest.raises(InputError, match="holds more than 1,000,000 values"):
+        document("sweep", "config", {"a": shared})
+    half = shared[0][0]  # 2^17 ones in 2^18 - 1 lists: 393,215 values; twice is under the bound, three times is not
+    assert 2 * (2 ** 17 + 2 ** 18 - 1) + 3 <= MAX_YAML_VALUES < 3 * (2 ** 17 + 2 ** 18 - 1)
+    assert document("sweep", "config", {"a": half, "b": half}) == {"a": half, "b": half}
+    with pytest.raises(InputError, match="holds more than"):
+        document("sweep", "config", {"a": half, "b": half, "c": half})
+    deep: dict = {}
+    inner = deep
+    for _ in range(MAX_YAML_DEPTH - 3):
+        inner["a"] = {}
+        inner = inner["a"]
+    assert document("check", "config", {"x": deep})["x"] == deep
+    nested = {"x": deep, "y": {"z": {"w": {"v": deep}}}}  # deep is fine at its first use, too deep at its second
+    for doc in (nested, copy.deepcopy(nested)):  # shared or not, the same refusal
+        with pytest.raises(InputError, match=r"config\['y'\]\['z'\]\['w'\]\['v'\](\['a'\])+ is nested more than"):
+            document("check", "config", doc)
 
 
 YAML_DATA = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6)),

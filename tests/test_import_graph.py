@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "kvplan"
+from source_trees import PACKAGE, nodes, tree
 
 # Cycles still open elsewhere in issue 11 (delete an entry when it is fixed; never add one).
 KNOWN_CYCLES: list[set[str]] = []
@@ -23,19 +24,25 @@ def import_graph() -> dict[str, set[str]]:
     """Module -> the kvplan modules it imports anywhere in its body (top level, functions, TYPE_CHECKING).
 
     ``from kvplan import hub`` is an edge to ``kvplan.model.hub``; the package root itself is not a node an
-    import can close a cycle through (its API functions import lazily, by design).
+    import can close a cycle through (its API functions import lazily, by design). A copy: the graph is read
+    once per test process.
     """
+    return {name: set(deps) for name, deps in _graph().items()}
+
+
+@lru_cache(maxsize=1)
+def _graph() -> dict[str, frozenset[str]]:
     modules = _modules()
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, frozenset[str]] = {}
     for name, path in modules.items():
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in nodes(path):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("kvplan"):
                 subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
                 deps |= subs or {node.module}
             elif isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names if a.name.startswith("kvplan")}
-        graph[name] = {d for d in deps if d in modules and d not in (name, "kvplan")}
+        graph[name] = frozenset(d for d in deps if d in modules and d not in (name, "kvplan"))
     return graph
 
 
@@ -122,7 +129,7 @@ def declared_imports() -> dict[str, set[str] | str]:
     stages = {_stage(m) for m in _modules()}
     for stage in stages:
         path = _modules()[stage]
-        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        doc = ast.get_docstring(tree(path)) or ""
         match = re.search(r"May import: (.+?)(?:\n\n|$)", doc, re.S)
         assert match, f"{path}: the docstring does not say what it may import ('May import: ...')"
         text = " ".join(match.group(1).split())
@@ -154,7 +161,7 @@ def test_at_most_eight_flat_modules_and_every_package_documented() -> None:
     flat = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert len(flat) <= FLAT_LIMIT, flat
     for init in PACKAGE.rglob("__init__.py"):
-        assert ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), f"{init} has no docstring"
+        assert ast.get_docstring(tree(init)), f"{init} has no docstring"
 
 
 def test_every_import_follows_the_declared_stage_order() -> None:

@@ -107,7 +107,8 @@ WHOLE_COMMAND_FOLDERS = {
     "project": "what ships beside the package: the wheel, the GitHub Action and pre-commit hook, the benchmarks",
 }
 # Modules in tests/ that are not tests: helpers the tests import (or run), at tests/'s top only.
-HELPERS = {"conftest.py", "entry_point.py", "hub_emulator.py", "kvplan_names.py", "metrics_pages.py", "fuzz_worker.py"}
+HELPERS = {"conftest.py", "entry_point.py", "hub_emulator.py", "kvplan_names.py", "metrics_pages.py", "fuzz_worker.py",
+           "source_trees.py"}
 # Repository-wide checks at tests/'s top, beside the tests of kvplan's flat modules (tests/test_units.py ...).
 REPO_WIDE = {"test_structure.py": "the package's layout, its rules' one place and the size of its rooms",
              "test_import_graph.py": "the import graph: no cycles, data flows one way"}

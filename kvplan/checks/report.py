@@ -275,6 +275,23 @@ class Sweep:
             return self._triples
         return triples
 
+    def _lengths(self) -> list[tuple[int, int | None]]:
+        """The distinct (context, max_model_len) of the sweep rows, in the rows' order: read from the row axes that
+        set either (an axis of batch alone changes neither), so a 100 x 5,000 sweep checks 100 pairs, not 500,000
+        rows, before its first row is written."""
+        if any(not a.values for a in self.row_axes):
+            return []
+        axes = [a for a in self.row_axes if {"context", "max_model_len"} & set(a.names)]
+        base = {k: self.whatif.defaults[k] for k in ROW_AXES if k in self.whatif.defaults}
+        out: dict[tuple[int, int | None], None] = {}
+        for combo in product(*(a.values for a in axes)):
+            assign = dict(base)
+            for axis, vals in zip(axes, combo):
+                assign.update(zip(axis.names, vals))
+            context, _, mml = _row_values(assign)
+            out[context, mml] = None
+        return list(out)
+
     def plan(self, progress: Progress | None = None) -> None:
         """Plan every pool (each once); errors are ScenarioFileError naming the row's options and line."""
         if self._planned:
@@ -302,19 +319,19 @@ class Sweep:
         # streaming rows cannot fail
         from kvplan.options import check_context
 
-        if self._sweep_pools:
-            for context, _, mml in self._row_triples():
-                try:
-                    check_context(context, mml)
-                except KvplanError as exc:
-                    raise ScenarioFileError(whatif.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
+        lengths = self._lengths() if self._sweep_pools else []
+        for context, mml in lengths:
+            try:
+                check_context(context, mml)
+            except KvplanError as exc:
+                raise ScenarioFileError(whatif.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
         for explicit in whatif.scenarios:
             context, _, mml = _row_values(explicit.values)
             try:
                 check_context(context, mml)
             except KvplanError as exc:
                 raise ScenarioFileError(explicit.where, in_file_words(exc.message), in_file_words(exc.hint)) from None
-        contexts = {t[0] for t in self._row_triples()} if self._sweep_pools else set()
+        contexts = {context for context, _ in lengths}
         for values, pool in self._sweep_pools:
             try:
                 for context in contexts if not self._context_defaulted else {pool.plan.options.context}:

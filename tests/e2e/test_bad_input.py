@@ -354,6 +354,11 @@ def test_a_yaml_context_past_max_model_len_is_located(tmp_path):
     path.write_text("defaults: {model: meta-llama/Llama-3.1-8B, max_model_len: 8k}\nsweep: {context: [4k, 32k]}\n")
     line = assert_one_line(kvplan("report", str(path), "--offline"), "context 32768 exceeds max_model_len 8192")
     assert "--" not in line
+    # a sweep's rows are checked before the first is written, by their (context, max_model_len) pairs: the first
+    # row past its length names it, whatever the batch axis beside (600 rows, 6 pairs; 8k x 16k is the first)
+    path.write_text("defaults: {model: meta-llama/Llama-3.1-8B}\nsweep:\n  batch: [" + ", ".join(map(str, range(1, 101)))
+                    + "]\n  context: [4k, 16k, 32k]\n  max_model_len: [8k, 64k]\n")
+    line = assert_one_line(kvplan("report", str(path), "--offline"), "context 16384 exceeds max_model_len 8192")
 
 
 def test_one_concurrent_request_is_singular():

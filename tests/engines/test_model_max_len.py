@@ -25,9 +25,9 @@ whether it accepts kvplan's limit and whether it refuses one token more ("User-s
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +37,9 @@ from kvplan.model.modelspec import RopeScaling
 from kvplan.planning.plan import Options, plan_for_spec
 from kvplan.model.spec import spec_from_config
 from kvplan.units import GiB
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from entry_point import ROOT, kvplan  # noqa: E402
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
@@ -124,11 +127,15 @@ def test_qwen3_yarn_at_64k_follows_the_release():
 
 def test_the_json_and_the_engine_panel_name_the_rule(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(CASES["yarn"][0]))
-    base = [sys.executable, "-m", "kvplan", "estimate", str(tmp_path), "--context", "32k", "--engine-version", "0.29"]
-    data = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, check=True).stdout)
+    base = ["estimate", str(tmp_path), "--context", "32k", "--engine-version", "0.29"]
+    r = kvplan(*base, "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
     assert data["engine_report"]["model_max_len"] == 131_072
     assert data["engine_report"]["model_max_len_rule"] == "131,072 = original_max_position_embeddings 32,768 x yarn factor 4"
-    text = subprocess.run(base, capture_output=True, text=True, check=True).stdout
+    r = kvplan(*base)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
     assert "the model's maximum length: 131,072 = original_max_position_embeddings" in text
 
 
@@ -192,8 +199,8 @@ def test_a_given_context_past_the_maximum_is_never_lowered():
         assert p.to_dict()["assumptions"]["context_source"] == "given"
 
 
-def _kvplan(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "kvplan", *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+def _kvplan(*args, cwd=ROOT):
+    return kvplan(*args, cwd=cwd)
 
 
 def test_every_command_plans_the_default_context_at_a_short_models_maximum(tmp_path):

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parents[1] / "memory"))
 from test_cross_attention import LLAMA_32_90B_VISION  # noqa: E402
 from entry_point import assert_one_line, kvplan  # noqa: E402
+from source_trees import nodes  # noqa: E402
 
 # the CLI spelling of each option -> (its name, the value a bare flag means)
 FLAGS: dict[str, tuple[str, object]] = {}
@@ -258,7 +259,7 @@ def test_no_user_facing_string_has_a_count_before_a_plural_noun_unchecked():
     bad = []
     pattern = re.compile(r"^(blocks|requests|tokens|layers|rows|GPUs|checks)\b")
     for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in nodes(path):
             if not isinstance(node, ast.JoinedStr):
                 continue
             parts = node.values
@@ -290,11 +291,10 @@ def test_no_tracker_numbers_in_user_facing_strings():
     root = Path(__file__).resolve().parents[2] / "kvplan"
     bad = []
     for path in root.rglob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+        docstrings = {id(n.body[0].value) for n in nodes(path)
                       if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
                       and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        for node in ast.walk(tree):
+        for node in nodes(path):
             if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
                     and re.search(r"\bissue #?\d+", node.value, re.I)):
                 bad.append(f"{path.relative_to(root)}:{node.lineno}: {node.value[:60]}")

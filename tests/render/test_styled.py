@@ -72,7 +72,8 @@ def test_every_bundled_models_table_is_drawn_in_riches_bytes(model_id):
                 continue
             assert got == expected, (model_id, values, width)
             drawn += 1
-        assert draw(render_brief(plan), 80) == _rich(80, render_brief(plan))
+        for width in (80, 200):  # --brief as a terminal and a log show it (tests/render/test_estimate.py reads 200)
+            assert draw(render_brief(plan), width) == _rich(width, render_brief(plan)), (model_id, values, width)
     assert tried and drawn >= tried * (len(WIDTHS) - 1)  # what is left to rich is the exception
 
 
