@@ -20,7 +20,7 @@ the budget less the downsides, and plus the upsides. A KV budget the user gives 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import field, replace
 from typing import Any
 
 from kvplan import memory
@@ -57,10 +57,13 @@ UNIFIED_UNMEASURED = "the low end takes the widest non-torch spread of its neigh
 @frozen
 class KvRange:
     """The answer at the low and high end of the KV budget's spread (bytes per GPU), where the spread came from,
-    and each term's part of it (``terms``: the low end pays the sum of their ``over_bytes``)."""
+    and each term's part of it (``terms``: the low end pays the sum of their ``over_bytes``).
 
-    low: Answer
-    high: Answer
+    ``low`` and ``high`` are the plan's deployment with each end's blocks (``low_deployment``, ``high_deployment``)
+    answering the plan's request (``context`` x ``batch`` at ``max_model_len``), answered when first read: the
+    plans a sweep, a size search or a suggestion makes read few of them (two answers were a fifth of a plan).
+    Where an end's blocks are the plan's own it is the plan's deployment, and its answer the plan's (``estimate``)."""
+
     kv_budget_low_bytes: int
     kv_budget_high_bytes: int
     source: str
@@ -68,6 +71,28 @@ class KvRange:
     high_deployment: Deployment
     terms: tuple[TermSpread, ...] = ()
     notes: tuple[str, ...] = ()
+    request: tuple[int, int, int | None] = (0, 0, None)  # the plan's context, batch and fixed max_model_len
+    estimate: Answer | None = field(default=None, compare=False, repr=False)  # the plan's answer, of `deployment`
+    deployment: Deployment | None = field(default=None, compare=False, repr=False)
+    _ends: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    @property
+    def low(self) -> Answer:
+        """The answer at the low end (the KV budget less every term's downside)."""
+        return self._answer(self.low_deployment)
+
+    @property
+    def high(self) -> Answer:
+        """The answer at the high end (the KV budget plus every term's upside)."""
+        return self._answer(self.high_deployment)
+
+    def _answer(self, d: Deployment) -> Answer:
+        if d is self.deployment and self.estimate is not None:
+            return self.estimate
+        hit = self._ends.get(id(d))
+        if hit is None or hit[0] is not d:
+            hit = self._ends[id(d)] = (d, d.answer(*self.request))
+        return hit[1]
 
     @property
     def dominant(self) -> str:
@@ -254,10 +279,11 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
              batch: int, max_model_len: int | None, is_cpu: bool, spec: Any = None, gpu: Any = None) -> KvRange:
     """The range of ``answer`` (the plan's, at ``batch`` x ``context``) for a deployment of ``tp`` GPUs of ``gpu``
     (the plan's :class:`~kvplan.planning.plan.GpuInfo`) serving ``spec``."""
-    kv = budget.kv_budget_bytes
+    kv, request = budget.kv_budget_bytes, (context, batch, max_model_len)
     kv_given = budget.kv_budget_source.startswith("--kv-budget")
     if is_cpu or kv_given:
-        return KvRange(answer, answer, kv, kv, "the KV budget is given (--kv-budget)", deployment, deployment)
+        return KvRange(kv, kv, "the KV budget is given (--kv-budget)", deployment, deployment, request=request,
+                       estimate=answer, deployment=deployment)
     notes: tuple[str, ...] = ()
     if has_term_data(engine.engine):
         terms, notes = term_spreads(budget, engine, tp, spec, gpu)
@@ -265,7 +291,8 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
     else:
         s = spread(engine.engine, engine.version, tp)
         if s is None:
-            return KvRange(answer, answer, kv, kv, "no measured spread for this engine", deployment, deployment)
+            return KvRange(kv, kv, "no measured spread for this engine", deployment, deployment, request=request,
+                           estimate=answer, deployment=deployment)
         terms = (TermSpread("whole budget", s.over_bytes, s.under_bytes, s.logs, s.basis),)
         source = s.source
         rough = round(ROUGH_WEIGHTS_FRACTION * budget.weights.bytes) if rough_weights(budget.weights.source) else 0
@@ -284,12 +311,8 @@ def kv_range(budget: Budget, engine: EngineDefaults, deployment: Deployment, ans
     notes += (start,) if start else ()
     low_kv = kv - sum(t.over_bytes for t in terms)
     high_kv = kv + sum(t.under_bytes for t in terms)
-    low, high = deployment_at(deployment, low_kv), deployment_at(deployment, high_kv)
-
-    def answer_of(d: Deployment) -> Answer:
-        return answer if d is deployment else d.answer(context, batch, max_model_len)
-
-    rng = KvRange(answer_of(low), answer_of(high), low_kv, high_kv, source, low, high, terms, notes)
+    rng = KvRange(low_kv, high_kv, source, deployment_at(deployment, low_kv), deployment_at(deployment, high_kv),
+                  terms, notes, request, answer, deployment)
     if rng.dominant:
         rng = replace(rng, source=rng.source + f"; {rng.dominant} dominates")
     return rng

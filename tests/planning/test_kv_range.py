@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,22 @@ def test_the_range_brackets_the_answer_and_comes_from_the_same_deployment():
     assert low.answer(8192, 32, p.max_model_len_fixed) == r.low
     doc = p.to_dict()["range"]
     assert doc["low"]["max_requests"] == r.low.max_requests and "real start-up logs" in doc["source"]
+
+
+def test_the_ends_are_answered_once_when_read_and_the_plans_own_answer_where_its_blocks_are_theirs(monkeypatch):
+    from kvplan.planning.answer import Deployment
+
+    p = kvplan.estimate("meta-llama/Llama-3.1-8B", gpu="H100", context=8192, batch=32)
+    r = p.kv_range
+    asked = []
+    real = Deployment.answer
+    monkeypatch.setattr(Deployment, "answer", lambda self, *a: asked.append(self.blocks) or real(self, *a))
+    assert r.low is r.low and r.high is r.high and asked == [r.low.num_blocks, r.high.num_blocks]
+    assert r.low == real(r.low_deployment, 8192, 32, None) and r.low.context == 8192 and r.low.batch == 32
+    assert r.deployment == p.deployment and r.estimate is p.answer
+    same = replace(r, low_deployment=r.deployment)  # an end with the plan's own blocks: the plan's answer
+    assert same.low is p.answer and len(asked) == 2
+    assert same != r and replace(r, source=r.source) == r
 
 
 def test_a_given_kv_budget_has_no_spread():
