@@ -356,7 +356,7 @@ NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 SERVE_LINE = re.compile(r"(?:^|[\s$#>❯]|/bin/)vllm serve\s")
 SGLANG_LAUNCH = re.compile(r"sglang\.launch_server\b")
 SERVE_FLAG = re.compile(r"--([a-z][a-z_-]*)(?:[ =]\"?(?!--?[a-z])([^\s\"]+))?")  # a flag, and its value if it has one
-WORKER_NAME = re.compile(r"\((?:VllmWorker rank=(\d+)|Worker(?:_PP(\d+))?_TP(\d+)(?:_EP\d+)?) pid=")
+WORKER_NAME = re.compile(r"\((?:VllmWorker rank=(\d+)|Worker(?:_DP\d+)?(?:_PP(\d+))?(?:_TP(\d+))?(?:_EP\d+)?) pid=")
 WORKER_RANK = re.compile(r"(?:rank=|\bTP|_TP|Worker_TP|TP)(\d+)")
 # The lines shown as the log's warnings: the ones about memory, the pool or what changes it (an error elsewhere, a
 # chat template's, is not the pool's business)

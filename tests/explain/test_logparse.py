@@ -531,3 +531,16 @@ def test_a_hybrid_swa_log_counts_the_full_pool_as_its_tokens():
     log = parse_log(corpus_log("sglang", "sglang-pr18039-4gpu-mimo-v2-flash-tp4-swa-main"))
     assert (log.sglang_full_tokens, log.sglang_swa_tokens) == (375_360, 300_288)
     assert log.kv_cache_tokens == log.sglang_full_tokens
+
+
+@pytest.mark.parametrize(("names", "tp", "pp"), [
+    (("Worker_PP0", "Worker_PP1"), 1, 2),  # vLLM 0.11+ names a stage alone where tp is 1 (its TP suffix needs tp > 1)
+    (("Worker_TP0", "Worker_TP1"), 2, 1),
+    (("Worker_PP1_TP3", "Worker_PP0_TP0"), 4, 2),
+    (("Worker_DP1_TP1", "Worker_DP0_TP0"), 2, 1),  # data-parallel ranks are engines of their own: not tp or pp
+])
+def test_the_worker_names_give_the_ranks_they_show(names, tp, pp):
+    lines = "".join(f"({name} pid={600 + i}) INFO [gpu_model_runner.py:1] Model loading took 30.52 GiB and 9.0 seconds\n"
+                    for i, name in enumerate(names))
+    log = parse_log(lines)
+    assert (log.workers_tp, log.workers_pp) == (tp, pp)
