@@ -144,22 +144,23 @@ def document(function: str, name: str, source: Any) -> Any:
     count = 0
     done: dict[int, tuple[Any, int, int]] = {}  # id of a list / mapping met before -> (its plain copy, values, height)
 
+    def counted(values: int) -> None:
+        nonlocal count
+        count += values
+        if count > MAX_YAML_VALUES:
+            raise InputError(f"kvplan.{function}(): {name} holds more than {MAX_YAML_VALUES:,} values")
+
     def plain(value: Any, where: tuple[Any, ...], depth: int) -> tuple[Any, int]:
         """``value`` as plain data, and how many levels it nests below itself. ``where`` is the path to ``value``
         as ``(parent's where, key)`` pairs, written out (:func:`_where`) only for an error: a million-value document
         made a million strings of its paths. A list or mapping met again (shared, as YAML's aliases share) counts
         its values again without another walk, unless it would nest past the bound here (the walk then says where)."""
-        nonlocal count
         seen = done.get(id(value)) if isinstance(value, (Mapping, list, tuple)) else None
         if seen is not None and depth + seen[2] <= MAX_YAML_DEPTH:
-            count += seen[1]
-            if count > MAX_YAML_VALUES:
-                raise InputError(f"kvplan.{function}(): {name} holds more than {MAX_YAML_VALUES:,} values")
+            counted(seen[1])
             return seen[0], seen[2]
         start = count
-        count += 1
-        if count > MAX_YAML_VALUES:
-            raise InputError(f"kvplan.{function}(): {name} holds more than {MAX_YAML_VALUES:,} values")
+        counted(1)
         if depth > MAX_YAML_DEPTH:
             raise InputError(f"kvplan.{function}(): {_where(where)} is nested more than {MAX_YAML_DEPTH} levels deep")
         height = 0

@@ -29,8 +29,3 @@ def tree(path: Path) -> ast.Module:
     module = nodes(path)[0]
     assert isinstance(module, ast.Module)
     return module
-
-
-def modules() -> list[Path]:
-    """Every module of the kvplan package, in a stable order."""
-    return sorted(PACKAGE.rglob("*.py"))

@@ -256,10 +256,12 @@ class Sweep:
                              f"context, batch and max_model_len), past the bound of {MAX_POOLS:,} (about 30 s)", hint)
 
     # ---- planning -----------------------------------------------------------------------------
-    def _assigns(self) -> Iterator[dict[str, Any]]:
-        for combo in product(*(a.values for a in self.row_axes)):
+    def _assigns(self, axes: list[Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Each combination of the values of ``axes`` (the row axes when None), as option name -> value."""
+        axes = self.row_axes if axes is None else axes
+        for combo in product(*(a.values for a in axes)):
             assign: dict[str, Any] = {}
-            for axis, vals in zip(self.row_axes, combo):
+            for axis, vals in zip(axes, combo):
                 assign.update(zip(axis.names, vals))
             yield assign
 
@@ -284,11 +286,8 @@ class Sweep:
         axes = [a for a in self.row_axes if {"context", "max_model_len"} & set(a.names)]
         base = {k: self.whatif.defaults[k] for k in ROW_AXES if k in self.whatif.defaults}
         out: dict[tuple[int, int | None], None] = {}
-        for combo in product(*(a.values for a in axes)):
-            assign = dict(base)
-            for axis, vals in zip(axes, combo):
-                assign.update(zip(axis.names, vals))
-            context, _, mml = _row_values(assign)
+        for assign in self._assigns(axes):
+            context, _, mml = _row_values({**base, **assign})
             out[context, mml] = None
         return list(out)
 

@@ -39,7 +39,7 @@ from kvplan.model.spec import spec_from_config
 from kvplan.units import GiB
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from entry_point import ROOT, kvplan  # noqa: E402
+from entry_point import kvplan  # noqa: E402
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
@@ -199,31 +199,27 @@ def test_a_given_context_past_the_maximum_is_never_lowered():
         assert p.to_dict()["assumptions"]["context_source"] == "given"
 
 
-def _kvplan(*args, cwd=ROOT):
-    return kvplan(*args, cwd=cwd)
-
-
 def test_every_command_plans_the_default_context_at_a_short_models_maximum(tmp_path):
     # estimate, check, report, simulate and the Python API all take the one default (kvplan.planning.plan)
-    import kvplan
+    from kvplan import estimate
 
     model = "microsoft/Phi-3-mini-4k-instruct"
-    assert kvplan.estimate(model, gpu="H100").options.context == 4096
-    r = _kvplan("estimate", model, "--gpu", "H100", "--json")
+    assert estimate(model, gpu="H100").options.context == 4096
+    r = kvplan("estimate", model, "--gpu", "H100", "--json")
     assert json.loads(r.stdout)["assumptions"]["context_tokens"] == 4096, r.stderr
     (tmp_path / "c.yaml").write_text(f"defaults: {{model: {model}, gpu: H100}}\nchecks:\n  - name: a\n"
                                      "    require: {fits: true}\n")
-    r = _kvplan("check", str(tmp_path / "c.yaml"), "--offline", "--json")
+    r = kvplan("check", str(tmp_path / "c.yaml"), "--offline", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "4,096" in r.stdout or "4096" in r.stdout
     (tmp_path / "w.yaml").write_text(f"defaults: {{gpu: H100}}\nsweep:\n  model: [{model}, meta-llama/Llama-3.1-8B]\n"
                                      "outputs: [out/r.json]\n")
-    r = _kvplan("report", str(tmp_path / "w.yaml"), "--offline", cwd=tmp_path)
+    r = kvplan("report", str(tmp_path / "w.yaml"), "--offline", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "out" / "r.json").read_text())["rows"]
     assert [(row["context"], row["fits"]) for row in rows] == [(4096, True), (8192, True)], rows
     (tmp_path / "s.yaml").write_text(f"model: {model}\ngpu: H100\narrivals: {{rate: 1}}\nnum_requests: 5\n"
                                      "prompt_tokens: 100\noutput_tokens: 10\n")
-    r = _kvplan("simulate", str(tmp_path / "s.yaml"), "--offline", "--json")
+    r = kvplan("simulate", str(tmp_path / "s.yaml"), "--offline", "--json")
     assert r.returncode == 0, r.stderr
     assert '"max_model_len": 4096' in r.stdout
