@@ -473,6 +473,8 @@ def run(entry: corpus.Entry) -> Row | str:
         else None
     terms = {} if basis != "inputs" else sglang_logged_terms(meta, plan) if meta["engine"] == "sglang" else \
         logged_terms(meta, plan.options.tp * plan.options.pp, plan.engine.cudagraph_profiled, in_activation)
+    if block.get("terms_worker") == "other":  # another worker's peak (no sampler): not the compared rank's activation
+        terms.pop("activation_gib", None)
     if "weights_gib" in terms and plan.stages and meta["engine"] == "vllm":
         terms["weights_gib"] = f"{stage_weights_total(plan, _num(meta['reported']['weights_gib']), stage)}GiB"
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib + plan.budget.host_bytes / GiB

@@ -28,7 +28,7 @@ from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's r
 from kvplan.errors import InputError
 from kvplan.memory.stages import PipelineStage
 from kvplan.model.spec import LayerKind, ModelSpec
-from kvplan.units import GiB, plural
+from kvplan.units import GiB, MiB, plural
 from kvplan.engines.vllm_releases import (
     DEFAULT_VERSION as DEFAULT_VERSION,
     ENGINE as ENGINE,
@@ -72,6 +72,7 @@ from kvplan.engines.vllm_overhead import (
     nccl_communicator_bytes as nccl_communicator_bytes,
     non_torch as non_torch,
     overhead_term as overhead_term,
+    rope_cache_bytes as rope_cache_bytes,
 )
 from kvplan.engines.vllm_cpu import (
     CPU_AUTO_SET_FROM as CPU_AUTO_SET_FROM,
@@ -478,6 +479,10 @@ def _loaded_weights(p: Profile, weights: Term, spec: ModelSpec, tp: int, pp: int
                          "plans the plain wheel)")
     if extra:
         weights = Term("weights", weights.bytes + extra, f"{weights.source} + {why} (vLLM's load)")
+    rope = rope_cache_bytes(spec, act_bytes)
+    if rope:
+        weights = Term("weights", weights.bytes + rope, f"{weights.source} + rotary cos/sin cache {rope / MiB:,.0f} MiB "
+                                                        "(built while loading: vLLM logs it with the weights)")
     if features.lora:
         weights, note = lora_weights_term(p, weights, spec, tp, pp, act_bytes, features)
         notes.extend(note)

@@ -173,10 +173,10 @@ class NonTorch:
 
 
 def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
-    """The rotary cos/sin tables vLLM allocates while loading (kvplan: in "overhead"), replicated on every rank:
-    ``get_rope`` builds each distinct cos/sin table once while the model loads (``RotaryEmbedding.__init__``:
-    ``cache.to(dtype)``, a non-persistent buffer), so vLLM's "Model loading took" includes them; kvplan keeps the
-    weights term at the checkpoint's bytes and counts the tables in overhead.
+    """The rotary cos/sin tables vLLM allocates while loading, replicated on every rank: ``get_rope`` builds each
+    distinct cos/sin table once while the model loads (``RotaryEmbedding.__init__``: ``cache.to(dtype)``, a
+    non-persistent buffer), so vLLM's "Model loading took" includes them, and so does kvplan's weights term
+    (``vllm._loaded_weights``): a log's weights figure and kvplan's measure the same bytes.
 
     ``sum(positions x rotary_dim) x dtype bytes`` over the spec's distinct tables (:mod:`kvplan.model.rope_vision`):
     Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are 14.9888 GiB against a 14.9577 GiB
@@ -348,13 +348,11 @@ def consumed_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, max_num_batch
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
                   pp: int = 1, max_num_batched_tokens: int = 0, expert_parallel: bool = False
                   ) -> tuple[Term, list[str]]:
-    """The overhead term (non-torch memory at this tp and interconnect + the rotary cache + the fused-MoE
-    workspaces a 0.27+ release counts as consumed memory) and, at tp >= 2, a note that says the multi-GPU part is
+    """The overhead term (non-torch memory at this tp and interconnect + the fused-MoE workspaces a 0.27+ release counts as consumed memory) and, at tp >= 2, a note that says the multi-GPU part is
     an estimate."""
-    rope = rope_cache_bytes(spec, act_bytes)
     nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
     kept = consumed_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, expert_parallel)
-    total = nt.bytes + rope + kept  # the term: every figure below that speaks of it says this one number
+    total = nt.bytes + kept  # the term: every figure below that speaks of it says this one number
     parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
     if nt.context:
         runtime = "HIP" if device is not None and device.platform == "rocm" else "CUDA"
@@ -378,7 +376,6 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
         notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU, FlashInfer's {backend} "
                      "buffers rounded to their granularity) is read in the code, not in a corpus log; --enforce-eager "
                      "builds no compile passes and no workspace")
-    parts.append(f"rotary cos/sin cache {rope / MiB:,.0f} MiB (vLLM logs it with the weights)")
     if kept:
         parts.append(f"fused-MoE workspaces {kept / GiB:.2f} GiB (kept after the profile run: consumed memory "
                      f"in {p.version})")

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import kvplan
 from kvplan.cli.app import app
-from kvplan.engines import sglang, vllm
+from kvplan.engines import sglang, vllm, vllm_overhead
 from kvplan.gpus import find_gpu
 from kvplan.model.source import WeightFacts
 from kvplan.model.spec import spec_from_config
@@ -119,8 +119,9 @@ def test_weights_of_a_float32_checkpoint_are_loaded_in_bf16() -> None:
     spec = spec_from_config({**PALIGEMMA["text_config"], "torch_dtype": "float32"}, model_id="x", where="cfg",
                             weights=WeightFacts(total_bytes=4 * 10**9, parameters=10**9, dtype="float32"))
     plan = kvplan.planning.plan.plan_for_spec(spec, kvplan.planning.plan.options_from_values({"model": "x", "gpu": "H100"}))
-    # 10**9 parameters x 2 B (bf16), not the checkpoint's 4 x 10**9 B
-    assert plan.budget.weights.bytes == 2 * 10**9 and "float32 tensors loaded as bfloat16" in plan.budget.weights.source
+    # 10**9 parameters x 2 B (bf16), not the checkpoint's 4 x 10**9 B; + the rotary table vLLM logs with them
+    rope = vllm_overhead.rope_cache_bytes(spec, 2)
+    assert rope > 0 and plan.budget.weights.bytes == 2 * 10**9 + rope and "float32 tensors loaded as bfloat16" in plan.budget.weights.source
 
 
 def test_a_config_without_dtype_is_float32_unless_the_tensors_say_otherwise() -> None:

@@ -122,14 +122,17 @@ def test_triton_and_flashinfer_sampler_peaks_are_derived(llama31):
     assert vllm.sampler_peak_bytes(llama31, 8, 4, 8, "flashinfer") == 8 * 128_256 * 12 + (8 + 16) * 4_096 * 4
 
 
-def test_rope_cache_counted_in_overhead(llama31, llama3):
+def test_rope_cache_counted_with_the_weights_as_vllm_logs_it(llama31, llama3):
     # Llama-3.1: 131,072 positions x 128 head_dim x 2 B = 33,554,432 (32 MiB); Llama-3: 8,192 x 128 x 2 = 2 MiB
     assert vllm_overhead.rope_cache_bytes(llama31, 2) == 33_554_432
     assert vllm_overhead.rope_cache_bytes(llama3, 2) == 2 * MiB
     b = vllm.budget(H100, 0.9, Term("weights", 1000, "checkpoint"), None, None, None, None, spec=llama3, tp=1,
                     max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
-    assert b.weights.bytes == 1000  # the checkpoint, untouched
-    assert b.overhead.bytes == vllm.NON_TORCH_BYTES + 2 * MiB
+    assert b.weights.bytes == 1000 + 2 * MiB  # "Model loading took": the checkpoint + the table
+    assert b.overhead.bytes == vllm.NON_TORCH_BYTES
+    given = vllm.budget(H100, 0.9, Term("weights", 1000, "--weights-gib"), None, None, None, None, spec=llama3, tp=1,
+                        max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
+    assert given.weights.bytes == 1000 and given.overhead.bytes == vllm.NON_TORCH_BYTES  # a logged figure holds it
 
 
 def test_native_sampler_ten_copies_calibrated_on_h100_and_rocm_logs(llama31):
@@ -163,18 +166,18 @@ def test_requested_rounding_per_version():
 def test_v0_budget_end_to_end(llama31):
     # 24 GiB card, V0 profile, util 0.9, LLM at max_model_len 20,000 (no chunked prefill below 32K):
     # usable   = floor(25,769,803,776 x 0.9)            = 23,192,823,398
-    # weights  = 16,060,522,496 (checkpoint)
+    # weights  = 16,060,522,496 (checkpoint) + rope 33,554,432 = 16,094,076,928
     # activation = 20,000 x 110,592                     =  2,211,840,000
-    # overhead = round(0.30 x 2**30) + rope 33,554,432  =    355,676,979
-    # kv = 23,192,823,398 - 16,060,522,496 - 2,211,840,000 - 355,676,979 = 4,564,783,923
+    # overhead = round(0.30 x 2**30)                    =    322,122,547
+    # kv = 23,192,823,398 - 16,094,076,928 - 2,211,840,000 - 322,122,547 = 4,564,783,923
     plan = plan_for_spec(llama31, Options(model="x", gpu=None, gpu_memory_bytes=24 * GiB, engine_version="0.6",
                                           gpu_util=0.9, context=20_000))
     b = plan.budget
     assert plan.engine.max_num_batched_tokens == 20_000
     assert b.usable_bytes == 23_192_823_398
-    assert b.weights.bytes == 16_060_522_496
+    assert b.weights.bytes == 16_094_076_928
     assert b.activation.bytes == 2_211_840_000
-    assert b.overhead.bytes == 355_676_979
+    assert b.overhead.bytes == 322_122_547
     assert b.cudagraph.bytes == 0
     assert b.kv_budget_bytes == 4_564_783_923
     # 2 MiB blocks (32 layers x 16 tokens x 4 KiB): 4,564,783,923 // 2,097,152 = 2,176
@@ -200,8 +203,9 @@ def test_user_terms_and_kv_budget_replace_estimates(llama3):
     b = vllm.budget(H100, 0.9, _weights(10 * GiB), Term("activation", GiB, "--activation-gib"),
                     Term("overhead", 0, "--overhead-gib"), Term("cudagraph", 0, "--cudagraph-gib"), None, spec=llama3,
                     tp=1, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.32")
-    # ceil(85,045,477,376 x 0.9) - 10 GiB - 1 GiB = 76,540,929,639 - 11,811,160,064 = 64,729,769,575
-    assert b.kv_budget_bytes == 64_729_769_575
+    # ceil(85,045,477,376 x 0.9) - (10 GiB + the 2 MiB rotary table) - 1 GiB
+    # = 76,540,929,639 - 11,813,257,216 = 64,727,672,423
+    assert b.kv_budget_bytes == 64_727_672_423
     fixed = vllm.budget(H100, 0.9, _weights(10 * GiB), None, None, None, 5 * GiB, spec=llama3, tp=1,
                         max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
     assert fixed.kv_budget_bytes == 5 * GiB and fixed.kv_budget_source == "--kv-budget"
@@ -449,9 +453,9 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     # two before (+ 18 MiB of custom all-reduce buffers). One communicator: 0.41 GiB = 440,234,148 B of channel
     # buffers over NVLink / NVSwitch, 0.05 GiB = 53,687,091 over PCIe, + 288 MiB x tp of NVLS buffers on NVSwitch
     # boards above 2 GPUs; each peer beyond the first adds 0.08 GiB = 85,899,346 B over NVLink-class links (none over
-    # PCIe). Llama-3-8B's rotary cache: 8,192 x 128 x 2 = 2 MiB.
+    # PCIe). The rotary cache is the weights' (test_rope_cache_counted_with_the_weights_as_vllm_logs_it), not here.
     common = dict(spec=llama3, max_num_batched_tokens=2048, max_num_seqs=256, act_bytes=2, is_cpu=False)
-    rope = 2 * MiB
+    rope = 0
     base, chan, nvls, car, peer = 322_122_547, 440_234_148, 288 * MiB, 18 * MiB, 85_899_346
 
     def overhead(tp, interconnect, version="0.32", pp=1, cc="9.0"):

@@ -93,8 +93,9 @@ def test_gemma3_27b_on_one_h100_under_0_19(gemma3):
     assert b.activation_images_bytes == 154_140_672 + 88_080_384
     assert b.activation.bytes == 4_249_781_248
     assert "32 dummy images" in b.activation.source
-    # overhead: non-torch 0.30 GiB + both rope tables 301,989,888
-    assert b.overhead.bytes == vllm.NON_TORCH_BYTES + 301_989_888
+    # overhead: non-torch 0.30 GiB; both rope tables (301,989,888) load with the weights
+    assert b.overhead.bytes == vllm.NON_TORCH_BYTES
+    assert b.weights.bytes == GEMMA3_27B_CHECKPOINT + 301_989_888
 
 
 def test_gemma3_27b_h100_within_half_a_percent_of_issue_15s_log(gemma3):
@@ -206,7 +207,8 @@ def test_qwen3_vl_loads_its_deepstack_buffers_with_the_weights(qwen25_vl, qwen3_
     b = vllm.budget(H100, 0.9, Term("weights", 10 * 2**30, "checkpoint"), None, None, None, None, spec=qwen3_vl, tp=4,
                     max_num_batched_tokens=8192, max_num_seqs=256, act_bytes=2, is_cpu=False, version="0.11.0",
                     max_model_len=65_536)
-    assert b.weights.bytes == 10 * 2**30 + 3 * 8192 * 2048 * 2 and "deepstack" in b.weights.source
+    rope = rope_cache_bytes(qwen3_vl, 2)
+    assert b.weights.bytes == 10 * 2**30 + 3 * 8192 * 2048 * 2 + rope and "deepstack" in b.weights.source
 
 
 def test_the_0_9_sources_round_the_encoder_items_up_and_0_10_down(gemma3):
@@ -285,7 +287,7 @@ def test_qwen36_35b_on_a_gb10_at_65536_batched_tokens(qwen36_35b):
                         is_cpu=False, version=version, max_model_len=262_144)
         assert b.activation_images_bytes == 805_306_368 + 268_435_456
         assert b.activation.bytes == 7_449_083_904 and "4 dummy images" in b.activation.source
-        assert b.weights.bytes == 18 * 2**30  # no deepstack buffers
+        assert b.weights.bytes == 18 * 2**30 + rope_cache_bytes(qwen36_35b, 2)  # the rotary table, no deepstack buffers
 
 
 # --- gpt-oss' MXFP4 experts on Hopper: Triton where triton_kernels is installed, Marlin on a plain wheel -------------

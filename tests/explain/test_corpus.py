@@ -39,7 +39,7 @@ COMMON = ("id", "source", "engine", "engine_version", "engine_mode", "model", "g
 COLLECTED = COMMON + ("source_kind", "source_repo", "source_path", "engine_version_evidence", "log_level", "platform",
                       "model_evidence", "gpu_evidence", "defaults", "features")
 KVPLAN_KEYS = ("model", "model_note", "gpu", "gpu_note", "engine_version", "version_note", "usage_context", "options",
-               "compare", "skip", "note")
+               "compare", "skip", "note", "terms_worker")
 COMPARES = ("tokens", "blocks", "refusal", "max_len", "kv_gib", "concurrency")
 OPTION_NAMES = {f.name for f in dataclasses.fields(Options)}
 BUNDLED = set(bundled_ids())
@@ -111,6 +111,7 @@ def test_kvplan_block(eid):
     assert block.get("usage_context") in ("serve", "llm")
     assert block.get("compare") in COMPARES
     assert set(block.get("options") or {}) <= OPTION_NAMES
+    assert block.get("terms_worker") in (None, "other"), "terms_worker: other, or absent"
     # the version planned: the block's, else the log's; it must be one kvplan models (>= vLLM 0.6 / SGLang 0.4)
     logged = entry["engine_version"]
     if logged is None or str(logged).startswith("unknown"):

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import kvplan
 from kvplan import memory
+from kvplan.engines.vllm_overhead import rope_cache_bytes
 from kvplan.errors import InputError, KvplanError, ModelNotFoundError
 from kvplan.planning.plan import Options, estimate, options_from_values, plan_for_spec
 from kvplan.model.sources import load_bundled
@@ -71,7 +72,8 @@ def test_budget_terms_add_up():
     b = p.budget
     assert b.usable_bytes == math.ceil(b.total_bytes * b.gpu_util)
     assert b.kv_budget_bytes == b.usable_bytes - sum(t.bytes for t in b.terms)
-    assert b.weights.bytes == p.spec.weights.total_bytes  # 1 GPU holds all of it
+    # 1 GPU holds all of it, and the rotary table vLLM builds while loading (logged with the weights)
+    assert b.weights.bytes == p.spec.weights.total_bytes + rope_cache_bytes(p.spec, 2)
     assert p.answer.num_blocks == b.kv_budget_bytes // (16 * 131_072)
 
 
@@ -94,8 +96,9 @@ def test_explicit_kv_budget_sets_the_pool():
 
 
 def test_tp_splits_the_weights_and_each_pp_stage_holds_its_own():
-    assert math.ceil(plan(model="meta-llama/Llama-3.1-70B", tp=2).budget.weights.bytes) == \
-        math.ceil(141_107_412_992 / 2)
+    tp2 = plan(model="meta-llama/Llama-3.1-70B", tp=2)
+    rope = rope_cache_bytes(tp2.spec, 2)  # 131,072 x 128 x 2 B, on every GPU
+    assert tp2.budget.weights.bytes == math.ceil(141_107_412_992 / 2) + rope == 70_553_706_496 + 32 * 2**20
     p = plan(model="meta-llama/Llama-3.1-70B", tp=2, pp=3)
     assert p.options.gpu_count == 6
     # 80 layers over 3 stages: [27, 27, 26]; the embedding (128,256 x 8,192 x 2 B) on the first, the LM head on
@@ -104,7 +107,7 @@ def test_tp_splits_the_weights_and_each_pp_stage_holds_its_own():
     table = 128_256 * 8_192 * 2
     rest = 141_107_412_992 - 2 * table
     expected = [round(rest * 27 / 80) + table, round(rest * 27 / 80), round(rest * 26 / 80) + table]
-    assert [s.weights_bytes for s in p.stages] == pytest.approx([math.ceil(b / 2) for b in expected], abs=1)
+    assert [s.weights_bytes for s in p.stages] == pytest.approx([math.ceil(b / 2) + rope for b in expected], abs=1)
     # 8 heads / tp 2 = 4: 2 x 27 x 4 x 128 x 2 per token on the first two stages, 2 x 26 x 4 x 128 x 2 on the last;
     # the first stage has the embedding and as many layers as the second: the fewest blocks, so it decides
     assert p.kv_bytes_per_token_gpu == 2 * 27 * 4 * 128 * 2
@@ -315,7 +318,7 @@ def test_an_empty_kv_budget_names_the_terms_that_took_the_memory():
     # the note must not blame "weights alone" for what the terms take together
     plan = estimate(options_from_values({"model": LLAMA, "gpu": "A10G", "activation_gib": "12"}))
     note = next(n for n in plan.notes if n.startswith("no memory left for the KV cache"))
-    assert "weights alone" not in note and "activation 12.00" in note and "weights 14.96" in note
+    assert "weights alone" not in note and "activation 12.00" in note and "weights 14.99" in note
     taken = sum(t.bytes for t in plan.budget.terms) / GiB
     assert note.endswith(f"= {taken:.2f} GiB of {plan.budget.usable_bytes / GiB:.2f} GiB usable per GPU")
     heavy = estimate(options_from_values({"model": LLAMA, "gpu": "A10G", "weights_gib": "30"}))
