@@ -182,6 +182,9 @@ def options_for(meta: dict[str, Any], model: str, terms: dict[str, int] | None =
             values[option] = int(flags[flag])
     if flags.get("enforce_eager") in (True, "true", "True") or flags.get("disable_cuda_graph") in (True, "true"):
         values["enforce_eager"] = True
+    chunked = str(flags.get("enable_chunked_prefill")).lower()
+    if engine == "vllm" and chunked in ("true", "false"):
+        values["chunked_prefill"] = chunked == "true"
     if "enable_prefix_caching" in flags and flags["enable_prefix_caching"] is not None:
         values["prefix_caching"] = bool(flags["enable_prefix_caching"])
     values.update({k: v for k, v in planned.items() if k not in ("model", "engine_version", "usage_context")})

@@ -260,8 +260,7 @@ OPTIONS: tuple[Opt, ...] = (
         "the stage with the fewest blocks decides (default 1; with --gpus and --tp, the rest).", default=1, flags=("--pp", "--pipeline-parallel-size"), cli_default=None),
     Opt("context", "tokens", "Tokens per request (prompt + output), e.g. 8192, 8k, 128k (default: the "
         "--max-model-len given, else 8192 or the model's maximum where that is shorter); a list (8k,32k) prints one "
-        "row per context.", default=DEFAULT_CONTEXT,
-        flags=("--context", "-c"), cli_default=None, compare=True),
+        "row per context.", default=DEFAULT_CONTEXT, flags=("--context", "-c"), cli_default=None, compare=True),
     Opt("batch", "count", "Concurrent requests for the fits verdict and max context.", default=1,
         flags=("--batch", "-b")),
     Opt("max_model_len", "max_model_len", "Engine max_model_len (default: --context); `auto` = the longest that fits.",
@@ -285,12 +284,10 @@ OPTIONS: tuple[Opt, ...] = (
         "checkpoint's linear layers to 1 byte/param at load, embeddings and LM head kept; bitsandbytes to 4 bits; "
         "checkpoint formats (awq, gptq, compressed-tensors, mxfp4, ...) keep the checkpoint's size.", PANEL_MODEL,
         flags=("--quantization", "-q")),
-    Opt("ssm_dtype", "ssm_dtype", "SSM state dtype of hybrid models (vLLM --mamba-ssm-cache-dtype), e.g. float32.",
-        PANEL_MODEL),
+    Opt("ssm_dtype", "ssm_dtype", "SSM state dtype of hybrid models (vLLM --mamba-ssm-cache-dtype), e.g. float32.", PANEL_MODEL),
     Opt("weights_gib", "size", "Total weight size (all GPUs), e.g. 15, 14.96GiB.", PANEL_BUDGET, field="weights_bytes"),
     Opt("gpu_util", "fraction", "gpu_memory_utilization (SGLang: mem_fraction_static; default: the engine "
-        "version's).", PANEL_BUDGET,
-        flags=("--gpu-util", "--gpu-memory-utilization", "--mem-fraction-static")),
+        "version's).", PANEL_BUDGET, flags=("--gpu-util", "--gpu-memory-utilization", "--mem-fraction-static")),
     Opt("kv_budget", "size", "Explicit KV budget per GPU (vLLM kv_cache_memory_bytes), e.g. 40GiB.",
         PANEL_BUDGET, field="kv_budget_bytes"),
     Opt("activation_gib", "size_or_zero", "Override the activation peak per GPU.", PANEL_BUDGET,
@@ -330,6 +327,9 @@ OPTIONS: tuple[Opt, ...] = (
         PANEL_BUDGET, flags=("--block-size", "--page-size")),
     Opt("max_num_batched_tokens", "tokens", "Engine max_num_batched_tokens (SGLang: chunked_prefill_size; default: "
         "the engine's for this GPU).", PANEL_BUDGET, flags=("--max-num-batched-tokens", "--chunked-prefill-size")),
+    Opt("chunked_prefill", "switch", "vLLM's chunked prefill (default: the release's; V0 above 32K tokens). Off, the "
+        "profile prefills max_model_len tokens at once (V1 0.8 - 0.10 always chunk).", PANEL_BUDGET, show_default=False,
+        flags=("--chunked-prefill/--no-chunked-prefill", "--enable-chunked-prefill/--no-enable-chunked-prefill")),
     Opt("max_num_seqs", "count", "Engine max_num_seqs (SGLang: max_running_requests; default: the engine's for this "
         "GPU).", PANEL_BUDGET, flags=("--max-num-seqs", "--max-running-requests")),
     Opt("revision", "revision", "Hub revision (branch, tag or commit).", PANEL_HUB),

@@ -68,6 +68,7 @@ class Launch:
     max_num_batched_tokens_flag: int | None = None  # --max-num-batched-tokens to pass
     enforce_eager: bool = False
     prefix_caching_flag: bool | None = None  # prefix caching on/off when it differs from the engine's default
+    chunked_prefill_flag: bool | None = None  # vLLM's --[no-]enable-chunked-prefill (the user's)
     ssm_dtype: str | None = None  # --mamba-ssm-cache-dtype to pass (the user's)
     is_cpu: bool = False  # vLLM's CPU backend: no utilisation flag, the KV space sized by --kv-cache-memory-bytes
     revision: str | None = None  # --revision to pass (the Hub revision planned)
@@ -128,6 +129,14 @@ class Launch:
     @property
     def prefix_caching_off(self) -> bool:
         return self.prefix_caching_flag is False
+
+    @property
+    def chunked_prefill_on(self) -> bool:
+        return self.chunked_prefill_flag is True
+
+    @property
+    def chunked_prefill_off(self) -> bool:
+        return self.chunked_prefill_flag is False
 
 
 def kv_cache_dtype_spelling(kv_dtype: str, model_dtype: str, choices: dict[str, str]) -> str | None:

@@ -113,6 +113,7 @@ class EngineDefaults:
     pool_follows_length: bool = False  # the budget depends on max_model_len (vLLM V0's batch, a dummy video's frames)
     long_prefill_chunked: bool = True  # vLLM V0 chunks prefills above 32K by itself (not on ROCm, nor for
     # multimodal or sliding-window models)
+    chunked_prefill_switch: bool | None = None  # the user's --[no-]enable-chunked-prefill (vLLM); None: not given
     state_pool: bool = False  # state layers live in a pool of request slots of their own, outside the token pool
     # (SGLang's MambaPool): the pool layout holds the attention layers only
     state_slots: int = 0  # that pool's request slots once the budget is split (SGLang's max_mamba_cache_size)

@@ -20,7 +20,8 @@ from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, En
                             sampler_bytes, sampler_peak_bytes)
 from kvplan.engines.vllm_weights import loaded_extra_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
-    DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching, chunked_prefill,
+    DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, V1_CHUNKING_SWITCH_FROM, auto_dtype, check_batching,
+    chunked_prefill, prefill_chunked,
     default_prefix_caching, inflight_tokens, kv_cache_dtypes, kv_tokens, log_lines, model_max_len, refusal, release_of, report,
     request_limit, split_state_pool, mla_block_size, state_prefix_caching, MLA_BLOCK_RULES,
     STATE_PREFIX_FORCED_OFF_BEFORE, HYBRID_PREFIX_DEFAULT_FROM,
@@ -95,41 +96,50 @@ BIG_GPU_BYTES = 70 * GiB  # get_batch_defaults: device memory >= 70 GiB and not 
 HUGE_GPU_BYTES = 160 * GiB  # PR #51726
 def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str | None = None,
                    max_model_len: int | None = None, usage_context: str = "serve",
-                   long_prefill_chunked: bool = True) -> tuple[int, int]:
+                   long_prefill_chunked: bool = True, chunked_prefill: bool | None = None) -> tuple[int, int]:
     """``(max_num_batched_tokens, max_num_seqs)`` vLLM picks when the user sets neither.
 
-    V0 (``0.6``): 256 sequences; chunked prefill only for ``vllm serve`` above 32K context (then
-    ``Profile.v0_chunk_tokens``: 512 up to 0.6.3, 2048 later), otherwise one prefill of ``max(max_model_len,
-    2048)`` tokens.
+    V0 (``0.6``): 256 sequences; chunked prefill (``vllm_rules.prefill_chunked``: the user's ``chunked_prefill``, else on
+    above 32K context where ``long_prefill_chunked``) batches ``Profile.v0_chunk_tokens`` (512 up to 0.6.3, 2048
+    later), otherwise one prefill of ``max(max_model_len, 2048)`` tokens (``SchedulerConfig.__post_init__``).
     V1 (``get_batch_defaults``, PR #17885): device memory >= 70 GiB (0.8.x: any GPU; from 0.9: not an
     A100): ``serve`` 8192 / ``LLM`` 16384 tokens, 1024 sequences; else ``serve`` 2048 / ``LLM`` 8192
     tokens, 256 sequences. From 0.28 a >= 160 GiB tier: 16384 tokens for both (it catches the MI300X too).
+    With chunked prefill off (honoured from 0.11: ``EngineArgs._set_default_args``) ``max(max_model_len, that)``,
+    at most ``max_num_seqs x max_model_len``.
     """
     if usage_context not in USAGE_CONTEXTS:
         raise InputError(f"unknown usage context {usage_context!r}", "use serve (vllm serve) or llm (the LLM class)")
     serve = usage_context == "serve"
     p = profile(version)
     rule = p.batch_rule
+    length = max_model_len or DEFAULT_MAX_NUM_BATCHED_TOKENS
     if rule == "v0":
-        if serve and long_prefill_chunked and max_model_len is not None and max_model_len > V0_LONG_CONTEXT_TOKENS:
+        if prefill_chunked(p.mode, p.first, max_model_len, long_prefill_chunked, chunked_prefill):
             return p.v0_chunk_tokens, 256
-        return max(max_model_len or DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS), 256
+        return max(length, DEFAULT_MAX_NUM_BATCHED_TOKENS), 256
     memory = gpu_memory_bytes or 0
     big = memory >= BIG_GPU_BYTES and (rule == "v1-70" or "a100" not in (gpu_name or "").lower())
     if rule == "v1-160" and memory >= HUGE_GPU_BYTES and serve:
-        return 16384, 1024
-    if big:
-        return (8192 if serve else 16384), 1024
-    return (2048 if serve else 8192), 256
+        tokens, seqs = 16384, 1024
+    elif big:
+        tokens, seqs = (8192 if serve else 16384), 1024
+    else:
+        tokens, seqs = (2048 if serve else 8192), 256
+    if not prefill_chunked(p.mode, p.first, max_model_len, long_prefill_chunked, chunked_prefill):
+        tokens = min(max(length, tokens), seqs * length)
+    return tokens, seqs
 
 
 def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
              max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
-             pp: int = 1, device: Device | None = None, spec: ModelSpec | None = None) -> EngineDefaults:
+             pp: int = 1, device: Device | None = None, spec: ModelSpec | None = None,
+             chunked_prefill: bool | None = None) -> EngineDefaults:
     """vLLM's defaults for ``version``: utilisation, block size (GPU 16, CPU 128), batching limits.
 
-    The batching limits depend on the device memory and name and on ``usage_context`` (``serve`` =
-    ``vllm serve``, ``llm`` = the ``LLM`` class); see :func:`batch_defaults`. CPU: 4096 tokens.
+    The batching limits depend on the device memory and name, on ``usage_context`` (``serve`` =
+    ``vllm serve``, ``llm`` = the ``LLM`` class) and on ``chunked_prefill`` (the user's
+    ``--[no-]enable-chunked-prefill``, None: the release's); see :func:`batch_defaults`. CPU: 4096 tokens.
     """
     p = profile(version)
     partition = pp_partition(p.first)
@@ -144,15 +154,19 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
         notes = (f"vllm {p.version} runs the V0 engine here ({fallback}): the rules of {v0.version} "
                  f"({RANGES[v0.version]}) apply",)
         p, version = v0, v0.version
-    chunked = v0_long_prefill_chunked(device, spec)
+    chunked = v0_long_prefill_chunked(device, spec, p.first)
     mnbt, seqs = batch_defaults(version, gpu_memory_bytes, gpu_name=gpu_name, max_model_len=max_model_len,
-                                usage_context=usage_context, long_prefill_chunked=chunked)
+                                usage_context=usage_context, long_prefill_chunked=chunked,
+                                chunked_prefill=chunked_prefill)
+    if chunked_prefill is False and p.mode == "V1" and p.first < V1_CHUNKING_SWITCH_FROM:
+        notes += (f"--no-enable-chunked-prefill: vllm {p.version}'s V1 engine always chunks prefills (its "
+                  "EngineArgs sets it back on): no effect",)
     return EngineDefaults(ENGINE, p.version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,
                           p.cudagraph == "subtracted", p.refusal, p.kv_tokens_rule, notes=notes,
                           release_range=RANGES[p.version], concurrent_batches=p.concurrent_batches,
                           max_len_rule=p.max_len_rule, mla_align_bytes=MLA_ALIGN_BYTES if p.mla_align else 0,
                           long_prefill_chunked=chunked, charges_other_processes=p.measure == "absolute",
-                          pp_partition=partition)
+                          pp_partition=partition, chunked_prefill_switch=chunked_prefill)
 
 
 PP_BEFORE_LAST_FROM = (0, 8, 0)  # vLLM PR #13839 (read in the 0.7.3 and 0.8.0 wheels' distributed/utils.py)
@@ -183,10 +197,16 @@ def v0_fallback(p: Profile, device: Device | None, spec: ModelSpec | None) -> st
     return ""
 
 
-def v0_long_prefill_chunked(device: Device | None, spec: ModelSpec | None) -> bool:
-    """Whether vLLM V0 turns chunked prefill on by itself above 32K tokens (``EngineArgs``: on CUDA only, and not
-    for multimodal models nor models with a sliding window, which then profile a whole max_model_len batch)."""
-    if device is not None and device.platform != "cuda":
+V0_ROCM_UNCHUNKED_FROM = (0, 6, 5)  # EngineArgs adds ``not current_platform.is_rocm()`` (0.6.5; 0.6.4 has it not)
+
+
+def v0_long_prefill_chunked(device: Device | None, spec: ModelSpec | None, release: tuple[int, ...] = (0, 6, 5)
+                            ) -> bool:
+    """Whether vLLM V0 turns chunked prefill on by itself above 32K tokens (``EngineArgs``: on a CUDA-like device -
+    ROCm reports ``cuda`` too, and is excluded from 0.6.5 - and not for multimodal models nor models with a sliding
+    window, which then profile a whole max_model_len batch); for ``vllm serve`` and the LLM class alike."""
+    platform = device.platform if device is not None else "cuda"
+    if platform not in ("cuda", "rocm") or (platform == "rocm" and tuple(release) >= V0_ROCM_UNCHUNKED_FROM):
         return False
     if spec is not None and (spec.vision is not None or any(layer.kind is LayerKind.SLIDING for layer in spec.layers)):
         return False

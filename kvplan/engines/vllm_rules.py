@@ -160,11 +160,32 @@ def request_limit(engine: EngineDefaults, max_num_seqs: int | None, kv_tokens: i
     return max_num_seqs or engine.max_num_seqs
 
 
+V1_CHUNKING_SWITCH_FROM = (0, 11, 0)  # the first modelled release whose V1 honours --no-enable-chunked-prefill
+
+
+def prefill_chunked(mode: str, release: tuple[int, ...], max_model_len: int | None, long_prefill_chunked: bool = True,
+                    switch: bool | None = None) -> bool:
+    """Whether a release chunks prefills, read in each release's ``EngineArgs.create_engine_config`` /
+    ``_set_default_args`` (``switch``: the user's ``--[no-]enable-chunked-prefill``, None unset):
+
+    - V0 (0.6 - 0.7.x; ``vllm serve`` and the LLM class alike): the switch; unset, on above 32K tokens where
+      ``long_prefill_chunked`` (``engines.vllm.v0_long_prefill_chunked``), else off;
+    - V1 0.8 - 0.11.0: always ("V1 always uses chunked prefills": a user's False is set back);
+    - V1 0.11.1 and later: the switch, unset on. kvplan's 0.11 rules cover 0.11.0 too, which ignores an off:
+      planning it off profiles the longer batch, the side of less KV.
+    """
+    if mode == "V0":
+        if switch is not None:
+            return switch
+        return long_prefill_chunked and max_model_len is not None and max_model_len > V0_LONG_CONTEXT_TOKENS
+    return switch is not False or tuple(release) < V1_CHUNKING_SWITCH_FROM
+
+
 def chunked_prefill(engine: EngineDefaults, max_model_len: int) -> bool:
-    """Whether prefills are chunked: always in V1; in V0 only for ``vllm serve`` above 32K tokens, where V0 turns
-    it on (``EngineDefaults.long_prefill_chunked``)."""
-    return engine.mode != "V0" or (engine.usage_context == "serve" and engine.long_prefill_chunked
-                                   and max_model_len > V0_LONG_CONTEXT_TOKENS)
+    """Whether the engine chunks prefills at ``max_model_len`` (:func:`prefill_chunked` of its release, mode and
+    the user's switch)."""
+    return prefill_chunked(engine.mode, release_tuple(engine.version, ENGINE), max_model_len,
+                           engine.long_prefill_chunked, engine.chunked_prefill_switch)
 
 
 def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
@@ -176,8 +197,8 @@ def check_batching(engine: EngineDefaults, max_model_len: int) -> None:
                          "max_num_batched_tokens >= max_num_seqs (SchedulerConfig) and refuses to start",
                          f"raise --max-num-batched-tokens to {seqs} or lower --max-num-seqs to {mnbt}")
     if not chunked_prefill(engine, max_model_len) and mnbt < max_model_len:
-        raise InputError(f"max_num_batched_tokens {mnbt} is below max_model_len {max_model_len}: vLLM's V0 engine "
-                         "(no chunked prefill below 32K tokens, or for the LLM class) refuses to start",
+        raise InputError(f"max_num_batched_tokens {mnbt} is below max_model_len {max_model_len}: vLLM without chunked "
+                         "prefill (V0 below 32K tokens, or --no-enable-chunked-prefill) refuses to start",
                          f"raise --max-num-batched-tokens to {max_model_len} or lower --max-model-len to {mnbt}")
 
 
@@ -240,7 +261,8 @@ SERVE_FLAGS = (("revision", "--revision {}"), ("tp_flag", "--tensor-parallel-siz
                ("block_size", "--block-size {}"), ("kv_budget_bytes", "--kv-cache-memory-bytes {}"),
                ("max_num_batched_tokens_flag", "--max-num-batched-tokens {}"), ("max_num_seqs_flag", "--max-num-seqs {}"),
                ("enforce_eager", "--enforce-eager"), ("prefix_caching_on", "--enable-prefix-caching"),
-               ("prefix_caching_off", "--no-enable-prefix-caching"), ("lora", "--enable-lora"),
+               ("prefix_caching_off", "--no-enable-prefix-caching"), ("chunked_prefill_on", "--enable-chunked-prefill"),
+               ("chunked_prefill_off", "--no-enable-chunked-prefill"), ("lora", "--enable-lora"),
                ("max_loras", "--max-loras {}"), ("max_lora_rank", "--max-lora-rank {}"),
                ("speculative_config", "--speculative-config '{}'"), ("expert_parallel", "--enable-expert-parallel"))
 

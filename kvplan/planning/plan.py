@@ -105,6 +105,7 @@ class Plan:
             max_num_batched_tokens_flag=o.max_num_batched_tokens or (e.max_num_batched_tokens if other_usage else None),
             enforce_eager=o.enforce_eager,
             prefix_caching_flag=None if self.prefix_caching == default_caching else self.prefix_caching,
+            chunked_prefill_flag=o.chunked_prefill,
             ssm_dtype=next((x.ssm_dtype for x in self.rank_layers if x.is_state and x.ssm_dtype), None)
             if o.ssm_dtype else None,
             is_cpu=self.gpu.is_cpu, revision=o.revision, kv_memory_bytes=self.budget.kv_budget_bytes,

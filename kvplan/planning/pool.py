@@ -75,10 +75,14 @@ def features_of(options: Options, spec: ModelSpec | None = None, weights_dtype: 
 def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo, spec: ModelSpec) -> EngineDefaults:
     """The engine's defaults for this GPU, with the user's utilisation / block size / batching limits."""
     version, version_note = rules.resolve_version(options.engine_version)
+    if options.chunked_prefill is not None and not has_setting(rules.ENGINE, "chunked_prefill"):
+        raise InputError(f"--{'' if options.chunked_prefill else 'no-'}enable-chunked-prefill is vLLM's: "
+                         f"{rules.ENGINE} sizes its chunks with --chunked-prefill-size (-1: off, which kvplan does "
+                         "not model)", "drop it, or give --chunked-prefill-size")
     engine = rules.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
                             max_model_len=options.max_model_len or options.context,
                             usage_context=options.usage_context, tp=options.tp, pp=options.pp, device=gpu.device,
-                            spec=spec)
+                            spec=spec, chunked_prefill=options.chunked_prefill)
     if version_note:
         engine = replace(engine, requested_version=options.engine_version or "", notes=(version_note,) + engine.notes)
     if options.block_size and rules.BLOCK_SIZES and options.block_size not in rules.BLOCK_SIZES:

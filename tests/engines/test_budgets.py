@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvplan.engines import Device, Term, forward_bytes_per_token, padded_vocab, sampler_bytes
@@ -317,12 +319,41 @@ def test_batch_defaults_by_gpu(version, memory, name, context, usage, expected):
 def test_v0_batch_defaults_follow_max_model_len():
     assert vllm.batch_defaults("0.6", H100, max_model_len=8192) == (8192, 256)
     assert vllm.batch_defaults("0.6", H100, max_model_len=1000) == (2048, 256)
-    # serve above 32K: chunked prefill of 512 tokens up to 0.6.3 (SchedulerConfig), 2048 from 0.6.4
+    # above 32K: chunked prefill of 512 tokens up to 0.6.3 (SchedulerConfig), 2048 from 0.6.4; EngineArgs turns it
+    # on for `vllm serve` and the LLM class alike (create_engine_config has no usage-context condition)
     assert vllm.batch_defaults("0.6", H100, max_model_len=40_000) == (512, 256)
     assert vllm.batch_defaults("0.6.6", H100, max_model_len=40_000) == (2048, 256)
-    assert vllm.batch_defaults("0.6", H100, max_model_len=40_000, usage_context="llm") == (40_000, 256)
+    assert vllm.batch_defaults("0.6", H100, max_model_len=40_000, usage_context="llm") == (512, 256)
+    # not where V0 keeps it off (a sliding window, a multimodal model, ROCm from 0.6.5): one 40,000-token prefill
+    assert vllm.batch_defaults("0.6", H100, max_model_len=40_000, long_prefill_chunked=False) == (40_000, 256)
     with pytest.raises(InputError):
         vllm.batch_defaults("0.6", H100, usage_context="batch")
+
+
+def test_the_chunked_prefill_switch_as_each_release_takes_it():
+    # --no-enable-chunked-prefill: V0 prefills max(max_model_len, 2048) at once, also above 32K
+    assert vllm.batch_defaults("0.6.6", H100, max_model_len=40_000, chunked_prefill=False) == (40_000, 256)
+    assert vllm.batch_defaults("0.6.6", H100, max_model_len=1000, chunked_prefill=False) == (2048, 256)
+    # --enable-chunked-prefill below 32K: the release's chunk
+    assert vllm.batch_defaults("0.6.6", H100, max_model_len=8192, chunked_prefill=True) == (2048, 256)
+    # V1 0.8 - 0.11.0 set it back on ("V1 always uses chunked prefills"); from 0.11.1 the batch is
+    # max(max_model_len, the default 8,192 on an H100), at most max_num_seqs x max_model_len
+    assert vllm.batch_defaults("0.10.2", H100, max_model_len=40_000, chunked_prefill=False) == (8192, 1024)
+    assert vllm.batch_defaults("0.12.0", H100, max_model_len=40_000, chunked_prefill=False) == (40_000, 1024)
+    assert vllm.batch_defaults("0.12.0", H100, max_model_len=4096, chunked_prefill=False) == (8192, 1024)
+    assert vllm.batch_defaults("0.12.0", H100, max_model_len=40_000, chunked_prefill=True) == (8192, 1024)
+    v0 = vllm.defaults("0.6.6", H100, False, max_model_len=40_000, chunked_prefill=False)
+    assert not vllm.chunked_prefill(v0, 40_000) and v0.chunked_prefill_switch is False
+    with pytest.raises(InputError, match="without chunked prefill"):
+        vllm.check_batching(replace(v0, max_num_batched_tokens=8192), 40_000)
+    assert "always chunks prefills" in " ".join(vllm.defaults("0.9.2", H100, False, chunked_prefill=False).notes)
+
+
+def test_v0_chunks_long_prefills_on_rocm_only_before_0_6_5():
+    # EngineArgs: device_type "cuda" holds for ROCm too; 0.6.5 adds `not current_platform.is_rocm()`
+    rocm = Device("rocm", 304)
+    assert vllm.v0_long_prefill_chunked(rocm, None, (0, 6, 4)) and not vllm.v0_long_prefill_chunked(rocm, None, (0, 6, 5))
+    assert not vllm.v0_long_prefill_chunked(Device("cpu", 0), None, (0, 6, 0))
 
 
 # --------------------------------------------------------------------------------- SGLang

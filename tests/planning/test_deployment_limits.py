@@ -171,6 +171,7 @@ LAUNCH: dict[str, tuple[object, str, str]] = {
     "max_num_batched_tokens": (4096, "--max-num-batched-tokens 4096", "--chunked-prefill-size 4096"),
     "max_num_seqs": (64, "--max-num-seqs 64", "--max-running-requests 64"),
     "prefix_caching": (False, "--no-enable-prefix-caching", "--disable-radix-cache"),
+    "chunked_prefill": (False, "--no-enable-chunked-prefill", ""),  # vLLM's switch (SGLang refuses it)
     "usage_context": ("llm", "--max-num-batched-tokens 16384 --max-num-seqs 1024", ""),
     "revision": ("abc123", "--revision abc123", "--revision abc123"),
     "enable_lora": (True, "--enable-lora", "--enable-lora"),
@@ -233,12 +234,13 @@ _BACK = {"--max-model-len": ("max_model_len", int), "--gpu-memory-utilization": 
          "--kv-cache-memory-bytes": ("kv_budget_bytes", int), "--max-num-batched-tokens": ("max_num_batched_tokens", int),
          "--max-num-seqs": ("max_num_seqs", int), "--revision": ("revision", str)}
 _SWITCHES = {"--enforce-eager": ("enforce_eager", True), "--no-enable-prefix-caching": ("prefix_caching", False),
-             "--enable-prefix-caching": ("prefix_caching", True)}
+             "--enable-prefix-caching": ("prefix_caching", True),
+             "--no-enable-chunked-prefill": ("chunked_prefill", False), "--enable-chunked-prefill": ("chunked_prefill", True)}
 
 
 @pytest.mark.parametrize("values", [
     {"gpu": "H100", "tp": 2, "context": "16k", "dtype": "half", "kv_dtype": "fp8", "quantization": "fp8",
-     "enforce_eager": True, "max_num_seqs": 128, "prefix_caching": False},
+     "enforce_eager": True, "max_num_seqs": 128, "prefix_caching": False, "chunked_prefill": False},
     {"gpu": "A100-40GB", "max_model_len": "32k", "context": "8k", "block_size": 32, "max_num_batched_tokens": 4096,
      "gpu_util": 0.85, "usage_context": "llm"},
     {"gpu": "cpu", "kv_budget": "6GiB", "context": "4k"},
