@@ -181,8 +181,8 @@ def rope_cache_bytes(spec: ModelSpec, act_bytes: int) -> int:
     ``sum(positions x rotary_dim) x dtype bytes`` over the spec's distinct tables (:mod:`kvplan.model.rope_vision`):
     Llama-3.1-8B 131,072 x 128 x 2 B = 32 MiB (its logged weights are 14.9888 GiB against a 14.9577 GiB
     checkpoint; Llama-3-8B at 8,192 positions: 2 MiB, 14.9595 GiB); Gemma-3-27B a local table of 131,072 rows
-    and a global one of 131,072 x 8 (linear scaling) = 288 MiB. MLA models rotate only ``qk_rope_head_dim``
-    and are not counted (a few MiB).
+    and a global one of 131,072 x 8 (linear scaling) = 288 MiB; MLA models rotate ``qk_rope_head_dim`` dimensions
+    (DeepSeek-R1: 163,840 x 64 x 2 B = 20 MiB).
     """
     return sum(t.positions * t.rotary_dim for t in spec.rotary_caches) * act_bytes
 

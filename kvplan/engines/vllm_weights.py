@@ -22,9 +22,11 @@ what the released code keeps on top of them, per release and GPU generation (rea
   Marlin kernel" warning, logged 65.97).
 - **MLA** (DeepSeek V2 / V3 / R1, Kimi K2): ``q_a_proj``, ``kv_a_proj_with_mqa`` and the router are replicated
   on every rank, not split; and the MLA backend keeps the up-projections for the absorbed attention - from 0.8
-  the bf16 ``W_UK_T`` / ``W_UV`` (``2 x kv_lora x heads/tp x (nope + v)`` bytes per layer); V0 0.7.x also the
-  absorbed ``W_Q_UK`` and ``W_UV_O`` requantized to fp8 and a bf16 ``W_QR`` (0.7.1 - 0.7.2 keep the
-  ``kv_b_proj`` copy in fp32). DeepSeek-R1 at tp 8 on H200s with V0 0.7.3: 83.78 GiB (logged 83.88).
+  the bf16 ``W_UK_T`` / ``W_UV`` (``2 x kv_lora x heads/tp x (nope + v)`` bytes per layer); V0 0.7.x instead the
+  absorbed ``W_Q_UK`` and ``W_UV_O`` (requantized to fp8 for fp8 weights, else in the model dtype; absorbed into
+  ``q_proj`` where the model has no q LoRA) and a model-dtype ``W_QR``, and an fp8 model's dequantized
+  ``kv_b_proj`` copy (fp32 in 0.7.1 - 0.7.2). DeepSeek-R1 at tp 8 on H200s with V0 0.7.3: 83.78 GiB (logged 83.88);
+  DeepSeek-Coder-V2-Lite at tp 8 with 0.7.1: 3.96 GiB (logged 3.97; 3.81 before the q_proj absorption).
 - **Qwen3-VL's deepstack buffers** (:func:`deepstack_buffer_bytes`, ``models/qwen3_vl.py``): zeros of
   ``max_num_batched_tokens x hidden`` per deepstack level, made with the model.
 """
@@ -76,16 +78,27 @@ def _mxfp4_checkpoint_layer_bytes(experts: int, inter: int, hidden: int) -> floa
 
 
 def _mla_extra_layer_bytes(spec: ModelSpec, tp: int, release: tuple[int, ...]) -> float:
-    """MLA's per-layer bytes per GPU beyond the checkpoint's split: replicated projections and the absorbed copies."""
+    """MLA's per-layer bytes per GPU beyond the checkpoint's split: replicated projections and the absorbed copies.
+
+    V0 0.7.x (``MLACommonImpl.process_weights_after_loading``, read in 0.7.1): ``W_Q`` is ``q_b_proj``'s weight, or
+    ``q_proj``'s where the model has no q LoRA (DeepSeek-V2-Lite: ``[hidden, heads x qk_head_dim]``); it keeps
+    ``W_Q_UK`` ``[q_in, heads x kv_lora]`` and ``W_UV_O`` ``[heads x kv_lora, hidden]`` (requantized to fp8 for fp8
+    weights, else in the model dtype) and a model-dtype ``W_QR`` ``[q_in, heads x rope]``; ``W_UK`` / ``W_UV`` are
+    views of ``kv_b_proj``'s weight, a copy only where it was dequantized (fp8: fp32 in 0.7.1 - 0.7.2)."""
     q_lora, kv_lora, nope, rope, v_dim = spec.mla_dims
     heads = max(1, spec.num_attention_heads // tp)
     h = spec.hidden_size
-    weight_bytes = 1 if spec.quant_method == "fp8" else 2
+    fp8 = spec.quant_method == "fp8"
+    weight_bytes = 1 if fp8 else 2
     replicated = (h * q_lora + h * (kv_lora + rope)) * weight_bytes + spec.num_experts * h * 2
     extra = replicated * (1 - 1 / tp)
-    extra += 2 * kv_lora * heads * (nope + v_dim) * (2 if (0, 7, 1) <= release < (0, 7, 3) else 1)
-    if (0, 7, 1) <= release < (0, 8, 0):  # V0's absorbed matrices: W_Q_UK, W_UV_O in fp8, W_QR in bf16
-        extra += q_lora * heads * kv_lora + heads * kv_lora * h + 2 * q_lora * heads * rope
+    if (0, 7, 1) <= release < (0, 8, 0):  # V0's absorbed matrices
+        q_in = q_lora or h
+        extra += (q_in * heads * kv_lora + heads * kv_lora * h) * weight_bytes + 2 * q_in * heads * rope
+        if fp8:
+            extra += 2 * kv_lora * heads * (nope + v_dim) * (2 if release < (0, 7, 3) else 1)
+    else:
+        extra += 2 * kv_lora * heads * (nope + v_dim)
     return extra
 
 

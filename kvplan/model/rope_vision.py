@@ -90,10 +90,20 @@ def _params_by_kind(r: ConfigReader, kinds: list[LayerKind]) -> dict[LayerKind, 
 
 
 def rotary_caches(r: ConfigReader, layers: list[LayerCache], max_pos: int | None) -> tuple[RotaryCache, ...]:
-    """The distinct rope tables of the model's attention layers (none for MLA-only or state-only models, or
-    without ``max_position_embeddings``); see the module docstring for the rows."""
+    """The distinct rope tables of the model's attention layers (none for state-only models, or without
+    ``max_position_embeddings``); see the module docstring for the rows. MLA layers rotate ``qk_rope_head_dim``
+    dimensions (``DeepseekV2MLAAttention``'s ``get_rope``; DeepSeek-R1's deepseek_yarn: 4,096 x 40 = 163,840 rows x
+    64 = 20 MiB in bf16)."""
+    if not max_pos:
+        return ()
+    rope_dim = r.raw("qk_rope_head_dim")
+    if any(layer.kind is LayerKind.MLA for layer in layers) and _number(rope_dim):
+        original = r.raw("original_max_position_embeddings")
+        rows, rule = _positions(_params_by_kind(r, [LayerKind.FULL])[LayerKind.FULL], max_pos,
+                                int(original) if _number(original) else None)
+        return (_bounded(r, RotaryCache(rows, int(rope_dim), rule)),)
     attn = [layer for layer in layers if layer.kind in _KIND_LAYER_TYPES and layer.head_dim]
-    if not attn or not max_pos:
+    if not attn:
         return ()
     kinds = list(dict.fromkeys(layer.kind for layer in attn))
     head_dim = {layer.kind: layer.head_dim for layer in reversed(attn)}

@@ -313,6 +313,21 @@ def test_hopper_mxfp4_takes_marlin_without_triton_kernels():
     assert triton < extra
 
 
+def test_v0_mla_absorbs_q_proj_where_the_model_has_no_q_lora():
+    from kvplan.engines.vllm_weights import loaded_extra_bytes
+
+    # DeepSeek-V2-Lite (bf16, no q LoRA: W_Q is q_proj's [hidden 2,048, heads x 192]) at tp 8 on V0 0.7.1, per layer:
+    # kv_a_proj_with_mqa [2,048, 512 + 64] and the 64-expert router replicated: (2,048 x 576 x 2 + 64 x 2,048 x 2)
+    # x 7/8 = 2,293,760; W_Q_UK [2,048, 2 x 512] + W_UV_O [2 x 512, 2,048] in bf16 = 8,388,608; W_QR [2,048, 2 x 64]
+    # bf16 = 524,288; W_UK / W_UV are views of the bf16 kv_b_proj (no copy). 27 layers x 11,206,656 = 302,579,712 B
+    # (0.28 GiB; vllm-f3706561278 logged 3.97 GiB where the checkpoint's split + its rotary table is 3.79)
+    lite = build_spec(load_bundled("deepseek-ai/DeepSeek-V2-Lite-Chat"))
+    assert lite.mla_dims[0] == 0
+    assert loaded_extra_bytes(lite, 8, 1, (0, 7, 1), (8, 0))[0] == 27 * (2_293_760 + 8_388_608 + 524_288)
+    # from 0.8: the replicated projections and the bf16 W_UK_T / W_UV, 2 x 512 x 2 x (128 + 128) = 524,288 a layer
+    assert loaded_extra_bytes(lite, 8, 1, (0, 8, 0), (8, 0))[0] == 27 * (2_293_760 + 524_288)
+
+
 @pytest.mark.parametrize("version, flashinfer, marlin", [
     ("0.11.0", False, True),   # a plain wheel: neither FlashInfer nor triton_kernels
     ("0.10.1.1", False, True),
