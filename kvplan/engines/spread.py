@@ -48,9 +48,14 @@ DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "kv_spread.yaml"
 MIN_LOGS = 8
 MIN_ENGINE_LOGS = 3  # an engine with fewer calibration logs than MIN_LOGS still gets its engine-wide spread
 # A weights term counted from the parameters and a weights dtype (no checkpoint size: --weights-dtype on a 16-bit
-# spec) is rough: calibration logs load 13 - 17% more than that estimate (vllm-f33676930891, an fp8 Qwen3-Next;
-# vllm-f51900802258, an NVFP4 Qwen3.6): the low end allows at least this much more of it.
+# spec) is rough where the quantizer leaves layers the spec cannot name in 16 bits: hybrid and multimodal models'
+# checkpoints keep their linear-attention / state projections, gates and vision tower unquantized, and calibration
+# logs load 13 - 17% more than the estimate (vllm-f33676930891, an fp8 Qwen3-Next; vllm-f51900802258, an NVFP4
+# Qwen3.6): the low end allows at least this much more of it there. A dense or MoE transformer's quantized checkpoint
+# quantizes every decoder linear layer (the embeddings and LM head kept, as kvplan counts them): its calibration logs
+# load at most 0.9% more (fp8, AWQ, GPTQ, bitsandbytes, GGUF), its own class.
 ROUGH_WEIGHTS_FRACTION = 0.15
+ROUGH_WIDE_FAMILIES = ("hybrid", "vision")
 MIN_TERM_LOGS = 4  # a term class with fewer calibration logs takes the widest spread of itself and its neighbours
 # Each term's spread: this quantile of the calibration logs' per-term gaps. 0.95, not 0.90: the low end adds the
 # terms' spreads, and with 0.90 it held in only 87% of the calibration starts (0.95: 96%); chosen on the calibration
@@ -75,7 +80,7 @@ PRINTED_PRECISION_BYTES = round(0.01 * GiB)  # logs print each term to 0.01 GiB:
 # in GiB per GPU.
 TERM_UNITS = {"weights": "fraction", "activation": "fraction", "overhead": "GiB", "cudagraph": "GiB", "rest": "GiB",
               "unified memory": "GiB"}
-WEIGHTS_CLASSES = ("checkpoint", "parameters x dtype")
+WEIGHTS_CLASSES = ("checkpoint", "parameters x dtype", "parameters x dtype, hybrid or vision")
 MODEL_FAMILIES = ("dense", "moe", "hybrid", "vision")
 BOARDS = ("nvlink-switch", "nvlink", "pcie", "infinity-fabric", "unified", "unknown")
 TP_BUCKETS = ("tp 1", "tp 2", "tp 4 - 8", "tp 16+")
@@ -156,7 +161,7 @@ def term_class(term: str, *, engine: str, version: str, tp: int, board_name: str
                rough: bool) -> str:
     """The class of ``term`` for a deployment (see the module docstring)."""
     if term == "weights":
-        return WEIGHTS_CLASSES[1] if rough else WEIGHTS_CLASSES[0]
+        return WEIGHTS_CLASSES[0] if not rough else WEIGHTS_CLASSES[2 if family_name in ROUGH_WIDE_FAMILIES else 1]
     if term == "activation":  # by model family and engine (vLLM V0 profiles one whole prefill; V1 chunks it)
         return f"{family_name}, {family(engine, version).split()[0]}"
     if term == "overhead":

@@ -26,7 +26,7 @@ from typing import Any
 from kvplan import memory
 from kvplan.engines import Budget, EngineDefaults, Term, given
 from kvplan.engines.spread import (
-    PRINTED_PRECISION_BYTES, ROUGH_WEIGHTS_FRACTION, UNSEEN_TERMS, TermSpread, board, covered, family, has_term_data,
+    PRINTED_PRECISION_BYTES, ROUGH_WEIGHTS_FRACTION, ROUGH_WIDE_FAMILIES, UNSEEN_TERMS, TermSpread, board, covered, family, has_term_data,
     mode_covered, model_family, rough_weights, spread, term_class, term_spread, unseen_spread,
 )
 from kvplan.planning.answer import Answer, Deployment
@@ -179,7 +179,7 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
             s = unseen_spread(t.name, engine.engine, cls, t.bytes, f"{cls} on {unseen[0]}", unseen[1]) or s
         if s is None:
             continue
-        if t.name == "weights" and rough and s.over_bytes < ROUGH_WEIGHTS_FRACTION * t.bytes:
+        if t.name == "weights" and rough and fam in ROUGH_WIDE_FAMILIES and s.over_bytes < ROUGH_WEIGHTS_FRACTION * t.bytes:
             s = replace(s, over_bytes=round(ROUGH_WEIGHTS_FRACTION * t.bytes),
                         basis=s.basis + f"; at least {ROUGH_WEIGHTS_FRACTION:.0%} (counted from parameters x a dtype)")
         if t.name == "overhead" and kind == "unified":

@@ -464,3 +464,21 @@ def test_a_shared_device_says_what_the_others_may_hold_before_the_engine_starts(
     assert notes("H100")[0] == []
     start, room = notes("GB10", gpu_util=0.6)
     assert "48.68 GiB" in room and room in start[0]
+
+
+def test_weights_counted_from_parameters_spread_by_what_the_quantizer_leaves():
+    """A dense or MoE transformer's quantized checkpoint quantizes every decoder linear layer: its weights counted
+    as parameters x a dtype carry their class's measured spread (7 calibration logs, under 1%). A hybrid or
+    multimodal model's keeps state projections, gates and the vision tower in 16 bits, which a 16-bit spec cannot
+    name: its low end allows at least ROUGH_WEIGHTS_FRACTION more (its 2 logs loaded 13 - 20% more)."""
+    def weights_spread(model):
+        p = kvplan.estimate(model, gpu="H100", weights_dtype="int4")
+        assert spread.rough_weights(p.budget.weights.source)
+        return next(t for t in p.kv_range.terms if t.term == "weights"), p.budget.weights.bytes
+
+    dense, dense_bytes = weights_spread("meta-llama/Llama-3.1-8B-Instruct")
+    assert dense.basis.startswith("parameters x dtype,") and "hybrid" not in dense.basis
+    assert 0 < dense.over_bytes < 0.02 * dense_bytes
+    hybrid, hybrid_bytes = weights_spread("Qwen/Qwen3.6-35B-A3B")  # hybrid layers and a vision tower
+    assert hybrid.basis.startswith("parameters x dtype, hybrid or vision")
+    assert hybrid.over_bytes >= round(spread.ROUGH_WEIGHTS_FRACTION * hybrid_bytes)
