@@ -240,7 +240,7 @@ def test_versions_and_default_utilisation():
     assert vllm.DEFAULT_VERSION == "0.30" == vllm.VERSIONS[-1]
     utils = {v: vllm.defaults(v, H100, False).gpu_util for v in vllm.VERSIONS}
     # CacheConfig.gpu_memory_utilization: Field(default=0.9) through 0.19.x, 0.92 from 0.20.0
-    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.21", "0.26", "0.27", "0.28", "0.29",
+    assert {v for v, u in utils.items() if u == 0.92} == {"0.20", "0.20.1", "0.21", "0.25", "0.26", "0.27", "0.28", "0.29",
                                                          "0.30"}
     assert vllm.defaults("0.6", H100, False).mode == "V0"
     assert vllm.defaults("0.19.1", H100, False).gpu_util == 0.9 and vllm.defaults("0.20.0", H100, False).gpu_util == 0.92
@@ -262,7 +262,8 @@ def test_versions_and_default_utilisation():
     ("0.10.1.dev101+gbda9d0535", "0.9.1", "0.9.1 - 0.10.x"),  # a dev build before 0.10.1 is 0.10.x code
     ("v0.20.0", "0.20", "0.20.0"),
     ("0.20.1", "0.20.1", "0.20.1 - 0.20.x"),
-    ("0.23.0", "0.21", "0.21.0 - 0.25.x"),
+    ("0.23.0", "0.21", "0.21.0 - 0.24.x"),
+    ("0.25.1", "0.25", "0.25.0 - 0.25.x"),
 ])
 def test_any_pep440_version_maps_to_the_release_that_covers_it(typed, release, covers):
     key, note = vllm.resolve_version(typed)
@@ -760,3 +761,16 @@ def test_sglang_swa_flags_resize_the_hybrid_pool_as_sglang_does():
     assert any("no hybrid SWA pool" in n and "no effect" in n for n in plan.notes)
     with pytest.raises(Refused, match="SGLang's"):
         plan_for_spec(spec, Options(model=spec.model_id, gpu="H100", disable_hybrid_swa_memory=True), suggest=False)
+
+
+def test_vllm_0_25_takes_the_mnnvl_fusion_workspace_on_one_node():
+    # _resolve_fi_ar_backend (flashinfer_all_reduce.py): 0.24.0's "auto" takes trtllm on one node (three buffers
+    # of 512 MiB on an NVSwitch board), 0.25.0's mnnvl (one 512 MiB multicast buffer): a release of its own
+    import kvplan
+
+    def fusion(version):
+        p = kvplan.estimate("Qwen/Qwen3-32B", gpu="H100", tp=2, engine_version=version)
+        return p.engine.version, p.budget.overhead.source
+
+    assert fusion("0.24.1")[0] == "0.21" and "1,536 MiB (FlashInfer trtllm)" in fusion("0.24.1")[1]
+    assert fusion("0.25.1")[0] == "0.25" and "512 MiB (FlashInfer mnnvl)" in fusion("0.25.1")[1]
