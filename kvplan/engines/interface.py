@@ -74,9 +74,10 @@ class Engine(Protocol):
     def defaults(self, version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
                  max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
                  pp: int = 1, device: Device | None = None, spec: ModelSpec | None = None,
-                 chunked_prefill: bool | None = None) -> EngineDefaults:
+                 chunked_prefill: bool | None = None, features: Features | None = None) -> EngineDefaults:
         """The engine's defaults for ``version`` on this GPU (utilisation, block size, batching limits);
-        ``chunked_prefill``: the user's on/off (None: the engine's default)."""
+        ``chunked_prefill``: the user's on/off (None: the engine's default); ``features``: the serving features
+        on (LoRA, speculative decoding), which some releases' defaults follow."""
 
     def budget(self, total_bytes: int, gpu_util: float, weights: Term, activation: Term | None,
                overhead: Term | None, cudagraph: Term | None, kv_budget_override: int | None, *, spec: ModelSpec,

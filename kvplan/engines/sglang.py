@@ -159,7 +159,7 @@ def mem_fraction_static(version: str, gpu_memory_bytes: int | None, tp: int = 1,
 def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
              max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
              pp: int = 1, device: Device | None = None, spec: ModelSpec | None = None,
-             chunked_prefill: bool | None = None) -> EngineDefaults:
+             chunked_prefill: bool | None = None, features: Features | None = None) -> EngineDefaults:
     """SGLang's defaults: ``mem_fraction_static`` as ``gpu_util``, page size 1 as ``block_size``,
     ``chunked_prefill_size`` as ``max_num_batched_tokens``; ``max_num_seqs`` is the 4096 ceiling of
     ``max_running_requests`` (the real value follows the pool: :func:`max_running_requests`). ``chunked_prefill``

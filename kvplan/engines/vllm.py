@@ -134,7 +134,7 @@ def batch_defaults(version: str, gpu_memory_bytes: int | None, *, gpu_name: str 
 def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_name: str | None = None,
              max_model_len: int | None = None, usage_context: str = "serve", tp: int = 1,
              pp: int = 1, device: Device | None = None, spec: ModelSpec | None = None,
-             chunked_prefill: bool | None = None) -> EngineDefaults:
+             chunked_prefill: bool | None = None, features: Features | None = None) -> EngineDefaults:
     """vLLM's defaults for ``version``: utilisation, block size (GPU 16, CPU 128), batching limits.
 
     The batching limits depend on the device memory and name, on ``usage_context`` (``serve`` =
@@ -154,7 +154,7 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
         notes = (f"vllm {p.version} runs the V0 engine here ({fallback}): the rules of {v0.version} "
                  f"({RANGES[v0.version]}) apply",)
         p, version = v0, v0.version
-    chunked = v0_long_prefill_chunked(device, spec, p.first)
+    chunked = v0_long_prefill_chunked(device, spec, p.first, features)
     mnbt, seqs = batch_defaults(version, gpu_memory_bytes, gpu_name=gpu_name, max_model_len=max_model_len,
                                 usage_context=usage_context, long_prefill_chunked=chunked,
                                 chunked_prefill=chunked_prefill)
@@ -200,13 +200,16 @@ def v0_fallback(p: Profile, device: Device | None, spec: ModelSpec | None) -> st
 V0_ROCM_UNCHUNKED_FROM = (0, 6, 5)  # EngineArgs adds ``not current_platform.is_rocm()`` (0.6.5; 0.6.4 has it not)
 
 
-def v0_long_prefill_chunked(device: Device | None, spec: ModelSpec | None, release: tuple[int, ...] = (0, 6, 5)
-                            ) -> bool:
+def v0_long_prefill_chunked(device: Device | None, spec: ModelSpec | None, release: tuple[int, ...] = (0, 6, 5),
+                            features: Features | None = None) -> bool:
     """Whether vLLM V0 turns chunked prefill on by itself above 32K tokens (``EngineArgs``: on a CUDA-like device -
-    ROCm reports ``cuda`` too, and is excluded from 0.6.5 - and not for multimodal models nor models with a sliding
-    window, which then profile a whole max_model_len batch); for ``vllm serve`` and the LLM class alike."""
+    ROCm reports ``cuda`` too, and is excluded from 0.6.5 - and not with LoRA adapters or a speculative model, nor
+    for multimodal models or models with a sliding window, which then profile a whole max_model_len batch); for
+    ``vllm serve`` and the LLM class alike."""
     platform = device.platform if device is not None else "cuda"
     if platform not in ("cuda", "rocm") or (platform == "rocm" and tuple(release) >= V0_ROCM_UNCHUNKED_FROM):
+        return False
+    if features is not None and (features.lora or features.speculative):
         return False
     if spec is not None and (spec.vision is not None or any(layer.kind is LayerKind.SLIDING for layer in spec.layers)):
         return False

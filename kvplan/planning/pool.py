@@ -82,7 +82,7 @@ def _engine_defaults(rules: Engine, options: Options, gpu: GpuInfo, spec: ModelS
     engine = rules.defaults(version, gpu.memory_bytes, gpu.is_cpu, gpu_name=gpu.name,
                             max_model_len=options.max_model_len or options.context,
                             usage_context=options.usage_context, tp=options.tp, pp=options.pp, device=gpu.device,
-                            spec=spec, chunked_prefill=options.chunked_prefill)
+                            spec=spec, chunked_prefill=options.chunked_prefill, features=features_of(options, spec))
     if version_note:
         engine = replace(engine, requested_version=options.engine_version or "", notes=(version_note,) + engine.notes)
     if options.block_size and rules.BLOCK_SIZES and options.block_size not in rules.BLOCK_SIZES:

@@ -774,3 +774,16 @@ def test_vllm_0_25_takes_the_mnnvl_fusion_workspace_on_one_node():
 
     assert fusion("0.24.1")[0] == "0.21" and "1,536 MiB (FlashInfer trtllm)" in fusion("0.24.1")[1]
     assert fusion("0.25.1")[0] == "0.25" and "512 MiB (FlashInfer mnnvl)" in fusion("0.25.1")[1]
+
+
+def test_v0_keeps_long_prefills_whole_with_lora_or_a_speculative_model():
+    # EngineArgs (0.6 - 0.7.x): the > 32K auto-chunking needs `not self.enable_lora` and no speculative model
+    import kvplan
+
+    def batch(**kw):
+        return kvplan.estimate("meta-llama/Llama-3.1-8B-Instruct", gpu="H100", engine_version="0.6.6",
+                               max_model_len=65536, **kw).engine.max_num_batched_tokens
+
+    assert batch() == 2048
+    assert batch(enable_lora=True) == batch(speculative="ngram") == 65536
+    assert batch(enable_lora=True, chunked_prefill=True) == 2048  # the user's switch still wins
