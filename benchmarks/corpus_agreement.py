@@ -481,7 +481,10 @@ def run(entry: corpus.Entry) -> Row | str:
     if "weights_gib" in terms and plan.stages and meta["engine"] == "vllm":
         terms["weights_gib"] = f"{stage_weights_total(plan, _num(meta['reported']['weights_gib']), stage)}GiB"
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib + plan.budget.host_bytes / GiB
-    estimated = {t.name: t.bytes / GiB for t in logged_stage_budget(plan, stage).terms if not given(t)}
+    # kvplan's formula for each estimated term (a quantized hybrid's unlisted 16-bit layers, a median, taken back out)
+    unlisted = logged_stage_budget(plan, stage).unlisted_weights_bytes
+    estimated = {t.name: (t.bytes - (unlisted if t.name == "weights" else 0)) / GiB
+                 for t in logged_stage_budget(plan, stage).terms if not given(t)}
     if terms:
         try:
             # kvplan's own graph estimate stands where the log prints only activation + graphs (not a printed term)
@@ -492,7 +495,8 @@ def run(entry: corpus.Entry) -> Row | str:
             printed = {TERM_OF_OPTION[k] for k in terms}
             # measured against kvplan's formula: the non-torch memory the point estimate adds from these very gaps
             # (Budget.unmodelled_bytes, ROCm's calibration median) taken back out, so the median does not feed on itself
-            allowed = {"overhead": logged_stage_budget(plan, stage).unmodelled_bytes}
+            allowed = {"overhead": logged_stage_budget(plan, stage).unmodelled_bytes,
+                       "weights": logged_stage_budget(plan, stage).unlisted_weights_bytes}
             deltas = {t.name: (t.bytes - allowed.get(t.name, 0) - w.bytes) / GiB
                       for t, w in zip(logged_stage_budget(plan, stage).terms, logged_stage_budget(with_terms, stage).terms)
                       if t.name in printed and t.name in estimated}

@@ -66,6 +66,9 @@ class Budget:
     unmodelled_bytes: int = 0  # non-torch memory on a platform whose share of it kvplan's formula leaves out (ROCm:
     # hipBLASLt's loaded kernels), the calibration median the overhead term includes
     # (kvplan.planning.budget.with_unmodelled_non_torch); 0 where no calibration log of the class measured it
+    unlisted_weights_bytes: int = 0  # weights counted from parameters x a dtype on a hybrid or multimodal model: the
+    # layers its quantizer keeps in 16 bits, which a 16-bit spec cannot name - the calibration median the weights
+    # term includes (kvplan.planning.budget.with_unlisted_weights)
     mm_profile: tuple[int, str, int] | None = None  # the dummy multimodal batch: (items, modality, encoder budget
     # tokens), as vLLM logs it ("Encoder cache will be initialized with a budget of N tokens, and profiled with K
     # image items"); None: no multimodal profile

@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from kvplan import memory
 from kvplan.engines import Budget, EngineDefaults, Term, given
-from kvplan.engines.spread import board, term_class, term_spread, unmodelled_non_torch
+from kvplan.engines.spread import (ROUGH_WIDE_FAMILIES, board, model_family, rough_weights, term_class, term_spread,
+                                   unmodelled_non_torch)
 from kvplan.errors import InputError
 from kvplan.model.spec import ModelSpec
 from kvplan.options import Options
@@ -102,6 +103,28 @@ def with_host_use(budget: Budget, engine: EngineDefaults, gpu: GpuInfo) -> Budge
         return budget
     return replace(budget, host_bytes=host.median_bytes, kv_budget_bytes=budget.kv_budget_bytes - host.median_bytes,
                    kv_budget_source=budget.kv_budget_source + " - host's use")
+
+
+def with_unlisted_weights(budget: Budget, engine: EngineDefaults, spec: ModelSpec) -> Budget:
+    """``budget`` with the weights a quantized hybrid or multimodal checkpoint keeps in 16 bits added to a weights
+    term counted from parameters x a dtype (``--weights-dtype`` on a 16-bit spec), else ``budget`` itself. Which
+    layers its quantizer left (linear-attention and state projections, gates, the vision tower) a 16-bit spec does
+    not say, so the point estimate takes the calibration logs' median of the class (``parameters x dtype, hybrid or
+    vision`` in kv_spread.yaml, a fraction of the term; recorded in ``unlisted_weights_bytes``), not the lowest
+    value, all layers quantized. Nothing where the weights were given or measured, or the KV budget given."""
+    weights = budget.weights
+    if budget.kv_budget_source.startswith("--kv-budget") or given(weights) or not rough_weights(weights.source) or \
+            model_family(spec) not in ROUGH_WIDE_FAMILIES:
+        return budget
+    cls = term_class("weights", engine=engine.engine, version=engine.version, tp=1, board_name="",
+                     family_name=model_family(spec), rough=True)
+    median = term_spread("weights", engine.engine, cls, weights.bytes)
+    if median is None or median.median_bytes <= 0:
+        return budget
+    added = median.median_bytes
+    term = Term("weights", weights.bytes + added, f"{weights.source} + {added / GiB:.2f} GiB of layers the quantizer "
+                f"keeps in 16 bits, which the spec cannot name (the median of {cls}, kv_spread.yaml)")
+    return replace(budget, weights=term, unlisted_weights_bytes=added, kv_budget_bytes=budget.kv_budget_bytes - added)
 
 
 def with_unmodelled_non_torch(budget: Budget, engine: EngineDefaults, gpu: GpuInfo, tp: int) -> Budget:

@@ -174,18 +174,21 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
             continue  # the user's figure stands
         cls = term_class(t.name, engine=engine.engine, version=engine.version, tp=tp, board_name=brd,
                          family_name=fam, rough=rough)
-        s = term_spread(t.name, engine.engine, cls, t.bytes)
+        formula = t.bytes - (budget.unlisted_weights_bytes if t.name == "weights" else 0)  # what the spread measures
+        s = term_spread(t.name, engine.engine, cls, formula)
         if unseen and t.name in UNSEEN_TERMS:
             s = unseen_spread(t.name, engine.engine, cls, t.bytes, f"{cls} on {unseen[0]}", unseen[1]) or s
         if s is None:
             continue
-        if t.name == "weights" and rough and fam in ROUGH_WIDE_FAMILIES and s.over_bytes < ROUGH_WEIGHTS_FRACTION * t.bytes:
-            s = replace(s, over_bytes=round(ROUGH_WEIGHTS_FRACTION * t.bytes),
+        if t.name == "weights" and rough and fam in ROUGH_WIDE_FAMILIES and s.over_bytes < ROUGH_WEIGHTS_FRACTION * formula:
+            s = replace(s, over_bytes=round(ROUGH_WEIGHTS_FRACTION * formula),
                         basis=s.basis + f"; at least {ROUGH_WEIGHTS_FRACTION:.0%} (counted from parameters x a dtype)")
         if t.name == "overhead" and kind == "unified":
             s = replace(s, basis=s.basis + "; unified memory: see the note")
         if t.name == "overhead" and budget.unmodelled_bytes:
             s = around_allowance(s, budget.unmodelled_bytes)
+        if t.name == "weights" and budget.unlisted_weights_bytes:
+            s = around_allowance(s, budget.unlisted_weights_bytes)
         out.append(s)
     rest = _rest_spread(terms, engine, tp, brd, fam, rough, unseen)
     if rest is not None:

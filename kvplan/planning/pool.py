@@ -14,7 +14,8 @@ from kvplan.engines.registry import has_setting
 from kvplan.errors import InputError
 from kvplan.model.spec import LayerCache, LayerKind, ModelSpec
 from kvplan.options import Options
-from kvplan.planning.budget import _given_terms, check_kv_budget, with_host_use, with_unmodelled_non_torch
+from kvplan.planning.budget import (_given_terms, check_kv_budget, with_host_use, with_unlisted_weights,
+                                    with_unmodelled_non_torch)
 from kvplan.planning.gpu import GpuInfo, resolve_gpu
 from kvplan.planning.weights import check_quantization
 from kvplan.planning.weights import weights_bytes as _weights
@@ -321,6 +322,7 @@ def _stage_pool(setup: _Setup, stage: memory.PipelineStage | None, weights: Term
     if calibration_note:
         budget = replace(budget, notes=budget.notes + (calibration_note,))
     budget = with_unmodelled_non_torch(with_host_use(budget, engine, gpu), engine, gpu, options.tp)
+    budget = with_unlisted_weights(budget, engine, spec)
     check_kv_budget(budget, gpu, options, rules.ENGINE, layout)
     if engine.state_pool:  # the state pool's request slots come out of the budget first
         engine, budget = rules.split_state_pool(engine, budget, layers, max_num_seqs=options.max_num_seqs,

@@ -173,6 +173,7 @@ def _budget(plan: Plan) -> dict[str, Any]:
         **{f"{t.name}_bytes": t.bytes for t in b.terms},
         "host_bytes": b.host_bytes,  # unified memory: the host's use the estimate allows (0 elsewhere)
         "unmodelled_bytes": b.unmodelled_bytes,  # ROCm: non-torch memory the overhead includes, the logs' median
+        "unlisted_weights_bytes": b.unlisted_weights_bytes,  # a quantized hybrid's 16-bit layers, the logs' median
         "state_pool_bytes": b.state_pool_bytes,
         "state_slots": b.state_slots,
         "kv_budget_bytes": b.kv_budget_bytes,
