@@ -201,6 +201,8 @@ def _memory_values(log: StartupLog, values: dict[str, Any], notes: list[str]) ->
     explicit KV budget and the quantization the log gives."""
     if log.prefix_caching is not None:  # a vLLM line (SGLang prints its radix cache otherwise)
         values["prefix_caching"] = log.prefix_caching
+    if log.chunked_prefill is not None:  # vLLM's; V1 0.8 - 0.11.0 chunk whatever it says (a note then says so)
+        values["chunked_prefill"] = log.chunked_prefill
     if log.flashinfer_sampler is not None:
         values["flashinfer"] = log.flashinfer_sampler
     elif log.wheel_install and release_tuple(values.get("engine_version") or "0.11", "vllm") < WHEEL_FLASHINFER_FROM:

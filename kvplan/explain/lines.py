@@ -109,6 +109,9 @@ LINES: tuple[Line, ...] = (
     _l(r"\benforce_eager=(True|False)", "enforce_eager", "bool", engine=VLLM),
     _l(r"\benable_prefix_caching=(True|False)", "prefix_caching", "bool", engine=VLLM),  # the engine config line
     _l(r"'enable_prefix_caching': (True|False)", "prefix_caching", "bool", engine=VLLM),  # non-default args
+    _l(r"\bchunked_prefill_enabled=(True|False)", "chunked_prefill", "bool", engine=VLLM),  # V0's config line, resolved
+    _l(r"\benable_chunked_prefill=(True|False)", "chunked_prefill", "bool", engine=VLLM),  # EngineArgs / V1 config
+    _l(r"'enable_chunked_prefill': (True|False)", "chunked_prefill", "bool", engine=VLLM),  # non-default args
     _l(r"Chunked prefill is enabled with max_num_batched_tokens=([0-9]+)", "max_num_batched_tokens", "int", engine=VLLM),
     _l(r"\bmax_num_batched_tokens=([0-9]+)", "max_num_batched_tokens", "int", engine=VLLM),
     _l(r"(api_server\.py|APIServer pid|model_tag)", "usage_context", "serve", engine=VLLM),

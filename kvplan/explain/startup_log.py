@@ -51,6 +51,8 @@ class StartupLog:
     mm_items: int | None = None  # profiled with K <modality> items of the maximum feature size" (vLLM V1)
     mm_modality: str | None = None
     prefix_caching: bool | None = None  # enable_prefix_caching as the config line or the non-default args print it
+    chunked_prefill: bool | None = None  # chunked prefill as the config line (chunked_prefill_enabled, resolved)
+    # or the arguments (enable_chunked_prefill) print it
     flashinfer_sampler: bool | None = None  # vLLM's sampler said it uses FlashInfer (True) or falls back (False)
     wheel_install: bool | None = None  # vLLM runs from a site-packages directory: a pip / uv install of the wheel
     enforce_eager: bool | None = None

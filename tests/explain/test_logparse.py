@@ -79,6 +79,22 @@ WHEEL_PATH = ("WARNING 10-06 15:57:52 [fused_moe.py:798] Using default MoE confi
               "['/home/u/vllm/.venv/lib/python3.12/site-packages/vllm/model_executor/layers/fused_moe/configs/x.json']\n")
 
 
+def test_the_chunked_prefill_the_log_states_is_planned():
+    from kvplan.explain.facts import log_values
+
+    # V0's config line prints the resolved chunked_prefill_enabled; off at 40,000 tokens, the profile prefills them
+    # at once (vllm-11251: 2.53 GiB of activation logged)
+    line = ("INFO 12-19 09:27:26 llm_engine.py:249] Initializing an LLM engine (v0.6.5) with config: "
+            "model='meta-llama/Llama-3.1-8B-Instruct', max_seq_len=40000, chunked_prefill_enabled={}, "
+            "enable_prefix_caching=False\nINFO 12-19 distributed_gpu_executor.py:57] # GPU blocks: 4660, # CPU "
+            "blocks: 4096\n")
+    assert log_values(parse_log(line.format("False")))[0]["chunked_prefill"] is False
+    assert log_values(parse_log(line.format("True")))[0]["chunked_prefill"] is True
+    args = parse_log("INFO [utils.py:1] non-default args: {'model': 'x', 'enable_chunked_prefill': False}\n"
+                     "INFO [gpu_worker.py:298] Available KV cache memory: 2.31 GiB\n")
+    assert args.chunked_prefill is False
+
+
 def test_a_wheel_install_plans_the_native_sampler_of_0_8_to_0_11():
     from kvplan.explain.facts import log_values
 
