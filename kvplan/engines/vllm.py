@@ -42,6 +42,7 @@ from kvplan.engines.vllm_releases import (
     VERSIONS as VERSIONS,
     profile as profile,
     resolve_version as resolve_version,
+    v2_runner_skips_graph_estimate as v2_runner_skips_graph_estimate,
 )
 from kvplan.engines.vllm_overhead import (
     ALLREDUCE_FUSION_FROM as ALLREDUCE_FUSION_FROM,
@@ -446,7 +447,8 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
         cudagraph = Term("cudagraph", 0, "in the given activation: from 0.27 vLLM prints its peak activation with the "
                                          "CUDA-graph estimate in it (pass --cudagraph-gib for a figure without it)")
     if cudagraph is None:
-        cudagraph = _cudagraph_term(p, version, spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes, device)
+        cudagraph = _cudagraph_term(p, version, spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes, device,
+                                    features.speculative)
     if kv_budget_override is not None:
         kv, source = kv_budget_override, "--kv-budget"
     else:
@@ -560,14 +562,22 @@ def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num
 
 
 def _cudagraph_term(p: Profile, version: str, spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_num_batched_tokens: int,
-                    act_bytes: int, device: Device | None) -> Term:
+                    act_bytes: int, device: Device | None, speculative: str | None = None) -> Term:
     """The CUDA-graph term as the release treats it: subtracted (0.20+), only logged, or captured after the KV
-    cache out of the slack; none on ROCm before 0.26."""
+    cache out of the slack; none on ROCm before 0.26, nor where 0.25 - 0.28 run the model on the V2 model runner
+    (:func:`v2_runner_skips_graph_estimate`) at pp 1. At pp > 1 kvplan keeps its estimate: the one such log
+    (0.27.1, Qwen3-32B at pp 2) charges its first stage about 1.3 GiB more than kvplan's other terms, unexplained."""
     estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes,
                                                     version)
     what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
     if (device or Device()).platform == "rocm" and p.cudagraph != "none" and p.first < (0, 26, 0):
         return Term("cudagraph", 0, "not profiled on ROCm before 0.26 (vLLM skips the CUDA-graph estimate there)")
+    state = [layer.is_state for layer in spec.layers]
+    if p.cudagraph == "subtracted" and pp == 1 and v2_runner_skips_graph_estimate(
+            p, spec.architecture, bool(spec.num_experts), any(state), bool(state) and all(state), speculative):
+        return Term("cudagraph", 0, f"not subtracted: vllm {p.version} runs {spec.architecture} on its V2 model "
+                                    "runner, which estimates no CUDA-graph memory (profile_cudagraph_memory returns "
+                                    "0); the graphs are captured after the KV cache")
     if p.cudagraph == "subtracted":
         return Term("cudagraph", estimate, f"estimate: profiled CUDA graphs ({what}), subtracted since 0.20")
     if p.cudagraph == "logged":

@@ -205,3 +205,35 @@ def profile(version: str) -> Profile:
     if version in PROFILES:
         return PROFILES[version]
     return PROFILES[resolve_version(version)[0]]
+
+
+# The V2 model runner (vllm/v1/worker/gpu/model_runner.py), the default for a model by VllmConfig.use_v2_model_runner
+# (read in 0.25.0, 0.26.0, 0.27.0, 0.27.1 and 0.28.0): a generating model that is not attention-free and either is in
+# the release's DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES or is neither MoE nor (unless listed) hybrid, unless a feature it
+# lacks is on (ngram speculative decoding among them). Its profile_cudagraph_memory returns 0 through 0.28: those
+# releases subtract no CUDA-graph estimate for such a model. 0.23 - 0.24 took it for fewer models (inside kvplan's
+# 0.21 rules, which keep the estimate); 0.29 and later estimate the graphs again.
+V2_RUNNER_ARCHITECTURES = {
+    "0.25": frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
+    "0.26": frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                       "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+    "0.27": frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                       "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                       "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+    "0.28": frozenset({"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                       "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                       "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+}
+V2_RUNNER_HYBRIDS_LISTED_FROM = (0, 27, 0)  # 0.25 - 0.26 take no hybrid; 0.27+ a listed one
+
+
+def v2_runner_skips_graph_estimate(p: Profile, architecture: str, moe: bool, hybrid: bool, attention_free: bool,
+                                   speculative: str | None) -> bool:
+    """Whether release ``p`` runs this model on the V2 model runner, which subtracts no CUDA-graph estimate
+    (:data:`V2_RUNNER_ARCHITECTURES`: 0.25 - 0.28)."""
+    listed = V2_RUNNER_ARCHITECTURES.get(p.version)
+    if listed is None or attention_free or speculative in ("ngram", "ngram_gpu"):
+        return False
+    if architecture in listed:
+        return not hybrid or p.first >= V2_RUNNER_HYBRIDS_LISTED_FROM
+    return not moe and not hybrid

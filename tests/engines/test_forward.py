@@ -146,12 +146,13 @@ def test_moe_fields_without_moe_layers_are_a_dense_model():
 
 def test_an_activation_given_from_a_0_27_log_holds_the_graphs(llama31):
     # 0.27+ print the peak activation with the CUDA-graph estimate in it: a given activation is that figure, so
-    # the graphs are not subtracted a second time (0.26 prints them apart and still subtracts kvplan's estimate)
+    # the graphs are not subtracted a second time (0.21 - 0.24 print them apart and still subtract kvplan's estimate;
+    # Llama on 0.25 - 0.28 runs on the V2 model runner, which estimates none)
     def run(version: str, cudagraph=None):
         return vllm.budget(H100, 0.9, Term("weights", 16 * GiB, "test"), Term("activation", 3 * GiB, "--activation-gib"),
                            None, cudagraph, None, spec=llama31, tp=1, max_num_batched_tokens=8192, max_num_seqs=1024,
                            act_bytes=2, is_cpu=False, version=version, device=H100_DEVICE)
-    b27, b26 = run("0.27"), run("0.26")
+    b27, b26 = run("0.27"), run("0.21")
     assert b27.cudagraph.bytes == 0 and "in the given activation" in b27.cudagraph.source
     assert b26.cudagraph.bytes > 0
     assert run("0.27", Term("cudagraph", GiB, "--cudagraph-gib")).cudagraph.bytes == GiB
