@@ -6,7 +6,8 @@ real start-up logs (benchmarks/corpus/) from its inputs and, for every budget te
 C for CUDAGraph memory" lines), records how far the logged term rose above kvplan's estimate (``over``: kvplan
 promised more KV) and fell below it (``under``), per class of that term (:data:`TERM_CLASSES`):
 
-- ``weights``: by how kvplan counted them (a checkpoint's size, or parameters x a dtype), as a fraction of the term;
+- ``weights``: by how kvplan counted them (a checkpoint's size, or parameters x a dtype - apart for hybrid and
+  multimodal models, whose quantizers keep layers a 16-bit spec cannot name in 16 bits), as a fraction of the term;
 - ``activation``: by model family (dense, MoE, vision, hybrid) and engine (vLLM V0 profiles one whole prefill,
   V1 a chunked batch), as a fraction of the term;
 - ``overhead`` (non-torch memory): by tp and board (NVSwitch, NVLink, PCIe, Infinity Fabric, unified memory,
