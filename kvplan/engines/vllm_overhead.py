@@ -103,7 +103,9 @@ CUSTOM_ALLREDUCE_BYTES = 18 * MiB  # 2 x max_size 8 MiB IPC buffers + metadata, 
 V0_CUSTOM_ALLREDUCE_SIZES = (2, 4, 6, 8)
 # FlashInfer's all-reduce + RMSNorm fusion workspace (0.17+, on by default at -O2 for tp > 1, pp 1, dp 1, compute
 # capability 9.0 / 10.x: vllm/config/vllm.py enable_allreduce_rms_fusion). One workspace per process
-# (vllm/distributed/device_communicators/flashinfer_all_reduce.py; the quant-fusion workspace aliases it), made
+# (vllm/distributed/device_communicators/flashinfer_all_reduce.py; the quant-fusion workspace aliases it, except in
+# 0.25, whose get_fi_ar_quant_workspace "always uses trtllm": a second workspace, trtllm's three buffers beside
+# mnnvl's one, made by AllReduceFusionPass.__init__ for every model; 0.26 reuses the main one), made
 # when the compile passes are built (AllReduceFusionPass.__init__), after the profiler's snapshot: non-torch memory
 # the profile charges. T = min(max_size // (hidden x 2), max_num_batched_tokens), max_size by capability and tp
 # (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, the same in 0.17 - 0.33). Its backend and buffers by release (the FlashInfer
@@ -126,6 +128,7 @@ V0_CUSTOM_ALLREDUCE_SIZES = (2, 4, 6, 8)
 # memory, less KV). --enforce-eager builds no compile passes and no workspace.
 ALLREDUCE_FUSION_FROM = (0, 17, 0)
 FUSION_MNNVL_FROM = (0, 25, 0)  # _resolve_fi_ar_backend: "auto" picks mnnvl on one node too
+FUSION_QUANT_APART = ((0, 25, 0), (0, 26, 0))  # the quant-fusion workspace is trtllm's own (0.25 only)
 FUSION_TRTLLM_FALLBACK_FROM = (0, 27, 0)  # FlashInfer 0.6.16.post3: trtllm without multicast, 2 MiB rounding
 FUSION_MULTICAST_GRANULARITY_BYTES = 512 * MiB
 FUSION_ALLOC_GRANULARITY_BYTES = 2 * MiB
@@ -291,14 +294,18 @@ def fusion_buffer_bytes(backend: str, multicast: bool, hidden_size: int, tp: int
 def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
                            device: Device) -> int:
     """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not make one): the sum of
-    :func:`fusion_buffer_bytes` for :func:`fusion_backend` - 1.5 GiB at any tp in 0.17 - 0.24 and 512 MiB from
-    0.25 on NVSwitch boards; about ``4 x tp x T x hidden x 2`` from 0.27 on other boards of those GPUs."""
+    :func:`fusion_buffer_bytes` for :func:`fusion_backend` - 1.5 GiB at any tp in 0.17 - 0.24, 2 GiB in 0.25 (mnnvl's
+    512 MiB and the quant fusion's own trtllm 1.5 GiB, :data:`FUSION_QUANT_APART`) and 512 MiB from 0.26 on NVSwitch
+    boards; about ``4 x tp x T x hidden x 2`` from 0.27 on other boards of those GPUs."""
     backend = fusion_backend(p, tp, pp, device)
     if backend is None:
         return 0
     multicast = device.interconnect == "nvlink-switch"  # 0.27+'s trtllm runs only without it
-    return sum(fusion_buffer_bytes(backend, multicast, spec.hidden_size, tp, max_num_batched_tokens,
-                                   device.capability))
+    main = sum(fusion_buffer_bytes(backend, multicast, spec.hidden_size, tp, max_num_batched_tokens, device.capability))
+    if backend == "mnnvl" and FUSION_QUANT_APART[0] <= p.first < FUSION_QUANT_APART[1]:
+        main += sum(fusion_buffer_bytes("trtllm", multicast, spec.hidden_size, tp, max_num_batched_tokens,
+                                        device.capability))
+    return main
 
 
 def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
@@ -372,6 +379,8 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
         notes.append(ROCM_NON_TORCH_NOTE)
     if nt.fusion:
         backend = fusion_backend(p, tp, pp, device or Device())
+        if backend == "mnnvl" and FUSION_QUANT_APART[0] <= p.first < FUSION_QUANT_APART[1]:
+            backend = "mnnvl + the quant fusion's trtllm"
         parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (FlashInfer {backend})")
         notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU, FlashInfer's {backend} "
                      "buffers rounded to their granularity) is read in the code, not in a corpus log; --enforce-eager "

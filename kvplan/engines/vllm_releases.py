@@ -165,9 +165,11 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     # (top-k mask copy + softmax probs) on CUDA GPUs with more than 16 SMs; ROCm keeps the Triton path.
     _p("0.21", (0, 21, 0), "FlashInfer top-k/top-p sampler on by default (CUDA)", _V1_21),
     # 0.25: _resolve_fi_ar_backend's "auto" picks mnnvl on one node too (the cudagraph hang fixed in FlashInfer
-    # 0.6.12; read in 0.24.0 - trtllm on one node - and 0.25.0): one 512 MiB multicast buffer on NVSwitch boards
-    # where 0.17 - 0.24 made trtllm's three (vllm_overhead.FUSION_MNNVL_FROM)
-    _p("0.25", (0, 25, 0), "all-reduce fusion: FlashInfer's mnnvl backend on one node too", _V1_21),
+    # 0.6.12; read in 0.24.0 - trtllm on one node - and 0.25.0): one 512 MiB multicast buffer on NVSwitch boards,
+    # and beside it the quant fusion's own trtllm workspace (three 512 MiB buffers), which 0.26 no longer makes
+    # (vllm_overhead.FUSION_MNNVL_FROM, FUSION_QUANT_APART)
+    _p("0.25", (0, 25, 0), "all-reduce fusion: FlashInfer's mnnvl backend on one node too, the quant fusion's "
+       "trtllm workspace beside it", _V1_21),
     # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
     # scheduling on one pipeline stage).
     _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches", _V1_21, concurrent_batches=2),

@@ -570,7 +570,10 @@ def test_non_torch_parts_sum_to_the_term_and_each_has_its_rule(llama3):
                     if backend:
                         grain = FUSION_MULTICAST_GRANULARITY_BYTES if switch else 2 * MiB
                         parts = fusion_buffer_bytes(backend, switch, llama3.hidden_size, tp, 8192, device.capability)
-                        assert sum(parts) == nt.fusion and all(b % grain == 0 for b in parts)
+                        # 0.25 only: the quant fusion's own trtllm workspace beside mnnvl's
+                        quant = fusion_buffer_bytes("trtllm", switch, llama3.hidden_size, tp, 8192, device.capability) \
+                            if backend == "mnnvl" and version == "0.25" else ()
+                        assert sum(parts) + sum(quant) == nt.fusion and all(b % grain == 0 for b in parts + quant)
                         assert len(parts) == (1 if backend == "mnnvl" else 3)
                         if backend == "trtllm":
                             assert parts[2] >= 3 * (parts[0] - grain)  # the lamport buffers: 3 x the buffer
@@ -764,9 +767,11 @@ def test_sglang_swa_flags_resize_the_hybrid_pool_as_sglang_does():
         plan_for_spec(spec, Options(model=spec.model_id, gpu="H100", disable_hybrid_swa_memory=True), suggest=False)
 
 
-def test_vllm_0_25_takes_the_mnnvl_fusion_workspace_on_one_node():
+def test_vllm_0_25_takes_the_mnnvl_fusion_workspace_on_one_node_and_a_trtllm_one_for_quant_fusion():
     # _resolve_fi_ar_backend (flashinfer_all_reduce.py): 0.24.0's "auto" takes trtllm on one node (three buffers
-    # of 512 MiB on an NVSwitch board), 0.25.0's mnnvl (one 512 MiB multicast buffer): a release of its own
+    # of 512 MiB on an NVSwitch board, the quant fusion reusing them); 0.25.0's mnnvl (one 512 MiB multicast
+    # buffer), and get_fi_ar_quant_workspace "always uses trtllm": three more (AllReduceFusionPass.__init__ makes
+    # both for every model); 0.26 gives the quant fusion the mnnvl workspace itself
     import kvplan
 
     def fusion(version):
@@ -774,7 +779,9 @@ def test_vllm_0_25_takes_the_mnnvl_fusion_workspace_on_one_node():
         return p.engine.version, p.budget.overhead.source
 
     assert fusion("0.24.1")[0] == "0.21" and "1,536 MiB (FlashInfer trtllm)" in fusion("0.24.1")[1]
-    assert fusion("0.25.1")[0] == "0.25" and "512 MiB (FlashInfer mnnvl)" in fusion("0.25.1")[1]
+    assert fusion("0.25.1")[0] == "0.25" and "2,048 MiB (FlashInfer mnnvl + the quant fusion's trtllm)" in \
+        fusion("0.25.1")[1]
+    assert fusion("0.26.0")[0] == "0.26" and "512 MiB (FlashInfer mnnvl)" in fusion("0.26.0")[1]
 
 
 def test_v0_keeps_long_prefills_whole_with_lora_or_a_speculative_model():
