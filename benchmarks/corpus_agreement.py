@@ -495,8 +495,7 @@ def run(entry: corpus.Entry) -> Row | str:
             printed = {TERM_OF_OPTION[k] for k in terms}
             # measured against kvplan's formula: the non-torch memory the point estimate adds from these very gaps
             # (Budget.unmodelled_bytes, ROCm's calibration median) taken back out, so the median does not feed on itself
-            allowed = {"overhead": logged_stage_budget(plan, stage).unmodelled_bytes,
-                       "weights": logged_stage_budget(plan, stage).unlisted_weights_bytes}
+            allowed = {"overhead": logged_stage_budget(plan, stage).unmodelled_bytes, "weights": unlisted}
             deltas = {t.name: (t.bytes - allowed.get(t.name, 0) - w.bytes) / GiB
                       for t, w in zip(logged_stage_budget(plan, stage).terms, logged_stage_budget(with_terms, stage).terms)
                       if t.name in printed and t.name in estimated}

@@ -20,7 +20,7 @@ from kvplan.engines import (DEFAULT_SM_COUNT, USAGE_CONTEXTS, Budget, Device, En
                             sampler_bytes, sampler_peak_bytes)
 from kvplan.engines.vllm_weights import loaded_extra_bytes
 from kvplan.engines.vllm_rules import (  # noqa: F401 - the Engine interface's rules, re-exported
-    DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, V1_CHUNKING_SWITCH_FROM, auto_dtype, check_batching,
+    DROPPED_ARCHITECTURES, LONG_LEN_ENV, V0_LONG_CONTEXT_TOKENS, auto_dtype, check_batching,
     chunked_prefill, prefill_chunked,
     default_prefix_caching, inflight_tokens, kv_cache_dtypes, kv_tokens, log_lines, model_max_len, refusal, release_of, report,
     request_limit, split_state_pool, mla_block_size, state_prefix_caching, MLA_BLOCK_RULES,
@@ -159,7 +159,7 @@ def defaults(version: str, gpu_memory_bytes: int | None, is_cpu: bool, *, gpu_na
     mnbt, seqs = batch_defaults(version, gpu_memory_bytes, gpu_name=gpu_name, max_model_len=max_model_len,
                                 usage_context=usage_context, long_prefill_chunked=chunked,
                                 chunked_prefill=chunked_prefill)
-    if chunked_prefill is False and p.mode == "V1" and p.first < V1_CHUNKING_SWITCH_FROM:
+    if chunked_prefill is False and prefill_chunked(p.mode, p.first, max_model_len, chunked, chunked_prefill):
         notes += (f"--no-enable-chunked-prefill: vllm {p.version}'s V1 engine always chunks prefills (its "
                   "EngineArgs sets it back on): no effect",)
     return EngineDefaults(ENGINE, p.version, p.gpu_util, 16, mnbt, seqs, p.mode, usage_context,

@@ -291,6 +291,12 @@ def fusion_buffer_bytes(backend: str, multicast: bool, hidden_size: int, tp: int
     return allocated(buffer), allocated(tp * FUSION_BARRIER_FLAGS * 4), allocated(3 * buffer)
 
 
+def quant_fusion_apart(p: Profile, backend: str | None) -> bool:
+    """Whether release ``p`` makes the quant fusion its own trtllm workspace beside ``backend``'s (mnnvl in 0.25:
+    :data:`FUSION_QUANT_APART`)."""
+    return backend == "mnnvl" and FUSION_QUANT_APART[0] <= p.first < FUSION_QUANT_APART[1]
+
+
 def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
                            device: Device) -> int:
     """FlashInfer's all-reduce + RMSNorm fusion workspace per GPU (0 where vLLM does not make one): the sum of
@@ -302,7 +308,7 @@ def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_nu
         return 0
     multicast = device.interconnect == "nvlink-switch"  # 0.27+'s trtllm runs only without it
     main = sum(fusion_buffer_bytes(backend, multicast, spec.hidden_size, tp, max_num_batched_tokens, device.capability))
-    if backend == "mnnvl" and FUSION_QUANT_APART[0] <= p.first < FUSION_QUANT_APART[1]:
+    if quant_fusion_apart(p, backend):
         main += sum(fusion_buffer_bytes("trtllm", multicast, spec.hidden_size, tp, max_num_batched_tokens,
                                         device.capability))
     return main
@@ -355,8 +361,8 @@ def consumed_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, max_num_batch
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
                   pp: int = 1, max_num_batched_tokens: int = 0, expert_parallel: bool = False
                   ) -> tuple[Term, list[str]]:
-    """The overhead term (non-torch memory at this tp and interconnect + the fused-MoE workspaces a 0.27+ release counts as consumed memory) and, at tp >= 2, a note that says the multi-GPU part is
-    an estimate."""
+    """The overhead term (non-torch memory at this tp and interconnect + the fused-MoE workspaces a 0.27+ release
+    counts as consumed memory) and, at tp >= 2, a note that says the multi-GPU part is an estimate."""
     nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
     kept = consumed_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, expert_parallel)
     total = nt.bytes + kept  # the term: every figure below that speaks of it says this one number
@@ -379,7 +385,7 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
         notes.append(ROCM_NON_TORCH_NOTE)
     if nt.fusion:
         backend = fusion_backend(p, tp, pp, device or Device())
-        if backend == "mnnvl" and FUSION_QUANT_APART[0] <= p.first < FUSION_QUANT_APART[1]:
+        if quant_fusion_apart(p, backend):
             backend = "mnnvl + the quant fusion's trtllm"
         parts.append(f"all-reduce fusion workspace {nt.fusion / MiB:,.0f} MiB (FlashInfer {backend})")
         notes.append(f"the all-reduce fusion workspace ({nt.fusion / GiB:.2f} GiB per GPU, FlashInfer's {backend} "
