@@ -46,6 +46,9 @@ CUT_BEFORE_THE_POOL = {
     "vllm-11550-24gb-weights-7_97": "ends after the requested memory, before the terms and the KV line",
     "vllm-6746-8xh100-llama31-405b-fp8-weights": "one weights line",
     "sglang-pr12978-2gpu-qwen3-30b-a3b-fp8-tp2-piecewise": "the command and the CUDA-graph end only; no KV line",
+    "sglang-pr9162-4xb200-deepseek-fp4-tp4-before": "Load weight begin to Load weight end only; no KV line",
+    "sglang-pr9162-4xb200-deepseek-fp4-tp4-after": "Load weight begin to Load weight end only; no KV line",
+    "sglang-17680-2xa100pcie-antangelmed-int4-tp2-loadfail": "the start failed while loading the weights",
 }
 # Entries whose hand-written ground truth disagrees with the log it was written from (the reason cites the entry).
 GROUND_TRUTH = {
