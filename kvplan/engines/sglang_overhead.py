@@ -32,7 +32,7 @@ creates after this rank's reading (:func:`late_comm_bytes`).
 
 from __future__ import annotations
 
-from kvplan.engines import Device
+from kvplan.engines import Device, nccl
 from kvplan.engines.sglang_releases import release
 from kvplan.engines.vllm_overhead import (CUSTOM_ALLREDUCE_BYTES, HIP_CONTEXT_BYTES, RCCL_XGMI_WIDE_BYTES,
                                           nccl_communicator_bytes)
@@ -49,7 +49,8 @@ CONTEXT_BYTES_BY_PLATFORM = {"cuda": CONTEXT_BYTES, "rocm": HIP_CONTEXT_BYTES}
 # calibration part. PyNccl's warm-up all-reduce connects each rank to its ring neighbours and tree parent / children
 # only (no send / recv connection before loading), so above 2 ranks the buffers do not grow with the ranks: one figure
 # per board, measured at tp 8 and taken for tp 4 - 16 alike:
-# - NVLink-class boards: 1.23 GiB at tp 8 on H100 SXMs (sglang-k8sgrok2-8xh100, 0.5.2rc2: 1.25 - 0.02); NVLink without
+# - NVLink-class boards: 1.23 GiB at tp 8 on H100 SXMs (sglang-k8sgrok2-8xh100, 0.5.2rc2: 1.25 - 0.02, rank 0's; the
+#   fullest rank's below: + :data:`FULLEST_RANK_EXTRA_BYTES`); NVLink without
 #   NVSwitch the same (NVLS is off on both); Infinity Fabric from the whole pre-load memory of one tp-8 MI355X log
 #   (sglang-rocmcompat-mi355x-kimi-k25-tp8, 0.5.8.post1, ROCm, no dist line: 4.45 GiB in use on the fullest rank,
 #   - 0.80 HIP context - 0.02 -> 3.63; RCCL on xGMI runs many more channels);
@@ -57,8 +58,16 @@ CONTEXT_BYTES_BY_PLATFORM = {"cuda": CONTEXT_BYTES, "rocm": HIP_CONTEXT_BYTES}
 #   :func:`~kvplan.engines.vllm_overhead.nccl_communicator_bytes`, its NVLS buffers left out), 0.41 GiB;
 # - PCIe at any tp: 0.17 GiB at tp 2 on RTX 4090s (sglang-exp001, 0.19 - 0.02) and 0.13 at tp 4 on L4s
 #   (sglang-llmsinclouds, custom all-reduce off); the median, 0.15 (vLLM's tp-2 figure is 0.05).
-NCCL_WIDE_BYTES = {"nvlink-switch": round(1.23 * GiB), "nvlink": round(1.23 * GiB),
-                   "infinity-fabric": RCCL_XGMI_WIDE_BYTES}  # 3.63 GiB (the figure lives with vLLM's NCCL rule)
+CALIBRATION_CHANNELS = nccl.nvswitch_channels("9.0", 18, (2, 27, 3))  # 8 x H100 SXM, NCCL 2.27.3 (torch 2.8): 24
+# SGLang sizes its pool by the fullest rank (``get_available_gpu_memory(distributed=True)``: the least free memory of
+# any rank), and the calibration log prints rank 0's, the first of one node's ring / tree chain: the middle ranks hold
+# one more send connection per channel (:func:`kvplan.engines.nccl.connections`: 1 + 2 against 2 + 2), 24 channels x
+# 2 MiB = 0.05 GiB on 8 x H100 with NCCL 2.27.3, as pr11716's ranks print it (TP0 1.96, the middle ranks 2.01 GB).
+FULLEST_RANK_EXTRA_BYTES = (nccl.channel_bytes(8, 1, CALIBRATION_CHANNELS, False)
+                            - nccl.channel_bytes(8, 0, CALIBRATION_CHANNELS, False))
+NCCL_WIDE_BYTES = {"nvlink-switch": round(1.23 * GiB) + FULLEST_RANK_EXTRA_BYTES,
+                   "nvlink": round(1.23 * GiB) + FULLEST_RANK_EXTRA_BYTES,
+                   "infinity-fabric": RCCL_XGMI_WIDE_BYTES}  # 3.63 GiB, the fullest rank's (the figure lives with vLLM's NCCL rule)
 NCCL_PCIE_BYTES = round(0.15 * GiB)
 CUSTOM_ALLREDUCE_WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES (0.3 - 0.5.x)
 # Boards whose late communicator (0.3 - 0.4.6) holds device memory: on PCIe boards none

@@ -183,7 +183,8 @@ def _overhead_class(bucket: str, board_name: str) -> str:
 def _neighbours(term: str, engine: str, cls: str) -> list[str]:
     """The classes next to ``cls``: for non-torch memory the same tp on other boards and the same board at the
     tp buckets beside it; for a release family the families beside it; otherwise every other class. Where the
-    neighbours hold fewer than :data:`MIN_TERM_LOGS` logs, :func:`term_spread` takes every class of the term."""
+    neighbours hold fewer than :data:`MIN_TERM_LOGS` logs, :func:`term_spread` takes every class of the term
+    (for non-torch memory at tp 1 every tp-1 class: :func:`_alike`)."""
     if term == "overhead":
         tp, _, brd = cls.partition(", ")
         i = TP_BUCKETS.index(tp) if tp in TP_BUCKETS else 0
@@ -201,6 +202,20 @@ def _neighbours(term: str, engine: str, cls: str) -> list[str]:
         modes = sorted({name.split()[0] for _, name in FAMILIES.get(engine, ())})
         return [f"{fam}, {m}" for m in modes if m != mode] + [f"{f}, {mode}" for f in MODEL_FAMILIES if f != fam]
     return [c for c in WEIGHTS_CLASSES if c != cls]
+
+
+def _alike(term: str, cls: str, other: str) -> bool:
+    """Whether class ``other`` may lend ``cls`` its spread when ``cls`` borrows from every class of ``term``: any
+    class, except that a tp-1 class of non-torch memory borrows only from tp-1 classes. No NCCL communicator exists
+    on one GPU, so a tensor-parallel board's NCCL buffers (a Blackwell NVSwitch board's 1 GiB more than kvplan's
+    rule) say nothing of a single GPU's memory; a tensor-parallel class holds what a single GPU holds and NCCL's
+    buffers besides, so it borrows from every class."""
+    return term != "overhead" or not _single_gpu(cls) or _single_gpu(other)
+
+
+def _single_gpu(cls: str) -> bool:
+    """Whether a non-torch class is a tp-1 one (``tp 1``, ``tp 1, unified``, ...)."""
+    return cls.partition(",")[0] == "tp 1"
 
 
 @frozen
@@ -225,7 +240,8 @@ def term_spread(term: str, engine: str, cls: str, estimate_bytes: int) -> TermSp
     """The spread of ``term`` in class ``cls`` for an estimate of ``estimate_bytes`` (None: the corpus has no
     log of this engine that prints the term). A class with fewer than :data:`MIN_TERM_LOGS` logs (or none) takes
     the widest of itself and its neighbours, or of every class of the term where the neighbours hold fewer than
-    :data:`MIN_TERM_LOGS` logs together or none of them that many alone; its basis says so. ``median_bytes`` is the
+    :data:`MIN_TERM_LOGS` logs together or none of them that many alone (non-torch memory at tp 1: every tp-1 class,
+    :func:`_alike`); its basis says so. ``median_bytes`` is the
     class's own median gap (logged - kvplan), in the term's unit scaled like the spread: a term whose point estimate
     is a constant takes it (:func:`kvplan.planning.budget.with_host_use`)."""
     rows = {r["class"]: r for r in _terms() if r.get("engine") == engine and r.get("term") == term}
@@ -241,7 +257,8 @@ def term_spread(term: str, engine: str, cls: str, estimate_bytes: int) -> TermSp
         # too few neighbours, or none measured on MIN_TERM_LOGS logs of its own (each then holds little more than the
         # logs that sized its constant, whose gaps are small by construction): every class of the term
         thin = sum(int(r["logs"]) for r in near) < MIN_TERM_LOGS or all(int(r["logs"]) < MIN_TERM_LOGS for r in near)
-        chosen = ([own] if own else []) + ([r for c, r in rows.items() if c != cls] if thin else near)
+        every = [r for c, r in rows.items() if c != cls and _alike(term, cls, c)]
+        chosen = ([own] if own else []) + (every if thin else near)
         seen = f"{own['logs']} {'log' if own['logs'] == 1 else 'logs'}" if own else "no logs"
         widest = max(chosen, key=lambda r: float(r["over"]))
         whose = "" if widest is own else f": {widest['class']}, {widest['logs']} logs"
@@ -312,7 +329,8 @@ def unseen_spread(term: str, engine: str, cls: str, estimate_bytes: int, why: st
     memory of every class (:func:`widest_unexplained`). Its basis says the class is unseen and ``why``."""
     rows = {r["class"]: r for r in _terms() if r.get("engine") == engine and r.get("term") == term}
     near = [rows[c] for c in [cls, *_neighbours(term, engine, cls)] if c in rows]
-    chosen = near if sum(int(r["logs"]) for r in near) >= MIN_TERM_LOGS else list(rows.values())
+    chosen = near if sum(int(r["logs"]) for r in near) >= MIN_TERM_LOGS else [
+        r for c, r in rows.items() if _alike(term, cls, c)]
     candidates = []
     if chosen:
         widest = max(chosen, key=lambda r: float(r["over"]))

@@ -7,9 +7,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from kvplan.engines import Device, sglang_overhead as so
+from kvplan.engines import Device, sglang_overhead as so, spread
 from kvplan.engines.vllm_overhead import CUSTOM_ALLREDUCE_BYTES, nccl_communicator_bytes
-from kvplan.units import GiB
+from kvplan.gpus import find_gpu
+from kvplan.units import GiB, MiB
 
 ROOT = Path(__file__).resolve().parents[2]
 SWITCH, PCIE, XGMI = (Device(interconnect=i) for i in ("nvlink-switch", "pcie", "infinity-fabric"))
@@ -58,6 +59,16 @@ def test_the_late_communicator_is_the_world_s_on_nvlink_boards_of_old_releases()
     assert so.late_comm_bytes("0.4.3", 4, 1, PCIE) == 0 == so.late_comm_bytes("0.4.7", 8, 1, SWITCH)
 
 
+def test_the_pool_follows_the_fullest_rank_of_the_chain():
+    """SGLang sizes the pool by the least free memory of any rank; the calibration log prints rank 0's dist-init
+    memory, the chain's first rank (1 send + 2 receive connections per channel), the middle ranks 2 + 2: one 2 MiB send
+    buffer more on each of 24 channels (8 x H100, NCCL 2.27.3), 48 MiB, charged above 2 ranks on NVLink-class
+    boards (at 2 ranks both hold 1 + 1)."""
+    assert so.CALIBRATION_CHANNELS == 24 and so.FULLEST_RANK_EXTRA_BYTES == 24 * 2 * MiB
+    assert so.communicator_bytes(8, "nvlink-switch") == round(1.23 * GiB) + 48 * MiB
+    assert so.communicator_bytes(2, "nvlink-switch") == nccl_communicator_bytes(2, "nvlink-switch")[0]
+
+
 def test_an_unknown_board_is_planned_as_nvlink():
     assert so.pre_load(8).bytes == so.pre_load(8, 1, Device(interconnect="nvlink")).bytes
 
@@ -76,7 +87,10 @@ def test_the_rule_against_every_corpus_log_that_prints_the_free_memory_before_lo
     end"'s avail mem + mem usage) on a catalogue GPU is in the table, planned or not. On the calibration part (which
     sized the constants), where the GPU's memory is its own (not unified) and no desktop holds part of it (the Windows
     WSL 3090: its other processes' memory is the desktop spread's), kvplan is at most 0.10 GiB below the logged memory
-    and at most 0.25 GiB above it (the safe side: an L4's CUDA context is smaller). The validation part is only
+    and at most 0.25 GiB above it (the safe side: an L4's CUDA context is smaller), except on Blackwell NVSwitch
+    boards, whose NCCL channels kvplan's rule does not model (kvplan.engines.nccl.nvswitch_channels): there the gap
+    must lie inside the class's spread, which the range's low end pays. The dist-init line a log prints is rank 0's
+    (the first of the chain): kvplan's fullest rank holds FULLEST_RANK_EXTRA_BYTES more. The validation part is only
     reported."""
     rows = {r.id: r for r in _agreement().pre_load_rows()}
     assert {"sglang-k8sgrok2-8xh100-grok2-fp8-tp8", "sglang-rocmcompat-mi355x-kimi-k25-tp8",
@@ -86,8 +100,17 @@ def test_the_rule_against_every_corpus_log_that_prints_the_free_memory_before_lo
     checked = [r for r in rows.values() if r.split == "calibration" and r.board != "unified"
                and r.id != "sglang-mydeepseekr1-rtx3090-r1-distill-qwen7b"]
     assert len(checked) >= 6
+    blackwell = [r for r in checked if (find_gpu(r.gpu).compute_capability or "").startswith("10.")]
+    assert blackwell and all(r.board == "nvlink-switch" for r in blackwell)
     for r in checked:
-        assert -0.10 <= r.kvplan_gib - r.logged_gib <= 0.25, (r.id, r.kvplan_gib, r.logged_gib)
-        if r.dist_gib is not None:  # the communicator and custom all-reduce against the dist-init line
+        gap = r.kvplan_gib - r.logged_gib
+        if r in blackwell:
+            cls = spread.term_class("overhead", engine="sglang", version=r.release, tp=r.tp, board_name=r.board,
+                                    family_name="", rough=False)
+            assert -gap * r.fraction <= spread.term_spread("overhead", "sglang", cls, 0).over_bytes / GiB + 0.01
+            continue
+        assert -0.10 <= gap <= 0.25, (r.id, r.kvplan_gib, r.logged_gib)
+        if r.dist_gib is not None:  # the communicator and custom all-reduce against rank 0's dist-init line
             first = so.pre_load(r.tp, r.pp, Device(interconnect=r.board))
-            assert abs((first.bytes - first.context) / GiB - r.dist_gib) <= 0.04, (r.id, first, r.dist_gib)
+            extra = so.FULLEST_RANK_EXTRA_BYTES if r.tp > 2 and r.board in ("nvlink-switch", "nvlink") else 0
+            assert abs((first.bytes - first.context - extra) / GiB - r.dist_gib) <= 0.04, (r.id, first, r.dist_gib)

@@ -23,6 +23,20 @@ def test_neighbours_each_measured_on_fewer_logs_than_a_class_needs_do_not_narrow
         assert s.over_bytes == round(0.40 * spread.GiB) and "every class" in s.basis, (cls, s)
 
 
+def test_a_single_gpu_class_does_not_borrow_a_tensor_parallel_board_s_nccl_spread(monkeypatch):
+    """No NCCL communicator exists at tp 1: a thin tp-1 class takes the widest of the tp-1 classes (0.40 GiB), not
+    a Blackwell NVSwitch board's 1.05 GiB of NCCL buffers; a thin tensor-parallel class still takes the widest of
+    every class, the tp-1 ones included (it holds what one GPU holds, and NCCL's buffers besides)."""
+    rows = [_row("tp 1", 1, 0.40), _row("tp 1, infinity-fabric", 1, 0.01), _row("tp 4 - 8, nvlink-switch", 3, 1.05),
+            _row("tp 2, pcie", 1, 0.0)]
+    monkeypatch.setattr(spread, "_doc", lambda: {"terms": rows, "classes": []})
+    single = spread.term_spread("overhead", "sglang", "tp 1", 0)
+    assert single.over_bytes == round(0.40 * spread.GiB) and "every class" in single.basis, single
+    assert spread.term_spread("overhead", "sglang", "tp 2, pcie", 0).over_bytes == round(1.05 * spread.GiB)
+    rows[2] = _row("tp 4 - 8, nvlink-switch", 3, 0.06)  # the tp-1 spread is the widest there is: a tp-2 class takes it
+    assert spread.term_spread("overhead", "sglang", "tp 2, pcie", 0).over_bytes == round(0.40 * spread.GiB)
+
+
 def test_one_well_measured_neighbour_still_sets_the_spread(monkeypatch):
     """Where a neighbour has MIN_TERM_LOGS logs of its own, the widest of the neighbours stands (no wider)."""
     rows = [_row("tp 1", 1, 0.40), _row("tp 4 - 8, pcie", spread.MIN_TERM_LOGS, 0.2),
