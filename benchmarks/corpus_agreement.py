@@ -341,19 +341,23 @@ def _activation_holds_graphs(engine: str, version: str) -> bool:
     return profile(version).printed_activation == "transient+graphs"
 
 
-def measure(plan: Any, compare: str, stage: int = 0) -> float:
-    """The plan's figure comparable to the logged one. With pipeline stages the logged "Available KV cache memory"
-    is one rank's: the ``stage`` the corpus names (``kvplan: stage``; default 0, the driver's), not the engine's
-    minimum over stages that the plan's own budget is."""
-    return _figure(plan.answer, plan.budget.kv_budget_bytes + stage_offset(plan, compare, stage), plan.layout.block_size,
-                   compare)
+def measure(plan: Any, compare: str, stage: int = 0, rank_gap: int | None = None) -> float:
+    """The plan's figure comparable to the logged one. The logged "Available KV cache memory" is one rank's: with
+    pipeline stages the ``stage`` the corpus names (``kvplan: stage``; default 0, the driver's), not the engine's
+    minimum over stages that the plan's own budget is; and rank 0's, not the pool's fullest rank
+    (:func:`stage_offset`)."""
+    return _figure(plan.answer, plan.budget.kv_budget_bytes + stage_offset(plan, compare, stage, rank_gap),
+                   plan.layout.block_size, compare)
 
 
-def stage_offset(plan: Any, compare: str, stage: int) -> int:
-    """How much more KV budget the logged stage has than the plan's deciding one (0 unless ``kv_gib`` at pp >= 2)."""
-    if compare != "kv_gib" or not plan.stages:
+def stage_offset(plan: Any, compare: str, stage: int, rank_gap: int | None = None) -> int:
+    """How much more KV budget the logged rank has than the plan's deciding one (0 unless ``kv_gib``): the logged
+    stage's at pp >= 2, and rank 0's over the pool's fullest rank (``rank_gap``, by default the stage budget's
+    ``first_rank_gap_bytes``: a log's "Available KV cache memory" is rank 0's, its blocks and tokens the pool's)."""
+    if compare != "kv_gib":
         return 0
-    return plan.stages[stage].kv_budget_bytes - plan.budget.kv_budget_bytes
+    staged = plan.stages[stage].kv_budget_bytes - plan.budget.kv_budget_bytes if plan.stages else 0
+    return staged + (logged_stage_budget(plan, stage).first_rank_gap_bytes if rank_gap is None else rank_gap)
 
 
 def _figure(a: Any, kv_budget_bytes: int, block_size: int, compare: str) -> float:
@@ -480,6 +484,10 @@ def run(entry: corpus.Entry) -> Row | str:
         terms.pop("activation_gib", None)
     if "weights_gib" in terms and plan.stages and meta["engine"] == "vllm":
         terms["weights_gib"] = f"{stage_weights_total(plan, _num(meta['reported']['weights_gib']), stage)}GiB"
+    # the log prints rank 0's non-torch memory; the pool's fullest rank holds this much more (vLLM above 2 NVLink ranks)
+    rank_gap = logged_stage_budget(plan, stage).first_rank_gap_bytes
+    if "overhead_gib" in terms and rank_gap:
+        terms["overhead_gib"] = f"{float(terms['overhead_gib'].removesuffix('GiB')) + rank_gap / GiB}GiB"
     terms_err, biggest, deltas, rest, unified = None, "", {}, None, gib + plan.budget.host_bytes / GiB
     # kvplan's formula for each estimated term (a quantized hybrid's unlisted 16-bit layers, a median, taken back out)
     unlisted = logged_stage_budget(plan, stage).unlisted_weights_bytes
@@ -491,7 +499,7 @@ def run(entry: corpus.Entry) -> Row | str:
             kept_graphs = {"cudagraph_gib": f"{in_activation}GiB"} if in_activation is not None \
                 and "cudagraph_gib" not in terms and "activation_gib" in terms else {}
             with_terms = estimate(options_for(meta, model, {**extra, **kept_graphs, **terms}))
-            terms_err = (measure(with_terms, compare, stage) - value) / value * 100
+            terms_err = (measure(with_terms, compare, stage, rank_gap) - value) / value * 100
             printed = {TERM_OF_OPTION[k] for k in terms}
             # measured against kvplan's formula: the non-torch memory the point estimate adds from these very gaps
             # (Budget.unmodelled_bytes, ROCm's calibration median) taken back out, so the median does not feed on itself

@@ -66,6 +66,9 @@ class Budget:
     unmodelled_bytes: int = 0  # non-torch memory on a platform whose share of it kvplan's formula leaves out (ROCm:
     # hipBLASLt's loaded kernels), the calibration median the overhead term includes
     # (kvplan.planning.budget.with_unmodelled_non_torch); 0 where no calibration log of the class measured it
+    first_rank_gap_bytes: int = 0  # how much more KV budget rank 0 has than the pool's fullest rank (vLLM above 2
+    # NVLink ranks: the NCCL send buffers rank 0, the first of the chain, does not hold; in the overhead term,
+    # kvplan.engines.vllm_overhead.fullest_rank_bytes): a log's "Available KV cache memory" is rank 0's
     unlisted_weights_bytes: int = 0  # weights counted from parameters x a dtype on a hybrid or multimodal model: the
     # layers its quantizer keeps in 16 bits, which a 16-bit spec cannot name - the calibration median the weights
     # term includes (kvplan.planning.budget.with_unlisted_weights)

@@ -439,10 +439,12 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
             p, version, spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, device, features, max_model_len, notes,
             sampled=stage is None or stage.last)
     path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
+    first_rank_gap = 0
     if overhead is None:
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
                                        features.expert_parallel)
         notes.extend(note)
+        first_rank_gap = non_torch(p, tp, device, pp, spec, max_num_batched_tokens).fullest_rank
     if cudagraph is None and given_activation and p.printed_activation == "transient+graphs":
         cudagraph = Term("cudagraph", 0, "in the given activation: from 0.27 vLLM prints its peak activation with the "
                                          "CUDA-graph estimate in it (pass --cudagraph-gib for a figure without it)")
@@ -457,7 +459,8 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     return Budget(total_bytes, gpu_util, usable, weights, activation, overhead, cudagraph, kv, source,
                   p.rounding, forward, sampler, tuple(notes), images.resident_bytes if images else 0,
                   images.encoder_peak_bytes if images else 0, path_gap,
-                  mm_profile=(images.items, images.modality, images.encoder_budget_tokens) if images else None)
+                  mm_profile=(images.items, images.modality, images.encoder_budget_tokens) if images else None,
+                  first_rank_gap_bytes=first_rank_gap)
 
 
 def _cpu_budget(p: Profile, version: str, total_bytes: int, gpu_util: float, usable: int, weights: Term, activation: Term | None,

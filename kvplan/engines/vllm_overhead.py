@@ -10,6 +10,7 @@ from kvplan.engines import (
     Device,
     Term,
     forward_parts,
+    nccl,
 )
 from kvplan.engines.vllm_releases import DEFAULT_VERSION, Profile, profile
 from kvplan.model.spec import ModelSpec
@@ -62,6 +63,30 @@ NVLS_BYTES_PER_RANK = 288 * MiB
 NVLINK_PEERS_PER_NODE = 8
 NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * GiB),
                    "infinity-fabric": round(0.08 * GiB), "pcie": 0}
+# The pool is the fullest rank's: V0's executor takes the least "# GPU blocks" of its workers (min over
+# determine_num_available_blocks), V1 unifies the workers' KV configs to the least blocks (unify_kv_cache_configs /
+# get_kv_cache_configs), and one node's NCCL ring / tree chain does not load every rank alike
+# (:func:`kvplan.engines.nccl.connections`): rank 0, the chain's first, holds 1 send + 2 receive connections per
+# channel, the middle ranks 2 + 2, so a middle rank holds one send buffer per channel and communicator more than rank 0,
+# whose memory-profiling lines a log prints and the rules above were sized on (the tp-8 A100 log among them). Per
+# communicator that is NCCL_NODE_CHANNELS x one send buffer: 24 x 2 MiB = 48 MiB on Hopper, 24 x 6 MiB = 144 MiB on
+# A100s (P2P read puts the Simple buffer on the sender); SGLang's 8 x H200 log prints the chain's spread rank by rank
+# (TP0 1.96, the middle ranks 2.01 GB: 48 MiB). Only NVLink-class NVIDIA boards above 2 ranks of one node: at 2 ranks
+# both hold 1 + 1, PCIe boards run few channels, and RCCL's xGMI figure below is already its fullest rank's.
+NCCL_NODE_CHANNELS = 24  # kvplan.engines.nccl.nvswitch_channels: 8 x H100 / H200 / H20 and 8 x A100 (H800: 16)
+FULLEST_RANK_BOARDS = ("nvlink-switch", "nvlink")
+
+
+def fullest_rank_bytes(tp: int, device: Device) -> int:
+    """How much more one NCCL communicator holds on the pool's fullest rank than on rank 0 (bytes per GPU): one send
+    buffer per channel (:data:`NCCL_NODE_CHANNELS` x :func:`kvplan.engines.nccl.send_bytes`, P2P read on
+    compute capability 8.0) above 2 ranks of one node on :data:`FULLEST_RANK_BOARDS` with CUDA; else 0."""
+    interconnect = device.interconnect or "nvlink"
+    if min(tp, NVLINK_PEERS_PER_NODE) <= 2 or interconnect not in FULLEST_RANK_BOARDS or device.platform != "cuda":
+        return 0
+    return NCCL_NODE_CHANNELS * nccl.send_bytes(nccl.p2p_read(device.compute_capability))
+
+
 # RCCL over xGMI (Infinity Fabric) above 2 ranks: one communicator's buffers per GPU, in place of the NVLink rule
 # above (whose per-peer fit is NVIDIA's). RCCL keeps NCCL's buffer sizes (4 MiB Simple per channel and peer, plus LL /
 # LL128) but on a fully connected xGMI node it builds many more channels than NCCL on NVLink (one ring per link
@@ -156,11 +181,13 @@ class NonTorch:
     interconnect: str
     counted: int  # how many tensor-parallel NCCL communicators the release counts
     pipeline: int = 0  # V0's pp-group PyNccl communicator at pp > 1 (v0_pipeline_bytes)
+    fullest_rank: int = 0  # the counted communicators' send buffers the pool's fullest rank holds above rank 0's
+    # (fullest_rank_bytes each): a log's memory-profiling lines are rank 0's, its pool the fullest rank's
 
     @property
     def communicators(self) -> int:
         """The NCCL communicators' buffers (tp and pp groups) and custom all-reduce, bytes per GPU."""
-        return self.channels + self.nvls + self.custom_allreduce + self.pipeline
+        return self.channels + self.nvls + self.custom_allreduce + self.pipeline + self.fullest_rank
 
     @property
     def bytes(self) -> int:
@@ -169,7 +196,8 @@ class NonTorch:
     def parts(self) -> tuple[tuple[str, int], ...]:
         """The non-zero parts as ``(name, bytes)``, in the order the profile meets them."""
         named = (("tp-1 increase", self.base), ("CUDA / HIP context", self.context), ("NCCL channels", self.channels),
-                 ("NVLS buffers", self.nvls), ("custom all-reduce", self.custom_allreduce),
+                 ("NVLS buffers", self.nvls), ("the fullest rank's NCCL send buffers", self.fullest_rank),
+                 ("custom all-reduce", self.custom_allreduce),
                  ("pp NCCL communicator", self.pipeline),
                  ("all-reduce fusion workspace", self.fusion))
         return tuple((name, size) for name, size in named if size)
@@ -326,18 +354,19 @@ def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, sp
     device = device or Device()
     interconnect = device.interconnect or "nvlink"
     context = CONTEXT_BYTES_BY_PLATFORM.get(device.platform, CUDA_CONTEXT_BYTES) if p.measure == "absolute" else 0
-    counted = channels = nvls = custom = 0
+    counted = channels = nvls = custom = fullest = 0
     if tp >= 2:
         counted = 1 if p.measure in ("post-nccl", "consumed") else 2
         one_channels, one_nvls = nccl_communicator_bytes(tp, interconnect)
-        channels, nvls = counted * one_channels, counted * one_nvls
+        channels, nvls, fullest = counted * one_channels, counted * one_nvls, counted * fullest_rank_bytes(tp, device)
         if p.mode == "V0":
             custom = v0_custom_allreduce_bytes(tp, device)
         elif counted == 2 and not (interconnect == "pcie" and tp > 2):  # custom all-reduce: off on > 2 PCIe GPUs
             custom = CUSTOM_ALLREDUCE_BYTES
     pipeline = v0_pipeline_bytes(tp, pp, interconnect) if p.mode == "V0" else 0
     fusion = fusion_workspace_bytes(p, spec, tp, pp, max_num_batched_tokens, device) if spec else 0
-    return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted, pipeline)
+    return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted, pipeline,
+                    fullest)
 
 
 def kept_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, max_num_batched_tokens: int, act_bytes: int,
@@ -373,9 +402,10 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
     notes = []
     if tp >= 2:
         parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
-                     f"{(nt.communicators - nt.pipeline) / GiB:.2f} GiB" + (" (NVLS buffers included)" if
-                                                                        nt.interconnect == "nvlink-switch" and tp > 2
-                                                                        else ""))
+                     f"{(nt.communicators - nt.pipeline) / GiB:.2f} GiB"
+                     + (" (NVLS buffers included)" if nt.interconnect == "nvlink-switch" and tp > 2 else "")
+                     + (f" on the fullest rank, which sizes the pool ({nt.fullest_rank / MiB:,.0f} MiB of NCCL send "
+                        "buffers above rank 0's)" if nt.fullest_rank else ""))
         notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
                      f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
                      "log's non-torch memory")

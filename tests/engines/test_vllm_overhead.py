@@ -16,6 +16,7 @@ from kvplan.engines.vllm_overhead import (
     v0_pipeline_bytes,
 )
 from kvplan.engines.vllm_releases import NON_TORCH_BYTES, profile
+from kvplan.units import MiB
 
 V0_RELEASES = ("0.6", "0.6.4", "0.6.5", "0.7.1", "0.7.2")
 
@@ -62,6 +63,22 @@ def test_v0_pipeline_communicator():
     assert v0_pipeline_bytes(4, 1, "nvlink") == 0
 
 
+def test_the_pool_s_fullest_rank_holds_one_send_buffer_per_channel_more_than_rank_0():
+    """vLLM sizes the pool by the worker with the fewest blocks; above 2 ranks of one node on NVLink-class boards that
+    is a middle rank of NCCL's chain, which holds one send connection per channel more than rank 0 (whose lines a
+    log prints): 24 channels x 2 MiB per communicator on Hopper, x 6 MiB on A100s (P2P read), per counted
+    communicator; none at 2 ranks, over PCIe, on ROCm (RCCL's xGMI figure is its fullest rank's already)."""
+    from kvplan.engines.vllm_overhead import fullest_rank_bytes
+
+    hopper, a100 = Device("cuda", 132, "nvlink-switch", "9.0"), Device("cuda", 108, "nvlink", "8.0")
+    assert fullest_rank_bytes(8, hopper) == 48 * MiB and fullest_rank_bytes(4, a100) == 144 * MiB
+    assert fullest_rank_bytes(16, hopper) == 48 * MiB  # one node's chain: the same above 8 GPUs
+    assert fullest_rank_bytes(2, hopper) == 0 == fullest_rank_bytes(8, Device("cuda", 142, "pcie", "8.9"))
+    assert fullest_rank_bytes(8, Device("rocm", 304, "infinity-fabric", "9.4")) == 0
+    assert non_torch(profile("0.7.1"), 8, a100).fullest_rank == 2 * 144 * MiB  # V0 counts two communicators
+    assert non_torch(profile("0.19.0"), 8, hopper).fullest_rank == 48 * MiB  # 0.11+: torch.distributed's alone
+
+
 def test_v0_totals_against_the_logs_that_print_them():
     """The V0 starts of the corpus that print non-torch memory at tp >= 2 (GiB per GPU; the rotary table aside):
     each stays within the tp-1 allowance's excess over the logged tp-1 median (0.30 - 0.10 GiB) plus NVLS and
@@ -78,7 +95,8 @@ def test_v0_totals_against_the_logs_that_print_them():
         ("0.6.5", 8, 1, Device("cuda", 142, "pcie", "8.9"), 0.36, 0.10),
     ]
     for version, tp, pp, device, logged, tolerance in cases:
-        planned = non_torch(profile(version), tp, device, pp).bytes / gib
+        nt = non_torch(profile(version), tp, device, pp)
+        planned = (nt.bytes - nt.fullest_rank) / gib  # rank 0's, whose lines the logs print
         assert abs(planned - logged) <= tolerance, (version, tp, pp, device.interconnect, planned, logged)
         assert planned >= logged - 0.05  # never far on the side that promises more KV
     assert NON_TORCH_BYTES / gib == pytest.approx(0.30)
