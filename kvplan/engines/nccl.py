@@ -69,10 +69,18 @@ ENGINE_TORCH = {
 }
 
 # Ring search speeds (GB/s) and one NVLink's bandwidth by architecture (graph/search.cc *SpeedArrayIntra,
-# graph/topo.h SM*_NVLINK_BW); MAXCHANNELS 32 before 2.26 (2.21.5), 64 from it (2.26.2, 2.27.3).
+# graph/topo.h SM*_NVLINK_BW; NCCL takes the sm100 ones for every compute capability >= 10.0 - B200, B300 - and the
+# sm90 ones from 9.0); MAXCHANNELS 32 before 2.26 (2.21.5), 64 from it (2.26.2, 2.27.3). 2.21.5 has no sm100 arrays
+# (Blackwell needs a later NCCL); 2.26.2's sm100 list lacks 2.27.3's last speed (18.0), which no NVSwitch board reaches.
 SPEEDS_INTRA = {80: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
-                90: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)}
-NVLINK_GBPS = {80: 20.0, 90: 20.6}
+                90: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+                100: (90.0, 80.0, 70.0, 60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)}
+NVLINK_GBPS = {80: 20.0, 90: 20.6, 100: 40.0}
+# NVLinks per GPU of the NVSwitch boards by architecture: HGX A100 12, HGX H100 / H200 / H20 and HGX B200 / B300 18
+# (H800's 8 are not told apart by the compute capability: planned as 18, more channels, the safe side).
+BOARD_NVLINKS = {80: 12, 90: 18, 100: 18}
+CALIBRATION_NCCL = (2, 27, 3)  # the NCCL the SGLang calibration logs run (torch 2.8)
+SM100_FROM = (2, 26, 0)  # the first release read with the sm100 arrays (2.26.2; 2.21.5 has none)
 MAX_CHANNELS_FROM = ((2, 26, 0), 64)
 MAX_CHANNELS_BEFORE = 32
 
@@ -173,13 +181,29 @@ def _ring_search(speeds: tuple[float, ...], total: float, limit: int) -> tuple[i
     return best
 
 
+def _arch(capability: str | None) -> int:
+    """The speed arrays' architecture for a compute capability (``ccMin >= 100`` -> 100, ``>= 90`` -> 90, 8.0 ->
+    80; 0 for one with no NVSwitch arrays read, or unknown)."""
+    major, _, minor = (capability or "0.0").partition(".")
+    cc = int(major) * 10 + int(minor or 0) if major.isdigit() and (minor or "0").isdigit() else 0
+    return 100 if cc >= 100 else 90 if cc >= 90 else 80 if cc == 80 else 0
+
+
+def board_channels(capability: str | None, nccl: tuple[int, int, int] = CALIBRATION_NCCL) -> int | None:
+    """:func:`nvswitch_channels` on the NVSwitch board of this architecture (:data:`BOARD_NVLINKS`): 24 on
+    A100 / Hopper, 32 on Blackwell; None for an architecture not read."""
+    arch = _arch(capability)
+    return nvswitch_channels(capability, BOARD_NVLINKS[arch], nccl) if arch in BOARD_NVLINKS else None
+
+
 def nvswitch_channels(capability: str, nvlinks: int, nccl: tuple[int, int, int]) -> int | None:
     """NCCL's ring / tree channels on an NVSwitch board whose GPUs have ``nvlinks`` NVLinks each (None for an
     architecture not read): the ring search (:func:`_ring_search`, at most MAXCHANNELS / 2), ncclTopoDupChannels,
     and ncclTopoPostset's doubling (at most :func:`max_channels`)."""
-    major, _, minor = (capability or "0.0").partition(".")
-    arch = int(major) * 10 + int(minor or 0)
-    if arch not in SPEEDS_INTRA:  # 8.0 (A100) and 9.0 (Hopper); Blackwell's sm100 speeds are not modelled
+    arch = _arch(capability)
+    if arch == 100 and nccl < SM100_FROM:  # a release without the sm100 arrays takes the sm90 ones
+        arch = 90
+    if arch not in SPEEDS_INTRA:  # 8.0 (A100), 9.x (Hopper) and 10.x+ (Blackwell): the arrays read
         return None
     limit = max_channels(nccl)
     n, speed = _ring_search(SPEEDS_INTRA[arch], nvlinks * NVLINK_GBPS[arch], limit // 2)

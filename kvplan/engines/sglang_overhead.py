@@ -104,18 +104,34 @@ def _interconnect(device: Device | None) -> str:
     return (device.interconnect if device else None) or DEFAULT_INTERCONNECT
 
 
-def communicator_bytes(ranks: int, interconnect: str) -> int:
+def more_channels_bytes(ranks: int, capability: str | None) -> int:
+    """What the fullest rank of one communicator holds above the calibration board's (8 x H100, 24 NCCL channels)
+    on an NVLink-class board whose NCCL runs more channels (bytes per GPU; 0 for as many or fewer, or an architecture
+    not read): Blackwell's sm100 ring search gives 32 (:func:`kvplan.engines.nccl.board_channels`), 8 channels x
+    the rank's connections more - 8 x 24 MiB = 192 MiB above 2 ranks, 8 x 12 MiB at 2."""
+    channels = nccl.board_channels(capability)
+    if ranks < 2 or channels is None or channels <= CALIBRATION_CHANNELS:
+        return 0
+    local, read = min(ranks, 8), nccl.p2p_read(capability)
+    position = 1 if local > 2 else 0  # a middle rank of the chain: the fullest
+    return (nccl.channel_bytes(local, position, channels, read)
+            - nccl.channel_bytes(local, position, CALIBRATION_CHANNELS, read))
+
+
+def communicator_bytes(ranks: int, interconnect: str, capability: str | None = None) -> int:
     """One NCCL communicator over ``ranks`` GPUs as SGLang's logs show it (bytes per GPU; 0 below 2 ranks): on PCIe
     :data:`NCCL_PCIE_BYTES`; on NVLink-class boards (unknown: ``nvlink``) at 2 ranks the channel buffers of
     :func:`~kvplan.engines.vllm_overhead.nccl_communicator_bytes` (no NVLS: SGLang keeps it off), above 2 ranks
-    :data:`NCCL_WIDE_BYTES`."""
+    :data:`NCCL_WIDE_BYTES`; on NVLink / NVSwitch boards whose GPUs of compute capability ``capability`` run more
+    NCCL channels than the calibration H100s, their buffers too (:func:`more_channels_bytes`)."""
     if ranks < 2:
         return 0
     if interconnect == "pcie":
         return NCCL_PCIE_BYTES
+    more = more_channels_bytes(ranks, capability) if interconnect in ("nvlink-switch", "nvlink") else 0
     if ranks == 2:
-        return nccl_communicator_bytes(2, interconnect)[0]
-    return NCCL_WIDE_BYTES.get(interconnect, NCCL_WIDE_BYTES[DEFAULT_INTERCONNECT])
+        return nccl_communicator_bytes(2, interconnect)[0] + more
+    return NCCL_WIDE_BYTES.get(interconnect, NCCL_WIDE_BYTES[DEFAULT_INTERCONNECT]) + more
 
 
 def custom_allreduce_on(tp: int, interconnect: str) -> bool:
@@ -129,7 +145,8 @@ def pre_load(tp: int, pp: int = 1, device: Device | None = None) -> PreLoad:
     ``device``'s board (unknown: ``nvlink``)."""
     interconnect = _interconnect(device)
     groups = tuple(n for n in (tp, pp) if n >= 2)
-    comms = sum(communicator_bytes(n, interconnect) for n in groups)
+    capability = device.compute_capability if device else None
+    comms = sum(communicator_bytes(n, interconnect, capability) for n in groups)
     custom = CUSTOM_ALLREDUCE_BYTES if custom_allreduce_on(tp, interconnect) else 0
     context = CONTEXT_BYTES_BY_PLATFORM.get(device.platform if device else "cuda", CONTEXT_BYTES)
     return PreLoad(context, comms, custom, interconnect, groups)
@@ -148,4 +165,4 @@ def late_comm_bytes(version: str, tp: int, pp: int = 1, device: Device | None = 
     interconnect = _interconnect(device)
     if tp < 2 or not release(version).min_on_nccl or interconnect not in LATE_COMM_BOARDS:
         return 0
-    return communicator_bytes(tp * pp, interconnect)
+    return communicator_bytes(tp * pp, interconnect, device.compute_capability if device else None)

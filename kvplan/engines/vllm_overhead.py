@@ -73,18 +73,20 @@ NCCL_PEER_BYTES = {"nvlink-switch": round(0.08 * GiB), "nvlink": round(0.08 * Gi
 # A100s (P2P read puts the Simple buffer on the sender); SGLang's 8 x H200 log prints the chain's spread rank by rank
 # (TP0 1.96, the middle ranks 2.01 GB: 48 MiB). Only NVLink-class NVIDIA boards above 2 ranks of one node: at 2 ranks
 # both hold 1 + 1, PCIe boards run few channels, and RCCL's xGMI figure below is already its fullest rank's.
-NCCL_NODE_CHANNELS = 24  # kvplan.engines.nccl.nvswitch_channels: 8 x H100 / H200 / H20 and 8 x A100 (H800: 16)
+NCCL_NODE_CHANNELS = 24  # a GPU of unknown architecture: 8 x H100 / H200 / H20 and 8 x A100's (H800: 16)
 FULLEST_RANK_BOARDS = ("nvlink-switch", "nvlink")
 
 
 def fullest_rank_bytes(tp: int, device: Device) -> int:
     """How much more one NCCL communicator holds on the pool's fullest rank than on rank 0 (bytes per GPU): one send
-    buffer per channel (:data:`NCCL_NODE_CHANNELS` x :func:`kvplan.engines.nccl.send_bytes`, P2P read on
-    compute capability 8.0) above 2 ranks of one node on :data:`FULLEST_RANK_BOARDS` with CUDA; else 0."""
+    buffer per channel (the board's channels, :func:`kvplan.engines.nccl.board_channels` - 32 on Blackwell - else
+    :data:`NCCL_NODE_CHANNELS`, x :func:`kvplan.engines.nccl.send_bytes`, P2P read on compute capability 8.0) above
+    2 ranks of one node on :data:`FULLEST_RANK_BOARDS` with CUDA; else 0."""
     interconnect = device.interconnect or "nvlink"
     if min(tp, NVLINK_PEERS_PER_NODE) <= 2 or interconnect not in FULLEST_RANK_BOARDS or device.platform != "cuda":
         return 0
-    return NCCL_NODE_CHANNELS * nccl.send_bytes(nccl.p2p_read(device.compute_capability))
+    channels = nccl.board_channels(device.compute_capability) or NCCL_NODE_CHANNELS
+    return channels * nccl.send_bytes(nccl.p2p_read(device.compute_capability))
 
 
 # RCCL over xGMI (Infinity Fabric) above 2 ranks: one communicator's buffers per GPU, in place of the NVLink rule

@@ -33,7 +33,9 @@ def test_connections_along_one_node_s_chain():
     ("8.0", 12, (2, 21, 5), 24),  # HGX A100: 6 x 40 of 240 fills it, 12, 24 ("Channel 23/24", nccl-tests#100)
     ("9.0", 8, (2, 18, 1), 16),  # H800: 4 x 40 GB/s, doubled (4 is not above 4), 16 (nccl#892's log)
     ("7.5", 0, (2, 26, 2), None),  # an architecture whose speeds were not read
-    ("10.0", 18, (2, 27, 3), None),  # Blackwell: its own speeds, not modelled
+    ("10.0", 18, (2, 27, 3), 32),  # B200: sm100 speeds, 18 x 40 GB/s = 720: 8 x 90 fills it, 16, post-set 32
+    ("10.3", 18, (2, 26, 2), 32),  # B300: every capability >= 10.0 takes the sm100 arrays
+    ("10.0", 18, (2, 21, 5), 24),  # a release without them takes the sm90 ones (and SM90_NVLINK_BW's place)
 ])
 def test_nvswitch_channels_as_nccl_logs_print_them(capability, nvlinks, release, channels):
     assert nccl.nvswitch_channels(capability, nvlinks, release) == channels
@@ -98,3 +100,20 @@ def test_the_two_sglang_nvswitch_logs_run_the_same_nccl():
     between their communicators is not NCCL's release."""
     assert nccl.engine_nccl("sglang", (0, 5, 2)) == nccl.engine_nccl("sglang", (0, 5, 3)) == (2, 27, 3)
     assert {row[1] for row in nccl.CALIBRATION + nccl.VALIDATION} == {(2, 27, 3)}
+
+
+def test_board_channels_by_architecture():
+    """The NVSwitch board of each architecture read (HGX A100: 12 NVLinks, Hopper and Blackwell: 18): 24, 24, 32."""
+    assert [nccl.board_channels(cc) for cc in ("8.0", "9.0", "10.0")] == [24, 24, 32]
+    assert nccl.board_channels("8.9") is None and nccl.board_channels(None) is None  # no NVSwitch arrays read
+
+
+def test_sglang_on_blackwell_holds_its_extra_channels_buffers():
+    """SGLang's communicator rule is the 24-channel H100's; a B200 board runs 32 channels: 8 x (2 send x 2 MiB + 2
+    receive x 10 MiB) = 192 MiB more on the fullest rank above 2 ranks, 8 x 12 MiB at 2; none on Hopper or PCIe."""
+    assert sglang_overhead.more_channels_bytes(8, "10.0") == 192 * MiB
+    assert sglang_overhead.more_channels_bytes(2, "10.0") == 96 * MiB
+    assert sglang_overhead.more_channels_bytes(8, "9.0") == 0 == sglang_overhead.more_channels_bytes(8, None)
+    b200, h100 = (sglang_overhead.communicator_bytes(4, "nvlink-switch", cc) for cc in ("10.0", "9.0"))
+    assert b200 - h100 == 192 * MiB
+    assert sglang_overhead.communicator_bytes(4, "pcie", "10.0") == sglang_overhead.NCCL_PCIE_BYTES

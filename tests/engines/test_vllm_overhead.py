@@ -73,6 +73,7 @@ def test_the_pool_s_fullest_rank_holds_one_send_buffer_per_channel_more_than_ran
     hopper, a100 = Device("cuda", 132, "nvlink-switch", "9.0"), Device("cuda", 108, "nvlink", "8.0")
     assert fullest_rank_bytes(8, hopper) == 48 * MiB and fullest_rank_bytes(4, a100) == 144 * MiB
     assert fullest_rank_bytes(16, hopper) == 48 * MiB  # one node's chain: the same above 8 GPUs
+    assert fullest_rank_bytes(8, Device("cuda", 148, "nvlink-switch", "10.0")) == 32 * 2 * MiB  # B200: 32 channels
     assert fullest_rank_bytes(2, hopper) == 0 == fullest_rank_bytes(8, Device("cuda", 142, "pcie", "8.9"))
     assert fullest_rank_bytes(8, Device("rocm", 304, "infinity-fabric", "9.4")) == 0
     assert non_torch(profile("0.7.1"), 8, a100).fullest_rank == 2 * 144 * MiB  # V0 counts two communicators
