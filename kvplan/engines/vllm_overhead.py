@@ -344,6 +344,16 @@ def fusion_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, pp: int, max_nu
     return main
 
 
+def communicators_counted(p: Profile, device: Device) -> int:
+    """How many tensor-parallel NCCL communicators release ``p``'s profiler charges at tp >= 2: both (PyNccl's and
+    torch.distributed's) where the snapshot comes before NCCL starts (0.6.5 - 0.10.x) or all non-torch memory counts;
+    after a post-NCCL snapshot (0.11+) only torch.distributed's, which the profile's first all-gather on the device
+    group makes - none where that all-gather runs on PyNccl (``Profile.tp_gather``, 0.26+ on CUDA)."""
+    if p.measure not in ("post-nccl", "consumed"):
+        return 2
+    return 0 if p.tp_gather == "pynccl" and device.platform == "cuda" else 1
+
+
 def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, spec: ModelSpec | None = None,
               max_num_batched_tokens: int = 0) -> NonTorch:
     """What release ``p`` charges as non-torch memory per GPU (:data:`MEASURES`), part by part: the tp-1
@@ -358,7 +368,7 @@ def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, sp
     context = CONTEXT_BYTES_BY_PLATFORM.get(device.platform, CUDA_CONTEXT_BYTES) if p.measure == "absolute" else 0
     counted = channels = nvls = custom = fullest = 0
     if tp >= 2:
-        counted = 1 if p.measure in ("post-nccl", "consumed") else 2
+        counted = communicators_counted(p, device)
         one_channels, one_nvls = nccl_communicator_bytes(tp, interconnect)
         channels, nvls, fullest = counted * one_channels, counted * one_nvls, counted * fullest_rank_bytes(tp, device)
         if p.mode == "V0":
@@ -402,15 +412,19 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
         runtime = "HIP" if device is not None and device.platform == "rocm" else "CUDA"
         parts.append(f"{runtime} context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
     notes = []
+    if tp >= 2 and not nt.counted:
+        parts.append(f"no NCCL communicator at tp {tp} ({p.version}+ runs the profile's all-gathers on PyNccl, made "
+                     "before the profiler's snapshot: no torch.distributed communicator is made during it)")
     if tp >= 2:
+        notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
+                     f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
+                     "log's non-torch memory")
+    if tp >= 2 and nt.counted:
         parts.append(f"{plural(nt.counted, 'NCCL communicator')} at tp {tp} over {nt.interconnect} "
                      f"{(nt.communicators - nt.pipeline) / GiB:.2f} GiB"
                      + (" (NVLS buffers included)" if nt.interconnect == "nvlink-switch" and tp > 2 else "")
                      + (f" on the fullest rank, which sizes the pool ({nt.fullest_rank / MiB:,.0f} MiB of NCCL send "
                         "buffers above rank 0's)" if nt.fullest_rank else ""))
-        notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
-                     f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
-                     "log's non-torch memory")
     if nt.pipeline:
         parts.append(f"the pp group's NCCL communicator (pp {pp}) {nt.pipeline / GiB:.2f} GiB")
     if device is not None and device.platform == "rocm":

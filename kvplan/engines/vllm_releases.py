@@ -47,6 +47,12 @@ class Profile:
     increase during the profile run) or ``transient+graphs`` (0.27+: ``transient_peak_headroom``, the torch peak
     above what is still allocated after the run, plus the CUDA-graph estimate it subtracts, gpu_worker.py
     ``peak_activation_memory``; the "CUDAGraph memory" it prints beside it is the graphs captured later).
+    ``tp_gather``: which communicator the tensor-parallel all-gather runs on (the logits' gather in the profile's
+    dummy sampler run): ``torch`` (``DeviceCommunicatorBase.all_gather``, ``all_gather_into_tensor`` on the device
+    group: the profile's first collective there makes torch.distributed's NCCL communicator, after a post-NCCL
+    snapshot) or ``pynccl`` (0.26+: ``CudaCommunicator.all_gather`` takes PyNccl's on CUDA, and with all-reduce on
+    custom all-reduce / symmetric memory / PyNccl no torch.distributed communicator is made during the profile; ROCm
+    keeps the torch one).
     ``change``: what this release changed.
     """
 
@@ -74,6 +80,7 @@ class Profile:
     lora_in_budget: bool = True
     mla_prefill: str = ""
     printed_activation: str = "torch-peak"
+    tp_gather: str = "torch"
 
 
 # What the memory profiler charges besides the weights and the torch allocator's peak, by release (read in
@@ -123,7 +130,7 @@ _V1_14 = dict(_V1_12, mm_profile="embeds", rounding="ceil", moe="v014")
 _V1_17 = dict(_V1_14, sampler="triton", sampler_copies=0)
 _V1_20 = dict(_V1_17, moe_chunk=0, cudagraph="subtracted", gpu_util=0.92)
 _V1_21 = dict(_V1_20, kv_tokens_rule="concurrency", sampler="flashinfer")
-_V1_27 = dict(_V1_21, concurrent_batches=2, measure="consumed", printed_activation="transient+graphs")
+_V1_27 = dict(_V1_21, concurrent_batches=2, measure="consumed", printed_activation="transient+graphs", tp_gather="pynccl")
 PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.6", (0, 6, 0), "V0 engine: the drop in free memory since start-up is charged", _V0),
     _p("0.6.4", (0, 6, 4), "V0 charges all non-torch memory (the CUDA context included); chunked prefill 2048",
@@ -171,8 +178,12 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.25", (0, 25, 0), "all-reduce fusion: FlashInfer's mnnvl backend on one node too, the quant fusion's "
        "trtllm workspace beside it", _V1_21),
     # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
-    # scheduling on one pipeline stage).
-    _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches", _V1_21, concurrent_batches=2),
+    # scheduling on one pipeline stage). CudaCommunicator.all_gather sends the tensor-parallel all-gather through
+    # PyNccl on CUDA (0.25.0 overrides it only for symmetric-memory dim-0 gathers, the rest going to torch's
+    # all_gather_into_tensor): the profile makes no torch.distributed communicator (read in 0.24.0, 0.25.0, 0.26.0,
+    # 0.27.0, 0.28.0).
+    _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches; the tp all-gather on PyNccl "
+       "(no torch.distributed communicator in the profile)", _V1_21, concurrent_batches=2, tp_gather="pynccl"),
     # 0.27: buffers still allocated after the profile run (the kept fused-MoE workspaces) are consumed memory; the
     # printed peak activation is the transient peak above them plus the CUDA-graph estimate
     _p("0.27", (0, 27, 0), "the profiler charges the whole drop in free memory (total_consumed)", _V1_27),

@@ -482,8 +482,9 @@ def test_rocm_cudagraph_estimate_from_0_26(llama3):
 
 def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     # tp 1: 0.30 GiB = round(0.30 x 2**30) = 322,122,547 B. At tp >= 2 the NCCL communicators the release
-    # counts: one from 0.11 (torch.distributed's, created lazily by the profile run; PyNccl's is in the snapshot),
-    # two before (+ 18 MiB of custom all-reduce buffers). One communicator: 0.41 GiB = 440,234,148 B of channel
+    # counts: one in 0.11 - 0.25 (torch.distributed's, created lazily by the profile run's all-gather; PyNccl's is in
+    # the snapshot), none from 0.26 on CUDA (the all-gather runs on PyNccl too), two before (+ 18 MiB of custom
+    # all-reduce buffers). One communicator: 0.41 GiB = 440,234,148 B of channel
     # buffers over NVLink / NVSwitch, 0.05 GiB = 53,687,091 over PCIe, + 288 MiB x tp of NVLS buffers on NVSwitch
     # boards above 2 GPUs; each peer beyond the first adds 0.08 GiB = 85,899,346 B over NVLink-class links (none over
     # PCIe). The rotary cache is the weights' (test_rope_cache_counted_with_the_weights_as_vllm_logs_it), not here.
@@ -504,19 +505,23 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     term, notes = overhead(2, "nvlink-switch")
     # 0.25+ on an NVSwitch board at tp 2: + FlashInfer's mnnvl fusion workspace, T = min(64 MiB // (4096 x 2), 2048)
     # = 2048 tokens; one multicast buffer of 3 x two-shot (2 x 1024 x 2 x 4096 x 2 = 16 MiB) = 48 MiB -> 512 MiB
-    assert term.bytes == base + chan + 512 * MiB + rope
-    assert "at tp 2 over nvlink-switch" in term.source and term.source.startswith("estimate")
+    assert term.bytes == base + 512 * MiB + rope
+    assert "no NCCL communicator at tp 2" in term.source and term.source.startswith("estimate")
     assert notes and "is an estimate" in notes[0] and "--overhead-gib" in notes[0]
     assert "fusion workspace" in term.source and any("--enforce-eager" in n for n in notes)
-    assert overhead(8, "nvlink-switch")[0].bytes == base + chan + 6 * peer + 8 * nvls + fullest + 512 * MiB + rope
+    assert overhead(8, "nvlink-switch")[0].bytes == base + 512 * MiB + rope
+    # 0.11 - 0.25: torch.distributed's communicator, its NVLS buffers and the fullest rank's send buffers
+    assert overhead(8, "nvlink-switch", "0.16.0")[0].bytes == base + chan + 6 * peer + 8 * nvls + fullest + rope
+    assert "1 NCCL communicator at tp 8 over nvlink-switch" in overhead(8, "nvlink-switch", "0.16.0")[0].source
     # 0.17 - 0.24 (trtllm, FlashInfer 0.6.4 - 0.6.12): each of its three buffers rounded up to 512 MiB, at any tp
     for tp in (2, 4, 8):
         assert (overhead(tp, "nvlink-switch", "0.19.0")[0].bytes
                 == base + chan + (tp - 2) * peer + (tp * nvls + fullest if tp > 2 else 0) + 3 * 512 * MiB + rope)
     # 0.27+ without NVSwitch: the trtllm fallback, 2 MiB granularity (+ a 2 KiB signal pad per buffer): buffer
     # 2 x 2048 x 4096 x 2 = 32 MiB -> 34, flags -> 2, lamport 96 -> 98 MiB; none before 0.27
-    assert overhead(2, "nvlink")[0].bytes == base + chan + (34 + 2 + 98) * MiB + rope
-    assert overhead(2, "nvlink", "0.26.0")[0].bytes == base + chan + rope
+    assert overhead(2, "nvlink")[0].bytes == base + (34 + 2 + 98) * MiB + rope
+    assert overhead(2, "nvlink", "0.26.0")[0].bytes == base + rope
+    assert overhead(2, "nvlink", "0.25.0")[0].bytes == base + chan + rope
     assert (overhead(8, "nvlink-switch", "0.10.1")[0].bytes
             == base + 2 * (chan + 6 * peer + 8 * nvls + fullest) + car + rope)
     # 8 x A100 40GB (NVSwitch, no NVLS), V0 0.7.1, two communicators: 0.30 + 2 x (0.41 + 6 x 0.08) + 18 MiB = 2.10
@@ -524,16 +529,17 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     assert abs(overhead(8, "nvlink", "0.7.1", cc="8.0")[0].bytes - rope - 2 * fullest_a100 - 2.10 * GiB) < 0.01 * GiB
     # above one node of 8 GPUs neither the per-peer buffers nor NVLS grow (peers on other nodes use the network)
     assert overhead(16, "nvlink-switch", "0.10.1")[0].bytes == overhead(8, "nvlink-switch", "0.10.1")[0].bytes
-    assert overhead(4, "nvlink", "0.26.0")[0].bytes == base + chan + 2 * peer + fullest + rope
-    assert overhead(2, "pcie", cc="8.0")[0].bytes == base + 53_687_091 + rope
-    assert overhead(2, "pcie")[0].bytes == base + 53_687_091 + (34 + 2 + 98) * MiB + rope  # 0.27+'s trtllm fallback
+    assert overhead(4, "nvlink", "0.25.0")[0].bytes == base + chan + 2 * peer + fullest + rope
+    assert overhead(4, "nvlink", "0.26.0")[0].bytes == base + rope
+    assert overhead(2, "pcie", "0.25.0", cc="8.0")[0].bytes == base + 53_687_091 + rope
+    assert overhead(2, "pcie")[0].bytes == base + (34 + 2 + 98) * MiB + rope  # 0.27+'s trtllm fallback
     assert overhead(4, "pcie", "0.6.6")[0].bytes == base + 2 * 53_687_091 + rope  # custom all-reduce off on > 2 PCIe;
     # no per-peer term over PCIe
-    assert overhead(2, None, cc=None)[0].bytes == base + chan + rope  # unknown GPU: nvlink, no fusion
+    assert overhead(2, None, "0.25.0", cc=None)[0].bytes == base + chan + rope  # unknown GPU: nvlink, no fusion
     # no fusion workspace before 0.17, at pp > 1, or below compute capability 9.0
     assert overhead(2, "nvlink-switch", "0.16.0")[0].bytes == base + chan + rope
-    assert overhead(2, "nvlink-switch", pp=2)[0].bytes == base + chan + rope
-    assert overhead(2, "nvlink-switch", cc="8.0")[0].bytes == base + chan + rope
+    assert overhead(2, "nvlink-switch", pp=2)[0].bytes == base + rope
+    assert overhead(2, "nvlink-switch", "0.25.0", cc="8.0")[0].bytes == base + chan + rope
     # 0.8.0 - 0.9.0 and 0.6.4 charge all non-torch memory: the CUDA context too
     assert overhead(1, "pcie", "0.8.5")[0].bytes == base + round(0.15 * GiB) + rope
 
@@ -560,8 +566,11 @@ def test_non_torch_parts_sum_to_the_term_and_each_has_its_rule(llama3):
                     device = Device("cuda", 132, board, cc)
                     nt = non_torch(p, tp, device, 1, llama3, 8192)
                     assert sum(size for _, size in nt.parts()) == nt.bytes
-                    assert (nt.nvls > 0) == (board == "nvlink-switch" and tp > 2)
-                    if tp > 2:  # one communicator's channel buffers grow with its peers, except over PCIe
+                    # 0.26+ on CUDA counts no communicator (the profile's all-gathers run on PyNccl)
+                    assert nt.counted == (0 if tp == 1 else 0 if p.first >= (0, 26, 0) else
+                                          1 if p.first >= (0, 11, 0) else 2), (version, tp)
+                    assert (nt.nvls > 0) == (board == "nvlink-switch" and tp > 2 and nt.counted > 0)
+                    if tp > 2 and nt.counted:  # one communicator's channel buffers grow with its peers, except over PCIe
                         fewer = non_torch(p, tp // 2, device, 1, llama3, 8192)
                         assert (nt.channels > fewer.channels) == (board != "pcie")
                     backend = fusion_backend(p, tp, 1, device)
