@@ -22,7 +22,7 @@ from kvplan.explain.facts import (
 )
 from kvplan.explain.printed import printed_interval
 from kvplan.explain.startup_log import StartupLog
-from kvplan.units import GiB, plural
+from kvplan.units import GiB, MiB, plural
 
 
 def _unprinted(log: StartupLog, terms: list[TermRow], requested: int, kv: int, b: Any) -> list[TermRow]:
@@ -79,7 +79,7 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
                             "vLLM's figure includes the rotary cache, which kvplan counts in overhead"),
                 "overhead": ("consumed (weights + non-torch) - weights" if log.consumed_gib is not None
                              and log.non_torch_gib is None and log.weights_gib is not None
-                             else "non-torch memory (+ kvplan's rotary cache)"),
+                             else "non-torch memory (+ kvplan's rotary cache)") + _fullest_rank(b),
                 "activation": ("the transient torch peak + the CUDA-graph estimate (kvplan's: both)" if folded
                                else ""),
                 "cudagraph": _cudagraph(log)[1]}.get(name, "")
@@ -101,8 +101,17 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
     rows.append(TermRow("kv_budget", kv, own(b and b.kv_budget_bytes),
                         ("K + V sizes" if log.sglang_k_gib is not None and log.sglang_kv_gib is None else "the pool")
                         if sglang else ("explicit (kv_cache_memory_bytes)" if log.kv_cache_memory_bytes
-                                        or log.explicit_kv_gib is not None else "available KV cache memory")))
+                                        or log.explicit_kv_gib is not None else "available KV cache memory"
+                                        + _fullest_rank(b))))
     return tuple(rows)
+
+
+def _fullest_rank(b: Any) -> str:
+    """A note where kvplan's figure is the pool's fullest rank's and the log's rank 0's (vLLM above 2 NVLink ranks:
+    ``Budget.first_rank_gap_bytes``), else empty."""
+    gap = b.first_rank_gap_bytes if b is not None else 0
+    return (f"; kvplan's is the pool's fullest rank, {gap / MiB:,.0f} MiB of NCCL send buffers more than rank 0, "
+            "whose lines the log prints") if gap else ""
 
 
 def prints_capacity_lines(log: StartupLog) -> bool:
