@@ -12,7 +12,7 @@ from kvplan.engines import (
     forward_parts,
     nccl,
 )
-from kvplan.engines.vllm_releases import DEFAULT_VERSION, Profile, profile
+from kvplan.engines.vllm_releases import DEFAULT_VERSION, PROFILES, Profile, profile
 from kvplan.model.spec import ModelSpec
 from kvplan.units import GiB, MiB, plural
 from kvplan.frozen import frozen
@@ -413,8 +413,9 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
         parts.append(f"{runtime} context {nt.context / GiB:.2f} GiB (this release charges all non-torch memory)")
     notes = []
     if tp >= 2 and not nt.counted:
-        parts.append(f"no NCCL communicator at tp {tp} ({p.version}+ runs the profile's all-gathers on PyNccl, made "
-                     "before the profiler's snapshot: no torch.distributed communicator is made during it)")
+        first = ".".join(map(str, min(q.first for q in PROFILES.values() if q.tp_gather == "pynccl")))
+        parts.append(f"no NCCL communicator at tp {tp} (from {first} vLLM runs the profile's all-gathers on PyNccl, "
+                     "made before the profiler's snapshot: no torch.distributed communicator is made during it)")
     if tp >= 2:
         notes.append(f"non-torch memory at tp {tp} over {nt.interconnect} is an estimate (the overhead term "
                      f"{total / GiB:.2f} GiB per GPU; logs range 0.2 - 7 GiB at tp 2 - 8): pass --overhead-gib with your "
