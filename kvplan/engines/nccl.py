@@ -88,6 +88,10 @@ MAX_CHANNELS_BEFORE = 32
 # 2.19 - 2.20, nvlsStepSize (128 KiB) x NCCL_STEPS from 2.21; memSize NVLS_MEM_ALIGN_SIZE (2 MiB) until 2.22, none
 # after.
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS' default on Hopper (NVLS_NCHANNELS_SM90 from 2.22)
+NVLS_CHANNELS_SM100 = 24  # Blackwell on one node (NVLS_NCHANNELS_SM100_NVL, 2.27.3; 32 across nodes)
+# cuMulticastGetGranularity(CU_MULTICAST_GRANULARITY_RECOMMENDED): what nvlsAllocateMem rounds one communicator's
+# NVLS buffer up to (512 MiB on NVSwitch boards, as FlashInfer's multicast workspaces show)
+NVLS_MULTICAST_GRANULARITY_BYTES = 512 * MiB
 NVLS_STEP_BYTES = 128 * 1024
 NVLS_MEM_ALIGN_BYTES = 2 * MiB
 
@@ -232,3 +236,15 @@ def buffers_gib(ranks: int, position: int, capability: str, nvlinks: int, nccl: 
     """:func:`channel_bytes` on an NVSwitch board in GiB (reports and tests)."""
     channels = nvswitch_channels(capability, nvlinks, nccl) or 0
     return channel_bytes(ranks, position, channels, p2p_read(capability)) / GiB
+
+
+def nvls_bytes(nccl: tuple[int, int, int], ranks: int, capability: str | None = None) -> int:
+    """One communicator's NVLS buffer per GPU on one node's ``ranks`` (bytes; 0 at 2 ranks or fewer, where NCCL leaves
+    NVLS off): ncclNvlsBufferSetup's ``nvlsPerRankSize x nHeads`` (:func:`nvls_bytes_per_rank`, every rank a head),
+    rounded up to the multicast granularity by nvlsAllocateMem (:data:`NVLS_MULTICAST_GRANULARITY_BYTES`): 0.5 GiB at
+    4 or 8 Hopper or Blackwell ranks from 2.22, 1 GiB at 8 ranks with 2.21."""
+    if ranks <= 2:
+        return 0
+    channels = NVLS_CHANNELS_SM100 if _arch(capability) == 100 else NVLS_CHANNELS
+    grain = NVLS_MULTICAST_GRANULARITY_BYTES
+    return -(-nvls_bytes_per_rank(nccl, channels) * ranks // grain) * grain

@@ -69,6 +69,8 @@ class Budget:
     first_rank_gap_bytes: int = 0  # how much more KV budget rank 0 has than the pool's fullest rank (vLLM above 2
     # NVLink ranks: the NCCL send buffers rank 0, the first of the chain, does not hold; in the overhead term,
     # kvplan.engines.vllm_overhead.fullest_rank_bytes): a log's "Available KV cache memory" is rank 0's
+    nvls_gap_bytes: int = 0  # what vLLM V0's NVLS figure (288 MiB x tp per communicator) would add above NCCL's own
+    # sizes, which V1 is planned with (kvplan.engines.vllm_overhead.NVLS_BYTES_PER_RANK): the range's low end pays it
     unlisted_weights_bytes: int = 0  # weights counted from parameters x a dtype on a hybrid or multimodal model: the
     # layers its quantizer keeps in 16 bits, which a 16-bit spec cannot name - the calibration median the weights
     # term includes (kvplan.planning.budget.with_unlisted_weights)

@@ -439,12 +439,13 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
             p, version, spec, tp, max_num_batched_tokens, max_num_seqs, act_bytes, device, features, max_model_len, notes,
             sampled=stage is None or stage.last)
     path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
-    first_rank_gap = 0
+    first_rank_gap = nvls_gap = 0
     if overhead is None:
         overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
                                        features.expert_parallel)
         notes.extend(note)
-        first_rank_gap = non_torch(p, tp, device, pp, spec, max_num_batched_tokens).fullest_rank
+        nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
+        first_rank_gap, nvls_gap = nt.fullest_rank, nt.nvls_gap
     if cudagraph is None and given_activation and p.printed_activation == "transient+graphs":
         cudagraph = Term("cudagraph", 0, "in the given activation: from 0.27 vLLM prints its peak activation with the "
                                          "CUDA-graph estimate in it (pass --cudagraph-gib for a figure without it)")
@@ -460,7 +461,7 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
                   p.rounding, forward, sampler, tuple(notes), images.resident_bytes if images else 0,
                   images.encoder_peak_bytes if images else 0, path_gap,
                   mm_profile=(images.items, images.modality, images.encoder_budget_tokens) if images else None,
-                  first_rank_gap_bytes=first_rank_gap)
+                  first_rank_gap_bytes=first_rank_gap, nvls_gap_bytes=nvls_gap)
 
 
 def _cpu_budget(p: Profile, version: str, total_bytes: int, gpu_util: float, usable: int, weights: Term, activation: Term | None,

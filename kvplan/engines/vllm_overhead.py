@@ -49,6 +49,11 @@ NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 *
 # (vllm-f20903468563, 8 x H200, 0.7.3: 7.16 GiB) charges more than the 2.21 reading leaves room for, so what it
 # holds beyond the channels is not known, and a smaller NVLS figure would promise KV that log did not get.
 NVLS_BYTES_PER_RANK = 288 * MiB
+# V1 (0.8+) takes NCCL's own sizes instead (kvplan.engines.nccl.nvls_bytes, its release's NCCL from the torch pin):
+# 1 GiB per communicator at 8 ranks with 2.21 (0.8.x), 0.5 GiB with 2.26+ (0.9+). Two calibration logs agree: 2 x 8
+# H20 at tp 16 on 0.8 (vllm-17242, tokens, -12.0% -> -0.6%) and 8 x B200 at tp 8 on 0.13 (vllm-f56792279388, KV
+# budget, -2.0% -> -0.8%); no V1 log of the corpus says more. The low end still pays what 288 MiB x tp would add
+# (NonTorch.nvls_gap -> Budget.nvls_gap_bytes), the figure V0 is planned with.
 # Each peer beyond the first adds buffers to a communicator over NVLink-class links (NVLink, NVSwitch, Infinity
 # Fabric): NCCL connects P2P channels per peer (send/recv and the gather vLLM's logits use), each with its own
 # Simple/LL/LL128 buffers, so the bytes grow with tp - 1. The size per peer is a fit, not read in NCCL (its ring + tree
@@ -183,6 +188,8 @@ class NonTorch:
     interconnect: str
     counted: int  # how many tensor-parallel NCCL communicators the release counts
     pipeline: int = 0  # V0's pp-group PyNccl communicator at pp > 1 (v0_pipeline_bytes)
+    nvls_gap: int = 0  # what 288 MiB x tp of NVLS per counted communicator (V0's figure) would add above NCCL's own
+    # sizes (V1): not in ``bytes``; the range's low end pays it
     fullest_rank: int = 0  # the counted communicators' send buffers the pool's fullest rank holds above rank 0's
     # (fullest_rank_bytes each): a log's memory-profiling lines are rank 0's, its pool the fullest rank's
 
@@ -366,10 +373,14 @@ def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, sp
     device = device or Device()
     interconnect = device.interconnect or "nvlink"
     context = CONTEXT_BYTES_BY_PLATFORM.get(device.platform, CUDA_CONTEXT_BYTES) if p.measure == "absolute" else 0
-    counted = channels = nvls = custom = fullest = 0
+    counted = channels = nvls = custom = fullest = nvls_gap = 0
     if tp >= 2:
         counted = communicators_counted(p, device)
         one_channels, one_nvls = nccl_communicator_bytes(tp, interconnect)
+        release = nccl.engine_nccl("vllm", (tuple(p.first) + (0, 0, 0))[:3])
+        if p.mode == "V1" and one_nvls and release is not None:  # NCCL's own NVLS sizes (NVLS_BYTES_PER_RANK)
+            code = nccl.nvls_bytes(release, min(tp, NVLINK_PEERS_PER_NODE), device.compute_capability)
+            nvls_gap, one_nvls = counted * max(0, one_nvls - code), min(one_nvls, code)
         channels, nvls, fullest = counted * one_channels, counted * one_nvls, counted * fullest_rank_bytes(tp, device)
         if p.mode == "V0":
             custom = v0_custom_allreduce_bytes(tp, device)
@@ -378,7 +389,7 @@ def non_torch(p: Profile, tp: int, device: Device | None = None, pp: int = 1, sp
     pipeline = v0_pipeline_bytes(tp, pp, interconnect) if p.mode == "V0" else 0
     fusion = fusion_workspace_bytes(p, spec, tp, pp, max_num_batched_tokens, device) if spec else 0
     return NonTorch(p.non_torch_bytes, context, channels, nvls, custom, fusion, interconnect, counted, pipeline,
-                    fullest)
+                    fullest_rank=fullest, nvls_gap=nvls_gap)
 
 
 def kept_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, max_num_batched_tokens: int, act_bytes: int,

@@ -197,15 +197,27 @@ def term_spreads(budget: Budget, engine: EngineDefaults, tp: int, spec: Any = No
         host = host_spread(engine.engine, budget.host_bytes)
         if host is not None:
             out.append(host)
-    if budget.path_gap_bytes:
-        out.append(TermSpread("installation path", budget.path_gap_bytes, 0, 0,
-                              "the engine's costlier code path where its installation lacks FlashInfer (vLLM 0.8 - "
-                              "0.11's native sampler; a plain wheel's Marlin MXFP4 layout on Hopper)"))
+    out += _other_paths(budget)
     desk = desktop(budget, engine, gpu, sum(t.over_bytes for t in out if t.term == "overhead"))
     if desk is not None:
         out.append(desk[0])
         notes.append(desk[1])
     return tuple(out), tuple(notes)
+
+
+def _other_paths(budget: Budget) -> list[TermSpread]:
+    """What the low end pays for the engine's other ways of holding memory, where kvplan plans one: its costlier code
+    path (``path_gap_bytes``) and vLLM V0's NVLS figure above the NCCL sizes V1 is planned with (``nvls_gap_bytes``)."""
+    out = []
+    if budget.path_gap_bytes:
+        out.append(TermSpread("installation path", budget.path_gap_bytes, 0, 0,
+                              "the engine's costlier code path where its installation lacks FlashInfer (vLLM 0.8 - "
+                              "0.11's native sampler; a plain wheel's Marlin MXFP4 layout on Hopper)"))
+    if budget.nvls_gap_bytes:
+        out.append(TermSpread("NVLS buffers", budget.nvls_gap_bytes, 0, 0,
+                              "vLLM V0's NVLS figure (288 MiB x tp per communicator, vllm#9699) above NCCL's own sizes, "
+                              "which V1 is planned with"))
+    return out
 
 
 def _rest_spread(terms: tuple[Any, ...], engine: EngineDefaults, tp: int, brd: str, fam: str, rough: bool,

@@ -494,6 +494,9 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     # above 2 NVLink ranks the pool's fullest rank (a middle one of NCCL's chain) holds one send buffer per channel
     # and communicator more than rank 0: 24 x 2 MiB on Hopper, 24 x 6 MiB on A100s (P2P read)
     fullest, fullest_a100 = 48 * MiB, 144 * MiB
+    # V1 takes NCCL's own NVLS sizes: 16 channels x 2 x 1 MiB x the ranks, rounded up to 512 MiB (2.22+: 0.9 on); the
+    # low end pays what V0's 288 MiB x tp would add (Budget.nvls_gap_bytes)
+    nvls_v1 = 512 * MiB
 
     def overhead(tp, interconnect, version="0.32", pp=1, cc="9.0"):
         b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=tp, pp=pp, version=version,
@@ -511,19 +514,27 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
     assert "fusion workspace" in term.source and any("--enforce-eager" in n for n in notes)
     assert overhead(8, "nvlink-switch")[0].bytes == base + 512 * MiB + rope
     # 0.11 - 0.25: torch.distributed's communicator, its NVLS buffers and the fullest rank's send buffers
-    assert overhead(8, "nvlink-switch", "0.16.0")[0].bytes == base + chan + 6 * peer + 8 * nvls + fullest + rope
+    assert overhead(8, "nvlink-switch", "0.16.0")[0].bytes == base + chan + 6 * peer + nvls_v1 + fullest + rope
+    b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=8, version="0.16.0",
+                    device=Device("cuda", 132, "nvlink-switch", "9.0"), **common)
+    assert b.nvls_gap_bytes == 8 * nvls - nvls_v1
+    # 0.8 (NCCL 2.21): 16 x 2 x 3 MiB x 8 = 768 MiB -> 1 GiB a communicator, two counted; V0 keeps 288 MiB x tp
+    from kvplan.engines.vllm import non_torch, profile
+    assert non_torch(profile("0.8"), 8, Device("cuda", 132, "nvlink-switch", "9.0")).nvls == 2 * GiB
+    assert non_torch(profile("0.7.2"), 8, Device("cuda", 132, "nvlink-switch", "9.0")).nvls == 2 * 8 * nvls
+    assert non_torch(profile("0.7.2"), 8, Device("cuda", 132, "nvlink-switch", "9.0")).nvls_gap == 0
     assert "1 NCCL communicator at tp 8 over nvlink-switch" in overhead(8, "nvlink-switch", "0.16.0")[0].source
     # 0.17 - 0.24 (trtllm, FlashInfer 0.6.4 - 0.6.12): each of its three buffers rounded up to 512 MiB, at any tp
     for tp in (2, 4, 8):
         assert (overhead(tp, "nvlink-switch", "0.19.0")[0].bytes
-                == base + chan + (tp - 2) * peer + (tp * nvls + fullest if tp > 2 else 0) + 3 * 512 * MiB + rope)
+                == base + chan + (tp - 2) * peer + (nvls_v1 + fullest if tp > 2 else 0) + 3 * 512 * MiB + rope)
     # 0.27+ without NVSwitch: the trtllm fallback, 2 MiB granularity (+ a 2 KiB signal pad per buffer): buffer
     # 2 x 2048 x 4096 x 2 = 32 MiB -> 34, flags -> 2, lamport 96 -> 98 MiB; none before 0.27
     assert overhead(2, "nvlink")[0].bytes == base + (34 + 2 + 98) * MiB + rope
     assert overhead(2, "nvlink", "0.26.0")[0].bytes == base + rope
     assert overhead(2, "nvlink", "0.25.0")[0].bytes == base + chan + rope
     assert (overhead(8, "nvlink-switch", "0.10.1")[0].bytes
-            == base + 2 * (chan + 6 * peer + 8 * nvls + fullest) + car + rope)
+            == base + 2 * (chan + 6 * peer + nvls_v1 + fullest) + car + rope)
     # 8 x A100 40GB (NVSwitch, no NVLS), V0 0.7.1, two communicators: 0.30 + 2 x (0.41 + 6 x 0.08) + 18 MiB = 2.10
     # GiB, the non-torch memory vllm-f3706561278's log charges on rank 0; its fullest rank 2 x 144 MiB more
     assert abs(overhead(8, "nvlink", "0.7.1", cc="8.0")[0].bytes - rope - 2 * fullest_a100 - 2.10 * GiB) < 0.01 * GiB

@@ -117,3 +117,12 @@ def test_sglang_on_blackwell_holds_its_extra_channels_buffers():
     b200, h100 = (sglang_overhead.communicator_bytes(4, "nvlink-switch", cc) for cc in ("10.0", "9.0"))
     assert b200 - h100 == 192 * MiB
     assert sglang_overhead.communicator_bytes(4, "pcie", "10.0") == sglang_overhead.NCCL_PCIE_BYTES
+
+
+def test_nvls_per_gpu_rounds_up_to_the_multicast_granularity():
+    """One communicator's NVLS buffer per GPU: per-rank size x the node's ranks (every rank a head), rounded up to
+    512 MiB: 2.21 at 8 ranks 96 MiB x 8 = 768 -> 1 GiB, at 4 384 -> 512 MiB; 2.22+ 32 MiB x 8 = 256 -> 512 MiB;
+    Blackwell's 24 channels 48 MiB x 8 = 384 -> 512 MiB; none at 2 ranks."""
+    assert nccl.nvls_bytes((2, 21, 5), 8) == GiB and nccl.nvls_bytes((2, 21, 5), 4) == 512 * MiB
+    assert nccl.nvls_bytes((2, 27, 3), 8) == 512 * MiB == nccl.nvls_bytes((2, 27, 3), 8, "10.0")
+    assert nccl.nvls_bytes((2, 20, 5), 8) == 1536 * MiB and nccl.nvls_bytes((2, 27, 3), 2) == 0

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 import kvplan
 from kvplan.cli.app import app
+from kvplan.units import MiB
 from kvplan.engines import spread
 from kvplan.planning.plan import plan_for_spec
 
@@ -494,3 +495,15 @@ def test_weights_counted_from_parameters_spread_by_what_the_quantizer_leaves():
     assert dense_plan.budget.unlisted_weights_bytes == 0
     given = kvplan.estimate("Qwen/Qwen3.6-35B-A3B", gpu="H100", weights_gib=20)
     assert given.budget.unlisted_weights_bytes == 0 and given.budget.weights.bytes == 20 * 2**30
+
+
+def test_v1_s_low_end_pays_v0_s_nvls_figure_above_nccl_s_own_sizes():
+    """V1 plans NVLS from NCCL's code (0.5 GiB a communicator at 8 Hopper ranks with NCCL 2.26+); the low end still
+    pays what V0's 288 MiB x tp would add (2.25 - 0.5 GiB), named; V0, planned with that figure, pays nothing more."""
+    v1 = kvplan.estimate("meta-llama/Llama-3.1-70B-Instruct", gpu="H100", tp=8, gpus=8, context=8192,
+                         engine_version="0.16.0")
+    nvls = {t.term: t for t in v1.kv_range.terms}["NVLS buffers"]
+    assert nvls.over_bytes == v1.budget.nvls_gap_bytes == 8 * 288 * MiB - 512 * MiB
+    v0 = kvplan.estimate("meta-llama/Llama-3.1-70B-Instruct", gpu="H100", tp=8, gpus=8, context=8192,
+                         engine_version="0.7.3")
+    assert "NVLS buffers" not in {t.term for t in v0.kv_range.terms} and v0.budget.nvls_gap_bytes == 0
