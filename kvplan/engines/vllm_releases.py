@@ -130,7 +130,8 @@ _V1_14 = dict(_V1_12, mm_profile="embeds", rounding="ceil", moe="v014")
 _V1_17 = dict(_V1_14, sampler="triton", sampler_copies=0)
 _V1_20 = dict(_V1_17, moe_chunk=0, cudagraph="subtracted", gpu_util=0.92)
 _V1_21 = dict(_V1_20, kv_tokens_rule="concurrency", sampler="flashinfer")
-_V1_27 = dict(_V1_21, concurrent_batches=2, measure="consumed", printed_activation="transient+graphs", tp_gather="pynccl")
+_V1_27 = dict(_V1_21, concurrent_batches=2, measure="consumed", printed_activation="transient+graphs",
+              tp_gather="pynccl")
 PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.6", (0, 6, 0), "V0 engine: the drop in free memory since start-up is charged", _V0),
     _p("0.6.4", (0, 6, 4), "V0 charges all non-torch memory (the CUDA context included); chunked prefill 2048",
