@@ -45,7 +45,7 @@ NCCL_CHANNEL_BYTES = {"nvlink-switch": round(0.41 * GiB), "nvlink": round(0.41 *
 # use only with cuMem on (runtimeConn = cuMemSupport && NCCL_RUNTIME_CONNECT); vLLM sets NCCL_CUMEM_ENABLE=0, so every
 # release sets NVLS up with the communicator (kvplan.engines.nccl.connected_at_init). At 16 NVLS channels and 8
 # ranks that is 1.5 GiB, 0.75 GiB (1 GiB rounded) and 0.25 GiB per communicator. kvplan keeps the 288 MiB per rank
-# of vllm#9699 for every release: the one V0 NVSwitch log above 2 GPUs that prints non-torch memory
+# of vllm#9699 for V0 (V1 below): the one V0 NVSwitch log above 2 GPUs that prints non-torch memory
 # (vllm-f20903468563, 8 x H200, 0.7.3: 7.16 GiB) charges more than the 2.21 reading leaves room for, so what it
 # holds beyond the channels is not known, and a smaller NVLS figure would promise KV that log did not get.
 NVLS_BYTES_PER_RANK = 288 * MiB
@@ -231,7 +231,8 @@ def nccl_communicator_bytes(tp: int, interconnect: str) -> tuple[int, int]:
     """One NCCL communicator's buffers per GPU for ``tp`` ranks over ``interconnect``, ``(channels, nvls)``:
     channel buffers (:data:`NCCL_CHANNEL_BYTES` at tp 2, + :data:`NCCL_PEER_BYTES` per further peer of one node; RCCL over
     Infinity Fabric above 2 ranks :data:`RCCL_XGMI_WIDE_BYTES`), and NVLS multicast buffers on NVSwitch boards above 2 GPUs (NCCL's ncclNvlsInit leaves NVLS
-    off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank)."""
+    off at 2 GPUs; :data:`NVLS_BYTES_PER_RANK` per rank: V0's figure, which :func:`non_torch` replaces with NCCL's own
+    sizes for V1)."""
     if interconnect == "infinity-fabric" and tp > 2:
         return RCCL_XGMI_WIDE_BYTES, 0  # RCCL over xGMI: many more channels, not growing with the ranks
     channels = (NCCL_CHANNEL_BYTES.get(interconnect, NCCL_CHANNEL_BYTES["nvlink"])
