@@ -163,6 +163,13 @@ def channel_bytes(ranks: int, position: int, channels: int, read: bool) -> int:
     return channels * (send * send_bytes(read) + recv * recv_bytes(read))
 
 
+def fullest_over_first_bytes(ranks: int, channels: int, read: bool) -> int:
+    """How much more a middle rank of one node's chain holds than its first (bytes; 0 at 2 ranks or fewer, where
+    both hold 1 + 1): :func:`channel_bytes` of 2 + 2 connections less 1 + 2 - one send buffer per channel."""
+    local = min(ranks, 8)
+    return channel_bytes(local, 1, channels, read) - channel_bytes(local, 0, channels, read) if local > 2 else 0
+
+
 def max_channels(nccl: tuple[int, int, int]) -> int:
     """NCCL's MAXCHANNELS: 32 before 2.26, 64 from it."""
     return MAX_CHANNELS_FROM[1] if nccl >= MAX_CHANNELS_FROM[0] else MAX_CHANNELS_BEFORE

@@ -58,13 +58,12 @@ CONTEXT_BYTES_BY_PLATFORM = {"cuda": CONTEXT_BYTES, "rocm": HIP_CONTEXT_BYTES}
 #   :func:`~kvplan.engines.vllm_overhead.nccl_communicator_bytes`, its NVLS buffers left out), 0.41 GiB;
 # - PCIe at any tp: 0.17 GiB at tp 2 on RTX 4090s (sglang-exp001, 0.19 - 0.02) and 0.13 at tp 4 on L4s
 #   (sglang-llmsinclouds, custom all-reduce off); the median, 0.15 (vLLM's tp-2 figure is 0.05).
-CALIBRATION_CHANNELS = nccl.nvswitch_channels("9.0", 18, (2, 27, 3))  # 8 x H100 SXM, NCCL 2.27.3 (torch 2.8): 24
+CALIBRATION_CHANNELS = nccl.board_channels("9.0")  # 8 x H100 SXM, NCCL 2.27.3 (torch 2.8): 24
 # SGLang sizes its pool by the fullest rank (``get_available_gpu_memory(distributed=True)``: the least free memory of
 # any rank), and the calibration log prints rank 0's, the first of one node's ring / tree chain: the middle ranks hold
 # one more send connection per channel (:func:`kvplan.engines.nccl.connections`: 1 + 2 against 2 + 2), 24 channels x
 # 2 MiB = 0.05 GiB on 8 x H100 with NCCL 2.27.3, as pr11716's ranks print it (TP0 1.96, the middle ranks 2.01 GB).
-FULLEST_RANK_EXTRA_BYTES = (nccl.channel_bytes(8, 1, CALIBRATION_CHANNELS, False)
-                            - nccl.channel_bytes(8, 0, CALIBRATION_CHANNELS, False))
+FULLEST_RANK_EXTRA_BYTES = nccl.fullest_over_first_bytes(8, CALIBRATION_CHANNELS, False)
 NCCL_WIDE_BYTES = {"nvlink-switch": round(1.23 * GiB) + FULLEST_RANK_EXTRA_BYTES,
                    "nvlink": round(1.23 * GiB) + FULLEST_RANK_EXTRA_BYTES,
                    "infinity-fabric": RCCL_XGMI_WIDE_BYTES}  # 3.63 GiB, the fullest rank's (the figure lives with vLLM's NCCL rule)

@@ -441,10 +441,9 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
     first_rank_gap = nvls_gap = 0
     if overhead is None:
-        overhead, note = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
-                                       features.expert_parallel)
+        overhead, note, nt = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
+                                           features.expert_parallel)
         notes.extend(note)
-        nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
         first_rank_gap, nvls_gap = nt.fullest_rank, nt.nvls_gap
     if cudagraph is None and given_activation and p.printed_activation == "transient+graphs":
         cudagraph = Term("cudagraph", 0, "in the given activation: from 0.27 vLLM prints its peak activation with the "

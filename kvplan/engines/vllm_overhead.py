@@ -91,7 +91,7 @@ def fullest_rank_bytes(tp: int, device: Device) -> int:
     if min(tp, NVLINK_PEERS_PER_NODE) <= 2 or interconnect not in FULLEST_RANK_BOARDS or device.platform != "cuda":
         return 0
     channels = nccl.board_channels(device.compute_capability) or NCCL_NODE_CHANNELS
-    return channels * nccl.send_bytes(nccl.p2p_read(device.compute_capability))
+    return nccl.fullest_over_first_bytes(tp, channels, nccl.p2p_read(device.compute_capability))
 
 
 # RCCL over xGMI (Infinity Fabric) above 2 ranks: one communicator's buffers per GPU, in place of the NVLink rule
@@ -413,9 +413,10 @@ def consumed_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, max_num_batch
 
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
                   pp: int = 1, max_num_batched_tokens: int = 0, expert_parallel: bool = False
-                  ) -> tuple[Term, list[str]]:
+                  ) -> tuple[Term, list[str], NonTorch]:
     """The overhead term (non-torch memory at this tp and interconnect + the fused-MoE workspaces a 0.27+ release
-    counts as consumed memory) and, at tp >= 2, a note that says the multi-GPU part is an estimate."""
+    counts as consumed memory), at tp >= 2 a note that says the multi-GPU part is an estimate, and the non-torch
+    parts it was built from (:func:`non_torch`)."""
     nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
     kept = consumed_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, expert_parallel)
     total = nt.bytes + kept  # the term: every figure below that speaks of it says this one number
@@ -453,7 +454,7 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
     if kept:
         parts.append(f"fused-MoE workspaces {kept / GiB:.2f} GiB (kept after the profile run: consumed memory "
                      f"in {p.version})")
-    return Term("overhead", total, "estimate: " + " + ".join(parts)), notes
+    return Term("overhead", total, "estimate: " + " + ".join(parts)), notes, nt
 
 
 def capture_sizes(max_size: int) -> list[int]:

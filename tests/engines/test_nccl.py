@@ -126,3 +126,9 @@ def test_nvls_per_gpu_rounds_up_to_the_multicast_granularity():
     assert nccl.nvls_bytes((2, 21, 5), 8) == GiB and nccl.nvls_bytes((2, 21, 5), 4) == 512 * MiB
     assert nccl.nvls_bytes((2, 27, 3), 8) == 512 * MiB == nccl.nvls_bytes((2, 27, 3), 8, "10.0")
     assert nccl.nvls_bytes((2, 20, 5), 8) == 1536 * MiB and nccl.nvls_bytes((2, 27, 3), 2) == 0
+
+
+def test_a_middle_rank_holds_one_send_buffer_per_channel_more_than_the_first():
+    assert nccl.fullest_over_first_bytes(8, 24, False) == 24 * nccl.send_bytes(False) == 48 * MiB
+    assert nccl.fullest_over_first_bytes(3, 24, True) == 24 * 6 * MiB  # A100s: P2P read puts Simple on the sender
+    assert nccl.fullest_over_first_bytes(2, 24, False) == 0  # both ranks 1 + 1
