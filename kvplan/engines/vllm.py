@@ -42,7 +42,8 @@ from kvplan.engines.vllm_releases import (
     VERSIONS as VERSIONS,
     profile as profile,
     resolve_version as resolve_version,
-    v2_runner_skips_graph_estimate as v2_runner_skips_graph_estimate,
+    on_v2_runner as on_v2_runner,
+    runs_v2_model_runner as runs_v2_model_runner,
 )
 from kvplan.engines.vllm_overhead import (
     ALLREDUCE_FUSION_FROM as ALLREDUCE_FUSION_FROM,
@@ -66,6 +67,8 @@ from kvplan.engines.vllm_overhead import (
     NonTorch as NonTorch,
     capture_sizes as capture_sizes,
     consumed_workspace_bytes as consumed_workspace_bytes,
+    charged_sampler_states as charged_sampler_states,
+    v2_sampler_state_bytes as v2_sampler_state_bytes,
     cudagraph_bytes as cudagraph_bytes,
     fusion_backend as fusion_backend,
     fusion_buffer_bytes as fusion_buffer_bytes,
@@ -274,8 +277,10 @@ FLASHINFER_MIN_SMS = 17  # flashinfer_sampler_supported(): GPUs with 16 or fewer
 INSTALLED_SAMPLERS = ("flashinfer-old", "flashinfer-installed")  # FlashInfer only where it is installed
 
 
-def sampler_path(version: str, device: Device | None = None, flashinfer: bool | None = None) -> tuple[str, int]:
-    """``(path, fp32 copies)`` of the profiled dummy sampler run on ``device`` (copies 0: derived).
+def sampler_path(version: str, device: Device | None = None, flashinfer: bool | None = None,
+                 v2: bool = False) -> tuple[str, int]:
+    """``(path, fp32 copies)`` of the profiled dummy sampler run on ``device`` (copies 0: derived); ``v2``: the
+    model runs on the V2 model runner (:func:`on_v2_runner`), whose greedy dummy run is ``v2-greedy``.
 
     FlashInfer's sampler exists only on CUDA: on ROCm the 0.9.1 - 0.11 FlashInfer path is the native
     torch-sort path (10 copies) and the 0.21+ one is the Triton path; CUDA GPUs with 16 or fewer SMs also fall
@@ -286,6 +291,8 @@ def sampler_path(version: str, device: Device | None = None, flashinfer: bool | 
     """
     p = profile(version)
     device = device or Device()
+    if v2:
+        return "v2-greedy", 0
     if (device.platform == "rocm" or flashinfer is False) and p.sampler in INSTALLED_SAMPLERS:
         native = PROFILES["0.12"]
         return native.sampler, native.sampler_copies
@@ -320,20 +327,21 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     an MLA model's prefill attention stage by the release's rule (``Profile.mla_prefill``).
     sampler: ``rows = min(max_num_seqs, max_num_batched_tokens)`` logit rows (:func:`sampler_path`): on the
     torch-sort paths fp32 rows over the padded vocab x copies (10: V0's top-k/top-p dummy run, 0.8 - 0.9.0 and
-    0.12 - 0.16, ROCm before 0.17); else :func:`sampler_peak_bytes`. With speculative decoding the dummy
-    rejection sampler (:func:`rejection_sampler_bytes`) when larger. The logits are gathered to the full
-    vocab, so this part does not shrink with tp.
+    0.12 - 0.16, ROCm before 0.17); else :func:`sampler_peak_bytes` (the V2 model runner's greedy run among
+    them). With speculative decoding the dummy rejection sampler (:func:`rejection_sampler_bytes`) when larger.
+    The logits are gathered to the full vocab, so this part does not shrink with tp.
     """
     p = profile(version)
     features = features or Features()
     forward = forward_bytes(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, features.expert_parallel,
                             features.fp8_weights, p.mla_prefill)
     rows = min(max_num_seqs, max_num_batched_tokens)
-    path, copies = sampler_path(version, device, features.flashinfer)
+    path, copies = sampler_path(version, device, features.flashinfer, on_v2_runner(p, spec, features.speculative))
     if copies:
         sampler = sampler_bytes(rows, spec.vocab_size, copies)
     else:
-        sampler = sampler_peak_bytes(spec, rows, act_bytes, max_num_batched_tokens, path, (device or Device()).sm_count)
+        sampler = sampler_peak_bytes(spec, rows, act_bytes, max_num_batched_tokens, path, (device or Device()).sm_count,
+                                     tp)
     if features.speculative and features.speculative != "ngram":
         sampler = max(sampler, rejection_sampler_bytes(rows, spec.vocab_size, act_bytes, version))
     return forward, sampler
@@ -342,6 +350,8 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
 def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes: int, forward: int, sampler: int,
                        path: str, copies: int, images: ImageProfile | None, kept: int = 0, charged: int = 0) -> str:
     what = (f"{plural(rows, 'row')} x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
+            f"V2 model runner's greedy run, {plural(rows, 'row')}: model-dtype logits"
+            + (f" and their tp {tp} all-gather" if tp > 1 else "") + " + hidden states" if path == "v2-greedy" else
             f"{path} path, {plural(rows, 'row')}: model-dtype logits + 3 fp32 [rows, vocab] tensors"
             + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
     moe = " (fused-MoE workspaces)" if routes_experts(spec) and not kept else ""
@@ -441,8 +451,10 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
     first_rank_gap = nvls_gap = 0
     if overhead is None:
+        states = charged_sampler_states(p, spec, max_num_seqs, features.speculative, features.speculative_tokens,
+                                        stage is None or stage.last, notes)
         overhead, note, nt = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
-                                           features.expert_parallel)
+                                           features.expert_parallel, states)
         notes.extend(note)
         first_rank_gap, nvls_gap = nt.fullest_rank, nt.nvls_gap
     if cudagraph is None and given_activation and p.printed_activation == "transient+graphs":
@@ -544,8 +556,9 @@ def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num
         return charged + max(forward - kept + deferred, sampler_peak) + resident
 
     rows = min(max_num_seqs, max_num_batched_tokens)
+    v2 = on_v2_runner(p, spec, features.speculative)
     source = _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
-                                *sampler_path(version, device, features.flashinfer), images, kept, charged)
+                                *sampler_path(version, device, features.flashinfer, v2), images, kept, charged)
     if deferred:
         source += (f" + a hidden-sized block {deferred / GiB:.2f} GiB the allocator keeps reserved behind an NCCL "
                    f"all-reduce ({p.version} charges reserved memory)")
@@ -568,16 +581,14 @@ def _cudagraph_term(p: Profile, version: str, spec: ModelSpec, tp: int, pp: int,
                     act_bytes: int, device: Device | None, speculative: str | None = None) -> Term:
     """The CUDA-graph term as the release treats it: subtracted (0.20+), only logged, or captured after the KV
     cache out of the slack; none on ROCm before 0.26, nor where 0.25 - 0.28 run the model on the V2 model runner
-    (:func:`v2_runner_skips_graph_estimate`) at pp 1. At pp > 1 kvplan keeps its estimate: the one such log
+    (:func:`runs_v2_model_runner`) at pp 1. At pp > 1 kvplan keeps its estimate: the one such log
     (0.27.1, Qwen3-32B at pp 2) charges its first stage about 1.3 GiB more than kvplan's other terms, unexplained."""
     estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes,
                                                     version)
     what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
     if (device or Device()).platform == "rocm" and p.cudagraph != "none" and p.first < (0, 26, 0):
         return Term("cudagraph", 0, "not profiled on ROCm before 0.26 (vLLM skips the CUDA-graph estimate there)")
-    state = [layer.is_state for layer in spec.layers]
-    if p.cudagraph == "subtracted" and pp == 1 and v2_runner_skips_graph_estimate(
-            p, spec.architecture, bool(spec.num_experts), any(state), bool(state) and all(state), speculative):
+    if p.cudagraph == "subtracted" and pp == 1 and on_v2_runner(p, spec, speculative):
         return Term("cudagraph", 0, f"not subtracted: vllm {p.version} runs {spec.architecture} on its V2 model "
                                     "runner, which estimates no CUDA-graph memory (profile_cudagraph_memory returns "
                                     "0); the graphs are captured after the KV cache")

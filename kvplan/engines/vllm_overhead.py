@@ -12,7 +12,7 @@ from kvplan.engines import (
     forward_parts,
     nccl,
 )
-from kvplan.engines.vllm_releases import DEFAULT_VERSION, PROFILES, Profile, profile
+from kvplan.engines.vllm_releases import DEFAULT_VERSION, PROFILES, Profile, on_v2_runner, profile
 from kvplan.model.spec import ModelSpec
 from kvplan.units import GiB, MiB, plural
 from kvplan.frozen import frozen
@@ -411,15 +411,52 @@ def consumed_workspace_bytes(p: Profile, spec: ModelSpec, tp: int, max_num_batch
     return kept_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, expert_parallel)
 
 
+# The V2 model runner's per-request sampler tables of fixed width, in int32 / fp32 elements (v1/worker/gpu/sample,
+# read in 0.25.0 - 0.28.0): allowed token ids, logit-bias ids and values (1,024 each), stop token ids (128), bad-word
+# tokens (1,024) and offsets (128 + 1), logprob token ids (MAX_LOGPROB_TOKEN_IDS 128).
+V2_FIXED_STATE_ELEMENTS = 1024 + 1024 + 1024 + 128 + 1024 + 129 + 128
+
+
+def v2_sampler_state_bytes(vocab_size: int, max_num_seqs: int, speculative_tokens: int = 0) -> int:
+    """Bytes per GPU of the V2 model runner's sampler states (made in ``load_model`` after the weights are measured,
+    still allocated after the profile run: consumed memory where the release's ``measure`` is "consumed", 0.27+).
+
+    Per request slot (``max_num_reqs`` = ``max_num_seqs``), int32: the penalties' ``output_bin_counts`` over the
+    vocab (sample/penalties.py; "can be very large, taking up GBs"), its ``prompt_bin_mask`` and the structured
+    outputs' ``grammar_bitmask`` (one per decoded token: ``1 + speculative_tokens``) over ``vocab / 32`` words, and the
+    fixed-width tables (:data:`V2_FIXED_STATE_ELEMENTS`). Qwen3-32B's 151,936-token vocab at 1,024 slots: 1,024 x
+    (151,936 + 2 x 4,748 + 4,481) x 4 B = 0.63 GiB. Only the last pipeline stage builds a sampler. 0.25 - 0.26 measure
+    the torch peak's increase during the profile, which these (made before it) are not part of: the pool overshoots
+    ``gpu_memory_utilization`` by them there."""
+    words = -(-vocab_size // 32)
+    return max_num_seqs * (vocab_size + words * (2 + speculative_tokens) + V2_FIXED_STATE_ELEMENTS) * 4
+
+
+def charged_sampler_states(p: Profile, spec: ModelSpec, max_num_seqs: int, speculative: str | None,
+                           speculative_tokens: int, last_stage: bool, notes: list[str]) -> int:
+    """The V2 model runner's sampler states (:func:`v2_sampler_state_bytes`) release ``p`` charges for ``spec`` on
+    this stage: all of them from 0.27; 0.25 - 0.26 none, with a note in ``notes`` that the GPU holds them anyway."""
+    if not last_stage or not on_v2_runner(p, spec, speculative):
+        return 0
+    states = v2_sampler_state_bytes(spec.vocab_size, max_num_seqs, speculative_tokens)
+    if p.measure == "consumed":
+        return states
+    notes.append(f"vllm {p.version}'s V2 model runner keeps {states / GiB:.2f} GiB of sampler states per GPU that its "
+                 "profiler does not charge: the KV pool is planned as the engine sizes it, and the GPU holds that much "
+                 "above gpu_memory_utilization")
+    return 0
+
+
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
-                  pp: int = 1, max_num_batched_tokens: int = 0, expert_parallel: bool = False
-                  ) -> tuple[Term, list[str], NonTorch]:
-    """The overhead term (non-torch memory at this tp and interconnect + the fused-MoE workspaces a 0.27+ release
-    counts as consumed memory), at tp >= 2 a note that says the multi-GPU part is an estimate, and the non-torch
-    parts it was built from (:func:`non_torch`)."""
+                  pp: int = 1, max_num_batched_tokens: int = 0, expert_parallel: bool = False,
+                  sampler_states: int = 0) -> tuple[Term, list[str], NonTorch]:
+    """The overhead term (non-torch memory at this tp and interconnect + the fused-MoE workspaces and the V2 model
+    runner's sampler states, ``sampler_states`` bytes (:func:`v2_sampler_state_bytes`), a 0.27+ release counts as
+    consumed memory), at tp >= 2 a note that says the multi-GPU part is an estimate, and the non-torch parts it was
+    built from (:func:`non_torch`)."""
     nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
     kept = consumed_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, expert_parallel)
-    total = nt.bytes + kept  # the term: every figure below that speaks of it says this one number
+    total = nt.bytes + kept + sampler_states  # the term: every figure below that speaks of it says this one number
     parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
     if nt.context:
         runtime = "HIP" if device is not None and device.platform == "rocm" else "CUDA"
@@ -454,6 +491,9 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
     if kept:
         parts.append(f"fused-MoE workspaces {kept / GiB:.2f} GiB (kept after the profile run: consumed memory "
                      f"in {p.version})")
+    if sampler_states:
+        parts.append(f"the V2 model runner's sampler states {sampler_states / GiB:.2f} GiB (per-request token counts "
+                     f"over the vocab, made after the weights: consumed memory in {p.version})")
     return Term("overhead", total, "estimate: " + " + ".join(parts)), notes, nt
 
 

@@ -4,6 +4,7 @@ modelled release a version string resolves to.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 from kvplan.engines import (
     release_ranges,
@@ -12,6 +13,9 @@ from kvplan.engines import (
 )
 from kvplan.units import GiB
 from kvplan.frozen import frozen
+
+if TYPE_CHECKING:
+    from kvplan.model.spec import ModelSpec
 
 ENGINE = "vllm"
 
@@ -225,8 +229,12 @@ def profile(version: str) -> Profile:
 # (read in 0.25.0, 0.26.0, 0.27.0, 0.27.1 and 0.28.0): a generating model that is not attention-free and either is in
 # the release's DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES or is neither MoE nor (unless listed) hybrid, unless a feature it
 # lacks is on (ngram speculative decoding among them). Its profile_cudagraph_memory returns 0 through 0.28: those
-# releases subtract no CUDA-graph estimate for such a model. 0.23 - 0.24 took it for fewer models (inside kvplan's
-# 0.21 rules, which keep the estimate); 0.29 and later estimate the graphs again.
+# releases subtract no CUDA-graph estimate for such a model. Its dummy sampler run samples greedily from the default
+# request states (sample/sampler.py: no logits processing, no top-k / top-p, no fp32 copy: the logits alone), and its
+# sampler keeps per-request states on the GPU (sample/penalties.py output_bin_counts [max_num_reqs, vocab] int32 among
+# them), made after the weights are measured: :func:`~kvplan.engines.vllm_overhead.v2_sampler_state_bytes`.
+# 0.23 - 0.24 took it for fewer models (inside kvplan's 0.21 rules, which keep the estimate); 0.29 and later estimate
+# the graphs again.
 V2_RUNNER_ARCHITECTURES = {
     "0.25": frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
     "0.26": frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
@@ -241,13 +249,20 @@ V2_RUNNER_ARCHITECTURES = {
 V2_RUNNER_HYBRIDS_LISTED_FROM = (0, 27, 0)  # 0.25 - 0.26 take no hybrid; 0.27+ a listed one
 
 
-def v2_runner_skips_graph_estimate(p: Profile, architecture: str, moe: bool, hybrid: bool, attention_free: bool,
-                                   speculative: str | None) -> bool:
-    """Whether release ``p`` runs this model on the V2 model runner, which subtracts no CUDA-graph estimate
-    (:data:`V2_RUNNER_ARCHITECTURES`: 0.25 - 0.28)."""
+def runs_v2_model_runner(p: Profile, architecture: str, moe: bool, hybrid: bool, attention_free: bool,
+                         speculative: str | None) -> bool:
+    """Whether release ``p`` runs this model on the V2 model runner (:data:`V2_RUNNER_ARCHITECTURES`: 0.25 - 0.28),
+    which subtracts no CUDA-graph estimate, samples its dummy run greedily and keeps its sampler states on the GPU."""
     listed = V2_RUNNER_ARCHITECTURES.get(p.version)
     if listed is None or attention_free or speculative in ("ngram", "ngram_gpu"):
         return False
     if architecture in listed:
         return not hybrid or p.first >= V2_RUNNER_HYBRIDS_LISTED_FROM
     return not moe and not hybrid
+
+
+def on_v2_runner(p: Profile, spec: ModelSpec, speculative: str | None) -> bool:
+    """Whether release ``p`` runs ``spec`` on its V2 model runner (:func:`runs_v2_model_runner`, 0.25 - 0.28)."""
+    state = [layer.is_state for layer in spec.layers]
+    return runs_v2_model_runner(p, spec.architecture, bool(spec.num_experts), any(state), bool(state) and all(state),
+                                speculative)

@@ -825,7 +825,7 @@ def test_the_v2_model_runner_of_0_25_to_0_28_subtracts_no_cuda_graph_estimate():
     # VllmConfig.use_v2_model_runner (0.25 - 0.28): a generating model that is neither MoE nor hybrid, or a listed
     # architecture, runs on the V2 model runner, whose profile_cudagraph_memory returns 0; 0.24 and 0.29 estimate
     import kvplan
-    from kvplan.engines.vllm import profile, v2_runner_skips_graph_estimate
+    from kvplan.engines.vllm import profile, runs_v2_model_runner
 
     def graphs(model, version, **kw):
         return kvplan.estimate(model, gpu="H100", engine_version=version, **kw).budget.cudagraph
@@ -838,8 +838,53 @@ def test_the_v2_model_runner_of_0_25_to_0_28_subtracts_no_cuda_graph_estimate():
     assert graphs(dense, "0.27.1", speculative="ngram").bytes > 0  # the V2 runner lacks ngram drafting
     assert graphs(dense, "0.27.1", pp=2).bytes > 0  # kvplan keeps its estimate at pp > 1 (an unexplained gap)
     p25, p27 = profile("0.25.0"), profile("0.27.0")
-    assert v2_runner_skips_graph_estimate(p25, "Qwen2MoeForCausalLM", True, False, False, None)  # listed MoE
-    assert not v2_runner_skips_graph_estimate(p25, "Qwen3NextForCausalLM", True, True, False, None)
-    assert not v2_runner_skips_graph_estimate(p25, "KimiK3ForConditionalGeneration", True, True, False, None)
-    assert v2_runner_skips_graph_estimate(p27, "KimiK3ForConditionalGeneration", True, True, False, None)
-    assert not v2_runner_skips_graph_estimate(p27, "MambaForCausalLM", False, True, True, None)  # attention-free
+    assert runs_v2_model_runner(p25, "Qwen2MoeForCausalLM", True, False, False, None)  # listed MoE
+    assert not runs_v2_model_runner(p25, "Qwen3NextForCausalLM", True, True, False, None)
+    assert not runs_v2_model_runner(p25, "KimiK3ForConditionalGeneration", True, True, False, None)
+    assert runs_v2_model_runner(p27, "KimiK3ForConditionalGeneration", True, True, False, None)
+    assert not runs_v2_model_runner(p27, "MambaForCausalLM", False, True, True, None)  # attention-free
+
+
+def test_the_v2_model_runner_samples_its_dummy_run_greedily(llama31):
+    # 0.25 - 0.28, _dummy_sampler_run on default request states: no fp32 copy, no top-k / top-p; the peak is the
+    # logits (1,024 x 128,256 x 2 B at tp 1) beside the batch's and the sampled rows' hidden states
+    h100 = Device("cuda", 132, "nvlink-switch")
+    tp1 = 1024 * 128_256 * 2 + (8192 + 1024) * 4096 * 2
+    assert vllm.sampler_peak_bytes(llama31, 1024, 2, 8192, "v2-greedy") == tp1
+    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.27.1", h100)[1] == tp1
+    # tp 2: the all-gather holds this rank's half, the gathered [2, rows, vocab / 2] and the reshaped copy
+    tp2 = 1024 * 64_128 * 2 + 2 * 1024 * 128_256 * 2 + (8192 + 1024) * 4096 * 2
+    assert vllm.activation_parts(llama31, 2, 8192, 1024, 2, "0.27.1", h100)[1] == tp2
+    # the V1 runner (0.24, or a MoE 0.27 does not list) keeps the FlashInfer top-k / top-p path, far larger
+    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.24.0", h100)[1] > 2 * tp1
+
+
+def test_the_v2_model_runner_sampler_states_are_consumed_memory_from_0_27(llama31):
+    # sample/penalties.py output_bin_counts [max_num_reqs, vocab] int32 + prompt_bin_mask and the grammar bitmask
+    # over vocab / 32 words + the fixed-width tables (4,481 elements), made after the weights are measured
+    from kvplan.engines.vllm_overhead import v2_sampler_state_bytes
+    per_request = (128_256 + 2 * 4_008 + 4_481) * 4
+    assert v2_sampler_state_bytes(128_256, 1024) == 1024 * per_request
+    assert v2_sampler_state_bytes(128_256, 256, 3) == 256 * (per_request + 3 * 4_008 * 4)
+
+
+def test_a_0_27_plan_charges_the_v2_sampler_states_on_the_last_stage_only():
+    import kvplan
+    from kvplan.engines.vllm_overhead import v2_sampler_state_bytes
+
+    def overhead(model, **kw):
+        return kvplan.estimate(model, gpu="H100", engine_version="0.27.1", **kw)
+
+    dense = overhead("meta-llama/Llama-3.1-8B-Instruct")
+    states = v2_sampler_state_bytes(128_256, dense.engine.max_num_seqs)
+    assert "sampler states" in dense.budget.overhead.source
+    # 0.25 - 0.26 charge the torch peak's increase during the profile, which these are made before: not charged,
+    # and the plan says the GPU holds them above gpu_memory_utilization
+    earlier = kvplan.estimate("meta-llama/Llama-3.1-8B-Instruct", gpu="H100", engine_version="0.26.0")
+    assert dense.budget.overhead.bytes - earlier.budget.overhead.bytes == states
+    assert any("does not charge" in n for n in earlier.budget.notes)
+    moe = overhead("Qwen/Qwen3-30B-A3B")  # not listed: the V1 model runner, no such states
+    assert "sampler states" not in moe.budget.overhead.source
+    staged = overhead("meta-llama/Llama-3.1-8B-Instruct", pp=2)
+    first, last = (s.budget.overhead for s in staged.stages)
+    assert last.bytes - first.bytes == states and "sampler states" not in first.source
