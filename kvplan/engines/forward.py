@@ -276,18 +276,20 @@ def sampler_peak_bytes(spec: ModelSpec, rows: int, act_bytes: int, max_num_batch
     Llama-3.1-8B on an H100, 1,024 rows (Triton): 1,024 x (128,256 x 2 + 128,256 x 12) + 132 x 128,256 x 4
     + (8,192 + 2 x 1,024) x 4,096 x 2 = 1,838,678,016 + 67,719,168 + 83,886,080 = 1,990,283,264 B (1.85 GiB).
 
-    ``v2-greedy``: the V2 model runner's dummy run (vLLM 0.25 - 0.28, v1/worker/gpu/model_runner.py
+    ``v2-greedy``: the V2 model runner's dummy run (vLLM 0.26 - 0.28, v1/worker/gpu/model_runner.py
     ``_dummy_sampler_run``) samples greedily from the default request states: no fp32 copy, no top-k / top-p, a
     Gumbel argmax over ``[rows, vocab / 1,024]`` partial maxima. Its peak is ``compute_logits``' all-gather at
     ``tp`` > 1 (``all_gather``: this rank's ``[rows, padded / tp]`` slice, the gathered ``[tp, rows, padded / tp]``
     and the ``movedim`` + ``reshape`` copy ``[rows, padded]``, all in the model dtype) beside the profiled batch's
-    hidden states and the sampled rows' (``(max_num_batched_tokens + rows) x hidden``).
+    hidden states and the sampled rows' (``(max_num_batched_tokens + rows) x hidden``). ``v2-greedy-fp32`` (0.25):
+    the same run, whose ``apply_sampling_params`` first copies the logits to fp32 (``[rows, vocab]`` x 4 B beside them).
     """
     vocab, padded = spec.vocab_size, padded_vocab(spec.vocab_size)
     logits = rows * padded * act_bytes
-    if path == "v2-greedy":
-        peak = logits if tp <= 1 else rows * (padded // tp) * act_bytes + 2 * logits
-        return peak + (max_num_batched_tokens + rows) * spec.hidden_size * act_bytes
+    if path.startswith("v2-greedy"):
+        gather = 0 if tp <= 1 else rows * (padded // tp) * act_bytes + logits  # transient, beside the logits
+        fp32 = rows * vocab * 4 if path == "v2-greedy-fp32" else 0
+        return logits + max(gather, fp32) + (max_num_batched_tokens + rows) * spec.hidden_size * act_bytes
     if path == "flashinfer-old":
         # vLLM 0.8.0 - 0.9.0 with FlashInfer < 0.2.3 (the 0.8 Docker images): the fp32 logits and FlashInfer's
         # softmax probs; only the sampled rows' hidden states are alive (the batch's [T, hidden] output is freed)

@@ -42,8 +42,8 @@ from kvplan.engines.vllm_releases import (
     VERSIONS as VERSIONS,
     profile as profile,
     resolve_version as resolve_version,
+    V2_SAMPLER_IN_PLACE_FROM as V2_SAMPLER_IN_PLACE_FROM,
     on_v2_runner as on_v2_runner,
-    runs_v2_model_runner as runs_v2_model_runner,
 )
 from kvplan.engines.vllm_overhead import (
     ALLREDUCE_FUSION_FROM as ALLREDUCE_FUSION_FROM,
@@ -68,7 +68,6 @@ from kvplan.engines.vllm_overhead import (
     capture_sizes as capture_sizes,
     consumed_workspace_bytes as consumed_workspace_bytes,
     charged_sampler_states as charged_sampler_states,
-    v2_sampler_state_bytes as v2_sampler_state_bytes,
     cudagraph_bytes as cudagraph_bytes,
     fusion_backend as fusion_backend,
     fusion_buffer_bytes as fusion_buffer_bytes,
@@ -292,7 +291,7 @@ def sampler_path(version: str, device: Device | None = None, flashinfer: bool | 
     p = profile(version)
     device = device or Device()
     if v2:
-        return "v2-greedy", 0
+        return ("v2-greedy" if p.first >= V2_SAMPLER_IN_PLACE_FROM else "v2-greedy-fp32"), 0
     if (device.platform == "rocm" or flashinfer is False) and p.sampler in INSTALLED_SAMPLERS:
         native = PROFILES["0.12"]
         return native.sampler, native.sampler_copies
@@ -349,11 +348,11 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
 
 def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes: int, forward: int, sampler: int,
                        path: str, copies: int, images: ImageProfile | None, kept: int = 0, charged: int = 0) -> str:
+    v2 = (f" and their tp {tp} all-gather" if tp > 1 else "") + (" or fp32 copy" if path.endswith("fp32") else "")
     what = (f"{plural(rows, 'row')} x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
-            f"V2 model runner's greedy run, {plural(rows, 'row')}: model-dtype logits"
-            + (f" and their tp {tp} all-gather" if tp > 1 else "") + " + hidden states" if path == "v2-greedy" else
-            f"{path} path, {plural(rows, 'row')}: model-dtype logits + 3 fp32 [rows, vocab] tensors"
-            + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
+            f"V2 model runner's greedy run, {plural(rows, 'row')}: model-dtype logits{v2} + hidden states"
+            if path.startswith("v2-greedy") else f"{path} path, {plural(rows, 'row')}: model-dtype logits + 3 fp32 "
+            "[rows, vocab] tensors" + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
     moe = " (fused-MoE workspaces)" if routes_experts(spec) and not kept else ""
     text = (f"forward {plural(mnbt, 'token')}{moe} = {(forward - kept) / GiB:.2f} GiB, "
             f"sampler {what} = {sampler / GiB:.2f} GiB")

@@ -247,6 +247,9 @@ V2_RUNNER_ARCHITECTURES = {
                        "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
 }
 V2_RUNNER_HYBRIDS_LISTED_FROM = (0, 27, 0)  # 0.25 - 0.26 take no hybrid; 0.27+ a listed one
+# 0.25's V2 sampler copies the logits to fp32 before any processing (apply_sampling_params); 0.26 works in place,
+# 0.27+ skip processing the default states take none of
+V2_SAMPLER_IN_PLACE_FROM = (0, 26, 0)
 
 
 def runs_v2_model_runner(p: Profile, architecture: str, moe: bool, hybrid: bool, attention_free: bool,

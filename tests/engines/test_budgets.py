@@ -825,7 +825,8 @@ def test_the_v2_model_runner_of_0_25_to_0_28_subtracts_no_cuda_graph_estimate():
     # VllmConfig.use_v2_model_runner (0.25 - 0.28): a generating model that is neither MoE nor hybrid, or a listed
     # architecture, runs on the V2 model runner, whose profile_cudagraph_memory returns 0; 0.24 and 0.29 estimate
     import kvplan
-    from kvplan.engines.vllm import profile, runs_v2_model_runner
+    from kvplan.engines.vllm import profile
+    from kvplan.engines.vllm_releases import runs_v2_model_runner
 
     def graphs(model, version, **kw):
         return kvplan.estimate(model, gpu="H100", engine_version=version, **kw).budget.cudagraph
@@ -888,3 +889,15 @@ def test_a_0_27_plan_charges_the_v2_sampler_states_on_the_last_stage_only():
     staged = overhead("meta-llama/Llama-3.1-8B-Instruct", pp=2)
     first, last = (s.budget.overhead for s in staged.stages)
     assert last.bytes - first.bytes == states and "sampler states" not in first.source
+
+
+def test_the_0_25_v2_sampler_copies_the_logits_to_fp32_first(llama31):
+    # 0.25's apply_sampling_params copies the logits to fp32 before any processing; 0.26 works in place
+    h100 = Device("cuda", 132, "nvlink-switch")
+    hidden = (8192 + 1024) * 4096 * 2
+    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.25.0", h100)[1] == \
+        1024 * 128_256 * 2 + 1024 * 128_256 * 4 + hidden
+    assert vllm.activation_parts(llama31, 1, 8192, 1024, 2, "0.26.0", h100)[1] == 1024 * 128_256 * 2 + hidden
+    # at tp 4 the fp32 copy (4 B an element) outweighs the gather's transient slice and copy (2.5 B)
+    assert vllm.activation_parts(llama31, 4, 8192, 1024, 2, "0.25.0", h100)[1] == \
+        1024 * 128_256 * 2 + 1024 * 128_256 * 4 + hidden
