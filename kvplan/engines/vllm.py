@@ -42,7 +42,6 @@ from kvplan.engines.vllm_releases import (
     VERSIONS as VERSIONS,
     profile as profile,
     resolve_version as resolve_version,
-    V2_SAMPLER_IN_PLACE_FROM as V2_SAMPLER_IN_PLACE_FROM,
     on_v2_runner as on_v2_runner,
 )
 from kvplan.engines.vllm_overhead import (
@@ -67,7 +66,7 @@ from kvplan.engines.vllm_overhead import (
     NonTorch as NonTorch,
     capture_sizes as capture_sizes,
     consumed_workspace_bytes as consumed_workspace_bytes,
-    charged_sampler_states as charged_sampler_states,
+    charged_runner_buffers as charged_runner_buffers,
     cudagraph_bytes as cudagraph_bytes,
     fusion_backend as fusion_backend,
     fusion_buffer_bytes as fusion_buffer_bytes,
@@ -279,7 +278,8 @@ INSTALLED_SAMPLERS = ("flashinfer-old", "flashinfer-installed")  # FlashInfer on
 def sampler_path(version: str, device: Device | None = None, flashinfer: bool | None = None,
                  v2: bool = False) -> tuple[str, int]:
     """``(path, fp32 copies)`` of the profiled dummy sampler run on ``device`` (copies 0: derived); ``v2``: the
-    model runs on the V2 model runner (:func:`on_v2_runner`), whose greedy dummy run is ``v2-greedy``.
+    model runs on the V2 model runner (:func:`on_v2_runner`), whose greedy dummy run is ``v2-greedy`` (0.25:
+    ``v2-greedy-fp32``); 0.33's warmup-parameter pass takes the fp32 top-k / top-p path of the release's sampler.
 
     FlashInfer's sampler exists only on CUDA: on ROCm the 0.9.1 - 0.11 FlashInfer path is the native
     torch-sort path (10 copies) and the 0.21+ one is the Triton path; CUDA GPUs with 16 or fewer SMs also fall
@@ -290,8 +290,8 @@ def sampler_path(version: str, device: Device | None = None, flashinfer: bool | 
     """
     p = profile(version)
     device = device or Device()
-    if v2:
-        return ("v2-greedy" if p.first >= V2_SAMPLER_IN_PLACE_FROM else "v2-greedy-fp32"), 0
+    if v2 and p.v2_sampler != "warmup":  # 0.33's warmup pass: the fp32 top-k / top-p path below
+        return ("v2-greedy-fp32" if p.v2_sampler == "fp32" else "v2-greedy"), 0
     if (device.platform == "rocm" or flashinfer is False) and p.sampler in INSTALLED_SAMPLERS:
         native = PROFILES["0.12"]
         return native.sampler, native.sampler_copies
@@ -450,10 +450,10 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
     first_rank_gap = nvls_gap = 0
     if overhead is None:
-        states = charged_sampler_states(p, spec, max_num_seqs, features.speculative, features.speculative_tokens,
-                                        stage is None or stage.last, notes)
+        buffers = charged_runner_buffers(p, spec, max_num_batched_tokens, max_num_seqs, act_bytes, features.speculative,
+                                         features.speculative_tokens, stage is None or stage.last, notes)
         overhead, note, nt = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
-                                           features.expert_parallel, states)
+                                           features.expert_parallel, buffers)
         notes.extend(note)
         first_rank_gap, nvls_gap = nt.fullest_rank, nt.nvls_gap
     if cudagraph is None and given_activation and p.printed_activation == "transient+graphs":
@@ -587,7 +587,8 @@ def _cudagraph_term(p: Profile, version: str, spec: ModelSpec, tp: int, pp: int,
     what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"
     if (device or Device()).platform == "rocm" and p.cudagraph != "none" and p.first < (0, 26, 0):
         return Term("cudagraph", 0, "not profiled on ROCm before 0.26 (vLLM skips the CUDA-graph estimate there)")
-    if p.cudagraph == "subtracted" and pp == 1 and on_v2_runner(p, spec, speculative):
+    if p.cudagraph == "subtracted" and pp == 1 and p.model_runner == "v2-listed" \
+            and on_v2_runner(p, spec, speculative):
         return Term("cudagraph", 0, f"not subtracted: vllm {p.version} runs {spec.architecture} on its V2 model "
                                     "runner, which estimates no CUDA-graph memory (profile_cudagraph_memory returns "
                                     "0); the graphs are captured after the KV cache")

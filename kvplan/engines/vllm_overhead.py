@@ -432,31 +432,51 @@ def v2_sampler_state_bytes(vocab_size: int, max_num_seqs: int, speculative_token
     return max_num_seqs * (vocab_size + words * (2 + speculative_tokens) + V2_FIXED_STATE_ELEMENTS) * 4
 
 
-def charged_sampler_states(p: Profile, spec: ModelSpec, max_num_seqs: int, speculative: str | None,
-                           speculative_tokens: int, last_stage: bool, notes: list[str]) -> int:
-    """The V2 model runner's sampler states (:func:`v2_sampler_state_bytes`) release ``p`` charges for ``spec`` on
-    this stage: all of them from 0.27; 0.25 - 0.26 none, with a note in ``notes`` that the GPU holds them anyway."""
-    if not last_stage or not on_v2_runner(p, spec, speculative):
-        return 0
+def v1_runner_buffer_bytes(spec: ModelSpec, max_num_batched_tokens: int, act_bytes: int) -> int:
+    """Bytes per GPU of the V1 model runner's persistent input buffers that scale with the batch (read in 0.27.1
+    v1/worker/gpu_model_runner.py ``__init__``, made after the profiler's snapshot): ``inputs_embeds``
+    ``[max_num_batched_tokens, hidden]`` in the model dtype and the input batch's slot mapping ``[tokens]`` int64.
+    Left out: the per-token index buffers (under 30 B a token) and the placeholder block table, ``[max_num_seqs,
+    max_model_len / block_size]`` int32 (32 MiB at 1,024 slots and 131,072 tokens), which would make the budget depend
+    on the context it is solved for. Llama-3.1-8B at 8,192 tokens: 64 MiB + 64 KiB."""
+    return max_num_batched_tokens * (spec.hidden_size * act_bytes + 8)
+
+
+def charged_runner_buffers(p: Profile, spec: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int,
+                           act_bytes: int, speculative: str | None, speculative_tokens: int, last_stage: bool,
+                           notes: list[str]) -> tuple[int, str]:
+    """``(bytes, what)``: the model runner's persistent buffers release ``p`` charges on this stage. The V2 runner's
+    sampler states (:func:`v2_sampler_state_bytes`; last stage only): all of them from 0.27, 0.25 - 0.26 none, with
+    a note in ``notes`` that the GPU holds them anyway. The V1 runner's input buffers
+    (:func:`v1_runner_buffer_bytes`): from 0.27; before, they are torch memory made before the profile, which the
+    earlier measures leave out."""
+    if not on_v2_runner(p, spec, speculative):
+        if p.measure != "consumed":
+            return 0, ""
+        return (v1_runner_buffer_bytes(spec, max_num_batched_tokens, act_bytes),
+                "the V1 model runner's input buffers (inputs_embeds)")
+    if not last_stage:
+        return 0, ""
     states = v2_sampler_state_bytes(spec.vocab_size, max_num_seqs, speculative_tokens)
     if p.measure == "consumed":
-        return states
+        return states, "the V2 model runner's sampler states (per-request token counts over the vocab)"
     notes.append(f"vllm {p.version}'s V2 model runner keeps {states / GiB:.2f} GiB of sampler states per GPU that its "
                  "profiler does not charge: the KV pool is planned as the engine sizes it, and the GPU holds that much "
                  "above gpu_memory_utilization")
-    return 0
+    return 0, ""
 
 
 def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: Device | None = None,
                   pp: int = 1, max_num_batched_tokens: int = 0, expert_parallel: bool = False,
-                  sampler_states: int = 0) -> tuple[Term, list[str], NonTorch]:
-    """The overhead term (non-torch memory at this tp and interconnect + the fused-MoE workspaces and the V2 model
-    runner's sampler states, ``sampler_states`` bytes (:func:`v2_sampler_state_bytes`), a 0.27+ release counts as
+                  runner_buffers: tuple[int, str] = (0, "")) -> tuple[Term, list[str], NonTorch]:
+    """The overhead term (non-torch memory at this tp and interconnect + the fused-MoE workspaces and the model
+    runner's persistent buffers, ``runner_buffers`` (:func:`charged_runner_buffers`), a 0.27+ release counts as
     consumed memory), at tp >= 2 a note that says the multi-GPU part is an estimate, and the non-torch parts it was
     built from (:func:`non_torch`)."""
+    buffers, buffers_what = runner_buffers
     nt = non_torch(p, tp, device, pp, spec, max_num_batched_tokens)
     kept = consumed_workspace_bytes(p, spec, tp, max_num_batched_tokens, act_bytes, expert_parallel)
-    total = nt.bytes + kept + sampler_states  # the term: every figure below that speaks of it says this one number
+    total = nt.bytes + kept + buffers  # the term: every figure below that speaks of it says this one number
     parts = [f"non-torch {nt.base / GiB:.2f} GiB at tp 1 (cuBLAS, workspaces)"]
     if nt.context:
         runtime = "HIP" if device is not None and device.platform == "rocm" else "CUDA"
@@ -491,9 +511,9 @@ def overhead_term(p: Profile, spec: ModelSpec, tp: int, act_bytes: int, device: 
     if kept:
         parts.append(f"fused-MoE workspaces {kept / GiB:.2f} GiB (kept after the profile run: consumed memory "
                      f"in {p.version})")
-    if sampler_states:
-        parts.append(f"the V2 model runner's sampler states {sampler_states / GiB:.2f} GiB (per-request token counts "
-                     f"over the vocab, made after the weights: consumed memory in {p.version})")
+    if buffers:
+        parts.append(f"{buffers_what} {buffers / GiB:.2f} GiB (made after the weights are measured: consumed memory "
+                     f"in {p.version})")
     return Term("overhead", total, "estimate: " + " + ".join(parts)), notes, nt
 
 

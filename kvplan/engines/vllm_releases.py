@@ -57,6 +57,11 @@ class Profile:
     snapshot) or ``pynccl`` (0.26+: ``CudaCommunicator.all_gather`` takes PyNccl's on CUDA, and with all-reduce on
     custom all-reduce / symmetric memory / PyNccl no torch.distributed communicator is made during the profile; ROCm
     keeps the torch one).
+    ``model_runner``: which models run on the V2 model runner (v1/worker/gpu/model_runner.py;
+    :func:`runs_v2_model_runner`): ``v1`` none, ``v2-listed`` (0.25 - 0.28: :data:`V2_RUNNER_ARCHITECTURES` and the
+    dense ones), ``v2`` (0.29+: every generating model, the default). ``v2_sampler``: that runner's dummy sampler
+    run: ``fp32`` (0.25: greedy after an fp32 copy of the logits), ``greedy`` (0.26 - 0.32: the logits alone),
+    ``warmup`` (0.33+: a second pass with SamplingParams.for_sampler_warmup, the fp32 top-k / top-p pipeline).
     ``change``: what this release changed.
     """
 
@@ -85,6 +90,8 @@ class Profile:
     mla_prefill: str = ""
     printed_activation: str = "torch-peak"
     tp_gather: str = "torch"
+    model_runner: str = "v1"
+    v2_sampler: str = "greedy"
 
 
 # What the memory profiler charges besides the weights and the torch allocator's peak, by release (read in
@@ -135,7 +142,7 @@ _V1_17 = dict(_V1_14, sampler="triton", sampler_copies=0)
 _V1_20 = dict(_V1_17, moe_chunk=0, cudagraph="subtracted", gpu_util=0.92)
 _V1_21 = dict(_V1_20, kv_tokens_rule="concurrency", sampler="flashinfer")
 _V1_27 = dict(_V1_21, concurrent_batches=2, measure="consumed", printed_activation="transient+graphs",
-              tp_gather="pynccl")
+              tp_gather="pynccl", model_runner="v2-listed")
 PROFILES: dict[str, Profile] = {p.version: p for p in (
     _p("0.6", (0, 6, 0), "V0 engine: the drop in free memory since start-up is charged", _V0),
     _p("0.6.4", (0, 6, 4), "V0 charges all non-torch memory (the CUDA context included); chunked prefill 2048",
@@ -181,24 +188,33 @@ PROFILES: dict[str, Profile] = {p.version: p for p in (
     # and beside it the quant fusion's own trtllm workspace (three 512 MiB buffers), which 0.26 no longer makes
     # (vllm_overhead.FUSION_MNNVL_FROM, FUSION_QUANT_APART)
     _p("0.25", (0, 25, 0), "all-reduce fusion: FlashInfer's mnnvl backend on one node too, the quant fusion's "
-       "trtllm workspace beside it", _V1_21),
+       "trtllm workspace beside it", _V1_21, model_runner="v2-listed", v2_sampler="fp32"),
     # 0.26: sliding-window / chunked specs reserve window - 1 + max_in_flight_tokens (2 batches with async
     # scheduling on one pipeline stage). CudaCommunicator.all_gather sends the tensor-parallel all-gather through
     # PyNccl on CUDA (0.25.0 overrides it only for symmetric-memory dim-0 gathers, the rest going to torch's
     # all_gather_into_tensor): the profile makes no torch.distributed communicator (read in 0.24.0, 0.25.0, 0.26.0,
     # 0.27.0, 0.28.0).
     _p("0.26", (0, 26, 0), "windows hold the in-flight tokens of 2 async batches; the tp all-gather on PyNccl "
-       "(no torch.distributed communicator in the profile)", _V1_21, concurrent_batches=2, tp_gather="pynccl"),
+       "(no torch.distributed communicator in the profile)", _V1_21, concurrent_batches=2, tp_gather="pynccl",
+       model_runner="v2-listed"),
     # 0.27: buffers still allocated after the profile run (the kept fused-MoE workspaces) are consumed memory; the
     # printed peak activation is the transient peak above them plus the CUDA-graph estimate
     _p("0.27", (0, 27, 0), "the profiler charges the whole drop in free memory (total_consumed)", _V1_27),
     _p("0.28", (0, 28, 0), ">= 160 GiB batch tier (16384 tokens for vllm serve)", _V1_27, batch_rule="v1-160"),
-    _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request)",
-       _V1_27, batch_rule="v1-160", refusal="null_block"),
+    # 0.29: VllmConfig.use_v2_model_runner takes the V2 model runner for every model the features allow (the list of
+    # architectures is gone; read in 0.29.0 - 0.33.0)
+    _p("0.29", (0, 29, 0), "the start-up check keeps the null block out (num_blocks - 1 must hold one request); the "
+       "V2 model runner for every model", _V1_27, batch_rule="v1-160", refusal="null_block", model_runner="v2"),
     # 0.30: _get_and_verify_max_len no longer scales max_position_embeddings by a YaRN factor (yarn,
     # deepseek_yarn, deepseek_llama_scaling join su/longrope/llama3; vllm#56446, read in 0.29.0 and 0.30.0)
     _p("0.30", (0, 30, 0), "the model's maximum length ignores YaRN's factor (max_position_embeddings as it is)",
-       _V1_27, batch_rule="v1-160", refusal="null_block", max_len_rule="yarn-unscaled"),
+       _V1_27, batch_rule="v1-160", refusal="null_block", max_len_rule="yarn-unscaled", model_runner="v2"),
+    # 0.33: _dummy_sampler_run samples a second time with SamplingParams.for_sampler_warmup (temperature, top-k,
+    # top-p, min-p, penalties, logit bias, logprobs): warmup_kernels runs that pipeline after the KV cache is sized,
+    # so the profile pays for it (fp32 logits, the top-k / top-p sampler)
+    _p("0.33", (0, 33, 0), "the V2 model runner's dummy sampler adds a warmup-parameter pass (fp32, top-k / top-p)",
+       _V1_27, batch_rule="v1-160", refusal="null_block", max_len_rule="yarn-unscaled", model_runner="v2",
+       v2_sampler="warmup"),
 )}
 VERSIONS = tuple(PROFILES)
 DEFAULT_VERSION = VERSIONS[-1]
@@ -247,18 +263,20 @@ V2_RUNNER_ARCHITECTURES = {
                        "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
 }
 V2_RUNNER_HYBRIDS_LISTED_FROM = (0, 27, 0)  # 0.25 - 0.26 take no hybrid; 0.27+ a listed one
-# 0.25's V2 sampler copies the logits to fp32 before any processing (apply_sampling_params); 0.26 works in place,
-# 0.27+ skip processing the default states take none of
-V2_SAMPLER_IN_PLACE_FROM = (0, 26, 0)
 
 
 def runs_v2_model_runner(p: Profile, architecture: str, moe: bool, hybrid: bool, attention_free: bool,
                          speculative: str | None) -> bool:
-    """Whether release ``p`` runs this model on the V2 model runner (:data:`V2_RUNNER_ARCHITECTURES`: 0.25 - 0.28),
-    which subtracts no CUDA-graph estimate, samples its dummy run greedily and keeps its sampler states on the GPU."""
-    listed = V2_RUNNER_ARCHITECTURES.get(p.version)
-    if listed is None or attention_free or speculative in ("ngram", "ngram_gpu"):
+    """Whether release ``p`` runs this model on the V2 model runner (``Profile.model_runner``: 0.25 - 0.28 by
+    :data:`V2_RUNNER_ARCHITECTURES`, 0.29+ every model but an attention-free one, which kvplan keeps on V1, and
+    ngram drafting, which V2 lacks), whose dummy sampler run is ``Profile.v2_sampler`` and whose sampler keeps its
+    states on the GPU; 0.25 - 0.28 also subtract no CUDA-graph estimate there. On ROCm 0.29 - 0.31 keep DeepSeek V3.2
+    / V4 and GLM-5's sparse-MLA models on V1 (ROCM_DEFAULT_MRV1_ARCHITECTURES), models kvplan does not bundle."""
+    if p.model_runner == "v1" or attention_free or speculative in ("ngram", "ngram_gpu"):
         return False
+    if p.model_runner == "v2":
+        return True
+    listed = V2_RUNNER_ARCHITECTURES[p.version]
     if architecture in listed:
         return not hybrid or p.first >= V2_RUNNER_HYBRIDS_LISTED_FROM
     return not moe and not hybrid

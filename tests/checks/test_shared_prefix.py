@@ -54,14 +54,14 @@ def _flat(text: str) -> str:
 
 def test_the_quoted_plan_fits_with_the_prefix_stored_once():
     # 512 blocks per 8,192-token request, 4,096 // 16 = 256 of them the shared prefix: the first request holds 512,
-    # each other 256: 1 + (28,067 - 512) // 256 = 108 requests; 80 of them hold 512 + 79 x 256 = 20,736 blocks
+    # each other 256: 1 + (27,792 - 512) // 256 = 107 requests; 80 of them hold 512 + 79 x 256 = 20,736 blocks
     p = _plan(LLAMA, gpu="H100", prefix_tokens=4096, batch=80)
     a = p.answer
-    assert (a.num_blocks, a.blocks_per_request, a.shared_blocks) == (28_068, 512, 256)
-    assert a.max_requests == p.prefix.max_requests_shared == 108 and a.unshared_requests == 54
-    assert a.fits and a.fits_margin_blocks == 28_067 - 20_736 and a.fix is None
+    assert (a.num_blocks, a.blocks_per_request, a.shared_blocks) == (27_793, 512, 256)
+    assert a.max_requests == p.prefix.max_requests_shared == 107 and a.unshared_requests == 54
+    assert a.fits and a.fits_margin_blocks == 27_792 - 20_736 and a.fix is None
     text = _flat(kvplan("estimate", LLAMA, "--gpu", "H100", "--prefix-tokens", "4k", "--batch", "80").stdout)
-    assert re.search(r"108 (\(\d+ - \d+\) )?concurrent requests \(", text) and "stored once (256 blocks; prefix caching on)" in text
+    assert re.search(r"107 (\(\d+ - \d+\) )?concurrent requests \(", text) and "stored once (256 blocks; prefix caching on)" in text
     assert "80 x 8,192 tokens: fits" in text and "--batch 54" not in text
     off = _flat(kvplan("estimate", LLAMA, "--gpu", "H100", "--prefix-tokens", "4k", "--batch", "80",
                        "--no-prefix-caching").stdout)
@@ -78,7 +78,7 @@ def test_a_capacity_check_credits_the_prefix_only_with_prefix_caching(tmp_path):
     results = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
     assert results["shared"]["passed"] and not results["copied"]["passed"]
     shared, copied = (results[n]["requirements"][0] for n in ("shared", "copied"))
-    assert (shared["actual"], copied["actual"]) == (108, 54)
+    assert (shared["actual"], copied["actual"]) == (107, 54)
     assert "stored once" in shared["message"] and "not shared (prefix caching off)" in copied["message"]
     assert any("prefix_caching: true" in s for s in copied["suggestions"])
 

@@ -386,7 +386,7 @@ def test_suggestions_are_flags_that_parse_and_fit():
 
     p = _plan(gpu="A100-40GB", context="128k", batch=4)
     # tp 2 does not fit 4 x 128k: the smallest tp that does is suggested (before: only the first, tp 2, was tried)
-    assert p.answer.fix == "--batch 1 or --context 40304 or --tp 4"
+    assert p.answer.fix == "--batch 1 or --context 40032 or --tp 4"
     for flag in p.answer.fix.split(" or "):
         name, value = flag.removeprefix("--").split(" ")
         values = {"model": "meta-llama/Llama-3.1-8B", "gpu": "A100-40GB", "context": "128k", "batch": 4, name: value}

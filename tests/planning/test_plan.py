@@ -177,15 +177,15 @@ def test_roofline_reads_weights_and_kv():
 
 
 def test_fit_failure_names_a_fix():
-    # 28,076 blocks (28,075 usable); 32,768 tokens = 2,048 blocks: 13 requests fit; at batch 1,000 each
-    # request gets 28 blocks = 448 tokens. An fp8 cache (2x blocks -> 27 requests) would not fit 1,000,
+    # 27,793 blocks (27,792 usable); 32,768 tokens = 2,048 blocks: 13 requests fit; at batch 1,000 each
+    # request gets 27 blocks = 432 tokens. An fp8 cache (2x blocks -> 27 requests) would not fit 1,000,
     # so it is not suggested: every suggestion is re-planned and printed only when it fits.
     p = plan(batch=1000, context=32768)
     assert not p.answer.fits
-    assert p.answer.fix == "--batch 13 or --context 448"
-    # 64 x 8,192 needs 64 x 512 = 32,768 blocks > 28,075; fp8 doubles the blocks, tp 2 splits the heads
+    assert p.answer.fix == "--batch 13 or --context 432"
+    # 64 x 8,192 needs 64 x 512 = 32,768 blocks > 27,792; fp8 doubles the blocks, tp 2 splits the heads
     p = plan(batch=64, context=8192)
-    assert p.answer.fix == "--batch 54 or --context 7008 or --kv-dtype fp8 or --tp 2"
+    assert p.answer.fix == "--batch 54 or --context 6944 or --kv-dtype fp8 or --tp 2"
     for flag in p.answer.fix.split(" or "):
         name, value = flag.removeprefix("--").split(" ")
         changed = {"kv_dtype": value} if name == "kv-dtype" else {name: int(value)}

@@ -72,16 +72,16 @@ def test_the_answer_is_in_the_first_lines_and_brief_is_five():
     lines = r.stdout.splitlines()
     assert lines[1].startswith("╭─ answer"), lines[:3]
     head = _flat("\n".join(lines[:9]))
-    assert "KV cache: 449,088 tokens" in head and re.search(r"54 (\(\d+ - \d+\) )?concurrent requests \(", head)
-    assert "max context at batch 32: 14,032 tokens (needs --max-model-len 14032)" in head
+    assert "KV cache: 444,688 tokens" in head and re.search(r"54 (\(\d+ - \d+\) )?concurrent requests \(", head)
+    assert "max context at batch 32: 13,888 tokens (needs --max-model-len 13888)" in head
     assert "32 x 8,192 tokens: fits" in head
     brief = kvplan("estimate", LLAMA, "--gpu", "H100", "--context", "8k", "--batch", "32", "--brief").stdout
-    # 28,068 blocks - 1 null block - 32 x 512 = 11,683 spare; 28,067 // 512 = 54 requests (the integer answer)
+    # 27,793 blocks - 1 null block - 32 x 512 = 11,408 spare; 27,792 // 512 = 54 requests (the integer answer)
     assert _flat(brief) == " ".join([
-        "Available KV cache memory: 54.82 GiB", "GPU KV cache size: 449,088 tokens",
-        "Maximum concurrency for 8,192 tokens per request: 54.82x",
-        "at 8,192 tokens/request: 54 (53 - 55) concurrent requests (the pool binds: 512 blocks each; max_num_seqs 1,024)",
-        "32 x 8,192 tokens: fits (11,683 blocks = 186,928 tokens spare; 1 null block kept by vllm)"])
+        "Available KV cache memory: 54.28 GiB", "GPU KV cache size: 444,688 tokens",
+        "Maximum concurrency for 8,192 tokens per request: 54.28x",
+        "at 8,192 tokens/request: 54 (53 - 54) concurrent requests (the pool binds: 512 blocks each; max_num_seqs 1,024)",
+        "32 x 8,192 tokens: fits (11,408 blocks = 182,528 tokens spare; 1 null block kept by vllm)"])
 
 
 @pytest.mark.parametrize("model_id", bundled_ids())
