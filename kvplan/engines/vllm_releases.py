@@ -249,8 +249,8 @@ def profile(version: str) -> Profile:
 # request states (sample/sampler.py: no logits processing, no top-k / top-p, no fp32 copy: the logits alone), and its
 # sampler keeps per-request states on the GPU (sample/penalties.py output_bin_counts [max_num_reqs, vocab] int32 among
 # them), made after the weights are measured: :func:`~kvplan.engines.vllm_overhead.v2_sampler_state_bytes`.
-# 0.23 - 0.24 took it for fewer models (inside kvplan's 0.21 rules, which keep the estimate); 0.29 and later estimate
-# the graphs again.
+# 0.23 - 0.24 took it for fewer models (inside kvplan's 0.21 rules, which keep the estimate); 0.29 and later take it
+# for every model (Profile.model_runner "v2") and estimate the graphs again.
 V2_RUNNER_ARCHITECTURES = {
     "0.25": frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
     "0.26": frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
@@ -283,7 +283,7 @@ def runs_v2_model_runner(p: Profile, architecture: str, moe: bool, hybrid: bool,
 
 
 def on_v2_runner(p: Profile, spec: ModelSpec, speculative: str | None) -> bool:
-    """Whether release ``p`` runs ``spec`` on its V2 model runner (:func:`runs_v2_model_runner`, 0.25 - 0.28)."""
+    """Whether release ``p`` runs ``spec`` on its V2 model runner (:func:`runs_v2_model_runner`, 0.25+)."""
     state = [layer.is_state for layer in spec.layers]
     return runs_v2_model_runner(p, spec.architecture, bool(spec.num_experts), any(state), bool(state) and all(state),
                                 speculative)
