@@ -44,6 +44,16 @@ def _unprinted(log: StartupLog, terms: list[TermRow], requested: int, kv: int, b
     return [TermRow(UNPRINTED, rest, kvplan_rest, f"requested - printed terms - KV budget: {words}")]
 
 
+def _charges_consumed(log: StartupLog, plan: Any) -> bool:
+    """Whether the plan's vLLM release charges consumed memory (0.27+: the buffers still allocated after the profile
+    run are in the overhead beside the non-torch memory)."""
+    if plan is None or log.engine != "vllm" or log.is_cpu:
+        return False
+    from kvplan.engines.vllm_releases import profile
+
+    return profile(plan.engine.version).measure == "consumed"
+
+
 def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ...]:
     """The budget per GPU, term by term: the log's (as printed; derived where noted) and kvplan's."""
     logged = _logged_terms(log)
@@ -76,10 +86,11 @@ def _term_rows(log: StartupLog, plan: Any, gpu_known: bool) -> tuple[TermRow, ..
             mine = b.activation.bytes + b.cudagraph.bytes if name == "activation" else 0
         note = {"weights": (("Load weight end: mem usage" if log.weights_gib is not None else
                              "avail mem before - after loading the weights") if sglang else
-                            "vLLM's figure includes the rotary cache, which kvplan counts in overhead"),
+                            "\"Model loading took\": the checkpoint + what the load builds (the rotary cache)"),
                 "overhead": ("consumed (weights + non-torch) - weights" if log.consumed_gib is not None
                              and log.non_torch_gib is None and log.weights_gib is not None
-                             else "non-torch memory (+ kvplan's rotary cache)") + _fullest_rank(b),
+                             else "non-torch memory" + (" + what stays allocated after the profile run (0.27+)"
+                                                         if _charges_consumed(log, plan) else "")) + _fullest_rank(b),
                 "activation": ("the transient torch peak + the CUDA-graph estimate (kvplan's: both)" if folded
                                else ""),
                 "cudagraph": _cudagraph(log)[1]}.get(name, "")

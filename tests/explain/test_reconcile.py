@@ -122,6 +122,20 @@ def test_the_reconciliation_is_term_by_term():
     assert ex.from_logged.num_blocks == 5691 and ex.from_kvplan.num_blocks != 5691
 
 
+def test_the_term_notes_say_what_each_release_charges_there():
+    # the weights row is "Model loading took" (kvplan counts the rotary cache there too, not in the overhead); a
+    # 0.27+ log's overhead is consumed memory: what stays allocated after the profile run (the V2 runner's sampler
+    # states among it), and kvplan's overhead holds them
+    v0 = {row.name: row for row in explain(LOG["vllm-12330-a100-40-llama3-8b"],
+                                             overrides("vllm-12330-a100-40-llama3-8b")).terms}
+    assert "Model loading took" in v0["weights"].note and "overhead" not in v0["weights"].note
+    assert v0["overhead"].note.startswith("non-torch memory") and "0.27+" not in v0["overhead"].note
+    rid = "vllm-f57905766703-2xrtxpro6000-qwen3-32b-tp2-util0426"
+    v2 = {row.name: row for row in explain(LOG[rid], overrides(rid)).terms}
+    assert "stays allocated after the profile run (0.27+)" in v2["overhead"].note
+    assert v2["overhead"].kvplan_bytes > round(0.9 * GiB)  # 0.30 non-torch + 0.63 sampler states
+
+
 def test_json_has_the_log_and_the_reconciliation():
     rid = "dennislee-2xa100-80-qwen2-7b-tp2"
     o = overrides(rid)
