@@ -47,7 +47,7 @@ def _unprinted(log: StartupLog, terms: list[TermRow], requested: int, kv: int, b
 def _charges_consumed(log: StartupLog, plan: Any) -> bool:
     """Whether the plan's vLLM release charges consumed memory (0.27+: the buffers still allocated after the profile
     run are in the overhead beside the non-torch memory)."""
-    if plan is None or log.engine != "vllm" or log.is_cpu:
+    if plan is None or account(log.engine).measures_free_memory or log.is_cpu:  # SGLang's budget is another form
         return False
     from kvplan.engines.vllm_releases import profile
 
