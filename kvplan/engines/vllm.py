@@ -335,7 +335,8 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     forward = forward_bytes(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, features.expert_parallel,
                             features.fp8_weights, p.mla_prefill)
     rows = min(max_num_seqs, max_num_batched_tokens)
-    path, copies = sampler_path(version, device, features.flashinfer, on_v2_runner(p, spec, features.speculative))
+    v2 = on_v2_runner(p, spec, features.speculative, (device or Device()).platform)
+    path, copies = sampler_path(version, device, features.flashinfer, v2)
     if copies:
         sampler = sampler_bytes(rows, spec.vocab_size, copies)
     else:
@@ -450,8 +451,8 @@ def budget(total_bytes: int, gpu_util: float, weights: Term, activation: Term | 
     path_gap += wheel_gap  # the low end pays a plain wheel's Marlin layout too
     first_rank_gap = nvls_gap = 0
     if overhead is None:
-        buffers = charged_runner_buffers(p, spec, max_num_batched_tokens, max_num_seqs, act_bytes, features.speculative,
-                                         features.speculative_tokens, stage is None or stage.last, notes)
+        buffers = charged_runner_buffers(p, spec, max_num_batched_tokens, max_num_seqs, act_bytes, features,
+                                         stage is None or stage.last, notes, (device or Device()).platform)
         overhead, note, nt = overhead_term(p, spec, tp, act_bytes, device, pp, max_num_batched_tokens,
                                            features.expert_parallel, buffers)
         notes.extend(note)
@@ -555,7 +556,7 @@ def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num
         return charged + max(forward - kept + deferred, sampler_peak) + resident
 
     rows = min(max_num_seqs, max_num_batched_tokens)
-    v2 = on_v2_runner(p, spec, features.speculative)
+    v2 = on_v2_runner(p, spec, features.speculative, (device or Device()).platform)
     source = _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
                                 *sampler_path(version, device, features.flashinfer, v2), images, kept, charged)
     if deferred:
@@ -579,9 +580,8 @@ def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num
 def _cudagraph_term(p: Profile, version: str, spec: ModelSpec, tp: int, pp: int, max_num_seqs: int, max_num_batched_tokens: int,
                     act_bytes: int, device: Device | None, speculative: str | None = None) -> Term:
     """The CUDA-graph term as the release treats it: subtracted (0.20+), only logged, or captured after the KV
-    cache out of the slack; none on ROCm before 0.26, nor where 0.25 - 0.28 run the model on the V2 model runner
-    (:func:`runs_v2_model_runner`) at pp 1. At pp > 1 kvplan keeps its estimate: the one such log
-    (0.27.1, Qwen3-32B at pp 2) charges its first stage about 1.3 GiB more than kvplan's other terms, unexplained."""
+    cache out of the slack; none on ROCm before 0.26, nor where 0.25 - 0.28 run the model on the V2 runner at pp 1
+    (:func:`on_v2_runner`); at pp > 1 kvplan keeps it (the 0.27.1 pp 2 log's first stage charges ~1.3 GiB more)."""
     estimate, n_piecewise, n_full = cudagraph_bytes(spec, tp, pp, max_num_seqs, max_num_batched_tokens, act_bytes,
                                                     version)
     what = f"PIECEWISE={n_piecewise}, FULL={n_full} -> {estimate / GiB:.2f} GiB"

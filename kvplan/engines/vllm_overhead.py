@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvplan.engines import (
     Device,
+    Features,
     Term,
     forward_parts,
     nccl,
@@ -443,21 +444,21 @@ def v1_runner_buffer_bytes(spec: ModelSpec, max_num_batched_tokens: int, act_byt
 
 
 def charged_runner_buffers(p: Profile, spec: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int,
-                           act_bytes: int, speculative: str | None, speculative_tokens: int, last_stage: bool,
-                           notes: list[str]) -> tuple[int, str]:
+                           act_bytes: int, features: Features, last_stage: bool, notes: list[str],
+                           platform: str = "cuda") -> tuple[int, str]:
     """``(bytes, what)``: the model runner's persistent buffers release ``p`` charges on this stage. The V2 runner's
     sampler states (:func:`v2_sampler_state_bytes`; last stage only): all of them from 0.27, 0.25 - 0.26 none, with
     a note in ``notes`` that the GPU holds them anyway. The V1 runner's input buffers
     (:func:`v1_runner_buffer_bytes`): from 0.27; before, they are torch memory made before the profile, which the
     earlier measures leave out."""
-    if not on_v2_runner(p, spec, speculative):
+    if not on_v2_runner(p, spec, features.speculative, platform):
         if p.measure != "consumed":
             return 0, ""
         return (v1_runner_buffer_bytes(spec, max_num_batched_tokens, act_bytes),
                 "the V1 model runner's input buffers (inputs_embeds)")
     if not last_stage:
         return 0, ""
-    states = v2_sampler_state_bytes(spec.vocab_size, max_num_seqs, speculative_tokens)
+    states = v2_sampler_state_bytes(spec.vocab_size, max_num_seqs, features.speculative_tokens)
     if p.measure == "consumed":
         return states, "the V2 model runner's sampler states (per-request token counts over the vocab)"
     notes.append(f"vllm {p.version}'s V2 model runner keeps {states / GiB:.2f} GiB of sampler states per GPU that its "

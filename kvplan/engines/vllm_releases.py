@@ -263,27 +263,32 @@ V2_RUNNER_ARCHITECTURES = {
                        "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
 }
 V2_RUNNER_HYBRIDS_LISTED_FROM = (0, 27, 0)  # 0.25 - 0.26 take no hybrid; 0.27+ a listed one
+# ROCM_DEFAULT_MRV1_ARCHITECTURES: on ROCm 0.29 - 0.31 keep these on the V1 runner (GlmMoeDsa from 0.31; none in 0.32,
+# inside kvplan's 0.30 rules, which keep the list: the V1 runner's larger sampler peak is the side of less KV)
+ROCM_V1_RUNNER_ARCHITECTURES = {"0.29": frozenset({"DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM"}),
+                                "0.30": frozenset({"DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM",
+                                                   "GlmMoeDsaForCausalLM"})}
 
 
 def runs_v2_model_runner(p: Profile, architecture: str, moe: bool, hybrid: bool, attention_free: bool,
-                         speculative: str | None) -> bool:
+                         speculative: str | None, platform: str = "cuda") -> bool:
     """Whether release ``p`` runs this model on the V2 model runner (``Profile.model_runner``: 0.25 - 0.28 by
     :data:`V2_RUNNER_ARCHITECTURES`, 0.29+ every model but an attention-free one, which kvplan keeps on V1, and
     ngram drafting, which V2 lacks), whose dummy sampler run is ``Profile.v2_sampler`` and whose sampler keeps its
     states on the GPU; 0.25 - 0.28 also subtract no CUDA-graph estimate there. On ROCm 0.29 - 0.31 keep DeepSeek V3.2
-    / V4 and GLM-5's sparse-MLA models on V1 (ROCM_DEFAULT_MRV1_ARCHITECTURES), models kvplan does not bundle."""
+    / V4 and GLM-5's sparse-MLA models on V1 (:data:`ROCM_V1_RUNNER_ARCHITECTURES`)."""
     if p.model_runner == "v1" or attention_free or speculative in ("ngram", "ngram_gpu"):
         return False
     if p.model_runner == "v2":
-        return True
+        return not (platform == "rocm" and architecture in ROCM_V1_RUNNER_ARCHITECTURES.get(p.version, ()))
     listed = V2_RUNNER_ARCHITECTURES[p.version]
     if architecture in listed:
         return not hybrid or p.first >= V2_RUNNER_HYBRIDS_LISTED_FROM
     return not moe and not hybrid
 
 
-def on_v2_runner(p: Profile, spec: ModelSpec, speculative: str | None) -> bool:
+def on_v2_runner(p: Profile, spec: ModelSpec, speculative: str | None, platform: str = "cuda") -> bool:
     """Whether release ``p`` runs ``spec`` on its V2 model runner (:func:`runs_v2_model_runner`, 0.25+)."""
     state = [layer.is_state for layer in spec.layers]
     return runs_v2_model_runner(p, spec.architecture, bool(spec.num_experts), any(state), bool(state) and all(state),
-                                speculative)
+                                speculative, platform)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvplan.engines import Device, Term, forward_bytes_per_token, padded_vocab, sampler_bytes
+from kvplan.engines import Device, Features, Term, forward_bytes_per_token, padded_vocab, sampler_bytes
 from kvplan.engines import sglang, vllm, vllm_overhead
 from kvplan.errors import InputError
 from kvplan.planning.plan import Options, plan_for_spec
@@ -503,7 +503,7 @@ def test_non_torch_memory_by_release_tp_and_interconnect(llama3):
         b = vllm.budget(H100, 0.9, _weights(0), None, None, None, None, tp=tp, pp=pp, version=version,
                         device=Device("cuda", 132, interconnect, cc), **common)
         # the model runner's persistent buffers 0.27+ charge (their own tests) are taken out: the NCCL part is here
-        buffers = vllm_overhead.charged_runner_buffers(vllm.profile(version), llama3, 2048, 256, 2, None, 0, True, [])
+        buffers = vllm_overhead.charged_runner_buffers(vllm.profile(version), llama3, 2048, 256, 2, Features(), True, [])
         return replace(b.overhead, bytes=b.overhead.bytes - buffers[0]), b.notes
 
     assert overhead(1, "nvlink-switch")[0].bytes == base + rope
@@ -904,3 +904,15 @@ def test_the_0_25_v2_sampler_copies_the_logits_to_fp32_first(llama31):
     # at tp 4 the fp32 copy (4 B an element) outweighs the gather's transient slice and copy (2.5 B)
     assert vllm.activation_parts(llama31, 4, 8192, 1024, 2, "0.25.0", h100)[1] == \
         1024 * 128_256 * 2 + 1024 * 128_256 * 4 + hidden
+
+
+def test_rocm_keeps_the_sparse_mla_models_on_the_v1_runner_in_0_29_to_0_31():
+    # VllmConfig.use_v2_model_runner (0.29 - 0.31): ROCM_DEFAULT_MRV1_ARCHITECTURES stay on the V1 model runner
+    from kvplan.engines.vllm_releases import runs_v2_model_runner
+
+    p29, p33 = vllm.profile("0.29.0"), vllm.profile("0.33.0")
+    assert runs_v2_model_runner(p29, "DeepseekV32ForCausalLM", True, False, False, None, "cuda")
+    assert not runs_v2_model_runner(p29, "DeepseekV32ForCausalLM", True, False, False, None, "rocm")
+    assert runs_v2_model_runner(p29, "LlamaForCausalLM", False, False, False, None, "rocm")
+    assert runs_v2_model_runner(p33, "DeepseekV32ForCausalLM", True, False, False, None, "rocm")  # 0.32 dropped it
+    assert not runs_v2_model_runner(p33, "LlamaForCausalLM", False, False, False, "ngram", "cuda")  # V2 lacks ngram
