@@ -276,7 +276,7 @@ def sampler_peak_bytes(spec: ModelSpec, rows: int, act_bytes: int, max_num_batch
     Llama-3.1-8B on an H100, 1,024 rows (Triton): 1,024 x (128,256 x 2 + 128,256 x 12) + 132 x 128,256 x 4
     + (8,192 + 2 x 1,024) x 4,096 x 2 = 1,838,678,016 + 67,719,168 + 83,886,080 = 1,990,283,264 B (1.85 GiB).
 
-    ``v2-greedy``: the V2 model runner's dummy run (vLLM 0.26 - 0.28, v1/worker/gpu/model_runner.py
+    ``v2-greedy``: the V2 model runner's dummy run (vLLM 0.26 - 0.32, v1/worker/gpu/model_runner.py
     ``_dummy_sampler_run``) samples greedily from the default request states: no fp32 copy, no top-k / top-p, a
     Gumbel argmax over ``[rows, vocab / 1,024]`` partial maxima. Its peak is ``compute_logits``' all-gather at
     ``tp`` > 1 (``all_gather``: this rank's ``[rows, padded / tp]`` slice, the gathered ``[tp, rows, padded / tp]``
