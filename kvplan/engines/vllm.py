@@ -276,9 +276,9 @@ INSTALLED_SAMPLERS = ("flashinfer-old", "flashinfer-installed")  # FlashInfer on
 
 
 def sampler_path(version: str, device: Device | None = None, flashinfer: bool | None = None,
-                 v2: bool = False) -> tuple[str, int]:
-    """``(path, fp32 copies)`` of the profiled dummy sampler run on ``device`` (copies 0: derived); ``v2``: the
-    model runs on the V2 model runner (:func:`on_v2_runner`), whose greedy dummy run is ``v2-greedy`` (0.25:
+                 spec: ModelSpec | None = None, speculative: str | None = None) -> tuple[str, int]:
+    """``(path, fp32 copies)`` of the profiled dummy sampler run on ``device`` (copies 0: derived). Where the release
+    runs ``spec`` on its V2 model runner (:func:`on_v2_runner`), its greedy dummy run is ``v2-greedy`` (0.25:
     ``v2-greedy-fp32``); 0.33's warmup-parameter pass takes the fp32 top-k / top-p path of the release's sampler.
 
     FlashInfer's sampler exists only on CUDA: on ROCm the 0.9.1 - 0.11 FlashInfer path is the native
@@ -290,7 +290,7 @@ def sampler_path(version: str, device: Device | None = None, flashinfer: bool | 
     """
     p = profile(version)
     device = device or Device()
-    if v2 and p.v2_sampler != "warmup":  # 0.33's warmup pass: the fp32 top-k / top-p path below
+    if spec is not None and p.v2_sampler != "warmup" and on_v2_runner(p, spec, speculative, device.platform):
         return ("v2-greedy-fp32" if p.v2_sampler == "fp32" else "v2-greedy"), 0
     if (device.platform == "rocm" or flashinfer is False) and p.sampler in INSTALLED_SAMPLERS:
         native = PROFILES["0.12"]
@@ -335,8 +335,7 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
     forward = forward_bytes(spec, tp, max_num_batched_tokens, act_bytes, p.moe, p.moe_chunk, features.expert_parallel,
                             features.fp8_weights, p.mla_prefill)
     rows = min(max_num_seqs, max_num_batched_tokens)
-    v2 = on_v2_runner(p, spec, features.speculative, (device or Device()).platform)
-    path, copies = sampler_path(version, device, features.flashinfer, v2)
+    path, copies = sampler_path(version, device, features.flashinfer, spec, features.speculative)
     if copies:
         sampler = sampler_bytes(rows, spec.vocab_size, copies)
     else:
@@ -349,9 +348,9 @@ def activation_parts(spec: ModelSpec, tp: int, max_num_batched_tokens: int, max_
 
 def _activation_source(spec: ModelSpec, tp: int, mnbt: int, rows: int, act_bytes: int, forward: int, sampler: int,
                        path: str, copies: int, images: ImageProfile | None, kept: int = 0, charged: int = 0) -> str:
-    v2 = (f" and their tp {tp} all-gather" if tp > 1 else "") + (" or fp32 copy" if path.endswith("fp32") else "")
+    beside = (f" and their tp {tp} all-gather" if tp > 1 else "") + (" or fp32 copy" if path.endswith("fp32") else "")
     what = (f"{plural(rows, 'row')} x {padded_vocab(spec.vocab_size):,} vocab x 4 B x {copies}" if copies else
-            f"V2 model runner's greedy run, {plural(rows, 'row')}: model-dtype logits{v2} + hidden states"
+            f"V2 model runner's greedy run, {plural(rows, 'row')}: model-dtype logits{beside} + hidden states"
             if path.startswith("v2-greedy") else f"{path} path, {plural(rows, 'row')}: model-dtype logits + 3 fp32 "
             "[rows, vocab] tensors" + (" + per-SM buffer" if path == "triton" else "") + " + hidden states")
     moe = " (fused-MoE workspaces)" if routes_experts(spec) and not kept else ""
@@ -556,9 +555,9 @@ def _activation_term(p: Profile, version: str, spec: ModelSpec, tp: int, max_num
         return charged + max(forward - kept + deferred, sampler_peak) + resident
 
     rows = min(max_num_seqs, max_num_batched_tokens)
-    v2 = on_v2_runner(p, spec, features.speculative, (device or Device()).platform)
     source = _activation_source(spec, tp, max_num_batched_tokens, rows, act_bytes, forward, sampler,
-                                *sampler_path(version, device, features.flashinfer, v2), images, kept, charged)
+                                *sampler_path(version, device, features.flashinfer, spec, features.speculative),
+                                images, kept, charged)
     if deferred:
         source += (f" + a hidden-sized block {deferred / GiB:.2f} GiB the allocator keeps reserved behind an NCCL "
                    f"all-reduce ({p.version} charges reserved memory)")
